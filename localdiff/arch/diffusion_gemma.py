@@ -1,0 +1,337 @@
+"""DiffusionGemma (google/diffusiongemma-26B-A4B-it) text backbone in plain torch.
+
+One set of weights plays two roles (reference: transformers 5.23.0 ``modeling_diffusion_gemma.py``):
+
+* **prefill** — the causal encoder pass over prompt / finished canvases; it appends K/V to the cache.
+* **denoise** — the bidirectional decoder pass over a canvas of C tokens that attends to the cached prefix
+  (read-only) and to itself, with self-conditioning on the previous step's logits; returns logits[B, C, V].
+
+Each layer: attention (q/k/v norms, scale 1.0, RoPE "default" on sliding layers and "proportional" with a partial
+rotary factor on full-attention layers, which have their own head_dim / KV-head count and share k = v), then a
+dense gated MLP and a top-k MoE in parallel (router on the residual, experts on the pre-norm-2 input), a per-layer
+scalar (encoder and decoder keep separate ones), final RMSNorm, tied LM head and logit soft-capping.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from .layers import (GatedMLP, MoEExperts, RMSNorm, Router, apply_rope, attention, embed_scale, rms_norm,
+                     rope_inv_freq, rope_tables, softcap)
+
+MODEL_TYPE = "diffusion_gemma"
+
+
+@dataclass(frozen=True)
+class DiffusionGemmaConfig:
+    """Text-model hyper-parameters read from a checkpoint's ``config.json`` (``text_config`` + ``canvas_length``).
+
+    ``layer_heads[i]`` is (head_dim, num_kv_heads) of layer i: full-attention layers use ``per_layer_config``
+    (or ``global_head_dim`` / ``num_global_key_value_heads``) overrides.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    layer_types: tuple
+    layer_heads: tuple
+    sliding_window: int
+    rope_parameters: dict
+    num_experts: int
+    top_k_experts: int
+    moe_intermediate_size: int
+    canvas_length: int
+    rms_norm_eps: float = 1e-6
+    final_logit_softcapping: float | None = 30.0
+    max_position_embeddings: int = 131072
+    pad_token_id: int | None = 0
+    eos_token_id: tuple = (1,)
+    bos_token_id: int | None = 2
+    tie_word_embeddings: bool = True
+    model_type: str = MODEL_TYPE
+    raw: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_dict(cls, cfg: dict) -> "DiffusionGemmaConfig":
+        """Parse a ``config.json`` dict. Raises KeyError / ValueError on missing or inconsistent fields."""
+        t = dict(cfg.get("text_config") or cfg)
+        n = int(t["num_hidden_layers"])
+        pattern = 6
+        types = list(t.get("layer_types") or
+                     ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)])
+        if len(types) != n:
+            raise ValueError(f"layer_types has {len(types)} entries, num_hidden_layers is {n}")
+        types[-1] = "full_attention"  # the reference forces the last layer to full attention
+        if t.get("use_bidirectional_attention") == "all":
+            raise ValueError("use_bidirectional_attention='all' (bidirectional encoder) is not supported")
+        head_dim = int(t.get("head_dim") or t["hidden_size"] // t["num_attention_heads"])
+        kv = int(t.get("num_key_value_heads") or t["num_attention_heads"])
+        plc = {int(k): v for k, v in (t.get("per_layer_config") or {}).items()}
+        if not plc:
+            g = {"head_dim": int(t.get("global_head_dim", 512))}
+            if t.get("num_global_key_value_heads") is not None and t.get("attention_k_eq_v", True):
+                g["num_key_value_heads"] = int(t["num_global_key_value_heads"])
+            plc = {i: g for i, ty in enumerate(types) if ty == "full_attention"}
+        heads = tuple((int(plc.get(i, {}).get("head_dim", head_dim)), int(plc.get(i, {}).get("num_key_value_heads", kv)))
+                      for i in range(n))
+        rope = t.get("rope_parameters") or {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0}}
+        eos = t.get("eos_token_id", 1)
+        eos = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
+        if not t.get("num_experts") or not t.get("top_k_experts") or not t.get("moe_intermediate_size"):
+            raise ValueError("text_config lacks num_experts / top_k_experts / moe_intermediate_size")
+        return cls(
+            vocab_size=int(t["vocab_size"]), hidden_size=int(t["hidden_size"]),
+            intermediate_size=int(t["intermediate_size"]), num_hidden_layers=n,
+            num_attention_heads=int(t["num_attention_heads"]), layer_types=tuple(types), layer_heads=heads,
+            sliding_window=int(t.get("sliding_window", 512)), rope_parameters=rope,
+            num_experts=int(t["num_experts"]), top_k_experts=int(t["top_k_experts"]),
+            moe_intermediate_size=int(t["moe_intermediate_size"]),
+            canvas_length=int(cfg.get("canvas_length") or 256), rms_norm_eps=float(t.get("rms_norm_eps", 1e-6)),
+            final_logit_softcapping=t.get("final_logit_softcapping", 30.0),
+            max_position_embeddings=int(t.get("max_position_embeddings", 131072)),
+            pad_token_id=t.get("pad_token_id", 0), eos_token_id=eos, bos_token_id=t.get("bos_token_id", 2),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", t.get("tie_word_embeddings", True))), raw=cfg)
+
+    def window(self, i: int) -> int | None:
+        """Sliding window (tokens) of layer i, None for full attention."""
+        return self.sliding_window if self.layer_types[i] == "sliding_attention" else None
+
+
+class Attention(nn.Module):
+    """Gemma 4 attention; full-attention layers have no v_proj (values are the un-roped, un-normed keys)."""
+
+    def __init__(self, cfg: DiffusionGemmaConfig, i: int):
+        super().__init__()
+        self.head_dim, self.kv_heads = cfg.layer_heads[i]
+        self.heads = cfg.num_attention_heads
+        self.sliding = cfg.layer_types[i] == "sliding_attention"
+        self.eps = cfg.rms_norm_eps
+        h, d = cfg.hidden_size, self.head_dim
+        self.q_proj = nn.Linear(h, self.heads * d, bias=False)
+        self.k_proj = nn.Linear(h, self.kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(h, self.kv_heads * d, bias=False) if self.sliding else None
+        self.o_proj = nn.Linear(self.heads * d, h, bias=False)
+        self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """x: Tensor[B, L, H] → q: [B, Hq, L, D], k, v: [B, Hkv, L, D] (normed, k and q roped)."""
+        b, n, _ = x.shape
+        q = self.q_proj(x).view(b, n, self.heads, self.head_dim)
+        k_raw = self.k_proj(x).view(b, n, self.kv_heads, self.head_dim)
+        v = self.v_proj(x).view(b, n, self.kv_heads, self.head_dim) if self.v_proj is not None else k_raw
+        q = apply_rope(self.q_norm(q), cos, sin).transpose(1, 2)
+        k = apply_rope(self.k_norm(k_raw), cos, sin).transpose(1, 2)
+        v = rms_norm(v, None, self.eps).transpose(1, 2)
+        return q, k, v
+
+
+class Layer(nn.Module):
+    """One transformer layer shared by the encoder (prefill) and decoder (denoise) roles."""
+
+    def __init__(self, cfg: DiffusionGemmaConfig, i: int):
+        super().__init__()
+        h, eps = cfg.hidden_size, cfg.rms_norm_eps
+        self.self_attn = Attention(cfg, i)
+        self.mlp = GatedMLP(h, cfg.intermediate_size)
+        self.router = Router(h, cfg.num_experts, cfg.top_k_experts, eps)
+        self.experts = MoEExperts(cfg.num_experts, h, cfg.moe_intermediate_size)
+        for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                     "post_feedforward_layernorm", "post_feedforward_layernorm_1", "post_feedforward_layernorm_2",
+                     "pre_feedforward_layernorm_2"):
+            setattr(self, name, RMSNorm(h, eps))
+        self.register_buffer("layer_scalar", torch.ones(1))       # decoder role
+        self.register_buffer("enc_layer_scalar", torch.ones(1))   # encoder role (a separate buffer upstream)
+
+    def ffn(self, x: torch.Tensor) -> torch.Tensor:
+        """Dense MLP and MoE in parallel on the post-attention residual x: Tensor[B, L, H]."""
+        dense = self.post_feedforward_layernorm_1(self.mlp(self.pre_feedforward_layernorm(x)))
+        flat = x.reshape(-1, x.shape[-1])
+        w, idx = self.router(flat)
+        moe = self.experts(self.pre_feedforward_layernorm_2(flat), w, idx).reshape(x.shape)
+        return x + self.post_feedforward_layernorm(dense + self.post_feedforward_layernorm_2(moe))
+
+
+class SelfConditioning(nn.Module):
+    """Adds a gated-MLP transform of the previous step's soft embeddings to the canvas embeddings, then an
+    unscaled RMSNorm. With no previous logits the MLP term is exactly zero, so only the norm runs."""
+
+    def __init__(self, cfg: DiffusionGemmaConfig):
+        super().__init__()
+        self.pre_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
+        self.eps = cfg.rms_norm_eps
+
+    def forward(self, emb: torch.Tensor, soft: torch.Tensor | None) -> torch.Tensor:
+        if soft is not None:
+            emb = emb + self.mlp(self.pre_norm(soft))
+        return rms_norm(emb, None, self.eps)
+
+
+class DiffusionGemma(nn.Module):
+    """The DiffusionGemma text backbone. See the module docstring for the two roles.
+
+    Attributes ``embed_tokens`` (Tensor[V, H], tied LM head unless ``lm_head`` is set), ``layers``, ``norm``,
+    ``self_conditioning``.
+    """
+
+    def __init__(self, cfg: DiffusionGemmaConfig):
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Layer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_conditioning = SelfConditioning(cfg)
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self._inv_freq = {}
+        for ty in set(cfg.layer_types):
+            d = cfg.layer_heads[cfg.layer_types.index(ty)][0]
+            self._inv_freq[ty] = rope_inv_freq(cfg.rope_parameters[ty], d)
+        self._rope_memo: dict = {}
+
+    # -- helpers ------------------------------------------------------------------------------------------------
+    def layer_windows(self) -> list[int | None]:
+        """Per-layer sliding window (for building a cache)."""
+        return [self.config.window(i) for i in range(self.config.num_hidden_layers)]
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        w = self.embed_tokens.weight
+        return nn.functional.embedding(ids, w) * embed_scale(self.config.hidden_size, w.dtype).to(w.device)
+
+    def _rope(self, start: int, n: int, dtype, device) -> dict:
+        """cos/sin per layer type for positions start..start+n-1, memoised (computed once per canvas)."""
+        key = (start, n, dtype, str(device))
+        hit = self._rope_memo.get(key)
+        if hit is None:
+            pos = torch.arange(start, start + n, device=device)
+            hit = {ty: rope_tables(inv, pos, dtype) for ty, inv in self._inv_freq.items()}
+            if len(self._rope_memo) > 8:
+                self._rope_memo.clear()
+            self._rope_memo[key] = hit
+        return hit
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Final hidden states Tensor[B, C, H] → soft-capped fp32 logits Tensor[B, C, V]."""
+        w = self.lm_head.weight if self.lm_head is not None else self.embed_tokens.weight
+        return softcap(nn.functional.linear(h, w).float(), self.config.final_logit_softcapping)
+
+    # -- the two roles ------------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def prefill(self, input_ids: torch.Tensor, cache, attention_mask: torch.Tensor | None = None) -> None:
+        """Causal encoder pass over new tokens; appends their K/V to ``cache`` (positions continue at cache.seq_len).
+
+        Args:
+            input_ids: LongTensor[B, T] (left-padded when rows differ in length).
+            cache: a KV cache (``localdiff.cache``) for this batch.
+            attention_mask: Bool/LongTensor[B, T], 1 = real token, 0 = padding; None = all real.
+        """
+        b, n = input_ids.shape
+        dev = input_ids.device
+        start = cache.seq_len
+        x = self._embed(input_ids)
+        rope = self._rope(start, n, x.dtype, dev)
+        new_mask = None if attention_mask is None else attention_mask.to(dev).bool()
+        qpos = torch.arange(start, start + n, device=dev)
+        masks: dict = {}
+        for i, layer in enumerate(self.layers):
+            att = layer.self_attn
+            past_n = cache.visible_len(i)
+            key = (att.sliding, past_n)
+            if key not in masks:
+                kpos = torch.arange(start - past_n, start + n, device=dev)
+                m = kpos[None, :] <= qpos[:, None]
+                if att.sliding:
+                    m = m & (kpos[None, :] > qpos[:, None] - self.config.sliding_window)
+                m = m[None].expand(b, n, past_n + n)
+                pm = cache.past_mask(i)
+                if pm is not None or new_mask is not None:
+                    pm = pm if pm is not None else torch.ones(b, past_n, dtype=torch.bool, device=dev)
+                    nm = new_mask if new_mask is not None else torch.ones(b, n, dtype=torch.bool, device=dev)
+                    m = m & torch.cat([pm.to(dev), nm], 1)[:, None, :]
+                    m = m | torch.eye(n, past_n + n, past_n, dtype=torch.bool, device=dev)[None]  # no empty rows
+                masks[key] = m[:, None]
+            cos, sin = rope[layer_type(att)]
+            h = layer.input_layernorm(x)
+            q, k, v = att.qkv(h, cos, sin)
+            past = cache.past(i)
+            kk, vv = (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)) if past is not None else (k, v)
+            cache.append(i, k, v)
+            x = x + layer.post_attention_layernorm(att.o_proj(attention(q, kk, vv, masks[key])))
+            x = layer.ffn(x) * layer.enc_layer_scalar
+        cache.commit(n, new_mask, b)
+
+    @torch.inference_mode()
+    def denoise(self, canvas_ids: torch.Tensor, cache, self_conditioning_logits: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        """Bidirectional decoder pass over a canvas that attends to the cached prefix; never writes the cache.
+
+        Args:
+            canvas_ids: LongTensor[B, C].
+            cache: the KV cache filled by :meth:`prefill` (read only).
+            self_conditioning_logits: FloatTensor[B, C, V] of the previous step (temperature-scaled), or None.
+        Returns:
+            FloatTensor[B, C, V] fp32 logits (soft-capped).
+        """
+        b, n = canvas_ids.shape
+        dev = canvas_ids.device
+        x = self._embed(canvas_ids)
+        soft = None
+        if self_conditioning_logits is not None:
+            w = self.embed_tokens.weight
+            probs = torch.softmax(self_conditioning_logits, dim=-1, dtype=torch.float32).to(w.dtype)
+            soft = (probs @ w) * embed_scale(self.config.hidden_size, x.dtype).to(dev)
+        x = self.self_conditioning(x, soft)
+        rope = self._rope(cache.seq_len, n, x.dtype, dev)
+        masks: dict = {}
+        for i, layer in enumerate(self.layers):
+            att = layer.self_attn
+            pm = cache.past_mask(i)
+            mask = None
+            if pm is not None:
+                key = pm.shape[1]
+                if key not in masks:
+                    full = torch.cat([pm.to(dev), torch.ones(b, n, dtype=torch.bool, device=dev)], 1)
+                    masks[key] = full[:, None, None, :]
+                mask = masks[key]
+            cos, sin = rope[layer_type(att)]
+            q, k, v = att.qkv(layer.input_layernorm(x), cos, sin)
+            kk, vv = cache.with_canvas(i, k, v)
+            x = x + layer.post_attention_layernorm(att.o_proj(attention(q, kk, vv, mask)))
+            x = layer.ffn(x) * layer.layer_scalar
+        return self.logits(self.norm(x))
+
+
+def layer_type(att: Attention) -> str:
+    """"sliding_attention" or "full_attention" for an attention module."""
+    return "sliding_attention" if att.sliding else "full_attention"
+
+
+# -- checkpoint names ---------------------------------------------------------------------------------------------
+_DEC = "model.decoder."
+_ENC = "model.encoder.language_model."
+
+
+def checkpoint_names(local: str) -> list[str]:
+    """Candidate checkpoint tensor names for our parameter / buffer ``local`` (first found wins).
+
+    The decoder holds the shared weights (``model.decoder.*``); the encoder's tied copies
+    (``model.encoder.language_model.*``) are accepted as aliases. The encoder keeps its own ``layer_scalar``.
+    """
+    if local.endswith("enc_layer_scalar"):
+        return [_ENC + local.replace("enc_layer_scalar", "layer_scalar")]
+    if local.startswith("self_conditioning.mlp."):
+        return [_DEC + local.replace("self_conditioning.mlp.", "self_conditioning.")]
+    if local.startswith("lm_head."):
+        return [local]
+    return [_DEC + local, _ENC + local]
+
+
+def is_skipped_checkpoint_tensor(name: str) -> bool:
+    """True for checkpoint tensors the text runtime never reads (vision tower, vision embedder)."""
+    return ".vision_tower." in name or ".embed_vision." in name or name.startswith("model.vision")

@@ -1,0 +1,184 @@
+"""Shared model pieces: RMSNorm, RoPE tables, attention over a KV cache, the gated FFN and MoE experts.
+
+Everything here is plain torch. The math follows transformers 5.23.0 ``models/diffusion_gemma/modeling_diffusion_gemma.py``
+(the reference); tests compare our logits with it to 1e-4 in fp32.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """Gemma RMSNorm computed in fp32: ``x * (mean(x²) + eps)^-0.5 * weight`` (weight is the full scale, not 1 + w).
+
+    Args:
+        x: Tensor[..., D] of any float dtype; the result has x's dtype.
+        weight: Tensor[D] or None (no scale, as in the reference's ``with_scale=False`` norms).
+        eps: added to the mean square.
+    """
+    xf = x.float()
+    out = xf * torch.pow(xf.pow(2).mean(-1, keepdim=True) + eps, -0.5)
+    if weight is not None:
+        out = out * weight.float()
+    return out.type_as(x)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm module with an optional learned scale of shape [dim] (see :func:`rms_norm`)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6, with_scale: bool = True):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim)) if with_scale else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rope_inv_freq(rope: dict, head_dim: int) -> torch.Tensor:
+    """Inverse frequencies (fp32) for one RoPE variant.
+
+    ``rope_type == "default"``: ``1 / theta^(2i/d)`` over ``d = head_dim * partial_rotary_factor`` dims.
+    ``rope_type == "proportional"`` (Gemma 4 global layers): the first ``partial_rotary_factor * head_dim / 2``
+    angles rotate with frequencies ``1 / theta^(2i/head_dim)``, the remaining angles get frequency 0 (identity),
+    so the table always spans ``head_dim``. An optional ``factor`` divides all frequencies.
+
+    Raises:
+        ValueError: an unsupported ``rope_type``.
+    """
+    kind = rope.get("rope_type", "default")
+    theta = float(rope["rope_theta"])
+    partial = float(rope.get("partial_rotary_factor", 1.0))
+    if kind == "default":
+        dim = int(head_dim * partial)
+        return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    if kind == "proportional":
+        angles = int(partial * head_dim // 2)
+        rot = 1.0 / (theta ** (torch.arange(0, 2 * angles, 2, dtype=torch.int64).float() / head_dim))
+        nope = head_dim // 2 - angles
+        inv = torch.cat([rot, torch.zeros(nope)]) if nope > 0 else rot
+        return inv / float(rope.get("factor", 1.0))
+    raise ValueError(f"unsupported rope_type {kind!r}")
+
+
+def rope_tables(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables for absolute ``positions`` (LongTensor[L]) → two Tensors[L, 2*len(inv_freq)] in ``dtype``."""
+    freqs = positions.float()[:, None] * inv_freq.to(positions.device)[None, :]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE on x: Tensor[B, L, H, D] with cos/sin: Tensor[L, D]."""
+    half = x.shape[-1] // 2
+    rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos[:, None, :] + rot * sin[:, None, :]
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Scaled-dot-product attention with scale 1.0 (Gemma 4 uses q/k norms instead of 1/sqrt(d)) and GQA.
+
+    Args:
+        q: Tensor[B, Hq, Lq, D]; k, v: Tensor[B, Hkv, Lk, D] with Hq a multiple of Hkv.
+        mask: BoolTensor broadcastable to [B, 1, Lq, Lk] (True = may attend) or None (attend to all).
+    Returns:
+        Tensor[B, Lq, Hq * D].
+    """
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0, enable_gqa=q.shape[1] != k.shape[1])
+    b, h, lq, d = out.shape
+    return out.transpose(1, 2).reshape(b, lq, h * d)
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GELU with the tanh approximation (``gelu_pytorch_tanh``)."""
+    return F.gelu(x, approximate="tanh")
+
+
+class GatedMLP(nn.Module):
+    """Gated FFN ``down(gelu_tanh(gate(x)) * up(x))`` with bias-free linears (hidden → inter → hidden)."""
+
+    def __init__(self, hidden: int, inter: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inter, bias=False)
+        self.up_proj = nn.Linear(hidden, inter, bias=False)
+        self.down_proj = nn.Linear(inter, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(gelu_tanh(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Router(nn.Module):
+    """Gemma 4 MoE router: unscaled RMSNorm → × scale × hidden^-0.5 → linear → softmax (fp32) → top-k →
+    renormalise to sum 1 → × per_expert_scale[expert].
+
+    forward(x: Tensor[N, H]) -> (weights: FloatTensor[N, K] fp32, index: LongTensor[N, K]).
+    """
+
+    def __init__(self, hidden: int, num_experts: int, top_k: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.top_k = top_k
+        self.root = hidden ** -0.5
+        self.proj = nn.Linear(hidden, num_experts, bias=False)
+        self.scale = nn.Parameter(torch.ones(hidden))
+        self.per_expert_scale = nn.Parameter(torch.ones(num_experts))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = rms_norm(x, None, self.eps) * self.scale * self.root
+        probs = torch.softmax(self.proj(h), dim=-1, dtype=torch.float32)
+        w, idx = torch.topk(probs, self.top_k, dim=-1)
+        w = w / w.sum(dim=-1, keepdim=True)
+        return w * self.per_expert_scale[idx], idx
+
+
+class MoEExperts(nn.Module):
+    """Stacked experts: ``gate_up_proj`` Tensor[E, 2I, H], ``down_proj`` Tensor[E, H, I] (checkpoint layout).
+
+    Tokens are grouped by expert (one stable sort), each active expert runs one matmul over its tokens
+    (:meth:`expert_ffn`), results are weighted and scattered back with one ``index_add_``. Quantized subclasses
+    (``localdiff.quant.Int8Experts``) override :meth:`expert_ffn` only.
+    """
+
+    def __init__(self, num_experts: int, hidden: int, inter: int):
+        super().__init__()
+        self.num_experts = num_experts
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, inter))
+
+    def expert_ffn(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        """Expert ``e`` on x: Tensor[N, H] → Tensor[N, H]."""
+        gate, up = F.linear(x, self.gate_up_proj[e]).chunk(2, dim=-1)
+        return F.linear(gelu_tanh(gate) * up, self.down_proj[e])
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """x: Tensor[N, H]; weights: Tensor[N, K] (fp32); index: LongTensor[N, K] → Tensor[N, H] in x's dtype."""
+        n, k = index.shape
+        flat = index.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
+        token = order // k
+        xs = x.index_select(0, token)
+        ys = torch.empty_like(xs)
+        start = 0
+        for e, c in enumerate(counts):
+            if c:
+                ys[start:start + c] = self.expert_ffn(e, xs[start:start + c])
+                start += c
+        ys = (ys * weights.reshape(-1)[order, None]).to(x.dtype)
+        return torch.zeros_like(x).index_add_(0, token, ys)
+
+
+def softcap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """``cap * tanh(x / cap)`` (final-logit soft-capping); identity when cap is None."""
+    if cap is None:
+        return x
+    return torch.tanh(x / cap) * cap
+
+
+def embed_scale(hidden: int, dtype: torch.dtype) -> torch.Tensor:
+    """Gemma's embedding multiplier sqrt(hidden), rounded to ``dtype`` exactly as the reference's buffer is."""
+    return torch.tensor(math.sqrt(hidden), dtype=torch.float32).to(dtype)

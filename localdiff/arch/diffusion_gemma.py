@@ -254,7 +254,7 @@ class DiffusionGemma(nn.Module):
                     pm = pm if pm is not None else torch.ones(b, past_n, dtype=torch.bool, device=dev)
                     nm = new_mask if new_mask is not None else torch.ones(b, n, dtype=torch.bool, device=dev)
                     m = m & torch.cat([pm.to(dev), nm], 1)[:, None, :]
-                    m = m | torch.eye(n, past_n + n, past_n, dtype=torch.bool, device=dev)[None]  # no empty rows
+                    m = m | (kpos[None, :] == qpos[:, None])[None]  # a pad query sees itself: no empty rows
                 masks[key] = m[:, None]
             cos, sin = rope[layer_type(att)]
             h = layer.input_layernorm(x)

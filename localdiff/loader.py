@@ -1,0 +1,128 @@
+"""Checkpoint folder → config → architecture class (built on the meta device) → weights loaded memory-mapped.
+
+Only safetensors are read (pickled ``.bin`` files are never unpickled); no code from a checkpoint runs. Text-only:
+tensors of a vision tower are never read. Any missing or inconsistent file raises ``CheckpointError`` naming the file
+before a model is returned, so there is never a half-loaded model.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from .arch import get_arch, model_and_config_classes
+from .errors import CheckpointError
+
+
+def read_json(path: Path) -> dict:
+    """Parse a JSON file; raises CheckpointError naming it when missing or corrupt."""
+    if not path.is_file():
+        raise CheckpointError(f"{path}: file not found")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e.__class__.__name__}: {e})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    return data
+
+
+def load_config(ckpt: Path):
+    """(architecture module, parsed config) of a checkpoint folder. Raises CheckpointError."""
+    cfg = read_json(ckpt / "config.json")
+    mt = cfg.get("model_type")
+    try:
+        mod = get_arch(mt)
+    except KeyError:
+        raise CheckpointError(f"{ckpt / 'config.json'}: unknown model_type {mt!r} (supported: diffusion_gemma)") from None
+    _, cfg_cls = model_and_config_classes(mt)
+    try:
+        return mod, cfg_cls.from_dict(cfg)
+    except (KeyError, ValueError, TypeError) as e:
+        raise CheckpointError(f"{ckpt / 'config.json'}: invalid text config ({e})") from None
+
+
+def weight_map(ckpt: Path) -> dict[str, Path]:
+    """Tensor name → shard path, from ``model.safetensors.index.json`` or the single ``model.safetensors``.
+
+    Raises CheckpointError when no safetensors weights exist (``.bin`` only is refused) or a listed shard is absent.
+    """
+    index = ckpt / "model.safetensors.index.json"
+    if index.is_file():
+        wm = read_json(index).get("weight_map")
+        if not isinstance(wm, dict):
+            raise CheckpointError(f"{index}: no 'weight_map'")
+        out = {}
+        for name, shard in wm.items():
+            p = ckpt / shard
+            if not p.is_file():
+                raise CheckpointError(f"{p}: shard listed in {index.name} is missing")
+            out[name] = p
+        return out
+    single = ckpt / "model.safetensors"
+    files = [single] if single.is_file() else sorted(ckpt.glob("*.safetensors"))
+    if not files:
+        if list(ckpt.glob("*.bin")) or list(ckpt.glob("*.pt")):
+            raise CheckpointError(f"{ckpt}: only pickled .bin/.pt weights found; localdiff loads safetensors only")
+        raise CheckpointError(f"{ckpt / 'model.safetensors'}: file not found")
+    out = {}
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as h:
+                for name in h.keys():
+                    out[name] = f
+        except Exception as e:  # corrupt header
+            raise CheckpointError(f"{f}: not a readable safetensors file ({e})") from None
+    return out
+
+
+def load_model(ckpt: Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None):
+    """Build the model for checkpoint folder ``ckpt`` and load its weights.
+
+    Args:
+        ckpt: checkpoint folder (config.json + safetensors).
+        device: target device.
+        dtype: floating dtype of the weights; None keeps the checkpoint's dtype (bf16 checkpoints become fp32 on CPU
+            only when asked).
+    Returns:
+        (model in eval mode, config).
+    Raises:
+        CheckpointError: missing / corrupt files, unknown model_type, missing tensors, wrong shapes.
+    """
+    mod, cfg = load_config(ckpt)
+    model_cls, _ = model_and_config_classes(cfg.model_type)
+    wm = weight_map(ckpt)
+    with torch.device("meta"):
+        model = model_cls(cfg)
+    wanted = {}
+    for local, t in list(model.named_parameters()) + list(model.named_buffers()):
+        for cand in mod.checkpoint_names(local):
+            if cand in wm:
+                wanted[local] = (cand, tuple(t.shape))
+                break
+        else:
+            shard = next(iter(set(wm.values())), ckpt)
+            raise CheckpointError(f"{shard}: tensor for {local!r} not found (looked for {mod.checkpoint_names(local)})")
+    by_file: dict[Path, list[str]] = {}
+    for local, (cand, _) in wanted.items():
+        by_file.setdefault(wm[cand], []).append(local)
+    loaded: dict[str, torch.Tensor] = {}
+    for f, locals_ in by_file.items():
+        with safe_open(str(f), framework="pt", device="cpu") as h:
+            for local in locals_:
+                cand, shape = wanted[local]
+                t = h.get_tensor(cand)
+                if tuple(t.shape) != shape:
+                    raise CheckpointError(f"{f}: tensor {cand!r} has shape {tuple(t.shape)}, config implies {shape}")
+                if t.is_floating_point() and dtype is not None and not local.endswith("layer_scalar"):
+                    t = t.to(dtype)
+                loaded[local] = t.to(device)
+    if dtype is not None:
+        for local in loaded:
+            if local.endswith("layer_scalar"):
+                loaded[local] = loaded[local].to(dtype)
+    model.load_state_dict(loaded, strict=True, assign=True)
+    model.eval().requires_grad_(False)
+    return model, cfg

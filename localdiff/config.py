@@ -1,0 +1,270 @@
+"""User configuration: a TOML file in the platformdirs config dir, ``LOCALDIFF_*`` environment variables, and flags.
+
+Precedence, highest first: command-line flag > ``LOCALDIFF_*`` env > config file > the checkpoint's
+``generation_config.json`` > built-in defaults. This module owns the first three layers; the last two are applied by
+the engine (``Model.sampler_options(**overrides)``), so :func:`sampler_overrides` returns only the keys the user set.
+
+Config file (``localdiff config path`` prints where; ``LOCALDIFF_CONFIG`` overrides the location)::
+
+    default_model = "tiny"
+    device = "cpu"            # or "cuda", "cuda:1", "auto"
+    quant = "int8"            # optional
+    max_new_tokens = 256
+    seed = 0                  # optional; unset = a fresh random seed per run (printed with --json)
+
+    [sampler]                 # any sampler option (see SAMPLER_KEYS)
+    max_denoising_steps = 16
+    threshold = 0.9
+
+Environment: ``LOCALDIFF_MODEL``, ``LOCALDIFF_DEVICE``, ``LOCALDIFF_QUANT``, ``LOCALDIFF_MAX_NEW_TOKENS``,
+``LOCALDIFF_SEED``, and ``LOCALDIFF_<SAMPLER KEY>`` (e.g. ``LOCALDIFF_MAX_DENOISING_STEPS``, ``LOCALDIFF_THRESHOLD``).
+"""
+from __future__ import annotations
+
+import difflib
+import os
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping
+
+import platformdirs
+
+from .errors import UsageError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+APP_NAME = "localdiff"
+
+#: Sampler options the runtime understands → their Python type.
+SAMPLER_KEYS: dict[str, type] = {
+    "max_denoising_steps": int,
+    "t_min": float,
+    "t_max": float,
+    "entropy_bound": float,
+    "stability_threshold": int,
+    "confidence_threshold": float,
+    "threshold": float,
+    "correction": bool,
+    "correction_floor": float,
+    "correction_max_reopens": int,
+}
+_TOP_KEYS: dict[str, type] = {
+    "default_model": str,
+    "device": str,
+    "quant": str,
+    "max_new_tokens": int,
+    "seed": int,
+}
+_ENV_TOP = {"LOCALDIFF_MODEL": "default_model", "LOCALDIFF_DEVICE": "device", "LOCALDIFF_QUANT": "quant",
+            "LOCALDIFF_MAX_NEW_TOKENS": "max_new_tokens", "LOCALDIFF_SEED": "seed"}
+
+
+@dataclass(frozen=True)
+class Config:
+    """The user's settings from the config file and environment (flags are applied later by the CLI).
+
+    Attributes:
+        default_model: model used when ``-m`` is not given ("tiny" built in).
+        device: "cpu", "cuda", "cuda:N", "auto" or None (the engine picks).
+        quant: quantization name (e.g. "int8") or None.
+        max_new_tokens: generation length cap in tokens, or None (engine default).
+        seed: fixed seed, or None (random per run).
+        sampler: read-only mapping of sampler options set by the user (keys of ``SAMPLER_KEYS``).
+        path: the config file that was read (it may not exist).
+        origins: read-only mapping key → "file" or "env:NAME" telling where each set value came from.
+    """
+
+    default_model: str = "tiny"
+    device: str | None = None
+    quant: str | None = None
+    max_new_tokens: int | None = None
+    seed: int | None = None
+    sampler: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    path: Path | None = None
+    origins: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    def as_dict(self) -> dict:
+        """Plain dict (JSON-serialisable) of the settings."""
+        return {
+            "default_model": self.default_model, "device": self.device, "quant": self.quant,
+            "max_new_tokens": self.max_new_tokens, "seed": self.seed, "sampler": dict(self.sampler),
+            "path": str(self.path) if self.path else None, "origins": dict(self.origins),
+        }
+
+
+def config_path(env: Mapping[str, str] | None = None) -> Path:
+    """Where the TOML config lives: ``$LOCALDIFF_CONFIG`` or ``<platformdirs user_config_dir>/config.toml``."""
+    env = os.environ if env is None else env
+    if env.get("LOCALDIFF_CONFIG"):
+        return Path(env["LOCALDIFF_CONFIG"]).expanduser()
+    return Path(platformdirs.user_config_dir(APP_NAME)) / "config.toml"
+
+
+def data_path() -> Path:
+    """The platformdirs user data dir (chat history and other state)."""
+    return Path(platformdirs.user_data_dir(APP_NAME))
+
+
+def coerce(key: str, value: Any, typ: type, where: str) -> Any:
+    """Convert ``value`` (a TOML value or an env/flag string) to ``typ`` and range-check it.
+
+    Raises:
+        UsageError: naming ``where`` (e.g. "LOCALDIFF_T_MIN" or "config.toml") when it does not fit.
+    """
+    try:
+        if typ is bool:
+            if isinstance(value, bool):
+                out = value
+            elif str(value).strip().lower() in ("1", "true", "yes", "on"):
+                out = True
+            elif str(value).strip().lower() in ("0", "false", "no", "off"):
+                out = False
+            else:
+                raise ValueError
+        elif typ is int:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            out = int(str(value).strip()) if isinstance(value, str) else int(value)
+        elif typ is float:
+            if isinstance(value, bool):
+                raise ValueError
+            out = float(value)
+            if out != out or out in (float("inf"), float("-inf")):
+                raise ValueError
+        else:
+            if not isinstance(value, str):
+                raise ValueError
+            out = value
+    except (TypeError, ValueError):
+        raise UsageError(f"{where}: invalid value {value!r} for '{key}' (expected {typ.__name__})") from None
+    _check_range(key, out, where)
+    return out
+
+
+def _check_range(key: str, v: Any, where: str) -> None:
+    bad = None
+    if key in ("max_denoising_steps", "max_new_tokens") and v <= 0:
+        bad = "must be a positive integer"
+    elif key in ("stability_threshold", "correction_max_reopens") and v < 0:
+        bad = "must be >= 0"
+    elif key in ("t_min", "t_max") and v < 0:
+        bad = "must be >= 0"
+    elif key in ("entropy_bound", "confidence_threshold") and v <= 0:
+        bad = "must be > 0"
+    elif key in ("threshold", "correction_floor") and not 0.0 <= v <= 1.0:
+        bad = "must be in [0, 1]"
+    elif key == "seed" and not 0 <= v < 2**63:
+        bad = "must be in [0, 2**63)"
+    if bad:
+        raise UsageError(f"{where}: '{key}' {bad} (got {v!r})")
+
+
+def _unknown(key: str, known: list[str], where: str) -> UsageError:
+    near = difflib.get_close_matches(key, known, n=1)
+    hint = f" (did you mean '{near[0]}'?)" if near else ""
+    return UsageError(f"{where}: unknown setting '{key}'{hint}")
+
+
+def _read_file(path: Path) -> dict:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"cannot read config file {path}: {e}") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise UsageError(f"config file {path} is not valid TOML: {e}") from None
+
+
+def load_user_config(env: Mapping[str, str] | None = None, path: Path | None = None) -> Config:
+    """Read the config file, then apply ``LOCALDIFF_*`` environment variables on top.
+
+    Args:
+        env: environment mapping (default ``os.environ``).
+        path: config file (default :func:`config_path`).
+    Returns:
+        A frozen Config. A missing file is not an error.
+    Raises:
+        UsageError: invalid TOML, an unknown key, or a value of the wrong type / out of range.
+    """
+    env = os.environ if env is None else env
+    path = Path(path) if path is not None else config_path(env)
+    raw = _read_file(path)
+    top: dict[str, Any] = {}
+    sampler: dict[str, Any] = {}
+    origins: dict[str, str] = {}
+    where = str(path)
+    for key, value in raw.items():
+        if key == "sampler":
+            if not isinstance(value, dict):
+                raise UsageError(f"{where}: [sampler] must be a table")
+            for sk, sv in value.items():
+                if sk not in SAMPLER_KEYS:
+                    raise _unknown(sk, list(SAMPLER_KEYS), where)
+                sampler[sk] = coerce(sk, sv, SAMPLER_KEYS[sk], where)
+                origins[sk] = "file"
+        elif key in _TOP_KEYS:
+            top[key] = coerce(key, value, _TOP_KEYS[key], where)
+            origins[key] = "file"
+        else:
+            raise _unknown(key, [*_TOP_KEYS, "sampler"], where)
+    for var, key in _ENV_TOP.items():
+        if env.get(var, "") != "":
+            top[key] = coerce(key, env[var], _TOP_KEYS[key], var)
+            origins[key] = f"env:{var}"
+    for key, typ in SAMPLER_KEYS.items():
+        var = "LOCALDIFF_" + key.upper()
+        if env.get(var, "") != "":
+            sampler[key] = coerce(key, env[var], typ, var)
+            origins[key] = f"env:{var}"
+    _check_pair(sampler, where)
+    return Config(**top, sampler=MappingProxyType(sampler), path=path, origins=MappingProxyType(origins))
+
+
+def _check_pair(sampler: Mapping[str, Any], where: str) -> None:
+    if "t_min" in sampler and "t_max" in sampler and sampler["t_max"] < sampler["t_min"]:
+        raise UsageError(f"{where}: t_max ({sampler['t_max']}) must be >= t_min ({sampler['t_min']})")
+
+
+def sampler_overrides(flags: Mapping[str, Any], config: Config) -> dict:
+    """Merge sampler options: flag > env/file (already merged in ``config``).
+
+    Args:
+        flags: options given on the command line (keys of ``SAMPLER_KEYS``; None values mean "not given").
+        config: from :func:`load_user_config`.
+    Returns:
+        dict of the options the user set anywhere; pass it to ``Model.sampler_options(**d)`` / ``generate(**d)``
+        so the checkpoint's generation_config and the built-ins fill in the rest.
+    Raises:
+        UsageError: an unknown key, a bad value, or t_max < t_min after merging.
+    """
+    out = dict(config.sampler)
+    for key, value in flags.items():
+        if value is None:
+            continue
+        if key not in SAMPLER_KEYS:
+            raise _unknown(key, list(SAMPLER_KEYS), "flag")
+        out[key] = coerce(key, value, SAMPLER_KEYS[key], "--" + key.replace("_", "-"))
+    _check_pair(out, "sampler options")
+    return out
+
+
+def with_flags(config: Config, **flags: Any) -> Config:
+    """A copy of ``config`` with the non-None top-level ``flags`` (model/device/quant/...) applied."""
+    keymap = {"model": "default_model"}
+    changes = {}
+    for key, value in flags.items():
+        if value is None:
+            continue
+        key = keymap.get(key, key)
+        if key not in _TOP_KEYS:
+            raise _unknown(key, list(_TOP_KEYS), "flag")
+        changes[key] = coerce(key, value, _TOP_KEYS[key], "--" + key.replace("_", "-"))
+    return replace(config, **changes)

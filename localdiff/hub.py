@@ -1,0 +1,279 @@
+"""Model names → folders on disk; pull / list / rm on the Hugging Face cache.
+
+A model name is one of:
+
+- a catalog alias from ``models/*.toml`` (``tiny`` → the embedded folder; ``diffusiongemma:26b-a4b`` → a Hub repo);
+- ``org/name[@revision]`` — a Hub model repo (revision: branch, tag or commit; default ``main``);
+- a path to a checkpoint directory (anything containing a path separator or naming an existing folder).
+
+Downloads go to the standard Hugging Face cache (``HF_HOME`` / ``HF_HUB_CACHE``), so ``hf download`` and
+``localdiff pull`` share files. See ``hub_pull.py`` for the download itself and ``hub_cache.py`` for the layout.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import catalog
+from .catalog import CatalogEntry
+from .errors import CheckpointError, ModelNotFoundError, UsageError
+from .hub_cache import (cached_repos, hub_cache_dir, read_ref, remove_snapshot, repo_id_from_folder, repo_refs,
+                        snapshot_status, storage_folder)
+
+_REPO_RE = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.\-]*/[\w.\-]+)(?:@(?P<rev>[\w.\-/]+))?$")
+
+
+@dataclass(frozen=True)
+class Target:
+    """A parsed model name.
+
+    Attributes:
+        kind: "embedded", "repo" or "path".
+        name: the name as the user wrote it.
+        repo: Hub repo id for kind "repo".
+        revision: branch / tag / commit for kind "repo".
+        path: folder for kinds "embedded" and "path".
+        entry: the catalog entry when the name is (or maps to) a catalog model.
+    """
+
+    kind: str
+    name: str
+    repo: str | None = None
+    revision: str = "main"
+    path: Path | None = None
+    entry: CatalogEntry | None = None
+
+    @property
+    def allow_patterns(self) -> tuple[str, ...]:
+        return self.entry.allow_patterns if self.entry else catalog.DEFAULT_ALLOW_PATTERNS
+
+    @property
+    def ignore_patterns(self) -> tuple[str, ...]:
+        return self.entry.ignore_patterns if self.entry else catalog.DEFAULT_IGNORE_PATTERNS
+
+    @property
+    def label(self) -> str:
+        """"org/name@revision" for repos, the folder for paths."""
+        return f"{self.repo}@{self.revision}" if self.kind == "repo" else str(self.path)
+
+
+def _looks_like_path(name: str) -> bool:
+    base = name.split("@", 1)[0]
+    return name.startswith((".", "~", os.sep)) or (os.sep != "/" and os.sep in base) or base.count("/") > 1
+
+
+def parse_name(name: str) -> Target:
+    """Classify a model name (no network, no disk writes).
+
+    Raises:
+        UsageError: empty name.
+        ModelNotFoundError: neither an alias, an ``org/name`` repo id, nor an existing folder (with suggestions).
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise UsageError("empty model name")
+    name = name.strip()
+    entry = catalog.lookup(name)
+    if entry is not None:
+        if entry.embedded:
+            return Target("embedded", name, path=entry.embedded_path, entry=entry)
+        return Target("repo", name, repo=entry.repo, revision=entry.revision, entry=entry)
+    p = Path(name).expanduser()
+    if p.is_dir():
+        return Target("path", name, path=p.resolve())
+    m = _REPO_RE.match(name)
+    if m and not _looks_like_path(name):
+        repo = m.group("repo")
+        return Target("repo", name, repo=repo, revision=m.group("rev") or "main", entry=catalog.entry_for_repo(repo))
+    if _looks_like_path(name) or p.exists():
+        what = "is not a directory" if p.exists() else "does not exist"
+        raise ModelNotFoundError(f"model folder {name} {what}")
+    raise ModelNotFoundError(_unknown_message(name))
+
+
+def _unknown_message(name: str) -> str:
+    pulled = [m["name"] for m in list_models()]
+    near = catalog.suggest(name, extra=pulled)
+    hint = f"; did you mean {', '.join(repr(n) for n in near)}?" if near else ""
+    return (f"unknown model '{name}'{hint} (use a catalog name from `localdiff list --all`, org/name from the Hub, "
+            "or a checkpoint folder)")
+
+
+def check_checkpoint_dir(path: Path) -> Path:
+    """Cheap sanity checks on a checkpoint folder: it exists and holds a parseable ``config.json`` object.
+
+    Raises:
+        ModelNotFoundError: the folder does not exist.
+        CheckpointError: no config.json, or it is not valid JSON / not an object.
+    """
+    if not path.is_dir():
+        raise ModelNotFoundError(f"model folder {path} does not exist")
+    cfg = path / "config.json"
+    if not cfg.is_file():
+        raise CheckpointError(f"{path} is not a checkpoint: it has no config.json")
+    try:
+        data = json.loads(cfg.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{cfg} is not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{cfg} must hold a JSON object")
+    return path
+
+
+def resolve_model(name: str) -> Path:
+    """Return the checkpoint folder for a model name.
+
+    Args:
+        name: catalog alias, ``org/name[@revision]`` (must be completely pulled), or a checkpoint directory.
+    Returns:
+        Path of a folder with config.json (the embedded folder, the cache snapshot, or the directory itself).
+    Raises:
+        ModelNotFoundError: unknown name (with nearest-name suggestions), a repo that is not (completely) pulled —
+            "not pulled: run `localdiff pull NAME`" —, or a missing folder.
+        CheckpointError: the folder has no / a corrupt config.json.
+    """
+    t = parse_name(name)
+    if t.kind == "embedded":
+        if not t.path.is_dir():
+            raise ModelNotFoundError(f"the embedded model '{name}' is missing from this install ({t.path})")
+        return check_checkpoint_dir(t.path)
+    if t.kind == "path":
+        return check_checkpoint_dir(t.path)
+    storage = storage_folder(t.repo)
+    commit = read_ref(storage, t.revision)
+    if commit is None:
+        raise ModelNotFoundError(f"{t.label} is not pulled: run `localdiff pull {name}`")
+    status = snapshot_status(storage, commit, t.allow_patterns, t.ignore_patterns)
+    if not status.complete:
+        raise ModelNotFoundError(f"{t.label} is only partly pulled ({len(status.missing)} files missing): "
+                                 f"run `localdiff pull {name}` to finish")
+    return check_checkpoint_dir(storage / "snapshots" / commit)
+
+
+def describe_path(path: Path) -> str:
+    """"org/name@commit" when ``path`` is a snapshot in the HF cache, else the path itself (for --json output)."""
+    path = Path(path).resolve()
+    parts = path.parts
+    for i in range(len(parts) - 2):
+        if parts[i].startswith("models--") and parts[i + 1] == "snapshots":
+            return f"{repo_id_from_folder(Path(parts[i]))}@{parts[i + 2]}"
+    return str(path)
+
+
+def _read_config(folder: Path) -> dict:
+    try:
+        data = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError, UnicodeDecodeError):
+        return {}
+
+
+def _weights_kind(cfg: dict) -> str:
+    """A short precision label: the quantization method, else the stored dtype."""
+    q = cfg.get("quantization_config")
+    if isinstance(q, dict):
+        return str(q.get("quant_method") or q.get("bits") or "quantized")
+    return str(cfg.get("dtype") or cfg.get("torch_dtype") or (cfg.get("text_config") or {}).get("dtype") or "?")
+
+
+def _dir_size(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def list_models(cache_dir: Path | None = None) -> list[dict]:
+    """Models ready to load: the embedded ones and every *complete* repo snapshot in the HF cache with a config.json.
+
+    Returns:
+        list of dicts with keys name, repo, revision, commit, size_bytes, quant, path, embedded, description.
+        Partial pulls are left out. Repos in the catalog are named by their alias.
+    """
+    out: list[dict] = []
+    for e in catalog.entries():
+        if e.embedded and (e.embedded_path / "config.json").is_file():
+            out.append({"name": e.alias, "repo": None, "revision": None, "commit": None,
+                        "size_bytes": _dir_size(e.embedded_path), "quant": _weights_kind(_read_config(e.embedded_path)),
+                        "path": str(e.embedded_path), "embedded": True, "description": e.description})
+    for storage in cached_repos(cache_dir):
+        repo = repo_id_from_folder(storage)
+        for rev, commit in sorted(repo_refs(storage).items()):
+            entry = catalog.entry_for_repo(repo)
+            allow = entry.allow_patterns if entry else catalog.DEFAULT_ALLOW_PATTERNS
+            ignore = entry.ignore_patterns if entry else catalog.DEFAULT_IGNORE_PATTERNS
+            snap = storage / "snapshots" / commit
+            cfg = _read_config(snap)
+            if not cfg:
+                continue
+            status = snapshot_status(storage, commit, allow, ignore)
+            if not status.complete:
+                continue
+            if entry is not None and entry.revision in (rev, commit):
+                name = entry.alias
+            else:
+                name = repo if rev == "main" else f"{repo}@{rev}"
+            out.append({"name": name, "repo": repo, "revision": rev, "commit": commit,
+                        "size_bytes": status.size_bytes, "quant": _weights_kind(cfg), "path": str(snap),
+                        "embedded": False, "description": entry.description if entry else ""})
+    return out
+
+
+def remove(name: str) -> dict:
+    """Delete a pulled model from the HF cache: its snapshot, refs, unshared blobs and partial files.
+
+    Returns:
+        {"name", "repo", "commit", "freed_bytes"}.
+    Raises:
+        UsageError: an embedded model or a plain folder (not ours to delete).
+        ModelNotFoundError: nothing of this model is in the cache.
+    """
+    t = parse_name(name)
+    if t.kind == "embedded":
+        raise UsageError(f"'{name}' is embedded in the package and cannot be removed")
+    if t.kind == "path":
+        raise UsageError(f"{name} is a folder, not a pulled model; delete it yourself if you mean to")
+    storage = storage_folder(t.repo)
+    commit = read_ref(storage, t.revision)
+    if commit is None or not storage.is_dir():
+        raise ModelNotFoundError(f"{t.label} is not in the cache ({hub_cache_dir()}); nothing to remove")
+    freed = remove_snapshot(storage, commit)
+    return {"name": name, "repo": t.repo, "commit": commit, "freed_bytes": freed}
+
+
+def pull(name: str, quiet: bool = False, progress=None, verify: bool = False) -> dict:
+    """Download a model into the HF cache, resuming partial files (see ``localdiff.hub_pull.pull``)."""
+    from .hub_pull import pull as _pull
+
+    return _pull(name, quiet=quiet, progress=progress, verify=verify)
+
+
+def model_config(name: str, allow_network: bool = True) -> tuple[dict, Path | None, str]:
+    """The config.json of a model, before or after a pull (for ``show``).
+
+    Order: the pulled snapshot / folder; else the catalog's offline stand-in config; else (for ``org/name``) only
+    config.json fetched from the Hub into the cache.
+
+    Returns:
+        (config dict, checkpoint folder or None when not pulled, source description).
+    Raises:
+        ModelNotFoundError / CheckpointError / HubError.
+    """
+    t = parse_name(name)
+    try:
+        folder = resolve_model(name)
+        return _read_config(folder), folder, str(folder)
+    except ModelNotFoundError:
+        if t.kind != "repo":
+            raise
+    if t.entry is not None and t.entry.offline_config is not None and t.entry.offline_config.is_file():
+        try:
+            cfg = json.loads(t.entry.offline_config.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"catalog stand-in config {t.entry.offline_config} is corrupt: {e}") from None
+        return cfg, None, f"offline stand-in {t.entry.offline_config} (not pulled)"
+    if not allow_network:
+        raise ModelNotFoundError(f"{t.label} is not pulled: run `localdiff pull {name}`")
+    from .hub_pull import fetch_config
+
+    path = fetch_config(t)
+    return _read_config(path.parent), None, f"{t.label} config.json from the Hub (weights not pulled)"

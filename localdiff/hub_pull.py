@@ -1,0 +1,305 @@
+"""``localdiff pull``: revision info from the Hub, pre-flight checks, resumable downloads into the HF cache.
+
+Steps: (1) ``HfApi.model_info(files_metadata=True)`` gives the commit and every file's size / blob id / LFS sha256;
+(2) the files matching the catalog's patterns are checked against the cache (present, truncated, partial);
+(3) total size, free disk and a memory-fit estimate are reported before any large transfer; (4) missing files are
+fetched smallest first with :func:`localdiff.download.fetch_blob` (HTTP Range resume, hash verification) and linked
+into ``snapshots/<commit>/`` exactly as ``hf_hub_download`` does; ``refs/<revision>`` and hf's tree listing are
+written up front so an interrupted pull is visible to ``hf`` as partial, never as complete.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from .download import RemoteFile, fetch_blob, verify_file
+from .errors import HubError, UsageError
+from .hub import Target, parse_name
+from .hub_cache import filter_files, read_ref, snapshot_status, storage_folder, write_ref, write_tree
+from .progress import QuietProgress, human_bytes, make_progress
+
+DISK_MARGIN = 64 * 1024 * 1024  # bytes kept free beyond the download
+
+
+def endpoint() -> str:
+    """The Hub endpoint: ``HF_ENDPOINT`` at call time, else huggingface_hub's default."""
+    from huggingface_hub import constants
+
+    return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+
+
+def offline() -> bool:
+    """True when ``HF_HUB_OFFLINE`` is set (read at call time, as well as huggingface_hub's own flag)."""
+    from huggingface_hub import constants
+
+    return os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE") or constants.HF_HUB_OFFLINE
+
+
+def translate(e: BaseException, t: Target, what: str = "") -> HubError:
+    """Turn a huggingface_hub / httpx2 exception into a one-line HubError with the fix."""
+    import httpx2
+    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, OfflineModeIsEnabled,
+                                        RemoteEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError)
+
+    ep = endpoint()
+    if isinstance(e, GatedRepoError):
+        return HubError(f"{t.repo} is gated: accept its licence at {ep}/{t.repo} and log in with `hf auth login` "
+                        "(or set HF_TOKEN to a token of the account that accepted it)")
+    if isinstance(e, RevisionNotFoundError):
+        return HubError(f"revision '{t.revision}' not found in {t.repo}")
+    if isinstance(e, RemoteEntryNotFoundError):
+        return HubError(f"{what or 'file'} not found in {t.repo}@{t.revision}")
+    if isinstance(e, RepositoryNotFoundError):
+        return HubError(f"{t.repo} not found on the Hub ({ep}); if it is private, log in with `hf auth login` "
+                        "or set HF_TOKEN")
+    if isinstance(e, OfflineModeIsEnabled):
+        return HubError(f"offline mode (HF_HUB_OFFLINE=1): cannot download {t.name}; unset HF_HUB_OFFLINE to pull")
+    if isinstance(e, (httpx2.TransportError,)):
+        return HubError(f"cannot reach the Hub at {ep} ({type(e).__name__}); check the network or HTTPS_PROXY — "
+                        "pulled models keep working offline")
+    if isinstance(e, HfHubHTTPError):
+        status = getattr(getattr(e, "response", None), "status_code", "?")
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return HubError(f"the Hub answered {status} for {t.repo}: {first}")
+    return HubError(f"{type(e).__name__}: {e}")
+
+
+def remote_files(t: Target) -> tuple[str, list[RemoteFile]]:
+    """Ask the Hub for the commit of ``t.revision`` and the metadata of every file.
+
+    Returns:
+        (commit sha, list of RemoteFile for the whole repo).
+    Raises:
+        HubError: offline, unreachable, gated, not found, or a reply without sizes.
+    """
+    import httpx2
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+
+    if offline():
+        raise HubError(f"offline mode (HF_HUB_OFFLINE=1): cannot download {t.name}; unset HF_HUB_OFFLINE to pull")
+    try:
+        info = HfApi(endpoint=endpoint()).model_info(t.repo, revision=t.revision, files_metadata=True)
+    except (HfHubHTTPError, httpx2.TransportError, OfflineModeIsEnabled) as e:
+        raise translate(e, t) from None
+    if not info.sha or info.siblings is None:
+        raise HubError(f"the Hub's reply for {t.repo}@{t.revision} has no commit or file list")
+    files = []
+    for s in info.siblings:
+        if s.size is None:
+            raise HubError(f"the Hub's reply for {t.repo} lacks file sizes ({s.rfilename})")
+        files.append(RemoteFile(path=s.rfilename, size=int(s.size), blob_id=s.blob_id,
+                                sha256=s.lfs.sha256 if s.lfs is not None else None))
+    return info.sha, files
+
+
+def _ram_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def gpu_mem_bytes() -> int:
+    """Total memory of the first NVIDIA GPU via ``nvidia-smi`` (no torch import), or 0 when there is none."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return 0
+    try:
+        out = subprocess.run([exe, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=5).stdout
+        return int(out.split()[0]) * 1024 * 1024
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        return 0
+
+
+def memory_warning(cfg: dict, weight_bytes: int) -> str | None:
+    """A one-line warning when the weights will not fit this machine's memory, else None.
+
+    Uses ``localdiff.plan.plan_memory(cfg, gpu_mem_bytes, "int8")`` when it exists and reports ``fits``; otherwise
+    compares the safetensors bytes with GPU memory (or RAM without a GPU), allowing int8 (~0.53× bf16).
+    """
+    gpu, ram = gpu_mem_bytes(), _ram_bytes()
+    try:
+        from .plan import plan_memory  # written by the quantization work; optional here
+
+        plan = plan_memory(cfg, gpu or ram, "int8")
+        d = plan.to_dict() if hasattr(plan, "to_dict") else {}
+        if d.get("fits") is False:
+            return f"memory: {plan.to_text().splitlines()[0]}"
+        if d.get("fits") is True:
+            return None
+    except Exception:  # noqa: BLE001 — the planner is advisory; fall back to the byte rule
+        pass
+    budget = gpu or ram
+    where = f"{human_bytes(gpu)} GPU memory" if gpu else f"{human_bytes(ram)} RAM and no NVIDIA GPU"
+    if not budget or weight_bytes <= 0.9 * budget:
+        return None
+    int8 = 0.53 * weight_bytes
+    if int8 <= 0.9 * budget:
+        return f"memory: weights are {human_bytes(weight_bytes)}, this machine has {where}; load with --quant int8"
+    return (f"memory: weights are {human_bytes(weight_bytes)} (~{human_bytes(int8)} in int8), this machine has "
+            f"{where}; it will need host offload (see `localdiff show NAME --plan`)")
+
+
+def _link(blob: Path, pointer: Path) -> None:
+    pointer.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        from huggingface_hub.file_download import _create_symlink  # hf's own (handles no-symlink systems)
+
+        _create_symlink(str(blob), str(pointer), new_blob=False)
+    except ImportError:  # pragma: no cover
+        if pointer.is_symlink() or pointer.exists():
+            pointer.unlink()
+        os.symlink(os.path.relpath(blob, pointer.parent), pointer)
+
+
+def pull(name: str, quiet: bool = False, progress=None, verify: bool = False) -> dict:
+    """Download (or finish downloading) a model into the HF cache.
+
+    Args:
+        name: catalog alias or ``org/name[@revision]``.
+        quiet: no progress output.
+        progress: a reporter from ``localdiff.progress`` (default: rich on a tty, plain lines otherwise).
+        verify: re-hash files already in the cache (otherwise their sizes are checked).
+    Returns:
+        dict: name, repo, revision, commit, path, files, total_bytes, downloaded_bytes, reused_bytes, up_to_date,
+        seconds, warnings (list of str).
+    Raises:
+        UsageError: a folder or embedded model (nothing to pull).
+        HubError: offline, unreachable, gated, not found, no loadable files, not enough disk, failed verification.
+    """
+    t = parse_name(name)
+    if t.kind == "embedded":
+        return {"name": name, "path": str(t.path), "embedded": True, "up_to_date": True, "files": 0,
+                "total_bytes": 0, "downloaded_bytes": 0, "reused_bytes": 0, "warnings": []}
+    if t.kind == "path":
+        raise UsageError(f"{name} is a local folder; there is nothing to pull")
+    progress = progress or (QuietProgress() if quiet else make_progress())
+    t0 = time.monotonic()
+    storage = storage_folder(t.repo)
+    if offline():
+        commit = read_ref(storage, t.revision)
+        if commit and snapshot_status(storage, commit, t.allow_patterns, t.ignore_patterns).complete:
+            return _result(t, commit, storage, [], 0, 0, True, t0, ["offline: not checked for updates"])
+    commit, all_files = remote_files(t)
+    files = sorted(filter_files(all_files, t.allow_patterns, t.ignore_patterns), key=lambda r: (r.size, r.path))
+    if not any(f.path.endswith(".safetensors") for f in files) or not any(f.path == "config.json" for f in files):
+        has_bin = any(f.path.endswith((".bin", ".pt", ".pth")) for f in all_files)
+        why = "only pickled .bin weights, which localdiff does not load" if has_bin else "no config.json + safetensors"
+        raise HubError(f"{t.repo}@{t.revision} has {why}")
+    write_ref(storage, t.revision, commit)
+    write_tree(storage, commit, all_files)
+    snap, blobs = storage / "snapshots" / commit, storage / "blobs"
+    todo, reused, partial, warnings = [], 0, 0, []
+    for rf in files:
+        blob = blobs / rf.blob_name
+        size = blob.stat().st_size if blob.is_file() else None
+        if size == rf.size and (not verify or verify_file(blob, rf) is None):
+            reused += rf.size
+            if not (snap / rf.path).exists():
+                _link(blob, snap / rf.path)
+            continue
+        if size is not None:
+            what = "empty" if size == 0 else (f"truncated ({size} of {rf.size} bytes)" if size != rf.size
+                                              else "corrupt (checksum mismatch)")
+            warnings.append(f"{rf.path} in the cache is {what}; fetching it again")
+            progress.note(warnings[-1])
+            blob.unlink()
+        inc = blob.with_name(blob.name + ".incomplete")
+        partial += min(inc.stat().st_size, rf.size) if inc.is_file() else 0
+        todo.append(rf)
+    total = sum(f.size for f in files)
+    if not todo:
+        return _result(t, commit, storage, files, 0, reused, True, t0, warnings)
+    need = sum(f.size for f in todo) - partial
+    free = shutil.disk_usage(_existing_parent(blobs)).free
+    if need + DISK_MARGIN > free:
+        raise HubError(f"not enough disk space for {t.label}: {human_bytes(need)} still to download, "
+                       f"{human_bytes(free)} free in {storage.parent} (free space, or point HF_HOME/HF_HUB_CACHE "
+                       "at a bigger disk)")
+    progress.note(f"pulling {t.name} ({t.repo}@{commit[:12]}): {len(files)} files, {human_bytes(total)}"
+                  + (f", {human_bytes(need)} to download" if need != total else ""))
+    weights = sum(f.size for f in files if f.path.endswith(".safetensors"))
+    todo.sort(key=lambda r: (r.path != "config.json", r.size, r.path))  # config first: the memory estimate
+    url_base = f"{endpoint()}/{t.repo}/resolve/{commit}/"
+    from huggingface_hub.utils import build_hf_headers
+
+    headers = build_hf_headers()
+    locks = storage.parent / ".locks" / storage.name
+
+    def warn_memory() -> None:
+        warn = memory_warning(_load_json(snap / "config.json"), weights)
+        if warn:
+            warnings.append(warn.replace("NAME", t.name))
+            progress.note("warning: " + warnings[-1])
+
+    if (snap / "config.json").exists():
+        warn_memory()
+    progress.start(need + partial, partial)
+    downloaded = 0
+    try:
+        for rf in todo:
+            downloaded += _fetch(t, rf, url_base, blobs, locks, headers, progress)
+            _link(blobs / rf.blob_name, snap / rf.path)
+            if rf.path == "config.json":
+                warn_memory()
+    finally:
+        progress.close()
+    return _result(t, commit, storage, files, downloaded, reused, False, t0, warnings)
+
+
+def _fetch(t: Target, rf: RemoteFile, url_base: str, blobs: Path, locks: Path, headers: dict, progress) -> int:
+    import httpx2
+    from huggingface_hub.errors import HfHubHTTPError
+    from urllib.parse import quote
+
+    url = url_base + quote(rf.path)
+    try:
+        return fetch_blob(url, blobs / rf.blob_name, rf, headers, progress, lock_path=locks / f"{rf.blob_name}.lock")
+    except (HfHubHTTPError, httpx2.TransportError) as e:
+        raise translate(e, t, rf.path) from None
+
+
+def _load_json(path: Path) -> dict:
+    import json
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _existing_parent(p: Path) -> Path:
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def _result(t: Target, commit: str, storage: Path, files, downloaded: int, reused: int, up_to_date: bool,
+            t0: float, warnings: list) -> dict:
+    return {"name": t.name, "repo": t.repo, "revision": t.revision, "commit": commit,
+            "path": str(storage / "snapshots" / commit), "files": len(files),
+            "total_bytes": sum(f.size for f in files), "downloaded_bytes": downloaded, "reused_bytes": reused,
+            "up_to_date": up_to_date, "seconds": round(time.monotonic() - t0, 3), "warnings": list(warnings),
+            "embedded": False}
+
+
+def fetch_config(t: Target) -> Path:
+    """Download only ``config.json`` of a repo into the HF cache (for ``show`` before a pull); returns its path."""
+    import httpx2
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
+
+    if offline():
+        raise HubError(f"offline mode (HF_HUB_OFFLINE=1) and {t.label} is not pulled: no config.json to show")
+    try:
+        return Path(hf_hub_download(t.repo, "config.json", revision=t.revision, endpoint=endpoint()))
+    except (HfHubHTTPError, httpx2.TransportError, OfflineModeIsEnabled) as e:
+        raise translate(e, t, "config.json") from None
+    except LocalEntryNotFoundError as e:
+        raise HubError(f"cannot reach the Hub at {endpoint()} for {t.label}: {str(e).splitlines()[0]}") from None

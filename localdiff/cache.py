@@ -21,8 +21,9 @@ class KVCache:
         layer_windows: per layer, the sliding window in tokens, or None for full-attention layers.
     """
 
-    def __init__(self, layer_windows: list[int | None]):
+    def __init__(self, layer_windows: list[int | None], slack: int = 0):
         self.windows = list(layer_windows)
+        self.slack = int(slack)  # extra tokens sliding layers retain so a chat can truncate a little (prefix reuse)
         self.k: list[torch.Tensor | None] = [None] * len(layer_windows)
         self.v: list[torch.Tensor | None] = [None] * len(layer_windows)
         self.mask: torch.Tensor | None = None  # BoolTensor[B, seq_len] or None when nothing is padding
@@ -34,11 +35,15 @@ class KVCache:
     def past(self, i: int):
         if self.k[i] is None:
             return None
-        return self.k[i], self.v[i]
+        n = self.visible_len(i)
+        return self.k[i][:, :, self.k[i].shape[2] - n:], self.v[i][:, :, self.v[i].shape[2] - n:]
 
     def visible_len(self, i: int) -> int:
-        """Number of cached tokens layer i attends to."""
-        return 0 if self.k[i] is None else self.k[i].shape[2]
+        """Number of cached tokens layer i attends to (sliding layers: at most window - 1)."""
+        if self.k[i] is None:
+            return 0
+        n, w = self.k[i].shape[2], self.windows[i]
+        return n if w is None else min(n, w - 1)
 
     def past_mask(self, i: int) -> torch.Tensor | None:
         if self.mask is None:
@@ -47,9 +52,10 @@ class KVCache:
 
     def with_canvas(self, i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Past K/V of layer i followed by the canvas' k, v: Tensor[B, Hkv, C, D] (cache unchanged)."""
-        if self.k[i] is None:
+        past = self.past(i)
+        if past is None:
             return k, v
-        return torch.cat([self.k[i], k], dim=2), torch.cat([self.v[i], v], dim=2)
+        return torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
 
     # -- write --------------------------------------------------------------------------------------------------
     def append(self, i: int, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -58,9 +64,10 @@ class KVCache:
             k = torch.cat([self.k[i], k], dim=2)
             v = torch.cat([self.v[i], v], dim=2)
         w = self.windows[i]
-        if w is not None and k.shape[2] > w - 1:
-            k = k[:, :, -(w - 1):].contiguous() if w > 1 else k[:, :, :0]
-            v = v[:, :, -(w - 1):].contiguous() if w > 1 else v[:, :, :0]
+        keep = None if w is None else max(w - 1, 0) + self.slack
+        if keep is not None and k.shape[2] > keep:
+            k = k[:, :, k.shape[2] - keep:].contiguous()
+            v = v[:, :, v.shape[2] - keep:].contiguous()
         self.k[i], self.v[i] = k, v
 
     def commit(self, n: int, new_mask: torch.Tensor | None, batch_size: int) -> None:
@@ -75,6 +82,27 @@ class KVCache:
         self.seq_len += n
         self.batch_size = batch_size
 
+    def truncate(self, n: int) -> bool:
+        """Drop every token from position n on. Returns False (cache unchanged) when a sliding layer no longer holds
+        the window-1 tokens before n; the caller then starts over with a fresh cache."""
+        if n >= self.seq_len:
+            return True
+        for i, w in enumerate(self.windows):
+            if w is not None and self.k[i] is not None:
+                held_from = self.seq_len - self.k[i].shape[2]
+                if n - min(n, w - 1) < held_from:
+                    return False
+        for i in range(len(self.windows)):
+            if self.k[i] is not None:
+                drop = self.seq_len - n
+                self.k[i] = self.k[i][:, :, :self.k[i].shape[2] - drop]
+                self.v[i] = self.v[i][:, :, :self.v[i].shape[2] - drop]
+        if self.mask is not None:
+            self.mask = self.mask[:, :n]
+        self.seq_len = n
+        self.token_ids = [row[:n] for row in self.token_ids]
+        return True
+
     # -- accounting ---------------------------------------------------------------------------------------------
     def nbytes(self) -> int:
         """Bytes held by the cached K/V tensors."""
@@ -84,3 +112,7 @@ class KVCache:
         """Accounting for GenerationStats.cache."""
         b = self.nbytes()
         return {"device_bytes": b, "host_bytes": 0, "tokens": self.seq_len}
+
+    def reset(self) -> None:
+        """Forget everything (keep the layer layout)."""
+        self.__init__(self.windows, self.slack)

@@ -1,0 +1,253 @@
+"""``Model``: a loaded checkpoint with prefill / denoise / generate / stream (DESIGN.md "Public Python API").
+
+Owns the KV cache creation and the sampler loop (``localdiff/loop.py``); emits events (``localdiff/events.py``).
+"""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .cache import KVCache
+from .errors import TokenizerMissingError, UsageError
+from .events import Done, GenerationStats
+from .loop import SamplerSettings, run
+
+BUILTIN_SAMPLER = {
+    "max_denoising_steps": 48, "t_min": 0.4, "t_max": 0.8, "entropy_bound": 0.1, "stability_threshold": 1,
+    "confidence_threshold": 0.005, "threshold": None, "correction": False, "correction_floor": 0.05,
+    "correction_max_reopens": 8,
+}
+SAMPLER_KEYS = tuple(BUILTIN_SAMPLER)
+
+
+@dataclass
+class Generation:
+    """Result of ``Model.generate``: ``text`` (str, or list[str] for a batch), ``token_ids`` (list[int] or one list
+    per row; EOS kept, pad removed), ``stats`` (GenerationStats), ``finish_reason`` ("eos" | "length"),
+    ``seed`` (the seed actually used), ``sampler`` (the settings actually used)."""
+
+    text: object
+    token_ids: list
+    stats: GenerationStats
+    finish_reason: str
+    seed: int
+    sampler: dict
+
+
+def read_generation_config(path: Path) -> dict:
+    """Sampler defaults and special ids from ``generation_config.json`` (missing file → {})."""
+    f = path / "generation_config.json"
+    if not f.is_file():
+        return {}
+    try:
+        raw = json.loads(f.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return {}
+    out = {k: raw[k] for k in SAMPLER_KEYS if raw.get(k) is not None}
+    sc = raw.get("sampler_config")
+    if isinstance(sc, dict) and sc.get("entropy_bound") is not None:
+        out["entropy_bound"] = sc["entropy_bound"]
+    for k in ("eos_token_id", "pad_token_id", "max_new_tokens"):
+        if raw.get(k) is not None:
+            out[k] = raw[k]
+    return out
+
+
+class Model:
+    """A loaded diffusion LM. Build with :func:`localdiff.load`.
+
+    Attributes: ``config`` (architecture config), ``tokenizer`` (or None), ``name``, ``path``, ``device``,
+    ``dtype``, ``quant``, ``net`` (the torch module).
+    """
+
+    def __init__(self, net, config, tokenizer, path: Path, name: str, device, dtype, quant, gen_config: dict):
+        self.net, self.config, self.tokenizer = net, config, tokenizer
+        self.path, self.name, self.device, self.dtype, self.quant = path, name, torch.device(device), dtype, quant
+        self.generation_config = gen_config
+        eos = gen_config.get("eos_token_id", list(config.eos_token_id))
+        self.eos_token_ids = [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+        pad = gen_config.get("pad_token_id", config.pad_token_id)
+        self.pad_token_id = None if pad is None else int(pad)
+        self.default_max_new_tokens = int(gen_config.get("max_new_tokens", 256))
+        if tokenizer is not None:
+            tokenizer.eos_token_ids = self.eos_token_ids
+
+    # -- building blocks ----------------------------------------------------------------------------------------
+    def new_cache(self, device_budget_bytes: int | None = None):
+        """A fresh KV cache for this model (sliding layers keep one canvas of slack for chat prefix reuse)."""
+        return KVCache(self.net.layer_windows(), slack=self.config.canvas_length)
+
+    def prefill(self, input_ids: torch.Tensor, cache, attention_mask: torch.Tensor | None = None) -> None:
+        """Causal encoder pass: LongTensor[B, T] → K/V appended to ``cache`` (see ``DiffusionGemma.prefill``)."""
+        self.net.prefill(input_ids.to(self.device), cache, attention_mask)
+
+    def denoise(self, canvas_ids: torch.Tensor, cache, self_conditioning_logits=None) -> torch.Tensor:
+        """Decoder pass: LongTensor[B, C] → FloatTensor[B, C, V] logits; reads ``cache`` only."""
+        return self.net.denoise(canvas_ids.to(self.device), cache, self_conditioning_logits)
+
+    # -- options ------------------------------------------------------------------------------------------------
+    def sampler_options(self, **overrides) -> dict:
+        """Effective sampler settings: built-in < checkpoint generation_config < ``overrides`` (None = unset).
+
+        Raises:
+            UsageError: unknown option or out-of-range value.
+        """
+        opts = dict(BUILTIN_SAMPLER)
+        opts.update({k: v for k, v in self.generation_config.items() if k in SAMPLER_KEYS})
+        for k, v in overrides.items():
+            if k not in SAMPLER_KEYS:
+                raise UsageError(f"unknown sampler option {k!r} (known: {', '.join(SAMPLER_KEYS)})")
+            if v is not None:
+                opts[k] = v
+        _validate(opts)
+        return opts
+
+    # -- prompts ------------------------------------------------------------------------------------------------
+    def encode_prompt(self, prompt, chat: bool = True, system: str | None = None) -> list[list[int]]:
+        """Prompt(s) → token id rows. str / messages / list[int] / LongTensor, or a list of those for a batch.
+
+        Raises:
+            UsageError: empty prompt or unsupported type. TokenizerMissingError: text without a tokenizer.
+        """
+        if isinstance(prompt, torch.Tensor):
+            rows = prompt.tolist() if prompt.dim() == 2 else [prompt.tolist()]
+        elif isinstance(prompt, str) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], dict)):
+            rows = [self._encode_one(prompt, chat, system)]
+        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            rows = [list(prompt)]
+        elif isinstance(prompt, list) and prompt:
+            rows = [self.encode_prompt(p, chat, system)[0] for p in prompt]
+        else:
+            raise UsageError("empty prompt")
+        for r in rows:
+            if not r:
+                raise UsageError("empty prompt")
+            if min(r) < 0 or max(r) >= self.config.vocab_size:
+                raise UsageError(f"token id out of range [0, {self.config.vocab_size})")
+        return rows
+
+    def _encode_one(self, prompt, chat, system):
+        if self.tokenizer is None:
+            raise TokenizerMissingError(f"{self.path}: checkpoint has no tokenizer.json; pass token ids instead of text")
+        if isinstance(prompt, str) and not prompt.strip():
+            raise UsageError("empty prompt")
+        if chat:
+            msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+            if system:
+                msgs = [{"role": "system", "content": system}] + msgs
+            return self.tokenizer.encode(self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True))
+        if not isinstance(prompt, str):
+            raise UsageError("raw mode takes a string or token ids, not chat messages")
+        text = (system + "\n\n" + prompt) if system else prompt
+        return self.tokenizer.encode(text)
+
+    # -- generation ---------------------------------------------------------------------------------------------
+    def stream(self, prompt, max_new_tokens: int | None = None, seed: int | None = None, chat: bool = True,
+               system: str | None = None, cache=None, attention_mask=None, start_canvas=None, emit_steps=True,
+               **sampler_options):
+        """Generate, yielding StepEvent per denoising step, CanvasDone per canvas, and a final Done.
+
+        Args:
+            prompt: str | messages | list[int] | LongTensor[B, T] | list of prompts (batch, left-padded).
+            max_new_tokens: tokens to generate at most (spans ceil(n / C) canvases); default from generation_config.
+            seed: makes the run reproducible (same draws as ``torch.manual_seed(seed)`` + the reference on CPU).
+            chat: render the chat template (text prompts); system: optional system message.
+            cache: a cache from :meth:`new_cache` to reuse across chat turns (batch 1): only tokens after the longest
+                common prefix with what it holds are prefilled.
+            attention_mask: with a LongTensor prompt, its [B, T] mask (0 = left padding).
+            **sampler_options: see :meth:`sampler_options`.
+        Raises:
+            UsageError, TokenizerMissingError (before any work is done).
+        """
+        opts = self.sampler_options(**sampler_options)
+        n_new = self.default_max_new_tokens if max_new_tokens is None else int(max_new_tokens)
+        if n_new <= 0:
+            raise UsageError("max_new_tokens must be > 0")
+        rows = self.encode_prompt(prompt, chat, system)
+        longest = max(len(r) for r in rows)
+        if longest + n_new > self.config.max_position_embeddings:
+            raise UsageError(f"prompt ({longest} tokens) + max_new_tokens ({n_new}) exceeds the model's context "
+                             f"({self.config.max_position_embeddings} tokens)")
+        seed = random.randrange(2**63) if seed is None else int(seed)
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        ids, mask = _left_pad(rows, self.pad_token_id or 0, self.device)
+        if attention_mask is not None and isinstance(prompt, torch.Tensor):
+            mask = attention_mask.to(self.device).bool()
+        stats = GenerationStats(prompt_tokens=len(rows[0]) if mask is None else int(mask[0].sum()))
+        todo, todo_mask = ids, mask
+        if cache is None:
+            cache = self.new_cache()
+        elif len(rows) == 1 and getattr(cache, "seq_len", 0):
+            lcp = _common_prefix(cache.token_ids[0] if cache.token_ids else [], rows[0])
+            lcp = min(lcp, len(rows[0]) - 1) if lcp == len(rows[0]) else lcp
+            if not cache.truncate(lcp):
+                cache.reset()
+                lcp = 0
+            todo, todo_mask = ids[:, lcp:], None
+            stats.prefill_tokens_reused = lcp
+        elif getattr(cache, "seq_len", 0):
+            raise UsageError("cache reuse works for a single prompt; pass cache=None for batches")
+        if not cache.token_ids:
+            cache.token_ids = [[]]
+        cache.token_ids[0].extend(todo[0].tolist())
+        settings = SamplerSettings(**opts)
+        decode = self.tokenizer.decode if self.tokenizer is not None else None
+        self._last = {"seed": seed, "sampler": opts}
+        yield from run(self.net, cache, ids, todo_mask, settings, n_new, gen, self.eos_token_ids, self.pad_token_id,
+                       prefill_ids=todo, start_canvas=start_canvas, emit_steps=emit_steps, decode=decode, stats=stats)
+
+    def generate(self, prompt, max_new_tokens: int | None = None, seed: int | None = None, chat: bool = True,
+                 system: str | None = None, cache=None, **kw) -> Generation:
+        """Run :meth:`stream` to the end without step events; returns a :class:`Generation`."""
+        done = None
+        for ev in self.stream(prompt, max_new_tokens, seed, chat, system, cache, emit_steps=False, **kw):
+            if isinstance(ev, Done):
+                done = ev
+        return Generation(done.text, done.token_ids, done.stats, done.finish_reason, self._last["seed"],
+                          self._last["sampler"])
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _left_pad(rows: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Rows of ids → (LongTensor[B, T] left-padded, BoolTensor[B, T] mask or None when no row is padded)."""
+    t = max(len(r) for r in rows)
+    ids = torch.full((len(rows), t), pad, dtype=torch.long)
+    mask = torch.zeros(len(rows), t, dtype=torch.bool)
+    for i, r in enumerate(rows):
+        ids[i, t - len(r):] = torch.tensor(r, dtype=torch.long)
+        mask[i, t - len(r):] = True
+    return ids.to(device), (None if bool(mask.all()) else mask.to(device))
+
+
+def _validate(o: dict) -> None:
+    def bad(msg):
+        raise UsageError(msg)
+    if not isinstance(o["max_denoising_steps"], int) or o["max_denoising_steps"] <= 0:
+        bad(f"steps must be a positive integer (got {o['max_denoising_steps']!r})")
+    for k in ("t_min", "t_max", "entropy_bound", "confidence_threshold", "correction_floor"):
+        if not isinstance(o[k], (int, float)) or o[k] != o[k] or o[k] < 0:
+            bad(f"{k} must be a number ≥ 0 (got {o[k]!r})")
+    if o["t_max"] < o["t_min"]:
+        bad(f"temperature max ({o['t_max']}) must be ≥ min ({o['t_min']})")
+    if o["t_min"] == 0 and o["t_max"] == 0:
+        bad("temperature must be > 0")
+    if o["entropy_bound"] <= 0:
+        bad("entropy_bound must be > 0")
+    if o["threshold"] is not None and not (0 < float(o["threshold"]) <= 1):
+        bad(f"threshold must be in (0, 1] (got {o['threshold']!r})")
+    if not isinstance(o["stability_threshold"], int) or o["stability_threshold"] < 0:
+        bad("stability_threshold must be an integer ≥ 0")
+    if not isinstance(o["correction_max_reopens"], int) or o["correction_max_reopens"] < 0:
+        bad("correction_max_reopens must be an integer ≥ 0")

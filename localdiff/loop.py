@@ -1,0 +1,161 @@
+"""The block-diffusion generation loop (DESIGN.md "What the runtime computes"): block-autoregressive over canvases,
+diffusion within each canvas. Random numbers are drawn in the order and shapes of transformers'
+``DiffusionGemmaGenerationMixin.generate`` (reference, 5.23.0), so a seeded run on CPU with the reference sampler
+(no locking, no correction) reproduces its tokens.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .events import CanvasDone, Done, GenerationStats, StepEvent
+from .sampling import (AcceptanceConfig, CorrectionConfig, StableAndConfident, accept, correct, finalize_canvas,
+                       init_canvas, linear_temperature, renoise, token_entropy)
+
+
+@dataclass(frozen=True)
+class SamplerSettings:
+    """Resolved sampler options (see ``Model.sampler_options``)."""
+
+    max_denoising_steps: int
+    t_min: float
+    t_max: float
+    entropy_bound: float
+    stability_threshold: int
+    confidence_threshold: float
+    threshold: float | None
+    correction: bool
+    correction_floor: float
+    correction_max_reopens: int
+
+
+def run(net, cache, input_ids, attention_mask, settings: SamplerSettings, max_new_tokens: int, generator,
+        eos_ids: list[int], pad_id: int | None, prefill_ids=None, start_canvas=None, emit_steps: bool = True,
+        decode=None, stats: GenerationStats | None = None):
+    """Generate after a prompt; yields StepEvent (when ``emit_steps``), CanvasDone per canvas, then Done.
+
+    Args:
+        net: the backbone (``prefill`` / ``denoise`` / ``config``).
+        cache: KV cache already holding any reused prefix; ``prefill_ids`` (LongTensor[B, T'] or None) are the
+            prompt tokens still to prefill, with ``attention_mask`` (Bool[B, T'] or None).
+        input_ids: unused except for its batch size (LongTensor[B, T]).
+        settings: SamplerSettings; max_new_tokens: spans ceil(max_new_tokens / C) canvases.
+        generator: torch.Generator for every random draw.
+        eos_ids / pad_id: sequence stopping.
+        start_canvas: optional LongTensor[B, C] for the first canvas (a random one is still drawn, as upstream).
+        decode: ids → text (row 0) for CanvasDone/Done, or None.
+    """
+    cfg = net.config
+    b = input_ids.shape[0]
+    dev = input_ids.device
+    c_len, vocab = cfg.canvas_length, cfg.vocab_size
+    n_steps = settings.max_denoising_steps
+    st = stats or GenerationStats()
+    t0 = time.perf_counter()
+    if prefill_ids is not None and prefill_ids.shape[1]:
+        tp = time.perf_counter()
+        net.prefill(prefill_ids, cache, attention_mask)
+        st.prefill_seconds += time.perf_counter() - tp
+        st.prefill_tokens_computed += prefill_ids.shape[1]
+    eos_t = torch.tensor(eos_ids, device=dev) if eos_ids else None
+    acc_cfg = AcceptanceConfig(settings.entropy_bound, settings.threshold)
+    cor_cfg = CorrectionConfig(settings.correction, settings.correction_floor, max_reopens=settings.correction_max_reopens)
+    stopper = StableAndConfident(settings.stability_threshold, settings.confidence_threshold)
+    temps = [linear_temperature(s, n_steps, settings.t_min, settings.t_max) for s in range(n_steps + 1)]
+    finished = torch.zeros(b, dtype=torch.bool, device=dev)
+    forwards = torch.zeros(b, dtype=torch.long)
+    generated: list[torch.Tensor] = []
+    reason = "length"
+    for ci in range(math.ceil(max_new_tokens / c_len)):
+        canvas = init_canvas(b, c_len, vocab, dev, generator)
+        if start_canvas is not None and ci == 0:
+            canvas = start_canvas.to(dev)
+        sc = None
+        done_den = torch.zeros(b, dtype=torch.bool, device=dev)
+        stopper.reset()
+        argmax = canvas
+        locked = torch.zeros(b, c_len, dtype=torch.bool, device=dev) if settings.threshold is not None else None
+        reopens = torch.zeros(b, dtype=torch.long, device=dev)
+        steps_used = 0
+        for cur in range(n_steps, 0, -1):
+            forwards += (~(done_den | finished)).long().cpu()
+            steps_used += 1
+            logits = net.denoise(canvas, cache, sc)
+            proc = logits / temps[cur]
+            probs = torch.softmax(proc, dim=-1, dtype=torch.float32)
+            draft = torch.multinomial(probs.view(-1, vocab), 1, generator=generator).view(b, c_len)
+            new_argmax = proc.argmax(-1)
+            ent = token_entropy(proc)
+            conf = probs.max(-1).values if (emit_steps or locked is not None) else None
+            acc, new_lock = accept(ent, conf, locked, acc_cfg)
+            reopened = torch.zeros_like(acc)
+            if locked is not None:
+                keep_tok = torch.where(locked, canvas, draft)
+                if cor_cfg.enabled:
+                    p_tok = probs.gather(-1, canvas[..., None]).squeeze(-1)
+                    reopened = correct(locked, canvas, p_tok, reopens, cor_cfg)
+                    reopens += reopened.sum(-1)
+                locked = (locked & ~reopened) | new_lock
+                acc = (acc | locked) & ~reopened
+                accepted_canvas = torch.where(acc, keep_tok, canvas)
+            else:
+                accepted_canvas = torch.where(acc, draft, canvas)
+            new_canvas, renoised = renoise(accepted_canvas, acc, vocab, generator)
+            if done_den.any():
+                new_argmax = torch.where(done_den[:, None], argmax, new_argmax)
+                new_canvas = torch.where(done_den[:, None], canvas, new_canvas)
+                proc = torch.where(done_den[:, None, None], sc.to(proc.dtype), proc)
+                ent = token_entropy(proc)
+            done_den |= stopper(new_argmax, proc, ent)
+            sc = proc.to(net.embed_tokens.weight.dtype)
+            canvas, argmax = new_canvas, new_argmax
+            if emit_steps:
+                yield StepEvent(ci, n_steps - cur + 1, n_steps, canvas.cpu(), argmax.cpu(), acc.cpu(), renoised.cpu(),
+                                reopened.cpu(), conf.cpu(), ent.cpu())
+            if bool(done_den.all()):
+                break
+        final, finished_now = finalize_canvas(argmax, finished, eos_t, pad_id)
+        finished = finished_now
+        generated.append(final)
+        st.canvases += 1
+        text = decode(_strip(final[0], eos_ids, pad_id)) if decode else ""
+        yield CanvasDone(ci, final.cpu(), text, steps_used, finished.cpu())
+        if bool(finished.all()):
+            reason = "eos"
+            break
+        if (ci + 1) * c_len >= max_new_tokens:
+            break
+        tp = time.perf_counter()
+        net.prefill(final, cache, None)
+        st.prefill_seconds += time.perf_counter() - tp
+        st.prefill_tokens_computed += c_len
+        if hasattr(cache, "token_ids") and cache.token_ids:
+            cache.token_ids[0].extend(final[0].tolist())
+    out = torch.cat(generated, dim=1) if generated else torch.zeros(b, 0, dtype=torch.long)
+    rows = [_strip(out[r], eos_ids, pad_id, keep_eos=True)[:max_new_tokens] for r in range(b)]
+    st.forwards = int(forwards.sum())
+    st.new_tokens = int(sum(int((out[r] != pad_id).sum()) if pad_id is not None else out.shape[1] for r in range(b)))
+    st.tokens_per_forward = st.new_tokens / max(st.forwards, 1)
+    st.seconds = time.perf_counter() - t0
+    st.tokens_per_second = st.new_tokens / st.seconds if st.seconds > 0 else 0.0
+    if hasattr(cache, "stats"):
+        st.cache = cache.stats()
+    texts = [decode(_strip(torch.tensor(r, dtype=torch.long), eos_ids, pad_id)) if decode else "" for r in rows]
+    yield Done(texts[0] if b == 1 else texts, rows if b > 1 else rows[0], st, reason)
+
+
+def _strip(ids: torch.Tensor, eos_ids, pad_id, keep_eos: bool = False) -> list[int]:
+    """Generated ids up to the first EOS (included when keep_eos), without pad."""
+    out = []
+    for t in ids.tolist():
+        if eos_ids and t in eos_ids:
+            if keep_eos:
+                out.append(t)
+            break
+        if pad_id is not None and t == pad_id:
+            continue
+        out.append(t)
+    return out

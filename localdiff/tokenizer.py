@@ -1,0 +1,109 @@
+"""Tokenizer and chat template of a checkpoint: ``tokenizer.json`` (HF tokenizers), ``tokenizer_config.json``,
+``chat_template.jinja`` (or the ``chat_template`` key). Templates render in jinja2's immutable sandbox, as
+transformers' ``apply_chat_template`` does, so a hostile template from a downloaded repo cannot run code or touch
+files."""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+
+from .errors import CheckpointError, LocaldiffError
+
+
+class ChatTemplateError(LocaldiffError):
+    """The chat template failed to render or tried something the sandbox forbids."""
+
+
+def _raise(msg):
+    raise ChatTemplateError(f"chat template: {msg}")
+
+
+class Tokenizer:
+    """Wraps a ``tokenizers.Tokenizer`` with the checkpoint's special tokens and chat template.
+
+    Attributes: ``eos_token_ids`` (list[int]), ``pad_token_id``, ``bos_token``, ``chat_template`` (str or None).
+    """
+
+    def __init__(self, path: Path, eos_ids: list[int], pad_id: int | None):
+        from tokenizers import Tokenizer as HFTokenizer
+
+        try:
+            self._tok = HFTokenizer.from_file(str(path / "tokenizer.json"))
+        except Exception as e:
+            raise CheckpointError(f"{path / 'tokenizer.json'}: cannot load tokenizer ({e})") from None
+        cfg = {}
+        if (path / "tokenizer_config.json").is_file():
+            try:
+                cfg = json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8"))
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise CheckpointError(f"{path / 'tokenizer_config.json'}: not valid JSON ({e})") from None
+        self.special = {k: _tok_str(cfg.get(k)) for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
+        self.bos_token = self.special["bos_token"]
+        self.eos_token = self.special["eos_token"]
+        tpl = None
+        if (path / "chat_template.jinja").is_file():
+            tpl = (path / "chat_template.jinja").read_text(encoding="utf-8")
+        elif isinstance(cfg.get("chat_template"), str):
+            tpl = cfg["chat_template"]
+        self.chat_template = tpl
+        self.eos_token_ids = list(eos_ids)
+        self.pad_token_id = pad_id
+        self.vocab_size = self._tok.get_vocab_size()
+        self._env = None
+
+    def encode(self, text: str) -> list[int]:
+        """Text → token ids (no special tokens added; chat templates carry their own BOS)."""
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        """Token ids (list or LongTensor[T]) → text; special tokens dropped by default."""
+        if hasattr(ids, "tolist"):
+            ids = ids.tolist()
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+    def id_to_token(self, i: int) -> str | None:
+        """The token string of one id (for the canvas view)."""
+        return self._tok.id_to_token(int(i))
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """Render ``messages`` ([{"role", "content"}]) with the checkpoint's template in the immutable sandbox.
+
+        Raises:
+            ChatTemplateError: no template, a render error, or a template that tries to escape the sandbox.
+        """
+        if not self.chat_template:
+            raise ChatTemplateError("this checkpoint has no chat template; use raw mode (--raw / chat=False)")
+        from jinja2 import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+
+        if self._env is None:
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                extensions=["jinja2.ext.loopcontrols"])
+            env.filters["tojson"] = lambda x, indent=None, **kw: json.dumps(x, ensure_ascii=False, indent=indent)
+            env.globals["raise_exception"] = _raise
+            env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+            self._env = env
+        try:
+            return self._env.from_string(self.chat_template).render(
+                messages=messages, add_generation_prompt=add_generation_prompt, **{k: v for k, v in self.special.items()
+                                                                                   if v is not None})
+        except SecurityError as e:
+            raise ChatTemplateError(f"refused: the template tried an unsafe operation ({e})") from None
+        except ChatTemplateError:
+            raise
+        except TemplateError as e:
+            raise ChatTemplateError(f"render failed ({e})") from None
+
+
+def _tok_str(v):
+    if isinstance(v, dict):
+        return v.get("content")
+    return v
+
+
+def load_tokenizer(path: Path, eos_ids: list[int], pad_id: int | None) -> Tokenizer | None:
+    """The checkpoint's tokenizer, or None when it ships no ``tokenizer.json`` (ids in, ids out)."""
+    if not (path / "tokenizer.json").is_file():
+        return None
+    return Tokenizer(path, eos_ids, pad_id)

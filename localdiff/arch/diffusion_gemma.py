@@ -190,9 +190,10 @@ class DiffusionGemma(nn.Module):
         self.self_conditioning = SelfConditioning(cfg)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self._inv_freq = {}
-        for ty in set(cfg.layer_types):
-            d = cfg.layer_heads[cfg.layer_types.index(ty)][0]
-            self._inv_freq[ty] = rope_inv_freq(cfg.rope_parameters[ty], d)
+        with torch.device("cpu"):  # rotary tables are computed, never loaded: keep them off the meta device
+            for ty in set(cfg.layer_types):
+                d = cfg.layer_heads[cfg.layer_types.index(ty)][0]
+                self._inv_freq[ty] = rope_inv_freq(cfg.rope_parameters[ty], d)
         self._rope_memo: dict = {}
 
     # -- helpers ------------------------------------------------------------------------------------------------

@@ -1,0 +1,312 @@
+"""Memory planner: bytes of every component of a DiffusionGemma model from ``config.json`` alone (no weights), and
+for a device budget, which expert layers stay in host memory and run there (like llama.cpp's ``--n-cpu-moe N``:
+the experts of the first N layers live on the host).
+
+Byte model (all exact for weights; runtime buffers are stated estimates):
+
+* weights: every tensor of :func:`localdiff.summary.config_tensors`; an int8 tensor costs 1 byte per weight plus one
+  fp32 scale per output channel (per expert for stacked experts); float tensors cost the float dtype's bytes.
+  Which modules are int8 comes from the recipe (default: attention projections, dense MLP, experts).
+* KV cache per token: K and V for every layer (full-attention layers too: the reference caches the normed, roped
+  keys and the un-roped values separately), ``2 · kv_heads · head_dim`` elements; sliding layers hold at most
+  ``sliding_window − 1`` tokens.
+* self-conditioning buffers per sequence: the canvas' fp32 logits and fp32 probabilities, ``2 · C · V · 4`` bytes.
+* activation workspace for one forward of ``max(C, prefill_chunk)`` tokens (fused attention kernels assumed, so no
+  L×L score matrix), and a fixed runtime reserve (CUDA context, cuBLAS workspace, allocator slack).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .recipe import DEFAULT_RECIPE, Recipe, format_bytes
+from .summary import config_tensors, layer_geometry, parameter_counts, text_config
+
+FLOAT_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
+SCALE_BYTES = 4  # int8 per-channel scales are stored as fp32
+INT8_ELIGIBLE = ("attention", "dense_mlp", "experts", "self_conditioning", "router", "lm_head")
+DEFAULT_RESERVE = 1 << 30
+DEFAULT_KV_TOKENS = 32768
+GIB = 1 << 30
+
+_LABELS = {"embeddings": "embeddings (tied LM head)", "lm_head": "LM head", "attention": "attention projections",
+           "attention_norms": "q/k norms", "dense_mlp": "dense MLP", "router": "routers", "experts": "experts",
+           "norms": "norms + layer scalars", "self_conditioning": "self-conditioning block"}
+
+
+def _module_of(name: str) -> str:
+    """Module name of a tensor name (``layers.0.self_attn.q_proj.weight`` → ``layers.0.self_attn.q_proj``;
+    stacked experts ``layers.0.experts.gate_up_proj`` → ``layers.0.experts``)."""
+    return name.rsplit(".", 1)[0]
+
+
+def tensor_bytes(config: dict, quant: str | None = "int8", dtype: str = "bfloat16",
+                 recipe: Recipe | None = None) -> list[dict]:
+    """Bytes of every weight tensor: list of {component, layer, name, shape, params, precision, bytes}.
+
+    An int8 tensor (a 2-D ``.weight`` or a 3-D stacked expert tensor whose module the recipe marks int8) costs
+    ``numel + SCALE_BYTES · (rows)`` where rows = out_features (2-D) or experts × out_features (3-D).
+    Raises RecipeError / CheckpointError / KeyError (unknown dtype) on bad input.
+    """
+    if dtype not in FLOAT_BYTES:
+        raise KeyError(f"unknown float dtype {dtype!r}")
+    fb = FLOAT_BYTES[dtype]
+    recipe = recipe or DEFAULT_RECIPE
+    out = []
+    for t in config_tensors(config):
+        prec = "float"
+        if quant == "int8" and t.component in INT8_ELIGIBLE and len(t.shape) >= 2 and \
+                recipe.precision_for(_module_of(t.name)) == "int8":
+            prec = "int8"
+        if prec == "int8":
+            rows = t.shape[0] if len(t.shape) == 2 else t.shape[0] * t.shape[1]
+            b = t.numel + SCALE_BYTES * rows
+        else:
+            b = t.numel * fb
+        out.append({"component": t.component, "layer": t.layer, "name": t.name, "shape": t.shape,
+                    "params": t.numel, "precision": "int8" if prec == "int8" else dtype, "bytes": b})
+    return out
+
+
+def kv_bytes(config: dict, tokens: int, batch_size: int = 1, dtype: str = "bfloat16") -> int:
+    """KV-cache bytes for ``tokens`` cached tokens per sequence (sliding layers capped at window − 1)."""
+    fb = FLOAT_BYTES[dtype]
+    total = 0
+    for g in layer_geometry(config):
+        n = tokens if g.window is None else min(tokens, max(g.window - 1, 0))
+        total += 2 * g.kv_heads * g.head_dim * n * fb
+    return total * batch_size
+
+
+def kv_tokens_for(config: dict, budget: int, batch_size: int = 1, dtype: str = "bfloat16") -> int:
+    """Largest number of cached tokens per sequence whose KV bytes fit ``budget`` (binary search)."""
+    lo, hi = 0, 1 << 40
+    if kv_bytes(config, 1, batch_size, dtype) > budget:
+        return 0
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if kv_bytes(config, mid, batch_size, dtype) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def sc_buffer_bytes(config: dict, batch_size: int = 1) -> int:
+    """Self-conditioning buffers: fp32 logits + fp32 probabilities of one canvas, ``2 · C · V · 4`` per sequence."""
+    c = int(config.get("canvas_length") or 256)
+    return 2 * c * int(text_config(config)["vocab_size"]) * 4 * batch_size
+
+
+def activation_bytes(config: dict, batch_size: int = 1, dtype: str = "bfloat16", prefill_chunk: int | None = None) -> int:
+    """Transient activations for ``max(C, prefill_chunk)`` tokens: per layer the residual, normed input, q/k/v,
+    attention output, dense-MLP gate/up/act, the top-k-expanded expert input/output and one expert's
+    intermediate (fused attention kernels assumed: no score matrix); plus the canvas' logits and probabilities in
+    the float dtype (``2 · C · V``) before they become the fp32 self-conditioning buffers."""
+    t = text_config(config)
+    fb = FLOAT_BYTES[dtype]
+    n = max(int(config.get("canvas_length") or 256), prefill_chunk or 0) * batch_size
+    h, inter, heads = int(t["hidden_size"]), int(t["intermediate_size"]), int(t["num_attention_heads"])
+    k, im = int(t["top_k_experts"]), int(t["moe_intermediate_size"])
+    geo = layer_geometry(config)
+    dq = max(heads * g.head_dim for g in geo)
+    dkv = max(g.kv_heads * g.head_dim for g in geo)
+    per_token = 4 * h + 2 * dq + 2 * dkv + 3 * inter + 2 * k * h + 3 * im
+    canvas = int(config.get("canvas_length") or 256) * batch_size
+    return n * per_token * fb + n * k * 12 + 2 * canvas * int(t["vocab_size"]) * fb
+
+
+@dataclass
+class Plan:
+    """A memory plan. Byte fields are ints; see :func:`plan_memory` for their meaning."""
+
+    gpu_mem_bytes: int
+    quant: str | None
+    dtype: str
+    recipe: str
+    components: list[dict]
+    expert_layer_bytes: list[int]
+    host_expert_layers: list[int]
+    kv_budget_bytes: int
+    kv_tokens: int
+    kv_bytes_per_token: dict
+    sc_buffer_bytes: int
+    activation_bytes: int
+    reserve_bytes: int
+    batch_size: int
+    parameters: dict
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def n_cpu_moe(self) -> int:
+        """Number of expert layers kept on host (llama.cpp ``--n-cpu-moe`` equivalent)."""
+        return len(self.host_expert_layers)
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(c["bytes"] for c in self.components)
+
+    @property
+    def host_weight_bytes(self) -> int:
+        return sum(self.expert_layer_bytes[i] for i in self.host_expert_layers)
+
+    @property
+    def device_weight_bytes(self) -> int:
+        return self.weight_bytes - self.host_weight_bytes
+
+    @property
+    def device_total_bytes(self) -> int:
+        return (self.device_weight_bytes + self.kv_budget_bytes + self.sc_buffer_bytes + self.activation_bytes
+                + self.reserve_bytes)
+
+    @property
+    def free_bytes(self) -> int:
+        return self.gpu_mem_bytes - self.device_total_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.free_bytes >= 0
+
+    def device_for_layer_experts(self, layer: int) -> str:
+        """"host" or "device" for the experts of ``layer``."""
+        return "host" if layer in self.host_expert_layers else "device"
+
+    def to_dict(self) -> dict:
+        """JSON-serialisable plan (all sizes in bytes)."""
+        return {"gpu_mem_bytes": self.gpu_mem_bytes, "quant": self.quant, "dtype": self.dtype, "recipe": self.recipe,
+                "batch_size": self.batch_size, "parameters": self.parameters, "components": self.components,
+                "weight_bytes": self.weight_bytes, "device_weight_bytes": self.device_weight_bytes,
+                "host_weight_bytes": self.host_weight_bytes, "expert_layer_bytes": self.expert_layer_bytes,
+                "host_expert_layers": self.host_expert_layers, "n_cpu_moe": self.n_cpu_moe,
+                "kv_budget_bytes": self.kv_budget_bytes, "kv_tokens": self.kv_tokens,
+                "kv_bytes_per_token": self.kv_bytes_per_token, "sc_buffer_bytes": self.sc_buffer_bytes,
+                "activation_bytes": self.activation_bytes, "reserve_bytes": self.reserve_bytes,
+                "device_total_bytes": self.device_total_bytes, "free_bytes": self.free_bytes, "fits": self.fits,
+                "notes": self.notes}
+
+    def to_text(self) -> str:
+        """The plan as a small table for ``localdiff show --plan``."""
+        w = "int8 weights (recipe " + self.recipe + ")" if self.quant == "int8" else f"{self.dtype} weights"
+        lines = [f"Memory plan for a {format_bytes(self.gpu_mem_bytes)} device: {w}, float parts in {self.dtype}, "
+                 f"batch {self.batch_size}",
+                 f"  parameters: {self.parameters['total'] / 1e9:.2f} B total, "
+                 f"{self.parameters['active_per_token'] / 1e9:.2f} B active per token",
+                 f"  {'component':<28}{'params':>14}  {'precision':<10}{'bytes':>12}  where"]
+        for c in self.components:
+            where = "device"
+            if c["component"] == "experts" and self.host_expert_layers:
+                nd = len(self.expert_layer_bytes) - self.n_cpu_moe
+                where = f"device {nd} layers, host {self.n_cpu_moe} layers ({_ranges(self.host_expert_layers)})"
+            lines.append(f"  {c['label']:<28}{c['params']:>14,}  {c['precision']:<10}{format_bytes(c['bytes']):>12}  "
+                         f"{where}")
+        kv = self.kv_bytes_per_token
+        lines += [
+            f"  {'KV cache budget':<28}{self.kv_tokens:>14,}  {'tokens':<10}{format_bytes(self.kv_budget_bytes):>12}  "
+            f"device ({format_bytes(kv['full_attention'])}/token on full-attention layers, "
+            f"sliding layers capped at {format_bytes(kv['sliding_cap_bytes'])})",
+            f"  {'self-conditioning buffers':<28}{'C×V fp32 ×2':>14}  {'':<10}{format_bytes(self.sc_buffer_bytes):>12}  "
+            "device",
+            f"  {'activation workspace':<28}{'':>14}  {'':<10}{format_bytes(self.activation_bytes):>12}  device",
+            f"  {'runtime reserve':<28}{'':>14}  {'':<10}{format_bytes(self.reserve_bytes):>12}  device",
+            f"  device total {format_bytes(self.device_total_bytes)} of {format_bytes(self.gpu_mem_bytes)}: "
+            + (f"fits ({format_bytes(self.free_bytes)} free)" if self.fits
+               else f"does NOT fit ({format_bytes(-self.free_bytes)} over)"),
+        ]
+        if self.host_expert_layers:
+            lines.append(f"  host: experts of layers {_ranges(self.host_expert_layers)} "
+                         f"({format_bytes(self.host_weight_bytes)}; like llama.cpp --n-cpu-moe {self.n_cpu_moe})")
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def _ranges(xs: list[int]) -> str:
+    """[0,1,2,5] → "0-2, 5"."""
+    out, start = [], None
+    for i, x in enumerate(xs):
+        if start is None:
+            start = x
+        if i + 1 == len(xs) or xs[i + 1] != x + 1:
+            out.append(f"{start}" if start == x else f"{start}-{x}")
+            start = None
+    return ", ".join(out)
+
+
+def plan_memory(config: dict, gpu_mem_bytes: int, quant: str | None = "int8", kv_budget_bytes: int | None = None, *,
+                recipe: Recipe | None = None, dtype: str = "bfloat16", reserve_bytes: int | None = None,
+                batch_size: int = 1, prefill_chunk: int | None = None) -> Plan:
+    """Plan device memory for a DiffusionGemma config.
+
+    Args:
+        config: parsed config.json (no weights needed).
+        gpu_mem_bytes: the device budget in bytes (card memory, or measured free memory).
+        quant: "int8" (modules per ``recipe``) or None (all weights in ``dtype``).
+        kv_budget_bytes: bytes reserved for the KV cache; None = enough for min(context length, 32768) tokens
+            per sequence.
+        recipe: which modules are int8 (default :data:`localdiff.recipe.DEFAULT_RECIPE`).
+        dtype: float dtype of the non-quantized weights, KV cache and activations ("bfloat16", "float16", "float32").
+        reserve_bytes: runtime reserve (default 1 GiB: CUDA context, cuBLAS workspace, allocator slack).
+        batch_size: sequences decoded together (scales KV, self-conditioning buffers and activations).
+        prefill_chunk: tokens per prefill forward when larger than the canvas (activation workspace).
+    Returns:
+        a :class:`Plan`: every component's bytes, which expert layers stay on host (the first N, as llama.cpp's
+        ``--n-cpu-moe``), and whether the device total fits. Everything except the experts stays on the device;
+        when even that does not fit, ``fits`` is False and ``notes`` say why.
+    Raises:
+        CheckpointError: the config lacks required fields; RecipeError / KeyError on a bad recipe or dtype.
+    """
+    if quant not in (None, "int8"):
+        raise KeyError(f"unknown quantization {quant!r} (use int8 or none)")
+    recipe = recipe or DEFAULT_RECIPE
+    t = text_config(config)
+    rows = tensor_bytes(config, quant, dtype, recipe)
+    n_layers = int(t["num_hidden_layers"])
+    params = parameter_counts(config)
+    comps: dict[str, dict] = {}
+    expert_layer = [0] * n_layers
+    for r in rows:
+        c = comps.setdefault(r["component"], {"component": r["component"], "label": _LABELS[r["component"]],
+                                               "params": 0, "bytes": 0, "precisions": set()})
+        c["params"] += r["params"]
+        c["bytes"] += r["bytes"]
+        c["precisions"].add(r["precision"])
+        if r["component"] == "experts":
+            expert_layer[r["layer"]] += r["bytes"]
+    components = []
+    for c in comps.values():
+        precs = sorted(c.pop("precisions"))
+        c["precision"] = precs[0] if len(precs) == 1 else "+".join(precs)
+        components.append(c)
+    geo = layer_geometry(config)
+    fb = FLOAT_BYTES[dtype]
+    per_tok = {"full_attention": sum(2 * g.kv_heads * g.head_dim * fb for g in geo if g.window is None),
+               "sliding_attention": sum(2 * g.kv_heads * g.head_dim * fb for g in geo if g.window is not None),
+               "sliding_cap_bytes": kv_bytes(config, 1 << 40, 1, dtype)
+               - (1 << 40) * sum(2 * g.kv_heads * g.head_dim * fb for g in geo if g.window is None)}
+    notes = []
+    if kv_budget_bytes is None:
+        tokens = min(int(t.get("max_position_embeddings", 131072)), DEFAULT_KV_TOKENS)
+        kv_budget_bytes = kv_bytes(config, tokens, batch_size, dtype)
+    kv_tokens = kv_tokens_for(config, kv_budget_bytes, batch_size, dtype)
+    plan = Plan(gpu_mem_bytes=int(gpu_mem_bytes), quant=quant, dtype=dtype, recipe=recipe.name,
+                components=components, expert_layer_bytes=expert_layer, host_expert_layers=[],
+                kv_budget_bytes=int(kv_budget_bytes), kv_tokens=kv_tokens, kv_bytes_per_token=per_tok,
+                sc_buffer_bytes=sc_buffer_bytes(config, batch_size),
+                activation_bytes=activation_bytes(config, batch_size, dtype, prefill_chunk),
+                reserve_bytes=DEFAULT_RESERVE if reserve_bytes is None else int(reserve_bytes),
+                batch_size=batch_size, parameters={k: v for k, v in params.items() if k != "by_component"},
+                notes=notes)
+    # Offload expert layers (first layers first, like --n-cpu-moe) until the device total fits.
+    while not plan.fits and len(plan.host_expert_layers) < n_layers:
+        plan.host_expert_layers.append(len(plan.host_expert_layers))
+    if not plan.fits:
+        notes.append("does not fit even with every expert layer on the host: lower the KV budget, use int8, or a "
+                     "larger device")
+    elif plan.host_expert_layers:
+        notes.append(f"experts of {plan.n_cpu_moe} of {n_layers} layers run on the host (CPU); the rest of the model, "
+                     "the KV cache and the self-conditioning buffers stay on the device")
+    return plan
+
+
+def plan_for_recipe(config: dict, recipe: Recipe, index: int = 0) -> Plan:
+    """The plan for the ``index``-th stored VRAM plan of ``recipe`` (int8 per the recipe)."""
+    vp = recipe.plans[index]
+    return plan_memory(config, vp.gpu_mem, "int8", vp.kv_budget, recipe=recipe, reserve_bytes=vp.reserve)

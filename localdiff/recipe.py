@@ -1,0 +1,192 @@
+"""Quantization recipes: ``quant/*.toml`` (one per catalog model) — module patterns → precision, and VRAM plans.
+
+A recipe file::
+
+    name = "tiny"                       # the recipe name (``--recipe NAME``); defaults to the file stem
+    models = ["tiny"]                   # catalog aliases / repo ids it is meant for
+    description = "..."
+    default = "float"                   # precision of modules no rule matches
+    [[rules]]                           # first matching rule wins
+    pattern = "*router*"                # fnmatch glob on a module name
+    precision = "float"                 # "int8" or "float"
+    [[plans]]                           # VRAM plans (see localdiff.plan.plan_memory)
+    gpu_mem = "24GiB"
+    kv_budget = "2GiB"
+    reserve = "1GiB"
+    host_expert_layers = 6              # what the planner computes for this budget (tests check it)
+
+Patterns match both our module names (``layers.3.self_attn.q_proj``, ``self_conditioning.mlp.up_proj``) and the
+checkpoint's (``model.decoder.layers.3.self_attn.q_proj``, ``model.decoder.self_conditioning.up_proj``), so write
+them with a leading ``*``. Only linear layers and stacked experts can be int8; everything else stays float.
+"""
+from __future__ import annotations
+
+import fnmatch
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import LocaldiffError
+from .paths import quant_dir
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+PRECISIONS = ("int8", "float")
+
+
+class RecipeError(LocaldiffError):
+    """A quantization recipe is unknown, malformed, or asks for something unsupported."""
+
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(text: str | int | float) -> int:
+    """Parse a memory size: ``24GiB``, ``24 GiB``, ``24G`` (=10⁹·24), ``1.5GB``, ``512MiB``, or a plain number of bytes.
+
+    Raises:
+        RecipeError: not a size (message names the text).
+    """
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        if text < 0:
+            raise RecipeError(f"memory size must not be negative: {text}")
+        return int(text)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise RecipeError(f"not a memory size: {text!r} (examples: 24GiB, 16GB, 512MiB)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def format_bytes(n: int | float) -> str:
+    """Human-readable binary size: ``1.50 GiB``, ``512.0 MiB``, ``96 B``."""
+    n = float(n)
+    for unit, div in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= div:
+            return f"{n / div:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+@dataclass(frozen=True)
+class VramPlan:
+    """One stored VRAM plan of a recipe: device budget, KV budget, runtime reserve (bytes) and the number of expert
+    layers the planner keeps on host for it (``host_expert_layers``; None when not stated)."""
+
+    gpu_mem: int
+    kv_budget: int | None = None
+    reserve: int | None = None
+    host_expert_layers: int | None = None
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A parsed quantization recipe (see the module docstring)."""
+
+    name: str
+    rules: tuple[tuple[str, str], ...]
+    default: str = "float"
+    models: tuple[str, ...] = ()
+    description: str = ""
+    plans: tuple[VramPlan, ...] = ()
+    source: Path | None = field(default=None, compare=False)
+
+    def precision_for(self, module_name: str) -> str:
+        """"int8" or "float" for a module name (first matching rule, else ``default``)."""
+        for pattern, precision in self.rules:
+            if fnmatch.fnmatchcase(module_name, pattern):
+                return precision
+        return self.default
+
+    def to_dict(self) -> dict:
+        """JSON-serialisable form (recorded in pre-quantized checkpoints' metadata)."""
+        return {"name": self.name, "default": self.default, "rules": [list(r) for r in self.rules],
+                "models": list(self.models)}
+
+    @classmethod
+    def from_dict(cls, data: dict, source: Path | None = None, name: str | None = None) -> "Recipe":
+        """Validate a recipe dict (TOML or metadata JSON). Raises RecipeError naming the source."""
+        where = str(source) if source else "recipe"
+        if not isinstance(data, dict):
+            raise RecipeError(f"{where}: expected a table")
+        rules = []
+        for r in data.get("rules", []):
+            if isinstance(r, (list, tuple)) and len(r) == 2:
+                r = {"pattern": r[0], "precision": r[1]}
+            if not isinstance(r, dict) or not isinstance(r.get("pattern"), str):
+                raise RecipeError(f"{where}: every rule needs a string 'pattern'")
+            if r.get("precision") not in PRECISIONS:
+                raise RecipeError(f"{where}: rule {r.get('pattern')!r} has precision {r.get('precision')!r} "
+                                  f"(use one of {', '.join(PRECISIONS)})")
+            rules.append((r["pattern"], r["precision"]))
+        default = data.get("default", "float")
+        if default not in PRECISIONS:
+            raise RecipeError(f"{where}: default precision {default!r} (use one of {', '.join(PRECISIONS)})")
+        plans = []
+        for p in data.get("plans", []):
+            if not isinstance(p, dict) or "gpu_mem" not in p:
+                raise RecipeError(f"{where}: every [[plans]] entry needs 'gpu_mem'")
+            try:
+                plans.append(VramPlan(
+                    gpu_mem=parse_bytes(p["gpu_mem"]),
+                    kv_budget=parse_bytes(p["kv_budget"]) if "kv_budget" in p else None,
+                    reserve=parse_bytes(p["reserve"]) if "reserve" in p else None,
+                    host_expert_layers=int(p["host_expert_layers"]) if "host_expert_layers" in p else None))
+            except RecipeError as e:
+                raise RecipeError(f"{where}: {e}") from None
+        return cls(name=str(data.get("name") or name or (source.stem if source else "custom")), rules=tuple(rules),
+                   default=default, models=tuple(data.get("models", ())), description=str(data.get("description", "")),
+                   plans=tuple(plans), source=source)
+
+
+#: The rules used when no recipe is named: int8 for attention projections, the dense MLP and the experts;
+#: router, norms, embeddings / tied LM head and self-conditioning stay float.
+DEFAULT_RECIPE = Recipe.from_dict({
+    "name": "default",
+    "rules": [["*self_conditioning*", "float"], ["*router*", "float"], ["*self_attn.?_proj", "int8"],
+              ["*layers.*.mlp.*_proj", "int8"], ["*layers.*.experts", "int8"]],
+})
+
+
+def recipe_path(name: str, root: Path | None = None) -> Path:
+    """Path of ``quant/<name>.toml`` (``name`` may also be a path to a .toml file)."""
+    p = Path(name)
+    if p.suffix == ".toml" and p.is_file():
+        return p
+    return (Path(root) if root is not None else quant_dir()) / f"{name}.toml"
+
+
+def available_recipes(root: Path | None = None) -> list[str]:
+    """Names of the recipes in the ``quant/`` folder."""
+    return sorted(p.stem for p in (Path(root) if root is not None else quant_dir()).glob("*.toml"))
+
+
+def load_recipe(name: str, root: Path | None = None) -> Recipe:
+    """Load a recipe by name (``quant/<name>.toml``) or path; "default" gives :data:`DEFAULT_RECIPE`.
+
+    Raises:
+        RecipeError: unknown name (lists the available ones), invalid TOML, or invalid content.
+    """
+    if name == "default":
+        return DEFAULT_RECIPE
+    path = recipe_path(name, root)
+    if not path.is_file():
+        raise RecipeError(f"unknown quantization recipe {name!r} (available: {', '.join(available_recipes(root))})")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise RecipeError(f"{path}: not valid TOML ({e})") from None
+    return Recipe.from_dict(data, source=path, name=path.stem)
+
+
+def recipe_for_model(model: str, root: Path | None = None) -> Recipe:
+    """The recipe whose ``models`` list names ``model`` (catalog alias or repo id, case-insensitive), else the
+    default recipe."""
+    for name in available_recipes(root):
+        r = load_recipe(name, root)
+        if model.lower() in (m.lower() for m in r.models) or model.lower() == r.name.lower():
+            return r
+    return DEFAULT_RECIPE

@@ -1,0 +1,75 @@
+"""``localdiff chat``: a Textual chat that shows the canvas denoising live.
+
+``run_chat`` is the entry point the CLI calls. Textual is imported only when the TUI actually starts, so
+``--list`` and the not-a-terminal refusal stay cheap.
+"""
+from __future__ import annotations
+
+import sys
+
+from ..errors import LocaldiffError
+
+DEFAULT_MODEL = "tiny"
+
+
+def run_chat(
+    model: str | None = None,
+    *,
+    resume: str | bool | None = None,
+    list_only: bool = False,
+    device: str | None = None,
+    quant: str | None = None,
+    sampler_options: dict | None = None,
+    db_path: str | None = None,
+) -> int:
+    """Run ``localdiff chat`` and return its exit code.
+
+    Args:
+        model: model to load (default: the resumed conversation's model, else the embedded "tiny").
+        resume: True or "" → the latest saved conversation; "7" → conversation 7; None/False → a new one.
+        list_only: print the saved conversations (id, updated, turns, model, title) to stdout and return 0.
+        device / quant: passed to ``localdiff.load``.
+        sampler_options: initial sampler overrides; ``max_new_tokens`` and ``seed`` keys are taken out of it.
+        db_path: history database file (default ``$LOCALDIFF_DATA_DIR/chat.sqlite3`` or the platformdirs data dir).
+
+    Returns:
+        0 on a normal quit; 1 when the model failed to load (shown in the UI) or the history cannot be opened;
+        2 when stdout is not a terminal or ``resume`` names no saved conversation. Errors are one line on stderr.
+    """
+    from .settings import ChatSettings
+    from .store import ChatStore, format_listing
+
+    try:
+        store = ChatStore(db_path)
+        if list_only:
+            print(format_listing(store.list_conversations()))
+            return 0
+        if not (sys.stdout.isatty() and sys.stdin.isatty()):
+            print("localdiff chat needs an interactive terminal; for pipelines use `localdiff gen -p PROMPT`",
+                  file=sys.stderr)
+            return 2
+        try:
+            conversation_id = store.resolve(resume)
+        except LocaldiffError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    except LocaldiffError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    if model is None:
+        model = (store.load(conversation_id).model if conversation_id is not None else "") or DEFAULT_MODEL
+    opts = dict(sampler_options or {})
+    settings = ChatSettings(sampler={k: v for k, v in opts.items() if k not in ("max_new_tokens", "seed")})
+    if "max_new_tokens" in opts:
+        settings.max_new_tokens = int(opts["max_new_tokens"])
+    if "seed" in opts:
+        settings.seed = opts["seed"]
+
+    from .app import ChatApp
+
+    app = ChatApp(model, store=store, conversation_id=conversation_id, device=device, quant=quant, settings=settings)
+    app.run()
+    return int(app.return_code or 0)
+
+
+__all__ = ["run_chat", "DEFAULT_MODEL"]

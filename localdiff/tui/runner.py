@@ -1,0 +1,207 @@
+"""The generation worker: runs ``Model.stream`` in a worker thread and hands the UI throttled updates.
+
+Threading model: the worker thread owns the model and the KV cache while a generation runs; the UI thread only
+receives Textual messages. Denoising steps go through a one-element ``FrameSlot`` (the newest frame wins, older ones
+are dropped if the UI has not drawn them yet), so the UI is never more than one step behind and never flooded.
+Canvas texts and the final result are posted as ordinary messages, so none is ever dropped.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from textual.message import Message
+
+from ..events import CanvasDone, Done, StepEvent
+
+#: Cell states of the canvas view.
+LOCKED, NEW, NOISY, REOPENED = "locked", "new", "noisy", "reopened"
+
+
+@dataclass
+class CanvasFrame:
+    """What the canvas panel draws for one denoising step (batch row 0).
+
+    Attributes:
+        canvas_index: 0-based canvas within the answer.
+        step / max_steps: 1-based denoising step and the cap for this canvas.
+        tokens: display text per canvas position (length C); control characters made visible.
+        states: per position, one of LOCKED (accepted at this and the previous step), NEW (accepted this step),
+            NOISY (not accepted: holds fresh uniform noise), REOPENED (was accepted, renoised or reopened now).
+        confidence: per position top-1 probability in [0, 1].
+        final: True for a finished canvas (all positions final).
+    """
+
+    canvas_index: int
+    step: int
+    max_steps: int
+    tokens: list[str]
+    states: list[str]
+    confidence: list[float]
+    final: bool = False
+
+    def count(self, state: str) -> int:
+        """Number of positions in ``state``."""
+        return sum(1 for s in self.states if s == state)
+
+
+class TokenText:
+    """Cached per-token display text: ``decode([id])`` with newlines/tabs/control characters made visible."""
+
+    def __init__(self, tokenizer, eos_ids: list[int] | None = None, max_chars: int = 8) -> None:
+        self.tokenizer = tokenizer
+        self.eos = set(eos_ids or (getattr(tokenizer, "eos_token_ids", None) or []))
+        self.max_chars = max_chars
+        self._cache: dict[int, str] = {}
+
+    def __call__(self, token_id: int) -> str:
+        text = self._cache.get(token_id)
+        if text is None:
+            if token_id in self.eos:
+                text = "∎"
+            elif self.tokenizer is None:
+                text = f"<{token_id}>"
+            else:
+                try:
+                    raw = self.tokenizer.decode([token_id])
+                except Exception:  # a token the tokenizer cannot render alone
+                    raw = ""
+                raw = raw.replace("\n", "↵").replace("\t", "→")
+                text = "".join(ch if ch.isprintable() else "·" for ch in raw)[: self.max_chars] or "·"
+            if len(self._cache) < 200_000:
+                self._cache[token_id] = text
+        return text
+
+
+def frame_from_step(ev: StepEvent, token_text: TokenText, prev_accepted: list[bool] | None) -> CanvasFrame:
+    """Build a CanvasFrame from a StepEvent (row 0); ``prev_accepted`` is the previous step's mask of this canvas."""
+    ids = ev.canvas_ids[0].tolist()
+    acc = [bool(a) for a in ev.accepted[0].tolist()]
+    reo = [bool(r) for r in ev.reopened[0].tolist()]
+    prev = prev_accepted or [False] * len(ids)
+    states = []
+    for a, p, r in zip(acc, prev, reo):
+        if r or (p and not a):
+            states.append(REOPENED)
+        elif a:
+            states.append(LOCKED if p else NEW)
+        else:
+            states.append(NOISY)
+    conf = [float(c) for c in ev.confidence[0].tolist()]
+    return CanvasFrame(ev.canvas_index, ev.step, ev.max_steps, [token_text(i) for i in ids], states, conf)
+
+
+def frame_from_done(ev: CanvasDone, token_text: TokenText, last: CanvasFrame | None) -> CanvasFrame:
+    """The finished canvas: every position final (LOCKED); confidence and step count from the last step seen."""
+    ids = ev.token_ids[0].tolist()
+    conf = last.confidence if last is not None and last.canvas_index == ev.canvas_index else [1.0] * len(ids)
+    return CanvasFrame(ev.canvas_index, ev.steps, max(ev.steps, last.max_steps if last else ev.steps),
+                       [token_text(i) for i in ids], [LOCKED] * len(ids), list(conf), final=True)
+
+
+class FrameSlot:
+    """Newest-wins mailbox between the worker (``put``) and the UI (``take``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._frame: CanvasFrame | None = None
+        self._outstanding = False
+        self.dropped = 0
+
+    def put(self, frame: CanvasFrame) -> bool:
+        """Store ``frame``; True when the UI must be notified (no notification is pending)."""
+        with self._lock:
+            if self._frame is not None:
+                self.dropped += 1
+            self._frame = frame
+            notify = not self._outstanding
+            self._outstanding = True
+            return notify
+
+    def take(self) -> CanvasFrame | None:
+        """The newest frame (or None); clears the pending notification."""
+        with self._lock:
+            frame, self._frame, self._outstanding = self._frame, None, False
+            return frame
+
+
+class FrameReady(Message):
+    """A new canvas frame waits in the app's FrameSlot."""
+
+
+class CanvasText(Message):
+    """A canvas is final: its text (appended to the answer) and its final frame."""
+
+    def __init__(self, canvas_index: int, text: str, frame: CanvasFrame) -> None:
+        super().__init__()
+        self.canvas_index, self.text, self.frame = canvas_index, text, frame
+
+
+class GenerationFinished(Message):
+    """The generation ended: finished, cancelled (Esc) or failed (``error`` is a one-line message)."""
+
+    def __init__(self, text: str, finish_reason: str, stats=None, error: str | None = None,
+                 steps_after_cancel: int = 0) -> None:
+        super().__init__()
+        self.text, self.finish_reason, self.stats, self.error = text, finish_reason, stats, error
+        self.steps_after_cancel = steps_after_cancel
+
+
+@dataclass
+class GenerationJob:
+    """One answer to produce: chat messages so far (ending with the user's turn) and ``Model.stream`` kwargs."""
+
+    messages: list[dict]
+    kwargs: dict = field(default_factory=dict)
+
+
+def run_generation(model, cache, job: GenerationJob, slot: FrameSlot, post: Callable[[Message], object],
+                   cancel: threading.Event, step_hook: Callable[[StepEvent], None] | None = None) -> None:
+    """Consume ``model.stream`` in the calling thread, posting FrameReady / CanvasText / GenerationFinished.
+
+    Cancellation: ``cancel`` is checked after every event; when set the loop stops pulling from the engine
+    (at most one more denoising step runs) and closes the generator, and the answer keeps the canvases already
+    final. ``step_hook`` (tests only) is called with each StepEvent in this thread before it is shown.
+    """
+    token_text = TokenText(getattr(model, "tokenizer", None))
+    texts: list[str] = []
+    prev_acc: list[bool] | None = None
+    last: CanvasFrame | None = None
+    cancelled_at: float | None = None
+    after_cancel = 0
+    stream = None
+    try:
+        stream = model.stream(job.messages, chat=True, cache=cache, **job.kwargs)
+        for ev in stream:
+            if isinstance(ev, StepEvent) and cancel.is_set():
+                cancelled_at, after_cancel = time.monotonic(), after_cancel + 1
+                break
+            if isinstance(ev, StepEvent):
+                if step_hook is not None:
+                    step_hook(ev)
+                if last is None or last.canvas_index != ev.canvas_index:
+                    prev_acc = None
+                last = frame_from_step(ev, token_text, prev_acc)
+                prev_acc = [bool(a) for a in ev.accepted[0].tolist()]
+                if slot.put(last):
+                    post(FrameReady())
+            elif isinstance(ev, CanvasDone):
+                texts.append(ev.text)
+                post(CanvasText(ev.canvas_index, ev.text, frame_from_done(ev, token_text, last)))
+            elif isinstance(ev, Done):
+                text = ev.text if isinstance(ev.text, str) else ev.text[0]
+                post(GenerationFinished(text, ev.finish_reason, ev.stats))
+                return
+            if cancel.is_set():
+                cancelled_at = time.monotonic()
+                break
+        post(GenerationFinished("".join(texts), "cancelled" if cancelled_at else "eos", None,
+                                steps_after_cancel=after_cancel))
+    except Exception as exc:  # the UI shows it; never a traceback on screen
+        msg = str(exc) if str(exc) else type(exc).__name__
+        post(GenerationFinished("".join(texts), "error", None, error=f"{type(exc).__name__}: {msg}"))
+    finally:
+        if stream is not None and hasattr(stream, "close"):
+            stream.close()

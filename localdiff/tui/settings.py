@@ -1,0 +1,126 @@
+"""Chat generation settings and the ``/set`` commands typed into the prompt.
+
+``/set steps 8`` → ``max_denoising_steps=8``; ``/set threshold 0.9`` (confidence lock τ); ``/set entropy_bound 0.3``;
+``/set seed 1`` (``/set seed none`` for a fresh seed each turn); ``/set max_tokens 128``; any other sampler option the
+model reports in ``Model.sampler_options()`` by its own name. ``/set`` alone lists the current values.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import UsageError
+
+#: Short names accepted by /set → engine keyword.
+ALIASES = {
+    "steps": "max_denoising_steps",
+    "max_steps": "max_denoising_steps",
+    "tau": "threshold",
+    "eb": "entropy_bound",
+    "max_tokens": "max_new_tokens",
+    "tokens": "max_new_tokens",
+}
+
+#: Sampler options with their value type and allowed closed range (None = unbounded side).
+KNOWN: dict[str, tuple[type, float | None, float | None]] = {
+    "max_denoising_steps": (int, 1, 4096),
+    "threshold": (float, 0.0, 1.0),
+    "confidence_threshold": (float, 0.0, 1.0),
+    "entropy_bound": (float, 0.0, None),
+    "stability_threshold": (int, 0, None),
+    "t_min": (float, 0.0, None),
+    "t_max": (float, 0.0, None),
+    "correction": (bool, None, None),
+    "correction_floor": (float, 0.0, 1.0),
+    "correction_max_reopens": (int, 0, None),
+}
+
+
+@dataclass
+class ChatSettings:
+    """What each turn passes to ``Model.stream``.
+
+    Attributes:
+        max_new_tokens: cap on generated tokens per answer.
+        seed: RNG seed for every turn (reproducible answers), or None for a fresh draw.
+        sampler: sampler-option overrides (engine keyword → value); empty = the model's defaults.
+    """
+
+    max_new_tokens: int = 256
+    seed: int | None = None
+    sampler: dict = field(default_factory=dict)
+
+    def stream_kwargs(self) -> dict:
+        """Keyword arguments for ``Model.stream`` (besides prompt and cache)."""
+        return {"max_new_tokens": self.max_new_tokens, "seed": self.seed, **self.sampler}
+
+    def describe(self, defaults: dict | None = None) -> str:
+        """One line per setting: overrides first, then the model's effective defaults (``defaults``)."""
+        eff = dict(defaults or {})
+        eff.update(self.sampler)
+        parts = [f"max_tokens={self.max_new_tokens}", f"seed={self.seed if self.seed is not None else 'none'}"]
+        parts += [f"{k}={v}{'*' if k in self.sampler else ''}" for k, v in sorted(eff.items())]
+        return "  ".join(parts)
+
+
+def _coerce(key: str, raw: str, kind: type, lo, hi):
+    text = raw.strip().lower()
+    if kind is bool:
+        if text in ("1", "true", "on", "yes"):
+            return True
+        if text in ("0", "false", "off", "no"):
+            return False
+        raise UsageError(f"/set {key}: expected on/off, got {raw!r}")
+    try:
+        number = float(text)
+    except ValueError:
+        raise UsageError(f"/set {key}: expected a number, got {raw!r}") from None
+    if number != number or number in (float("inf"), float("-inf")):
+        raise UsageError(f"/set {key}: expected a finite number, got {raw!r}")
+    if kind is int and not number.is_integer():
+        raise UsageError(f"/set {key}: expected a whole number, got {raw!r}")
+    value = int(number) if kind is int else number
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        rng = f"[{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}]"
+        raise UsageError(f"/set {key}: {value} is outside {rng}")
+    return value
+
+
+def apply_set(settings: ChatSettings, args: str, model_options: dict | None = None) -> str:
+    """Apply ``/set KEY VALUE`` (``args`` = the text after "/set") to ``settings`` in place.
+
+    Args:
+        model_options: the model's effective sampler options (``Model.sampler_options()``); keys there are settable
+            too, typed like their current value.
+
+    Returns:
+        A one-line confirmation such as ``"max_denoising_steps = 8"``, or the settings listing for an empty ``args``.
+
+    Raises:
+        UsageError: unknown key, missing value, wrong type or out of range.
+    """
+    words = args.split()
+    if not words:
+        return settings.describe(model_options)
+    if len(words) != 2:
+        raise UsageError("usage: /set KEY VALUE  (keys: steps, threshold, entropy_bound, seed, max_tokens, ...)")
+    key, raw = ALIASES.get(words[0].lower(), words[0].lower()), words[1]
+    if key == "seed":
+        settings.seed = None if raw.lower() in ("none", "off", "random") else _coerce("seed", raw, int, 0, 2**63 - 1)
+        return f"seed = {settings.seed if settings.seed is not None else 'none'}"
+    if key == "max_new_tokens":
+        settings.max_new_tokens = _coerce(key, raw, int, 1, 1_000_000)
+        return f"max_new_tokens = {settings.max_new_tokens}"
+    if raw.lower() in ("default", "reset"):
+        settings.sampler.pop(key, None)
+        return f"{key} = model default"
+    model_options = model_options or {}
+    if key in KNOWN:
+        kind, lo, hi = KNOWN[key]
+    elif key in model_options:
+        cur = model_options[key]
+        kind, lo, hi = (type(cur) if isinstance(cur, (bool, int, float)) else float), None, None
+    else:
+        names = sorted({*ALIASES, *KNOWN, *model_options, "seed"})
+        raise UsageError(f"/set: unknown setting {words[0]!r}; one of: {', '.join(names)}")
+    settings.sampler[key] = _coerce(words[0], raw, kind, lo, hi)
+    return f"{key} = {settings.sampler[key]}"

@@ -1,0 +1,115 @@
+"""The live canvas panel: one cell per canvas position, styled by state, shaded by confidence.
+
+States are told apart by text style as well as colour, so the panel reads without colour too:
+locked = bold, just locked = bold underline, still noisy = dim italic, reopened / renoised after locking =
+strike-through. Confidence (top-1 probability) shades each cell's background and is drawn again as a sparkline row
+(``▁``…``█``, one character per position; positions are averaged in groups when the canvas is wider than two rows).
+"""
+from __future__ import annotations
+
+from rich.style import Style
+from rich.text import Text
+from textual.widget import Widget
+
+from ..runner import LOCKED, NEW, NOISY, REOPENED, CanvasFrame
+
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def spark(value: float) -> str:
+    """Sparkline character for a value in [0, 1] (clamped)."""
+    v = min(max(value, 0.0), 1.0)
+    return SPARKS[min(int(v * len(SPARKS)), len(SPARKS) - 1)]
+
+
+class CanvasView(Widget):
+    """Draws the newest ``CanvasFrame``; the border shows canvas index, step (``step 5/16``) and state counts."""
+
+    COMPONENT_CLASSES = {
+        "canvas--locked",
+        "canvas--new",
+        "canvas--noisy",
+        "canvas--reopened",
+        "canvas--confidence",
+        "canvas--spark",
+    }
+
+    DEFAULT_CSS = """
+    CanvasView {
+        height: auto;
+        max-height: 10;
+        border: round $primary;
+        border-title-color: $text;
+        border-subtitle-color: $text-muted;
+        padding: 0 1;
+    }
+    CanvasView > .canvas--locked { text-style: bold; color: $text; }
+    CanvasView > .canvas--new { text-style: bold underline; color: $success; }
+    CanvasView > .canvas--noisy { text-style: dim italic; color: $text-muted; }
+    CanvasView > .canvas--reopened { text-style: strike bold; color: $error; }
+    CanvasView > .canvas--confidence { color: $primary; }
+    CanvasView > .canvas--spark { color: $secondary; }
+    """
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.frame: CanvasFrame | None = None
+        self.frames_drawn = 0
+        self.border_title = "canvas"
+        self.border_subtitle = "bold locked · underline new · dim noisy · strike reopened"
+
+    def show(self, frame: CanvasFrame) -> None:
+        """Draw ``frame`` (call on the UI thread)."""
+        self.frame = frame
+        self.frames_drawn += 1
+        state = "done" if frame.final else f"step {frame.step}/{frame.max_steps}"
+        self.border_title = f"canvas {frame.canvas_index + 1} · {state}"
+        n = len(frame.states)
+        self.border_subtitle = (
+            f"locked {frame.count(LOCKED) + frame.count(NEW)}/{n} · new {frame.count(NEW)}"
+            f" · noisy {frame.count(NOISY)} · reopened {frame.count(REOPENED)}"
+        )
+        self.refresh(layout=True)
+
+    def reset(self) -> None:
+        """Forget the frame (before a new answer)."""
+        self.frame = None
+        self.border_title = "canvas"
+        self.border_subtitle = "waiting for the first step"
+        self.refresh(layout=True)
+
+    def _state_styles(self) -> dict:
+        return {s: self.get_component_rich_style(f"canvas--{s}", partial=True) for s in (LOCKED, NEW, NOISY, REOPENED)}
+
+    def render(self) -> Text:
+        frame = self.frame
+        if frame is None:
+            return Text("the canvas of the next answer denoises here", style="dim italic")
+        styles = self._state_styles()
+        _, base = self.background_colors
+        shade = self.get_component_styles("canvas--confidence").color
+        text = Text(no_wrap=False, overflow="fold")
+        for tok, state, conf in zip(frame.tokens, frame.states, frame.confidence):
+            bg = base.blend(shade, 0.08 + 0.5 * min(max(conf, 0.0), 1.0))
+            if state != LOCKED and tok.strip() == "":
+                tok = "·" * max(len(tok), 1)
+            text.append(tok, styles[state] + Style(bgcolor=bg.rich_color))
+        text.append("\n")
+        width = max(self.content_region.width or self.size.width or 76, 8)
+        text.append_text(self._sparkline(frame, styles, 2 * width))
+        return text
+
+    def _sparkline(self, frame: CanvasFrame, styles: dict, max_chars: int) -> Text:
+        n = len(frame.confidence)
+        line = Text(overflow="fold")
+        spark_style = self.get_component_rich_style("canvas--spark", partial=True)
+        if n == 0:
+            return line
+        group = max(1, -(-n // max_chars))
+        for start in range(0, n, group):
+            vals = frame.confidence[start : start + group]
+            state = frame.states[start]
+            style = spark_style if state in (LOCKED, NEW) else styles[state]
+            line.append(spark(sum(vals) / len(vals)), style)
+        return line
+

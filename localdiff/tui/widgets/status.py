@@ -1,0 +1,83 @@
+"""The status line: model, device, quantization, tokens per forward, tokens/s, process memory (RSS), state."""
+from __future__ import annotations
+
+import os
+
+from textual.widgets import Static
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process in bytes (Linux ``/proc/self/statm``; peak RSS elsewhere; 0 if unknown)."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, AttributeError):
+        pass
+    try:
+        import resource
+        import sys
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024
+    except Exception:
+        return 0
+
+
+def human_bytes(n: float) -> str:
+    """1536 → "1.5 KiB"; binary units."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit in ("B", "MiB") else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+class StatusLine(Static):
+    """One line: ``tiny · cpu · fp32 · TPF 3.20 · 51.2 tok/s · RSS 310 MiB · ready``. Memory refreshes every 2 s."""
+
+    DEFAULT_CSS = """
+    StatusLine { height: 1; dock: top; background: $panel; color: $text; padding: 0 1; }
+    StatusLine.-error { background: $error 40%; }
+    """
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__("", markup=False, **kwargs)
+        self.model = "—"
+        self.device = "—"
+        self.quant = "—"
+        self.tpf: float | None = None
+        self.tps: float | None = None
+        self.state = "starting"
+        self.memory_fn = rss_bytes
+
+    def on_mount(self) -> None:
+        self._redraw()
+        self.set_interval(2.0, self._redraw)
+
+    def set_model(self, name: str, device: str, quant: str) -> None:
+        """Show the loaded model."""
+        self.model, self.device, self.quant = name, device, quant
+        self._redraw()
+
+    def set_state(self, state: str, *, error: bool = False) -> None:
+        """Show the app state ("loading tiny…", "ready", "generating", "error")."""
+        self.state = state
+        self.set_class(error, "-error")
+        self._redraw()
+
+    def show_stats(self, stats) -> None:
+        """Show TPF and tok/s from a GenerationStats (None clears them)."""
+        self.tpf = None if stats is None else float(stats.tokens_per_forward)
+        self.tps = None if stats is None else float(stats.tokens_per_second)
+        self._redraw()
+
+    def line(self) -> str:
+        """The current status text."""
+        tpf = "TPF —" if self.tpf is None else f"TPF {self.tpf:.2f}"
+        tps = "— tok/s" if self.tps is None else f"{self.tps:.1f} tok/s"
+        rss = self.memory_fn()
+        mem = f"RSS {human_bytes(rss)}" if rss else "RSS ?"
+        return " · ".join((self.model, self.device, self.quant, tpf, tps, mem, self.state))
+
+    def _redraw(self) -> None:
+        self.update(self.line())

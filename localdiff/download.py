@@ -208,7 +208,7 @@ def _transfer(url, part: Path, rf: RemoteFile, headers, progress, hasher, max_re
                     if start != have:
                         raise HubError(f"{rf.path}: server resumed at byte {start}, asked for {have}")
                 with open(part, mode) as f:
-                    for chunk in resp.iter_bytes(CHUNK):
+                    for chunk in resp.iter_bytes():  # as received: a cut loses nothing
                         try:
                             f.write(chunk)
                             f.flush()

@@ -1,0 +1,214 @@
+"""``localdiff`` command line: argument parsing and dispatch only.
+
+Subcommands: gen, chat, pull, list, rm, show, config, bench, quantize. Heavy imports (torch, textual, the engine)
+happen inside the command that needs them, so ``localdiff list`` / ``pull`` start fast and ``textual`` is imported
+only for ``chat``.
+
+Exit codes: 0 ok; 1 runtime error; 2 usage error; 130 interrupted (Ctrl-C). Errors are one line on stderr
+(``error: ...``); ``--debug`` (or ``LOCALDIFF_DEBUG=1``) prints the traceback too.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+
+from .errors import LocaldiffError, UsageError
+
+SAMPLER_HELP = "sampler settings (flag > LOCALDIFF_* env > config file > checkpoint generation_config > built-in)"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors raised as UsageError (exit 2) instead of usage dumps."""
+
+    def error(self, message: str):  # noqa: D401 — argparse API
+        raise UsageError(f"{self.prog}: {message} (see `{self.prog} --help`)")
+
+
+def _temperature(text: str) -> tuple[float, float]:
+    """``MAX[:MIN]`` → (t_max, t_min); one value = constant temperature."""
+    parts = text.split(":")
+    try:
+        vals = [float(p) for p in parts]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected MAX[:MIN] numbers, got {text!r}") from None
+    if len(vals) not in (1, 2) or any(v != v or v < 0 or v == float("inf") for v in vals):
+        raise argparse.ArgumentTypeError(f"expected MAX[:MIN] with numbers >= 0, got {text!r}")
+    t_max, t_min = (vals[0], vals[0]) if len(vals) == 1 else (vals[0], vals[1])
+    if t_max < t_min:
+        raise argparse.ArgumentTypeError(f"MAX must be >= MIN, got {text!r}")
+    if t_max == 0:
+        raise argparse.ArgumentTypeError("temperature must be > 0")
+    return t_max, t_min
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+
+
+def _add_sampler(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(SAMPLER_HELP)
+    g.add_argument("-n", "--max-new-tokens", type=int, metavar="N", help="generate at most N tokens")
+    g.add_argument("--steps", type=int, metavar="N", help="max denoising steps per canvas")
+    g.add_argument("--temperature", type=_temperature, metavar="MAX[:MIN]",
+                   help="temperature schedule, linear from MAX (first step) to MIN (last step)")
+    g.add_argument("--entropy-bound", type=float, metavar="X", help="entropy-bound acceptance budget (nats)")
+    g.add_argument("--threshold", type=float, metavar="TAU", help="confidence lock threshold τ in (0, 1]")
+    g.add_argument("--correction", action=argparse.BooleanOptionalAction, default=None,
+                   help="Re-Noising correction of locked tokens that lost confidence")
+    g.add_argument("--seed", type=int, help="random seed (reproducible output)")
+    g.add_argument("--device", help="cpu, cuda or cuda:N (default: CUDA when available)")
+    g.add_argument("--quant", choices=["int8", "none"], help="weight quantization at load")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser (used by :func:`main` and by the docs)."""
+    p = _Parser(prog="localdiff", description="Run diffusion language models on this machine.")
+    p.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    g = sub.add_parser("gen", help="generate text once (for scripts and pipelines)",
+                       description="Generate text. Piped stdin is placed before the prompt. Only generated text "
+                                   "goes to stdout, canvas by canvas; diagnostics go to stderr.")
+    g.add_argument("prompt_words", nargs="*", metavar="PROMPT", help="prompt text (or use -p)")
+    g.add_argument("-m", "--model", help="model name, org/repo[@rev] or folder (default: config's default_model)")
+    g.add_argument("-p", "--prompt", help="prompt text")
+    g.add_argument("-f", "--file", help="read the prompt from FILE ('-' = stdin)")
+    g.add_argument("--system", help="system message (chat mode)")
+    mode = g.add_mutually_exclusive_group()
+    mode.add_argument("--chat", dest="chat", action="store_true", default=True,
+                      help="wrap the prompt in the model's chat template (default)")
+    mode.add_argument("--raw", dest="chat", action="store_false", help="feed the prompt text as is")
+    g.add_argument("--json", action="store_true", help="print one JSON object (text, token ids, settings, stats)")
+    g.add_argument("-q", "--quiet", action="store_true", help="no stats line on stderr")
+    _add_sampler(g)
+    _add_common(g)
+
+    c = sub.add_parser("chat", help="interactive chat that shows the canvas denoising (terminal UI)")
+    c.add_argument("-m", "--model", help="model to start with (default: config's default_model)")
+    c.add_argument("--resume", nargs="?", const="last", metavar="ID", help="resume a conversation (default: last)")
+    c.add_argument("--list", dest="list_only", action="store_true", help="list saved conversations and exit")
+    _add_sampler(c)
+    _add_common(c)
+
+    pl = sub.add_parser("pull", help="download a model from the Hugging Face Hub (resumable)")
+    pl.add_argument("name", help="catalog alias (see `localdiff list --all`) or org/repo[@revision]")
+    pl.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    pl.add_argument("--verify", action="store_true", help="re-hash files already in the cache")
+    _add_common(pl)
+
+    ls = sub.add_parser("list", aliases=["ls"], help="list models ready to run")
+    ls.add_argument("--json", action="store_true", help="JSON output")
+    ls.add_argument("--all", action="store_true", help="also show catalog models that are not pulled")
+    _add_common(ls)
+
+    rm = sub.add_parser("rm", help="remove a pulled model from the Hugging Face cache")
+    rm.add_argument("name")
+    _add_common(rm)
+
+    sh = sub.add_parser("show", help="architecture summary and memory plan (works before a pull)")
+    sh.add_argument("name", nargs="?", help="model (default: config's default_model)")
+    sh.add_argument("--plan", action="store_true", help="print the memory plan for a device budget")
+    sh.add_argument("--gpu-mem", metavar="SIZE", help="device memory budget, e.g. 24GiB (default: measured)")
+    sh.add_argument("--quant", choices=["int8", "none", "bf16"], default=None, help="precision for the plan")
+    sh.add_argument("--json", action="store_true", help="JSON output")
+    _add_common(sh)
+
+    cf = sub.add_parser("config", help="show where the config file is, or the effective settings")
+    cf.add_argument("action", nargs="?", choices=["path", "show"], default="show")
+    cf.add_argument("--json", action="store_true", help="JSON output (show)")
+    _add_common(cf)
+
+    b = sub.add_parser("bench", help="benchmarks (speed, memory, accuracy)", add_help=False)
+    b.add_argument("bench_args", nargs=argparse.REMAINDER)
+
+    q = sub.add_parser("quantize", help="write a pre-quantized int8 checkpoint")
+    q.add_argument("name", help="model to quantize")
+    q.add_argument("--recipe", help="quantization recipe name (default: the model's)")
+    q.add_argument("-o", "--output", required=True, metavar="DIR", help="output folder")
+    q.add_argument("--device", help="device used while quantizing")
+    _add_common(q)
+    return p
+
+
+def _dispatch(args, argv) -> int:
+    cmd = args.command
+    if cmd == "gen":
+        from .cli_gen import run_gen
+
+        return run_gen(args)
+    if cmd == "chat":
+        from .cli_hub import run_chat_cmd
+
+        return run_chat_cmd(args)
+    if cmd in ("pull", "list", "ls", "rm", "show", "config", "quantize"):
+        from . import cli_hub
+
+        return getattr(cli_hub, "run_" + {"ls": "list"}.get(cmd, cmd))(args)
+    if cmd == "bench":
+        try:
+            from .bench import main as bench_main
+        except ImportError as e:
+            raise LocaldiffError(f"`localdiff bench` is not available in this build ({e})") from None
+        return int(bench_main(args.bench_args) or 0)
+    raise UsageError(f"unknown command {cmd!r}")  # pragma: no cover (argparse rejects it first)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``localdiff`` console script. Returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("LOCALDIFF_DEBUG", "") not in ("", "0")
+    try:
+        parser = build_parser()
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as e:  # --help / --version from argparse
+            return int(e.code or 0)
+        if args.version:
+            from . import __version__
+
+            print(f"localdiff {__version__}")
+            return 0
+        if not args.command:
+            parser.print_help(sys.stderr)
+            return 2
+        return int(_dispatch(args, argv) or 0)
+    except KeyboardInterrupt:
+        _err("interrupted")
+        return 130
+    except BrokenPipeError:
+        _quiet_broken_pipe()
+        return 141
+    except LocaldiffError as e:
+        if debug:
+            traceback.print_exc()
+        _err(str(e))
+        return int(getattr(e, "exit_code", 1))
+    except Exception as e:  # noqa: BLE001 — last resort: one line unless --debug
+        if debug:
+            traceback.print_exc()
+        _err(f"internal error: {type(e).__name__}: {e} (run with --debug for the traceback)")
+        return 1
+
+
+def _err(msg: str) -> None:
+    line = " ".join(str(msg).split()) or "unknown error"
+    try:
+        sys.stderr.write(f"error: {line}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def _quiet_broken_pipe() -> None:
+    """After the reader of stdout went away: silence the final flush at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,179 @@
+"""``localdiff gen``: one-shot generation for scripts and pipelines.
+
+stdout carries only generated text, written canvas by canvas as each canvas becomes final (``CanvasDone``), or one
+JSON object with ``--json``. Everything else goes to stderr. Piped stdin (never a terminal) is read and placed
+before the prompt; with a terminal and no prompt it is a usage error — never an interactive read.
+"""
+from __future__ import annotations
+
+import json
+import random
+import sys
+
+from .config import load_user_config, sampler_overrides, with_flags
+from .errors import LocaldiffError, UsageError
+
+
+def _stderr_tty() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _decode(data: bytes, where: str) -> str:
+    try:
+        return data.decode("utf-8").lstrip("\ufeff")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{where} is not valid UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start})") from None
+
+
+def read_stdin() -> str | None:
+    """Piped stdin as text, or None when stdin is a terminal / closed (never blocks on a terminal).
+
+    Raises:
+        UsageError: the bytes are not UTF-8.
+    """
+    stream = sys.stdin
+    if stream is None:
+        return None
+    try:
+        if stream.isatty():
+            return None
+    except (AttributeError, ValueError, OSError):
+        return None
+    buf = getattr(stream, "buffer", None)
+    try:
+        data = buf.read() if buf is not None else stream.read().encode("utf-8", "surrogateescape")
+    except (OSError, ValueError):
+        return None
+    return _decode(data, "stdin")
+
+
+def _read_file(path: str) -> str:
+    if path == "-":
+        text = read_stdin()
+        if text is None:
+            raise UsageError("-f - given but stdin is a terminal")
+        return text
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise UsageError(f"cannot read prompt file {path}: {e.strerror or e}") from None
+    return _decode(data, f"prompt file {path}")
+
+
+def assemble_prompt(args) -> str:
+    """Join piped stdin, ``-f FILE`` and the prompt (``-p`` or words), in that order, with blank lines.
+
+    Raises:
+        UsageError: no prompt anywhere, both -p and words, an empty prompt, unreadable / non-UTF-8 input.
+    """
+    if args.prompt is not None and args.prompt_words:
+        raise UsageError("give the prompt either with -p or as words, not both")
+    cli_prompt = args.prompt if args.prompt is not None else (" ".join(args.prompt_words) or None)
+    stdin = None if args.file == "-" else read_stdin()
+    file_text = _read_file(args.file) if args.file else None
+    if cli_prompt is None and args.file is None and not (stdin or "").strip():
+        why = " (stdin was empty)" if stdin is not None else ""
+        raise UsageError(f"no prompt{why}: give -p TEXT, PROMPT words or -f FILE, or pipe text on stdin")
+    parts = [p.strip("\n") for p in (stdin, file_text, cli_prompt) if p is not None and p.strip()]
+    text = "\n\n".join(parts)
+    if not text.strip():
+        raise UsageError("empty prompt")
+    return text
+
+
+def _flags(args) -> dict:
+    t_max, t_min = args.temperature if args.temperature else (None, None)
+    return {"max_denoising_steps": args.steps, "t_max": t_max, "t_min": t_min, "entropy_bound": args.entropy_bound,
+            "threshold": args.threshold, "correction": args.correction}
+
+
+def _load(name: str, device, quant):
+    try:
+        from . import load
+    except ImportError as e:  # pragma: no cover — engine missing from a broken install
+        raise LocaldiffError(f"the generation engine is not available: {e}") from None
+    return load(name, device=device, quant=quant)
+
+
+def run_gen(args) -> int:
+    """Run ``localdiff gen``; returns the exit code (0, or 130 when interrupted after flushing final canvases)."""
+    from .events import CanvasDone, Done
+
+    prompt = assemble_prompt(args)
+    cfg = with_flags(load_user_config(), model=args.model, device=args.device, quant=args.quant,
+                     max_new_tokens=args.max_new_tokens, seed=args.seed)
+    overrides = sampler_overrides(_flags(args), cfg)
+    seed = cfg.seed if cfg.seed is not None else random.SystemRandom().randrange(2**31)
+    model = _load(cfg.default_model, cfg.device, cfg.quant)
+    used = model.sampler_options(**overrides)
+    out = sys.stdout
+    written: list[str] = []
+    done = None
+    interrupted = False
+    stream = model.stream(prompt, max_new_tokens=cfg.max_new_tokens, seed=seed, chat=args.chat, system=args.system,
+                          emit_steps=False, **overrides)
+    try:
+        for ev in stream:
+            if isinstance(ev, CanvasDone):
+                written.append(ev.text)
+                if not args.json:
+                    out.write(ev.text)
+                    out.flush()
+            elif isinstance(ev, Done):
+                done = ev
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        stream.close()
+    text = "".join(written)
+    if done is not None and isinstance(done.text, str) and done.text.startswith(text) and not args.json:
+        rest = done.text[len(text):]  # canvas-wise decoding can differ at joins; the full decode is authoritative
+        if rest:
+            out.write(rest)
+        text = done.text
+    elif done is not None and isinstance(done.text, str):
+        text = done.text
+    if args.json:
+        out.write(json.dumps(_json_result(model, text, done, seed, used, interrupted), ensure_ascii=False) + "\n")
+    elif text and not text.endswith("\n"):
+        out.write("\n")
+    out.flush()
+    if interrupted:
+        sys.stderr.write("interrupted\n")
+        return 130
+    if done is not None and not args.quiet and _stderr_tty():
+        s = done.stats
+        sys.stderr.write(f"[{s.new_tokens} tokens, {s.canvases} canvases, {s.forwards} forwards, "
+                         f"{s.tokens_per_forward:.2f} tokens/forward, {s.tokens_per_second:.1f} tokens/s, "
+                         f"seed {seed}]\n")
+    return 0
+
+
+def _json_result(model, text: str, done, seed: int, sampler: dict, interrupted: bool) -> dict:
+    from .hub import describe_path
+
+    stats = done.stats.as_dict() if done is not None else {}
+    ids = done.token_ids[0] if done is not None and done.token_ids and isinstance(done.token_ids[0], list) else (
+        done.token_ids if done is not None else [])
+    return {
+        "text": text,
+        "token_ids": list(ids),
+        "model": describe_path(model.path) if getattr(model, "path", None) else str(getattr(model, "name", "")),
+        "model_name": str(getattr(model, "name", "")),
+        "seed": seed,
+        "sampler": sampler,
+        "usage": {"prompt_tokens": stats.get("prompt_tokens", 0), "completion_tokens": stats.get("new_tokens", 0),
+                  "total_tokens": stats.get("prompt_tokens", 0) + stats.get("new_tokens", 0)},
+        "timings": {"seconds": stats.get("seconds"), "prefill_seconds": stats.get("prefill_seconds"),
+                    "tokens_per_second": stats.get("tokens_per_second")},
+        "tokens_per_forward": stats.get("tokens_per_forward"),
+        "forwards": stats.get("forwards"),
+        "canvases": stats.get("canvases"),
+        "finish_reason": "cancelled" if interrupted else (done.finish_reason if done is not None else None),
+        "device": str(getattr(model, "device", "")),
+        "quant": getattr(model, "quant", None),
+    }

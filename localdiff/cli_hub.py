@@ -1,0 +1,195 @@
+"""Command handlers for ``pull``, ``list``, ``rm``, ``show``, ``config``, ``quantize`` and the ``chat`` hand-off.
+
+Each ``run_*`` takes the parsed argparse namespace and returns an exit code; errors are raised as LocaldiffError
+subclasses and printed by ``cli.main``. Tables and reports go to stdout; progress and warnings to stderr.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+from . import catalog, hub
+from .config import config_path, load_user_config, sampler_overrides, with_flags
+from .errors import LocaldiffError, UsageError
+from .progress import human_bytes
+
+
+def _print_json(obj) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+
+
+def _table(rows: list[list[str]], header: list[str]) -> None:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    for r in [header, *rows]:
+        sys.stdout.write("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() + "\n")
+
+
+def run_pull(args) -> int:
+    try:
+        res = hub.pull(args.name, quiet=args.quiet, verify=args.verify)
+    except KeyboardInterrupt:
+        sys.stderr.write(f"interrupted; run `localdiff pull {args.name}` again to resume\n")
+        return 130
+    if res.get("embedded"):
+        msg = f"{args.name} is embedded in localdiff; nothing to pull"
+    elif res["up_to_date"]:
+        msg = f"{args.name} is up to date ({res['repo']}@{res['commit'][:12]}, {human_bytes(res['total_bytes'])})"
+    else:
+        msg = (f"pulled {args.name} ({res['repo']}@{res['commit'][:12]}): {res['files']} files, "
+               f"{human_bytes(res['total_bytes'])}, {human_bytes(res['downloaded_bytes'])} downloaded "
+               f"in {res['seconds']:.1f} s")
+    if not args.quiet:
+        sys.stderr.write(msg + "\n")
+    return 0
+
+
+def run_list(args) -> int:
+    models = hub.list_models()
+    if args.all:
+        have = {m["name"] for m in models}
+        for e in catalog.entries():
+            if e.alias not in have:
+                models.append({"name": e.alias, "repo": e.repo, "revision": e.revision, "commit": None,
+                               "size_bytes": e.approx_size_bytes, "quant": None, "path": None, "embedded": e.embedded,
+                               "description": e.description, "pulled": False})
+    for m in models:
+        m.setdefault("pulled", True)
+    if args.json:
+        _print_json(models)
+        return 0
+    rows = []
+    for m in models:
+        where = "embedded" if m["embedded"] else (f"{m['repo']}@{(m['commit'] or m['revision'])[:12]}"
+                                                  if m.get("commit") else f"{m['repo']}@{m['revision']}")
+        size = human_bytes(m["size_bytes"]) if m["size_bytes"] else "-"
+        if not m["pulled"]:
+            size = f"~{size} (not pulled)" if m["size_bytes"] else "(not pulled)"
+        rows.append([m["name"], where, size, m.get("quant") or "-", m.get("path") or "-"])
+    _table(rows, ["NAME", "SOURCE", "SIZE", "WEIGHTS", "PATH"])
+    return 0
+
+
+def run_rm(args) -> int:
+    res = hub.remove(args.name)
+    sys.stderr.write(f"removed {args.name} ({res['repo']}@{res['commit'][:12]}), freed "
+                     f"{human_bytes(res['freed_bytes'])}\n")
+    return 0
+
+
+def _summarize(cfg: dict, folder):
+    for mod in ("plan", "summary"):
+        try:
+            m = __import__(f"localdiff.{mod}", fromlist=["summarize"])
+        except ImportError:
+            continue
+        if hasattr(m, "summarize"):
+            return m.summarize(cfg, checkpoint_dir=folder)
+    return _basic_summary(cfg)
+
+
+def _basic_summary(cfg: dict) -> dict:
+    t = cfg.get("text_config") or cfg
+    keys = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "num_experts",
+            "top_k_experts", "vocab_size", "max_position_embeddings")
+    return {"model_type": cfg.get("model_type"), "canvas_length": cfg.get("canvas_length"),
+            **{k: t.get(k) for k in keys if k in t}}
+
+
+def _gpu_budget(text: str | None) -> int:
+    if text:
+        try:
+            from .recipe import parse_bytes
+        except ImportError:  # pragma: no cover
+            raise LocaldiffError("memory sizes need localdiff.recipe") from None
+        try:
+            n = parse_bytes(text)
+        except LocaldiffError as e:
+            raise UsageError(f"--gpu-mem: {e}") from None
+        if n <= 0:
+            raise UsageError("--gpu-mem must be > 0")
+        return n
+    from .hub_pull import gpu_mem_bytes
+
+    n = gpu_mem_bytes()
+    if not n:
+        raise UsageError("no NVIDIA GPU found to measure; give the budget with --gpu-mem SIZE (e.g. 24GiB)")
+    return n
+
+
+def run_show(args) -> int:
+    name = args.name or load_user_config().default_model
+    cfg, folder, source = hub.model_config(name)
+    summary = _summarize(cfg, folder)
+    out = {"name": name, "source": source, "path": str(folder) if folder else None, "summary": summary}
+    if args.plan:
+        try:
+            from .plan import plan_memory
+        except ImportError:
+            raise LocaldiffError("the memory planner (localdiff.plan) is not available in this build") from None
+        plan = plan_memory(cfg, _gpu_budget(args.gpu_mem), args.quant or "int8")
+        out["plan"] = plan.to_dict()
+        out["plan_text"] = plan.to_text()
+    if args.json:
+        _print_json(out)
+        return 0
+    sys.stdout.write(f"{name}  ({source})\n")
+    _print_tree(summary, "  ")
+    if args.plan:
+        sys.stdout.write("\nmemory plan:\n" + out["plan_text"].rstrip("\n") + "\n")
+    return 0
+
+
+def _print_tree(d: dict, indent: str) -> None:
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            sys.stdout.write(f"{indent}{k}:\n")
+            _print_tree(v, indent + "  ")
+        else:
+            sys.stdout.write(f"{indent}{k}: {v}\n")
+
+
+def run_config(args) -> int:
+    if args.action == "path":
+        sys.stdout.write(str(config_path()) + "\n")
+        return 0
+    cfg = load_user_config()
+    d = cfg.as_dict()
+    d["exists"] = bool(cfg.path and cfg.path.is_file())
+    if args.json:
+        _print_json(d)
+    else:
+        _print_tree(d, "")
+    return 0
+
+
+def run_quantize(args) -> int:
+    try:
+        from .quant import quantize_checkpoint
+    except ImportError as e:
+        raise LocaldiffError(f"`localdiff quantize` is not available in this build ({e})") from None
+    src = hub.resolve_model(args.name)
+    res = quantize_checkpoint(src, args.output, recipe=args.recipe, device=args.device)
+    sys.stderr.write(f"wrote {args.output}" + (f" ({res})" if isinstance(res, (str, dict)) else "") + "\n")
+    return 0
+
+
+def run_chat_cmd(args) -> int:
+    """Hand over to the Textual app (imported only here)."""
+    if not args.list_only:
+        try:
+            tty = sys.stdout.isatty() and sys.stdin.isatty()
+        except (AttributeError, ValueError):
+            tty = False
+        if not tty:
+            raise UsageError("`localdiff chat` needs a terminal; for scripts and pipelines use `localdiff gen`")
+    cfg = with_flags(load_user_config(), model=args.model, device=args.device, quant=args.quant,
+                     max_new_tokens=args.max_new_tokens, seed=args.seed)
+    from .cli_gen import _flags
+
+    overrides = sampler_overrides(_flags(args), cfg)  # max_new_tokens / seed are chat-session settings (/set)
+    try:
+        from .tui import run_chat
+    except ImportError as e:
+        raise LocaldiffError(f"`localdiff chat` is not available in this build ({e})") from None
+    return int(run_chat(model=cfg.default_model, resume=args.resume, list_only=args.list_only, device=cfg.device,
+                        quant=cfg.quant, sampler_options=overrides) or 0)

@@ -1,0 +1,200 @@
+"""Train the embedded `tiny` DiffusionGemma model on 2 CPU cores with the model's own objective.
+
+Objective (block diffusion, uniform noise): for a chat item, the causal prefix is the chat-templated prompt plus
+the answer's earlier canvases; the target is the next canvas of C answer tokens (the answer ends with
+<end_of_turn>; the rest of the canvas is <pad>, as the reference `generate` pads after EOS). Each target token
+is replaced by a uniformly random vocabulary token with probability t ~ U(0, 1) (one t per example); the decoder
+denoises the canvas reading the encoder's KV of the prefix; loss = mean cross-entropy over all canvas positions.
+Self-conditioning on a share of the steps (--sc-prob): a first decoder pass without it (no grad) gives logits that
+are fed, detached, as `self_conditioning_logits` to the second pass, exactly the argument the reference
+generation loop passes between denoising steps.
+
+Uses transformers' DiffusionGemmaForBlockDiffusion forward (encoder fills a DynamicCache; the decoder reads it).
+Batches are left-padded; padding is masked in both the encoder and the decoder (2-D masks).
+
+    python train.py --minutes 45 --out /tmp/tiny_ckpt          # the shipped model
+    python train.py --steps 5 --micro --out /tmp/x             # smoke test
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import jinja2
+import torch
+import torch.nn.functional as F
+from tokenizers import Tokenizer
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import tasks  # noqa: E402
+
+PAD, EOS, BOS = 0, 1, 2
+GEN_CONFIG = {  # sampler defaults shipped with the model (reference key names)
+    "max_denoising_steps": 16, "t_min": 0.4, "t_max": 0.8, "sampler_config": {"entropy_bound": 0.1,
+    "_cls_name": "EntropyBoundSamplerConfig"}, "stability_threshold": 1, "confidence_threshold": 0.005,
+    "max_new_tokens": 256, "bos_token_id": BOS, "pad_token_id": PAD,
+}
+
+
+def build_config(vocab_size: int, micro: bool = False):
+    """The tiny model's DiffusionGemmaConfig (text only). `micro` = a much smaller one for tests."""
+    from transformers import DiffusionGemmaConfig
+
+    h = 64 if micro else 256
+    layers = 2 if micro else 4
+    text = dict(
+        vocab_size=vocab_size, hidden_size=h, intermediate_size=2 * h, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=h // 4, global_head_dim=h // 4,
+        layer_types=(["sliding_attention"] * (layers - 1) + ["full_attention"]) if micro else
+        ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        sliding_window=16 if micro else 48, max_position_embeddings=1024,
+        num_experts=8, top_k_experts=2, moe_intermediate_size=h // 2 if micro else 128,
+        pad_token_id=PAD, eos_token_id=EOS, bos_token_id=BOS, final_logit_softcapping=30.0,
+    )
+    # transformers always builds a vision tower; give it a minimal config (text-only use; ~0.35M params)
+    vision = dict(model_type="gemma4_vision", hidden_size=16, intermediate_size=16, num_hidden_layers=1,
+                  num_attention_heads=1, num_key_value_heads=1, head_dim=16, global_head_dim=16)
+    return DiffusionGemmaConfig(text_config=text, vision_config=vision, canvas_length=8 if micro else 32,
+                                pad_token_id=PAD, eos_token_id=EOS, bos_token_id=BOS, tie_word_embeddings=True)
+
+
+class Data:
+    """Seeded stream of (prefix ids, target canvas ids) built from tasks.sample (train split only)."""
+
+    def __init__(self, tok: Tokenizer, template: str, canvas: int, seed: int):
+        self.tok, self.canvas, self.rng = tok, canvas, random.Random(seed)
+        self.tpl = jinja2.Environment().from_string(template)
+        self.eot = tok.token_to_id("<end_of_turn>")
+
+    def encode_item(self, item: dict) -> tuple[list[int], list[int]]:
+        """-> (prompt ids incl. generation prompt, answer ids ending with <end_of_turn>)."""
+        prompt = self.tpl.render(messages=[{"role": "user", "content": item["prompt"]}],
+                                 add_generation_prompt=True, bos_token="<bos>")
+        p = self.tok.encode(prompt, add_special_tokens=False).ids
+        full = self.tok.encode(prompt + item["answer"] + "<end_of_turn>", add_special_tokens=False).ids
+        assert full[: len(p)] == p, "prompt tokens must be a prefix of the full chat tokens"
+        return p, full[len(p):]
+
+    def batch(self, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """-> prefix [n, L] (left-padded, long), prefix mask [n, L] (bool), target canvas [n, C] (long)."""
+        C = self.canvas
+        prefixes, targets = [], []
+        for _ in range(n):
+            p, a = self.encode_item(tasks.sample(self.rng))
+            k = self.rng.randrange(math.ceil(len(a) / C))
+            prefixes.append(p + a[: k * C])
+            tgt = a[k * C:(k + 1) * C]
+            targets.append(tgt + [PAD] * (C - len(tgt)))
+        L = max(len(x) for x in prefixes)
+        ids = torch.tensor([[PAD] * (L - len(x)) + x for x in prefixes])
+        mask = torch.tensor([[False] * (L - len(x)) + [True] * len(x) for x in prefixes])
+        return ids, mask, torch.tensor(targets)
+
+
+def loss_step(model, ids, mask, target, vocab: int, sc: bool, gen: torch.Generator) -> torch.Tensor:
+    """One training forward: noise the target canvas, (optionally) self-condition, return mean CE (fp32 scalar)."""
+    B, C = target.shape
+    t = torch.rand(B, 1, generator=gen)
+    noise = torch.randint(0, vocab, (B, C), generator=gen)
+    noisy = torch.where(torch.rand(B, C, generator=gen) < t, noise, target)
+    dec_mask = torch.cat([mask, torch.ones(B, C, dtype=torch.bool)], dim=1)
+    pkv = model.model.encoder(input_ids=ids, attention_mask=mask).past_key_values  # prefix KV (with grad)
+    sc_logits = None
+    if sc:
+        with torch.no_grad():
+            sc_logits = model(past_key_values=pkv, decoder_input_ids=noisy, decoder_attention_mask=dec_mask).logits
+    logits = model(past_key_values=pkv, decoder_input_ids=noisy, decoder_attention_mask=dec_mask,
+                   self_conditioning_logits=sc_logits).logits
+    return F.cross_entropy(logits.float().reshape(-1, vocab), target.reshape(-1))
+
+
+def save(model, tok_dir: Path, out: Path) -> None:
+    """save_pretrained + tokenizer files + generation_config.json into `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    for f in ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"]:
+        shutil.copy(tok_dir / f, out / f)
+    eot = Tokenizer.from_file(str(tok_dir / "tokenizer.json")).token_to_id("<end_of_turn>")
+    gc = dict(GEN_CONFIG, eos_token_id=[EOS, eot])
+    (out / "generation_config.json").write_text(json.dumps(gc, indent=2) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--minutes", type=float, default=45.0, help="wall-clock training budget")
+    ap.add_argument("--steps", type=int, default=None, help="stop after this many steps (tests)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--tokenizer-dir", type=Path, default=HERE.parent)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--sc-prob", type=float, default=0.5)
+    ap.add_argument("--bf16", action="store_true", help="bf16 autocast (CPU)")
+    ap.add_argument("--micro", action="store_true", help="tiny config for tests")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--ckpt-every", type=float, default=5.0, help="minutes between checkpoints")
+    ap.add_argument("--log-every", type=int, default=20)
+    args = ap.parse_args()
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    from transformers import DiffusionGemmaForBlockDiffusion
+
+    tok = Tokenizer.from_file(str(args.tokenizer_dir / "tokenizer.json"))
+    vocab = tok.get_vocab_size()
+    config = build_config(vocab, micro=args.micro)
+    model = DiffusionGemmaForBlockDiffusion(config).train()
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"params {n_params / 1e6:.2f}M vocab {vocab} canvas {config.canvas_length}", flush=True)
+    data = Data(tok, (args.tokenizer_dir / "chat_template.jinja").read_text(), config.canvas_length, args.seed)
+    gen = torch.Generator().manual_seed(args.seed)
+    decay, no_decay = [], []
+    for n, p in model.named_parameters():
+        (no_decay if p.ndim < 2 or "norm" in n else decay).append(p)
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.98))
+    budget = args.minutes * 60
+    t0 = last_ckpt = time.time()
+    step, ema, seen = 0, None, 0
+    while True:
+        elapsed = time.time() - t0
+        if (args.steps is not None and step >= args.steps) or (args.steps is None and elapsed >= budget):
+            break
+        frac = elapsed / budget if args.steps is None else step / args.steps  # progress by wall time
+        lr = args.lr * min(1.0, (step + 1) / args.warmup) * max(0.05, 1 - frac)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        ids, mask, target = data.batch(args.batch)
+        sc = random.Random(args.seed * 1_000_003 + step).random() < args.sc_prob
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+            loss = loss_step(model, ids, mask, target, vocab, sc, gen)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        seen += args.batch
+        ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
+        if step % args.log_every == 0 or step == 1:
+            el = time.time() - t0
+            print(f"step {step} t {el / 60:.1f}m loss {loss.item():.4f} ema {ema:.4f} lr {lr:.2e} "
+                  f"ex/s {seen / el:.1f}", flush=True)
+        if args.steps is None and time.time() - last_ckpt > args.ckpt_every * 60:
+            save(model, args.tokenizer_dir, args.out)
+            last_ckpt = time.time()
+            print(f"checkpoint at step {step}", flush=True)
+    save(model, args.tokenizer_dir, args.out)
+    el = time.time() - t0
+    print(f"done: {step} steps in {el / 60:.1f} min, {seen / el:.1f} ex/s, final ema loss {ema:.4f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

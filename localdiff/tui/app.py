@@ -104,6 +104,7 @@ class ChatApp(App):
         self.step_hook = None  # tests: called with each StepEvent in the worker thread
         self.last_stats = None
         self.last_finish: GenerationFinished | None = None
+        self.finished_count = 0  # generations ended so far (finished, cancelled or failed)
         self.pin_canvas = False
         self._answer = None
         self._final_canvas = -1
@@ -228,6 +229,7 @@ class ChatApp(App):
     async def on_generation_finished(self, event: GenerationFinished) -> None:
         self.generating = False
         self.last_finish = event
+        self.finished_count += 1
         answer, self._answer = self._answer, None
         if event.text:
             await answer.set_text(event.text)
@@ -262,10 +264,16 @@ class ChatApp(App):
                     defaults = dict(self.model.sampler_options())
                 except Exception:
                     defaults = {}
+            before = (self.settings.max_new_tokens, self.settings.seed, dict(self.settings.sampler))
             try:
-                await self.transcript.add_note(apply_set(self.settings, args, defaults))
+                note = apply_set(self.settings, args, defaults)
+                if self.model is not None and hasattr(self.model, "sampler_options"):
+                    self.model.sampler_options(**self.settings.sampler)  # the engine's own range checks
             except LocaldiffError as exc:
+                self.settings.max_new_tokens, self.settings.seed, self.settings.sampler = before
                 await self.transcript.add_note(str(exc), error=True)
+            else:
+                await self.transcript.add_note(note)
         elif cmd == "help":
             await self.transcript.add_note(HELP)
         elif cmd == "new":

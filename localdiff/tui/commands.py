@@ -11,7 +11,7 @@ def _entry_name(item) -> str | None:
     """Name of one ``hub.list_models()`` item: a str, a dict or an object with alias / name / repo_id / repo."""
     if isinstance(item, str):
         return item
-    for key in ("alias", "name", "repo_id", "repo"):
+    for key in ("name", "alias", "repo_id", "repo"):
         value = item.get(key) if isinstance(item, dict) else getattr(item, key, None)
         if isinstance(value, str) and value:
             return value
@@ -19,15 +19,15 @@ def _entry_name(item) -> str | None:
 
 
 def available_models() -> list[str]:
-    """Models that can be loaded without a download: the embedded ``tiny`` plus what ``localdiff.hub.list_models()``
-    reports as pulled (only when the hub module is present; any error there just leaves the list at ``tiny``)."""
-    names: list[str] = ["tiny"]
+    """Models that load without a download: ``localdiff.hub.list_models()`` (embedded + fully pulled), by name.
+    Falls back to the embedded ``tiny`` alone when the hub module is unavailable or fails."""
     try:
         from .. import hub
 
         items = list(hub.list_models())
     except Exception:
-        items = []
+        return ["tiny"]
+    names: list[str] = []
     for item in items:
         name = _entry_name(item)
         if name and name not in names:

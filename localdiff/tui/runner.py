@@ -163,7 +163,7 @@ def run_generation(model, cache, job: GenerationJob, slot: FrameSlot, post: Call
 
     Cancellation: ``cancel`` is checked after every event; when set the loop stops pulling from the engine
     (at most one more denoising step runs) and closes the generator, and the answer keeps the canvases already
-    final. ``step_hook`` (tests only) is called with each StepEvent in this thread before it is shown.
+    final. ``step_hook`` (tests only) is called with each StepEvent in this thread after it is handed to the UI.
     """
     token_text = TokenText(getattr(model, "tokenizer", None))
     texts: list[str] = []
@@ -179,14 +179,14 @@ def run_generation(model, cache, job: GenerationJob, slot: FrameSlot, post: Call
                 cancelled_at, after_cancel = time.monotonic(), after_cancel + 1
                 break
             if isinstance(ev, StepEvent):
-                if step_hook is not None:
-                    step_hook(ev)
                 if last is None or last.canvas_index != ev.canvas_index:
                     prev_acc = None
                 last = frame_from_step(ev, token_text, prev_acc)
                 prev_acc = [bool(a) for a in ev.accepted[0].tolist()]
                 if slot.put(last):
                     post(FrameReady())
+                if step_hook is not None:
+                    step_hook(ev)
             elif isinstance(ev, CanvasDone):
                 texts.append(ev.text)
                 post(CanvasText(ev.canvas_index, ev.text, frame_from_done(ev, token_text, last)))
@@ -200,8 +200,10 @@ def run_generation(model, cache, job: GenerationJob, slot: FrameSlot, post: Call
         post(GenerationFinished("".join(texts), "cancelled" if cancelled_at else "eos", None,
                                 steps_after_cancel=after_cancel))
     except Exception as exc:  # the UI shows it; never a traceback on screen
-        msg = str(exc) if str(exc) else type(exc).__name__
-        post(GenerationFinished("".join(texts), "error", None, error=f"{type(exc).__name__}: {msg}"))
+        from ..errors import LocaldiffError
+
+        msg = str(exc) if isinstance(exc, LocaldiffError) else f"{type(exc).__name__}: {exc}".rstrip(": ")
+        post(GenerationFinished("".join(texts), "error", None, error=msg))
     finally:
         if stream is not None and hasattr(stream, "close"):
             stream.close()

@@ -40,12 +40,12 @@ class ChatSettings:
     """What each turn passes to ``Model.stream``.
 
     Attributes:
-        max_new_tokens: cap on generated tokens per answer.
+        max_new_tokens: cap on generated tokens per answer (None = the model's generation_config default).
         seed: RNG seed for every turn (reproducible answers), or None for a fresh draw.
         sampler: sampler-option overrides (engine keyword → value); empty = the model's defaults.
     """
 
-    max_new_tokens: int = 256
+    max_new_tokens: int | None = None
     seed: int | None = None
     sampler: dict = field(default_factory=dict)
 
@@ -57,7 +57,7 @@ class ChatSettings:
         """One line per setting: overrides first, then the model's effective defaults (``defaults``)."""
         eff = dict(defaults or {})
         eff.update(self.sampler)
-        parts = [f"max_tokens={self.max_new_tokens}", f"seed={self.seed if self.seed is not None else 'none'}"]
+        parts = [f"max_tokens={self.max_new_tokens if self.max_new_tokens is not None else 'default'}", f"seed={self.seed if self.seed is not None else 'none'}"]
         parts += [f"{k}={v}{'*' if k in self.sampler else ''}" for k, v in sorted(eff.items())]
         return "  ".join(parts)
 
@@ -108,8 +108,9 @@ def apply_set(settings: ChatSettings, args: str, model_options: dict | None = No
         settings.seed = None if raw.lower() in ("none", "off", "random") else _coerce("seed", raw, int, 0, 2**63 - 1)
         return f"seed = {settings.seed if settings.seed is not None else 'none'}"
     if key == "max_new_tokens":
-        settings.max_new_tokens = _coerce(key, raw, int, 1, 1_000_000)
-        return f"max_new_tokens = {settings.max_new_tokens}"
+        default = raw.lower() in ("default", "reset", "none")
+        settings.max_new_tokens = None if default else _coerce(key, raw, int, 1, 1_000_000)
+        return f"max_new_tokens = {settings.max_new_tokens if not default else 'model default'}"
     if raw.lower() in ("default", "reset"):
         settings.sampler.pop(key, None)
         return f"{key} = model default"

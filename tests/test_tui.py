@@ -41,7 +41,8 @@ def test_store_round_trip_and_listing(tmp_path):
     assert conv.messages() == [{"role": "user", "content": "first  question\nwith two lines"},
                                {"role": "assistant", "content": "answer"}]
     assert conv.turns[1].stats == {"forwards": 3} and conv.turns[1].finish_reason == "eos"
-    assert other.resolve(True) == b and other.resolve(str(a)) == a and other.resolve(None) is None
+    assert other.resolve(True) == b and other.resolve("last") == b and other.resolve(str(a)) == a
+    assert other.resolve(None) is None
     listing = format_listing(convs).splitlines()
     assert listing[0].split() == ["ID", "UPDATED", "TURNS", "MODEL", "TITLE"]
     assert listing[2].split()[0] == str(a) and listing[2].split()[3] == "2"
@@ -108,6 +109,34 @@ def test_run_chat_list_and_bad_resume(tmp_path, capsys):
     assert run_chat(list_only=True, db_path=str(db)) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[1].split()[0] == str(cid) and out[1].endswith("hello there")
+
+
+def test_run_chat_resumes_the_latest_conversation_on_its_model(tmp_path, monkeypatch, capsys):
+    db = tmp_path / "h.sqlite3"
+    store = ChatStore(db)
+    old = store.new_conversation("tiny")
+    store.add_turn(old, "user", "old", model="tiny")
+    cid = store.new_conversation("some-model")
+    store.add_turn(cid, "user", "newer", model="some-model")
+    started = []
+
+    def fake_run(self):  # record what the app was built with instead of taking over the terminal
+        started.append(self)
+        self._return_code = 0
+
+    monkeypatch.setattr("sys.stdout.isatty", lambda: True)
+    monkeypatch.setattr("sys.stdin.isatty", lambda: True)
+    monkeypatch.setattr(ChatApp, "run", fake_run)
+    assert run_chat(resume="last", db_path=str(db), sampler_options={"max_new_tokens": 64, "seed": 5,
+                                                                      "entropy_bound": 0.2}) == 0
+    app = started[-1]
+    assert app.conversation_id == cid and app.model_name == "some-model"
+    assert (app.settings.max_new_tokens, app.settings.seed, app.settings.sampler) == (64, 5, {"entropy_bound": 0.2})
+    assert run_chat("tiny", resume=str(old), db_path=str(db)) == 0
+    assert started[-1].conversation_id == old and started[-1].model_name == "tiny"
+    assert run_chat(resume="999", db_path=str(db)) == 2
+    assert "no saved conversation with id 999" in capsys.readouterr().err
+    assert len(started) == 2
 
 
 # ---------------------------------------------------------------------------------------------- frames
@@ -308,8 +337,12 @@ def test_a_model_that_fails_to_load_shows_the_error_and_exits_non_zero(tmp_path)
             notes = [str(w.render()) for w in app.transcript.query(".error")]
             assert any("could not load no-such-model-xyz" in n for n in notes)
             assert "failed to load" in app.status.line()
-            await pilot.press(*"hello", "enter")  # no endless spinner: a clear note instead
-            assert not app.generating
+            await pilot.press("a", "ctrl+j", "b", "alt+enter", "c")
+            assert app.prompt.text == "a\nb\nc"
+            await pilot.press("enter")  # no endless spinner: a clear note instead
+            await pilot.pause()
+            assert not app.generating and app.prompt.text == "a\nb\nc"
+            assert "no model" in str(app.transcript.query(".note").last().render())
             await pilot.press("ctrl+q")
         assert app.return_code == 1
     asyncio.run(go())

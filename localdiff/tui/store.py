@@ -203,14 +203,14 @@ class ChatStore:
         return Conversation(*row, n_turns=len(turns), turns=turns)
 
     def resolve(self, resume: str | int | bool | None) -> int | None:
-        """Map a ``--resume`` value to a conversation id: True/"" → latest, "7"/7 → 7, None/False → None.
+        """Map a ``--resume`` value to a conversation id: True/""/"last"/"latest" → latest, "7"/7 → 7, None/False → None.
 
         Raises:
             HistoryError: nothing saved yet, a non-numeric id, or an unknown id.
         """
         if resume is None or resume is False:
             return None
-        if resume is True or resume == "":
+        if resume is True or (isinstance(resume, str) and resume.strip().lower() in ("", "last", "latest")):
             cid = self.latest_id()
             if cid is None:
                 raise HistoryError("no saved conversations to resume yet")

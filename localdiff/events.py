@@ -25,6 +25,8 @@ class StepEvent:
         reopened: BoolTensor[B, C], positions the Re-Noising correction pass reopened this step.
         confidence: FloatTensor[B, C], top-1 probability per position (after temperature), in [0, 1].
         entropy: FloatTensor[B, C], entropy per position in nats.
+        locked: BoolTensor[B, C] positions locked by confidence-gated locking (None when locking is off); locked
+            tokens keep their value until the Re-Noising correction reopens them.
     """
 
     canvas_index: int
@@ -37,6 +39,7 @@ class StepEvent:
     reopened: torch.Tensor
     confidence: torch.Tensor
     entropy: torch.Tensor
+    locked: torch.Tensor | None = None
 
 
 @dataclass

@@ -114,7 +114,7 @@ def run(net, cache, input_ids, attention_mask, settings: SamplerSettings, max_ne
             canvas, argmax = new_canvas, new_argmax
             if emit_steps:
                 yield StepEvent(ci, n_steps - cur + 1, n_steps, canvas.cpu(), argmax.cpu(), acc.cpu(), renoised.cpu(),
-                                reopened.cpu(), conf.cpu(), ent.cpu())
+                                reopened.cpu(), conf.cpu(), ent.cpu(), None if locked is None else locked.cpu())
             if bool(done_den.all()):
                 break
         final, finished_now = finalize_canvas(argmax, finished, eos_t, pad_id)

@@ -168,6 +168,42 @@ def test_frame_slot_keeps_only_the_newest_frame():
     assert slot.take() is None and slot.put(frames[0]) is True
 
 
+def test_canvas_view_tells_states_apart_by_style_and_fits_long_canvases():
+    from textual.app import App
+
+    from localdiff.tui.widgets import CanvasView
+
+    class Host(App):
+        def compose(self):
+            yield CanvasView()
+
+    async def go():
+        app = Host()
+        async with app.run_test(size=(80, 24)) as pilot:
+            view = app.query_one(CanvasView)
+            view.show(CanvasFrame(0, 5, 16, ["He", "llo", " x", "q"], [LOCKED, NEW, NOISY, REOPENED],
+                                  [0.9, 0.8, 0.1, 0.3]))
+            await pilot.pause()
+            assert view.border_title == "canvas 1 · step 5/16"
+            assert view.border_subtitle == "locked 2/4 · new 1 · noisy 1 · reopened 1"
+            text = view.render()
+            assert text.plain.splitlines() == ["Hello xq", "█▇▁▃"]
+            styles = {text.plain[sp.start:sp.end]: sp.style for sp in text.spans}
+            assert styles["He"].bold and not styles["He"].underline  # locked
+            assert styles["llo"].bold and styles["llo"].underline  # just locked
+            assert styles[" x"].dim and styles[" x"].italic  # still noise
+            assert styles["q"].strike  # reopened
+            assert styles["He"].bgcolor != styles[" x"].bgcolor  # confidence shade
+            # 256 positions of 4-character tokens do not fit as text: one cell per position
+            view.show(CanvasFrame(1, 1, 8, ["abcd"] * 256, [NOISY] * 256, [0.5] * 256))
+            await pilot.pause()
+            lines = view.render().plain.split("\n")
+            assert lines[0] == "a" * 256 and len(lines[1]) == 128  # sparkline: pairs of positions averaged
+            assert view.region.height <= 10
+
+    asyncio.run(go())
+
+
 # ---------------------------------------------------------------------------------------------- Pilot, real engine
 @pytest.fixture(scope="module")
 def tiny():

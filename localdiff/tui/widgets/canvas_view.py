@@ -4,9 +4,12 @@ States are told apart by text style as well as colour, so the panel reads withou
 locked = bold, just locked = bold underline, still noisy = dim italic, reopened / renoised after locking =
 strike-through. Confidence (top-1 probability) shades each cell's background and is drawn again as a sparkline row
 (``▁``…``█``, one character per position; positions are averaged in groups when the canvas is wider than two rows).
+Cells hold whole tokens while the canvas fits the panel; a long canvas (e.g. 256 positions at 80 columns) switches to
+one character per position (the token's first visible character) so the whole canvas stays on screen.
 """
 from __future__ import annotations
 
+from rich.cells import cell_len
 from rich.style import Style
 from rich.text import Text
 from textual.widget import Widget
@@ -14,6 +17,7 @@ from textual.widget import Widget
 from ..runner import LOCKED, NEW, NOISY, REOPENED, CanvasFrame
 
 SPARKS = "▁▂▃▄▅▆▇█"
+CONTENT_ROWS = 8  # rows inside the panel's border (max-height 10)
 
 
 def spark(value: float) -> str:
@@ -88,15 +92,23 @@ class CanvasView(Widget):
         styles = self._state_styles()
         _, base = self.background_colors
         shade = self.get_component_styles("canvas--confidence").color
+        width = max(self.content_region.width or self.size.width or 76, 8)
+        n = len(frame.tokens)
+        spark_rows = min(2, -(-n // width))
+        # Whole tokens when they fit in the panel; else one character cell per position (first character).
+        budget = (CONTENT_ROWS - spark_rows) * width
+        compact = sum(cell_len(t) for t in frame.tokens) * 1.15 > budget
         text = Text(no_wrap=False, overflow="fold")
         for tok, state, conf in zip(frame.tokens, frame.states, frame.confidence):
             bg = base.blend(shade, 0.08 + 0.5 * min(max(conf, 0.0), 1.0))
             if state != LOCKED and tok.strip() == "":
                 tok = "·" * max(len(tok), 1)
+            if compact:
+                tok = next((ch for ch in tok if ch.strip()), "·")
+                tok = tok if cell_len(tok) == 1 else "▪"
             text.append(tok, styles[state] + Style(bgcolor=bg.rich_color))
         text.append("\n")
-        width = max(self.content_region.width or self.size.width or 76, 8)
-        text.append_text(self._sparkline(frame, styles, 2 * width))
+        text.append_text(self._sparkline(frame, styles, spark_rows * width))
         return text
 
     def _sparkline(self, frame: CanvasFrame, styles: dict, max_chars: int) -> Text:

@@ -308,16 +308,23 @@ def test_history_survives_a_restart(tiny, tmp_path):
         return app.conversation_id, fin.text
 
     cid, answer = asyncio.run(first_run())
-    assert ChatStore(tmp_path / "h.sqlite3").latest_id() == cid
+    store = ChatStore(tmp_path / "h.sqlite3")
+    assert store.latest_id() == cid
+    store.add_turn(cid, "user", "What is 5 + 7?", model="tiny")  # as after a crash mid-answer
 
     async def second_run():
         app = make_app(tiny, tmp_path, conversation_id=cid)
         async with app.run_test(size=(80, 24)) as pilot:
             await wait_for(pilot, lambda: app.model is not None)
-            assert [(m.role, m.text) for m in app.transcript.messages] == [("user", PROMPT), ("assistant", answer)]
-            assert app.messages[-1] == {"role": "assistant", "content": answer}
-            fin = await send(pilot, app, "What is 5 + 7?")
-            assert fin.error is None and len(app.store.load(cid).turns) == 4
+            assert [(m.role, m.text) for m in app.transcript.messages] == [
+                ("user", PROMPT), ("assistant", answer), ("user", "What is 5 + 7?")]
+            assert app.messages[1] == {"role": "assistant", "content": answer}
+            assert "no saved answer" in str(app.transcript.query(".note").last().render())
+            fin = await send(pilot, app, "/regen")
+            assert fin.error is None and fin.text
+            turns = app.store.load(cid).turns
+            assert [t.role for t in turns] == ["user", "assistant", "user", "assistant"]
+            assert turns[-1].content == fin.text == app.transcript.messages[-1].text
     asyncio.run(second_run())
 
 

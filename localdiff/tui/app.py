@@ -132,6 +132,8 @@ class ChatApp(App):
                 self.messages.append({"role": turn.role, "content": turn.content})
                 self.turn_ids.append(turn.id)
             await self.transcript.add_note(f"resumed conversation #{conv.id} ({len(conv.turns)} turns)")
+            if self.messages and self.messages[-1]["role"] == "user":
+                await self.transcript.add_note("the last message has no saved answer — /regen generates one")
         self._load(self.model_name)
 
     def _load(self, name: str) -> None:
@@ -183,6 +185,9 @@ class ChatApp(App):
             return
         if self.conversation_id is None:
             self.conversation_id = self.store.new_conversation(str(self.model_name))
+        if self.messages and self.messages[-1]["role"] == "user":  # its answer was lost (crash): leave it out
+            self.messages.pop()
+            self.store.delete_turn(self.turn_ids.pop())
         self.turn_ids.append(self.store.add_turn(self.conversation_id, "user", text, model=str(self.model_name)))
         self.messages.append({"role": "user", "content": text})
         await self.transcript.add_message("user", text)
@@ -324,16 +329,17 @@ class ChatApp(App):
         self.status.show_stats(None)
 
     async def action_regenerate(self) -> None:
-        """Drop the last answer (screen, context, history) and generate it again from the same messages."""
+        """Drop the last answer (screen, context, history) and generate it again from the same messages; after a
+        resume whose last answer was lost, just generate it."""
         if not await self._idle_or_note():
             return
-        if self.model is None or not self.messages or self.messages[-1]["role"] != "assistant":
+        if self.model is None or not self.messages:
             await self.transcript.add_note("no answer to regenerate")
             return
-        self.messages.pop()
-        self.store.delete_turn(self.turn_ids.pop())
-        last = self.transcript.messages[-1]
-        await last.remove()
+        if self.messages[-1]["role"] == "assistant":
+            self.messages.pop()
+            self.store.delete_turn(self.turn_ids.pop())
+            await self.transcript.messages[-1].remove()
         await self._start_generation()
 
     def action_toggle_theme(self) -> None:

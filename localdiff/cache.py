@@ -1,118 +1,327 @@
-"""KV cache for block diffusion: the prompt and every finished canvas, per layer.
+"""Block KV cache for block diffusion: the prompt and every finished canvas, per layer, in two memory tiers.
 
 The model (``localdiff/arch``) talks to a cache only through this small interface:
 
 * ``seq_len`` — tokens prefilled so far (absolute positions 0..seq_len-1), ``batch_size``.
 * ``past(i)`` → (K, V) Tensors[B, Hkv, L, D] visible to layer i (sliding layers: the last ``window - 1`` tokens,
   as the reference's ``DynamicSlidingWindowLayer`` keeps), or None when empty.
-* ``past_mask(i)`` → BoolTensor[B, L] (True = real token) for those positions, or None when nothing is padding.
-* ``append(i, k, v)`` during prefill, then ``commit(n_tokens, new_mask)`` once all layers appended.
-* ``with_canvas(i, k, v)`` → (K, V) of past + canvas for a denoising step, without changing the cache.
+* ``visible_len(i)`` → L above; ``past_mask(i)`` → BoolTensor[B, L] (True = real token), or None when nothing is
+  padding.
+* ``append(i, k, v)`` during prefill, then ``commit(n_tokens, new_mask, batch_size)`` once all layers appended.
+* ``with_canvas(i, k, v)`` → (K, V) of past + canvas for a denoising step, without changing what the cache holds.
+
+Layout (see ``cache_layer.py`` / ``cache_tiers.py``): per layer, K/V in blocks of at most one canvas length (the
+prompt is split into blocks, a finished canvas becomes one block). The newest blocks sit in a contiguous device
+buffer with a canvas of spare room, so a denoising step writes the canvas K/V after the history and attends to a
+view — no step re-concatenates the history. With a device byte budget, the oldest blocks of full-attention layers
+live in the host tier (pinned on CUDA) and are streamed back into a staging buffer for attention (on CUDA on a side
+stream, one layer ahead), in the same order and with the same values, so logits are bit-identical to an unlimited
+budget. Sliding-window layers keep only ``window - 1 + slack`` tokens; blocks no layer can see are freed.
 """
 from __future__ import annotations
 
+import re
+from bisect import bisect_right
+
 import torch
+
+from .cache_layer import LayerKV, Moves
+from .cache_tiers import DeviceTier, HostTier, Staging
+from .errors import UsageError
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_size(text) -> int | None:
+    """A byte size: ``"2GiB"`` (2·2³⁰), ``"512MiB"``, ``"1.5GB"`` (10⁹ units), ``"0"``, ``1048576`` → int bytes;
+    ``"unlimited"`` / ``"none"`` / ``None`` → None (no budget).
+
+    Raises:
+        UsageError: not a size, or negative.
+    """
+    if text is None or (isinstance(text, str) and text.strip().lower() in ("unlimited", "none", "inf", "")):
+        return None
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        if text < 0:
+            raise UsageError(f"size must not be negative: {text}")
+        return int(text)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise UsageError(f"not a size: {text!r} (examples: 2GiB, 512MiB, 1.5GB, 0, unlimited)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def plan_capacity(budget: int | None, windows: list[int | None], keep: list[int | None], block_len: int,
+                  token_bytes: list[int]) -> list[int | None]:
+    """Per-layer device-buffer capacity (tokens) for a byte budget; None = grow freely (no budget).
+
+    Sliding layers come first: each gets ``keep + 2·C`` tokens (all it ever holds, a canvas of room and one of
+    slack) when that still fits, else 0 (it lives on the host). Full-attention layers share the rest in whole blocks
+    of C tokens, the same number each, leftover blocks to the earliest layers; a full layer whose history outgrows
+    its capacity moves its oldest blocks to the host. ``token_bytes[i]``: bytes of K+V per token of layer i.
+    Σ capacity × token_bytes ≤ budget.
+    """
+    if budget is None:
+        return [None] * len(windows)
+    caps: list[int | None] = [0] * len(windows)
+    rem = budget
+    for i, w in enumerate(windows):
+        if w is not None and (keep[i] + 2 * block_len) * token_bytes[i] <= rem:
+            caps[i] = keep[i] + 2 * block_len
+            rem -= caps[i] * token_bytes[i]
+    full = [i for i, w in enumerate(windows) if w is None]
+    per_block = block_len * sum(token_bytes[i] for i in full)
+    if per_block:
+        each = rem // per_block
+        for i in full:
+            caps[i] = each * block_len
+        rem -= each * per_block
+        for i in full:
+            if block_len * token_bytes[i] <= rem:
+                caps[i] += block_len
+                rem -= block_len * token_bytes[i]
+    return caps
 
 
 class KVCache:
-    """Contiguous per-layer KV cache (device tier only).
+    """Block KV cache with a device tier (byte budget) and a host tier. See the module docstring.
 
     Args:
         layer_windows: per layer, the sliding window in tokens, or None for full-attention layers.
+        slack: extra tokens sliding layers retain so a chat can truncate a little (prefix reuse).
+        block_len: block size in tokens (the canvas length C); also the canvas room kept after resident runs.
+        device_budget_bytes: bytes of K/V the device tier may hold (None = unlimited, never offload; 0 = all K/V on
+            the host). Staging workspace for offloaded layers is reported apart (``staging_bytes``).
+        layer_heads: per layer (head_dim, num_kv_heads); needed to plan a finite budget.
+    Raises:
+        UsageError: a negative budget, or a finite budget without ``layer_heads``.
     """
 
-    def __init__(self, layer_windows: list[int | None], slack: int = 0):
+    def __init__(self, layer_windows: list[int | None], slack: int = 0, *, block_len: int = 256,
+                 device_budget_bytes: int | None = None, layer_heads: list[tuple[int, int]] | None = None):
+        if device_budget_bytes is not None and device_budget_bytes < 0:
+            raise UsageError(f"KV budget must be ≥ 0 bytes (got {device_budget_bytes})")
+        if device_budget_bytes is not None and layer_heads is None:
+            raise UsageError("a finite KV budget needs the layers' (head_dim, num_kv_heads)")
         self.windows = list(layer_windows)
-        self.slack = int(slack)  # extra tokens sliding layers retain so a chat can truncate a little (prefix reuse)
-        self.k: list[torch.Tensor | None] = [None] * len(layer_windows)
-        self.v: list[torch.Tensor | None] = [None] * len(layer_windows)
+        self.slack = int(slack)
+        self.block_len = max(int(block_len), 1)
+        self.budget = device_budget_bytes
+        self.layer_heads = None if layer_heads is None else [tuple(h) for h in layer_heads]
+        self.keep = [None if w is None else max(w - 1, 0) + self.slack for w in self.windows]
+        self.moves = Moves()
+        self.device_tier: DeviceTier | None = None
+        self.host_tier: HostTier | None = None
+        self.staging: Staging | None = None
+        self.layers: list[LayerKV] | None = None
+        self.capacity: list[int | None] | None = None
+        self._clear_content()
+
+    def _clear_content(self) -> None:
         self.mask: torch.Tensor | None = None  # BoolTensor[B, seq_len] or None when nothing is padding
         self.seq_len = 0
         self.batch_size = 0
         self.token_ids: list[list[int]] = []  # per row, the ids prefilled so far (for prefix reuse)
+        self._last_i = 1 << 30
+        self._ready: dict = {}
+        self._order: list[int] = []
+        self._rank: dict[int, int] = {}
+        self._served = 0
+
+    def _setup(self, k: torch.Tensor) -> None:
+        """Create the tiers and the per-layer stores on the first append (batch, dtype and device known now)."""
+        dev = k.device
+        if self.device_tier is None:
+            self.device_tier = DeviceTier(dev, self.budget)
+            self.host_tier = HostTier(pin=dev.type == "cuda")
+            self.staging = Staging(dev)
+        tb = [0] * len(self.windows)
+        if self.layer_heads is not None:
+            tb = [2 * k.shape[0] * h * d * k.dtype.itemsize for d, h in self.layer_heads]
+        self.capacity = plan_capacity(self.budget, self.windows, self.keep, self.block_len, tb)
+        self.layers = [LayerKV(w, self.keep[i], self.block_len, self.device_tier, self.host_tier, self.moves,
+                               self.capacity[i]) for i, w in enumerate(self.windows)]
 
     # -- read ---------------------------------------------------------------------------------------------------
-    def past(self, i: int):
-        if self.k[i] is None:
-            return None
-        n = self.visible_len(i)
-        return self.k[i][:, :, self.k[i].shape[2] - n:], self.v[i][:, :, self.v[i].shape[2] - n:]
-
     def visible_len(self, i: int) -> int:
         """Number of cached tokens layer i attends to (sliding layers: at most window - 1)."""
-        if self.k[i] is None:
-            return 0
-        n, w = self.k[i].shape[2], self.windows[i]
-        return n if w is None else min(n, w - 1)
+        return 0 if self.layers is None else self.layers[i].visible_len()
+
+    def past(self, i: int):
+        """(K, V) Tensors[B, Hkv, L, D] of layer i's visible past (a view when resident, else a gathered copy on the
+        device), or None when empty."""
+        if not self.visible_len(i):
+            return None
+        lay = self.layers[i]
+        view = lay.run_view()
+        if view is not None:
+            return view
+        b, h, d, dtype = lay.meta
+        vis = lay.visible_len()
+        k = torch.empty(b, h, vis, d, dtype=dtype, device=self.device_tier.device)
+        v = torch.empty_like(k)
+        lay.fill_host(k, v)
+        lay.fill_device(k, v)
+        self.moves.sync_reads += 1
+        return k, v
 
     def past_mask(self, i: int) -> torch.Tensor | None:
+        """BoolTensor[B, visible_len(i)] (True = real token) or None when nothing is padding."""
         if self.mask is None:
             return None
         return self.mask[:, self.seq_len - self.visible_len(i):]
 
     def with_canvas(self, i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Past K/V of layer i followed by the canvas' k, v: Tensor[B, Hkv, C, D] (cache unchanged)."""
-        past = self.past(i)
-        if past is None:
+        """Past K/V of layer i followed by the canvas' k, v: Tensor[B, Hkv, C, D] → Tensors[B, Hkv, L + C, D].
+
+        The cache's content is unchanged. The result is a view of a buffer the next call (or the next step) may
+        overwrite: use it before calling again. Resident layers: the canvas is written into the room after the
+        run. Layers with host blocks: host part, device run and canvas are copied into a staging slot.
+        """
+        if self.layers is None:
             return k, v
-        return torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+        if i <= self._last_i:
+            self._new_step()
+        self._last_i = i
+        lay = self.layers[i]
+        out = lay.resident_view(k, v)
+        if out is None:
+            out = self._staged(i, lay, k, v)
+        if self.staging.cuda and self._order:
+            self._prefetch_after(i, k.shape[2])
+        return out
+
+    def _new_step(self) -> None:
+        """A denoising step begins: note which layers read through staging (their order drives the prefetch)."""
+        self._order = [j for j, lay in enumerate(self.layers) if lay.host_len]
+        self._rank = {j: r for r, j in enumerate(self._order)}
+        self._served = 0
+        self._ready = {}
+
+    def _staged(self, i: int, lay: LayerKV, k: torch.Tensor, v: torch.Tensor):
+        n, vis = k.shape[2], lay.visible_len()
+        r = self._rank.get(i)
+        sk, sv, fresh = self.staging.buffers(lay.meta, vis + n, 2 if r is None else r % 2)
+        ev = self._ready.pop(i, None)
+        if ev is not None and not fresh:
+            torch.cuda.current_stream(k.device).wait_event(ev)
+            self.moves.prefetched_reads += 1
+        else:
+            lay.fill_host(sk, sv)
+            self.moves.sync_reads += 1
+        lay.fill_device(sk, sv)
+        sk[:, :, vis:vis + n].copy_(k)
+        sv[:, :, vis:vis + n].copy_(v)
+        if r is not None:
+            self._served = r + 1
+        return sk[:, :, :vis + n], sv[:, :, :vis + n]
+
+    def _prefetch_after(self, i: int, n: int) -> None:
+        """CUDA: copy the host part of the next offloaded layer into its slot on the copy stream, after the
+        compute stream is done with the slot's previous user (two layers back)."""
+        pos = bisect_right(self._order, i)
+        if pos >= len(self._order) or pos != self._served:
+            return
+        j = self._order[pos]
+        if j in self._ready:
+            return
+        lay = self.layers[j]
+        sk, sv, _ = self.staging.buffers(lay.meta, lay.visible_len() + n, pos % 2)
+        cur = torch.cuda.current_stream(self.staging.device)
+        free = torch.cuda.Event()
+        free.record(cur)
+        s = self.staging.stream
+        s.wait_event(free)
+        with torch.cuda.stream(s):
+            lay.fill_host(sk, sv)
+        done = torch.cuda.Event()
+        done.record(s)
+        self._ready[j] = done
 
     # -- write --------------------------------------------------------------------------------------------------
     def append(self, i: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Append new tokens' k, v: Tensor[B, Hkv, T, D] to layer i (sliding layers keep the last window-1)."""
-        if self.k[i] is not None:
-            k = torch.cat([self.k[i], k], dim=2)
-            v = torch.cat([self.v[i], v], dim=2)
-        w = self.windows[i]
-        keep = None if w is None else max(w - 1, 0) + self.slack
-        if keep is not None and k.shape[2] > keep:
-            k = k[:, :, k.shape[2] - keep:].contiguous()
-            v = v[:, :, v.shape[2] - keep:].contiguous()
-        self.k[i], self.v[i] = k, v
+        """Append new tokens' k, v: Tensor[B, Hkv, T, D] to layer i (call for every layer, then :meth:`commit`)."""
+        if self.layers is None:
+            self._setup(k)
+        with torch.inference_mode():
+            self.layers[i].append(k, v)
 
     def commit(self, n: int, new_mask: torch.Tensor | None, batch_size: int) -> None:
         """Advance by n tokens after every layer appended. new_mask: BoolTensor[B, n] or None (all real)."""
         if new_mask is not None and bool(new_mask.all()):
             new_mask = None
         if new_mask is not None or self.mask is not None:
+            dev = new_mask.device if new_mask is not None else self.mask.device
             old = self.mask if self.mask is not None else torch.ones(batch_size, self.seq_len, dtype=torch.bool,
-                                                                     device=new_mask.device if new_mask is not None else "cpu")
-            nm = new_mask if new_mask is not None else torch.ones(batch_size, n, dtype=torch.bool, device=old.device)
-            self.mask = torch.cat([old.to(nm.device), nm], dim=1)
+                                                                     device=dev)
+            nm = new_mask if new_mask is not None else torch.ones(batch_size, n, dtype=torch.bool, device=dev)
+            self.mask = torch.cat([old.to(dev), nm], dim=1)
         self.seq_len += n
         self.batch_size = batch_size
+        self._last_i = 1 << 30
 
     def truncate(self, n: int) -> bool:
-        """Drop every token from position n on. Returns False (cache unchanged) when a sliding layer no longer holds
-        the window-1 tokens before n; the caller then starts over with a fresh cache."""
+        """Drop every token from position n on (prefix reuse when a chat's earlier turn changed).
+
+        Returns False (cache unchanged) when a sliding layer no longer holds the window - 1 tokens before n; the
+        caller then starts over with :meth:`reset`.
+        """
+        n = max(int(n), 0)
         if n >= self.seq_len:
             return True
-        for i, w in enumerate(self.windows):
-            if w is not None and self.k[i] is not None:
-                held_from = self.seq_len - self.k[i].shape[2]
-                if n - min(n, w - 1) < held_from:
-                    return False
-        for i in range(len(self.windows)):
-            if self.k[i] is not None:
-                drop = self.seq_len - n
-                self.k[i] = self.k[i][:, :, :self.k[i].shape[2] - drop]
-                self.v[i] = self.v[i][:, :, :self.v[i].shape[2] - drop]
+        for i, lay in enumerate(self.layers or []):
+            w = self.windows[i]
+            if w is not None and lay.held and n - min(n, w - 1) < self.seq_len - lay.held:
+                return False
+        with torch.inference_mode():
+            for lay in self.layers or []:
+                lay.truncate(min(self.seq_len - n, lay.held))
         if self.mask is not None:
             self.mask = self.mask[:, :n]
         self.seq_len = n
         self.token_ids = [row[:n] for row in self.token_ids]
+        self._last_i = 1 << 30
         return True
 
+    def reset(self) -> None:
+        """Forget every token and free all K/V (the traffic counters and peaks keep counting)."""
+        for lay in self.layers or []:
+            lay.free()
+        if self.staging is not None:
+            self.staging.clear()
+        self.layers = None
+        self._clear_content()
+
     # -- accounting ---------------------------------------------------------------------------------------------
+    def layer_nbytes(self, i: int) -> tuple[int, int]:
+        """(device, host) bytes held by layer i."""
+        return (0, 0) if self.layers is None else self.layers[i].nbytes()
+
     def nbytes(self) -> int:
-        """Bytes held by the cached K/V tensors."""
-        return sum(t.numel() * t.element_size() for t in self.k + self.v if t is not None)
+        """Bytes held by the cached K/V tensors in both tiers (staging workspace excluded)."""
+        return 0 if self.device_tier is None else self.device_tier.bytes + self.host_tier.bytes
+
+    def tensors(self, tier: str) -> list[torch.Tensor]:
+        """Live tensors of the "device" or "host" tier (for checking the accounting against real sizes)."""
+        t = self.device_tier if tier == "device" else self.host_tier
+        return [] if t is None else t.tensors()
 
     def stats(self) -> dict:
-        """Accounting for GenerationStats.cache."""
-        b = self.nbytes()
-        return {"device_bytes": b, "host_bytes": 0, "tokens": self.seq_len}
-
-    def reset(self) -> None:
-        """Forget everything (keep the layer layout)."""
-        self.__init__(self.windows, self.slack)
+        """Accounting for GenerationStats.cache: bytes per tier (current, peak), staging workspace, blocks per tier,
+        traffic since the cache was created (blocks/bytes moved to host, streamed back to device, freed), tokens."""
+        dt, ht, st = self.device_tier, self.host_tier, self.staging
+        lays = self.layers or []
+        m = self.moves
+        return {
+            "budget_bytes": self.budget,
+            "device_bytes": dt.bytes if dt else 0, "device_bytes_peak": dt.peak if dt else 0,
+            "host_bytes": ht.bytes if ht else 0, "host_bytes_peak": ht.peak if ht else 0,
+            "staging_bytes": st.bytes if st else 0, "staging_bytes_peak": st.peak if st else 0,
+            "blocks_device": sum(len(lay.dev_blocks) for lay in lays),
+            "blocks_host": sum(len(lay.host_blocks) for lay in lays),
+            "blocks_to_host": m.blocks_to_host, "bytes_to_host": m.bytes_to_host,
+            "blocks_to_device": m.blocks_to_device, "bytes_to_device": m.bytes_to_device,
+            "blocks_freed": m.blocks_freed, "prefetched_reads": m.prefetched_reads, "sync_reads": m.sync_reads,
+            "tokens": self.seq_len,
+        }

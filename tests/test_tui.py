@@ -234,6 +234,14 @@ async def send(pilot, app, text):
     return app.last_finish
 
 
+def test_token_cells_keep_leading_spaces_and_show_control_tokens(tiny):
+    tok = tiny.tokenizer
+    names = TokenText(tok)
+    ids = tok.encode("What is 12 + 34?\nok")
+    assert "".join(names(i) for i in ids) == "What is 12 + 34?↵ok"
+    assert all(names(i) == "∎" for i in tok.eos_token_ids)
+
+
 def test_two_turns_are_answered_saved_and_reuse_the_cache(tiny, tmp_path):
     async def go():
         app = make_app(tiny, tmp_path)

@@ -55,6 +55,23 @@ class TokenText:
         self.eos = set(eos_ids or (getattr(tokenizer, "eos_token_ids", None) or []))
         self.max_chars = max_chars
         self._cache: dict[int, str] = {}
+        self._anchor: tuple | None = None
+
+    def _decode_alone(self, token_id: int) -> str:
+        """``decode([id])`` keeping a leading space: decoders such as Metaspace drop it at the start of a text, so
+        decode after an anchor token and cut the anchor off (incremental detokenization)."""
+        try:
+            if self._anchor is None:
+                ids = self.tokenizer.encode("a")
+                self._anchor = (ids[-1], self.tokenizer.decode(ids[-1:])) if ids else ()
+            if self._anchor:
+                anchor_id, anchor_text = self._anchor
+                both = self.tokenizer.decode([anchor_id, token_id])
+                if both.startswith(anchor_text):
+                    return both[len(anchor_text):]
+            return self.tokenizer.decode([token_id])
+        except Exception:  # a token the tokenizer cannot render alone
+            return ""
 
     def __call__(self, token_id: int) -> str:
         text = self._cache.get(token_id)
@@ -64,10 +81,7 @@ class TokenText:
             elif self.tokenizer is None:
                 text = f"<{token_id}>"
             else:
-                try:
-                    raw = self.tokenizer.decode([token_id])
-                except Exception:  # a token the tokenizer cannot render alone
-                    raw = ""
+                raw = self._decode_alone(token_id)
                 raw = raw.replace("\n", "↵").replace("\t", "→")
                 text = "".join(ch if ch.isprintable() else "·" for ch in raw)[: self.max_chars] or "·"
             if len(self._cache) < 200_000:

@@ -101,7 +101,7 @@ class CanvasView(Widget):
         text = Text(no_wrap=False, overflow="fold")
         for tok, state, conf in zip(frame.tokens, frame.states, frame.confidence):
             bg = base.blend(shade, 0.08 + 0.5 * min(max(conf, 0.0), 1.0))
-            if state != LOCKED and tok.strip() == "":
+            if state in (NOISY, REOPENED) and tok.strip() == "":
                 tok = "·" * max(len(tok), 1)
             if compact:
                 tok = next((ch for ch in tok if ch.strip()), "·")

@@ -116,12 +116,20 @@ def run_gen(args) -> int:
     interrupted = False
     stream = model.stream(prompt, max_new_tokens=cfg.max_new_tokens, seed=seed, chat=args.chat, system=args.system,
                           emit_steps=False, **overrides)
+    limit = cfg.max_new_tokens or getattr(model, "default_max_new_tokens", None)
+    emitted = 0
     try:
         for ev in stream:
             if isinstance(ev, CanvasDone):
-                written.append(ev.text)
+                text_i = ev.text
+                width = int(ev.token_ids.shape[-1])
+                if limit and emitted + width > limit and model.tokenizer is not None:
+                    # the last canvas may run past max_new_tokens: print only the tokens the result keeps
+                    text_i = model.tokenizer.decode(_row(ev.token_ids)[: max(limit - emitted, 0)])
+                emitted += width
+                written.append(text_i)
                 if not args.json:
-                    out.write(ev.text)
+                    out.write(text_i)
                     out.flush()
             elif isinstance(ev, Done):
                 done = ev
@@ -153,6 +161,12 @@ def run_gen(args) -> int:
     return 0
 
 
+def _row(ids) -> list[int]:
+    """Row 0 of a LongTensor[B, C] (or a plain list) as a list of ints."""
+    row = ids[0] if getattr(ids, "dim", lambda: 1)() == 2 else ids
+    return [int(i) for i in (row.tolist() if hasattr(row, "tolist") else row)]
+
+
 def _json_result(model, text: str, done, seed: int, sampler: dict, interrupted: bool) -> dict:
     from .hub import describe_path
 
@@ -166,8 +180,8 @@ def _json_result(model, text: str, done, seed: int, sampler: dict, interrupted: 
         "model_name": str(getattr(model, "name", "")),
         "seed": seed,
         "sampler": sampler,
-        "usage": {"prompt_tokens": stats.get("prompt_tokens", 0), "completion_tokens": stats.get("new_tokens", 0),
-                  "total_tokens": stats.get("prompt_tokens", 0) + stats.get("new_tokens", 0)},
+        "usage": {"prompt_tokens": stats.get("prompt_tokens", 0), "completion_tokens": len(ids),
+                  "total_tokens": stats.get("prompt_tokens", 0) + len(ids)},
         "timings": {"seconds": stats.get("seconds"), "prefill_seconds": stats.get("prefill_seconds"),
                     "tokens_per_second": stats.get("tokens_per_second")},
         "tokens_per_forward": stats.get("tokens_per_forward"),
@@ -176,4 +190,5 @@ def _json_result(model, text: str, done, seed: int, sampler: dict, interrupted: 
         "finish_reason": "cancelled" if interrupted else (done.finish_reason if done is not None else None),
         "device": str(getattr(model, "device", "")),
         "quant": getattr(model, "quant", None),
+        "stats": stats,
     }

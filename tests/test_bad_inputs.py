@@ -1,0 +1,189 @@
+"""A corpus of bad inputs to the command line: each gives exactly one ``error: ...`` line on stderr, nothing on
+stdout, the right exit code (2 usage, 1 runtime) and never a traceback.
+
+Cases run in-process through ``localdiff.cli.main`` (fast); a few run as real subprocesses to cover the console
+entry point, real stdin bytes and the interpreter's own exit path.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gen_checkpoint import shared_checkpoint
+
+from localdiff.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return shared_checkpoint(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def broken(tmp_path_factory, ckpt):
+    """Checkpoint folders with one thing wrong each (copies of the good one)."""
+    root = tmp_path_factory.mktemp("broken")
+
+    def variant(name, edit):
+        d = root / name
+        shutil.copytree(ckpt, d)
+        edit(d)
+        return d
+
+    def patch_config(**kw):
+        def edit(d):
+            cfg = json.loads((d / "config.json").read_text())
+            cfg.update(kw)
+            (d / "config.json").write_text(json.dumps(cfg))
+        return edit
+
+    out = {
+        "no_config": variant("no_config", lambda d: (d / "config.json").unlink()),
+        "corrupt_config": variant("corrupt_config", lambda d: (d / "config.json").write_text('{"model_type": "dif')),
+        "config_not_object": variant("config_not_object", lambda d: (d / "config.json").write_text("[1, 2]")),
+        "unknown_model_type": variant("unknown_model_type", patch_config(model_type="llama9000")),
+        "no_weights": variant("no_weights", lambda d: (d / "model.safetensors").unlink()),
+        "truncated_weights": variant("truncated_weights",
+                                     lambda d: os.truncate(d / "model.safetensors", 100)),
+        "missing_shard": variant("missing_shard", lambda d: (d / "model.safetensors.index.json").write_text(
+            json.dumps({"weight_map": {"model.embed_tokens.weight": "model-00002-of-00002.safetensors"}}))),
+        "no_tokenizer": variant("no_tokenizer", lambda d: (d / "tokenizer.json").unlink()),
+    }
+    return out
+
+
+def _stdin(monkeypatch, data: bytes | None):
+    """Replace stdin: bytes → a pipe-like stream; None → a terminal (never read)."""
+    if data is None:
+        class Tty(io.TextIOWrapper):
+            def isatty(self):
+                return True
+
+            def read(self, *a):
+                raise AssertionError("a terminal stdin must never be read")
+
+        monkeypatch.setattr(sys, "stdin", Tty(io.BytesIO(b"")))
+    else:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
+
+
+@pytest.fixture
+def isolated(tmp_path, monkeypatch):
+    for k in list(os.environ):
+        if k.startswith("LOCALDIFF_"):
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("LOCALDIFF_CONFIG", str(tmp_path / "config.toml"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    return tmp_path
+
+
+# (id, argv (with {ckpt} / {broken:NAME} / {tmp} placeholders), stdin bytes or None for a tty, env, exit code,
+#  a fragment the message must contain)
+LONG = "word " * 3000
+CASES = [
+    ("empty -p", ["gen", "-p", ""], None, {}, 2, "empty prompt"),
+    ("blank -p", ["gen", "-p", "   \n "], None, {}, 2, "empty prompt"),
+    ("no prompt, empty stdin", ["gen"], b"", {}, 2, "no prompt (stdin was empty)"),
+    ("no prompt, tty stdin", ["gen"], None, {}, 2, "no prompt"),
+    ("invalid UTF-8 on stdin", ["gen", "-p", "x"], b"ok \xff\xfe bad", {}, 2, "stdin is not valid UTF-8"),
+    ("missing prompt file", ["gen", "-f", "{tmp}/nope.txt"], None, {}, 2, "cannot read prompt file"),
+    ("non-UTF-8 prompt file", ["gen", "-f", "{tmp}/latin1.txt"], None, {}, 2, "is not valid UTF-8"),
+    ("-p and words", ["gen", "-p", "a", "b"], None, {}, 2, "either with -p or as words"),
+    ("prompt longer than context", ["gen", "-m", "{ckpt}", "--raw", "-p", LONG], None, {}, 2,
+     "exceeds the model's context"),
+    ("unknown model", ["gen", "-m", "diffusiongema", "-p", "x"], None, {}, 1, "did you mean 'diffusiongemma:26b-a4b'"),
+    ("missing folder", ["gen", "-m", "./no/such/dir", "-p", "x"], None, {}, 1, "does not exist"),
+    ("not pulled", ["gen", "-m", "acme/never-pulled", "-p", "x"], None, {}, 1, "not pulled: run `localdiff pull"),
+    ("no config.json", ["gen", "-m", "{broken:no_config}", "-p", "x"], None, {}, 1, "config.json"),
+    ("corrupt config.json", ["gen", "-m", "{broken:corrupt_config}", "-p", "x"], None, {}, 1, "not valid JSON"),
+    ("config.json not an object", ["gen", "-m", "{broken:config_not_object}", "-p", "x"], None, {}, 1,
+     "JSON object"),
+    ("unknown model_type", ["gen", "-m", "{broken:unknown_model_type}", "-p", "x"], None, {}, 1, "llama9000"),
+    ("no weights", ["gen", "-m", "{broken:no_weights}", "-p", "x"], None, {}, 1, "model.safetensors"),
+    ("truncated weights", ["gen", "-m", "{broken:truncated_weights}", "-p", "x"], None, {}, 1, "safetensors"),
+    ("shard missing", ["gen", "-m", "{broken:missing_shard}", "-p", "x"], None, {}, 1, "is missing"),
+    ("no tokenizer, text prompt", ["gen", "-m", "{broken:no_tokenizer}", "-p", "x"], None, {}, 1, "tokenizer"),
+    ("-n not a number", ["gen", "-n", "many", "-p", "x"], None, {}, 2, "invalid int value: 'many'"),
+    ("-n zero", ["gen", "-n", "0", "-p", "x"], None, {}, 2, "max_new_tokens"),
+    ("negative steps", ["gen", "--steps", "-3", "-p", "x"], None, {}, 2, "max_denoising_steps"),
+    ("temperature reversed", ["gen", "--temperature", "0.2:0.9", "-p", "x"], None, {}, 2, "MAX must be >= MIN"),
+    ("temperature garbage", ["gen", "--temperature", "hot", "-p", "x"], None, {}, 2, "MAX[:MIN]"),
+    ("threshold > 1", ["gen", "--threshold", "1.5", "-p", "x"], None, {}, 2, "threshold"),
+    ("entropy bound <= 0", ["gen", "--entropy-bound", "-1", "-p", "x"], None, {}, 2, "entropy_bound"),
+    ("negative seed", ["gen", "--seed", "-5", "-p", "x"], None, {}, 2, "seed"),
+    ("unknown device", ["gen", "-m", "{ckpt}", "--device", "tpu", "-p", "x"], None, {}, 2, "device"),
+    ("unknown quant", ["gen", "--quant", "int3", "-p", "x"], None, {}, 2, "invalid choice: 'int3'"),
+    ("unknown flag", ["gen", "--frobnicate", "-p", "x"], None, {}, 2, "unrecognized arguments"),
+    ("unknown command", ["frob"], None, {}, 2, "invalid choice: 'frob'"),
+    ("bad env value", ["gen", "-p", "x"], None, {"LOCALDIFF_MAX_DENOISING_STEPS": "lots"}, 2,
+     "LOCALDIFF_MAX_DENOISING_STEPS"),
+    ("invalid config TOML", ["gen", "-p", "x"], None, {"@config": "steps = = 3"}, 2, "not valid TOML"),
+    ("unknown config key", ["gen", "-p", "x"], None, {"@config": "[sampler]\nthresold = 0.9\n"}, 2,
+     "did you mean 'threshold'"),
+    ("pull a folder", ["pull", "{ckpt}"], None, {}, 2, "nothing to pull"),
+    ("pull offline", ["pull", "acme/x"], None, {}, 1, "offline mode"),
+    ("rm embedded", ["rm", "tiny"], None, {}, 2, "embedded"),
+    ("rm never pulled", ["rm", "acme/x"], None, {}, 1, "nothing to remove"),
+    ("show corrupt config", ["show", "{broken:corrupt_config}"], None, {}, 1, "not valid JSON"),
+    ("show unknown", ["show", "nosuch"], None, {}, 1, "unknown model 'nosuch'"),
+]
+
+
+def _fill(argv, ckpt, broken, tmp):
+    out = []
+    for a in argv:
+        a = a.replace("{ckpt}", str(ckpt)).replace("{tmp}", str(tmp))
+        if a.startswith("{broken:"):
+            a = str(broken[a[len("{broken:"):-1]])
+        out.append(a)
+    return out
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_gives_one_line_and_exit_code(case, ckpt, broken, isolated, monkeypatch, capsys):
+    _, argv, stdin, env, code, fragment = case
+    (isolated / "latin1.txt").write_bytes("café".encode("latin-1"))
+    for k, v in env.items():
+        if k == "@config":
+            (isolated / "config.toml").write_text(v)
+        else:
+            monkeypatch.setenv(k, v)
+    _stdin(monkeypatch, stdin)
+    rc = main(_fill(argv, ckpt, broken, isolated))
+    out, err = capsys.readouterr()
+    assert rc == code, err
+    assert out == ""
+    assert err.count("\n") == 1 and err.startswith("error: "), err
+    assert "Traceback" not in err
+    assert fragment in err
+
+
+def test_corpus_is_large_enough():
+    assert len(CASES) >= 20
+
+
+@pytest.mark.parametrize("argv,stdin,code", [
+    (["gen", "-p", "x"], b"\xc3\x28 invalid", 2),
+    (["gen", "--steps", "abc", "-p", "x"], b"", 2),
+    (["gen", "-m", "{broken:corrupt_config}", "-p", "x"], b"", 1),
+], ids=["invalid-utf8-stdin", "bad-flag", "corrupt-config"])
+def test_bad_inputs_as_subprocess(argv, stdin, code, ckpt, broken, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOCALDIFF_", "HF_"))}
+    env.update(LOCALDIFF_CONFIG=str(tmp_path / "c.toml"), HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1",
+               PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-m", "localdiff", *_fill(argv, ckpt, broken, tmp_path)], input=stdin,
+                       capture_output=True, env=env, cwd=ROOT, timeout=120)
+    assert r.returncode == code
+    assert r.stdout == b"" and r.stderr.count(b"\n") == 1 and b"Traceback" not in r.stderr

@@ -1,0 +1,315 @@
+"""``localdiff bench``: speed and quality side by side with the reference, in one run (issue 9; ``--eval``: issue 4).
+
+Sections (``--only`` picks some; ``--eval`` alone = the eval section only):
+
+* ``ref``     localdiff vs transformers' ``DiffusionGemmaForBlockDiffusion.generate`` on the embedded model and on a
+              wider tiny-random DiffusionGemma: tokens/s, decoder forwards, TPF, ms per denoising step, speed ratio
+              (counted only for seeds whose tokens are identical), median and range over repetitions
+              (``localdiff/bench_ref.py``). Needs transformers (test / bench dependency); skipped otherwise.
+* ``eval``    the embedded model's exact match per task family on its held-out ``eval.jsonl``, default sampler, + TPF.
+* ``sweep``   accuracy and TPF across entropy bound × threshold τ × correction × step caps; best accuracy-per-TPF
+              point; PNG plot when matplotlib is installed (``localdiff/bench_eval.py``).
+* ``history`` ms per denoising step at 256 … 8k tokens of history: block cache vs recomputing the prefix every step;
+              offload budget zero vs unlimited (``localdiff/bench_history.py``).
+* ``memory``  peak RSS of fp32 / bf16 / int8 loads, each in a fresh process; weight bytes; CUDA peak on a GPU.
+* ``profile`` torch.profiler over one generation of the embedded model: top ops, time split denoise/prefill/loop.
+
+Output: JSON (``--out``, default ``bench-results/bench-<time>.json``), a Markdown report printed and written next to
+it (and to ``--md``), and ``--readme FILE`` replaces the text between ``<!-- bench:start -->`` and
+``<!-- bench:end -->``. ``--quick`` runs a smaller version of every section (≈ 2 minutes on 2 CPU cores).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import platform
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from .errors import LocaldiffError, UsageError
+
+SECTIONS = ("ref", "eval", "sweep", "history", "memory", "profile")
+# (quick, full) sizes
+SIZES = {
+    "ref_seeds": (3, 5), "ref_reps": (3, 5), "ref_canvases": (2, 4),
+    "eval_per_family": (3, None), "sweep_per_family": (2, 10),
+    "history": ([256, 1024], [256, 1024, 4096, 8192]), "history_steps": (3, 5), "history_recompute": (1, 2),
+    "memory": ([("float32", "none"), ("bfloat16", "none"), ("float32", "int8")],
+               [("float32", "none"), ("bfloat16", "none"), ("float32", "int8"), ("bfloat16", "int8")]),
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one-line usage errors (exit 2) instead of usage dumps
+        raise UsageError(f"localdiff bench: {message} (see `localdiff bench --help`)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="localdiff bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="a smaller run of every section (≈ 2 min on 2 cores)")
+    p.add_argument("--eval", action="store_true", help="only the embedded model's eval (accuracy per family + TPF)")
+    p.add_argument("--only", help=f"comma-separated sections to run ({','.join(SECTIONS)})")
+    p.add_argument("--model", default="tiny", help="the embedded model (alias or folder; default tiny)")
+    p.add_argument("--eval-file", type=Path, help="held-out items (default: <model folder>/eval.jsonl)")
+    p.add_argument("--per-family", type=int, help="eval items per family (default: quick 3, full all)")
+    p.add_argument("--random-model", type=Path,
+                   help="checkpoint folder to use as the random model of the reference comparison "
+                        "(default: build the wider tiny-random DiffusionGemma in a temp dir)")
+    p.add_argument("--random-steps", type=int, default=4,
+                   help="denoising steps per canvas on the random model (random weights are chaotic past ~8)")
+    p.add_argument("--ref-on", choices=["both", "embedded", "random"], default="both",
+                   help="models of the reference comparison (default both)")
+    p.add_argument("--seeds", type=int, help="seeds per model in the reference comparison")
+    p.add_argument("--reps", type=int, help="repetitions per seed in the reference comparison")
+    p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads for the whole run (default 2)")
+    p.add_argument("--batch-size", type=int, default=16, help="eval batch size (default 16)")
+    p.add_argument("--history", help="comma-separated history lengths (default: quick 256,1024; full up to 8192)")
+    p.add_argument("--out", type=Path, help="results JSON (default bench-results/bench-<time>.json)")
+    p.add_argument("--md", type=Path, help="also write the Markdown report here")
+    p.add_argument("--readme", type=Path, help="replace the bench section of this README (between markers)")
+    p.add_argument("--no-plot", action="store_true", help="skip the PNG plot of the sweep")
+    return p
+
+
+def _sections(args) -> list[str]:
+    if args.only:
+        names = [s.strip() for s in args.only.split(",") if s.strip()]
+        bad = [s for s in names if s not in SECTIONS]
+        if bad:
+            raise UsageError(f"unknown section {bad[0]!r} (choose from {', '.join(SECTIONS)})")
+        return names
+    return ["eval"] if args.eval else list(SECTIONS)
+
+
+def _size(args, key):
+    return SIZES[key][0 if args.quick else 1]
+
+
+def _environment(threads: int) -> dict:
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    env = {"date": _dt.datetime.now().isoformat(timespec="seconds"), "python": platform.python_version(),
+           "torch": torch.__version__, "threads": threads, "cpu": cpu, "device": "cpu",
+           "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+    try:
+        import transformers
+
+        env["transformers"] = transformers.__version__
+    except ImportError:
+        env["transformers"] = None
+    from . import __version__
+
+    env["localdiff"] = __version__
+    return env
+
+
+class _Ctx:
+    """Lazily loaded embedded model and its eval items, shared by the sections."""
+
+    def __init__(self, args, log):
+        self.args, self.log, self._m = args, log, None
+
+    def model(self):
+        if self._m is None:
+            import localdiff
+
+            self._m = localdiff.load(self.args.model, device="cpu", dtype="float32")
+        return self._m
+
+    def items(self, per_family):
+        from .bench_eval import load_items
+
+        return load_items(self.args.eval_file or (self.model().path / "eval.jsonl"), per_family)
+
+
+def _ref(ctx: _Ctx) -> dict:
+    from . import bench_ref
+
+    why = bench_ref.transformers_available()
+    if why:
+        return {"skipped": why}
+    a, out = ctx.args, {"runs": [], "notes": [
+        "ratio = localdiff tokens/s ÷ reference tokens/s per repetition (interleaved, alternating order); "
+        "ms/step = wall time ÷ decoder forwards (includes prefill and the sampler)"]}
+    seeds = list(range(a.seeds or _size(a, "ref_seeds")))
+    reps = a.reps or _size(a, "ref_reps")
+    m = None
+    if a.ref_on in ("both", "embedded"):
+        try:
+            m = ctx.model()
+        except LocaldiffError as e:
+            out["notes"].append(f"embedded model skipped: {e}")
+    if m is not None:
+        items = ctx.items(None)
+        by_fam = {}
+        for it in items:  # one prompt per family first, so the seeds cover different tasks
+            by_fam.setdefault(it["family"], it)
+        prompts = [m.encode_prompt(it["prompt"], chat=True)[0] for it in list(by_fam.values()) + items][:len(seeds)]
+        n_new = m.config.canvas_length * _size(a, "ref_canvases")
+        ctx.log(f"ref: embedded model {m.path} ({len(seeds)} seeds × {reps} repetitions)")
+        out["runs"].append(bench_ref.compare(m.path, "embedded (" + str(a.model) + ")", prompts, seeds, reps, n_new,
+                                             None, ctx.log))
+    if a.ref_on == "embedded":
+        return out
+    path, label, tmp = a.random_model, f"random ({a.random_model.name if a.random_model else ''})", None
+    if path is None:
+        label = "tiny-random (wider)"
+        ctx.log("ref: building the wider tiny-random DiffusionGemma")
+        path = tmp = bench_ref.build_wide_random()
+    try:
+        cfg = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+        vocab = int((cfg.get("text_config") or cfg)["vocab_size"])
+        rng = random.Random(0)
+        prompts = [[rng.randrange(3, vocab) for _ in range(24)] for _ in seeds]
+        ctx.log(f"ref: random model {path} ({len(seeds)} seeds × {reps} repetitions, {a.random_steps} steps)")
+        out["runs"].append(bench_ref.compare(path, label, prompts, seeds, reps,
+                                             int(cfg.get("canvas_length") or 256) * _size(a, "ref_canvases"),
+                                             a.random_steps, ctx.log))
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _eval(ctx: _Ctx) -> dict:
+    from .bench_eval import evaluate
+
+    a = ctx.args
+    items = ctx.items(a.per_family if a.per_family is not None else _size(a, "eval_per_family"))
+    ctx.log(f"eval: {len(items)} items, default sampler")
+    r = evaluate(ctx.model(), items, seed=0, batch_size=a.batch_size)
+    for fam, v in r["per_family"].items():
+        ctx.log(f"  {fam:14s} {v['accuracy']:6.1%}  ({v['correct']}/{v['n']})  TPF {v['tpf']:.2f}")
+    ctx.log(f"  {'overall':14s} {r['accuracy']:6.1%}  ({r['correct']}/{r['n']})  TPF {r['tpf']:.2f}")
+    return {"default": r}
+
+
+def _sweep(ctx: _Ctx, out_dir: Path, stem: str, default: dict | None) -> dict:
+    from . import bench_eval as be
+
+    a, m = ctx.args, ctx.model()
+    per = _size(a, "sweep_per_family")
+    items = ctx.items(per)
+    settings = be.sweep_settings(a.quick, m.sampler_options()["max_denoising_steps"])
+    ctx.log(f"sweep: {len(settings)} settings × {len(items)} items")
+    base = be.evaluate(m, items, seed=0, batch_size=a.batch_size)
+    rows = [{"setting": {}, "label": "default", "accuracy": base["accuracy"], "tpf": base["tpf"],
+             "seconds": base["seconds"], "per_family": {k: v["accuracy"] for k, v in base["per_family"].items()}}]
+    rows += be.run_sweep(m, items, settings, 0, a.batch_size, ctx.log)
+    best = be.best_point(rows)
+    ctx.log(f"  best accuracy-per-TPF point: {best['label']} (accuracy {best['accuracy']:.1%}, TPF {best['tpf']:.2f})")
+    sec = {"items": len(items), "per_family": per, "rows": rows, "best": best,
+           "default_sampler": base["sampler"]}
+    if not a.no_plot:
+        png = out_dir / f"{stem}-sweep.png"
+        why = be.plot(rows, rows[0], png)
+        if why:
+            ctx.log(f"  {why}")
+            sec["plot_skipped"] = why
+        else:
+            sec["plot"] = str(png)
+    return sec
+
+
+def _history(ctx: _Ctx) -> dict:
+    from .bench_history import history_scaling
+
+    a = ctx.args
+    lengths = [int(x) for x in a.history.split(",")] if a.history else _size(a, "history")
+    ctx.log(f"history: {lengths} tokens")
+    return history_scaling(ctx.model(), lengths, _size(a, "history_steps"), _size(a, "history_recompute"),
+                           log=ctx.log)
+
+
+def _memory(ctx: _Ctx) -> dict:
+    import torch
+
+    from .bench_memory import measure
+
+    path = ctx.model().path
+    plans = [(d, q, "cpu") for d, q in _size(ctx.args, "memory")]
+    if torch.cuda.is_available():
+        plans += [(d, q, "cuda") for d, q in _size(ctx.args, "memory")]
+    rows = []
+    for d, q, dev in plans:
+        r = measure(path, d, q, dev)
+        ctx.log(f"memory: {d} {q} {dev}: " + (f"skipped ({r['skipped']})" if "skipped" in r else
+                f"weights {r['weight_bytes'] / 2**20:.1f} MiB, peak RSS {r['peak_rss_after_generate'] / 2**20:.0f} MiB"))
+        rows.append(r)
+    return {"rows": rows}
+
+
+def _profile(ctx: _Ctx) -> dict:
+    from .bench_history import profile_generate
+
+    m = ctx.model()
+    item = ctx.items(1)[0]
+    ids = m.encode_prompt(item["prompt"], chat=True)[0]
+    ctx.log("profile: one generation of the embedded model")
+    return profile_generate(m, ids, seed=0, max_new_tokens=2 * m.config.canvas_length)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``localdiff bench``. Returns the exit code (1 when a section failed with an error)."""
+    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.threads < 1 or args.batch_size < 1:
+        raise UsageError("--threads and --batch-size must be ≥ 1")
+    import torch
+
+    from .bench_report import render, replace_readme_section
+
+    torch.set_num_threads(args.threads)
+    names = _sections(args)
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = args.out or Path("bench-results") / f"bench-{stamp}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def log(msg):
+        print(msg, file=sys.stderr, flush=True)
+
+    ctx = _Ctx(args, log)
+    res = {"quick": args.quick, "argv": list(argv or []), "environment": _environment(args.threads),
+           "sections": {}, "timings_s": {}}
+    t_all, failed = time.perf_counter(), False
+    for name in names:
+        t0 = time.perf_counter()
+        try:
+            if name == "sweep":
+                sec = _sweep(ctx, out.parent, out.stem, res["sections"].get("eval", {}).get("default"))
+            else:
+                sec = {"ref": _ref, "eval": _eval, "history": _history, "memory": _memory, "profile": _profile}[name](ctx)
+        except LocaldiffError as e:
+            sec = {"skipped": str(e)}
+            log(f"{name}: skipped ({e})")
+        except Exception as e:  # a broken section must not hide the others' results
+            sec = {"skipped": f"error: {type(e).__name__}: {e}"}
+            failed = True
+            log(f"{name}: ERROR {type(e).__name__}: {e}")
+        res["sections"][name] = sec
+        res["timings_s"][name] = time.perf_counter() - t0
+    res["duration_s"] = time.perf_counter() - t_all
+    md = render(res)
+    out.write_text(json.dumps(res, indent=1, default=str), encoding="utf-8")
+    md_path = out.with_suffix(".md")
+    md_path.write_text(md, encoding="utf-8")
+    if args.md:
+        args.md.parent.mkdir(parents=True, exist_ok=True)
+        args.md.write_text(md, encoding="utf-8")
+    print(md)
+    if args.readme:
+        if not replace_readme_section(args.readme, md):
+            log(f"{args.readme}: no bench markers; appended a Benchmarks section")
+    log(f"results: {out} and {md_path} ({res['duration_s']:.0f} s)")
+    return 1 if failed else 0

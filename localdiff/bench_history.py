@@ -1,0 +1,145 @@
+"""`localdiff bench` sections 3 and 6: denoising-step time vs history length, and a profile of the step.
+
+History scaling: a history of L random tokens is prefilled once into a cache, then one denoising step (decoder
+forward over a canvas, with self-conditioning) is timed — with the block cache (history read from the cache) and
+with the prefix recomputed every step (a fresh cache, prefill of the whole history, then the step), and with the
+cache's device budget at zero (everything offloaded to the host tier) and unlimited.
+"""
+from __future__ import annotations
+
+import inspect
+import statistics
+import time
+
+import torch
+
+
+def _new_cache(m, budget):
+    """m.new_cache with a device budget when the cache supports one; (cache, note)."""
+    try:
+        params = inspect.signature(m.new_cache).parameters
+    except (TypeError, ValueError):
+        params = {}
+    if "device_budget_bytes" not in params:
+        return m.new_cache(), "new_cache() takes no device budget"
+    return m.new_cache(device_budget_bytes=budget), None
+
+
+def _canvas_inputs(m, gen):
+    c, v = m.config.canvas_length, m.config.vocab_size
+    canvas = torch.randint(0, v, (1, c), generator=gen).to(m.device)
+    sc = torch.randn(1, c, v, generator=gen).to(m.device)
+    return canvas, sc
+
+
+def _sync(m):
+    if m.device.type == "cuda":
+        torch.cuda.synchronize(m.device)
+
+
+def step_ms(m, cache, canvas, sc, n: int) -> list[float]:
+    """Times (ms) of ``n`` denoising steps reading ``cache`` (after one untimed warm-up step)."""
+    m.denoise(canvas, cache, sc)
+    out = []
+    for _ in range(n):
+        _sync(m)
+        t0 = time.perf_counter()
+        m.denoise(canvas, cache, sc)
+        _sync(m)
+        out.append(1e3 * (time.perf_counter() - t0))
+    return out
+
+
+def history_scaling(m, lengths: list[int], steps: int, recompute_steps: int, budgets=(None, 0), log=print) -> dict:
+    """ms per denoising step at each history length.
+
+    Returns:
+        {"rows": [{"history", "cached_ms" {budget label: median}, "recompute_ms", "cache_stats" {...}}],
+         "ratio_8k_vs_256" (cached, unlimited budget; when both lengths ran), "notes": [...]}.
+    """
+    gen = torch.Generator().manual_seed(0)
+    canvas, sc = _canvas_inputs(m, gen)
+    rows, notes = [], []
+    for n in lengths:
+        hist = torch.randint(3, m.config.vocab_size, (1, n), generator=gen).to(m.device)
+        row = {"history": n, "cached_ms": {}, "cache_stats": {}}
+        for budget in budgets:
+            key = "unlimited" if budget is None else f"{budget}B"
+            cache, note = _new_cache(m, budget)
+            if note and budget is not None:
+                if note not in notes:
+                    notes.append(f"offload budget {key}: skipped ({note})")
+                continue
+            m.prefill(hist, cache)
+            row["cached_ms"][key] = statistics.median(step_ms(m, cache, canvas, sc, steps))
+            st = cache.stats() if hasattr(cache, "stats") else {}
+            row["cache_stats"][key] = {k: v for k, v in st.items() if isinstance(v, (int, float))}
+            del cache
+        times = []
+        for _ in range(recompute_steps):
+            _sync(m)
+            t0 = time.perf_counter()
+            cache, _ = _new_cache(m, None)
+            m.prefill(hist, cache)
+            m.denoise(canvas, cache, sc)
+            _sync(m)
+            times.append(1e3 * (time.perf_counter() - t0))
+            del cache
+        row["recompute_ms"] = statistics.median(times)
+        row["recompute_vs_cached"] = row["recompute_ms"] / row["cached_ms"].get("unlimited", float("nan"))
+        rows.append(row)
+        log(f"  history {n}: cached {row['cached_ms']} ms, recompute {row['recompute_ms']:.1f} ms")
+    by = {r["history"]: r for r in rows}
+    out = {"rows": rows, "notes": notes, "canvas_length": m.config.canvas_length,
+           "max_position_embeddings": m.config.max_position_embeddings}
+    if max(lengths) > m.config.max_position_embeddings:
+        notes.append(f"histories past {m.config.max_position_embeddings} tokens exceed the model's trained context; "
+                     "they are timed for speed only (RoPE extends, outputs are not meaningful)")
+    lo, hi = min(lengths), max(lengths)
+    if lo in by and hi in by and "unlimited" in by[lo]["cached_ms"]:
+        out[f"ratio_{hi}_vs_{lo}"] = by[hi]["cached_ms"]["unlimited"] / by[lo]["cached_ms"]["unlimited"]
+    return out
+
+
+def profile_generate(m, prompt_ids: list[int], seed: int, max_new_tokens: int, top: int = 15, **sampler) -> dict:
+    """Profile one ``m.generate`` (after an untimed warm-up) with torch.profiler; also split its wall time into
+    decoder forwards (denoise), prefill and the rest (the sampler loop: softmax, draws, acceptance, stopping).
+
+    Returns:
+        {"forwards", "wall_ms", "split_ms": {"denoise", "prefill", "loop"}, "ms_per_step",
+         "top": [{"op", "self_cpu_ms", "share", "calls"}]} (top ops by self CPU time over the whole generate).
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    kw = dict(chat=False, seed=seed, max_new_tokens=max_new_tokens, **sampler)
+    m.generate(list(prompt_ids), **kw)
+    net, spent = m.net, [0.0]
+    orig = net.denoise
+
+    def timed(*a, **k):
+        t = time.perf_counter()
+        try:
+            return orig(*a, **k)
+        finally:
+            spent[0] += time.perf_counter() - t
+
+    net.denoise = timed  # instance attribute shadows the method for this run only
+    try:
+        t0 = time.perf_counter()
+        g = m.generate(list(prompt_ids), **kw)
+        wall = time.perf_counter() - t0
+    finally:
+        del net.denoise
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if m.device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        m.generate(list(prompt_ids), **kw)
+    ev = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in ev) or 1.0
+    rows = sorted(ev, key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
+    fw = max(g.stats.forwards, 1)
+    split = {"denoise": 1e3 * spent[0], "prefill": 1e3 * g.stats.prefill_seconds}
+    split["loop"] = 1e3 * wall - split["denoise"] - split["prefill"]
+    return {"forwards": g.stats.forwards, "new_tokens": g.stats.new_tokens, "wall_ms": 1e3 * wall,
+            "split_ms": split, "ms_per_step": 1e3 * wall / fw, "denoise_ms_per_step": split["denoise"] / fw,
+            "top": [{"op": e.key, "self_cpu_ms": e.self_cpu_time_total / 1e3, "share": e.self_cpu_time_total / total,
+                     "calls": e.count} for e in rows]}

@@ -1,0 +1,149 @@
+"""`localdiff bench` output: the Markdown report from the results dict, and the README section between markers."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .errors import UsageError
+
+START, END = "<!-- bench:start -->", "<!-- bench:end -->"
+
+
+def _mb(b) -> str:
+    return "—" if b is None else f"{b / 2**20:.1f}"
+
+
+def _sp(d: dict | None, fmt: str = "{:.1f}") -> str:
+    if not d:
+        return "—"
+    return (fmt + " (" + fmt + "–" + fmt + ")").format(d["median"], d["min"], d["max"])
+
+
+def _ref_md(sec: dict) -> list[str]:
+    out = ["### Reference comparison (localdiff vs transformers `generate`, same weights, settings and seeds)", ""]
+    out += [f"- {n}" for n in sec.get("notes", [])]
+    for run in sec.get("runs", []):
+        s, st = run["summary"], run["settings"]
+        out += ["", f"**{run['model']}** ({run['parameters'] / 1e6:.1f} M parameters, canvas {run['canvas_length']}, "
+                    f"max_new_tokens {st['max_new_tokens']}, {st['max_denoising_steps']} steps max, "
+                    f"entropy bound {st['entropy_bound']}, {st['reps']} repetitions): identical tokens on "
+                    f"{s['identical_seeds']}/{s['seeds']} seeds; speed ratio (identical seeds, median and range) "
+                    f"**{_sp(s['speed_ratio'], '{:.2f}')}×**", "",
+                "| seed | identical | forwards ref / ld | TPF ref / ld | tokens/s ref | tokens/s localdiff "
+                "| ms/step ref | ms/step localdiff | ratio |",
+                "|---:|:---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in run["seeds"]:
+            out.append(f"| {r['seed']} | {'yes' if r['identical'] else 'no (from token %d)' % r['first_difference']} "
+                       f"| {r['forwards']['ref']} / {r['forwards']['localdiff']} "
+                       f"| {r['tpf']['ref']:.2f} / {r['tpf']['localdiff']:.2f} "
+                       f"| {_sp(r['tokens_per_s']['ref'])} | {_sp(r['tokens_per_s']['localdiff'])} "
+                       f"| {_sp(r['ms_per_step']['ref'])} | {_sp(r['ms_per_step']['localdiff'])} "
+                       f"| {_sp(r['speed_ratio'], '{:.2f}')} |")
+    return out
+
+
+def _eval_md(sec: dict) -> list[str]:
+    d = sec["default"]
+    out = ["### Embedded model: exact match on held-out items (default sampler)", "",
+           f"Overall **{d['accuracy']:.1%}** ({d['correct']}/{d['n']}), TPF **{d['tpf']:.2f}**, "
+           f"{d['seconds']:.1f} s. Sampler: " + ", ".join(f"{k}={v}" for k, v in d["sampler"].items()), "",
+           "| family | exact match | n | TPF |", "|---|---:|---:|---:|"]
+    for fam, v in d["per_family"].items():
+        out.append(f"| {fam} | {v['accuracy']:.1%} | {v['n']} | {v['tpf']:.2f} |")
+    return out
+
+
+def _sweep_md(sec: dict) -> list[str]:
+    out = ["### Quality vs speed (acceptance settings; other settings = the model's defaults)", "",
+           f"{sec['items']} items ({sec['per_family']} per family).", "",
+           "| setting | accuracy | TPF | seconds |", "|---|---:|---:|---:|"]
+    for r in sorted(sec["rows"], key=lambda r: (-r["accuracy"], -r["tpf"])):
+        out.append(f"| {r['label']} | {r['accuracy']:.1%} | {r['tpf']:.2f} | {r['seconds']:.1f} |")
+    b = sec.get("best")
+    if b:
+        out += ["", f"Best accuracy-per-TPF point: **{b['label']}** (accuracy {b['accuracy']:.1%}, TPF {b['tpf']:.2f}; "
+                    f"rule: {b['rule']}). Pareto frontier: {', '.join(b['pareto'])}."]
+    if sec.get("plot"):
+        out += ["", f"Plot: `{sec['plot']}`"]
+    return out
+
+
+def _history_md(sec: dict) -> list[str]:
+    budgets = sorted({k for r in sec["rows"] for k in r["cached_ms"]})
+    out = [f"### Denoising step vs history length (canvas {sec['canvas_length']})", "",
+           "| history tokens | " + " | ".join(f"block cache, budget {b} (ms)" for b in budgets)
+           + " | recompute prefix (ms) | recompute ÷ cache |",
+           "|---:|" + "---:|" * (len(budgets) + 2)]
+    for r in sec["rows"]:
+        out.append(f"| {r['history']} | " + " | ".join(f"{r['cached_ms'].get(b, float('nan')):.1f}" for b in budgets)
+                   + f" | {r['recompute_ms']:.1f} | {r['recompute_vs_cached']:.1f}× |")
+    ratio = [(k, v) for k, v in sec.items() if k.startswith("ratio_")]
+    for k, v in ratio:
+        out += ["", f"Cached step time, longest ÷ shortest history: **{v:.2f}×** (target ≤ 1.5×)."]
+    out += [f"- {n}" for n in sec.get("notes", [])]
+    return out
+
+
+def _memory_md(sec: dict) -> list[str]:
+    out = ["### Memory (each load in a fresh process)", "",
+           "| load | weights (MiB) | peak RSS after import (MiB) | after load | after a generation | CUDA peak (MiB) |",
+           "|---|---:|---:|---:|---:|---:|"]
+    for r in sec["rows"]:
+        name = f"{r['dtype']}" + ("" if r.get("quant") in (None, "none") else f" + {r['quant']}") + f" ({r['device']})"
+        if "skipped" in r:
+            out.append(f"| {name} | skipped: {r['skipped']} | | | | |")
+            continue
+        out.append(f"| {name} | {_mb(r['weight_bytes'])} | {_mb(r['peak_rss_after_import'])} "
+                   f"| {_mb(r['peak_rss_after_load'])} | {_mb(r['peak_rss_after_generate'])} "
+                   f"| {_mb(r.get('cuda_peak_allocated'))} |")
+    return out
+
+
+def _profile_md(sec: dict) -> list[str]:
+    sp = sec["split_ms"]
+    out = ["### Profile of one generation (embedded model)", "",
+           f"{sec['forwards']} forwards, {sec['wall_ms']:.0f} ms: denoise {sp['denoise']:.0f} ms, prefill "
+           f"{sp['prefill']:.0f} ms, sampler loop {sp['loop']:.0f} ms ({sec['ms_per_step']:.1f} ms per step).", "",
+           "| op | self CPU (ms) | share | calls |", "|---|---:|---:|---:|"]
+    for r in sec["top"][:10]:
+        out.append(f"| `{r['op']}` | {r['self_cpu_ms']:.1f} | {r['share']:.1%} | {r['calls']} |")
+    return out
+
+
+def render(res: dict) -> str:
+    """Markdown for a results dict (sections that did not run are listed with their reason)."""
+    env = res["environment"]
+    lines = [f"## `localdiff bench{' --quick' if res['quick'] else ''}` results", "",
+             f"{env['date']} · torch {env['torch']} · {env['threads']} threads (torch.set_num_threads) · "
+             f"{env['cpu']} · device {env['device']} · duration {res['duration_s']:.0f} s", ""]
+    render_fns = {"ref": _ref_md, "eval": _eval_md, "sweep": _sweep_md, "history": _history_md,
+                  "memory": _memory_md, "profile": _profile_md}
+    for name, fn in render_fns.items():
+        sec = res["sections"].get(name)
+        if sec is None:
+            continue
+        if "skipped" in sec:
+            lines += [f"- {name}: skipped ({sec['skipped']})", ""]
+            continue
+        lines += fn(sec) + [""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def replace_readme_section(readme: Path, md: str) -> bool:
+    """Replace the text between the bench markers of ``readme`` with ``md``. Returns False when the markers were
+    missing and the section was appended at the end instead.
+
+    Raises:
+        UsageError: the file does not exist, or the markers are out of order.
+    """
+    if not readme.is_file():
+        raise UsageError(f"--readme: {readme} does not exist")
+    text = readme.read_text(encoding="utf-8")
+    block = f"{START}\n{md.rstrip()}\n{END}"
+    if START in text and END in text:
+        a, b = text.index(START), text.index(END)
+        if b < a:
+            raise UsageError(f"--readme: {END} comes before {START} in {readme}")
+        readme.write_text(text[:a] + block + text[b + len(END):], encoding="utf-8")
+        return True
+    readme.write_text(text.rstrip("\n") + "\n\n## Benchmarks\n\n" + block + "\n", encoding="utf-8")
+    return False

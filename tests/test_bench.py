@@ -1,0 +1,101 @@
+"""`localdiff bench`: the quick reference comparison on a tiny random model, the eval on a few items, the report."""
+import json
+
+import pytest
+
+from localdiff import bench
+from localdiff.bench_eval import best_point, exact_match, load_items, sweep_settings
+from localdiff.bench_report import END, START, replace_readme_section
+from localdiff.errors import UsageError
+from localdiff.paths import models_dir
+
+TINY = models_dir() / "tiny"
+
+
+def test_quick_reference_comparison_json(ref_small, tmp_path):
+    pytest.importorskip("transformers")
+    _, path = ref_small
+    out = tmp_path / "r.json"
+    rc = bench.main(["--quick", "--only", "ref", "--ref-on", "random", "--random-model", str(path),
+                     "--seeds", "4", "--reps", "2", "--out", str(out), "--md", str(tmp_path / "r.md")])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert res["environment"]["threads"] == 2 and res["quick"] is True
+    sec = res["sections"]["ref"]
+    assert "skipped" not in sec
+    (run,) = sec["runs"]
+    assert run["settings"]["max_new_tokens"] == 2 * 8 and run["settings"]["max_denoising_steps"] == 4
+    assert [r["seed"] for r in run["seeds"]] == [0, 1, 2, 3]
+    for r in run["seeds"]:
+        assert r["forwards"]["ref"] > 0 and r["forwards"]["localdiff"] > 0
+        assert r["tokens_per_s"]["ref"]["n"] == 2 and r["tokens_per_s"]["localdiff"]["median"] > 0
+        assert r["speed_ratio"]["min"] <= r["speed_ratio"]["median"] <= r["speed_ratio"]["max"]
+        if r["identical"]:  # same tokens → the same decoder forwards and TPF
+            assert r["forwards"]["ref"] == r["forwards"]["localdiff"]
+    s = run["summary"]
+    assert s["seeds"] == 4 and s["identical_seeds"] >= 3  # 4 steps per canvas: reference-exact
+    assert s["speed_ratio"]["n"] == 2 * s["identical_seeds"]
+    md = (tmp_path / "r.md").read_text()
+    assert "Reference comparison" in md and "| 3 |" in md
+
+
+@pytest.mark.skipif(not (TINY / "model.safetensors").is_file(), reason="embedded model not trained yet")
+def test_eval_on_three_items(tmp_path):
+    items = [{"family": "add", "prompt": "What is 27 + 58?", "answer": "27 + 58 = 85."},
+             {"family": "add", "prompt": "What is 13 + 40?", "answer": "13 + 40 = 53."},
+             {"family": "reverse", "prompt": "Reverse the letters: c a t", "answer": "t a c"}]
+    f = tmp_path / "eval.jsonl"
+    f.write_text("".join(json.dumps(i) + "\n" for i in items))
+    out = tmp_path / "e.json"
+    assert bench.main(["--eval", "--eval-file", str(f), "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert list(res["sections"]) == ["eval"]
+    d = res["sections"]["eval"]["default"]
+    assert d["n"] == 3 and set(d["per_family"]) == {"add", "reverse"}
+    assert d["per_family"]["add"]["n"] == 2 and d["per_family"]["reverse"]["n"] == 1
+    assert d["correct"] == sum(v["correct"] for v in d["per_family"].values())
+    assert len(d["failures"]) == 3 - d["correct"]
+    assert d["tpf"] > 0 and d["forwards"] > 0
+    assert d["per_family"]["add"]["correct"] >= 1  # the shipped model answers 2-digit additions
+
+
+def test_exact_match_and_items(tmp_path):
+    assert exact_match(" 27 + 58 = 85. ", "27 + 58 = 85.")
+    assert exact_match("t  a\nc", "t a c")
+    assert not exact_match("27 + 58 = 86.", "27 + 58 = 85.")
+    f = tmp_path / "e.jsonl"
+    f.write_text("".join(json.dumps({"family": k, "prompt": f"p{i}", "answer": "a"}) + "\n"
+                         for i, k in enumerate("aabbb")))
+    assert [i["prompt"] for i in load_items(f, per_family=1)] == ["p0", "p2"]
+    assert len(load_items(f)) == 5
+    f.write_text('{"family": "x"}\n')
+    with pytest.raises(UsageError, match="not an eval item"):
+        load_items(f)
+
+
+def test_best_point_and_sweep_grid():
+    rows = [{"label": "a", "setting": {}, "accuracy": 0.90, "tpf": 2.0},
+            {"label": "b", "setting": {}, "accuracy": 0.895, "tpf": 5.0},
+            {"label": "c", "setting": {}, "accuracy": 0.50, "tpf": 9.0},
+            {"label": "d", "setting": {}, "accuracy": 0.40, "tpf": 3.0}]
+    b = best_point(rows)
+    assert b["label"] == "b" and set(b["pareto"]) == {"a", "b", "c"}
+    full = sweep_settings(quick=False, default_steps=16)
+    assert len([s for s in full if "threshold" in s and not s["correction"]]) == 20
+    assert {s.get("max_denoising_steps") for s in full} >= {4, 8, 32}
+
+
+def test_readme_section_replaced(tmp_path):
+    r = tmp_path / "README.md"
+    r.write_text(f"# x\n\n{START}\nold table\n{END}\n\nafter\n")
+    assert replace_readme_section(r, "new table\n")
+    text = r.read_text()
+    assert "old table" not in text and f"{START}\nnew table\n{END}" in text and text.endswith("after\n")
+    r.write_text("# no markers\n")
+    assert not replace_readme_section(r, "t")
+    assert r.read_text().count(START) == 1
+
+
+def test_bad_section_is_a_usage_error(tmp_path):
+    with pytest.raises(UsageError, match="unknown section"):
+        bench.main(["--only", "nope", "--out", str(tmp_path / "x.json")])

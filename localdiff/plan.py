@@ -5,11 +5,12 @@ the experts of the first N layers live on the host).
 Byte model (all exact for weights; runtime buffers are stated estimates):
 
 * weights: every tensor of :func:`localdiff.summary.config_tensors`; an int8 tensor costs 1 byte per weight plus one
-  fp32 scale per output channel (per expert for stacked experts); float tensors cost the float dtype's bytes.
+  bf16 scale per output channel (per expert for stacked experts); float tensors cost the float dtype's bytes.
   Which modules are int8 comes from the recipe (default: attention projections, dense MLP, experts).
 * KV cache per token: K and V for every layer (full-attention layers too: the reference caches the normed, roped
   keys and the un-roped values separately), ``2 · kv_heads · head_dim`` elements; sliding layers hold at most
-  ``sliding_window − 1`` tokens.
+  ``sliding_window − 1`` tokens plus one canvas of slack (``localdiff.cache`` keeps it for prefix reuse). The canvas'
+  own K/V during a denoising step (C tokens, every layer) counts as activation workspace.
 * self-conditioning buffers per sequence: the canvas' fp32 logits and fp32 probabilities, ``2 · C · V · 4`` bytes.
 * activation workspace for one forward of ``max(C, prefill_chunk)`` tokens (fused attention kernels assumed, so no
   L×L score matrix), and a fixed runtime reserve (CUDA context, cuBLAS workspace, allocator slack).
@@ -18,11 +19,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .recipe import DEFAULT_RECIPE, Recipe, format_bytes
-from .summary import config_tensors, layer_geometry, parameter_counts, text_config
+from .recipe import DEFAULT_RECIPE, Recipe, RecipeError, format_bytes
+from .summary import config_tensors, layer_geometry, parameter_counts, summarize, text_config  # noqa: F401
 
 FLOAT_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
-SCALE_BYTES = 4  # int8 per-channel scales are stored as fp32
+SCALE_BYTES = 2  # int8 per-channel scales are stored as bf16
 INT8_ELIGIBLE = ("attention", "dense_mlp", "experts", "self_conditioning", "router", "lm_head")
 DEFAULT_RESERVE = 1 << 30
 DEFAULT_KV_TOKENS = 32768
@@ -45,10 +46,10 @@ def tensor_bytes(config: dict, quant: str | None = "int8", dtype: str = "bfloat1
 
     An int8 tensor (a 2-D ``.weight`` or a 3-D stacked expert tensor whose module the recipe marks int8) costs
     ``numel + SCALE_BYTES · (rows)`` where rows = out_features (2-D) or experts × out_features (3-D).
-    Raises RecipeError / CheckpointError / KeyError (unknown dtype) on bad input.
+    Raises RecipeError (unknown dtype / recipe problem) or CheckpointError (config lacks fields).
     """
     if dtype not in FLOAT_BYTES:
-        raise KeyError(f"unknown float dtype {dtype!r}")
+        raise RecipeError(f"unknown float dtype {dtype!r} (use one of {', '.join(FLOAT_BYTES)})")
     fb = FLOAT_BYTES[dtype]
     recipe = recipe or DEFAULT_RECIPE
     out = []
@@ -67,12 +68,19 @@ def tensor_bytes(config: dict, quant: str | None = "int8", dtype: str = "bfloat1
     return out
 
 
-def kv_bytes(config: dict, tokens: int, batch_size: int = 1, dtype: str = "bfloat16") -> int:
-    """KV-cache bytes for ``tokens`` cached tokens per sequence (sliding layers capped at window − 1)."""
+def kv_bytes(config: dict, tokens: int, batch_size: int = 1, dtype: str = "bfloat16",
+             sliding_slack: int | None = None) -> int:
+    """KV-cache bytes for ``tokens`` cached tokens per sequence.
+
+    Sliding layers hold at most ``window − 1 + sliding_slack`` tokens: the reference attends to window − 1, and
+    ``localdiff.cache`` keeps one canvas of slack (default ``sliding_slack`` = canvas length) for chat prefix reuse;
+    ``sliding_slack=0`` gives exactly what attention reads.
+    """
     fb = FLOAT_BYTES[dtype]
+    slack = int(config.get("canvas_length") or 256) if sliding_slack is None else sliding_slack
     total = 0
     for g in layer_geometry(config):
-        n = tokens if g.window is None else min(tokens, max(g.window - 1, 0))
+        n = tokens if g.window is None else min(tokens, max(g.window - 1, 0) + slack)
         total += 2 * g.kv_heads * g.head_dim * n * fb
     return total * batch_size
 
@@ -100,8 +108,9 @@ def sc_buffer_bytes(config: dict, batch_size: int = 1) -> int:
 def activation_bytes(config: dict, batch_size: int = 1, dtype: str = "bfloat16", prefill_chunk: int | None = None) -> int:
     """Transient activations for ``max(C, prefill_chunk)`` tokens: per layer the residual, normed input, q/k/v,
     attention output, dense-MLP gate/up/act, the top-k-expanded expert input/output and one expert's
-    intermediate (fused attention kernels assumed: no score matrix); plus the canvas' logits and probabilities in
-    the float dtype (``2 · C · V``) before they become the fp32 self-conditioning buffers."""
+    intermediate (fused attention kernels assumed: no score matrix); the canvas' K/V in every layer; and the
+    canvas' logits and probabilities in the float dtype (``2 · C · V``) before they become the fp32
+    self-conditioning buffers."""
     t = text_config(config)
     fb = FLOAT_BYTES[dtype]
     n = max(int(config.get("canvas_length") or 256), prefill_chunk or 0) * batch_size
@@ -112,7 +121,8 @@ def activation_bytes(config: dict, batch_size: int = 1, dtype: str = "bfloat16",
     dkv = max(g.kv_heads * g.head_dim for g in geo)
     per_token = 4 * h + 2 * dq + 2 * dkv + 3 * inter + 2 * k * h + 3 * im
     canvas = int(config.get("canvas_length") or 256) * batch_size
-    return n * per_token * fb + n * k * 12 + 2 * canvas * int(t["vocab_size"]) * fb
+    canvas_kv = sum(2 * g.kv_heads * g.head_dim for g in geo) * canvas * fb
+    return n * per_token * fb + n * k * 12 + 2 * canvas * int(t["vocab_size"]) * fb + canvas_kv
 
 
 @dataclass
@@ -238,7 +248,7 @@ def plan_memory(config: dict, gpu_mem_bytes: int, quant: str | None = "int8", kv
     Args:
         config: parsed config.json (no weights needed).
         gpu_mem_bytes: the device budget in bytes (card memory, or measured free memory).
-        quant: "int8" (modules per ``recipe``) or None (all weights in ``dtype``).
+        quant: "int8" (modules per ``recipe``) or None / "none" / "float" / "bf16" (all weights in ``dtype``).
         kv_budget_bytes: bytes reserved for the KV cache; None = enough for min(context length, 32768) tokens
             per sequence.
         recipe: which modules are int8 (default :data:`localdiff.recipe.DEFAULT_RECIPE`).
@@ -251,10 +261,12 @@ def plan_memory(config: dict, gpu_mem_bytes: int, quant: str | None = "int8", kv
         ``--n-cpu-moe``), and whether the device total fits. Everything except the experts stays on the device;
         when even that does not fit, ``fits`` is False and ``notes`` say why.
     Raises:
-        CheckpointError: the config lacks required fields; RecipeError / KeyError on a bad recipe or dtype.
+        CheckpointError: the config lacks required fields; RecipeError: bad quant, recipe or dtype.
     """
+    if quant in ("none", "float", "bf16", "bfloat16"):
+        quant = None
     if quant not in (None, "int8"):
-        raise KeyError(f"unknown quantization {quant!r} (use int8 or none)")
+        raise RecipeError(f"unknown quantization {quant!r} (use int8 or none)")
     recipe = recipe or DEFAULT_RECIPE
     t = text_config(config)
     rows = tensor_bytes(config, quant, dtype, recipe)

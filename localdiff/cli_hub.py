@@ -65,7 +65,7 @@ def run_list(args) -> int:
         if not m["pulled"]:
             size = f"~{size} (not pulled)" if m["size_bytes"] else "(not pulled)"
         rows.append([m["name"], where, size, m.get("quant") or "-", m.get("path") or "-"])
-    _table(rows, ["NAME", "SOURCE", "SIZE", "WEIGHTS", "PATH"])
+    _table(rows, ["NAME", "SOURCE", "SIZE", "QUANT", "PATH"])
     return 0
 
 

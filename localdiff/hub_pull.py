@@ -116,33 +116,51 @@ def gpu_mem_bytes() -> int:
         return 0
 
 
-def memory_warning(cfg: dict, weight_bytes: int) -> str | None:
-    """A one-line warning when the weights will not fit this machine's memory, else None.
+def memory_estimate(cfg: dict, weight_bytes: int, gpu: int | None = None, ram: int | None = None):
+    """How the model will fit this machine, from config.json alone (before the weights are downloaded).
 
-    Uses ``localdiff.plan.plan_memory(cfg, gpu_mem_bytes, "int8")`` when it exists and reports ``fits``; otherwise
-    compares the safetensors bytes with GPU memory (or RAM without a GPU), allowing int8 (~0.53× bf16).
+    Uses ``localdiff.plan.plan_memory`` (int8, experts offloaded to host as needed) when the config is one it
+    understands; otherwise compares the safetensors bytes (bf16; ~0.53× in int8) with GPU memory or RAM.
+
+    Args:
+        cfg: parsed config.json; weight_bytes: total safetensors bytes from the Hub.
+        gpu / ram: bytes of GPU memory / RAM (default: measured; 0 = none).
+    Returns:
+        (one-line text, is_warning) or None when nothing useful can be said.
     """
-    gpu, ram = gpu_mem_bytes(), _ram_bytes()
+    gpu = gpu_mem_bytes() if gpu is None else gpu
+    ram = _ram_bytes() if ram is None else ram
     try:
-        from .plan import plan_memory  # written by the quantization work; optional here
+        from .plan import plan_memory
 
-        plan = plan_memory(cfg, gpu or ram, "int8")
-        d = plan.to_dict() if hasattr(plan, "to_dict") else {}
-        if d.get("fits") is False:
-            return f"memory: {plan.to_text().splitlines()[0]}"
-        if d.get("fits") is True:
-            return None
-    except Exception:  # noqa: BLE001 — the planner is advisory; fall back to the byte rule
-        pass
+        d = plan_memory(cfg, gpu or ram, "int8").to_dict()
+    except Exception:  # noqa: BLE001 — unknown architecture / planner missing: fall back to the byte rule
+        d = None
+    if d is not None:
+        need = human_bytes(d["device_total_bytes"])
+        if not gpu:  # RAM holds everything: the planner's device and host parts together
+            total = d["device_total_bytes"] + d["host_weight_bytes"]
+            if total > ram:
+                return f"memory: needs about {human_bytes(total)} of RAM in int8 and no NVIDIA GPU was found; " \
+                       f"this machine has {human_bytes(ram)}", True
+            return f"memory: fits in {human_bytes(ram)} of RAM in int8 (no NVIDIA GPU found)", False
+        if not d["fits"]:
+            return f"memory: does not fit a {human_bytes(gpu)} GPU even in int8 with every expert layer on the " \
+                   f"host (needs {need} on the device)", True
+        if ram and d["host_weight_bytes"] > 0.9 * ram:
+            return f"memory: on this {human_bytes(gpu)} GPU, {d['n_cpu_moe']} expert layers " \
+                   f"({human_bytes(d['host_weight_bytes'])}) must stay in host RAM, which has {human_bytes(ram)}", True
+        where = f"{d['n_cpu_moe']} expert layers on the host" if d["n_cpu_moe"] else "everything on the GPU"
+        return f"memory: fits this {human_bytes(gpu)} GPU in int8 ({where}; `localdiff show NAME --plan`)", False
     budget = gpu or ram
     where = f"{human_bytes(gpu)} GPU memory" if gpu else f"{human_bytes(ram)} RAM and no NVIDIA GPU"
     if not budget or weight_bytes <= 0.9 * budget:
         return None
     int8 = 0.53 * weight_bytes
     if int8 <= 0.9 * budget:
-        return f"memory: weights are {human_bytes(weight_bytes)}, this machine has {where}; load with --quant int8"
+        return f"memory: weights are {human_bytes(weight_bytes)}, this machine has {where}; load with --quant int8", True
     return (f"memory: weights are {human_bytes(weight_bytes)} (~{human_bytes(int8)} in int8), this machine has "
-            f"{where}; it will need host offload (see `localdiff show NAME --plan`)")
+            f"{where}; it will need host offload (see `localdiff show NAME --plan`)"), True
 
 
 def _link(blob: Path, pointer: Path) -> None:
@@ -232,10 +250,12 @@ def pull(name: str, quiet: bool = False, progress=None, verify: bool = False) ->
     locks = storage.parent / ".locks" / storage.name
 
     def warn_memory() -> None:
-        warn = memory_warning(_load_json(snap / "config.json"), weights)
-        if warn:
-            warnings.append(warn.replace("NAME", t.name))
-            progress.note("warning: " + warnings[-1])
+        est = memory_estimate(_load_json(snap / "config.json"), weights)
+        if est:
+            text, is_warning = est[0].replace("NAME", t.name), est[1]
+            if is_warning:
+                warnings.append(text)
+            progress.note(("warning: " if is_warning else "") + text)
 
     if (snap / "config.json").exists():
         warn_memory()

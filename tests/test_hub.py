@@ -340,4 +340,22 @@ def test_cli_pull_list_rm_and_offline(tmp_path, stand_in):
     assert "Traceback" not in r.stderr
     r = run_cli(["rm", REPO], env)
     assert r.returncode == 0 and "removed" in r.stderr
-    assert json.loads(run_cli(["list", "--json"], env).stdout) == [m for m in listed if m["embedded"]]
+    assert not (tmp_path / "hf" / "hub" / "models--acme--tiny-diff").exists()
+
+
+def test_memory_estimate_before_download():
+    from localdiff.hub_pull import memory_estimate
+
+    cfg = json.loads((ROOT / "models" / "offline" / "diffusiongemma-26b-a4b" / "config.json").read_text())
+    text, warn = memory_estimate(cfg, 51_600_000_000, gpu=24 * 2**30, ram=64 * 2**30)
+    assert not warn and "fits this" in text and "expert layers on the host" in text
+    text, warn = memory_estimate(cfg, 51_600_000_000, gpu=24 * 2**30, ram=2 * 2**30)
+    assert warn and "must stay in host RAM" in text
+    text, warn = memory_estimate(cfg, 51_600_000_000, gpu=4 * 2**30, ram=64 * 2**30)
+    assert warn and "does not fit" in text
+    text, warn = memory_estimate(cfg, 51_600_000_000, gpu=0, ram=16 * 2**30)
+    assert warn and "no NVIDIA GPU" in text
+    # a config the planner does not understand: the byte rule
+    assert memory_estimate({}, 10**9, gpu=0, ram=64 * 2**30) is None
+    text, warn = memory_estimate({}, 100 * 10**9, gpu=0, ram=64 * 2**30)
+    assert warn and "--quant int8" in text

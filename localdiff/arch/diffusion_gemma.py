@@ -71,7 +71,7 @@ class DiffusionGemmaConfig:
         head_dim = int(t.get("head_dim") or t["hidden_size"] // t["num_attention_heads"])
         kv = int(t.get("num_key_value_heads") or t["num_attention_heads"])
         plc = {int(k): v for k, v in (t.get("per_layer_config") or {}).items()}
-        if not plc:
+        if t.get("per_layer_config") is None:  # an explicit {} (saved when overrides equal the defaults) = none
             g = {"head_dim": int(t.get("global_head_dim", 512))}
             if t.get("num_global_key_value_heads") is not None and t.get("attention_k_eq_v", True):
                 g["num_key_value_heads"] = int(t["num_global_key_value_heads"])

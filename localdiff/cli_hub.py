@@ -169,7 +169,11 @@ def run_quantize(args) -> int:
         raise LocaldiffError(f"`localdiff quantize` is not available in this build ({e})") from None
     src = hub.resolve_model(args.name)
     res = quantize_checkpoint(src, args.output, recipe=args.recipe, device=args.device)
-    sys.stderr.write(f"wrote {args.output}" + (f" ({res})" if isinstance(res, (str, dict)) else "") + "\n")
+    info = ""
+    if isinstance(res, dict) and "bytes_in" in res and "bytes_out" in res:
+        info = (f" (recipe {res.get('recipe')}: {human_bytes(res['bytes_in'])} -> {human_bytes(res['bytes_out'])}, "
+                f"{res.get('quantized_tensors')} int8 tensors)")
+    sys.stderr.write(f"wrote {args.output}{info}\n")
     return 0
 
 

@@ -147,6 +147,9 @@ def resolve_model(name: str) -> Path:
         raise ModelNotFoundError(f"{t.label} is not pulled: run `localdiff pull {name}`")
     status = snapshot_status(storage, commit, t.allow_patterns, t.ignore_patterns)
     if not status.complete:
+        snap = storage / "snapshots" / commit
+        if not any(snap.glob("*.safetensors")) and not list(storage.glob("blobs/*.incomplete")):
+            raise ModelNotFoundError(f"{t.label} is not pulled: run `localdiff pull {name}`")
         raise ModelNotFoundError(f"{t.label} is only partly pulled ({len(status.missing)} files missing): "
                                  f"run `localdiff pull {name}` to finish")
     return check_checkpoint_dir(storage / "snapshots" / commit)

@@ -138,6 +138,9 @@ CASES = [
     ("rm never pulled", ["rm", "acme/x"], None, {}, 1, "nothing to remove"),
     ("show corrupt config", ["show", "{broken:corrupt_config}"], None, {}, 1, "not valid JSON"),
     ("show unknown", ["show", "nosuch"], None, {}, 1, "unknown model 'nosuch'"),
+    ("show --plan bad size", ["show", "diffusiongemma:26b-a4b", "--plan", "--gpu-mem", "lots"], None, {}, 2,
+     "--gpu-mem"),
+    ("quantize to nowhere", ["quantize", "acme/never-pulled", "-o", "{tmp}/q"], None, {}, 1, "not pulled"),
 ]
 
 

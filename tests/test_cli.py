@@ -197,3 +197,17 @@ def test_chat_needs_a_terminal_and_list_does_not_import_textual(tmp_path, capsys
     r = subprocess.run([sys.executable, "-c", code], env=cli_env(tmp_path), capture_output=True, text=True,
                        cwd=ROOT, timeout=120)
     assert r.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_debug_shows_the_traceback(capsys):
+    assert main(["gen", "-m", "no-such-model", "-p", "x", "--debug"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.rstrip().splitlines()[-1].startswith("error: unknown model")
+
+
+def test_show_plan_for_a_24_gib_card(capsys):
+    assert main(["show", "diffusiongemma:26b-a4b", "--plan", "--gpu-mem", "24GiB", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)["plan"]
+    assert plan["fits"] and plan["gpu_mem_bytes"] == 24 * 2**30 and plan["quant"] == "int8"
+    assert main(["show", "diffusiongemma:26b-a4b", "--plan", "--gpu-mem", "24GiB"]) == 0
+    assert "memory plan:" in capsys.readouterr().out

@@ -359,3 +359,20 @@ def test_memory_estimate_before_download():
     assert memory_estimate({}, 10**9, gpu=0, ram=64 * 2**30) is None
     text, warn = memory_estimate({}, 100 * 10**9, gpu=0, ram=64 * 2**30)
     assert warn and "--quant int8" in text
+
+
+def test_pull_a_real_checkpoint_then_show_and_generate_from_the_cache(cache, stand_in, tmp_path_factory, capsys):
+    import localdiff
+    from gen_checkpoint import shared_checkpoint
+    from localdiff.cli import main
+
+    src = shared_checkpoint(tmp_path_factory)
+    stand_in.add_repo("acme/real", {p.name: p.read_bytes() for p in src.iterdir() if not p.name.startswith(".")})
+    res = hub.pull("acme/real", quiet=True)
+    assert main(["show", "acme/real", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["path"] == res["path"] and shown["summary"]["hidden_size"] == 64
+    m = localdiff.load("acme/real")
+    assert m.path == Path(res["path"])
+    g = m.generate("What is 1 + 1?", max_new_tokens=8, seed=0, max_denoising_steps=2)
+    assert len(g.token_ids) == 8 and g.text == m.tokenizer.decode(g.token_ids)

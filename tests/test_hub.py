@@ -376,3 +376,33 @@ def test_pull_a_real_checkpoint_then_show_and_generate_from_the_cache(cache, sta
     assert m.path == Path(res["path"])
     g = m.generate("What is 1 + 1?", max_new_tokens=8, seed=0, max_denoising_steps=2)
     assert len(g.token_ids) == 8 and g.text == m.tokenizer.decode(g.token_ids)
+
+
+def test_ctrl_c_mid_file_keeps_the_partial_and_exits_130(cache, stand_in, monkeypatch, capsys):
+    from localdiff import hub_pull
+    from localdiff.cli import main
+    from localdiff.progress import QuietProgress
+
+    class CtrlC(QuietProgress):  # the user presses Ctrl-C once 60,000 bytes of the weights are on disk
+        seen = 0
+
+        def file_start(self, name, size, initial=0):
+            self.name = name
+
+        def advance(self, n):
+            if self.name == WEIGHTS:
+                CtrlC.seen += n
+                if CtrlC.seen >= 60_000:
+                    raise KeyboardInterrupt
+
+    real = hub_pull.make_progress
+    monkeypatch.setattr(hub_pull, "make_progress", lambda: CtrlC())
+    assert main(["pull", REPO]) == 130
+    err = capsys.readouterr().err
+    assert "run `localdiff pull acme/tiny-diff` again to resume" in err
+    partial = next((cache / "models--acme--tiny-diff" / "blobs").glob("*.incomplete"))
+    have = partial.stat().st_size
+    assert have >= 60_000
+    monkeypatch.setattr(hub_pull, "make_progress", real)
+    res = hub.pull(REPO, quiet=True)
+    assert stand_in.stats.gets(REPO, WEIGHTS)[-1] == f"bytes={have}-" and not res["up_to_date"]

@@ -368,6 +368,12 @@ def test_pull_a_real_checkpoint_then_show_and_generate_from_the_cache(cache, sta
 
     src = shared_checkpoint(tmp_path_factory)
     stand_in.add_repo("acme/real", {p.name: p.read_bytes() for p in src.iterdir() if not p.name.startswith(".")})
+    assert main(["show", "acme/real", "--json"]) == 0  # before a pull: config.json alone is fetched
+    before = json.loads(capsys.readouterr().out)
+    assert before["path"] is None and "from the Hub" in before["source"]
+    assert before["summary"]["hidden_size"] == 64 and stand_in.stats.gets("acme/real", "model.safetensors") == []
+    with pytest.raises(ModelNotFoundError, match="is not pulled"):
+        hub.resolve_model("acme/real")
     res = hub.pull("acme/real", quiet=True)
     assert main(["show", "acme/real", "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)

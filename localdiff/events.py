@@ -6,8 +6,10 @@ B = batch size, C = canvas length (tokens).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch is imported by the engine; `import localdiff` stays light for the CLI
+    import torch
 
 
 @dataclass

@@ -121,7 +121,8 @@ def run(net, cache, input_ids, attention_mask, settings: SamplerSettings, max_ne
         finished = finished_now
         generated.append(final)
         st.canvases += 1
-        text = decode(_strip(final[0], eos_ids, pad_id)) if decode else ""
+        room = max_new_tokens - ci * c_len          # tokens of this canvas within max_new_tokens
+        text = decode(_strip(final[0, :room], eos_ids, pad_id)) if decode else ""
         yield CanvasDone(ci, final.cpu(), text, steps_used, finished.cpu())
         if bool(finished.all()):
             reason = "eos"
@@ -137,7 +138,8 @@ def run(net, cache, input_ids, attention_mask, settings: SamplerSettings, max_ne
     out = torch.cat(generated, dim=1) if generated else torch.zeros(b, 0, dtype=torch.long)
     rows = [_strip(out[r], eos_ids, pad_id, keep_eos=True)[:max_new_tokens] for r in range(b)]
     st.forwards = int(forwards.sum())
-    st.new_tokens = int(sum(int((out[r] != pad_id).sum()) if pad_id is not None else out.shape[1] for r in range(b)))
+    kept = out[:, :max_new_tokens]
+    st.new_tokens = int((kept != pad_id).sum()) if pad_id is not None else int(kept.numel())
     st.tokens_per_forward = st.new_tokens / max(st.forwards, 1)
     st.seconds = time.perf_counter() - t0
     st.tokens_per_second = st.new_tokens / st.seconds if st.seconds > 0 else 0.0

@@ -190,3 +190,61 @@ def test_sizes_and_bad_inputs():
         plan_memory(json.loads(STANDIN.read_text()), GIB, "int4")
     with pytest.raises(RecipeError, match="available"):
         load_recipe("no-such-recipe")
+
+
+def test_place_model_follows_the_plan(ref_small):
+    """Experts of the plan's host layers stay on the CPU (and run there through hooks); the rest moves to the
+    device — here the meta device stands in for a GPU, so the CPU bytes are exactly the host experts."""
+    import copy
+
+    from localdiff.cache import KVCache
+    from localdiff.loader import load_model
+    from localdiff.offload import device_for, place_model, placement_bytes
+    from localdiff.quant import quantize_model
+
+    _, path = ref_small
+    cfg = _config(path)
+    net, _ = load_model(path, "cpu", torch.float32)
+    quantize_model(net)
+    plan = plan_memory(cfg, 10**9, "int8", dtype="float32")
+    host = [0, 2]
+    meta = copy.deepcopy(net)
+    assert place_model(meta, host, "meta") == ["layers.0.experts", "layers.2.experts"]
+    assert placement_bytes(meta)["cpu"] == sum(plan.expert_layer_bytes[i] for i in host)
+    assert device_for("layers.2.experts.down_proj", host, "cuda").type == "cpu"
+    assert device_for("layers.1.experts.down_proj", host, "cuda").type == "cuda"
+    assert device_for("layers.2.mlp.down_proj.weight", host, "cuda").type == "cuda"
+    placed = copy.deepcopy(net)
+    place_model(placed, host, "cpu")                                   # hooks installed; results unchanged
+    assert [n for n, m in placed.named_modules() if getattr(m, "_offload_hooked", False)] == \
+        ["layers.0.experts", "layers.2.experts"]
+    ids, canvas = torch.randint(3, 100, (2, 9)), torch.randint(0, 100, (2, 8))
+    outs = []
+    for n in (net, placed):
+        c = KVCache(n.layer_windows())
+        n.prefill(ids, c)
+        outs.append(n.denoise(canvas, c))
+    assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_place_model_on_cuda_runs_host_experts_on_cpu(ref_small):
+    from localdiff.cache import KVCache
+    from localdiff.loader import load_model
+    from localdiff.offload import place_model, placement_bytes
+
+    _, path = ref_small
+    net, _ = load_model(path, "cpu", torch.float32)
+    ids, canvas = torch.randint(3, 100, (2, 9)), torch.randint(0, 100, (2, 8))
+    c = KVCache(net.layer_windows())
+    net.prefill(ids, c)
+    ref = net.denoise(canvas, c)
+    place_model(net, [1], "cuda")
+    assert net.layers[1].experts.gate_up_proj.device.type == "cpu"
+    assert net.layers[0].experts.gate_up_proj.device.type == "cuda"
+    assert placement_bytes(net)["cuda"] > 0
+    c = KVCache(net.layer_windows())
+    net.prefill(ids.cuda(), c)
+    out = net.denoise(canvas.cuda(), c).cpu()
+    assert (out - ref).abs().max() <= 1e-3

@@ -6,6 +6,7 @@ every turn, so turn N's prefill reuses the prefix of turn N-1). Each finished tu
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from functools import partial
@@ -24,7 +25,8 @@ from .store import ChatStore
 from .widgets import CanvasView, PromptArea, StatusLine, Transcript
 
 HELP = (
-    "Enter sends · ctrl+j / alt+enter newline · Esc stops the answer · ctrl+p commands · ctrl+t theme · ctrl+q quit\n"
+    "Enter sends · ctrl+j / alt+enter newline · Esc stops the answer · ctrl+p commands · ctrl+t theme ·"
+    " ctrl+o canvas panel · ctrl+n new chat · ctrl+q quit\n"
     "/set steps 8 · /set threshold 0.9 · /set entropy_bound 0.3 · /set seed 1 · /set max_tokens 128 · /set (list)\n"
     "/new (new chat) · /clear · /regen (regenerate last answer) · /help"
 )
@@ -44,6 +46,9 @@ class ModelFailed(Message):
     def __init__(self, name: str, error: str) -> None:
         super().__init__()
         self.name, self.error = name, error
+
+
+_SHORT_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
 def _default_loader(name: str, device: str | None = None, quant: str | None = None):
@@ -79,6 +84,7 @@ class ChatApp(App):
         Binding("escape", "cancel", "Stop"),
         Binding("ctrl+t", "toggle_theme", "Theme"),
         Binding("ctrl+n", "new_chat", "New chat", show=False),
+        Binding("ctrl+o", "toggle_canvas", "Canvas", show=False),
         Binding("ctrl+q", "quit", "Quit", priority=True),
     ]
 
@@ -105,7 +111,7 @@ class ChatApp(App):
         self.last_stats = None
         self.last_finish: GenerationFinished | None = None
         self.finished_count = 0  # generations ended so far (finished, cancelled or failed)
-        self.pin_canvas = False
+        self.pin_canvas = True  # keep the last canvas on screen after the answer (ctrl+o / palette hides it)
         self._answer = None
         self._final_canvas = -1
         self._last_draw = 0.0
@@ -154,8 +160,12 @@ class ChatApp(App):
         self.model, self.load_error = m, None
         self.model_name = getattr(m, "name", None) or self._loading_name
         self.cache = m.new_cache()
-        quant = getattr(m, "quant", None) or str(getattr(m, "dtype", "")).replace("torch.", "") or "—"
-        self.status.set_model(str(self.model_name), str(getattr(m, "device", "cpu")), str(quant))
+        dtype = str(getattr(m, "dtype", "")).replace("torch.", "")
+        quant = getattr(m, "quant", None) or _SHORT_DTYPES.get(dtype, dtype) or "—"
+        label = str(self.model_name)
+        if os.path.isdir(label):  # a checkpoint folder: its name is enough on an 80-column line
+            label = os.path.basename(os.path.normpath(label))
+        self.status.set_model(label, str(getattr(m, "device", "cpu")), str(quant))
         self.status.set_state("ready")
 
     async def on_model_failed(self, event: ModelFailed) -> None:
@@ -347,7 +357,7 @@ class ChatApp(App):
         self.theme = "textual-light" if self.current_theme.dark else "textual-dark"
 
     def action_toggle_canvas(self) -> None:
-        """Keep the canvas panel visible when idle (or hide it again)."""
+        """ctrl+o: keep the canvas panel visible when idle, or hide it when idle (it always shows while answering)."""
         self.pin_canvas = not self.pin_canvas
         self.canvas.set_class(not (self.pin_canvas or self.generating), "-hidden")
 

@@ -52,7 +52,7 @@ class ChatCommands(Provider):
             ("Regenerate last answer", "Drop the last answer and generate it again", app.action_regenerate),
             ("Toggle dark / light theme", "Switch between the dark and the light theme (ctrl+t)",
              app.action_toggle_theme),
-            ("Toggle canvas panel", "Keep the live canvas panel visible when idle, or hide it",
+            ("Toggle canvas panel", "Show or hide the last canvas when idle (ctrl+o); it always shows while answering",
              app.action_toggle_canvas),
         ]
         for name in getattr(self, "_models", []):

@@ -33,7 +33,7 @@ def human_bytes(n: float) -> str:
 
 
 class StatusLine(Static):
-    """One line: ``tiny · cpu · fp32 · TPF 3.20 · 51.2 tok/s · RSS 310 MiB · ready``. Memory refreshes every 2 s."""
+    """One line: ``ready │ tiny · cpu · fp32 │ TPF 3.20 · 51.2 tok/s │ RSS 310 MiB``. Memory refreshes every 2 s."""
 
     DEFAULT_CSS = """
     StatusLine { height: 1; dock: top; background: $panel; color: $text; padding: 0 1; }
@@ -77,7 +77,7 @@ class StatusLine(Static):
         tps = "— tok/s" if self.tps is None else f"{self.tps:.1f} tok/s"
         rss = self.memory_fn()
         mem = f"RSS {human_bytes(rss)}" if rss else "RSS ?"
-        return " · ".join((self.model, self.device, self.quant, tpf, tps, mem, self.state))
+        return f"{self.state} │ {self.model} · {self.device} · {self.quant} │ {tpf} · {tps} │ {mem}"
 
     def _redraw(self) -> None:
         self.update(self.line())

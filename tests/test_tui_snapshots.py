@@ -1,0 +1,92 @@
+"""Snapshot tests of `localdiff chat` at 80x24 (pytest-textual-snapshot), driving the real engine on the embedded
+`tiny` model with a fixed seed. Two values are pinned because they depend on the machine, not on the app:
+process memory (RSS) and tokens/second. Update the SVGs with `pytest tests/test_tui_snapshots.py --snapshot-update`
+after an intended change (e.g. a retrained tiny model) and look at them."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+import localdiff
+from localdiff.tui.app import ChatApp
+from localdiff.tui.settings import ChatSettings
+from localdiff.tui.store import ChatStore
+
+SIZE = (80, 24)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return localdiff.load("tiny", device="cpu")
+
+
+async def wait_for(pilot, cond, timeout=60.0):
+    t0 = time.monotonic()
+    while not cond():
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError("timed out waiting for the app")
+        await pilot.pause(0.02)
+
+
+def make_app(model, tmp_path, settings):
+    app = ChatApp("tiny", store=ChatStore(tmp_path / "h.sqlite3"), loader=lambda name, **_: model, settings=settings)
+    return app
+
+
+async def steady(pilot, app):
+    """Pin machine-dependent numbers and stop the cursor blinking."""
+    app.status.memory_fn = lambda: 300 * 2**20
+    app.prompt.cursor_blink = False
+    await wait_for(pilot, lambda: app.model is not None)
+    app.status.set_state(app.status.state)
+
+
+async def send(pilot, app, text):
+    done = app.finished_count
+    await pilot.press(*text, "enter")
+    await wait_for(pilot, lambda: app.finished_count > done)
+
+
+def test_canvas_panel_mid_generation(snap_compare, tiny, tmp_path):
+    settings = ChatSettings(seed=7, sampler={"max_denoising_steps": 8})
+    app = make_app(tiny, tmp_path, settings)
+    paused, release = threading.Event(), threading.Event()
+    pause_at = {"step": None}
+
+    def hook(ev):  # worker thread: hold the engine right after step 2 of the first canvas (or its last step)
+        if ev.canvas_index == 0 and pause_at["step"] is None and (ev.step == 2 or ev.step == ev.max_steps):
+            pause_at["step"] = ev.step
+            paused.set()
+            while not release.wait(0.05) and not app.cancel_event.is_set():
+                pass
+
+    async def run_before(pilot):
+        await steady(pilot, app)
+        app.step_hook = hook
+        await pilot.press(*"What is 12 + 34?", "enter")
+        await wait_for(pilot, paused.is_set)
+        await wait_for(pilot, lambda: app.canvas.frame is not None and app.canvas.frame.step == pause_at["step"])
+        await pilot.pause()
+
+    try:
+        assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+    finally:
+        release.set()
+    assert app.canvas.frame.canvas_index == 0 and not app.canvas.frame.final
+
+
+def test_finished_two_turn_chat(snap_compare, tiny, tmp_path):
+    app = make_app(tiny, tmp_path, ChatSettings(seed=3))
+
+    async def run_before(pilot):
+        await steady(pilot, app)
+        await send(pilot, app, "What is 12 + 34?")
+        await send(pilot, app, "What is 5 + 7?")
+        app.status.tps = 100.0  # tokens/second depends on the machine
+        app.status.set_state("ready")
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+    assert len(app.store.load(app.conversation_id).turns) == 4

@@ -201,6 +201,7 @@ def disk_summary(checkpoint_dir: Path) -> dict:
 
     Returns a dict: ``files`` (count), ``bytes_on_disk`` (sum of file sizes), ``weight_bytes`` (tensor data),
     ``weight_bytes_by_dtype`` (all tensors), ``text_weight_bytes_by_dtype`` (vision tensors excluded),
+    ``vision_weight_bytes``,
     ``quant_metadata`` (the ``localdiff.quant`` entry of the first file's metadata, if any).
     """
     files = sorted(Path(checkpoint_dir).glob("*.safetensors"))
@@ -221,8 +222,10 @@ def disk_summary(checkpoint_dir: Path) -> dict:
             by_dtype[info["dtype"]] = by_dtype.get(info["dtype"], 0) + (b - a)
             if not is_vision_tensor(name):
                 text_by_dtype[info["dtype"]] = text_by_dtype.get(info["dtype"], 0) + (b - a)
+    text = sum(text_by_dtype.values())
     return {"files": len(files), "bytes_on_disk": size, "weight_bytes": sum(by_dtype.values()),
             "weight_bytes_by_dtype": by_dtype, "text_weight_bytes_by_dtype": text_by_dtype,
+            "vision_weight_bytes": sum(by_dtype.values()) - text,
             "quant_metadata": json.loads(meta) if meta else None}
 
 
@@ -236,8 +239,10 @@ def summarize(config: dict, checkpoint_dir: Path | None = None) -> dict:
         a JSON-serialisable dict: ``architecture``, ``model_type``, ``parameters`` (total, active_per_token,
         by_component), ``hidden_size``, ``layers`` (total, by_type), ``attention`` (per layer type: heads, head_dim,
         kv_heads, window, shares_kv), ``experts`` (total, top_k, moe_intermediate_size, dense_mlp_intermediate_size),
-        ``canvas_length``, ``vocab_size``, ``context_length``, ``dtype``, ``quantization``, and with a checkpoint
-        ``disk`` (see :func:`disk_summary`).
+        ``canvas_length``, ``vocab_size``, ``context_length``, ``dtype``, ``quantization``, ``has_vision_tower``
+        (tensors on disk; the config's ``vision_config`` before a pull), and with a checkpoint ``disk`` (see
+        :func:`disk_summary`, weight bytes by dtype from the safetensors headers), else
+        ``text_weight_bytes_estimate`` (dtype code → bytes of the text weights in the config's dtype).
     Raises:
         CheckpointError: required config fields are missing, or a safetensors header is unreadable.
     """
@@ -269,4 +274,9 @@ def summarize(config: dict, checkpoint_dir: Path | None = None) -> dict:
     }
     if checkpoint_dir is not None:
         out["disk"] = disk_summary(Path(checkpoint_dir))
+        out["has_vision_tower"] = out["disk"]["vision_weight_bytes"] > 0
+    else:  # before a pull: text weights in the config's dtype (buffers included), vision tower not counted
+        code = {"float32": "F32", "float16": "F16"}.get(str(out["dtype"]), "BF16")
+        n = sum(x.numel for x in config_tensors(config))   # decoder and encoder layer_scalar are both on disk
+        out["text_weight_bytes_estimate"] = {code: n * SAFETENSORS_DTYPE_BYTES[code]}
     return out

@@ -176,7 +176,10 @@ def test_summary_disk_bytes_from_headers(ref_small):
             total += sum(math.prod(h.get_slice(k).get_shape()) * 4 for k in h.keys())
     assert s["disk"]["weight_bytes_by_dtype"] == {"F32": total}
     assert s["disk"]["text_weight_bytes_by_dtype"]["F32"] < total          # the vision tower is excluded there
+    assert s["has_vision_tower"] and s["disk"]["vision_weight_bytes"] > 0
     json.dumps(s)
+    # before a pull (config only) the text-weight estimate equals what the headers say
+    assert summarize(_config(path))["text_weight_bytes_estimate"] == s["disk"]["text_weight_bytes_by_dtype"]
 
 
 def test_sizes_and_bad_inputs():

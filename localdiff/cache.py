@@ -157,6 +157,9 @@ class KVCache:
         view = lay.run_view()
         if view is not None:
             return view
+        if not torch.is_inference_mode_enabled():
+            with torch.inference_mode():
+                return self.past(i)
         b, h, d, dtype = lay.meta
         vis = lay.visible_len()
         k = torch.empty(b, h, vis, d, dtype=dtype, device=self.device_tier.device)
@@ -181,6 +184,9 @@ class KVCache:
         """
         if self.layers is None:
             return k, v
+        if not torch.is_inference_mode_enabled():   # the model calls this under inference mode already
+            with torch.inference_mode():
+                return self.with_canvas(i, k, v)
         if i <= self._last_i:
             self._new_step()
         self._last_i = i

@@ -8,7 +8,6 @@ Canvas texts and the final result are posted as ordinary messages, so none is ev
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -183,16 +182,16 @@ def run_generation(model, cache, job: GenerationJob, slot: FrameSlot, post: Call
     texts: list[str] = []
     prev_acc: list[bool] | None = None
     last: CanvasFrame | None = None
-    cancelled_at: float | None = None
     after_cancel = 0
+    result: GenerationFinished | None = None
     stream = None
     try:
         stream = model.stream(job.messages, chat=True, cache=cache, **job.kwargs)
         for ev in stream:
-            if isinstance(ev, StepEvent) and cancel.is_set():
-                cancelled_at, after_cancel = time.monotonic(), after_cancel + 1
-                break
             if isinstance(ev, StepEvent):
+                if cancel.is_set():  # the engine ran one more step after Esc: stop pulling
+                    after_cancel += 1
+                    break
                 if last is None or last.canvas_index != ev.canvas_index:
                     prev_acc = None
                 last = frame_from_step(ev, token_text, prev_acc)
@@ -206,18 +205,19 @@ def run_generation(model, cache, job: GenerationJob, slot: FrameSlot, post: Call
                 post(CanvasText(ev.canvas_index, ev.text, frame_from_done(ev, token_text, last)))
             elif isinstance(ev, Done):
                 text = ev.text if isinstance(ev.text, str) else ev.text[0]
-                post(GenerationFinished(text, ev.finish_reason, ev.stats))
-                return
-            if cancel.is_set():
-                cancelled_at = time.monotonic()
+                result = GenerationFinished(text, ev.finish_reason, ev.stats)
                 break
-        post(GenerationFinished("".join(texts), "cancelled" if cancelled_at else "eos", None,
-                                steps_after_cancel=after_cancel))
+            if cancel.is_set():
+                break
+        if result is None:
+            reason = "cancelled" if cancel.is_set() else "eos"
+            result = GenerationFinished("".join(texts), reason, None, steps_after_cancel=after_cancel)
     except Exception as exc:  # the UI shows it; never a traceback on screen
         from ..errors import LocaldiffError
 
         msg = str(exc) if isinstance(exc, LocaldiffError) else f"{type(exc).__name__}: {exc}".rstrip(": ")
-        post(GenerationFinished("".join(texts), "error", None, error=msg))
+        result = GenerationFinished("".join(texts), "error", None, error=msg)
     finally:
         if stream is not None and hasattr(stream, "close"):
-            stream.close()
+            stream.close()  # before the UI hears of the end, so the next turn never overlaps this one
+    post(result)

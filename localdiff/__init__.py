@@ -31,13 +31,15 @@ def _resolve_path(name):
     raise ModelNotFoundError(f"model {name!r} not found")
 
 
-def load(name="tiny", device=None, dtype=None, quant=None):
+def load(name="tiny", device=None, dtype=None, quant=None, gpu_mem=None):
     """Load a model: a catalog alias ("tiny"), a pulled "org/repo[@rev]", or a checkpoint folder.
 
     Args:
         device: "cpu", "cuda", "cuda:N" or None (CUDA when available, else CPU).
         dtype: "float32" | "bfloat16" | "float16" | torch.dtype | None (fp32 on CPU, the checkpoint's on CUDA).
         quant: None or "int8" (weight-only int8, see localdiff.quant).
+        gpu_mem: on CUDA, the device memory budget in bytes for the memory plan (default: free memory measured
+            now); expert layers the plan keeps on the host stay in CPU memory and run there (like --n-cpu-moe).
     Returns:
         Model.
     Raises:
@@ -70,7 +72,15 @@ def load(name="tiny", device=None, dtype=None, quant=None):
     if quant not in (None, "none", "int8"):
         raise UsageError(f"invalid quant {quant!r} (use int8 or none)")
     quant = None if quant == "none" else quant
-    net, cfg = load_model(path, dev, dtype, quant=quant) if quant else load_model(path, dev, dtype)
+    host_layers = ()
+    if dev.type == "cuda":
+        from .loader import read_json
+        from .plan import plan_memory
+
+        budget = int(gpu_mem) if gpu_mem else torch.cuda.mem_get_info(dev)[0]
+        plan = plan_memory(read_json(path / "config.json"), budget, quant or "bf16")
+        host_layers = tuple(plan.host_expert_layers)
+    net, cfg = load_model(path, dev, dtype, quant=quant, host_layers=host_layers)
     gen_cfg = read_generation_config(path)
     eos = gen_cfg.get("eos_token_id", list(cfg.eos_token_id))
     tok = load_tokenizer(path, eos if isinstance(eos, list) else [eos], gen_cfg.get("pad_token_id", cfg.pad_token_id))

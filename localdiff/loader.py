@@ -78,7 +78,8 @@ def weight_map(ckpt: Path) -> dict[str, Path]:
     return out
 
 
-def load_model(ckpt: Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None):
+def load_model(ckpt: Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+               quant: str | None = None, recipe=None, host_layers=()):
     """Build the model for checkpoint folder ``ckpt`` and load its weights.
 
     Args:
@@ -94,8 +95,16 @@ def load_model(ckpt: Path, device: str | torch.device = "cpu", dtype: torch.dtyp
     mod, cfg = load_config(ckpt)
     model_cls, _ = model_and_config_classes(cfg.model_type)
     wm = weight_map(ckpt)
+    from .quant import convert_modules, int8_entries, is_quant_state
+    from .quant_io import checkpoint_recipe
+    from .recipe import DEFAULT_RECIPE
+    from .offload import device_for
+
     with torch.device("meta"):
         model = model_cls(cfg)
+    pre = checkpoint_recipe(cfg.raw)              # a pre-quantized checkpoint: int8 tensors + scales on disk
+    if pre is not None:
+        convert_modules(model, pre)
     wanted = {}
     for local, t in list(model.named_parameters()) + list(model.named_buffers()):
         for cand in mod.checkpoint_names(local):
@@ -105,6 +114,9 @@ def load_model(ckpt: Path, device: str | torch.device = "cpu", dtype: torch.dtyp
         else:
             shard = next(iter(set(wm.values())), ckpt)
             raise CheckpointError(f"{shard}: tensor for {local!r} not found (looked for {mod.checkpoint_names(local)})")
+    to_quant: tuple[str, ...] = ()
+    if quant == "int8" and pre is None:           # quantize at load, tensor by tensor
+        to_quant = tuple(n + "." for n in convert_modules(model, recipe or DEFAULT_RECIPE))
     by_file: dict[Path, list[str]] = {}
     for local, (cand, _) in wanted.items():
         by_file.setdefault(wm[cand], []).append(local)
@@ -116,13 +128,21 @@ def load_model(ckpt: Path, device: str | torch.device = "cpu", dtype: torch.dtyp
                 t = h.get_tensor(cand)
                 if tuple(t.shape) != shape:
                     raise CheckpointError(f"{f}: tensor {cand!r} has shape {tuple(t.shape)}, config implies {shape}")
-                if t.is_floating_point() and dtype is not None and not local.endswith("layer_scalar"):
+                dev = device_for(local, host_layers, device)
+                if to_quant and local.startswith(to_quant):
+                    loaded.update(int8_entries(local, t, dev))
+                    continue
+                if t.is_floating_point() and dtype is not None and not local.endswith("layer_scalar") \
+                        and not is_quant_state(local):
                     t = t.to(dtype)
-                loaded[local] = t.to(device)
+                loaded[local] = t.to(dev)
     if dtype is not None:
         for local in loaded:
             if local.endswith("layer_scalar"):
                 loaded[local] = loaded[local].to(dtype)
     model.load_state_dict(loaded, strict=True, assign=True)
+    if host_layers:
+        from .offload import place_model
+        place_model(model, host_layers, device)   # installs the hooks that run host-layer experts on the CPU
     model.eval().requires_grad_(False)
     return model, cfg

@@ -91,12 +91,26 @@ def _flags(args) -> dict:
             "threshold": args.threshold, "correction": args.correction}
 
 
-def _load(name: str, device, quant):
+def _size(text, flag):
+    if text is None:
+        return None
+    from .recipe import parse_bytes
+
+    try:
+        n = parse_bytes(text)
+    except Exception:  # noqa: BLE001 — any parse failure is the user's flag value
+        n = -1
+    if n < 0:
+        raise UsageError(f"{flag}: expected a size like 2GiB or 512MB, got {text!r}")
+    return n
+
+
+def _load(name: str, device, quant, gpu_mem=None):
     try:
         from . import load
     except ImportError as e:  # pragma: no cover — engine missing from a broken install
         raise LocaldiffError(f"the generation engine is not available: {e}") from None
-    return load(name, device=device, quant=quant)
+    return load(name, device=device, quant=quant, gpu_mem=gpu_mem)
 
 
 def run_gen(args) -> int:
@@ -108,14 +122,17 @@ def run_gen(args) -> int:
                      max_new_tokens=args.max_new_tokens, seed=args.seed)
     overrides = sampler_overrides(_flags(args), cfg)
     seed = cfg.seed if cfg.seed is not None else random.SystemRandom().randrange(2**31)
-    model = _load(cfg.default_model, cfg.device, cfg.quant)
+    gpu_mem = _size(getattr(args, "gpu_mem", None), "--gpu-mem")
+    kv_budget = _size(getattr(args, "kv_budget", None), "--kv-budget")
+    model = _load(cfg.default_model, cfg.device, cfg.quant, gpu_mem)
+    cache = model.new_cache(device_budget_bytes=kv_budget) if kv_budget is not None else None
     used = model.sampler_options(**overrides)
     out = sys.stdout
     written: list[str] = []
     done = None
     interrupted = False
     stream = model.stream(prompt, max_new_tokens=cfg.max_new_tokens, seed=seed, chat=args.chat, system=args.system,
-                          emit_steps=False, **overrides)
+                          emit_steps=False, cache=cache, **overrides)
     limit = cfg.max_new_tokens or getattr(model, "default_max_new_tokens", None)
     emitted = 0
     try:

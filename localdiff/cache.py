@@ -200,6 +200,10 @@ class KVCache:
 
     def _new_step(self) -> None:
         """A denoising step begins: note which layers read through staging (their order drives the prefetch)."""
+        if self._ready:   # prefetches of an interrupted step: their slots may still be being written
+            cur = torch.cuda.current_stream(self.staging.device)
+            for ev in self._ready.values():
+                cur.wait_event(ev)
         self._order = [j for j, lay in enumerate(self.layers) if lay.host_len]
         self._rank = {j: r for r, j in enumerate(self._order)}
         self._served = 0

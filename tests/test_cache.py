@@ -112,8 +112,45 @@ def test_parse_size():
     for bad in ("2 parsecs", "-1", "GiB", "1e9"):
         with pytest.raises(UsageError):
             parse_size(bad)
+    for bad in (-1, "-1"):
+        with pytest.raises(UsageError):
+            parse_size(bad)
     with pytest.raises(UsageError):
         KVCache([None], device_budget_bytes=-1, layer_heads=[(4, 1)])
+    with pytest.raises(UsageError):
+        KVCache([None], device_budget_bytes=1024)          # a finite budget needs the layer shapes
+
+
+def test_device_tier_refuses_to_exceed_its_budget():
+    from localdiff.cache_tiers import DeviceTier
+    tier = DeviceTier(torch.device("cpu"), 100)
+    tier.alloc((1, 1, 5, 5), torch.float32)
+    assert tier.bytes == tier.peak == 100
+    with pytest.raises(RuntimeError):
+        tier.alloc((1,), torch.float32)
+
+
+def test_buffer_growth_under_a_budget_parks_the_run_on_the_host():
+    """Growing a resident buffer needs old + new at once; when that does not fit, the run is parked on the host
+    while the buffer is replaced, so the device peak never passes the budget."""
+    heads, per_token = [(4, 1)], 2 * 1 * 4 * 4
+    budget = 40 * per_token
+    cache = KVCache([None], block_len=4, device_budget_bytes=budget, layer_heads=heads)
+    ora = ConcatCache([None])
+    g = torch.Generator().manual_seed(0)
+    caps = []
+    for _ in range(16):
+        k, v = torch.randn(1, 1, 4, 4, generator=g), torch.randn(1, 1, 4, 4, generator=g)
+        for c in (cache, ora):
+            c.append(0, k, v)
+            c.commit(4, None, 1)
+        caps.append(cache.layers[0].cap)
+        check_accounting(cache, budget)
+        ck = torch.randn(1, 1, 4, 4, generator=g)
+        assert torch.equal(cache.with_canvas(0, ck, ck)[0], ora.with_canvas(0, ck, ck)[0])
+    assert caps[-1] == 40 and sorted(set(caps)) == sorted(set(caps), key=caps.index)   # grew up to the plan
+    assert cache.stats()["device_bytes_peak"] == budget
+    assert cache.stats()["blocks_host"] == 16 - 10 and cache.stats()["blocks_device"] == 10
 
 
 def test_plan_capacity_respects_budget_and_prefers_sliding_layers():
@@ -284,8 +321,9 @@ def test_cache_reads_equal_oracle_under_random_operations(ops, budget_tokens):
                 k, v = torch.randn(1, h, n, d, generator=g), torch.randn(1, h, n, d, generator=g)
                 cache.append(i, k, v)
                 ora.append(i, k, v)
-            cache.commit(n, None, 1)
-            ora.commit(n, None, 1)
+            mask = torch.rand(1, n, generator=g) > 0.2 if n % 3 == 0 else None   # some appends carry padding
+            cache.commit(n, mask, 1)
+            ora.commit(n, mask, 1)
         elif op == "truncate":
             t = max(cache.seq_len - n, 0)
             if cache.truncate(t):
@@ -294,6 +332,8 @@ def test_cache_reads_equal_oracle_under_random_operations(ops, budget_tokens):
                 assert cache.seq_len == ora.seq_len
         for i, (d, h) in enumerate(heads):
             assert cache.visible_len(i) == ora.visible_len(i)
+            pm, qm = cache.past_mask(i), ora.past_mask(i)
+            assert (pm is None and (qm is None or bool(qm.all()))) or torch.equal(pm, qm)
             ck, cv = torch.randn(1, h, 3, d, generator=g), torch.randn(1, h, 3, d, generator=g)
             a, b = cache.with_canvas(i, ck, cv), ora.with_canvas(i, ck, cv)
             assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])

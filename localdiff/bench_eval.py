@@ -6,7 +6,9 @@ across acceptance settings (the sweep), plus the best accuracy-per-TPF point and
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -54,11 +56,25 @@ def exact_match(generated: str, answer: str) -> bool:
     return normalize_text(generated) == normalize_text(answer)
 
 
+def items_digest(items: list[dict]) -> str:
+    """A short fingerprint of an item list (to tell whether two evaluations ran on the same items)."""
+    return hashlib.sha1("\n".join(it["prompt"] for it in items).encode()).hexdigest()[:12]
+
+
+def answer_budget(m, answers: list[str]) -> int:
+    """max_new_tokens for a batch: the canvases the longest answer (+ EOS) needs, plus one canvas of slack, at most
+    the model's default. An output that runs past it is a mismatch anyway; the cap only stops a model that never
+    emits EOS from running to the default length."""
+    c = m.config.canvas_length
+    longest = max(len(m.tokenizer.encode(a)) for a in answers) + 1
+    return min(c * (math.ceil(longest / c) + 1), max(m.default_max_new_tokens, c))
+
+
 def evaluate(m, items: list[dict], seed: int = 0, batch_size: int = 16, max_new_tokens: int | None = None,
              **sampler) -> dict:
     """Generate every item's answer (chat template; items batched within their family, ``batch_size`` at a time,
-    seed ``seed + batch index``). TPF follows the reference's definition: non-pad new tokens up to EOS ÷ decoder
-    forwards of the rows still denoising, summed over rows.
+    seed ``seed + batch index``; ``max_new_tokens`` None = :func:`answer_budget`). TPF follows the reference's
+    definition: non-pad new tokens up to EOS ÷ decoder forwards of the rows still denoising, summed over rows.
 
     Returns:
         {"accuracy", "correct", "n", "tpf", "forwards", "new_tokens", "seconds", "per_family": {fam: {"accuracy",
@@ -74,7 +90,8 @@ def evaluate(m, items: list[dict], seed: int = 0, batch_size: int = 16, max_new_
     for name, group in by_fam.items():  # one family per batch, so each family's forwards are exact
         for j in range(0, len(group), batch_size):
             batch = group[j:j + batch_size]
-            g = m.generate([it["prompt"] for it in batch], max_new_tokens=max_new_tokens, seed=seed + bi, chat=True,
+            cap = max_new_tokens or answer_budget(m, [it["answer"] for it in batch])
+            g = m.generate([it["prompt"] for it in batch], max_new_tokens=cap, seed=seed + bi, chat=True,
                            **sampler)
             bi += 1
             texts = g.text if isinstance(g.text, list) else [g.text]
@@ -95,7 +112,8 @@ def evaluate(m, items: list[dict], seed: int = 0, batch_size: int = 16, max_new_
                   for k, v in sorted(fam.items())}
     return {"accuracy": correct / len(items), "correct": correct, "n": len(items),
             "tpf": tot_tok / max(tot_fw, 1), "forwards": tot_fw, "new_tokens": tot_tok,
-            "seconds": time.perf_counter() - t0, "per_family": per_family, "sampler": opts, "failures": failures}
+            "seconds": time.perf_counter() - t0, "per_family": per_family, "sampler": opts, "failures": failures,
+            "items_digest": items_digest(items)}
 
 
 def sweep_settings(quick: bool, default_steps: int) -> list[dict]:

@@ -1,8 +1,10 @@
 """`localdiff bench` section 4: memory of a load in fp32 / bf16 / int8, each in a fresh subprocess (clean peak).
 
-The child (``python -m localdiff.bench_memory PATH DTYPE QUANT DEVICE``) reports peak RSS after importing torch,
-after loading, and after one short generation (``resource.getrusage`` ru_maxrss; psutil's current RSS when
-installed), the bytes of the loaded weights, and the CUDA peak allocated on a GPU; as one JSON line on stdout.
+The child (``python -m localdiff.bench_memory PATH DTYPE QUANT DEVICE``) reports, after importing torch, after
+loading, and after one short generation: the peak RSS so far (``resource.getrusage`` ru_maxrss — importing torch
+alone sets a high-water mark of a few hundred MB, which a small model never exceeds) and the current RSS (psutil or
+/proc) whose growth is the model's cost; plus the bytes of the loaded weights and, on a GPU, the CUDA peak
+allocated; as one JSON line on stdout.
 """
 from __future__ import annotations
 
@@ -19,11 +21,20 @@ def _peak_rss_bytes() -> int:
 
 
 def _rss_bytes() -> int | None:
+    """Current resident set size: psutil when installed, else /proc/self/statm (Linux), else None."""
     try:
         import psutil
+
+        return int(psutil.Process().memory_info().rss)
     except ImportError:
+        pass
+    try:
+        import os
+
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
         return None
-    return int(psutil.Process().memory_info().rss)
 
 
 def weight_bytes(net) -> int:
@@ -44,14 +55,19 @@ def child(path: str, dtype: str, quant: str, device: str) -> dict:
     torch.set_num_threads(2)
     import localdiff
 
-    out = {"dtype": dtype, "quant": quant, "device": device, "peak_rss_after_import": _peak_rss_bytes()}
+    out = {"dtype": dtype, "quant": quant, "device": device, "peak_rss_after_import": _peak_rss_bytes(),
+           "rss_after_import": _rss_bytes()}
     m = localdiff.load(path, device=device, dtype=dtype, quant=None if quant == "none" else quant)
     out["peak_rss_after_load"] = _peak_rss_bytes()
-    out["weight_bytes"] = weight_bytes(m.net)
     out["rss_after_load"] = _rss_bytes()
+    out["weight_bytes"] = weight_bytes(m.net)
     prompt = [3 + i % 50 for i in range(16)]
     m.generate(prompt, chat=False, seed=0, max_new_tokens=m.config.canvas_length, max_denoising_steps=4)
     out["peak_rss_after_generate"] = _peak_rss_bytes()
+    out["rss_after_generate"] = _rss_bytes()
+    if out["rss_after_import"] is not None:
+        out["rss_growth_load"] = out["rss_after_load"] - out["rss_after_import"]
+        out["rss_growth_total"] = out["rss_after_generate"] - out["rss_after_import"]
     if m.device.type == "cuda":
         out["cuda_peak_allocated"] = int(torch.cuda.max_memory_allocated(m.device))
     return out

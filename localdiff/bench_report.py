@@ -85,15 +85,15 @@ def _history_md(sec: dict) -> list[str]:
 
 def _memory_md(sec: dict) -> list[str]:
     out = ["### Memory (each load in a fresh process)", "",
-           "| load | weights (MiB) | peak RSS after import (MiB) | after load | after a generation | CUDA peak (MiB) |",
-           "|---|---:|---:|---:|---:|---:|"]
+           "| load | weights (MiB) | RSS growth: load (MiB) | load + generation (MiB) | peak RSS (MiB) "
+           "| CUDA peak (MiB) |", "|---|---:|---:|---:|---:|---:|"]
     for r in sec["rows"]:
         name = f"{r['dtype']}" + ("" if r.get("quant") in (None, "none") else f" + {r['quant']}") + f" ({r['device']})"
         if "skipped" in r:
             out.append(f"| {name} | skipped: {r['skipped']} | | | | |")
             continue
-        out.append(f"| {name} | {_mb(r['weight_bytes'])} | {_mb(r['peak_rss_after_import'])} "
-                   f"| {_mb(r['peak_rss_after_load'])} | {_mb(r['peak_rss_after_generate'])} "
+        out.append(f"| {name} | {_mb(r['weight_bytes'])} | {_mb(r.get('rss_growth_load'))} "
+                   f"| {_mb(r.get('rss_growth_total'))} | {_mb(r['peak_rss_after_generate'])} "
                    f"| {_mb(r.get('cuda_peak_allocated'))} |")
     return out
 

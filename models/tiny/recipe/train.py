@@ -47,7 +47,7 @@ def build_config(vocab_size: int, micro: bool = False):
     """The tiny model's DiffusionGemmaConfig (text only). `micro` = a much smaller one for tests."""
     from transformers import DiffusionGemmaConfig
 
-    h = 64 if micro else 256
+    h = 64 if micro else 192
     layers = 2 if micro else 4
     text = dict(
         vocab_size=vocab_size, hidden_size=h, intermediate_size=2 * h, num_hidden_layers=layers,
@@ -55,7 +55,7 @@ def build_config(vocab_size: int, micro: bool = False):
         layer_types=(["sliding_attention"] * (layers - 1) + ["full_attention"]) if micro else
         ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
         sliding_window=16 if micro else 48, max_position_embeddings=1024,
-        num_experts=8, top_k_experts=2, moe_intermediate_size=h // 2 if micro else 128,
+        num_experts=8, top_k_experts=2, moe_intermediate_size=h // 2,
         pad_token_id=PAD, eos_token_id=EOS, bos_token_id=BOS, final_logit_softcapping=30.0,
     )
     # transformers always builds a vision tower; give it a minimal config (text-only use; ~0.35M params)
@@ -133,13 +133,14 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--tokenizer-dir", type=Path, default=HERE.parent)
-    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--warmup", type=int, default=60)
     ap.add_argument("--sc-prob", type=float, default=0.5)
     ap.add_argument("--bf16", action="store_true", help="bf16 autocast (CPU)")
     ap.add_argument("--micro", action="store_true", help="tiny config for tests")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--init", type=Path, default=None, help="continue from this checkpoint's weights")
+    ap.add_argument("--threads", type=int, default=1, help="1 is faster than 2 on a shared 2-core machine")
     ap.add_argument("--ckpt-every", type=float, default=5.0, help="minutes between checkpoints")
     ap.add_argument("--log-every", type=int, default=20)
     args = ap.parse_args()
@@ -151,7 +152,11 @@ def main() -> None:
     tok = Tokenizer.from_file(str(args.tokenizer_dir / "tokenizer.json"))
     vocab = tok.get_vocab_size()
     config = build_config(vocab, micro=args.micro)
-    model = DiffusionGemmaForBlockDiffusion(config).train()
+    if args.init is not None:
+        model = DiffusionGemmaForBlockDiffusion.from_pretrained(args.init).train()
+        config = model.config
+    else:
+        model = DiffusionGemmaForBlockDiffusion(config).train()
     n_params = sum(p.numel() for p in model.parameters())
     print(f"params {n_params / 1e6:.2f}M vocab {vocab} canvas {config.canvas_length}", flush=True)
     data = Data(tok, (args.tokenizer_dir / "chat_template.jinja").read_text(), config.canvas_length, args.seed)

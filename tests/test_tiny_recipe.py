@@ -1,0 +1,142 @@
+"""The embedded tiny model's training recipe can't rot: generator, tokenizer, eval set, a few training steps."""
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ROOT / "models" / "tiny"
+RECIPE = TINY / "recipe"
+sys.path.insert(0, str(RECIPE))
+
+import tasks  # noqa: E402
+
+
+def test_generator_is_deterministic_and_covers_every_family():
+    a = [tasks.sample(random.Random(7)) for _ in range(1)] + [tasks.sample(random.Random(7), family=f)
+                                                             for f in tasks.GENERATORS]
+    b = [tasks.sample(random.Random(7)) for _ in range(1)] + [tasks.sample(random.Random(7), family=f)
+                                                             for f in tasks.GENERATORS]
+    assert a == b
+    rng = random.Random(3)
+    fams = {tasks.sample(rng)["family"] for _ in range(500)}
+    assert fams == set(tasks.GENERATORS)
+
+
+@pytest.mark.parametrize("family", sorted(tasks.GENERATORS))
+def test_answers_are_correct(family):
+    rng = random.Random(11)
+    for _ in range(50):
+        it = tasks.sample(rng, family=family)
+        p, a = it["prompt"], it["answer"]
+        if family == "add":
+            x, y = [int(t) for t in p.removeprefix("What is ").removesuffix("?").split(" + ")]
+            assert a == f"{x} + {y} = {x + y}." and 10 <= x <= 99 and 10 <= y <= 99
+        elif family == "reverse":
+            assert a.split() == p.split(": ")[1].split()[::-1]
+        elif family == "sort_letters":
+            assert a.split() == sorted(p.split(": ")[1].split())
+        elif family == "count_letter":
+            ch, word = p.removeprefix("How many times does ").removesuffix("?").split(" appear in ")
+            assert int(a) == word.split().count(ch)
+        elif family == "list":
+            nums = [int(t) for t in a.split(", ")]
+            assert abs(nums[-1] - nums[0]) + 1 == len(nums) >= 10
+        elif family in ("arith", "word_problem", "convert"):
+            # every "x op y = z" clause is arithmetically right
+            for clause in a.rstrip(".").split(". "):
+                lhs, rhs = clause.split(" = ")
+                toks = lhs.split()
+                if family == "convert":
+                    continue
+                x, op, y = int(toks[0]), toks[1], int(toks[2])
+                assert int(rhs) == (x + y if op == "+" else x - y) >= 0
+
+
+def test_heldout_split_is_disjoint_and_eval_file_is_current():
+    rng = random.Random(0)
+    train = [tasks.sample(rng) for _ in range(3000)]
+    assert not any(tasks.is_heldout(it["prompt"]) for it in train)
+    shipped = [json.loads(x) for x in (TINY / "eval.jsonl").read_text().splitlines()]
+    assert shipped == tasks.make_eval()  # regenerate with `python models/tiny/recipe/tasks.py`
+    assert all(tasks.is_heldout(it["prompt"]) for it in shipped)
+    assert not {it["prompt"] for it in shipped} & {it["prompt"] for it in train}
+    per_fam = {f: sum(it["family"] == f for it in shipped) for f in tasks.GENERATORS}
+    assert min(per_fam.values()) >= 30 and per_fam["add"] == 50 and per_fam["reverse"] == 50
+
+
+def test_tokenizer_digits_letters_and_chat_template():
+    from tokenizers import Tokenizer
+    import jinja2
+
+    tok = Tokenizer.from_file(str(TINY / "tokenizer.json"))
+    for i, s in enumerate(["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>", "<mask>"]):
+        assert tok.token_to_id(s) == i
+    enc = tok.encode("27 + 58 = 85.", add_special_tokens=False)
+    assert [t for t in enc.tokens if any(c.isdigit() for c in t)] == list("275885")  # one token per digit
+    assert tok.encode("r e t t o", add_special_tokens=False).tokens == ["▁r", "▁e", "▁t", "▁t", "▁o"]
+    tpl = jinja2.Environment().from_string((TINY / "chat_template.jinja").read_text())
+    text = tpl.render(messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+                      add_generation_prompt=True, bos_token="<bos>")
+    assert text == "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
+    assert tok.decode(tok.encode("What is 27 + 58?").ids) == "What is 27 + 58?"
+
+
+def test_data_batches_pad_left_and_end_with_end_of_turn():
+    import train
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(TINY / "tokenizer.json"))
+    data = train.Data(tok, (TINY / "chat_template.jinja").read_text(), canvas=32, seed=0)
+    p, a = data.encode_item({"prompt": "What is 27 + 58?", "answer": "27 + 58 = 85."})
+    assert tok.decode(a[:-1]) == "27 + 58 = 85." and a[-1] == tok.token_to_id("<end_of_turn>")
+    ids, mask, target = data.batch(16)
+    assert ids.shape[0] == mask.shape[0] == target.shape[0] == 16 and target.shape[1] == 32
+    assert bool(mask[:, -1].all()) and bool((ids[~mask] == train.PAD).all())
+    assert int((target == tok.token_to_id("<end_of_turn>")).sum()) >= 1
+
+
+def test_a_few_training_steps_lower_the_loss():
+    pytest.importorskip("transformers")
+    import torch
+    import train
+    from tokenizers import Tokenizer
+    from transformers import DiffusionGemmaForBlockDiffusion
+
+    torch.manual_seed(0)
+    tok = Tokenizer.from_file(str(TINY / "tokenizer.json"))
+    vocab = tok.get_vocab_size()
+    model = DiffusionGemmaForBlockDiffusion(train.build_config(vocab, micro=True)).train()
+    data = train.Data(tok, (TINY / "chat_template.jinja").read_text(), canvas=8, seed=0)
+    batch = data.batch(16)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    gen = torch.Generator().manual_seed(0)
+    losses = []
+    for step in range(30):
+        loss = train.loss_step(model, *batch, vocab=vocab, sc=step % 2 == 1, gen=gen)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+    assert first > 4.5  # ~ln(365) at init
+    assert last < 0.7 * first, losses
+
+
+def test_train_script_writes_a_loadable_checkpoint(tmp_path):
+    pytest.importorskip("transformers")
+    r = subprocess.run([sys.executable, str(RECIPE / "train.py"), "--steps", "2", "--micro", "--batch", "4",
+                        "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "done: 2 steps" in r.stdout
+    for f in ["config.json", "model.safetensors", "generation_config.json", "tokenizer.json", "chat_template.jinja"]:
+        assert (tmp_path / f).is_file(), f
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["model_type"] == "diffusion_gemma" and cfg["canvas_length"] == 8
+    gen = json.loads((tmp_path / "generation_config.json").read_text())
+    assert gen["eos_token_id"] == [1, 5] and gen["pad_token_id"] == 0

@@ -54,6 +54,7 @@ def child(path: str, dtype: str, quant: str, device: str) -> dict:
 
     torch.set_num_threads(2)
     import localdiff
+    from localdiff import engine, loader, tokenizer  # noqa: F401 — code imports are not the model's cost
 
     out = {"dtype": dtype, "quant": quant, "device": device, "peak_rss_after_import": _peak_rss_bytes(),
            "rss_after_import": _rss_bytes()}

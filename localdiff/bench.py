@@ -56,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="tiny", help="the embedded model (alias or folder; default tiny)")
     p.add_argument("--eval-file", type=Path, help="held-out items (default: <model folder>/eval.jsonl)")
     p.add_argument("--per-family", type=int, help="eval items per family (default: quick 3, full all)")
+    p.add_argument("--max-new-tokens", type=int,
+                   help="eval: max new tokens per item (default: the longest answer's canvases + one canvas)")
     p.add_argument("--random-model", type=Path,
                    help="checkpoint folder to use as the random model of the reference comparison "
                         "(default: build the wider tiny-random DiffusionGemma in a temp dir)")
@@ -189,7 +191,7 @@ def _eval(ctx: _Ctx) -> dict:
     a = ctx.args
     items = ctx.items(a.per_family if a.per_family is not None else _size(a, "eval_per_family"))
     ctx.log(f"eval: {len(items)} items, default sampler")
-    r = evaluate(ctx.model(), items, seed=0, batch_size=a.batch_size)
+    r = evaluate(ctx.model(), items, seed=0, batch_size=a.batch_size, max_new_tokens=a.max_new_tokens)
     for fam, v in r["per_family"].items():
         ctx.log(f"  {fam:14s} {v['accuracy']:6.1%}  ({v['correct']}/{v['n']})  TPF {v['tpf']:.2f}")
     ctx.log(f"  {'overall':14s} {r['accuracy']:6.1%}  ({r['correct']}/{r['n']})  TPF {r['tpf']:.2f}")
@@ -207,10 +209,10 @@ def _sweep(ctx: _Ctx, out_dir: Path, stem: str, default: dict | None) -> dict:
                 if m.sampler_options(**s) != defaults]  # the default point runs once, as "default"
     ctx.log(f"sweep: {len(settings)} settings × {len(items)} items")
     same = default is not None and default.get("items_digest") == be.items_digest(items)
-    base = default if same else be.evaluate(m, items, seed=0, batch_size=a.batch_size)
+    base = default if same else be.evaluate(m, items, seed=0, batch_size=a.batch_size, max_new_tokens=a.max_new_tokens)
     rows = [{"setting": {}, "label": "default", "accuracy": base["accuracy"], "tpf": base["tpf"],
              "seconds": base["seconds"], "per_family": {k: v["accuracy"] for k, v in base["per_family"].items()}}]
-    rows += be.run_sweep(m, items, settings, 0, a.batch_size, ctx.log)
+    rows += be.run_sweep(m, items, settings, 0, a.batch_size, ctx.log, a.max_new_tokens)
     best = be.best_point(rows)
     ctx.log(f"  best accuracy-per-TPF point: {best['label']} (accuracy {best['accuracy']:.1%}, TPF {best['tpf']:.2f})")
     sec = {"items": len(items), "per_family": per, "rows": rows, "best": best,

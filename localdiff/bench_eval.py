@@ -142,11 +142,12 @@ def label(s: dict) -> str:
     return " ".join(parts) or "default"
 
 
-def run_sweep(m, items, settings: list[dict], seed: int, batch_size: int, log=print) -> list[dict]:
-    """Evaluate each setting; rows {"setting", "label", "accuracy", "tpf", "seconds", "per_family"}."""
+def run_sweep(m, items, settings: list[dict], seed: int, batch_size: int, log=print,
+              max_new_tokens: int | None = None) -> list[dict]:
+    """Evaluate each setting; rows {"setting", "label", "accuracy", "tpf", "seconds", "per_family", "effective"}."""
     rows = []
     for i, s in enumerate(settings):
-        r = evaluate(m, items, seed=seed, batch_size=batch_size, **s)
+        r = evaluate(m, items, seed=seed, batch_size=batch_size, max_new_tokens=max_new_tokens, **s)
         rows.append({"setting": s, "label": label(s), "accuracy": r["accuracy"], "tpf": r["tpf"],
                      "seconds": r["seconds"], "per_family": {k: v["accuracy"] for k, v in r["per_family"].items()},
                      "effective": {k: r["sampler"][k] for k in ("entropy_bound", "threshold", "correction",

@@ -41,22 +41,30 @@ def test_quick_reference_comparison_json(ref_small, tmp_path):
 
 @pytest.mark.skipif(not (TINY / "model.safetensors").is_file(), reason="embedded model not trained yet")
 def test_eval_on_three_items(tmp_path):
-    items = [{"family": "add", "prompt": "What is 27 + 58?", "answer": "27 + 58 = 85."},
-             {"family": "add", "prompt": "What is 13 + 40?", "answer": "13 + 40 = 53."},
-             {"family": "reverse", "prompt": "Reverse the letters: c a t", "answer": "t a c"}]
+    """Model-independent: the expected answers are what the model itself generates with the bench's batching and
+    seeds (family "a" = batch 0 / seed 0, family "b" = batch 1 / seed 1), one of them altered to be wrong."""
+    import localdiff
+
+    m = localdiff.load("tiny", device="cpu")
+    pa, pb = ["What is 27 + 58?", "Reverse the letters: c a t"], ["What is 13 + 40?"]
+    ga = m.generate(pa, seed=0, max_new_tokens=64)
+    gb = m.generate(pb, seed=1, max_new_tokens=64)
+    items = [{"family": "a", "prompt": pa[0], "answer": "  " + ga.text[0] + " "},
+             {"family": "a", "prompt": pa[1], "answer": ga.text[1] + " extra"},
+             {"family": "b", "prompt": pb[0], "answer": gb.text}]
     f = tmp_path / "eval.jsonl"
     f.write_text("".join(json.dumps(i) + "\n" for i in items))
     out = tmp_path / "e.json"
-    assert bench.main(["--eval", "--eval-file", str(f), "--out", str(out)]) == 0
+    assert bench.main(["--eval", "--eval-file", str(f), "--max-new-tokens", "64", "--out", str(out)]) == 0
     res = json.loads(out.read_text())
     assert list(res["sections"]) == ["eval"]
     d = res["sections"]["eval"]["default"]
-    assert d["n"] == 3 and set(d["per_family"]) == {"add", "reverse"}
-    assert d["per_family"]["add"]["n"] == 2 and d["per_family"]["reverse"]["n"] == 1
-    assert d["correct"] == sum(v["correct"] for v in d["per_family"].values())
-    assert len(d["failures"]) == 3 - d["correct"]
-    assert d["tpf"] > 0 and d["forwards"] > 0
-    assert d["per_family"]["add"]["correct"] >= 1  # the shipped model answers 2-digit additions
+    assert (d["n"], d["correct"]) == (3, 2)
+    assert {k: (v["correct"], v["n"]) for k, v in d["per_family"].items()} == {"a": (1, 2), "b": (1, 1)}
+    assert [x["prompt"] for x in d["failures"]] == [pa[1]]
+    assert d["forwards"] == ga.stats.forwards + gb.stats.forwards
+    assert d["tpf"] == pytest.approx((ga.stats.new_tokens + gb.stats.new_tokens) / d["forwards"])
+    assert d["per_family"]["b"]["tpf"] == pytest.approx(gb.stats.tokens_per_forward)
 
 
 def test_exact_match_and_items(tmp_path):

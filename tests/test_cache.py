@@ -342,6 +342,48 @@ def test_cache_reads_equal_oracle_under_random_operations(ops, budget_tokens):
         check_accounting(cache, budget)
 
 
+class _StandInStream:
+    def wait_event(self, ev):
+        pass
+
+    def synchronize(self):
+        pass
+
+
+class _StandInEvent:
+    def record(self, stream=None):
+        pass
+
+
+def test_prefetch_schedule_keeps_slots_apart(monkeypatch):
+    """The CUDA prefetch path (copy the next offloaded layer into the other staging slot while this one computes)
+    driven on the CPU with stand-in streams: copies run at once, so a prefetch into the slot still being read
+    would change the logits."""
+    import contextlib
+
+    import localdiff.cache as cache_mod
+
+    class CudaLikeStaging(cache_mod.Staging):
+        def __init__(self, device):
+            super().__init__(device)
+            self.cuda, self.stream = True, _StandInStream()
+
+    monkeypatch.setattr(cache_mod, "Staging", CudaLikeStaging)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _StandInStream())
+    monkeypatch.setattr(torch.cuda, "Event", _StandInEvent)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    m = tiny_model(layers=("sliding_attention", "full_attention", "full_attention", "sliding_attention",
+                           "full_attention"))
+    prompt = torch.randint(3, V, (1, 19), generator=torch.Generator().manual_seed(3))
+    ref = _denoise_run(m, ConcatCache(m.net.layer_windows()), prompt, n_canvas=3)
+    for budget in (0, one_block(m), 12 * one_block(m)):
+        cache = m.new_cache(device_budget_bytes=budget)
+        assert torch.equal(_denoise_run(m, cache, prompt, n_canvas=3), ref)
+        s = cache.stats()
+        assert s["prefetched_reads"] > 0 and s["blocks_to_device"] > 0
+        assert len(cache.staging.slots) >= 2    # two parities in use
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_offload_bit_identical_with_pinned_host_tier():

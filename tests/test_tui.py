@@ -331,7 +331,7 @@ def test_history_survives_a_restart(tiny, tmp_path):
             assert app.messages[1] == {"role": "assistant", "content": answer}
             assert "no saved answer" in str(app.transcript.query(".note").last().render())
             fin = await send(pilot, app, "/regen")
-            assert fin.error is None and fin.text
+            assert fin.error is None and fin.finish_reason in ("eos", "length")  # (tiny's later turns may be empty)
             turns = app.store.load(cid).turns
             assert [t.role for t in turns] == ["user", "assistant", "user", "assistant"]
             assert turns[-1].content == fin.text == app.transcript.messages[-1].text

@@ -78,7 +78,7 @@ def test_canvas_panel_mid_generation(snap_compare, tiny, tmp_path):
 
 
 def test_finished_two_turn_chat(snap_compare, tiny, tmp_path):
-    app = make_app(tiny, tmp_path, ChatSettings(seed=3))
+    app = make_app(tiny, tmp_path, ChatSettings(seed=1))
 
     async def run_before(pilot):
         await steady(pilot, app)

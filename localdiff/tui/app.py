@@ -244,9 +244,8 @@ class ChatApp(App):
     async def on_generation_finished(self, event: GenerationFinished) -> None:
         self.generating = False
         self.last_finish = event
-        self.finished_count += 1
         answer, self._answer = self._answer, None
-        if event.text:
+        if event.text or event.finish_reason in ("eos", "length"):  # a finished answer is kept even if empty
             await answer.set_text(event.text)
             self.messages.append({"role": "assistant", "content": event.text})
             stats = event.stats.as_dict() if event.stats is not None else {}
@@ -267,6 +266,7 @@ class ChatApp(App):
             self.status.show_stats(event.stats)
         self.status.set_state("ready" if not event.error else "error", error=bool(event.error))
         self.canvas.set_class(not self.pin_canvas, "-hidden")
+        self.finished_count += 1  # last: the turn is on screen and on disk
 
     # ---------------------------------------------------------------- slash commands
     async def _slash(self, text: str) -> None:

@@ -26,10 +26,10 @@ class ChatMessage(Markdown):
             await self.append(fragment)
 
     async def set_text(self, text: str) -> None:
-        """Replace the whole text (once per turn, when the answer is final)."""
-        if text != self.text:
+        """Replace the whole text (once per turn, when the answer is final); an empty answer says so."""
+        if text != self.text or not text:
             self.text = text
-            await self.update(text)
+            await self.update(text or "*(empty answer)*")
 
 
 class Transcript(VerticalScroll):

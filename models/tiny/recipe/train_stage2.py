@@ -1,0 +1,196 @@
+"""Stage 2 of the embedded `tiny` model: continue from a stage-1 checkpoint (train.py) with localdiff's own modules.
+
+Same objective as train.py (uniform-noise canvas denoising given the causal prefix, self-conditioning on a share of
+the steps, loss over the canvas), made cheaper per example:
+* the prefix is encoded once and its K/V shared by ``--draws`` independently noised copies of the target canvas;
+* batches are built from length-sorted pools, so little of the encoder's work is padding;
+* family weights can shift the mix (``--weights add=6,reverse=5``) toward the families still below their floor.
+
+Because localdiff's backbone equals the reference to 1e-6 (tests/test_backbone.py), a checkpoint trained here is a
+normal DiffusionGemma checkpoint: it is written in the Hub layout (``model.decoder.*`` names, the encoder's own
+``layer_scalar``s, the stage-1 file's other tensors copied unchanged).
+
+    python train_stage2.py --init /tmp/tiny_stage1 --minutes 40 --out /tmp/tiny_stage2
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from tokenizers import Tokenizer
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import tasks  # noqa: E402
+import train as stage1  # noqa: E402
+
+from localdiff.arch.diffusion_gemma import DiffusionGemma, checkpoint_names  # noqa: E402
+from localdiff.loader import load_model  # noqa: E402
+
+
+class GradCache:
+    """Autograd-friendly KV cache with the interface DiffusionGemma.prefill/denoise use (concatenation only)."""
+
+    def __init__(self, windows):
+        self.w = windows
+        self.k = [None] * len(windows)
+        self.v = [None] * len(windows)
+        self.mask = None
+        self.seq_len = 0
+
+    def visible_len(self, i):
+        return 0 if self.k[i] is None else self.k[i].shape[2]
+
+    def past(self, i):
+        return None if self.k[i] is None else (self.k[i], self.v[i])
+
+    def past_mask(self, i):
+        return None if self.mask is None else self.mask[:, self.seq_len - self.visible_len(i):]
+
+    def append(self, i, k, v):
+        w = self.w[i]
+        if w is not None and k.shape[2] > w - 1:
+            k, v = k[:, :, -(w - 1):], v[:, :, -(w - 1):]
+        self.k[i], self.v[i] = k, v
+
+    def commit(self, n, mask, b):
+        self.mask = mask
+        self.seq_len += n
+
+    def with_canvas(self, i, k, v):
+        if self.k[i] is None:
+            return k, v
+        return torch.cat([self.k[i], k], 2), torch.cat([self.v[i], v], 2)
+
+    def repeat(self, r: int) -> None:
+        """Share each row's prefix with r canvases (batch B → B*r, rows repeated in place)."""
+        self.k = [None if t is None else t.repeat_interleave(r, 0) for t in self.k]
+        self.v = [None if t is None else t.repeat_interleave(r, 0) for t in self.v]
+        if self.mask is not None:
+            self.mask = self.mask.repeat_interleave(r, 0)
+
+
+def batches(data: stage1.Data, n: int, pool: int):
+    """Length-bucketed batches: draw pool*n examples, sort by prefix length, yield n-sized chunks."""
+    while True:
+        items = []
+        for _ in range(pool):
+            ids, mask, tgt = data.batch(n)
+            for r in range(n):
+                keep = ids[r][mask[r]]
+                items.append((keep, tgt[r]))
+        items.sort(key=lambda x: len(x[0]))
+        chunks = [items[i:i + n] for i in range(0, len(items), n)]
+        random.Random(len(items) + int(items[0][0].sum())).shuffle(chunks)
+        for ch in chunks:
+            L = max(len(p) for p, _ in ch)
+            ids = torch.zeros(len(ch), L, dtype=torch.long)
+            mask = torch.zeros(len(ch), L, dtype=torch.bool)
+            for r, (p, _) in enumerate(ch):
+                ids[r, L - len(p):] = p
+                mask[r, L - len(p):] = True
+            yield ids, (None if bool(mask.all()) else mask), torch.stack([t for _, t in ch])
+
+
+def save(net: DiffusionGemma, init: Path, out: Path) -> None:
+    """Write net in the Hub layout into out (stage-1 file's non-text tensors and metadata files copied)."""
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = load_file(str(init / "model.safetensors"))
+    for local, t in list(net.named_parameters()) + list(net.named_buffers()):
+        name = next(c for c in checkpoint_names(local) if c in tensors)
+        tensors[name] = t.detach().to(tensors[name].dtype).contiguous()
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    for f in init.iterdir():
+        if f.name != "model.safetensors" and f.is_file():
+            shutil.copy(f, out / f.name)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--init", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--minutes", type=float, default=40.0)
+    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--batch", type=int, default=32, help="prefixes per step")
+    ap.add_argument("--draws", type=int, default=4, help="noised canvases per prefix")
+    ap.add_argument("--lr", type=float, default=1.5e-3)
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--sc-prob", type=float, default=0.5)
+    ap.add_argument("--weights", default="", help="family weights, e.g. add=6,reverse=5")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--ckpt-every", type=float, default=5.0)
+    ap.add_argument("--log-every", type=int, default=20)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    for kv in filter(None, args.weights.split(",")):
+        k, v = kv.split("=")
+        tasks.WEIGHTS[k] = float(v)
+    net, cfg = load_model(args.init, "cpu", torch.float32)
+    net.train().requires_grad_(True)
+    for name, buf in net.named_buffers():
+        buf.requires_grad_(False)
+    tok = Tokenizer.from_file(str(args.init / "tokenizer.json"))
+    data = stage1.Data(tok, (args.init / "chat_template.jinja").read_text(), cfg.canvas_length, args.seed)
+    stream = batches(data, args.batch, pool=8)
+    decay = [p for n, p in net.named_parameters() if p.ndim >= 2 and "norm" not in n]
+    rest = [p for n, p in net.named_parameters() if not (p.ndim >= 2 and "norm" not in n)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.98))
+    prefill, denoise = DiffusionGemma.prefill.__wrapped__, DiffusionGemma.denoise.__wrapped__
+    gen = torch.Generator().manual_seed(args.seed)
+    coin = random.Random(args.seed)
+    vocab, r = cfg.vocab_size, args.draws
+    t0 = last = time.time()
+    step, seen, ema = 0, 0, None
+    while True:
+        el = time.time() - t0
+        if (args.steps is not None and step >= args.steps) or (args.steps is None and el >= args.minutes * 60):
+            break
+        frac = step / args.steps if args.steps else el / (args.minutes * 60)
+        lr = args.lr * min(1.0, (step + 1) / args.warmup) * max(0.05, 1 - frac)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        ids, mask, target = next(stream)
+        target = target.repeat_interleave(r, 0)
+        b, c = target.shape
+        t = torch.rand(b, 1, generator=gen)
+        noisy = torch.where(torch.rand(b, c, generator=gen) < t, torch.randint(0, vocab, (b, c), generator=gen), target)
+        cache = GradCache(net.layer_windows())
+        prefill(net, ids, cache, mask)
+        cache.repeat(r)
+        sc = None
+        if coin.random() < args.sc_prob:
+            with torch.no_grad():
+                sc = denoise(net, noisy, cache, None).detach()
+        logits = denoise(net, noisy, cache, sc)
+        loss = F.cross_entropy(logits.reshape(-1, vocab), target.reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+        opt.step()
+        step += 1
+        seen += b
+        ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
+        if step % args.log_every == 0 or step == 1:
+            el = time.time() - t0
+            print(f"step {step} t {el / 60:.1f}m loss {loss.item():.4f} ema {ema:.4f} lr {lr:.2e} "
+                  f"canvases/s {seen / el:.1f}", flush=True)
+        if args.steps is None and time.time() - last > args.ckpt_every * 60:
+            save(net, args.init, args.out)
+            last = time.time()
+    save(net, args.init, args.out)
+    el = time.time() - t0
+    print(f"done: {step} steps in {el / 60:.1f} min, {seen / el:.1f} canvases/s, final ema loss {ema:.4f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -291,12 +291,14 @@ def test_escape_stops_within_one_step_and_the_next_prompt_works(tiny, tmp_path, 
             app.step_hook = hook
             await pilot.press(*PROMPT, "enter")
             await wait_for(pilot, paused.is_set)  # the engine is mid-canvas (first denoising step done)
+            await wait_for(pilot, lambda: app.canvas.frame is not None)
             await pilot.press("escape")
             assert app.cancel_event.is_set()
             release.set()
             await wait_for(pilot, lambda: not app.generating)
             fin = app.last_finish
             assert fin.finish_reason == "cancelled" and fin.steps_after_cancel <= 1
+            assert app.canvas.border_title == "canvas 1 · stopped at step 1 (dropped)"
             assert forwards["n"] - seen["at_pause"] <= 1  # at most one more decoder forward after Esc
             assert seen["steps"] == 1
             # nothing was final yet: the question left the context and the history

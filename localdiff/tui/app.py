@@ -245,6 +245,7 @@ class ChatApp(App):
         self.generating = False
         self.last_finish = event
         answer, self._answer = self._answer, None
+        self._draw_latest()  # a frame still waiting for its redraw slot is shown now, never after the end
         if event.text or event.finish_reason in ("eos", "length"):  # a finished answer is kept even if empty
             await answer.set_text(event.text)
             self.messages.append({"role": "assistant", "content": event.text})
@@ -259,6 +260,7 @@ class ChatApp(App):
         if event.error:
             await self.transcript.add_note(f"generation failed: {event.error}", error=True)
         elif event.finish_reason == "cancelled":
+            self.canvas.mark_stopped()
             kept = "kept the finished canvases" if event.text else "nothing was final; the message was not kept"
             await self.transcript.add_note(f"stopped — {kept}")
         if event.stats is not None:

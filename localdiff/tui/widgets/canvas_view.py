@@ -75,6 +75,11 @@ class CanvasView(Widget):
         )
         self.refresh(layout=True)
 
+    def mark_stopped(self) -> None:
+        """Esc stopped the answer: the canvas on screen was not finished (and is not part of the answer)."""
+        if self.frame is not None and not self.frame.final:
+            self.border_title = f"canvas {self.frame.canvas_index + 1} · stopped at step {self.frame.step} (dropped)"
+
     def reset(self) -> None:
         """Forget the frame (before a new answer)."""
         self.frame = None

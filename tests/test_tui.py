@@ -401,3 +401,50 @@ def test_a_model_that_fails_to_load_shows_the_error_and_exits_non_zero(tmp_path)
             await pilot.press("ctrl+q")
         assert app.return_code == 1
     asyncio.run(go())
+
+
+def test_switch_model_offers_only_loadable_models(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    from localdiff.tui.commands import available_models
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-hf-cache"))
+    assert available_models() == ["tiny"]  # nothing pulled: the embedded model only
+    monkeypatch.setattr("localdiff.hub.list_models", lambda *a, **k: [{"name": "tiny"}, {"name": "org/big@v2"}])
+    assert available_models() == ["tiny", "org/big@v2"]
+
+
+def test_palette_switch_model_keeps_the_conversation_and_reports_failures(tiny, tmp_path):
+    from localdiff.errors import ModelNotFoundError
+
+    loads = []
+
+    def loader(name, **_):
+        loads.append(name)
+        if name == "broken":
+            raise ModelNotFoundError("model 'broken' not found")
+        return tiny
+
+    async def pick(pilot, app, label):
+        await pilot.press("ctrl+p")
+        await pilot.press(*label)
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+
+    async def go():
+        app = ChatApp("tiny", store=ChatStore(tmp_path / "h.sqlite3"), loader=loader, settings=ChatSettings(seed=0))
+        app.model_choices = lambda: ["tiny", "broken"]
+        async with app.run_test(size=(80, 24)) as pilot:
+            await send(pilot, app, PROMPT)
+            cache = app.cache
+            await pick(pilot, app, "Switch model: broken")
+            await wait_for(pilot, lambda: app.load_error is not None)
+            assert app.model is tiny and app.cache is cache and len(app.messages) == 2
+            assert any("could not load broken" in str(w.render()) for w in app.transcript.query(".error"))
+            await pick(pilot, app, "Switch model: tiny")
+            await wait_for(pilot, lambda: app.load_error is None and app.cache is not cache)
+            assert loads == ["tiny", "broken", "tiny"] and len(app.messages) == 2
+            assert app.status.line().startswith("ready │ tiny")
+            await pilot.press("ctrl+q")
+        assert app.return_code == 0
+    asyncio.run(go())

@@ -90,3 +90,18 @@ def test_finished_two_turn_chat(snap_compare, tiny, tmp_path):
 
     assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
     assert len(app.store.load(app.conversation_id).turns) == 4
+
+
+def test_light_theme_after_one_answer(snap_compare, tiny, tmp_path):
+    app = make_app(tiny, tmp_path, ChatSettings(seed=0))
+
+    async def run_before(pilot):
+        await steady(pilot, app)
+        await pilot.press("ctrl+t")  # dark → light
+        await send(pilot, app, "Sort the letters: s u m m e r")
+        app.status.tps = 100.0
+        app.status.set_state("ready")
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+    assert app.theme == "textual-light"

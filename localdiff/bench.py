@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import os
 import platform
 import random
 import shutil
@@ -65,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="denoising steps per canvas on the random model (random weights are chaotic past ~8)")
     p.add_argument("--ref-on", choices=["both", "embedded", "random"], default="both",
                    help="models of the reference comparison (default both)")
+    p.add_argument("--ld-dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="localdiff's dtype in the reference comparison (the reference runs fp32; default float32)")
     p.add_argument("--seeds", type=int, help="seeds per model in the reference comparison")
     p.add_argument("--reps", type=int, help="repetitions per seed in the reference comparison")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads for the whole run (default 2)")
@@ -102,7 +105,13 @@ def _environment(threads: int) -> dict:
                 break
     except OSError:
         pass
-    env = {"date": _dt.datetime.now().isoformat(timespec="seconds"), "python": platform.python_version(),
+    try:
+        load = os.getloadavg()[0]
+    except (OSError, AttributeError):
+        load = None
+    cores = os.cpu_count() or 1
+    env = {"load_average_1min": load, "cpu_count": cores,
+           "date": _dt.datetime.now().isoformat(timespec="seconds"), "python": platform.python_version(),
            "torch": torch.__version__, "threads": threads, "cpu": cpu, "device": "cpu",
            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
     try:
@@ -162,7 +171,7 @@ def _ref(ctx: _Ctx) -> dict:
         n_new = m.config.canvas_length * _size(a, "ref_canvases")
         ctx.log(f"ref: embedded model {m.path} ({len(seeds)} seeds × {reps} repetitions)")
         out["runs"].append(bench_ref.compare(m.path, "embedded (" + str(a.model) + ")", prompts, seeds, reps, n_new,
-                                             None, ctx.log))
+                                             None, ctx.log, a.ld_dtype))
     if a.ref_on == "embedded":
         return out
     path, label, tmp = a.random_model, f"random ({a.random_model.name if a.random_model else ''})", None
@@ -178,7 +187,7 @@ def _ref(ctx: _Ctx) -> dict:
         ctx.log(f"ref: random model {path} ({len(seeds)} seeds × {reps} repetitions, {a.random_steps} steps)")
         out["runs"].append(bench_ref.compare(path, label, prompts, seeds, reps,
                                              int(cfg.get("canvas_length") or 256) * _size(a, "ref_canvases"),
-                                             a.random_steps, ctx.log))
+                                             a.random_steps, ctx.log, a.ld_dtype))
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)

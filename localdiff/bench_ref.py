@@ -114,12 +114,14 @@ def _spread(xs: list[float]) -> dict:
 
 
 def compare(path: Path, label: str, prompts: list[list[int]], seeds: list[int], reps: int, max_new_tokens: int,
-            steps: int | None, log=print) -> dict:
+            steps: int | None, log=print, ld_dtype: str = "float32") -> dict:
     """Run both implementations on ``path`` for every (prompt, seed) pair ``reps`` times; return the results dict.
 
     Args:
         prompts: one token-id prompt per seed (cycled if shorter).
         steps: max_denoising_steps for both (None = the checkpoint's / built-in default).
+        ld_dtype: localdiff's compute dtype (the reference always runs fp32); tokens then match only as far as
+            the model is robust to the rounding.
     Returns:
         {"model", "path", "settings", "seeds": [per-seed rows], "summary"} — per seed: identical (bool), forwards
         and tokens of both, tokens/s, ms per denoising step (wall time / decoder forwards) and the speed ratio
@@ -128,7 +130,7 @@ def compare(path: Path, label: str, prompts: list[list[int]], seeds: list[int], 
     """
     import localdiff
 
-    m = localdiff.load(path, device="cpu", dtype="float32")
+    m = localdiff.load(path, device="cpu", dtype=ld_dtype)
     ref = load_reference(path)
     counter = _Counter(ref.model.decoder)
     opts = m.sampler_options(max_denoising_steps=steps)
@@ -193,5 +195,6 @@ def compare(path: Path, label: str, prompts: list[list[int]], seeds: list[int], 
     }
     return {"model": label, "path": str(path), "canvas_length": m.config.canvas_length,
             "parameters": sum(p.numel() for p in m.net.parameters()),
-            "settings": {"max_new_tokens": max_new_tokens, **ld_opts, "reps": reps},
+            "settings": {"max_new_tokens": max_new_tokens, **ld_opts, "reps": reps, "localdiff_dtype": ld_dtype,
+                         "reference_dtype": "float32"},
             "seeds": rows, "summary": summary}

@@ -25,7 +25,8 @@ def _ref_md(sec: dict) -> list[str]:
         s, st = run["summary"], run["settings"]
         out += ["", f"**{run['model']}** ({run['parameters'] / 1e6:.1f} M parameters, canvas {run['canvas_length']}, "
                     f"max_new_tokens {st['max_new_tokens']}, {st['max_denoising_steps']} steps max, "
-                    f"entropy bound {st['entropy_bound']}, {st['reps']} repetitions): identical tokens on "
+                    f"entropy bound {st['entropy_bound']}, {st['reps']} repetitions, localdiff "
+                    f"{st.get('localdiff_dtype', 'float32')} vs reference float32): identical tokens on "
                     f"{s['identical_seeds']}/{s['seeds']} seeds; speed ratio (identical seeds, median and range) "
                     f"**{_sp(s['speed_ratio'], '{:.2f}')}×**", "",
                 "| seed | identical | forwards ref / ld | TPF ref / ld | tokens/s ref | tokens/s localdiff "
@@ -119,6 +120,10 @@ def render(res: dict) -> str:
     lines = [f"## `localdiff bench{' --quick' if res['quick'] else ''}` results", "",
              f"{env['date']} · torch {env['torch']} · {env['threads']} threads (torch.set_num_threads) · "
              f"{env['cpu']} · device {env['device']} · duration {res['duration_s']:.0f} s", ""]
+    load, cores = env.get("load_average_1min"), env.get("cpu_count") or 1
+    if load is not None and load > 0.75 * cores:
+        lines += [f"> Warning: the machine was busy (1-min load average {load:.1f} on {cores} cores) — absolute times "
+                  "are inflated and noisy, most with more than one thread; compare the interleaved ratios.", ""]
     render_fns = {"ref": _ref_md, "eval": _eval_md, "sweep": _sweep_md, "history": _history_md,
                   "memory": _memory_md, "profile": _profile_md}
     for name, fn in render_fns.items():

@@ -21,13 +21,13 @@ def build_checkpoint(path: Path, endless: bool = False, steps: int = 4) -> Path:
     from tokenizers import Tokenizer
     from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
 
-    from refmodels import CONFIGS
+    from refmodels import CONFIGS, MINIMAL_VISION
 
     src = ROOT / "models" / "tiny"
     vocab = Tokenizer.from_file(str(src / "tokenizer.json")).get_vocab_size()
     cfg = DiffusionGemmaConfig(text_config=dict(CONFIGS["small"], vocab_size=vocab, eos_token_id=1, pad_token_id=0,
                                                 bos_token_id=2),
-                               canvas_length=8, vision_config=None)
+                               canvas_length=8, vision_config=dict(MINIMAL_VISION))
     torch.manual_seed(0)
     model = DiffusionGemmaForBlockDiffusion(cfg).eval()
     path.mkdir(parents=True, exist_ok=True)

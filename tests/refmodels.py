@@ -18,14 +18,21 @@ CONFIGS = {
 }
 
 
+# transformers reads vision_config=None as its ~170M-parameter default tower: tests pass this minimal one instead
+MINIMAL_VISION = dict(model_type="gemma4_vision", hidden_size=16, intermediate_size=16, num_hidden_layers=1,
+                      num_attention_heads=1, num_key_value_heads=1, head_dim=16, global_head_dim=16)
+
+
 def build_reference(name: str, canvas_length: int = 8, seed: int = 0, vision: bool = False):
     """A random-weight reference model (eval mode, fp32) with non-trivial norm / scalar weights."""
     from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
 
-    kw = {}
-    if not vision:
-        kw["vision_config"] = None
-    cfg = DiffusionGemmaConfig(text_config=dict(CONFIGS[name]), canvas_length=canvas_length, **kw)
+    # transformers always builds a vision tower (vision_config=None means its ~170M-parameter default), so tests
+    # give it a minimal one; `vision=True` makes it a little larger, for the "never loaded" test.
+    h = 32 if vision else 16
+    vcfg = dict(model_type="gemma4_vision", hidden_size=h, intermediate_size=h, num_hidden_layers=2 if vision else 1,
+                num_attention_heads=1, num_key_value_heads=1, head_dim=16, global_head_dim=16)
+    cfg = DiffusionGemmaConfig(text_config=dict(CONFIGS[name]), canvas_length=canvas_length, vision_config=vcfg)
     torch.manual_seed(seed)
     model = DiffusionGemmaForBlockDiffusion(cfg).eval()
     g = torch.Generator().manual_seed(seed + 1)

@@ -222,7 +222,7 @@ def _sweep(ctx: _Ctx, out_dir: Path, stem: str, default: dict | None) -> dict:
     rows = [{"setting": {}, "label": "default", "accuracy": base["accuracy"], "tpf": base["tpf"],
              "seconds": base["seconds"], "per_family": {k: v["accuracy"] for k, v in base["per_family"].items()}}]
     rows += be.run_sweep(m, items, settings, 0, a.batch_size, ctx.log, a.max_new_tokens)
-    best = be.best_point(rows)
+    best = be.best_point(rows, len(items))
     ctx.log(f"  best accuracy-per-TPF point: {best['label']} (accuracy {best['accuracy']:.1%}, TPF {best['tpf']:.2f})")
     sec = {"items": len(items), "per_family": per, "rows": rows, "best": best,
            "default_sampler": base["sampler"]}
@@ -260,7 +260,8 @@ def _memory(ctx: _Ctx) -> dict:
     for d, q, dev in plans:
         r = measure(path, d, q, dev)
         ctx.log(f"memory: {d} {q} {dev}: " + (f"skipped ({r['skipped']})" if "skipped" in r else
-                f"weights {r['weight_bytes'] / 2**20:.1f} MiB, peak RSS {r['peak_rss_after_generate'] / 2**20:.0f} MiB"))
+                f"weights {r['weight_bytes'] / 2**20:.1f} MiB, "
+                f"peak RSS {r['peak_rss_after_generate'] / 2**20:.0f} MiB"))
         rows.append(r)
     return {"rows": rows}
 
@@ -303,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
             if name == "sweep":
                 sec = _sweep(ctx, out.parent, out.stem, res["sections"].get("eval", {}).get("default"))
             else:
-                sec = {"ref": _ref, "eval": _eval, "history": _history, "memory": _memory, "profile": _profile}[name](ctx)
+                fns = {"ref": _ref, "eval": _eval, "history": _history, "memory": _memory, "profile": _profile}
+                sec = fns[name](ctx)
         except LocaldiffError as e:
             sec = {"skipped": str(e)}
             log(f"{name}: skipped ({e})")

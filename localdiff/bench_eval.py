@@ -156,19 +156,22 @@ def run_sweep(m, items, settings: list[dict], seed: int, batch_size: int, log=pr
     return rows
 
 
-def best_point(rows: list[dict], tolerance: float = 0.01) -> dict | None:
-    """The best accuracy-per-TPF point: the highest TPF among settings whose accuracy is within ``tolerance``
-    (absolute) of the best accuracy. Also returns the Pareto frontier (no other row has both ≥ accuracy and ≥ TPF)."""
+def best_point(rows: list[dict], n_items: int | None = None, tolerance: float = 0.01) -> dict | None:
+    """The best accuracy-per-TPF point: the highest TPF among settings whose accuracy is within the margin of the
+    best accuracy — the larger of ``tolerance`` (absolute) and one standard error of the best accuracy over
+    ``n_items`` items (``sqrt(p(1-p)/n)``; differences below it are noise). Also returns the Pareto frontier (no
+    other row has both ≥ accuracy and ≥ TPF)."""
     if not rows:
         return None
     top = max(r["accuracy"] for r in rows)
-    near = [r for r in rows if r["accuracy"] >= top - tolerance - 1e-12]
+    margin = max(tolerance, math.sqrt(top * (1 - top) / n_items) if n_items else 0.0)
+    near = [r for r in rows if r["accuracy"] >= top - margin - 1e-12]
     best = max(near, key=lambda r: (r["tpf"], r["accuracy"]))
     frontier = [r["label"] for r in rows
                 if not any(o is not r and o["accuracy"] >= r["accuracy"] and o["tpf"] >= r["tpf"]
                            and (o["accuracy"], o["tpf"]) != (r["accuracy"], r["tpf"]) for o in rows)]
     return {"label": best["label"], "setting": best["setting"], "accuracy": best["accuracy"], "tpf": best["tpf"],
-            "rule": f"highest TPF with accuracy within {tolerance:.0%} of the best ({top:.3f})", "pareto": frontier}
+            "rule": f"highest TPF with accuracy within {margin:.1%} of the best ({top:.1%})", "pareto": frontier}
 
 
 def plot(rows: list[dict], default: dict | None, path: Path) -> str | None:

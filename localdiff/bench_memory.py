@@ -1,7 +1,7 @@
 """`localdiff bench` section 4: memory of a load in fp32 / bf16 / int8, each in a fresh subprocess (clean peak).
 
 The child (``python -m localdiff.bench_memory PATH DTYPE QUANT DEVICE``) reports, after importing torch, after
-loading, and after one short generation: the peak RSS so far (``resource.getrusage`` ru_maxrss — importing torch
+loading, and after one short generation: the peak RSS so far (VmHWM, or ru_maxrss off Linux — importing torch
 alone sets a high-water mark of a few hundred MB, which a small model never exceeds) and the current RSS (psutil or
 /proc) whose growth is the model's cost; plus the bytes of the loaded weights and, on a GPU, the CUDA peak
 allocated; as one JSON line on stdout.
@@ -14,6 +14,15 @@ import sys
 
 
 def _peak_rss_bytes() -> int:
+    """Peak RSS of this process: VmHWM from /proc/self/status (Linux; reset by exec), else ru_maxrss (which on
+    Linux keeps the parent's high-water mark across fork + exec, so it overstates a child's peak)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     import resource
 
     kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -189,7 +189,8 @@ def compare(path: Path, label: str, prompts: list[list[int]], seeds: list[int], 
         "speed_ratio": _spread(pooled) if pooled else None,
         "tokens_per_s": {k: statistics.median(r["tokens_per_s"][k]["median"] for r in rows)
                          for k in ("ref", "localdiff")},
-        "ms_per_step": {k: statistics.median(r["ms_per_step"][k]["median"] for r in rows) for k in ("ref", "localdiff")},
+        "ms_per_step": {k: statistics.median(r["ms_per_step"][k]["median"] for r in rows)
+                        for k in ("ref", "localdiff")},
         "tpf": {k: statistics.median(r["tpf"][k] for r in rows) for k in ("ref", "localdiff")},
         "forwards": {k: sum(r["forwards"][k] for r in rows) for k in ("ref", "localdiff")},
     }

@@ -122,8 +122,8 @@ def render(res: dict) -> str:
              f"{env['cpu']} · device {env['device']} · duration {res['duration_s']:.0f} s", ""]
     load, cores = env.get("load_average_1min"), env.get("cpu_count") or 1
     if load is not None and load > 0.75 * cores:
-        lines += [f"> Warning: the machine was busy (1-min load average {load:.1f} on {cores} cores) — absolute times "
-                  "are inflated and noisy, most with more than one thread; compare the interleaved ratios.", ""]
+        lines += [f"> Warning: the machine was busy (1-min load average {load:.1f} on {cores} cores) — absolute "
+                  "times are inflated and noisy, most with more than one thread; compare the interleaved ratios.", ""]
     render_fns = {"ref": _ref_md, "eval": _eval_md, "sweep": _sweep_md, "history": _history_md,
                   "memory": _memory_md, "profile": _profile_md}
     for name, fn in render_fns.items():

@@ -85,9 +85,11 @@ def test_best_point_and_sweep_grid():
     rows = [{"label": "a", "setting": {}, "accuracy": 0.90, "tpf": 2.0},
             {"label": "b", "setting": {}, "accuracy": 0.895, "tpf": 5.0},
             {"label": "c", "setting": {}, "accuracy": 0.50, "tpf": 9.0},
-            {"label": "d", "setting": {}, "accuracy": 0.40, "tpf": 3.0}]
-    b = best_point(rows)
-    assert b["label"] == "b" and set(b["pareto"]) == {"a", "b", "c"}
+            {"label": "d", "setting": {}, "accuracy": 0.40, "tpf": 3.0},
+            {"label": "e", "setting": {}, "accuracy": 0.87, "tpf": 7.0}]
+    b = best_point(rows)  # margin 1 pp
+    assert b["label"] == "b" and set(b["pareto"]) == {"a", "b", "c", "e"}
+    assert best_point(rows, n_items=100)["label"] == "e"  # one standard error of 0.90 over 100 items = 3 pp
     full = sweep_settings(quick=False, default_steps=16)
     assert len([s for s in full if "threshold" in s and not s["correction"]]) == 20
     assert {s.get("max_denoising_steps") for s in full} >= {4, 8, 32}

@@ -228,7 +228,7 @@ def _sweep(ctx: _Ctx, out_dir: Path, stem: str, default: dict | None) -> dict:
            "default_sampler": base["sampler"]}
     if not a.no_plot:
         png = out_dir / f"{stem}-sweep.png"
-        why = be.plot(rows, rows[0], png)
+        why = be.plot(rows, rows[0], png, set(best["pareto"]) | {best["label"]})
         if why:
             ctx.log(f"  {why}")
             sec["plot_skipped"] = why

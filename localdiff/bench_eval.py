@@ -174,8 +174,9 @@ def best_point(rows: list[dict], n_items: int | None = None, tolerance: float = 
             "rule": f"highest TPF with accuracy within {margin:.1%} of the best ({top:.1%})", "pareto": frontier}
 
 
-def plot(rows: list[dict], default: dict | None, path: Path) -> str | None:
-    """Accuracy vs TPF scatter (PNG at ``path``). Returns None on success, else why it was skipped."""
+def plot(rows: list[dict], default: dict | None, path: Path, labelled: set | None = None) -> str | None:
+    """Accuracy vs TPF scatter (PNG at ``path``); only the rows in ``labelled`` (e.g. the Pareto frontier) get text
+    labels, the rest are told apart by marker. Returns None on success, else why it was skipped."""
     try:
         import matplotlib
 
@@ -184,13 +185,22 @@ def plot(rows: list[dict], default: dict | None, path: Path) -> str | None:
     except ImportError:
         return "matplotlib is not installed (pip install 'localdiff[bench]'); PNG plot skipped"
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    kinds = {"o": ("entropy bound × τ", "tab:blue"), "s": ("… + correction", "tab:green"),
+             "^": ("step cap", "tab:orange")}
+    seen = set()
     for r in rows:
+        if r is default:
+            continue
         marker = "s" if r["setting"].get("correction") else ("^" if "max_denoising_steps" in r["setting"] else "o")
-        ax.scatter(r["tpf"], r["accuracy"], marker=marker, color="tab:blue")
-        ax.annotate(r["label"], (r["tpf"], r["accuracy"]), fontsize=6, xytext=(3, 3), textcoords="offset points")
+        name, color = kinds[marker]
+        ax.scatter(r["tpf"], r["accuracy"], marker=marker, color=color, alpha=0.7,
+                   label=None if marker in seen else name)
+        seen.add(marker)
+        if labelled is None or r["label"] in labelled:
+            ax.annotate(r["label"], (r["tpf"], r["accuracy"]), fontsize=7, xytext=(4, 4), textcoords="offset points")
     if default:
-        ax.scatter(default["tpf"], default["accuracy"], marker="*", s=150, color="tab:red", label="default")
-        ax.legend(loc="lower left")
+        ax.scatter(default["tpf"], default["accuracy"], marker="*", s=160, color="tab:red", label="default", zorder=3)
+    ax.legend(loc="best", fontsize=8)
     ax.set_xlabel("tokens per forward (TPF)")
     ax.set_ylabel("exact-match accuracy")
     ax.set_title("embedded model: accuracy vs tokens per forward")

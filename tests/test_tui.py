@@ -66,7 +66,7 @@ def test_store_default_path_follows_env(tmp_path, monkeypatch):
 def test_store_rejects_a_file_that_is_not_sqlite(tmp_path):
     bad = tmp_path / "x.sqlite3"
     bad.write_text("not a database " * 100)
-    with pytest.raises(HistoryError, match="cannot open chat history"):
+    with pytest.raises(HistoryError, match="chat history .*x.sqlite3: file is not a database"):
         ChatStore(bad)
 
 
@@ -347,10 +347,12 @@ def test_set_in_the_prompt_changes_the_next_generation(tiny, tmp_path):
             await wait_for(pilot, lambda: app.model is not None)
             await pilot.press(*"/set steps 2", "enter")
             await pilot.press(*"/set threshold 5", "enter")  # rejected, one-line error
+            await pilot.press(*"/set t_min 0.9", "enter")  # the engine's own check: t_max (0.8) < t_min
             await pilot.pause()
             assert app.settings.sampler == {"max_denoising_steps": 2}
             notes = [str(w.render()) for w in app.transcript.query(".note")]
             assert notes[0] == "max_denoising_steps = 2" and "outside" in notes[1]
+            assert "temperature max (0.8) must be ≥ min (0.9)" in notes[2]
             assert app.store.list_conversations() == []  # settings are not turns
             fin = await send(pilot, app, PROMPT)
             assert fin.stats.forwards <= 2 * fin.stats.canvases
@@ -447,4 +449,26 @@ def test_palette_switch_model_keeps_the_conversation_and_reports_failures(tiny, 
             assert app.status.line().startswith("ready │ tiny")
             await pilot.press("ctrl+q")
         assert app.return_code == 0
+    asyncio.run(go())
+
+
+def test_a_history_write_failure_is_reported_and_the_chat_goes_on(tiny, tmp_path):
+    async def go():
+        app = make_app(tiny, tmp_path)
+        async with app.run_test(size=(80, 24)) as pilot:
+            real_add = app.store.add_turn
+
+            def failing_add(cid, role, content, **kw):
+                if role == "assistant":
+                    raise HistoryError("chat history h.sqlite3: database or disk is full")
+                return real_add(cid, role, content, **kw)
+
+            app.store.add_turn = failing_add
+            fin = await send(pilot, app, PROMPT)
+            assert fin.error is None and app.messages[-1] == {"role": "assistant", "content": fin.text}
+            assert "answer not saved: chat history h.sqlite3: database or disk is full" in str(
+                app.transcript.query(".error").last().render())
+            app.store.add_turn = real_add
+            await send(pilot, app, "/regen")  # the unsaved answer is replaced; nothing to delete on disk
+            assert [t.role for t in app.store.load(app.conversation_id).turns] == ["user", "assistant"]
     asyncio.run(go())

@@ -20,8 +20,8 @@ from textual.widgets import Footer
 from ..errors import LocaldiffError
 from .commands import ChatCommands, available_models
 from .runner import CanvasText, FrameReady, FrameSlot, GenerationFinished, GenerationJob, run_generation
-from .settings import ChatSettings, apply_set
-from .store import ChatStore
+from .settings import ChatSettings, apply_set_checked
+from .store import ChatStore, HistoryError
 from .widgets import CanvasView, PromptArea, StatusLine, Transcript
 
 HELP = (
@@ -193,12 +193,17 @@ class ChatApp(App):
             await self.transcript.add_note(f"no model: {why}", error=self.load_error is not None)
             event.prompt.text = text
             return
-        if self.conversation_id is None:
-            self.conversation_id = self.store.new_conversation(str(self.model_name))
-        if self.messages and self.messages[-1]["role"] == "user":  # its answer was lost (crash): leave it out
-            self.messages.pop()
-            self.store.delete_turn(self.turn_ids.pop())
-        self.turn_ids.append(self.store.add_turn(self.conversation_id, "user", text, model=str(self.model_name)))
+        try:
+            if self.conversation_id is None:
+                self.conversation_id = self.store.new_conversation(str(self.model_name))
+            if self.messages and self.messages[-1]["role"] == "user":  # its answer was lost (crash): leave it out
+                self.messages.pop()
+                self.store.delete_turn(self.turn_ids.pop())
+            self.turn_ids.append(self.store.add_turn(self.conversation_id, "user", text, model=str(self.model_name)))
+        except HistoryError as exc:
+            await self.transcript.add_note(f"not sent: {exc}", error=True)
+            event.prompt.text = text
+            return
         self.messages.append({"role": "user", "content": text})
         await self.transcript.add_message("user", text)
         await self._start_generation()
@@ -242,17 +247,27 @@ class ChatApp(App):
             await self._answer.append_text(event.text)
 
     async def on_generation_finished(self, event: GenerationFinished) -> None:
-        self.generating = False
         self.last_finish = event
+        try:
+            await self._finish_turn(event)
+        finally:
+            self.generating = False  # last: the turn is on screen and on disk
+            self.finished_count += 1
+
+    async def _finish_turn(self, event: GenerationFinished) -> None:
         answer, self._answer = self._answer, None
         self._draw_latest()  # a frame still waiting for its redraw slot is shown now, never after the end
         if event.text or event.finish_reason in ("eos", "length"):  # a finished answer is kept even if empty
             await answer.set_text(event.text)
             self.messages.append({"role": "assistant", "content": event.text})
             stats = event.stats.as_dict() if event.stats is not None else {}
-            self.turn_ids.append(self.store.add_turn(self.conversation_id, "assistant", event.text,
-                                                     model=str(self.model_name), finish_reason=event.finish_reason,
-                                                     stats=stats))
+            try:
+                self.turn_ids.append(self.store.add_turn(self.conversation_id, "assistant", event.text,
+                                                         model=str(self.model_name),
+                                                         finish_reason=event.finish_reason, stats=stats))
+            except HistoryError as exc:  # the chat goes on; this answer is just not in the history
+                self.turn_ids.append(None)
+                await self.transcript.add_note(f"answer not saved: {exc}", error=True)
         else:  # nothing final: the question stays on screen but leaves the context (roles must alternate)
             await answer.remove()
             self.messages.pop()
@@ -268,29 +283,16 @@ class ChatApp(App):
             self.status.show_stats(event.stats)
         self.status.set_state("ready" if not event.error else "error", error=bool(event.error))
         self.canvas.set_class(not self.pin_canvas, "-hidden")
-        self.finished_count += 1  # last: the turn is on screen and on disk
 
     # ---------------------------------------------------------------- slash commands
     async def _slash(self, text: str) -> None:
         cmd, _, args = text[1:].partition(" ")
         cmd = cmd.lower()
         if cmd == "set":
-            defaults = {}
-            if self.model is not None and hasattr(self.model, "sampler_options"):
-                try:
-                    defaults = dict(self.model.sampler_options())
-                except Exception:
-                    defaults = {}
-            before = (self.settings.max_new_tokens, self.settings.seed, dict(self.settings.sampler))
             try:
-                note = apply_set(self.settings, args, defaults)
-                if self.model is not None and hasattr(self.model, "sampler_options"):
-                    self.model.sampler_options(**self.settings.sampler)  # the engine's own range checks
+                await self.transcript.add_note(apply_set_checked(self.settings, args, self.model))
             except LocaldiffError as exc:
-                self.settings.max_new_tokens, self.settings.seed, self.settings.sampler = before
                 await self.transcript.add_note(str(exc), error=True)
-            else:
-                await self.transcript.add_note(note)
         elif cmd == "help":
             await self.transcript.add_note(HELP)
         elif cmd == "new":

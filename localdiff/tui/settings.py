@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..errors import UsageError
+from ..errors import LocaldiffError, UsageError
 
 #: Short names accepted by /set → engine keyword.
 ALIASES = {
@@ -125,3 +125,27 @@ def apply_set(settings: ChatSettings, args: str, model_options: dict | None = No
         raise UsageError(f"/set: unknown setting {words[0]!r}; one of: {', '.join(names)}")
     settings.sampler[key] = _coerce(words[0], raw, kind, lo, hi)
     return f"{key} = {settings.sampler[key]}"
+
+
+def apply_set_checked(settings: ChatSettings, args: str, model=None) -> str:
+    """``apply_set`` against a loaded model: its ``sampler_options()`` are the defaults and the engine's own range
+    checks run on the result. On any error the settings are left exactly as they were.
+
+    Raises:
+        LocaldiffError (UsageError): as ``apply_set``, or the engine rejected the combination.
+    """
+    defaults: dict = {}
+    if model is not None and hasattr(model, "sampler_options"):
+        try:
+            defaults = dict(model.sampler_options())
+        except Exception:
+            defaults = {}
+    before = (settings.max_new_tokens, settings.seed, dict(settings.sampler))
+    try:
+        note = apply_set(settings, args, defaults)
+        if model is not None and hasattr(model, "sampler_options"):
+            model.sampler_options(**settings.sampler)
+    except LocaldiffError:
+        settings.max_new_tokens, settings.seed, settings.sampler = before
+        raise
+    return note

@@ -103,10 +103,13 @@ class ChatStore:
 
     @contextmanager
     def _connect(self):
-        with closing(sqlite3.connect(self.path, timeout=10)) as con:
-            con.execute("PRAGMA foreign_keys = ON")
-            with con:  # commit on success, roll back on error
-                yield con
+        try:
+            with closing(sqlite3.connect(self.path, timeout=10)) as con:
+                con.execute("PRAGMA foreign_keys = ON")
+                with con:  # commit on success, roll back on error
+                    yield con
+        except sqlite3.Error as exc:  # locked, disk full, read-only, corrupt: one clear line
+            raise HistoryError(f"chat history {self.path}: {exc}") from None
 
     def new_conversation(self, model: str, title: str = "") -> int:
         """Create an empty conversation and return its id."""
@@ -131,7 +134,7 @@ class ChatStore:
         """Append a finished turn (committed before returning); sets the title from the first user turn.
 
         Raises:
-            HistoryError: unknown conversation id or a role other than "user" / "assistant".
+            HistoryError: unknown conversation id, a role other than "user" / "assistant", or a database error.
         """
         if role not in ("user", "assistant"):
             raise HistoryError(f"turn role must be 'user' or 'assistant', got {role!r}")
@@ -153,8 +156,10 @@ class ChatStore:
             )
             return int(cur.lastrowid)
 
-    def delete_turn(self, turn_id: int) -> None:
-        """Remove one turn (used by "regenerate last answer")."""
+    def delete_turn(self, turn_id: int | None) -> None:
+        """Remove one turn (used by "regenerate last answer"); None (a turn that was never saved) is a no-op."""
+        if turn_id is None:
+            return
         with self._connect() as con:
             con.execute("DELETE FROM turns WHERE id = ?", (turn_id,))
 

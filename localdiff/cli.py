@@ -165,6 +165,12 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv or os.environ.get("LOCALDIFF_DEBUG", "") not in ("", "0")
     try:
         parser = build_parser()
+        if argv and argv[0] == "bench":  # bench parses its own flags (argparse REMAINDER rejects leading flags)
+            try:
+                from .bench import main as bench_main
+            except ImportError as e:
+                raise LocaldiffError(f"`localdiff bench` is not available in this build ({e})") from None
+            return int(bench_main(argv[1:]) or 0)
         try:
             args = parser.parse_args(argv)
         except SystemExit as e:  # --help / --version from argparse

@@ -156,7 +156,9 @@ def _check_range(key: str, v: Any, where: str) -> None:
         bad = "must be >= 0"
     elif key in ("entropy_bound", "confidence_threshold") and v <= 0:
         bad = "must be > 0"
-    elif key in ("threshold", "correction_floor") and not 0.0 <= v <= 1.0:
+    elif key == "threshold" and not 0.0 < v <= 1.0:
+        bad = "must be in (0, 1]"
+    elif key == "correction_floor" and not 0.0 <= v <= 1.0:
         bad = "must be in [0, 1]"
     elif key == "seed" and not 0 <= v < 2**63:
         bad = "must be in [0, 2**63)"
@@ -251,7 +253,9 @@ def sampler_overrides(flags: Mapping[str, Any], config: Config) -> dict:
             continue
         if key not in SAMPLER_KEYS:
             raise _unknown(key, list(SAMPLER_KEYS), "flag")
-        out[key] = coerce(key, value, SAMPLER_KEYS[key], "--" + key.replace("_", "-"))
+        flag = {"max_denoising_steps": "--steps", "t_max": "--temperature", "t_min": "--temperature"}.get(
+            key, "--" + key.replace("_", "-"))
+        out[key] = coerce(key, value, SAMPLER_KEYS[key], flag)
     _check_pair(out, "sampler options")
     return out
 

@@ -161,4 +161,6 @@ def load_model(ckpt: Path, device: str | torch.device = "cpu", dtype: torch.dtyp
         from .offload import place_model
         place_model(model, host_layers, device)   # installs the hooks that run host-layer experts on the CPU
     model.eval().requires_grad_(False)
+    if hasattr(model, "fuse_projections"):
+        model.fuse_projections()
     return model, cfg

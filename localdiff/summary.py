@@ -60,7 +60,7 @@ def layer_geometry(config: dict) -> list[LayerGeom]:
         raise CheckpointError(f"config.json: layer_types has {len(types)} entries, num_hidden_layers is {n}")
     types[-1] = "full_attention"
     plc = {int(k): v for k, v in (t.get("per_layer_config") or {}).items()}
-    if not plc:
+    if t.get("per_layer_config") is None:  # an explicit {} (saved when overrides equal the defaults) = none
         g = {"head_dim": int(t.get("global_head_dim", 512))}
         if t.get("num_global_key_value_heads") is not None and t.get("attention_k_eq_v", True):
             g["num_key_value_heads"] = int(t["num_global_key_value_heads"])

@@ -122,9 +122,9 @@ def test_random_model_int8_accuracy(small_fp32):
     assert kinds == {Int8Linear, Int8Experts}
     assert isinstance(qnet.layers[0].router.proj, nn.Linear)           # router, norms, embeddings, SC stay float
     assert isinstance(qnet.self_conditioning.mlp.up_proj, nn.Linear)
-    a, b = _denoise_pairs(small_fp32, qnet, n_canvases=16)
+    a, b = _denoise_pairs(small_fp32, qnet, n_canvases=32)
     top1, kl, top1_decided, n_decided = _agreement(a, b)
-    _, bf16 = _denoise_pairs(small_fp32, copy.deepcopy(small_fp32).to(torch.bfloat16), n_canvases=16)
+    _, bf16 = _denoise_pairs(small_fp32, copy.deepcopy(small_fp32).to(torch.bfloat16), n_canvases=32)
     top1_bf16 = _agreement(a, bf16)[0]
     print(f"int8 vs fp32: top-1 {top1:.4f} (bf16 vs fp32 {top1_bf16:.4f}), mean KL {kl:.2e}, "
           f"top-1 where margin > 0.2: {top1_decided:.4f} of {n_decided}")

@@ -119,13 +119,35 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.heads * d, h, bias=False)
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.fused = None
+
+    def fuse(self) -> None:
+        """Back q/k(/v)_proj by one weight tensor (views, no extra memory) so qkv() runs one matmul."""
+        mods = [self.q_proj, self.k_proj] + ([self.v_proj] if self.v_proj is not None else [])
+        if all(type(m) is nn.Linear for m in mods):
+            w = torch.cat([m.weight.detach() for m in mods])
+            o = 0
+            for m in mods:
+                n = m.weight.shape[0]
+                m.weight = nn.Parameter(w[o:o + n], requires_grad=False)
+                o += n
+            self.fused = w
 
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """x: Tensor[B, L, H] → q: [B, Hq, L, D], k, v: [B, Hkv, L, D] (normed, k and q roped)."""
         b, n, _ = x.shape
-        q = self.q_proj(x).view(b, n, self.heads, self.head_dim)
-        k_raw = self.k_proj(x).view(b, n, self.kv_heads, self.head_dim)
-        v = self.v_proj(x).view(b, n, self.kv_heads, self.head_dim) if self.v_proj is not None else k_raw
+        d = self.head_dim
+        if (self.fused is not None and self.q_proj.weight.data_ptr() == self.fused.data_ptr()
+                and not torch.is_grad_enabled()):  # still backing the weights (not replaced, cast or moved)
+            parts = nn.functional.linear(x, self.fused).split(
+                [self.heads * d] + [self.kv_heads * d] * (2 if self.v_proj is not None else 1), dim=-1)
+            q = parts[0].view(b, n, self.heads, d)
+            k_raw = parts[1].view(b, n, self.kv_heads, d)
+            v = parts[2].view(b, n, self.kv_heads, d) if self.v_proj is not None else k_raw
+        else:
+            q = self.q_proj(x).view(b, n, self.heads, d)
+            k_raw = self.k_proj(x).view(b, n, self.kv_heads, d)
+            v = self.v_proj(x).view(b, n, self.kv_heads, d) if self.v_proj is not None else k_raw
         q = apply_rope(self.q_norm(q), cos, sin).transpose(1, 2)
         k = apply_rope(self.k_norm(k_raw), cos, sin).transpose(1, 2)
         v = rms_norm(v, None, self.eps).transpose(1, 2)
@@ -195,6 +217,14 @@ class DiffusionGemma(nn.Module):
                 d = cfg.layer_heads[cfg.layer_types.index(ty)][0]
                 self._inv_freq[ty] = rope_inv_freq(cfg.rope_parameters[ty], d)
         self._rope_memo: dict = {}
+
+    def fuse_projections(self) -> None:
+        """After loading: run q/k/v and each gate/up pair as one matmul (weights become views of one tensor).
+        Quantized (non-nn.Linear) projections are left alone."""
+        for layer in self.layers:
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
+        self.self_conditioning.mlp.fuse()
 
     # -- helpers ------------------------------------------------------------------------------------------------
     def layer_windows(self) -> list[int | None]:

@@ -20,6 +20,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
         weight: Tensor[D] or None (no scale, as in the reference's ``with_scale=False`` norms).
         eps: added to the mean square.
     """
+    if x.dtype == torch.float32 and (weight is None or weight.dtype == torch.float32):
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)  # one fused op; bit-identical to the formula in fp32
     xf = x.float()
     out = xf * torch.pow(xf.pow(2).mean(-1, keepdim=True) + eps, -0.5)
     if weight is not None:
@@ -106,8 +108,23 @@ class GatedMLP(nn.Module):
         self.gate_proj = nn.Linear(hidden, inter, bias=False)
         self.up_proj = nn.Linear(hidden, inter, bias=False)
         self.down_proj = nn.Linear(inter, hidden, bias=False)
+        self.fused = None  # Tensor[2 * inter, hidden] whose halves back gate_proj / up_proj (see fuse())
+
+    def fuse(self) -> None:
+        """Back gate_proj and up_proj by one [2I, H] tensor so forward runs one matmul instead of two (the two
+        weights become views of it: no extra memory). Only for plain float nn.Linear weights."""
+        if type(self.gate_proj) is nn.Linear and type(self.up_proj) is nn.Linear:
+            w = torch.cat([self.gate_proj.weight.detach(), self.up_proj.weight.detach()])
+            n = self.gate_proj.weight.shape[0]
+            self.gate_proj.weight = nn.Parameter(w[:n], requires_grad=False)
+            self.up_proj.weight = nn.Parameter(w[n:], requires_grad=False)
+            self.fused = w
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (self.fused is not None and self.gate_proj.weight.data_ptr() == self.fused.data_ptr()
+                and not torch.is_grad_enabled()):  # still backing the weights (not replaced, cast or moved)
+            gate, up = F.linear(x, self.fused).chunk(2, dim=-1)
+            return self.down_proj(gelu_tanh(gate) * up)
         return self.down_proj(gelu_tanh(self.gate_proj(x)) * self.up_proj(x))
 
 

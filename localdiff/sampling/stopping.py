@@ -45,13 +45,15 @@ def finalize_canvas(canvas: torch.Tensor, finished: torch.Tensor, eos_ids: torch
             earlier canvases; eos_ids: LongTensor[K] or None; pad_id: pad token or None.
     Returns:
         (canvas with rows finished earlier set to pad and tokens after each row's first EOS set to pad,
-         finished BoolTensor[B] updated with rows that produced an EOS).
+         finished BoolTensor[B] updated with rows that produced an EOS or an all-pad canvas).
     """
     canvas = canvas.clone()
     now = torch.zeros_like(finished)
     if eos_ids is not None and eos_ids.numel():
         is_eos = torch.isin(canvas, eos_ids)
         now = is_eos.any(-1)
+    if pad_id is not None:  # a canvas of nothing but pad: the model has ended the answer without an EOS token
+        now = now | (canvas == pad_id).all(-1)
     if pad_id is not None:
         canvas[finished] = pad_id
         if eos_ids is not None and bool(now.any()):

@@ -15,6 +15,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from .arch.geometry import layer_geometry as _resolve_layers
 from .errors import CheckpointError
 
 #: bytes per element of the safetensors dtype codes
@@ -49,29 +50,14 @@ def layer_geometry(config: dict) -> list[LayerGeom]:
     """
     t = text_config(config)
     try:
-        n = int(t["num_hidden_layers"])
-        heads = int(t["num_attention_heads"])
-        head_dim = int(t.get("head_dim") or int(t["hidden_size"]) // heads)
+        types, dims = _resolve_layers(t)
     except (KeyError, TypeError, ValueError) as e:
-        raise CheckpointError(f"config.json: text_config lacks a valid {e}") from None
-    kv = int(t.get("num_key_value_heads") or heads)
-    types = list(t.get("layer_types") or ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(n)])
-    if len(types) != n:
-        raise CheckpointError(f"config.json: layer_types has {len(types)} entries, num_hidden_layers is {n}")
-    types[-1] = "full_attention"
-    plc = {int(k): v for k, v in (t.get("per_layer_config") or {}).items()}
-    if t.get("per_layer_config") is None:  # an explicit {} (saved when overrides equal the defaults) = none
-        g = {"head_dim": int(t.get("global_head_dim", 512))}
-        if t.get("num_global_key_value_heads") is not None and t.get("attention_k_eq_v", True):
-            g["num_key_value_heads"] = int(t["num_global_key_value_heads"])
-        plc = {i: g for i, ty in enumerate(types) if ty == "full_attention"}
+        raise CheckpointError(f"config.json: invalid text_config ({e})") from None
     window = int(t.get("sliding_window", 512))
     out = []
-    for i, ty in enumerate(types):
-        over = plc.get(i, {})
+    for ty, (head_dim, kv) in zip(types, dims):
         sliding = ty == "sliding_attention"
-        out.append(LayerGeom(ty, int(over.get("head_dim", head_dim)), int(over.get("num_key_value_heads", kv)),
-                             sliding, window if sliding else None))
+        out.append(LayerGeom(ty, head_dim, kv, sliding, window if sliding else None))
     return out
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from .geometry import layer_geometry
 from .layers import (GatedMLP, MoEExperts, RMSNorm, Router, apply_rope, attention, embed_scale, rms_norm,
                      rope_inv_freq, rope_tables, softcap)
 
@@ -59,25 +60,10 @@ class DiffusionGemmaConfig:
     def from_dict(cls, cfg: dict) -> "DiffusionGemmaConfig":
         """Parse a ``config.json`` dict. Raises KeyError / ValueError on missing or inconsistent fields."""
         t = dict(cfg.get("text_config") or cfg)
-        n = int(t["num_hidden_layers"])
-        pattern = 6
-        types = list(t.get("layer_types") or
-                     ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)])
-        if len(types) != n:
-            raise ValueError(f"layer_types has {len(types)} entries, num_hidden_layers is {n}")
-        types[-1] = "full_attention"  # the reference forces the last layer to full attention
         if t.get("use_bidirectional_attention") == "all":
             raise ValueError("use_bidirectional_attention='all' (bidirectional encoder) is not supported")
-        head_dim = int(t.get("head_dim") or t["hidden_size"] // t["num_attention_heads"])
-        kv = int(t.get("num_key_value_heads") or t["num_attention_heads"])
-        plc = {int(k): v for k, v in (t.get("per_layer_config") or {}).items()}
-        if t.get("per_layer_config") is None:  # an explicit {} (saved when overrides equal the defaults) = none
-            g = {"head_dim": int(t.get("global_head_dim", 512))}
-            if t.get("num_global_key_value_heads") is not None and t.get("attention_k_eq_v", True):
-                g["num_key_value_heads"] = int(t["num_global_key_value_heads"])
-            plc = {i: g for i, ty in enumerate(types) if ty == "full_attention"}
-        heads = tuple((int(plc.get(i, {}).get("head_dim", head_dim)), int(plc.get(i, {}).get("num_key_value_heads", kv)))
-                      for i in range(n))
+        types, dims = layer_geometry(t)
+        n, heads = len(types), tuple(dims)
         rope = t.get("rope_parameters") or {
             "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
             "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0}}

@@ -20,7 +20,6 @@ budget. Sliding-window layers keep only ``window - 1 + slack`` tokens; blocks no
 """
 from __future__ import annotations
 
-import re
 from bisect import bisect_right
 
 import torch
@@ -28,28 +27,18 @@ import torch
 from .cache_layer import LayerKV, Moves
 from .cache_tiers import DeviceTier, HostTier, Staging
 from .errors import UsageError
-
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
+from .units import parse_size as _parse_size
 
 def parse_size(text) -> int | None:
-    """A byte size: ``"2GiB"`` (2·2³⁰), ``"512MiB"``, ``"1.5GB"`` (10⁹ units), ``"0"``, ``1048576`` → int bytes;
-    ``"unlimited"`` / ``"none"`` / ``None`` → None (no budget).
+    """A KV budget: a byte size (see ``localdiff.units.parse_size``), or ``"unlimited"`` / ``"none"`` / ``None`` →
+    None (no budget).
 
     Raises:
         UsageError: not a size, or negative.
     """
     if text is None or (isinstance(text, str) and text.strip().lower() in ("unlimited", "none", "inf", "")):
         return None
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
-        if text < 0:
-            raise UsageError(f"size must not be negative: {text}")
-        return int(text)
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise UsageError(f"not a size: {text!r} (examples: 2GiB, 512MiB, 1.5GB, 0, unlimited)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    return _parse_size(text, UsageError)
 
 
 def plan_capacity(budget: int | None, windows: list[int | None], keep: list[int | None], block_len: int,

@@ -22,13 +22,13 @@ them with a leading ``*``. Only linear layers and stacked experts can be int8; e
 from __future__ import annotations
 
 import fnmatch
-import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import LocaldiffError
 from .paths import quant_dir
+from .units import parse_size
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -42,24 +42,13 @@ class RecipeError(LocaldiffError):
     """A quantization recipe is unknown, malformed, or asks for something unsupported."""
 
 
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
 def parse_bytes(text: str | int | float) -> int:
     """Parse a memory size: ``24GiB``, ``24 GiB``, ``24G`` (=10⁹·24), ``1.5GB``, ``512MiB``, or a plain number of bytes.
 
     Raises:
         RecipeError: not a size (message names the text).
     """
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
-        if text < 0:
-            raise RecipeError(f"memory size must not be negative: {text}")
-        return int(text)
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise RecipeError(f"not a memory size: {text!r} (examples: 24GiB, 16GB, 512MiB)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    return parse_size(text, RecipeError)
 
 
 def format_bytes(n: int | float) -> str:

@@ -1,0 +1,24 @@
+"""Byte sizes as users write them (``24GiB``, ``1.5GB``, ``512MiB``, ``0``), shared by the CLI, the KV-cache budget
+and the quantization recipes. Torch-free."""
+from __future__ import annotations
+
+import re
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_size(text, error=ValueError) -> int:
+    """``"2GiB"`` → 2·2³⁰, ``"1.5GB"`` → 1.5·10⁹, ``"512MiB"``, ``"0"``, or a non-negative number → int bytes.
+
+    Raises:
+        ``error`` (default ValueError) with a one-line message naming the text: not a size, or negative.
+    """
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        if text < 0:
+            raise error(f"size must not be negative: {text}")
+        return int(text)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise error(f"not a size: {text!r} (examples: 24GiB, 16GB, 512MiB, 0)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])

@@ -262,9 +262,11 @@ class _OnDevice(nn.Module):
         return self.net.denoise(canvas.to(self.device), cache).cpu()
 
 
-def _check_bitsandbytes_model(small_fp32, device, use_bnb):
+def _check_bitsandbytes_model(small_fp32, device, use_bnb, relative=True):
     """int8 through bitsandbytes' kernels (activations quantized per row, int8 GEMM) vs fp32: same criteria as the
-    torch int8 path, and top-1 agreement within 5 points of the torch path's."""
+    torch int8 path, and (``relative``) top-1 agreement within 5 points of the torch path's. On random-weight models
+    (near-flat outputs, median top-1 margin ~0.05) activation quantization flips many undecided positions, so the
+    relative check is made on the trained embedded model."""
     qnet = quantize_model(copy.deepcopy(small_fp32)).to(device)
     set_backend(qnet, use_bnb)
     a, b = _denoise_pairs(small_fp32, _OnDevice(qnet, device), n_canvases=16)
@@ -272,13 +274,23 @@ def _check_bitsandbytes_model(small_fp32, device, use_bnb):
     top1, kl, top1_decided, _ = _agreement(a, b)
     print(f"bitsandbytes on {device}: top-1 {top1:.4f} (torch int8 path {torch_top1:.4f}), mean KL {kl:.2e}, "
           f"top-1 where margin > 0.2: {top1_decided:.4f}")
-    assert kl <= 0.01 and top1_decided >= 0.99 and top1 >= torch_top1 - 0.05
+    assert kl <= 0.01 and top1_decided >= 0.99
+    if relative:
+        assert top1 >= torch_top1 - 0.05
 
 
 @pytest.mark.skipif(not bitsandbytes_available(), reason="bitsandbytes not installed")
 def test_bitsandbytes_int8_model_accuracy_on_cpu(small_fp32):
     """The CUDA kernels' numerics (bitsandbytes' CPU implementation of the same ops), forced on CPU."""
-    _check_bitsandbytes_model(small_fp32, "cpu", True)
+    _check_bitsandbytes_model(small_fp32, "cpu", True, relative=False)
+
+
+@pytest.mark.skipif(not bitsandbytes_available(), reason="bitsandbytes not installed")
+def test_bitsandbytes_int8_embedded_model_on_cpu():
+    from localdiff.paths import models_dir
+
+    net, _ = load_model(models_dir() / "tiny", "cpu", torch.float32)
+    _check_bitsandbytes_model(net, "cpu", True, relative=True)
 
 
 @pytest.mark.gpu

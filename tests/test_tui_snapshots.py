@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+from tuihelpers import tiny, wait_for  # noqa: F401 (fixture)
 
 import localdiff
 from localdiff.tui.app import ChatApp
@@ -17,17 +18,6 @@ from localdiff.tui.store import ChatStore
 SIZE = (80, 24)
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    return localdiff.load("tiny", device="cpu")
-
-
-async def wait_for(pilot, cond, timeout=60.0):
-    t0 = time.monotonic()
-    while not cond():
-        if time.monotonic() - t0 > timeout:
-            raise AssertionError("timed out waiting for the app")
-        await pilot.pause(0.02)
 
 
 def make_app(model, tmp_path, settings):

@@ -67,15 +67,9 @@ def load_reference(path: Path):
 
 def normalize(ids: list[int], eos_ids: list[int], pad_id: int | None) -> list[int]:
     """New-token ids up to and including the first EOS, pad removed (the reference pads after EOS)."""
-    out = []
-    for t in ids:
-        if t in eos_ids:
-            out.append(t)
-            break
-        if pad_id is not None and t == pad_id:
-            continue
-        out.append(t)
-    return out
+    from .loop import strip_generated
+
+    return strip_generated(ids, eos_ids, pad_id, keep_eos=True)
 
 
 class _Counter:

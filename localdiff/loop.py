@@ -149,10 +149,10 @@ def run(net, cache, input_ids, attention_mask, settings: SamplerSettings, max_ne
     yield Done(texts[0] if b == 1 else texts, rows if b > 1 else rows[0], st, reason)
 
 
-def _strip(ids: torch.Tensor, eos_ids, pad_id, keep_eos: bool = False) -> list[int]:
-    """Generated ids up to the first EOS (included when keep_eos), without pad."""
+def strip_generated(ids, eos_ids, pad_id, keep_eos: bool = False) -> list[int]:
+    """Generated ids (LongTensor[T] or list) up to the first EOS (included when keep_eos), without pad."""
     out = []
-    for t in ids.tolist():
+    for t in (ids.tolist() if hasattr(ids, "tolist") else ids):
         if eos_ids and t in eos_ids:
             if keep_eos:
                 out.append(t)
@@ -161,3 +161,6 @@ def _strip(ids: torch.Tensor, eos_ids, pad_id, keep_eos: bool = False) -> list[i
             continue
         out.append(t)
     return out
+
+
+_strip = strip_generated

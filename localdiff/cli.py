@@ -85,7 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="wrap the prompt in the model's chat template (default)")
     mode.add_argument("--raw", dest="chat", action="store_false", help="feed the prompt text as is")
     g.add_argument("--json", action="store_true", help="print one JSON object (text, token ids, settings, stats)")
-    g.add_argument("-q", "--quiet", action="store_true", help="no stats line on stderr")
+    g.add_argument("-q", "--quiet", action="store_true", help="no stats line on stderr (shown on a terminal)")
+    g.add_argument("-v", "--verbose", action="store_true",
+                   help="stats and KV-cache accounting (device/host bytes, blocks moved, prefill computed vs "
+                        "reused) on stderr, terminal or not")
     _add_sampler(g)
     _add_common(g)
 

@@ -170,9 +170,16 @@ def run_gen(args) -> int:
     if interrupted:
         sys.stderr.write("interrupted\n")
         return 130
-    if done is not None and not args.quiet and _stderr_tty():
+    if done is not None and getattr(args, "verbose", False):
         s = done.stats
-        sys.stderr.write(f"[{s.new_tokens} tokens, {s.canvases} canvases, {s.forwards} forwards, "
+        sys.stderr.write(f"stats: {s.new_tokens} new tokens, {s.canvases} canvas(es), {s.forwards} forwards, "
+                         f"TPF {s.tokens_per_forward:.2f}, {s.seconds:.2f} s, prefill {s.prefill_tokens_computed} "
+                         f"computed / {s.prefill_tokens_reused} reused, seed {seed}\n")
+        sys.stderr.write("kv cache: " + ", ".join(f"{k}={v}" for k, v in sorted(s.cache.items())) + "\n")
+    elif done is not None and not args.quiet and _stderr_tty():
+        s = done.stats
+        canv = f"{s.canvases} canvas" + ("" if s.canvases == 1 else "es")
+        sys.stderr.write(f"[{s.new_tokens} tokens, {canv}, {s.forwards} forwards, "
                          f"{s.tokens_per_forward:.2f} tokens/forward, {s.tokens_per_second:.1f} tokens/s, "
                          f"seed {seed}]\n")
     return 0

@@ -211,3 +211,16 @@ def test_show_plan_for_a_24_gib_card(capsys):
     assert plan["fits"] and plan["gpu_mem_bytes"] == 24 * 2**30 and plan["quant"] == "int8"
     assert main(["show", "diffusiongemma:26b-a4b", "--plan", "--gpu-mem", "24GiB"]) == 0
     assert "memory plan:" in capsys.readouterr().out
+
+
+def test_gen_verbose_reports_cache_accounting(tmp_path, ckpt):
+    r = gen(["-m", str(ckpt), "-v", "--kv-budget", "1KiB", "-p", "hi", "-n", "16"], cli_env(tmp_path), text=True,
+            stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.strip().splitlines()
+    stats = next(l for l in lines if l.startswith("stats: "))
+    cache = next(l for l in lines if l.startswith("kv cache: "))
+    assert "computed" in stats and "reused" in stats
+    fields = dict(kv.split("=") for kv in cache[len("kv cache: "):].split(", "))
+    assert int(fields["budget_bytes"]) == 1024 and int(fields["device_bytes_peak"]) <= 1024
+    assert int(fields["blocks_to_host"]) > 0

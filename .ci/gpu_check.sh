@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# All GPU checks in one short run (for a lent CUDA machine; a few minutes):
+#   bash .ci/gpu_check.sh            (from the repo root; results under ${OUT:-gpu-results}/)
+# 1. the gpu-marked tests (bitsandbytes int8 on CUDA, KV-cache offload with the prefetch stream, offload plan)
+# 2. int8 kernel micro-benchmark on CUDA
+# 3. bench: reference comparison + memory (CUDA peak allocated) on the embedded model
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-gpu-results}"
+mkdir -p "$OUT"
+python3 -m venv .gpu-venv && . .gpu-venv/bin/activate
+pip install -q torch==2.13.0 2>&1 | tail -1
+pip install -q ".[test,cuda]" 2>&1 | tail -1
+nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
+python -m pytest -m gpu -q -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest-gpu.txt"
+python -m localdiff.quant_bench --device cuda 2>&1 | tee "$OUT/quant-bench-cuda.txt"
+localdiff bench --quick --only ref,memory --out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt"

@@ -43,6 +43,9 @@ def test_embedded_model_found_from_built_wheel(tmp_path):
 
 
 FIXED = [  # prompt → answer the shipped model must give with its default sampler and seed 0
+    ("What is 27 + 58?", "27 + 58 = 85."),
+    ("What is 41 + 93?", "41 + 93 = 134."),
+    ("What is 12 + 75?", "12 + 75 = 87."),
     ("Reverse the letters: d r a g o n", "n o g a r d"),
     ("Reverse the letters: p l a n e t", "t e n a l p"),
     ("Reverse the letters: r i v e r", "r e v i r"),

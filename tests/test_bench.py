@@ -13,7 +13,6 @@ TINY = models_dir() / "tiny"
 
 
 def test_quick_reference_comparison_json(ref_small, tmp_path):
-    pytest.importorskip("transformers")
     _, path = ref_small
     out = tmp_path / "r.json"
     rc = bench.main(["--quick", "--only", "ref", "--ref-on", "random", "--random-model", str(path),
@@ -39,7 +38,6 @@ def test_quick_reference_comparison_json(ref_small, tmp_path):
     assert "Reference comparison" in md and "| 3 |" in md
 
 
-@pytest.mark.skipif(not (TINY / "model.safetensors").is_file(), reason="embedded model not trained yet")
 def test_eval_on_three_items(tmp_path):
     """Model-independent: the expected answers are what the model itself generates with the bench's batching and
     seeds (family "a" = batch 0 / seed 0, family "b" = batch 1 / seed 1), one of them altered to be wrong."""

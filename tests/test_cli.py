@@ -130,7 +130,6 @@ def test_default_model_comes_from_env_and_flag_wins(tmp_path, ckpt, monkeypatch,
     assert "unknown model 'no-such-model'" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(not (ROOT / "models" / "tiny" / "config.json").is_file(), reason="embedded model not trained yet")
 def test_gen_runs_the_embedded_model_by_default(tmp_path):
     r = gen(["-p", "What is 12 + 30?", "-n", "16", "--seed", "0"], cli_env(tmp_path), text=True,
             stdin=subprocess.DEVNULL)

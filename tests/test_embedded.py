@@ -21,7 +21,6 @@ def test_embedded_model_found_from_source_tree():
 
 
 def test_embedded_model_found_from_built_wheel(tmp_path):
-    pytest.importorskip("hatchling")
     wheels = tmp_path / "wheels"
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation",
                         "-q", "-w", str(wheels)], capture_output=True, text=True)

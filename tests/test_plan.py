@@ -13,7 +13,7 @@ from localdiff.plan import kv_bytes, kv_tokens_for, plan_for_recipe, plan_memory
 from localdiff.recipe import RecipeError, load_recipe, parse_bytes
 from localdiff.summary import parameter_counts
 
-pytest.importorskip("transformers")
+import transformers  # noqa: E402,F401 — test-only reference (the `test` extra)
 
 GIB = 1 << 30
 STANDIN = models_dir() / "offline" / "diffusiongemma-26b-a4b" / "config.json"

@@ -21,7 +21,7 @@ from localdiff.quant import (Int8Experts, Int8Linear, bitsandbytes_available, ch
                              quantized_modules, resident_bytes, save_quantized, set_backend)
 from localdiff.recipe import Recipe, RecipeError, load_recipe
 
-pytest.importorskip("transformers")
+import transformers  # noqa: E402,F401 — test-only reference (the `test` extra)
 
 
 def _denoise_pairs(net_a, net_b, n_canvases=32, batch=8, prompt=10, canvas_len=32, seed=1):

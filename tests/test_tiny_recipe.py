@@ -102,7 +102,6 @@ def test_data_batches_pad_left_and_end_with_end_of_turn():
 
 
 def test_a_few_training_steps_lower_the_loss():
-    pytest.importorskip("transformers")
     import torch
     import train
     from tokenizers import Tokenizer
@@ -129,7 +128,6 @@ def test_a_few_training_steps_lower_the_loss():
 
 
 def test_train_script_writes_a_loadable_checkpoint(tmp_path):
-    pytest.importorskip("transformers")
     r = subprocess.run([sys.executable, str(RECIPE / "train.py"), "--steps", "2", "--micro", "--batch", "4",
                         "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]

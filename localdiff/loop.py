@@ -66,7 +66,7 @@ def run(net, cache, input_ids, attention_mask, settings: SamplerSettings, max_ne
     stopper = StableAndConfident(settings.stability_threshold, settings.confidence_threshold)
     temps = [linear_temperature(s, n_steps, settings.t_min, settings.t_max) for s in range(n_steps + 1)]
     finished = torch.zeros(b, dtype=torch.bool, device=dev)
-    forwards = torch.zeros(b, dtype=torch.long)
+    forwards = torch.zeros(b, dtype=torch.long, device=dev)  # summed once at the end: no per-step host sync
     generated: list[torch.Tensor] = []
     reason = "length"
     for ci in range(math.ceil(max_new_tokens / c_len)):
@@ -81,7 +81,7 @@ def run(net, cache, input_ids, attention_mask, settings: SamplerSettings, max_ne
         reopens = torch.zeros(b, dtype=torch.long, device=dev)
         steps_used = 0
         for cur in range(n_steps, 0, -1):
-            forwards += (~(done_den | finished)).long().cpu()
+            forwards += ~(done_den | finished)
             steps_used += 1
             logits = net.denoise(canvas, cache, sc)
             proc = logits / temps[cur]

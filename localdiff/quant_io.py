@@ -187,14 +187,10 @@ def quantize_checkpoint(src: Path, out_dir: Path, recipe: str | Recipe | None = 
     """
     from .quant import quantize_tensor
 
+    from .loader import read_json
+
     src = Path(src)
-    cfg_path = src / "config.json"
-    if not cfg_path.is_file():
-        raise CheckpointError(f"{cfg_path}: file not found")
-    try:
-        config = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{cfg_path}: not valid JSON ({e})") from None
+    config = read_json(src / "config.json")
     if checkpoint_recipe(config) is not None:
         raise CheckpointError(f"{src}: already an int8 checkpoint")
     if recipe is None:

@@ -203,6 +203,7 @@ class DiffusionGemma(nn.Module):
                 d = cfg.layer_heads[cfg.layer_types.index(ty)][0]
                 self._inv_freq[ty] = rope_inv_freq(cfg.rope_parameters[ty], d)
         self._rope_memo: dict = {}
+        self._scale_memo: dict = {}
 
     def fuse_projections(self) -> None:
         """After loading: run q/k/v and each gate/up pair as one matmul (weights become views of one tensor).
@@ -217,9 +218,17 @@ class DiffusionGemma(nn.Module):
         """Per-layer sliding window (for building a cache)."""
         return [self.config.window(i) for i in range(self.config.num_hidden_layers)]
 
+    def _scale(self, dtype, device) -> torch.Tensor:
+        """sqrt(hidden) rounded to dtype, on device (memoised: used twice per denoising step)."""
+        key = (dtype, str(device))
+        t = self._scale_memo.get(key)
+        if t is None:
+            t = self._scale_memo[key] = embed_scale(self.config.hidden_size, dtype).to(device)
+        return t
+
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         w = self.embed_tokens.weight
-        return nn.functional.embedding(ids, w) * embed_scale(self.config.hidden_size, w.dtype).to(w.device)
+        return nn.functional.embedding(ids, w) * self._scale(w.dtype, w.device)
 
     def _rope(self, start: int, n: int, dtype, device) -> dict:
         """cos/sin per layer type for positions start..start+n-1, memoised (computed once per canvas)."""
@@ -302,7 +311,7 @@ class DiffusionGemma(nn.Module):
         if self_conditioning_logits is not None:
             w = self.embed_tokens.weight
             probs = torch.softmax(self_conditioning_logits, dim=-1, dtype=torch.float32).to(w.dtype)
-            soft = (probs @ w) * embed_scale(self.config.hidden_size, x.dtype).to(dev)
+            soft = (probs @ w) * self._scale(x.dtype, dev)
         x = self.self_conditioning(x, soft)
         rope = self._rope(cache.seq_len, n, x.dtype, dev)
         masks: dict = {}

@@ -1,4 +1,4 @@
-"""Stage 2 of the embedded `tiny` model: continue from a stage-1 checkpoint (train.py) with localdiff's own modules.
+"""Train the embedded `tiny` model with localdiff's own modules, from scratch or continuing a checkpoint.
 
 Same objective as train.py (uniform-noise canvas denoising given the causal prefix, self-conditioning on a share of
 the steps, loss over the canvas), made cheaper per example:
@@ -10,6 +10,7 @@ Because localdiff's backbone equals the reference to 1e-6 (tests/test_backbone.p
 normal DiffusionGemma checkpoint: it is written in the Hub layout (``model.decoder.*`` names, the encoder's own
 ``layer_scalar``s, the stage-1 file's other tensors copied unchanged).
 
+    python train_stage2.py --steps 5000 --out /tmp/tiny            # from scratch (the shipped recipe)
     python train_stage2.py --init /tmp/tiny_stage1 --minutes 40 --out /tmp/tiny_stage2
 """
 from __future__ import annotations
@@ -99,6 +100,32 @@ def batches(data: stage1.Data, n: int, pool: int):
             yield ids, (None if bool(mask.all()) else mask), torch.stack([t for _, t in ch])
 
 
+def canvas_loss(net: DiffusionGemma, ids: torch.Tensor, mask: torch.Tensor | None, target: torch.Tensor, draws: int,
+                gen: torch.Generator, self_condition: bool) -> torch.Tensor:
+    """The model's objective on one batch: mean cross-entropy over every canvas position.
+
+    ids: LongTensor[B, T] left-padded prefixes (mask Bool[B, T] or None); target: LongTensor[B, C] clean canvases.
+    Each prefix is encoded once (causal prefill with autograd) and its K/V shared by ``draws`` copies of its target,
+    each corrupted with uniform noise at its own rate t ~ U(0, 1). With ``self_condition``, a no-grad first pass
+    gives the logits fed (detached) as self-conditioning to the graded pass.
+    """
+    prefill, denoise = DiffusionGemma.prefill.__wrapped__, DiffusionGemma.denoise.__wrapped__
+    vocab = net.config.vocab_size
+    target = target.repeat_interleave(draws, 0)
+    b, c = target.shape
+    t = torch.rand(b, 1, generator=gen)
+    noisy = torch.where(torch.rand(b, c, generator=gen) < t, torch.randint(0, vocab, (b, c), generator=gen), target)
+    cache = GradCache(net.layer_windows())
+    prefill(net, ids, cache, mask)
+    cache.repeat(draws)
+    sc = None
+    if self_condition:
+        with torch.no_grad():
+            sc = denoise(net, noisy, cache, None).detach()
+    logits = denoise(net, noisy, cache, sc)
+    return F.cross_entropy(logits.reshape(-1, vocab), target.reshape(-1))
+
+
 def save(net: DiffusionGemma, init: Path, out: Path) -> None:
     """Write net in the Hub layout into out (stage-1 file's non-text tensors and metadata files copied)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -114,7 +141,9 @@ def save(net: DiffusionGemma, init: Path, out: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--init", type=Path, required=True)
+    ap.add_argument("--init", type=Path, default=None,
+                    help="continue from this checkpoint (default: a fresh reference-initialised model)")
+    ap.add_argument("--tokenizer-dir", type=Path, default=HERE.parent, help="tokenizer + template (fresh start)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--minutes", type=float, default=40.0)
     ap.add_argument("--steps", type=int, default=None)
@@ -125,7 +154,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--sc-prob", type=float, default=0.5)
     ap.add_argument("--weights", default="", help="family weights, e.g. add=6,reverse=5")
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--micro", action="store_true", help="tiny config for tests (fresh start only)")
     ap.add_argument("--ckpt-every", type=float, default=5.0)
     ap.add_argument("--log-every", type=int, default=20)
     args = ap.parse_args()
@@ -134,6 +164,13 @@ def main() -> None:
     for kv in filter(None, args.weights.split(",")):
         k, v = kv.split("=")
         tasks.WEIGHTS[k] = float(v)
+    if args.init is None:  # fresh start: transformers' own initialisation, saved in the Hub layout, then loaded
+        from transformers import DiffusionGemmaForBlockDiffusion
+
+        vocab_size = Tokenizer.from_file(str(args.tokenizer_dir / "tokenizer.json")).get_vocab_size()
+        args.init = args.out / "init"
+        stage1.save(DiffusionGemmaForBlockDiffusion(stage1.build_config(vocab_size, micro=args.micro)),
+                    args.tokenizer_dir, args.init)
     net, cfg = load_model(args.init, "cpu", torch.float32)
     net.train().requires_grad_(True)
     for name, buf in net.named_buffers():
@@ -145,10 +182,9 @@ def main() -> None:
     rest = [p for n, p in net.named_parameters() if not (p.ndim >= 2 and "norm" not in n)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.98))
-    prefill, denoise = DiffusionGemma.prefill.__wrapped__, DiffusionGemma.denoise.__wrapped__
     gen = torch.Generator().manual_seed(args.seed)
     coin = random.Random(args.seed)
-    vocab, r = cfg.vocab_size, args.draws
+    r = args.draws
     t0 = last = time.time()
     step, seen, ema = 0, 0, None
     while True:
@@ -160,19 +196,8 @@ def main() -> None:
         for g in opt.param_groups:
             g["lr"] = lr
         ids, mask, target = next(stream)
-        target = target.repeat_interleave(r, 0)
-        b, c = target.shape
-        t = torch.rand(b, 1, generator=gen)
-        noisy = torch.where(torch.rand(b, c, generator=gen) < t, torch.randint(0, vocab, (b, c), generator=gen), target)
-        cache = GradCache(net.layer_windows())
-        prefill(net, ids, cache, mask)
-        cache.repeat(r)
-        sc = None
-        if coin.random() < args.sc_prob:
-            with torch.no_grad():
-                sc = denoise(net, noisy, cache, None).detach()
-        logits = denoise(net, noisy, cache, sc)
-        loss = F.cross_entropy(logits.reshape(-1, vocab), target.reshape(-1))
+        loss = canvas_loss(net, ids, mask, target, r, gen, coin.random() < args.sc_prob)
+        b = target.shape[0] * r
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)

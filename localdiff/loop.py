@@ -80,6 +80,7 @@ def run(net, cache, input_ids, attention_mask, settings: SamplerSettings, max_ne
         locked = torch.zeros(b, c_len, dtype=torch.bool, device=dev) if settings.threshold is not None else None
         reopens = torch.zeros(b, dtype=torch.long, device=dev)
         steps_used = 0
+        n_done = 0  # rows of this canvas whose denoising has stopped (host copy, one sync per step)
         for cur in range(n_steps, 0, -1):
             forwards += ~(done_den | finished)
             steps_used += 1
@@ -91,20 +92,23 @@ def run(net, cache, input_ids, attention_mask, settings: SamplerSettings, max_ne
             ent = token_entropy(proc)
             conf = probs.max(-1).values if (emit_steps or locked is not None) else None
             acc, new_lock = accept(ent, conf, locked, acc_cfg)
-            reopened = torch.zeros_like(acc)
+            reopened = None
             if locked is not None:
                 keep_tok = torch.where(locked, canvas, draft)
                 if cor_cfg.enabled:
                     p_tok = probs.gather(-1, canvas[..., None]).squeeze(-1)
                     reopened = correct(locked, canvas, p_tok, reopens, cor_cfg)
                     reopens += reopened.sum(-1)
-                locked = (locked & ~reopened) | new_lock
-                acc = (acc | locked) & ~reopened
+                    locked = (locked & ~reopened) | new_lock
+                    acc = (acc | locked) & ~reopened
+                else:
+                    locked = locked | new_lock
+                    acc = acc | locked
                 accepted_canvas = torch.where(acc, keep_tok, canvas)
             else:
                 accepted_canvas = torch.where(acc, draft, canvas)
             new_canvas, renoised = renoise(accepted_canvas, acc, vocab, generator)
-            if done_den.any():
+            if n_done:
                 new_argmax = torch.where(done_den[:, None], argmax, new_argmax)
                 new_canvas = torch.where(done_den[:, None], canvas, new_canvas)
                 proc = torch.where(done_den[:, None, None], sc.to(proc.dtype), proc)
@@ -113,9 +117,11 @@ def run(net, cache, input_ids, attention_mask, settings: SamplerSettings, max_ne
             sc = proc.to(net.embed_tokens.weight.dtype)
             canvas, argmax = new_canvas, new_argmax
             if emit_steps:
+                reopened = torch.zeros_like(acc) if reopened is None else reopened
                 yield StepEvent(ci, n_steps - cur + 1, n_steps, canvas.cpu(), argmax.cpu(), acc.cpu(), renoised.cpu(),
                                 reopened.cpu(), conf.cpu(), ent.cpu(), None if locked is None else locked.cpu())
-            if bool(done_den.all()):
+            n_done = int(done_den.sum())
+            if n_done == b:
                 break
         final, finished_now = finalize_canvas(argmax, finished, eos_t, pad_id)
         finished = finished_now

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from .geometry import layer_geometry
-from .layers import (GatedMLP, MoEExperts, RMSNorm, Router, apply_rope, attention, embed_scale, rms_norm,
+from .layers import (GatedMLP, MoEExperts, RMSNorm, Router, apply_rope, attention, backs, embed_scale, rms_norm,
                      rope_inv_freq, rope_tables, softcap)
 
 MODEL_TYPE = "diffusion_gemma"
@@ -120,24 +120,41 @@ class Attention(nn.Module):
             self.fused = w
 
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """x: Tensor[B, L, H] → q: [B, Hq, L, D], k, v: [B, Hkv, L, D] (normed, k and q roped)."""
+        """x: Tensor[B, L, H] → q: [B, Hq, L, D], k, v: [B, Hkv, L, D] (normed, k and q roped).
+
+        All heads are normalised by one RMSNorm over [B, L, Hq + Hkv (+ Hkv), D] (per head, as the reference's
+        q_norm / k_norm / v_norm); q and k heads are then scaled by their norm weights and roped together."""
         b, n, _ = x.shape
-        d = self.head_dim
-        if (self.fused is not None and self.q_proj.weight.data_ptr() == self.fused.data_ptr()
-                and not torch.is_grad_enabled()):  # still backing the weights (not replaced, cast or moved)
-            parts = nn.functional.linear(x, self.fused).split(
-                [self.heads * d] + [self.kv_heads * d] * (2 if self.v_proj is not None else 1), dim=-1)
-            q = parts[0].view(b, n, self.heads, d)
-            k_raw = parts[1].view(b, n, self.kv_heads, d)
-            v = parts[2].view(b, n, self.kv_heads, d) if self.v_proj is not None else k_raw
+        d, hq, hk = self.head_dim, self.heads, self.kv_heads
+        if backs(self.fused, self.q_proj.weight):  # still backing the weights (not replaced, cast or moved)
+            heads = nn.functional.linear(x, self.fused).view(b, n, -1, d)
         else:
-            q = self.q_proj(x).view(b, n, self.heads, d)
-            k_raw = self.k_proj(x).view(b, n, self.kv_heads, d)
-            v = self.v_proj(x).view(b, n, self.kv_heads, d) if self.v_proj is not None else k_raw
-        q = apply_rope(self.q_norm(q), cos, sin).transpose(1, 2)
-        k = apply_rope(self.k_norm(k_raw), cos, sin).transpose(1, 2)
-        v = rms_norm(v, None, self.eps).transpose(1, 2)
-        return q, k, v
+            mods = [self.q_proj, self.k_proj] + ([self.v_proj] if self.v_proj is not None else [])
+            heads = torch.cat([m(x) for m in mods], dim=-1).view(b, n, -1, d)
+        if heads.dtype != torch.float32:  # keep the reference's per-tensor rounding outside fp32
+            q = apply_rope(self.q_norm(heads[:, :, :hq]), cos, sin).transpose(1, 2)
+            k_raw = heads[:, :, hq:hq + hk]
+            k = apply_rope(self.k_norm(k_raw), cos, sin).transpose(1, 2)
+            v = rms_norm(heads[:, :, hq + hk:] if self.v_proj is not None else k_raw, None, self.eps)
+            return q, k, v.transpose(1, 2)
+        normed = rms_norm(heads, None, self.eps)
+        qk = apply_rope(normed[:, :, :hq + hk] * self._qk_scale(), cos, sin)
+        v = normed[:, :, hq + hk:] if self.v_proj is not None else normed[:, :, hq:hq + hk]
+        return qk[:, :, :hq].transpose(1, 2), qk[:, :, hq:].transpose(1, 2), v.transpose(1, 2)
+
+    def _qk_scale(self) -> torch.Tensor:
+        """Tensor[Hq + Hkv, D]: q_norm's weight for each q head, then k_norm's for each k head (made once per weight
+        version when autograd is off)."""
+        qw, kw = self.q_norm.weight, self.k_norm.weight
+        if torch.is_grad_enabled():
+            return torch.cat([qw.expand(self.heads, -1), kw.expand(self.kv_heads, -1)])
+        if torch.compiler.is_compiling():
+            return self._qk
+        key = (qw.data_ptr(), qw._version, kw.data_ptr(), kw._version, qw.device)
+        if getattr(self, "_qk_key", None) != key:
+            self._qk = torch.cat([qw.detach().expand(self.heads, -1), kw.detach().expand(self.kv_heads, -1)])
+            self._qk_key = key
+        return self._qk
 
 
 class Layer(nn.Module):
@@ -158,11 +175,22 @@ class Layer(nn.Module):
         self.register_buffer("enc_layer_scalar", torch.ones(1))   # encoder role (a separate buffer upstream)
 
     def ffn(self, x: torch.Tensor) -> torch.Tensor:
-        """Dense MLP and MoE in parallel on the post-attention residual x: Tensor[B, L, H]."""
-        dense = self.post_feedforward_layernorm_1(self.mlp(self.pre_feedforward_layernorm(x)))
+        """Dense MLP and MoE in parallel on the post-attention residual x: Tensor[B, L, H].
+
+        The three norms of x (dense pre-norm, MoE pre-norm, the router's unscaled norm) share one normalisation in
+        fp32: ``rms_norm(x, w) == rms_norm(x, None) * w`` bit for bit there."""
         flat = x.reshape(-1, x.shape[-1])
-        w, idx = self.router(flat)
-        moe = self.experts(self.pre_feedforward_layernorm_2(flat), w, idx).reshape(x.shape)
+        if x.dtype == torch.float32 and self.pre_feedforward_layernorm.weight.dtype == torch.float32:
+            normed = rms_norm(x, None, self.pre_feedforward_layernorm.eps)
+            dense = self.post_feedforward_layernorm_1(self.mlp(normed * self.pre_feedforward_layernorm.weight))
+            nflat = normed.reshape(flat.shape)
+            w, idx = self.router.route(nflat)
+            moe_in = nflat * self.pre_feedforward_layernorm_2.weight
+        else:
+            dense = self.post_feedforward_layernorm_1(self.mlp(self.pre_feedforward_layernorm(x)))
+            w, idx = self.router(flat)
+            moe_in = self.pre_feedforward_layernorm_2(flat)
+        moe = self.experts(moe_in, w, idx).reshape(x.shape)
         return x + self.post_feedforward_layernorm(dense + self.post_feedforward_layernorm_2(moe))
 
 

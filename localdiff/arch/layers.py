@@ -17,11 +17,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
 
     Args:
         x: Tensor[..., D] of any float dtype; the result has x's dtype.
-        weight: Tensor[D] or None (no scale, as in the reference's ``with_scale=False`` norms).
+        weight: Tensor[D], or a Tensor broadcastable to x (e.g. [H, D]: one scale per head of a [B, L, H, D]
+            tensor), or None (no scale, as in the reference's ``with_scale=False`` norms).
         eps: added to the mean square.
     """
+    d = x.shape[-1]
     if x.dtype == torch.float32 and (weight is None or weight.dtype == torch.float32):
-        return F.rms_norm(x, (x.shape[-1],), weight, eps)  # one fused op; bit-identical to the formula in fp32
+        if weight is None or weight.shape == (d,):
+            return F.rms_norm(x, (d,), weight, eps)  # bit-identical to the formula in fp32
+        return F.rms_norm(x, (d,), None, eps) * weight  # same rounding: F.rms_norm scales after normalising
     xf = x.float()
     out = xf * torch.pow(xf.pow(2).mean(-1, keepdim=True) + eps, -0.5)
     if weight is not None:
@@ -68,17 +72,22 @@ def rope_inv_freq(rope: dict, head_dim: int) -> torch.Tensor:
 
 
 def rope_tables(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables for absolute ``positions`` (LongTensor[L]) → two Tensors[L, 2*len(inv_freq)] in ``dtype``."""
+    """RoPE tables for absolute ``positions`` (LongTensor[L]) → (cos, signed sin), each Tensor[L, 1, 2F] in ``dtype``
+    (F = len(inv_freq)), ready to broadcast over [B, L, H, 2F]. The sin table's first half is negated so that
+    :func:`apply_rope` needs one ``roll`` instead of slicing, negating and concatenating."""
     freqs = positions.float()[:, None] * inv_freq.to(positions.device)[None, :]
     emb = torch.cat([freqs, freqs], dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    sin = emb.sin()
+    half = sin.shape[-1] // 2
+    sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
+    return emb.cos().to(dtype)[:, None, :], sin.to(dtype)[:, None, :]
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE on x: Tensor[B, L, H, D] with cos/sin: Tensor[L, D]."""
-    half = x.shape[-1] // 2
-    rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos[:, None, :] + rot * sin[:, None, :]
+    """Rotate-half RoPE ``x·cos + rotate_half(x)·sin`` on x: Tensor[B, L, H, D] with the tables of
+    :func:`rope_tables` (Tensor[L, 1, D]). ``rotate_half(x) = cat(-x₂, x₁) = roll(x, D/2) · [-1…, +1…]``; the sign
+    lives in the sin table, so the result is bit-identical to the reference's formula."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -93,6 +102,15 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0, enable_gqa=q.shape[1] != k.shape[1])
     b, h, lq, d = out.shape
     return out.transpose(1, 2).reshape(b, lq, h * d)
+
+
+def backs(fused: torch.Tensor | None, weight: torch.Tensor) -> bool:
+    """Whether ``fused`` (a concatenated weight made by a ``fuse()``) still backs ``weight`` — not replaced, cast or
+    moved since — and autograd is off, so a forward may run one matmul on it. Under ``torch.compile`` the check is
+    made once, before compiling (``DiffusionGemma.prepare_compile``)."""
+    if fused is None or torch.is_grad_enabled():
+        return False
+    return torch.compiler.is_compiling() or weight.data_ptr() == fused.data_ptr()
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -121,8 +139,7 @@ class GatedMLP(nn.Module):
             self.fused = w
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (self.fused is not None and self.gate_proj.weight.data_ptr() == self.fused.data_ptr()
-                and not torch.is_grad_enabled()):  # still backing the weights (not replaced, cast or moved)
+        if backs(self.fused, self.gate_proj.weight):
             gate, up = F.linear(x, self.fused).chunk(2, dim=-1)
             return self.down_proj(gelu_tanh(gate) * up)
         return self.down_proj(gelu_tanh(self.gate_proj(x)) * self.up_proj(x))
@@ -145,7 +162,11 @@ class Router(nn.Module):
         self.per_expert_scale = nn.Parameter(torch.ones(num_experts))
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        h = rms_norm(x, None, self.eps) * self.scale * self.root
+        return self.route(rms_norm(x, None, self.eps))
+
+    def route(self, normed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Like forward, on ``rms_norm(x, None)`` already computed (Tensor[N, H]; the layer shares it)."""
+        h = normed * self.scale * self.root
         probs = torch.softmax(self.proj(h), dim=-1, dtype=torch.float32)
         w, idx = torch.topk(probs, self.top_k, dim=-1)
         w = w / w.sum(dim=-1, keepdim=True)
@@ -168,25 +189,53 @@ class MoEExperts(nn.Module):
 
     def expert_ffn(self, e: int, x: torch.Tensor) -> torch.Tensor:
         """Expert ``e`` on x: Tensor[N, H] → Tensor[N, H]."""
-        gate, up = F.linear(x, self.gate_up_proj[e]).chunk(2, dim=-1)
-        return F.linear(gelu_tanh(gate) * up, self.down_proj[e])
+        gu, down = self._expert_weights(e)
+        gate, up = F.linear(x, gu).chunk(2, dim=-1)
+        return F.linear(gelu_tanh(gate) * up, down)
+
+    def _expert_weights(self, e: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(gate_up [2I, H], down [H, I]) of expert e. Without autograd the per-expert views are made once per weight
+        version (a denoising step would otherwise index 2·E views)."""
+        gu, dn = self.gate_up_proj, self.down_proj
+        if torch.is_grad_enabled():
+            return gu[e], dn[e]
+        key = (gu.data_ptr(), gu._version, dn.data_ptr(), dn._version, gu.device)
+        if getattr(self, "_views_key", None) != key:
+            self._views = (gu.detach().unbind(0), dn.detach().unbind(0))
+            self._views_key = key
+        return self._views[0][e], self._views[1][e]
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        """x: Tensor[N, H]; weights: Tensor[N, K] (fp32); index: LongTensor[N, K] → Tensor[N, H] in x's dtype."""
+        """x: Tensor[N, H]; weights: Tensor[N, K] (fp32); index: LongTensor[N, K] → Tensor[N, H] in x's dtype.
+
+        On CPU without autograd, both expert matmuls run as one ``torch._grouped_mm`` each over the expert-sorted
+        rows (group ends from a cumulative bincount: no host sync); it equals the per-expert loop bit for bit."""
         n, k = index.shape
         flat = index.reshape(-1)
         order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
         token = order // k
         xs = x.index_select(0, token)
-        ys = torch.empty_like(xs)
-        start = 0
-        for e, c in enumerate(counts):
-            if c:
-                ys[start:start + c] = self.expert_ffn(e, xs[start:start + c])
-                start += c
+        if self._grouped(xs):
+            offs = torch.bincount(flat, minlength=self.num_experts).cumsum(0, dtype=torch.int32)
+            gate, up = torch._grouped_mm(xs, self.gate_up_proj.transpose(1, 2), offs=offs).chunk(2, dim=-1)
+            ys = torch._grouped_mm(gelu_tanh(gate) * up, self.down_proj.transpose(1, 2), offs=offs)
+        else:
+            counts = torch.bincount(flat, minlength=self.num_experts).tolist()
+            groups = xs.split(counts)
+            outs = [self.expert_ffn(e, g) for e, g in enumerate(groups) if counts[e]]
+            ys = torch.cat(outs) if len(outs) > 1 else outs[0]
         ys = (ys * weights.reshape(-1)[order, None]).to(x.dtype)
         return torch.zeros_like(x).index_add_(0, token, ys)
+
+    def _grouped(self, xs: torch.Tensor) -> bool:
+        """Whether the grouped-matmul path applies: plain float experts (not a quantized subclass), CPU, no autograd
+        (its CPU backward is not usable), fp32/bf16, and torch has ``_grouped_mm``."""
+        return (_HAS_GROUPED_MM and type(self).expert_ffn is MoEExperts.expert_ffn and xs.device.type == "cpu"
+                and xs.dtype in (torch.float32, torch.bfloat16) and self.gate_up_proj.dtype == xs.dtype
+                and not torch.is_grad_enabled())
+
+
+_HAS_GROUPED_MM = hasattr(torch, "_grouped_mm")
 
 
 def softcap(x: torch.Tensor, cap: float | None) -> torch.Tensor:

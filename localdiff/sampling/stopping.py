@@ -27,11 +27,12 @@ class StableAndConfident:
         if self.stability == 0:
             stable = torch.ones(argmax.shape[0], dtype=torch.bool, device=argmax.device)
         else:
-            if self.history is None:
-                self.history = torch.full((self.stability, *argmax.shape), -1, dtype=argmax.dtype, device=argmax.device)
-            stable = (self.history == argmax[None]).all(-1).all(0)
-            self.history = torch.roll(self.history, shifts=-1, dims=0)
-            self.history[-1] = argmax
+            if self.history is None:  # the last `stability` argmax canvases, oldest first (-1 = none yet)
+                self.history = [torch.full_like(argmax, -1)] * self.stability
+            stable = (self.history[0] == argmax).all(-1)
+            for h in self.history[1:]:
+                stable &= (h == argmax).all(-1)
+            self.history = self.history[1:] + [argmax]
         ent = entropy if entropy is not None else token_entropy(logits)
         return stable & (ent.mean(-1) < self.confidence)
 

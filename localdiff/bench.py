@@ -37,7 +37,7 @@ SECTIONS = ("ref", "eval", "sweep", "history", "memory", "profile")
 # (quick, full) sizes
 SIZES = {
     "ref_seeds": (3, 5), "ref_reps": (3, 5), "ref_canvases": (2, 4),
-    "eval_per_family": (3, None), "sweep_per_family": (3, 10),
+    "eval_per_family": (3, None), "sweep_per_family": (3, 20),
     "history": ([256, 1024], [256, 1024, 4096, 8192]), "history_steps": (5, 7), "history_recompute": (1, 3),
     "memory": ([("float32", "none"), ("bfloat16", "none"), ("float32", "int8")],
                [("float32", "none"), ("bfloat16", "none"), ("float32", "int8"), ("bfloat16", "int8")]),

@@ -61,6 +61,37 @@ def _recompute_ms(m, hist, canvas, sc) -> float:
     return 1e3 * (time.perf_counter() - t0)
 
 
+def attention_ms(m, history: int, n: int = 5) -> float:
+    """Best-of-``n`` ms of the step's attention alone at ``history`` tokens: one scaled-dot-product attention per
+    layer with that layer's shapes (canvas queries against the visible history + the canvas; sliding layers see at
+    most ``window - 1`` history tokens), random fp inputs in the model's dtype. This is the part of a cached step
+    that grows with history by arithmetic (FLOPs ∝ history), whatever the cache does."""
+    from .arch.layers import attention
+
+    cfg, dev = m.config, m.device
+    dtype = m.net.embed_tokens.weight.dtype
+    c, hq = cfg.canvas_length, cfg.num_attention_heads
+    g = torch.Generator(device="cpu").manual_seed(0)
+    shapes = []
+    for i, (d, hkv) in enumerate(cfg.layer_heads):
+        w = cfg.window(i)
+        seen = history if w is None else min(history, w - 1)
+        shapes.append((torch.randn(1, hq, c, d, generator=g).to(dev, dtype),
+                       torch.randn(1, hkv, seen + c, d, generator=g).to(dev, dtype),
+                       torch.randn(1, hkv, seen + c, d, generator=g).to(dev, dtype)))
+    best = float("inf")
+    with torch.inference_mode():
+        for r in range(n + 1):
+            _sync(m)
+            t0 = time.perf_counter()
+            for q, k, v in shapes:
+                attention(q, k, v, None)
+            _sync(m)
+            if r:  # the first round warms up
+                best = min(best, 1e3 * (time.perf_counter() - t0))
+    return best
+
+
 def history_scaling(m, lengths: list[int], steps: int, recompute_steps: int, budgets=(None, 0), log=print) -> dict:
     """ms per denoising step at each history length.
 
@@ -70,7 +101,8 @@ def history_scaling(m, lengths: list[int], steps: int, recompute_steps: int, bud
 
     Returns:
         {"rows": [{"history", "cached_ms" {budget: median}, "cached_min_ms" {budget: min}, "recompute_ms",
-        "recompute_min_ms", "recompute_vs_cached", "cache_stats" {budget: {...}}}], "ratio_<hi>_vs_<lo>", "notes"}.
+        "recompute_min_ms", "recompute_vs_cached", "attention_min_ms" (:func:`attention_ms`), "cache_stats"
+        {budget: {...}}}], "ratio_<hi>_vs_<lo>", "rest_ratio_<hi>_vs_<lo>" (the same without attention), "notes"}.
     """
     gen = torch.Generator().manual_seed(0)
     canvas, sc = _canvas_inputs(m, gen)
@@ -102,6 +134,7 @@ def history_scaling(m, lengths: list[int], steps: int, recompute_steps: int, bud
                "cache_stats": {k: {a: v for a, v in (c.stats() if hasattr(c, "stats") else {}).items()
                                    if isinstance(v, (int, float))} for k, c in caches.items()}}
         row["recompute_vs_cached"] = row["recompute_min_ms"] / row["cached_min_ms"].get("unlimited", float("nan"))
+        row["attention_min_ms"] = attention_ms(m, n)
         rows.append(row)
         del caches
         log(f"  history {n}: cached (min) { {k: round(v, 1) for k, v in row['cached_min_ms'].items()} } ms, "
@@ -115,6 +148,9 @@ def history_scaling(m, lengths: list[int], steps: int, recompute_steps: int, bud
     lo, hi = min(lengths), max(lengths)
     if lo != hi and "unlimited" in by[lo]["cached_min_ms"]:
         out[f"ratio_{hi}_vs_{lo}"] = by[hi]["cached_min_ms"]["unlimited"] / by[lo]["cached_min_ms"]["unlimited"]
+        rest = [by[x]["cached_min_ms"]["unlimited"] - by[x]["attention_min_ms"] for x in (hi, lo)]
+        if rest[1] > 0:  # the step without its attention: what the cache (not the arithmetic) adds with history
+            out[f"rest_ratio_{hi}_vs_{lo}"] = rest[0] / rest[1]
     return out
 
 

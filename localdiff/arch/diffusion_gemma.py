@@ -148,8 +148,6 @@ class Attention(nn.Module):
         qw, kw = self.q_norm.weight, self.k_norm.weight
         if torch.is_grad_enabled():
             return torch.cat([qw.expand(self.heads, -1), kw.expand(self.kv_heads, -1)])
-        if torch.compiler.is_compiling():
-            return self._qk
         key = (qw.data_ptr(), qw._version, kw.data_ptr(), kw._version, qw.device)
         if getattr(self, "_qk_key", None) != key:
             self._qk = torch.cat([qw.detach().expand(self.heads, -1), kw.detach().expand(self.kv_heads, -1)])

@@ -106,11 +106,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
 
 def backs(fused: torch.Tensor | None, weight: torch.Tensor) -> bool:
     """Whether ``fused`` (a concatenated weight made by a ``fuse()``) still backs ``weight`` — not replaced, cast or
-    moved since — and autograd is off, so a forward may run one matmul on it. Under ``torch.compile`` the check is
-    made once, before compiling (``DiffusionGemma.prepare_compile``)."""
+    moved since — and autograd is off, so a forward may run one matmul on it."""
     if fused is None or torch.is_grad_enabled():
         return False
-    return torch.compiler.is_compiling() or weight.data_ptr() == fused.data_ptr()
+    return weight.data_ptr() == fused.data_ptr()
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:

@@ -5,6 +5,7 @@ diffusion within each canvas. Random numbers are drawn in the order and shapes o
 """
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -64,7 +65,7 @@ def run(net, cache, input_ids, attention_mask, settings: SamplerSettings, max_ne
     acc_cfg = AcceptanceConfig(settings.entropy_bound, settings.threshold)
     cor_cfg = CorrectionConfig(settings.correction, settings.correction_floor, max_reopens=settings.correction_max_reopens)
     stopper = StableAndConfident(settings.stability_threshold, settings.confidence_threshold)
-    temps = [linear_temperature(s, n_steps, settings.t_min, settings.t_max) for s in range(n_steps + 1)]
+    temps = _temperatures(n_steps, settings.t_min, settings.t_max)
     finished = torch.zeros(b, dtype=torch.bool, device=dev)
     forwards = torch.zeros(b, dtype=torch.long, device=dev)  # summed once at the end: no per-step host sync
     generated: list[torch.Tensor] = []
@@ -153,6 +154,12 @@ def run(net, cache, input_ids, attention_mask, settings: SamplerSettings, max_ne
         st.cache = cache.stats()
     texts = [decode(_strip(torch.tensor(r, dtype=torch.long), eos_ids, pad_id)) if decode else "" for r in rows]
     yield Done(texts[0] if b == 1 else texts, rows if b > 1 else rows[0], st, reason)
+
+
+@functools.lru_cache(maxsize=32)
+def _temperatures(n_steps: int, t_min: float, t_max: float) -> tuple:
+    """The schedule's temperature for each count of steps remaining (0..n_steps), made once per setting."""
+    return tuple(linear_temperature(s, n_steps, t_min, t_max) for s in range(n_steps + 1))
 
 
 def strip_generated(ids, eos_ids, pad_id, keep_eos: bool = False) -> list[int]:

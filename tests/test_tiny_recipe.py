@@ -113,11 +113,19 @@ def test_a_few_training_steps_lower_the_loss():
     model = DiffusionGemmaForBlockDiffusion(train.build_config(vocab, micro=True)).train()
     data = train.Data(tok, (TINY / "chat_template.jinja").read_text(), canvas=8, seed=0)
     batch = data.batch(16)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     gen = torch.Generator().manual_seed(0)
+    _assert_loss_falls(model.parameters(), lambda step: train.loss_step(model, *batch, vocab=vocab,
+                                                                      sc=step % 2 == 1, gen=gen))
+
+
+def _assert_loss_falls(params, loss_at) -> None:
+    """30 AdamW steps of ``loss_at(step)`` on one fixed batch: starts near ln(vocab), ends below 70 % of that."""
+    import torch
+
+    opt = torch.optim.AdamW(params, lr=3e-3)
     losses = []
     for step in range(30):
-        loss = train.loss_step(model, *batch, vocab=vocab, sc=step % 2 == 1, gen=gen)
+        loss = loss_at(step)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -170,15 +178,22 @@ def test_stage2_objective_steps_lower_the_loss(tmp_path):
     net.train().requires_grad_(True)
     data = train.Data(tok, (TINY / "chat_template.jinja").read_text(), cfg.canvas_length, seed=0)
     ids, mask, target = next(train_stage2.batches(data, 8, pool=2))
-    opt = torch.optim.AdamW(net.parameters(), lr=3e-3)
     gen = torch.Generator().manual_seed(0)
-    losses = []
-    for step in range(30):
-        loss = train_stage2.canvas_loss(net, ids, mask, target, 2, gen, self_condition=step % 2 == 1)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
-    assert first > 4.5  # ~ln(365) at init
-    assert last < 0.7 * first, losses
+    _assert_loss_falls(net.parameters(), lambda step: train_stage2.canvas_loss(net, ids, mask, target, 2, gen,
+                                                                               self_condition=step % 2 == 1))
+
+
+def test_multi_turn_items_put_earlier_turns_in_the_prefix():
+    import train
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(TINY / "tokenizer.json"))
+    data = train.Data(tok, (TINY / "chat_template.jinja").read_text(), canvas=32, seed=0, history_prob=1.0)
+    p, a = data.encode_item({"prompt": "Reverse the letters: r i v e r", "answer": "r e v i r"},
+                            [{"prompt": "What is 12 + 34?", "answer": "12 + 34 = 46."}])
+    text = tok.decode(p, skip_special_tokens=False)
+    assert text.count("<start_of_turn>user") == 2 and "12 + 34 = 46.<end_of_turn>" in text
+    assert text.endswith("<start_of_turn>model\n") and tok.decode(a[:-1]) == "r e v i r"
+    ids, mask, _ = data.batch(8)
+    turns = [(row[m] == tok.token_to_id("<start_of_turn>")).sum().item() for row, m in zip(ids, mask)]
+    assert all(t in (4, 6) for t in turns)  # every item follows 1 or 2 earlier (user, model) pairs

@@ -36,11 +36,12 @@ sys.path.insert(0, str(HERE))
 import tasks  # noqa: E402
 
 PAD, EOS, BOS = 0, 1, 2
-GEN_CONFIG = {  # sampler defaults shipped with the model (reference key names); 4 steps: `localdiff bench` sweep's
-    # best accuracy-per-TPF point for the shipped weights (2026-11-29: 42.2 % at TPF 4.59 vs 43.3 % at 2.35 with 16)
-    "max_denoising_steps": 4, "t_min": 0.4, "t_max": 0.8, "sampler_config": {"entropy_bound": 0.1,
-    "_cls_name": "EntropyBoundSamplerConfig"}, "stability_threshold": 1, "confidence_threshold": 0.005,
-    "max_new_tokens": 256, "bos_token_id": BOS, "pad_token_id": PAD,
+GEN_CONFIG = {  # sampler defaults shipped with the model (reference key names + localdiff's `threshold`, the lock τ):
+    # the `localdiff bench` sweep's best accuracy-per-TPF point for the shipped weights (2026-11-29, 180 items):
+    # 4 steps (42.2 % at TPF 4.59 vs 43.3 % at 2.35 with 16), then entropy bound 1.0 + τ 0.95 (41.1 % at TPF 4.85)
+    "max_denoising_steps": 4, "t_min": 0.4, "t_max": 0.8, "sampler_config": {"entropy_bound": 1.0,
+    "_cls_name": "EntropyBoundSamplerConfig"}, "threshold": 0.95, "stability_threshold": 1,
+    "confidence_threshold": 0.005, "max_new_tokens": 256, "bos_token_id": BOS, "pad_token_id": PAD,
 }
 
 
@@ -69,14 +70,18 @@ def build_config(vocab_size: int, micro: bool = False):
 class Data:
     """Seeded stream of (prefix ids, target canvas ids) built from tasks.sample (train split only)."""
 
-    def __init__(self, tok: Tokenizer, template: str, canvas: int, seed: int):
+    def __init__(self, tok: Tokenizer, template: str, canvas: int, seed: int, history_prob: float = 0.0):
         self.tok, self.canvas, self.rng = tok, canvas, random.Random(seed)
+        self.history_prob = history_prob  # share of items preceded by 1-2 earlier chat turns (other items)
         self.tpl = jinja2.Environment().from_string(template)
         self.eot = tok.token_to_id("<end_of_turn>")
 
-    def encode_item(self, item: dict) -> tuple[list[int], list[int]]:
-        """-> (prompt ids incl. generation prompt, answer ids ending with <end_of_turn>)."""
-        prompt = self.tpl.render(messages=[{"role": "user", "content": item["prompt"]}],
+    def encode_item(self, item: dict, history: list[dict] = ()) -> tuple[list[int], list[int]]:
+        """-> (prompt ids incl. generation prompt, answer ids ending with <end_of_turn>); ``history`` items become
+        earlier (user, model) turns of the same chat."""
+        msgs = [m for h in history for m in ({"role": "user", "content": h["prompt"]},
+                                             {"role": "assistant", "content": h["answer"]})]
+        prompt = self.tpl.render(messages=msgs + [{"role": "user", "content": item["prompt"]}],
                                  add_generation_prompt=True, bos_token="<bos>")
         p = self.tok.encode(prompt, add_special_tokens=False).ids
         full = self.tok.encode(prompt + item["answer"] + "<end_of_turn>", add_special_tokens=False).ids
@@ -88,7 +93,10 @@ class Data:
         C = self.canvas
         prefixes, targets = [], []
         for _ in range(n):
-            p, a = self.encode_item(tasks.sample(self.rng))
+            hist = []
+            if self.history_prob and self.rng.random() < self.history_prob:
+                hist = [tasks.sample(self.rng) for _ in range(self.rng.randint(1, 2))]
+            p, a = self.encode_item(tasks.sample(self.rng), hist)
             k = self.rng.randrange(math.ceil(len(a) / C))
             prefixes.append(p + a[: k * C])
             tgt = a[k * C:(k + 1) * C]

@@ -155,6 +155,8 @@ def main() -> None:
     ap.add_argument("--sc-prob", type=float, default=0.5)
     ap.add_argument("--weights", default="", help="family weights, e.g. add=6,reverse=5")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--history-prob", type=float, default=0.0,
+                    help="share of items that follow 1-2 earlier chat turns (multi-turn chats)")
     ap.add_argument("--micro", action="store_true", help="tiny config for tests (fresh start only)")
     ap.add_argument("--ckpt-every", type=float, default=5.0)
     ap.add_argument("--log-every", type=int, default=20)
@@ -176,7 +178,8 @@ def main() -> None:
     for name, buf in net.named_buffers():
         buf.requires_grad_(False)
     tok = Tokenizer.from_file(str(args.init / "tokenizer.json"))
-    data = stage1.Data(tok, (args.init / "chat_template.jinja").read_text(), cfg.canvas_length, args.seed)
+    data = stage1.Data(tok, (args.init / "chat_template.jinja").read_text(), cfg.canvas_length, args.seed,
+                       history_prob=args.history_prob)
     stream = batches(data, args.batch, pool=8)
     decay = [p for n, p in net.named_parameters() if p.ndim >= 2 and "norm" not in n]
     rest = [p for n, p in net.named_parameters() if not (p.ndim >= 2 and "norm" not in n)]

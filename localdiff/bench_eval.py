@@ -156,22 +156,31 @@ def run_sweep(m, items, settings: list[dict], seed: int, batch_size: int, log=pr
     return rows
 
 
-def best_point(rows: list[dict], n_items: int | None = None, tolerance: float = 0.01) -> dict | None:
+def best_point(rows: list[dict], n_items: int | None = None, tolerance: float = 0.01, tpf_tie: float = 0.01
+               ) -> dict | None:
     """The best accuracy-per-TPF point: the highest TPF among settings whose accuracy is within the margin of the
     best accuracy — the larger of ``tolerance`` (absolute) and one standard error of the best accuracy over
-    ``n_items`` items (``sqrt(p(1-p)/n)``; differences below it are noise). Also returns the Pareto frontier (no
-    other row has both ≥ accuracy and ≥ TPF)."""
+    ``n_items`` items (``sqrt(p(1-p)/n)``; differences below it are noise). TPFs within ``tpf_tie`` (relative) of
+    that highest TPF count as ties, won by the current default, then by a setting the reference sampler can express
+    (no lock τ, no correction), then by accuracy. Also returns the Pareto frontier (no other row has both ≥ accuracy
+    and ≥ TPF)."""
     if not rows:
         return None
     top = max(r["accuracy"] for r in rows)
     margin = max(tolerance, math.sqrt(top * (1 - top) / n_items) if n_items else 0.0)
     near = [r for r in rows if r["accuracy"] >= top - margin - 1e-12]
-    best = max(near, key=lambda r: (r["tpf"], r["accuracy"]))
+    fastest = max(r["tpf"] for r in near)
+    tied = [r for r in near if r["tpf"] >= fastest * (1 - tpf_tie)]
+
+    def plain(r):
+        return r["label"] == "default" or (not r["setting"].get("threshold") and not r["setting"].get("correction"))
+    best = max(tied, key=lambda r: (r["label"] == "default", plain(r), r["accuracy"], r["tpf"]))
     frontier = [r["label"] for r in rows
                 if not any(o is not r and o["accuracy"] >= r["accuracy"] and o["tpf"] >= r["tpf"]
                            and (o["accuracy"], o["tpf"]) != (r["accuracy"], r["tpf"]) for o in rows)]
     return {"label": best["label"], "setting": best["setting"], "accuracy": best["accuracy"], "tpf": best["tpf"],
-            "rule": f"highest TPF with accuracy within {margin:.1%} of the best ({top:.1%})", "pareto": frontier}
+            "rule": f"highest TPF (ties within {tpf_tie:.0%}: the default, then no τ/correction, then accuracy) "
+                    f"with accuracy within {margin:.1%} of the best ({top:.1%})", "pareto": frontier}
 
 
 def plot(rows: list[dict], default: dict | None, path: Path, labelled: set | None = None) -> str | None:

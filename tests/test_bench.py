@@ -88,6 +88,14 @@ def test_best_point_and_sweep_grid():
     b = best_point(rows)  # margin 1 pp
     assert b["label"] == "b" and set(b["pareto"]) == {"a", "b", "c", "e"}
     assert best_point(rows, n_items=100)["label"] == "e"  # one standard error of 0.90 over 100 items = 3 pp
+    ties = [{"label": "eb=1.0 τ=0.95", "setting": {"entropy_bound": 1.0, "threshold": 0.95}, "accuracy": 0.41,
+             "tpf": 4.8505},
+            {"label": "eb=1.0 τ=off", "setting": {"entropy_bound": 1.0, "threshold": None}, "accuracy": 0.41,
+             "tpf": 4.8491},
+            {"label": "eb=0.1 τ=off", "setting": {}, "accuracy": 0.42, "tpf": 4.59}]
+    assert best_point(ties, n_items=180)["label"] == "eb=1.0 τ=off"  # a 0.03 % TPF edge is a tie: no τ wins
+    ties[2]["label"], ties[2]["tpf"] = "default", 4.84
+    assert best_point(ties, n_items=180)["label"] == "default"  # within 1 % of the fastest: the default stays
     full = sweep_settings(quick=False, default_steps=16)
     assert len([s for s in full if "threshold" in s and not s["correction"]]) == 20
     assert {s.get("max_denoising_steps") for s in full} >= {4, 8, 32}

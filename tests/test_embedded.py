@@ -65,3 +65,14 @@ def test_multi_canvas_answer_completes_with_eos():
     longest = max((it for it in items if it["family"] == "list"), key=lambda it: len(it["answer"]))
     g = m.generate(longest["prompt"], seed=0, max_new_tokens=256)
     assert g.stats.canvases >= 2 and g.finish_reason == "eos"
+
+
+def test_shipped_generation_config_loads_in_the_reference():
+    """transformers' DiffusionGemma generation config rejects keys it does not know: ours must stay reference-clean."""
+    from transformers.models.diffusion_gemma.generation_diffusion_gemma import DiffusionGemmaGenerationConfig
+
+    g = DiffusionGemmaGenerationConfig.from_pretrained(TINY)
+    m = localdiff.load("tiny", device="cpu")
+    opts = m.sampler_options()
+    assert g.max_denoising_steps == opts["max_denoising_steps"] == 4
+    assert g.sampler_config.entropy_bound == opts["entropy_bound"] == 1.0

@@ -36,12 +36,12 @@ sys.path.insert(0, str(HERE))
 import tasks  # noqa: E402
 
 PAD, EOS, BOS = 0, 1, 2
-GEN_CONFIG = {  # sampler defaults shipped with the model (reference key names + localdiff's `threshold`, the lock τ):
+GEN_CONFIG = {  # sampler defaults shipped with the model (reference keys only: transformers rejects others):
     # the `localdiff bench` sweep's best accuracy-per-TPF point for the shipped weights (2026-11-29, 180 items):
-    # 4 steps (42.2 % at TPF 4.59 vs 43.3 % at 2.35 with 16), then entropy bound 1.0 + τ 0.95 (41.1 % at TPF 4.85)
+    # 4 steps (42.2 % at TPF 4.59 vs 43.3 % at 2.35 with 16), then entropy bound 1.0 (41.1 % at TPF 4.85)
     "max_denoising_steps": 4, "t_min": 0.4, "t_max": 0.8, "sampler_config": {"entropy_bound": 1.0,
-    "_cls_name": "EntropyBoundSamplerConfig"}, "threshold": 0.95, "stability_threshold": 1,
-    "confidence_threshold": 0.005, "max_new_tokens": 256, "bos_token_id": BOS, "pad_token_id": PAD,
+    "_cls_name": "EntropyBoundSamplerConfig"}, "stability_threshold": 1, "confidence_threshold": 0.005,
+    "max_new_tokens": 256, "bos_token_id": BOS, "pad_token_id": PAD,
 }
 
 

@@ -1,4 +1,4 @@
-"""``localdiff bench``: speed and quality side by side with the reference, in one run (issue 9; ``--eval``: issue 4).
+"""localdiff bench: speed and quality side by side with the reference (transformers), in one run.
 
 Sections (``--only`` picks some; ``--eval`` alone = the eval section only):
 
@@ -279,8 +279,9 @@ def _profile(ctx: _Ctx) -> dict:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``localdiff bench``. Returns the exit code (1 when a section failed with an error)."""
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    if args.threads < 1 or args.batch_size < 1:
-        raise UsageError("--threads and --batch-size must be ≥ 1")
+    for flag, v in (("--threads", args.threads), ("--batch-size", args.batch_size)):
+        if v < 1:
+            raise UsageError(f"{flag} must be ≥ 1 (got {v})")
     import torch
 
     from .bench_report import render, replace_readme_section

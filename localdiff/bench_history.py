@@ -137,7 +137,8 @@ def history_scaling(m, lengths: list[int], steps: int, recompute_steps: int, bud
         row["attention_min_ms"] = attention_ms(m, n)
         rows.append(row)
         del caches
-        log(f"  history {n}: cached (min) { {k: round(v, 1) for k, v in row['cached_min_ms'].items()} } ms, "
+        cached = ", ".join(f"budget {k} {v:.1f} ms" for k, v in row["cached_min_ms"].items())
+        log(f"  history {n}: cached (min) {cached}, "
             f"recompute (min) {row['recompute_min_ms']:.1f} ms")
     by = {r["history"]: r for r in rows}
     out = {"rows": rows, "notes": notes, "canvas_length": m.config.canvas_length,

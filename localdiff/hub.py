@@ -230,7 +230,10 @@ def remove(name: str) -> dict:
         UsageError: an embedded model or a plain folder (not ours to delete).
         ModelNotFoundError: nothing of this model is in the cache.
     """
-    t = parse_name(name)
+    try:
+        t = parse_name(name)
+    except ModelNotFoundError:
+        raise ModelNotFoundError(f"'{name}' is not installed; nothing to remove (see `localdiff list`)") from None
     if t.kind == "embedded":
         raise UsageError(f"'{name}' is embedded in the package and cannot be removed")
     if t.kind == "path":

@@ -136,6 +136,8 @@ CASES = [
     ("pull offline", ["pull", "acme/x"], None, {}, 1, "offline mode"),
     ("rm embedded", ["rm", "tiny"], None, {}, 2, "embedded"),
     ("rm never pulled", ["rm", "acme/x"], None, {}, 1, "nothing to remove"),
+    ("rm unknown name", ["rm", "nothing-here"], None, {}, 1, "'nothing-here' is not installed"),
+    ("bench zero threads", ["bench", "--threads", "0"], None, {}, 2, "--threads must be ≥ 1 (got 0)"),
     ("show corrupt config", ["show", "{broken:corrupt_config}"], None, {}, 1, "not valid JSON"),
     ("show unknown", ["show", "nosuch"], None, {}, 1, "unknown model 'nosuch'"),
     ("show --plan bad size", ["show", "diffusiongemma:26b-a4b", "--plan", "--gpu-mem", "lots"], None, {}, 2,

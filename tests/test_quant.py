@@ -79,7 +79,11 @@ def test_int8_matmul_paths_match_dequantized_weights(dtype, rows, k):
     assert ((y.double() - ref).abs().max() / ref.abs().max()).item() <= tol
 
 
-@pytest.mark.skipif(not bitsandbytes_available(), reason="bitsandbytes not installed")
+def test_bitsandbytes_is_installed_for_the_tests():
+    """bitsandbytes is a declared test dependency: its int8 tests must run, not skip."""
+    assert bitsandbytes_available()
+
+
 def test_bitsandbytes_path_on_cpu_matches_within_llm_int8_error():
     """The CUDA code path (bitsandbytes int8_vectorwise_quant + int8_scaled_mm) runs on CPU too: same numerics."""
     q, s = quantize_tensor(torch.randn(32, 64) * 0.05)
@@ -210,13 +214,9 @@ def test_quantize_checkpoint_streams_to_the_same_int8_model(small_fp32, ref_smal
 
 
 def test_through_localdiff_load(ref_small, tmp_path):
-    """localdiff.load(quant="int8") and loading a pre-quantized folder (needs the loader's quant support)."""
-    import inspect
-
+    """localdiff.load(quant="int8") and loading a pre-quantized folder."""
     import localdiff
 
-    if "quant" not in inspect.signature(load_model).parameters:
-        pytest.skip("localdiff.loader.load_model has no quant support yet")
     m = localdiff.load(ref_small[1], device="cpu", dtype=torch.float32, quant="int8")
     assert quantized_modules(m.net)
     quantize_checkpoint(ref_small[1], tmp_path / "q")
@@ -236,8 +236,6 @@ def test_recipe_errors(small_fp32):
 
 def test_embedded_model_int8_accuracy():
     path = models_dir() / "tiny"
-    if not any(path.glob("*.safetensors")):
-        pytest.skip("embedded model weights (models/tiny/*.safetensors) not present yet")
     net, _ = load_model(path, "cpu", torch.float32)
     qnet = quantize_model(copy.deepcopy(net), load_recipe("tiny"))
     a, b = _denoise_pairs(net, qnet, n_canvases=32)
@@ -279,13 +277,11 @@ def _check_bitsandbytes_model(small_fp32, device, use_bnb, relative=True):
         assert top1 >= torch_top1 - 0.05
 
 
-@pytest.mark.skipif(not bitsandbytes_available(), reason="bitsandbytes not installed")
 def test_bitsandbytes_int8_model_accuracy_on_cpu(small_fp32):
     """The CUDA kernels' numerics (bitsandbytes' CPU implementation of the same ops), forced on CPU."""
     _check_bitsandbytes_model(small_fp32, "cpu", True, relative=False)
 
 
-@pytest.mark.skipif(not bitsandbytes_available(), reason="bitsandbytes not installed")
 def test_bitsandbytes_int8_embedded_model_on_cpu():
     from localdiff.paths import models_dir
 
@@ -296,6 +292,5 @@ def test_bitsandbytes_int8_embedded_model_on_cpu():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_bitsandbytes_int8_accuracy(small_fp32):
-    if not bitsandbytes_available():
-        pytest.skip("bitsandbytes not installed")
+    assert bitsandbytes_available(), "bitsandbytes is a test dependency: pip install '.[test]'"
     _check_bitsandbytes_model(small_fp32, "cuda", None)                # automatic: bitsandbytes on CUDA

@@ -135,6 +135,61 @@ def save(model, tok_dir: Path, out: Path) -> None:
     (out / "generation_config.json").write_text(json.dumps(gc, indent=2) + "\n")
 
 
+class Run:
+    """Bookkeeping shared by this trainer and train_stage2.py: the stop rule and lr schedule (``--steps``, else
+    ``--minutes`` of wall time: warm-up over ``--warmup`` steps, then linear decay to 5 %), AdamW (β 0.9/0.98, weight
+    decay 0.01 on matrices except norms), the optimizer step with grad-norm clip 1.0, EMA loss, progress lines
+    every ``--log-every`` steps and checkpoints every ``--ckpt-every`` minutes (time-budgeted runs only)."""
+
+    def __init__(self, args, model: torch.nn.Module, unit: str):
+        self.args, self.model, self.unit = args, model, unit
+        decay, no_decay = [], []
+        for n, p in model.named_parameters():
+            (no_decay if p.ndim < 2 or "norm" in n else decay).append(p)
+        self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
+                                      {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.98))
+        self.t0 = self.last_ckpt = time.time()
+        self.step, self.seen, self.ema, self.lr = 0, 0, None, args.lr
+
+    def next_lr(self) -> float | None:
+        """Set and return the next step's learning rate, or None when the run is over."""
+        a, el = self.args, time.time() - self.t0
+        if (a.steps is not None and self.step >= a.steps) or (a.steps is None and el >= a.minutes * 60):
+            return None
+        frac = self.step / a.steps if a.steps is not None else el / (a.minutes * 60)
+        self.lr = a.lr * min(1.0, (self.step + 1) / a.warmup) * max(0.05, 1 - frac)
+        for g in self.opt.param_groups:
+            g["lr"] = self.lr
+        return self.lr
+
+    def update(self, loss: torch.Tensor, n: int) -> None:
+        """One optimizer step on ``loss`` (a batch of ``n`` examples), then the EMA and the progress line."""
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        self.step += 1
+        self.seen += n
+        value = loss.item()
+        self.ema = value if self.ema is None else 0.98 * self.ema + 0.02 * value
+        if self.step % self.args.log_every == 0 or self.step == 1:
+            el = time.time() - self.t0
+            print(f"step {self.step} t {el / 60:.1f}m loss {value:.4f} ema {self.ema:.4f} lr {self.lr:.2e} "
+                  f"{self.unit} {self.seen / el:.1f}", flush=True)
+
+    def checkpoint_due(self) -> bool:
+        """True (and the timer restarts) when a time-budgeted run is due a checkpoint."""
+        if self.args.steps is None and time.time() - self.last_ckpt > self.args.ckpt_every * 60:
+            self.last_ckpt = time.time()
+            return True
+        return False
+
+    def done(self) -> None:
+        el = time.time() - self.t0
+        print(f"done: {self.step} steps in {el / 60:.1f} min, {self.seen / el:.1f} {self.unit}, "
+              f"final ema loss {self.ema:.4f}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--minutes", type=float, default=45.0, help="wall-clock training budget")
@@ -170,45 +225,18 @@ def main() -> None:
     print(f"params {n_params / 1e6:.2f}M vocab {vocab} canvas {config.canvas_length}", flush=True)
     data = Data(tok, (args.tokenizer_dir / "chat_template.jinja").read_text(), config.canvas_length, args.seed)
     gen = torch.Generator().manual_seed(args.seed)
-    decay, no_decay = [], []
-    for n, p in model.named_parameters():
-        (no_decay if p.ndim < 2 or "norm" in n else decay).append(p)
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.98))
-    budget = args.minutes * 60
-    t0 = last_ckpt = time.time()
-    step, ema, seen = 0, None, 0
-    while True:
-        elapsed = time.time() - t0
-        if (args.steps is not None and step >= args.steps) or (args.steps is None and elapsed >= budget):
-            break
-        frac = elapsed / budget if args.steps is None else step / args.steps  # progress by wall time
-        lr = args.lr * min(1.0, (step + 1) / args.warmup) * max(0.05, 1 - frac)
-        for g in opt.param_groups:
-            g["lr"] = lr
+    run = Run(args, model, "ex/s")
+    while run.next_lr() is not None:
         ids, mask, target = data.batch(args.batch)
-        sc = random.Random(args.seed * 1_000_003 + step).random() < args.sc_prob
+        sc = random.Random(args.seed * 1_000_003 + run.step).random() < args.sc_prob
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
             loss = loss_step(model, ids, mask, target, vocab, sc, gen)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        step += 1
-        seen += args.batch
-        ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
-        if step % args.log_every == 0 or step == 1:
-            el = time.time() - t0
-            print(f"step {step} t {el / 60:.1f}m loss {loss.item():.4f} ema {ema:.4f} lr {lr:.2e} "
-                  f"ex/s {seen / el:.1f}", flush=True)
-        if args.steps is None and time.time() - last_ckpt > args.ckpt_every * 60:
+        run.update(loss, args.batch)
+        if run.checkpoint_due():
             save(model, args.tokenizer_dir, args.out)
-            last_ckpt = time.time()
-            print(f"checkpoint at step {step}", flush=True)
+            print(f"checkpoint at step {run.step}", flush=True)
     save(model, args.tokenizer_dir, args.out)
-    el = time.time() - t0
-    print(f"done: {step} steps in {el / 60:.1f} min, {seen / el:.1f} ex/s, final ema loss {ema:.4f}", flush=True)
-
+    run.done()
 
 if __name__ == "__main__":
     main()

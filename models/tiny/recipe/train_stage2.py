@@ -19,7 +19,6 @@ import argparse
 import random
 import shutil
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -181,44 +180,17 @@ def main() -> None:
     data = stage1.Data(tok, (args.init / "chat_template.jinja").read_text(), cfg.canvas_length, args.seed,
                        history_prob=args.history_prob)
     stream = batches(data, args.batch, pool=8)
-    decay = [p for n, p in net.named_parameters() if p.ndim >= 2 and "norm" not in n]
-    rest = [p for n, p in net.named_parameters() if not (p.ndim >= 2 and "norm" not in n)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.98))
     gen = torch.Generator().manual_seed(args.seed)
     coin = random.Random(args.seed)
-    r = args.draws
-    t0 = last = time.time()
-    step, seen, ema = 0, 0, None
-    while True:
-        el = time.time() - t0
-        if (args.steps is not None and step >= args.steps) or (args.steps is None and el >= args.minutes * 60):
-            break
-        frac = step / args.steps if args.steps else el / (args.minutes * 60)
-        lr = args.lr * min(1.0, (step + 1) / args.warmup) * max(0.05, 1 - frac)
-        for g in opt.param_groups:
-            g["lr"] = lr
+    run = stage1.Run(args, net, "canvases/s")
+    while run.next_lr() is not None:
         ids, mask, target = next(stream)
-        loss = canvas_loss(net, ids, mask, target, r, gen, coin.random() < args.sc_prob)
-        b = target.shape[0] * r
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
-        opt.step()
-        step += 1
-        seen += b
-        ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
-        if step % args.log_every == 0 or step == 1:
-            el = time.time() - t0
-            print(f"step {step} t {el / 60:.1f}m loss {loss.item():.4f} ema {ema:.4f} lr {lr:.2e} "
-                  f"canvases/s {seen / el:.1f}", flush=True)
-        if args.steps is None and time.time() - last > args.ckpt_every * 60:
+        loss = canvas_loss(net, ids, mask, target, args.draws, gen, coin.random() < args.sc_prob)
+        run.update(loss, target.shape[0] * args.draws)
+        if run.checkpoint_due():
             save(net, args.init, args.out)
-            last = time.time()
     save(net, args.init, args.out)
-    el = time.time() - t0
-    print(f"done: {step} steps in {el / 60:.1f} min, {seen / el:.1f} canvases/s, final ema loss {ema:.4f}", flush=True)
-
+    run.done()
 
 if __name__ == "__main__":
     main()

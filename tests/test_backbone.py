@@ -165,3 +165,27 @@ def test_bad_checkpoints_give_one_clear_error(ref_small, tmp_path, damage):
         localdiff.load(d, device="cpu")
     msg = str(e.value)
     assert expect in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grouped_moe_equals_the_per_expert_loop(dtype):
+    """The no-autograd CPU path (two torch._grouped_mm calls) is bit-identical to the per-expert loop, empty experts
+    included."""
+    from localdiff.arch.layers import MoEExperts
+
+    torch.manual_seed(0)
+    moe = MoEExperts(8, 64, 32).to(dtype)
+    with torch.no_grad():
+        moe.gate_up_proj.normal_(0, 0.1)
+        moe.down_proj.normal_(0, 0.1)
+    x = torch.randn(24, 64, dtype=dtype)
+    index = torch.randint(0, 6, (24, 2))  # experts 6 and 7 get no tokens
+    weights = torch.rand(24, 2)
+    with torch.no_grad():
+        assert moe._grouped(x)
+        grouped = moe(x, weights, index)
+    moe.requires_grad_(False)
+    with torch.enable_grad():  # autograd on: the per-expert loop
+        assert not moe._grouped(x)
+        looped = moe(x, weights, index)
+    assert torch.equal(grouped, looped)

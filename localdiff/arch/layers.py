@@ -188,21 +188,8 @@ class MoEExperts(nn.Module):
 
     def expert_ffn(self, e: int, x: torch.Tensor) -> torch.Tensor:
         """Expert ``e`` on x: Tensor[N, H] → Tensor[N, H]."""
-        gu, down = self._expert_weights(e)
-        gate, up = F.linear(x, gu).chunk(2, dim=-1)
-        return F.linear(gelu_tanh(gate) * up, down)
-
-    def _expert_weights(self, e: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(gate_up [2I, H], down [H, I]) of expert e. Without autograd the per-expert views are made once per weight
-        version (a denoising step would otherwise index 2·E views)."""
-        gu, dn = self.gate_up_proj, self.down_proj
-        if torch.is_grad_enabled():
-            return gu[e], dn[e]
-        key = (gu.data_ptr(), gu._version, dn.data_ptr(), dn._version, gu.device)
-        if getattr(self, "_views_key", None) != key:
-            self._views = (gu.detach().unbind(0), dn.detach().unbind(0))
-            self._views_key = key
-        return self._views[0][e], self._views[1][e]
+        gate, up = F.linear(x, self.gate_up_proj[e]).chunk(2, dim=-1)
+        return F.linear(gelu_tanh(gate) * up, self.down_proj[e])
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         """x: Tensor[N, H]; weights: Tensor[N, K] (fp32); index: LongTensor[N, K] → Tensor[N, H] in x's dtype.

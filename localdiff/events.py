@@ -72,7 +72,8 @@ class GenerationStats:
         new_tokens: generated non-pad tokens up to and including the first EOS, summed over the batch.
         tokens_per_forward: new_tokens / forwards (TPF).
         seconds: wall time of the whole generation, seconds.
-        prefill_seconds: wall time spent in prefill (prompt + canvases), seconds.
+        prefill_seconds: wall time of the forwards that prefilled (prompt, finished canvases); each is fused with
+            the next canvas's first denoising step, whose time it includes. Seconds.
         prompt_tokens: prompt tokens (row 0, without padding).
         prefill_tokens_computed: tokens the encoder actually ran over (cache misses).
         prefill_tokens_reused: prompt tokens served from a reused cache (multi-turn prefix reuse).

@@ -56,11 +56,8 @@ def run(net, cache, input_ids, attention_mask, settings: SamplerSettings, max_ne
     n_steps = settings.max_denoising_steps
     st = stats or GenerationStats()
     t0 = time.perf_counter()
-    if prefill_ids is not None and prefill_ids.shape[1]:
-        tp = time.perf_counter()
-        net.prefill(prefill_ids, cache, attention_mask)
-        st.prefill_seconds += time.perf_counter() - tp
-        st.prefill_tokens_computed += prefill_ids.shape[1]
+    # tokens still to prefill ride along with the next canvas's first denoising step (one fused forward)
+    pending = (prefill_ids, attention_mask, None) if prefill_ids is not None and prefill_ids.shape[1] else None
     eos_t = torch.tensor(eos_ids, device=dev) if eos_ids else None
     acc_cfg = AcceptanceConfig(settings.entropy_bound, settings.threshold)
     cor_cfg = CorrectionConfig(settings.correction, settings.correction_floor, max_reopens=settings.correction_max_reopens)
@@ -85,7 +82,16 @@ def run(net, cache, input_ids, attention_mask, settings: SamplerSettings, max_ne
         for cur in range(n_steps, 0, -1):
             forwards += ~(done_den | finished)
             steps_used += 1
-            logits = net.denoise(canvas, cache, sc)
+            if pending is None:
+                logits = net.denoise(canvas, cache, sc)
+            else:
+                tp = time.perf_counter()
+                logits = net.denoise(canvas, cache, sc, prefill_ids=pending[0], prefill_mask=pending[1])
+                st.prefill_seconds += time.perf_counter() - tp
+                st.prefill_tokens_computed += pending[0].shape[1]
+                if pending[2] is not None and hasattr(cache, "token_ids") and cache.token_ids:
+                    cache.token_ids[0].extend(pending[2])
+                pending = None
             proc = logits / temps[cur]
             probs = torch.softmax(proc, dim=-1, dtype=torch.float32)
             draft = torch.multinomial(probs.view(-1, vocab), 1, generator=generator).view(b, c_len)
@@ -136,12 +142,7 @@ def run(net, cache, input_ids, attention_mask, settings: SamplerSettings, max_ne
             break
         if (ci + 1) * c_len >= max_new_tokens:
             break
-        tp = time.perf_counter()
-        net.prefill(final, cache, None)
-        st.prefill_seconds += time.perf_counter() - tp
-        st.prefill_tokens_computed += c_len
-        if hasattr(cache, "token_ids") and cache.token_ids:
-            cache.token_ids[0].extend(final[0].tolist())
+        pending = (final, None, final[0].tolist())
     out = torch.cat(generated, dim=1) if generated else torch.zeros(b, 0, dtype=torch.long)
     rows = [_strip(out[r], eos_ids, pad_id, keep_eos=True)[:max_new_tokens] for r in range(b)]
     st.forwards = int(forwards.sum())

@@ -189,3 +189,42 @@ def test_grouped_moe_equals_the_per_expert_loop(dtype):
         assert not moe._grouped(x)
         looped = moe(x, weights, index)
     assert torch.equal(grouped, looped)
+
+
+@pytest.mark.parametrize("which", ["ref_small", "ref_odd"])
+def test_fused_prefill_and_first_step_equal_separate_passes(which, request):
+    """denoise(canvas, prefill_ids=...) = prefill then denoise: same logits (and the reference's), same cache.
+
+    Covers a left-padded batch, a prompt longer than the sliding window, and a fused commit of a finished canvas
+    (the sliding layers then drop tokens while the canvas still needs the ones before)."""
+    ref, path = request.getfixturevalue(which)
+    m = localdiff.load(path, device="cpu")
+    v, c_len = m.config.vocab_size, m.config.canvas_length
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(3, v, (2, 13), generator=g)
+    mask = torch.ones(2, 13, dtype=torch.bool)
+    mask[1, :4] = False
+    canvas, nxt, done = (torch.randint(0, v, (2, c_len), generator=g) for _ in range(3))
+    sc = torch.randn(2, c_len, v, generator=g)
+    sep, fused = m.new_cache(), m.new_cache()
+    m.prefill(ids, sep, mask)
+    want = m.denoise(canvas, sep)
+    got = m.net.denoise(canvas, fused, None, prefill_ids=ids, prefill_mask=mask)
+    assert (got - want).abs().max() <= 1e-5
+    m.prefill(done, sep)
+    want2 = m.denoise(nxt, sep, sc)
+    got2 = m.net.denoise(nxt, fused, sc, prefill_ids=done)
+    assert (got2 - want2).abs().max() <= 1e-5
+    assert fused.seq_len == sep.seq_len == 13 + c_len
+    assert torch.equal(fused.mask, sep.mask)
+    for i in range(m.config.num_hidden_layers):
+        (ka, va), (kb, vb) = sep.past(i), fused.past(i)
+        assert ka.shape == kb.shape and (ka - kb).abs().max() <= 1e-5 and (va - vb).abs().max() <= 1e-5
+    # row 0 (no padding) against the reference
+    pkv = _cache(ref)
+    with torch.no_grad():
+        ref.model.encoder(input_ids=ids[:1], past_key_values=pkv)
+        out = ref(past_key_values=pkv, decoder_input_ids=canvas[:1])
+    assert (got[:1] - out.logits).abs().max() <= TOL
+    # a prefill-only pass skips the last layer's attention output and FFN: the cache is the same either way
+    assert (m.denoise(nxt, sep) - m.denoise(nxt, fused)).abs().max() <= 1e-5

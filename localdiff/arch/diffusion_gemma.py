@@ -21,6 +21,7 @@ from torch import nn
 from .geometry import layer_geometry
 from .layers import (GatedMLP, MoEExperts, RMSNorm, Router, apply_rope, attention, backs, embed_scale, rms_norm,
                      rope_inv_freq, rope_tables, softcap)
+from .masks import fused_mask, prefill_mask
 
 MODEL_TYPE = "diffusion_gemma"
 
@@ -283,80 +284,97 @@ class DiffusionGemma(nn.Module):
             cache: a KV cache (``localdiff.cache``) for this batch.
             attention_mask: Bool/LongTensor[B, T], 1 = real token, 0 = padding; None = all real.
         """
-        b, n = input_ids.shape
-        dev = input_ids.device
-        start = cache.seq_len
-        x = self._embed(input_ids)
-        rope = self._rope(start, n, x.dtype, dev)
-        new_mask = None if attention_mask is None else attention_mask.to(dev).bool()
-        qpos = torch.arange(start, start + n, device=dev)
-        masks: dict = {}
-        for i, layer in enumerate(self.layers):
-            att = layer.self_attn
-            past_n = cache.visible_len(i)
-            key = (att.sliding, past_n)
-            if key not in masks:
-                kpos = torch.arange(start - past_n, start + n, device=dev)
-                m = kpos[None, :] <= qpos[:, None]
-                if att.sliding:
-                    m = m & (kpos[None, :] > qpos[:, None] - self.config.sliding_window)
-                m = m[None].expand(b, n, past_n + n)
-                pm = cache.past_mask(i)
-                if pm is not None or new_mask is not None:
-                    pm = pm if pm is not None else torch.ones(b, past_n, dtype=torch.bool, device=dev)
-                    nm = new_mask if new_mask is not None else torch.ones(b, n, dtype=torch.bool, device=dev)
-                    m = m & torch.cat([pm.to(dev), nm], 1)[:, None, :]
-                    m = m | (kpos[None, :] == qpos[:, None])[None]  # a pad query sees itself: no empty rows
-                masks[key] = m[:, None]
-            cos, sin = rope[layer_type(att)]
-            h = layer.input_layernorm(x)
-            q, k, v = att.qkv(h, cos, sin)
-            past = cache.past(i)
-            kk, vv = (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)) if past is not None else (k, v)
-            cache.append(i, k, v)
-            x = x + layer.post_attention_layernorm(att.o_proj(attention(q, kk, vv, masks[key])))
-            x = layer.ffn(x) * layer.enc_layer_scalar
-        cache.commit(n, new_mask, b)
+        self._forward(input_ids, attention_mask, None, None, cache)
 
     @torch.inference_mode()
-    def denoise(self, canvas_ids: torch.Tensor, cache, self_conditioning_logits: torch.Tensor | None = None
-                ) -> torch.Tensor:
-        """Bidirectional decoder pass over a canvas that attends to the cached prefix; never writes the cache.
+    def denoise(self, canvas_ids: torch.Tensor, cache, self_conditioning_logits: torch.Tensor | None = None,
+                prefill_ids: torch.Tensor | None = None, prefill_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Bidirectional decoder pass over a canvas that attends to the cached prefix.
+
+        With ``prefill_ids`` it is a *fused* pass: those tokens are prefilled (causal encoder role, K/V appended to
+        the cache, as :meth:`prefill`) in the same forward, and the canvas attends to them — one forward instead of
+        two for a canvas's first step. Without, the cache is only read.
 
         Args:
             canvas_ids: LongTensor[B, C].
-            cache: the KV cache filled by :meth:`prefill` (read only).
+            cache: the KV cache filled by :meth:`prefill`.
             self_conditioning_logits: FloatTensor[B, C, V] of the previous step (temperature-scaled), or None.
+            prefill_ids / prefill_mask: LongTensor[B, T] and its Bool[B, T] padding mask (None = all real), or None.
         Returns:
             FloatTensor[B, C, V] fp32 logits (soft-capped).
         """
-        b, n = canvas_ids.shape
-        dev = canvas_ids.device
-        x = self._embed(canvas_ids)
-        soft = None
-        if self_conditioning_logits is not None:
-            w = self.embed_tokens.weight
-            probs = torch.softmax(self_conditioning_logits, dim=-1, dtype=torch.float32).to(w.dtype)
-            soft = (probs @ w) * self._scale(x.dtype, dev)
-        x = self.self_conditioning(x, soft)
-        rope = self._rope(cache.seq_len, n, x.dtype, dev)
+        return self._forward(prefill_ids, prefill_mask, canvas_ids, self_conditioning_logits, cache)
+
+    def _forward(self, ids, ids_mask, canvas_ids, sc_logits, cache):
+        """One pass: ``ids`` (n prefill rows, may be None) then ``canvas_ids`` (c canvas rows, may be None)."""
+        n = 0 if ids is None else ids.shape[1]
+        c = 0 if canvas_ids is None else canvas_ids.shape[1]
+        ref = ids if n else canvas_ids
+        b, dev = ref.shape[0], ref.device
+        parts = [self._embed(ids)] if n else []
+        if c:
+            xc = self._embed(canvas_ids)
+            soft = None
+            if sc_logits is not None:
+                w = self.embed_tokens.weight
+                probs = torch.softmax(sc_logits, dim=-1, dtype=torch.float32).to(w.dtype)
+                soft = (probs @ w) * self._scale(xc.dtype, dev)
+            parts.append(self.self_conditioning(xc, soft))
+        x = parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+        start = cache.seq_len
+        rope = self._rope(start, n + c, x.dtype, dev)
+        new_mask = None if (ids_mask is None or not n) else ids_mask.to(dev).bool()
         masks: dict = {}
+        last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             att = layer.self_attn
-            pm = cache.past_mask(i)
-            mask = None
-            if pm is not None:
-                key = pm.shape[1]
-                if key not in masks:
-                    full = torch.cat([pm.to(dev), torch.ones(b, n, dtype=torch.bool, device=dev)], 1)
-                    masks[key] = full[:, None, None, :]
-                mask = masks[key]
             cos, sin = rope[layer_type(att)]
             q, k, v = att.qkv(layer.input_layernorm(x), cos, sin)
-            kk, vv = cache.with_canvas(i, k, v)
+            pm = cache.past_mask(i)
+            if n:
+                past_n = cache.visible_len(i)
+                key = (att.sliding, past_n)
+                if key not in masks:
+                    masks[key] = self._mask(b, n, c, start, past_n, att.sliding, pm, new_mask, dev)
+                mask = masks[key]
+                past = cache.past(i)
+                kk, vv = (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)) if past is not None else (k, v)
+                cache.append(i, k[:, :, :n] if c else k, v[:, :, :n] if c else v)
+                if i == last:  # prefill rows need only their K/V from the last layer
+                    if not c:
+                        break
+                    q, mask, x, n = q[:, :, n:], mask[:, :, n:], x[:, n:], 0
+            else:
+                mask = None
+                if pm is not None:
+                    if pm.shape[1] not in masks:
+                        full = torch.cat([pm.to(dev), torch.ones(b, c, dtype=torch.bool, device=dev)], 1)
+                        masks[pm.shape[1]] = full[:, None, None, :]
+                    mask = masks[pm.shape[1]]
+                kk, vv = cache.with_canvas(i, k, v)
             x = x + layer.post_attention_layernorm(att.o_proj(attention(q, kk, vv, mask)))
-            x = layer.ffn(x) * layer.layer_scalar
-        return self.logits(self.norm(x))
+            x = layer.ffn(x)
+            if not n:
+                x = x * (layer.layer_scalar if c else layer.enc_layer_scalar)
+            elif not c:
+                x = x * layer.enc_layer_scalar
+            else:
+                x = torch.cat([x[:, :n] * layer.enc_layer_scalar, x[:, n:] * layer.layer_scalar], 1)
+        if ids is not None and ids.shape[1]:
+            cache.commit(ids.shape[1], new_mask, b)
+        return self.logits(self.norm(x)) if c else None
+
+    def _mask(self, b, n, c, start, past_n, sliding, pm, new_mask, dev) -> torch.Tensor:
+        """Attention mask of a pass with n prefill rows (+ c canvas rows), see ``localdiff.arch.masks``."""
+        pad = None
+        if pm is not None or new_mask is not None:
+            pm = pm.to(dev) if pm is not None else torch.ones(b, past_n, dtype=torch.bool, device=dev)
+            nm = new_mask if new_mask is not None else torch.ones(b, n, dtype=torch.bool, device=dev)
+            pad = torch.cat([pm, nm], 1)
+        window = self.config.sliding_window if sliding else None
+        if not c:
+            return prefill_mask(b, n, start, past_n, window, pad, dev)[:, None]
+        return fused_mask(b, n, c, start, past_n, window, pad, dev)
 
 
 def layer_type(att: Attention) -> str:

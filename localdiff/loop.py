@@ -78,6 +78,7 @@ def run(net, cache, input_ids, attention_mask, settings: SamplerSettings, max_ne
         locked = torch.zeros(b, c_len, dtype=torch.bool, device=dev) if settings.threshold is not None else None
         reopens = torch.zeros(b, dtype=torch.long, device=dev)
         steps_used = 0
+        last_canvas = (ci + 1) * c_len >= max_new_tokens
         n_done = 0  # rows of this canvas whose denoising has stopped (host copy, one sync per step)
         for cur in range(n_steps, 0, -1):
             forwards += ~(done_den | finished)
@@ -93,10 +94,19 @@ def run(net, cache, input_ids, attention_mask, settings: SamplerSettings, max_ne
                     cache.token_ids[0].extend(pending[2])
                 pending = None
             proc = logits / temps[cur]
-            probs = torch.softmax(proc, dim=-1, dtype=torch.float32)
-            draft = torch.multinomial(probs.view(-1, vocab), 1, generator=generator).view(b, c_len)
             new_argmax = proc.argmax(-1)
             ent = token_entropy(proc)
+            stop = None
+            if not n_done:  # the stopper sees the same inputs now as after the draws; test it first
+                stop = stopper(new_argmax, proc, ent)
+                if not emit_steps and (cur == 1 or bool(stop.all())):
+                    # this step ends the canvas; when it also ends the generation, its draws are never used
+                    fin = finalize_canvas(new_argmax, finished, eos_t, pad_id)
+                    if last_canvas or bool(fin[1].all()):
+                        argmax = new_argmax
+                        break
+            probs = torch.softmax(proc, dim=-1, dtype=torch.float32)
+            draft = torch.multinomial(probs.view(-1, vocab), 1, generator=generator).view(b, c_len)
             conf = probs.max(-1).values if (emit_steps or locked is not None) else None
             acc, new_lock = accept(ent, conf, locked, acc_cfg)
             reopened = None
@@ -120,7 +130,7 @@ def run(net, cache, input_ids, attention_mask, settings: SamplerSettings, max_ne
                 new_canvas = torch.where(done_den[:, None], canvas, new_canvas)
                 proc = torch.where(done_den[:, None, None], sc.to(proc.dtype), proc)
                 ent = token_entropy(proc)
-            done_den |= stopper(new_argmax, proc, ent)
+            done_den |= stopper(new_argmax, proc, ent) if stop is None else stop
             sc = proc.to(net.embed_tokens.weight.dtype)
             canvas, argmax = new_canvas, new_argmax
             if emit_steps:

@@ -220,3 +220,17 @@ def test_generation_loop_properties_with_locking_and_correction(ref_small):
                 kept = prev.locked & ~ev.reopened
                 assert torch.equal(ev.canvas_ids[kept], prev.canvas_ids[kept])
             prev = ev
+
+
+@pytest.mark.parametrize("opts", [{}, {"threshold": 0.9, "correction": True}])
+def test_final_step_without_draws_gives_the_same_tokens(ref_small, opts):
+    """Without step events, the step that ends the generation skips its (unused) draws: same tokens and forwards
+    as the full loop that streams every step, over seeds that end by EOS, by the step cap and by max_new_tokens."""
+    m = localdiff.load(ref_small[1], device="cpu")
+    c_len = m.config.canvas_length
+    for seed in range(12):
+        kw = dict(chat=False, seed=seed, max_new_tokens=(1 + seed % 3) * c_len, max_denoising_steps=2 + seed % 4,
+                  **opts)
+        g = m.generate([4 + seed, 5, 6], **kw)
+        done = [ev for ev in m.stream([4 + seed, 5, 6], emit_steps=True, **kw) if isinstance(ev, Done)][0]
+        assert g.token_ids == done.token_ids and g.stats.forwards == done.stats.forwards

@@ -21,7 +21,7 @@ from torch import nn
 from .geometry import layer_geometry
 from .layers import (GatedMLP, MoEExperts, RMSNorm, Router, apply_rope, attention, backs, embed_scale, rms_norm,
                      rope_inv_freq, rope_tables, softcap)
-from .masks import fused_mask, prefill_mask
+from .masks import canvas_keys, prefill_mask
 
 MODEL_TYPE = "diffusion_gemma"
 
@@ -173,8 +173,10 @@ class Layer(nn.Module):
         self.register_buffer("layer_scalar", torch.ones(1))       # decoder role
         self.register_buffer("enc_layer_scalar", torch.ones(1))   # encoder role (a separate buffer upstream)
 
-    def ffn(self, x: torch.Tensor) -> torch.Tensor:
-        """Dense MLP and MoE in parallel on the post-attention residual x: Tensor[B, L, H].
+    def ffn(self, x: torch.Tensor, split: int = 0) -> torch.Tensor:
+        """Dense MLP and MoE in parallel on the post-attention residual x: Tensor[B, L, H]. ``split`` > 0: the experts
+        run on rows ``[:split]`` and ``[split:]`` of each sequence apart (a fused pass: each part's expert groups are
+        those of its own pass, so the result is bit-identical to two passes).
 
         The three norms of x (dense pre-norm, MoE pre-norm, the router's unscaled norm) share one normalisation in
         fp32: ``rms_norm(x, w) == rms_norm(x, None) * w`` bit for bit there."""
@@ -189,7 +191,13 @@ class Layer(nn.Module):
             dense = self.post_feedforward_layernorm_1(self.mlp(self.pre_feedforward_layernorm(x)))
             w, idx = self.router(flat)
             moe_in = self.pre_feedforward_layernorm_2(flat)
-        moe = self.experts(moe_in, w, idx).reshape(x.shape)
+        if split:
+            b, n, h = x.shape
+            rows = [slice(0, split), slice(split, n)]
+            moe = torch.cat([self.experts(*(t.view(b, n, -1)[:, r].reshape(-1, t.shape[-1]) for t in (moe_in, w, idx))
+                                          ).view(b, -1, h) for r in rows], 1)
+        else:
+            moe = self.experts(moe_in, w, idx).reshape(x.shape)
         return x + self.post_feedforward_layernorm(dense + self.post_feedforward_layernorm_2(moe))
 
 
@@ -335,15 +343,21 @@ class DiffusionGemma(nn.Module):
                 past_n = cache.visible_len(i)
                 key = (att.sliding, past_n)
                 if key not in masks:
-                    masks[key] = self._mask(b, n, c, start, past_n, att.sliding, pm, new_mask, dev)
-                mask = masks[key]
+                    masks[key] = self._masks(b, n, c, start, past_n, att.sliding, pm, new_mask, dev)
+                m_pre, lo, m_can = masks[key]
                 past = cache.past(i)
                 kk, vv = (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)) if past is not None else (k, v)
                 cache.append(i, k[:, :, :n] if c else k, v[:, :, :n] if c else v)
-                if i == last:  # prefill rows need only their K/V from the last layer
-                    if not c:
-                        break
-                    q, mask, x, n = q[:, :, n:], mask[:, :, n:], x[:, n:], 0
+                if i == last and not c:  # prefill rows need only their K/V from the last layer
+                    break
+                # each kind of row attends over the keys its own pass would read (bit-identical to two passes)
+                a = attention(q[:, :, n:], kk[:, :, lo:], vv[:, :, lo:], m_can) if c else None
+                if i == last:
+                    x, n = x[:, n:], 0
+                else:
+                    seen = past_n + n
+                    a_pre = attention(q[:, :, :n], kk[:, :, :seen], vv[:, :, :seen], m_pre)
+                    a = a_pre if a is None else torch.cat([a_pre, a], 1)
             else:
                 mask = None
                 if pm is not None:
@@ -352,8 +366,9 @@ class DiffusionGemma(nn.Module):
                         masks[pm.shape[1]] = full[:, None, None, :]
                     mask = masks[pm.shape[1]]
                 kk, vv = cache.with_canvas(i, k, v)
-            x = x + layer.post_attention_layernorm(att.o_proj(attention(q, kk, vv, mask)))
-            x = layer.ffn(x)
+                a = attention(q, kk, vv, mask)
+            x = x + layer.post_attention_layernorm(att.o_proj(a))
+            x = layer.ffn(x, n if c else 0)
             if not n:
                 x = x * (layer.layer_scalar if c else layer.enc_layer_scalar)
             elif not c:
@@ -364,17 +379,17 @@ class DiffusionGemma(nn.Module):
             cache.commit(ids.shape[1], new_mask, b)
         return self.logits(self.norm(x)) if c else None
 
-    def _mask(self, b, n, c, start, past_n, sliding, pm, new_mask, dev) -> torch.Tensor:
-        """Attention mask of a pass with n prefill rows (+ c canvas rows), see ``localdiff.arch.masks``."""
+    def _masks(self, b, n, c, start, past_n, sliding, pm, new_mask, dev) -> tuple:
+        """(prefill rows' mask, first key index and mask of the canvas rows) of a pass with n prefill rows (+ c
+        canvas rows), see ``localdiff.arch.masks``."""
         pad = None
         if pm is not None or new_mask is not None:
             pm = pm.to(dev) if pm is not None else torch.ones(b, past_n, dtype=torch.bool, device=dev)
             nm = new_mask if new_mask is not None else torch.ones(b, n, dtype=torch.bool, device=dev)
             pad = torch.cat([pm, nm], 1)
         window = self.config.sliding_window if sliding else None
-        if not c:
-            return prefill_mask(b, n, start, past_n, window, pad, dev)[:, None]
-        return fused_mask(b, n, c, start, past_n, window, pad, dev)
+        lo, m_can = canvas_keys(b, past_n + n, c, window, pad, dev) if c else (0, None)
+        return prefill_mask(b, n, start, past_n, window, pad, dev)[:, None], lo, m_can
 
 
 def layer_type(att: Attention) -> str:

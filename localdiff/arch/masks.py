@@ -6,8 +6,8 @@
   layers (all of them on full-attention layers), not padding.
 
 A *fused* pass computes prefill rows and the canvas rows that follow them in one forward (the first denoising step
-of a canvas together with the prompt or the previous canvas); its mask stacks the two kinds of rows, and prefill rows
-never see the canvas, so each row's result is the one the separate passes give.
+of a canvas together with the prompt or the previous canvas); each kind of row attends over exactly the keys (and
+mask) its separate pass would use, so the attention is bit-identical to the two separate passes.
 """
 from __future__ import annotations
 
@@ -35,21 +35,18 @@ def prefill_mask(b: int, n: int, start: int, past_n: int, window: int | None, pa
     return m
 
 
-def fused_mask(b: int, n: int, c: int, start: int, past_n: int, window: int | None, pad: torch.Tensor | None,
-               device) -> torch.Tensor:
-    """Mask of a fused pass: ``n`` prefill rows then ``c`` canvas rows, over ``past_n`` cached keys, the n new keys
-    and the c canvas keys (after the n new tokens are cached, the canvas sees the last ``window - 1`` of
-    past + new on sliding layers).
+def canvas_keys(b: int, seen: int, c: int, window: int | None, pad: torch.Tensor | None, device
+                ) -> tuple[int, torch.Tensor | None]:
+    """Keys of ``c`` canvas rows after ``seen`` cached keys: the last ``window - 1`` of them on sliding layers (all on
+    full-attention layers), then the whole canvas.
 
+    Args:
+        pad: BoolTensor[B, seen] (False = padding) or None when nothing is padding.
     Returns:
-        BoolTensor[B, 1, n + c, past_n + n + c].
+        (lo, mask): the canvas rows read keys ``lo:`` of [cached ; canvas]; mask BoolTensor[B, 1, 1, seen - lo + c]
+        or None when nothing is padding (attend to all).
     """
-    top = prefill_mask(b, n, start, past_n, window, pad, device)
-    seen = past_n + n
-    vis = seen if window is None else min(seen, window - 1)
-    cm = (torch.arange(seen, device=device) >= seen - vis)[None, None, :].expand(b, c, seen)
-    if pad is not None:
-        cm = cm & pad[:, None, :]
-    top = torch.cat([top, torch.zeros(b, n, c, dtype=torch.bool, device=device)], 2)
-    bottom = torch.cat([cm, torch.ones(b, c, c, dtype=torch.bool, device=device)], 2)
-    return torch.cat([top, bottom], 1)[:, None]
+    lo = seen - (seen if window is None else min(seen, window - 1))
+    if pad is None:
+        return lo, None
+    return lo, torch.cat([pad[:, lo:], torch.ones(b, c, dtype=torch.bool, device=device)], 1)[:, None, None, :]

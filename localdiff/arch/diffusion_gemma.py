@@ -19,8 +19,8 @@ import torch
 from torch import nn
 
 from .geometry import layer_geometry
-from .layers import (GatedMLP, MoEExperts, RMSNorm, Router, apply_rope, attention, backs, embed_scale, rms_norm,
-                     rope_inv_freq, rope_tables, softcap)
+from .layers import (GatedMLP, MoEExperts, RMSNorm, Router, apply_rope, attention, backs, embed_scale, linear, norm,
+                     rms_norm, rope_inv_freq, rope_tables, softcap)
 from .masks import canvas_keys, prefill_mask
 
 MODEL_TYPE = "diffusion_gemma"
@@ -183,7 +183,8 @@ class Layer(nn.Module):
         flat = x.reshape(-1, x.shape[-1])
         if x.dtype == torch.float32 and self.pre_feedforward_layernorm.weight.dtype == torch.float32:
             normed = rms_norm(x, None, self.pre_feedforward_layernorm.eps)
-            dense = self.post_feedforward_layernorm_1(self.mlp(normed * self.pre_feedforward_layernorm.weight))
+            dense = self.mlp.forward(normed * self.pre_feedforward_layernorm.weight)
+            dense = norm(self.post_feedforward_layernorm_1, dense)
             nflat = normed.reshape(flat.shape)
             w, idx = self.router.route(nflat)
             moe_in = nflat * self.pre_feedforward_layernorm_2.weight
@@ -198,7 +199,7 @@ class Layer(nn.Module):
                                           ).view(b, -1, h) for r in rows], 1)
         else:
             moe = self.experts(moe_in, w, idx).reshape(x.shape)
-        return x + self.post_feedforward_layernorm(dense + self.post_feedforward_layernorm_2(moe))
+        return x + norm(self.post_feedforward_layernorm, dense + norm(self.post_feedforward_layernorm_2, moe))
 
 
 class SelfConditioning(nn.Module):
@@ -213,7 +214,7 @@ class SelfConditioning(nn.Module):
 
     def forward(self, emb: torch.Tensor, soft: torch.Tensor | None) -> torch.Tensor:
         if soft is not None:
-            emb = emb + self.mlp(self.pre_norm(soft))
+            emb = emb + self.mlp.forward(norm(self.pre_norm, soft))
         return rms_norm(emb, None, self.eps)
 
 
@@ -337,7 +338,7 @@ class DiffusionGemma(nn.Module):
         for i, layer in enumerate(self.layers):
             att = layer.self_attn
             cos, sin = rope[layer_type(att)]
-            q, k, v = att.qkv(layer.input_layernorm(x), cos, sin)
+            q, k, v = att.qkv(norm(layer.input_layernorm, x), cos, sin)
             pm = cache.past_mask(i)
             if n:
                 past_n = cache.visible_len(i)
@@ -367,7 +368,7 @@ class DiffusionGemma(nn.Module):
                     mask = masks[pm.shape[1]]
                 kk, vv = cache.with_canvas(i, k, v)
                 a = attention(q, kk, vv, mask)
-            x = x + layer.post_attention_layernorm(att.o_proj(a))
+            x = x + norm(layer.post_attention_layernorm, linear(att.o_proj, a))
             x = layer.ffn(x, n if c else 0)
             if not n:
                 x = x * (layer.layer_scalar if c else layer.enc_layer_scalar)
@@ -377,7 +378,7 @@ class DiffusionGemma(nn.Module):
                 x = torch.cat([x[:, :n] * layer.enc_layer_scalar, x[:, n:] * layer.layer_scalar], 1)
         if ids is not None and ids.shape[1]:
             cache.commit(ids.shape[1], new_mask, b)
-        return self.logits(self.norm(x)) if c else None
+        return self.logits(norm(self.norm, x)) if c else None
 
     def _masks(self, b, n, c, start, past_n, sliding, pm, new_mask, dev) -> tuple:
         """(prefill rows' mask, first key index and mask of the canvas rows) of a pass with n prefill rows (+ c

@@ -23,14 +23,27 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     """
     d = x.shape[-1]
     if x.dtype == torch.float32 and (weight is None or weight.dtype == torch.float32):
-        if weight is None or weight.shape == (d,):
-            return F.rms_norm(x, (d,), weight, eps)  # bit-identical to the formula in fp32
-        return F.rms_norm(x, (d,), None, eps) * weight  # same rounding: F.rms_norm scales after normalising
+        if weight is None or weight.dim() == 1:
+            return torch.rms_norm(x, (d,), weight, eps)  # bit-identical to the formula in fp32
+        return torch.rms_norm(x, (d,), None, eps) * weight  # same rounding: rms_norm scales after normalising
     xf = x.float()
     out = xf * torch.pow(xf.pow(2).mean(-1, keepdim=True) + eps, -0.5)
     if weight is not None:
         out = out * weight.float()
     return out.type_as(x)
+
+
+def norm(mod: "RMSNorm", x: torch.Tensor) -> torch.Tensor:
+    """``mod(x)`` for an :class:`RMSNorm` without the module-call overhead (hot paths)."""
+    return rms_norm(x, mod.weight, mod.eps)
+
+
+def linear(mod: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``mod(x)``; a plain ``nn.Linear`` runs as ``F.linear`` without the module-call overhead (quantized or hooked
+    projections keep their own call)."""
+    if type(mod) is nn.Linear and not mod._forward_hooks and not mod._forward_pre_hooks:
+        return F.linear(x, mod.weight, mod.bias)
+    return mod(x)
 
 
 class RMSNorm(nn.Module):
@@ -140,8 +153,8 @@ class GatedMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if backs(self.fused, self.gate_proj.weight):
             gate, up = F.linear(x, self.fused).chunk(2, dim=-1)
-            return self.down_proj(gelu_tanh(gate) * up)
-        return self.down_proj(gelu_tanh(self.gate_proj(x)) * self.up_proj(x))
+            return linear(self.down_proj, F.gelu(gate, approximate="tanh") * up)
+        return linear(self.down_proj, gelu_tanh(linear(self.gate_proj, x)) * linear(self.up_proj, x))
 
 
 class Router(nn.Module):
@@ -166,7 +179,7 @@ class Router(nn.Module):
     def route(self, normed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Like forward, on ``rms_norm(x, None)`` already computed (Tensor[N, H]; the layer shares it)."""
         h = normed * self.scale * self.root
-        probs = torch.softmax(self.proj(h), dim=-1, dtype=torch.float32)
+        probs = torch.softmax(linear(self.proj, h), dim=-1, dtype=torch.float32)
         w, idx = torch.topk(probs, self.top_k, dim=-1)
         w = w / w.sum(dim=-1, keepdim=True)
         return w * self.per_expert_scale[idx], idx

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 
 from .events import CanvasDone, Done, GenerationStats, StepEvent
-from .sampling import (AcceptanceConfig, CorrectionConfig, StableAndConfident, accept, correct, finalize_canvas,
-                       init_canvas, linear_temperature, renoise, token_entropy)
+from .sampling import (AcceptanceConfig, CorrectionConfig, StableAndConfident, accept, categorical, correct,
+                       finalize_canvas, init_canvas, linear_temperature, renoise, token_entropy)
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ def run(net, cache, input_ids, attention_mask, settings: SamplerSettings, max_ne
                         argmax = new_argmax
                         break
             probs = torch.softmax(proc, dim=-1, dtype=torch.float32)
-            draft = torch.multinomial(probs.view(-1, vocab), 1, generator=generator).view(b, c_len)
+            draft = categorical(probs.view(-1, vocab), generator).view(b, c_len)
             conf = probs.max(-1).values if (emit_steps or locked is not None) else None
             acc, new_lock = accept(ent, conf, locked, acc_cfg)
             reopened = None

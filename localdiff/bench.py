@@ -139,6 +139,21 @@ class _Ctx:
             self._m = localdiff.load(self.args.model, device="cpu", dtype="float32")
         return self._m
 
+    def wide_path(self):
+        """Folder of the wider tiny-random DiffusionGemma (``--random-model`` or built once, removed at exit)."""
+        if self.args.random_model is not None:
+            return Path(self.args.random_model)
+        if getattr(self, "_wide", None) is None:
+            from . import bench_ref
+
+            self.log("building the wider tiny-random DiffusionGemma")
+            self._wide = bench_ref.build_wide_random()
+        return self._wide
+
+    def cleanup(self):
+        if getattr(self, "_wide", None) is not None:
+            shutil.rmtree(self._wide, ignore_errors=True)
+
     def items(self, per_family):
         from .bench_eval import load_items
 
@@ -174,23 +189,16 @@ def _ref(ctx: _Ctx) -> dict:
                                              None, ctx.log, a.ld_dtype))
     if a.ref_on == "embedded":
         return out
-    path, label, tmp = a.random_model, f"random ({a.random_model.name if a.random_model else ''})", None
-    if path is None:
-        label = "tiny-random (wider)"
-        ctx.log("ref: building the wider tiny-random DiffusionGemma")
-        path = tmp = bench_ref.build_wide_random()
-    try:
-        cfg = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
-        vocab = int((cfg.get("text_config") or cfg)["vocab_size"])
-        rng = random.Random(0)
-        prompts = [[rng.randrange(3, vocab) for _ in range(24)] for _ in seeds]
-        ctx.log(f"ref: random model {path} ({len(seeds)} seeds × {reps} repetitions, {a.random_steps} steps)")
-        out["runs"].append(bench_ref.compare(path, label, prompts, seeds, reps,
-                                             int(cfg.get("canvas_length") or 256) * _size(a, "ref_canvases"),
-                                             a.random_steps, ctx.log, a.ld_dtype))
-    finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+    path = ctx.wide_path()
+    label = f"random ({path.name})" if a.random_model else "tiny-random (wider)"
+    cfg = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    vocab = int((cfg.get("text_config") or cfg)["vocab_size"])
+    rng = random.Random(0)
+    prompts = [[rng.randrange(3, vocab) for _ in range(24)] for _ in seeds]
+    ctx.log(f"ref: random model {path} ({len(seeds)} seeds × {reps} repetitions, {a.random_steps} steps)")
+    out["runs"].append(bench_ref.compare(path, label, prompts, seeds, reps,
+                                         int(cfg.get("canvas_length") or 256) * _size(a, "ref_canvases"),
+                                         a.random_steps, ctx.log, a.ld_dtype))
     return out
 
 
@@ -238,13 +246,24 @@ def _sweep(ctx: _Ctx, out_dir: Path, stem: str, default: dict | None) -> dict:
 
 
 def _history(ctx: _Ctx) -> dict:
+    from . import bench_ref
     from .bench_history import history_scaling
 
     a = ctx.args
     lengths = [int(x) for x in a.history.split(",")] if a.history else _size(a, "history")
     ctx.log(f"history: {lengths} tokens")
-    return history_scaling(ctx.model(), lengths, _size(a, "history_steps"), _size(a, "history_recompute"),
-                           log=ctx.log)
+    sec = history_scaling(ctx.model(), lengths, _size(a, "history_steps"), _size(a, "history_recompute"),
+                          log=ctx.log)
+    sec["model"] = f"embedded ({a.model})"
+    if bench_ref.transformers_available() is None or a.random_model is not None:
+        import localdiff
+
+        ctx.log("history: the wider tiny-random model")
+        wide = history_scaling(localdiff.load(ctx.wide_path(), device="cpu", dtype="float32"), lengths,
+                               _size(a, "history_steps"), 1, log=ctx.log)
+        wide["model"] = "tiny-random (wider)" if a.random_model is None else f"random ({a.random_model.name})"
+        sec["wider"] = wide
+    return sec
 
 
 def _memory(ctx: _Ctx) -> dict:
@@ -276,6 +295,29 @@ def _profile(ctx: _Ctx) -> dict:
     return profile_generate(m, ids, seed=0, max_new_tokens=2 * m.config.canvas_length)
 
 
+def _run_sections(ctx: _Ctx, names: list[str], res: dict, out: Path, log) -> bool:
+    """Run each section into ``res["sections"]``; True when one failed with an unexpected error."""
+    failed = False
+    for name in names:
+        t0 = time.perf_counter()
+        try:
+            if name == "sweep":
+                sec = _sweep(ctx, out.parent, out.stem, res["sections"].get("eval", {}).get("default"))
+            else:
+                fns = {"ref": _ref, "eval": _eval, "history": _history, "memory": _memory, "profile": _profile}
+                sec = fns[name](ctx)
+        except LocaldiffError as e:
+            sec = {"skipped": str(e)}
+            log(f"{name}: skipped ({e})")
+        except Exception as e:  # a broken section must not hide the others' results
+            sec = {"skipped": f"error: {type(e).__name__}: {e}"}
+            failed = True
+            log(f"{name}: ERROR {type(e).__name__}: {e}")
+        res["sections"][name] = sec
+        res["timings_s"][name] = time.perf_counter() - t0
+    return failed
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``localdiff bench``. Returns the exit code (1 when a section failed with an error)."""
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
@@ -299,23 +341,10 @@ def main(argv: list[str] | None = None) -> int:
     res = {"quick": args.quick, "argv": list(argv or []), "environment": _environment(args.threads),
            "sections": {}, "timings_s": {}}
     t_all, failed = time.perf_counter(), False
-    for name in names:
-        t0 = time.perf_counter()
-        try:
-            if name == "sweep":
-                sec = _sweep(ctx, out.parent, out.stem, res["sections"].get("eval", {}).get("default"))
-            else:
-                fns = {"ref": _ref, "eval": _eval, "history": _history, "memory": _memory, "profile": _profile}
-                sec = fns[name](ctx)
-        except LocaldiffError as e:
-            sec = {"skipped": str(e)}
-            log(f"{name}: skipped ({e})")
-        except Exception as e:  # a broken section must not hide the others' results
-            sec = {"skipped": f"error: {type(e).__name__}: {e}"}
-            failed = True
-            log(f"{name}: ERROR {type(e).__name__}: {e}")
-        res["sections"][name] = sec
-        res["timings_s"][name] = time.perf_counter() - t0
+    try:
+        failed = _run_sections(ctx, names, res, out, log)
+    finally:
+        ctx.cleanup()
     res["duration_s"] = time.perf_counter() - t_all
     md = render(res)
     out.write_text(json.dumps(res, indent=1, default=str), encoding="utf-8")

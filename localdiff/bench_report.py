@@ -68,9 +68,11 @@ def _sweep_md(sec: dict) -> list[str]:
     return out
 
 
-def _history_md(sec: dict) -> list[str]:
+def _history_md(sec: dict, level: str = "###") -> list[str]:
     budgets = sorted({k for r in sec["rows"] for k in r["cached_ms"]}, key=lambda k: (k != "unlimited", k))
-    out = [f"### Denoising step vs history length (canvas {sec['canvas_length']}; ms, best of N / median)", "",
+    model = f"{sec['model']}, " if sec.get("model") else ""
+    out = [f"{level} Denoising step vs history length ({model}canvas {sec['canvas_length']}; ms, best of N / median)",
+           "",
            "| history tokens | " + " | ".join(f"block cache, device budget {b}" for b in budgets)
            + " | recompute prefix every step | recompute ÷ cache | attention alone (best) |",
            "|---:|" + "---:|" * (len(budgets) + 3)]
@@ -91,6 +93,8 @@ def _history_md(sec: dict) -> list[str]:
             out += ["", f"Cached step time (best of N, unlimited budget), {hi} ÷ {lo} tokens of history: "
                         f"**{v:.2f}×** (target ≤ 1.5×)."]
     out += [f"- {n}" for n in sec.get("notes", [])]
+    if isinstance(sec.get("wider"), dict) and sec["wider"].get("rows"):
+        out += [""] + _history_md(sec["wider"], "####")
     return out
 
 

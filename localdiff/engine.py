@@ -89,9 +89,14 @@ class Model:
         """Causal encoder pass: LongTensor[B, T] → K/V appended to ``cache`` (see ``DiffusionGemma.prefill``)."""
         self.net.prefill(input_ids.to(self.device), cache, attention_mask)
 
-    def denoise(self, canvas_ids: torch.Tensor, cache, self_conditioning_logits=None) -> torch.Tensor:
-        """Decoder pass: LongTensor[B, C] → FloatTensor[B, C, V] logits; reads ``cache`` only."""
-        return self.net.denoise(canvas_ids.to(self.device), cache, self_conditioning_logits)
+    def denoise(self, canvas_ids: torch.Tensor, cache, self_conditioning_logits=None, prefill_ids=None,
+                prefill_mask=None) -> torch.Tensor:
+        """Decoder pass: LongTensor[B, C] → FloatTensor[B, C, V] logits; reads ``cache`` only — unless
+        ``prefill_ids`` (LongTensor[B, T], padding mask ``prefill_mask``) are given: they are prefilled in the same
+        forward (a fused pass, bit-identical to ``prefill`` then ``denoise``; see ``DiffusionGemma.denoise``)."""
+        pre = None if prefill_ids is None else prefill_ids.to(self.device)
+        return self.net.denoise(canvas_ids.to(self.device), cache, self_conditioning_logits, prefill_ids=pre,
+                                prefill_mask=prefill_mask)
 
     # -- options ------------------------------------------------------------------------------------------------
     def sampler_options(self, **overrides) -> dict:

@@ -5,6 +5,9 @@ One set of weights plays two roles (reference: transformers 5.23.0 ``modeling_di
 * **prefill** — the causal encoder pass over prompt / finished canvases; it appends K/V to the cache.
 * **denoise** — the bidirectional decoder pass over a canvas of C tokens that attends to the cached prefix
   (read-only) and to itself, with self-conditioning on the previous step's logits; returns logits[B, C, V].
+* **fused** — both in one forward: tokens to prefill followed by a canvas (the generation loop prefills the prompt
+  and each finished canvas this way, with the next canvas's first step). Linear layers and norms run on all rows;
+  attention and expert grouping run per role, so the result is bit-identical to the two passes.
 
 Each layer: attention (q/k/v norms, scale 1.0, RoPE "default" on sliding layers and "proportional" with a partial
 rotary factor on full-attention layers, which have their own head_dim / KV-head count and share k = v), then a

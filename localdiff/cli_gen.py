@@ -80,8 +80,8 @@ def assemble_prompt(args) -> str:
         raise UsageError(f"no prompt{why}: give -p TEXT, PROMPT words or -f FILE, or pipe text on stdin")
     parts = [p.strip("\n") for p in (stdin, file_text, cli_prompt) if p is not None and p.strip()]
     text = "\n\n".join(parts)
-    if not text.strip():
-        raise UsageError("empty prompt")
+    if not any(ch.isprintable() and not ch.isspace() for ch in text):
+        raise UsageError("empty prompt" if not text.strip() else "prompt has no printable characters")
     return text
 
 

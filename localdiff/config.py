@@ -60,6 +60,7 @@ _TOP_KEYS: dict[str, type] = {
     "max_new_tokens": int,
     "seed": int,
 }
+_ENV_OTHER = ("LOCALDIFF_CONFIG", "LOCALDIFF_DATA_DIR", "LOCALDIFF_DEBUG", "LOCALDIFF_NO_BNB")  # read elsewhere
 _ENV_TOP = {"LOCALDIFF_MODEL": "default_model", "LOCALDIFF_DEVICE": "device", "LOCALDIFF_QUANT": "quant",
             "LOCALDIFF_MAX_NEW_TOKENS": "max_new_tokens", "LOCALDIFF_SEED": "seed"}
 
@@ -194,7 +195,8 @@ def load_user_config(env: Mapping[str, str] | None = None, path: Path | None = N
     Returns:
         A frozen Config. A missing file is not an error.
     Raises:
-        UsageError: invalid TOML, an unknown key, or a value of the wrong type / out of range.
+        UsageError: invalid TOML, an unknown key or ``LOCALDIFF_*`` variable, or a value of the wrong type / out of
+            range.
     """
     env = os.environ if env is None else env
     path = Path(path) if path is not None else config_path(env)
@@ -217,6 +219,13 @@ def load_user_config(env: Mapping[str, str] | None = None, path: Path | None = N
             origins[key] = "file"
         else:
             raise _unknown(key, [*_TOP_KEYS, "sampler"], where)
+    known_env = {*_ENV_TOP, *_ENV_OTHER, *("LOCALDIFF_" + k.upper() for k in SAMPLER_KEYS)}
+    for var in sorted(v for v in env if v.startswith("LOCALDIFF_") and v not in known_env):
+        tail = var[len("LOCALDIFF_"):]
+        near = [k for k in sorted(known_env) if tail and k.endswith("_" + tail)]
+        near = near or difflib.get_close_matches(var, sorted(known_env), n=1)
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        raise UsageError(f"unknown environment variable {var}{hint}; unset it or use a known LOCALDIFF_* name")
     for var, key in _ENV_TOP.items():
         if env.get(var, "") != "":
             top[key] = coerce(key, env[var], _TOP_KEYS[key], var)

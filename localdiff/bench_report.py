@@ -116,8 +116,9 @@ def _memory_md(sec: dict) -> list[str]:
 def _profile_md(sec: dict) -> list[str]:
     sp = sec["split_ms"]
     out = ["### Profile of one generation (embedded model)", "",
-           f"{sec['forwards']} forwards, {sec['wall_ms']:.0f} ms: denoise {sp['denoise']:.0f} ms, prefill "
-           f"{sp['prefill']:.0f} ms, sampler loop {sp['loop']:.0f} ms ({sec['ms_per_step']:.1f} ms per step).", "",
+           f"{sec['forwards']} forwards, {sec['wall_ms']:.1f} ms: plain denoising steps {sp['denoise']:.1f} ms, fused "
+           f"prefill + first step {sp['prefill']:.1f} ms, sampler loop {sp['loop']:.1f} ms "
+           f"({sec['ms_per_step']:.1f} ms per step).", "",
            "| op | self CPU (ms) | share | calls |", "|---|---:|---:|---:|"]
     for r in sec["top"][:10]:
         out.append(f"| `{r['op']}` | {r['self_cpu_ms']:.1f} | {r['share']:.1%} | {r['calls']} |")

@@ -125,6 +125,33 @@ def _profile_md(sec: dict) -> list[str]:
     return out
 
 
+def _targets_md(secs: dict) -> list[str]:
+    """#9's targets with the measured values of this run (only those whose sections ran)."""
+    rows = []
+    for run in (secs.get("ref") or {}).get("runs", []):
+        r = run["summary"].get("speed_ratio")
+        if run["model"].startswith("embedded") and r:
+            rows.append(("speed vs the reference, embedded model, identical tokens", "≥ 2× (goal 3×)",
+                         f"{r['median']:.2f}× on {run['summary']['identical_seeds']}/{run['summary']['seeds']} seeds",
+                         r["median"] >= 2))
+    hist = secs.get("history") or {}
+    for sec in (hist, hist.get("wider") or {}):
+        for k, v in sec.items():
+            if k.startswith("ratio_"):
+                rest = sec.get("rest_" + k)
+                got = f"{v:.2f}×" + (f" ({rest:.2f}× without the step's attention)" if rest else "")
+                rows.append((f"step time, {k.split('_')[1]} ÷ {k.split('_')[3]} tokens of history "
+                             f"({sec.get('model', 'embedded')})", "≤ 1.5×", got, v <= 1.5))
+    best = (secs.get("sweep") or {}).get("best")
+    if best:
+        rows.append(("generation_config defaults = best accuracy-per-TPF point", "the default wins",
+                     best["label"], best["label"] == "default"))
+    if not rows:
+        return []
+    return (["| target | wanted | this run | met |", "|---|---|---|:---:|"]
+            + [f"| {a} | {b} | {c} | {'yes' if ok else 'no'} |" for a, b, c, ok in rows] + [""])
+
+
 def render(res: dict) -> str:
     """Markdown for a results dict (sections that did not run are listed with their reason)."""
     env = res["environment"]
@@ -135,6 +162,7 @@ def render(res: dict) -> str:
     if load is not None and load > 0.75 * cores:
         lines += [f"> Warning: the machine was busy (1-min load average {load:.1f} on {cores} cores) — absolute "
                   "times are inflated and noisy, most with more than one thread; compare the interleaved ratios.", ""]
+    lines += _targets_md(res["sections"])
     render_fns = {"ref": _ref_md, "eval": _eval_md, "sweep": _sweep_md, "history": _history_md,
                   "memory": _memory_md, "profile": _profile_md}
     for name, fn in render_fns.items():

@@ -115,3 +115,23 @@ def test_readme_section_replaced(tmp_path):
 def test_bad_section_is_a_usage_error(tmp_path):
     with pytest.raises(UsageError, match="unknown section"):
         bench.main(["--only", "nope", "--out", str(tmp_path / "x.json")])
+
+
+def test_targets_table_reports_met_and_unmet():
+    from localdiff.bench_report import _targets_md
+
+    spread = {"median": 1.65, "min": 1.4, "max": 1.9, "n": 5}
+    secs = {"ref": {"runs": [{"model": "embedded (tiny)",
+                              "summary": {"speed_ratio": spread, "identical_seeds": 5, "seeds": 5}}]},
+            "history": {"model": "embedded (tiny)", "ratio_8192_vs_256": 2.35, "rest_ratio_8192_vs_256": 1.44,
+                        "wider": {"model": "wider", "ratio_8192_vs_256": 1.2}},
+            "sweep": {"best": {"label": "default"}}}
+    lines = _targets_md(secs)
+    assert lines[0] == "| target | wanted | this run | met |"
+    table = {ln.split(" | ")[0][2:]: ln for ln in lines[2:] if ln}
+    assert table["speed vs the reference, embedded model, identical tokens"].endswith("| 1.65× on 5/5 seeds | no |")
+    assert table["step time, 8192 ÷ 256 tokens of history (embedded (tiny))"].endswith(
+        "| 2.35× (1.44× without the step's attention) | no |")
+    assert table["step time, 8192 ÷ 256 tokens of history (wider)"].endswith("| 1.20× | yes |")
+    assert table["generation_config defaults = best accuracy-per-TPF point"].endswith("| default | yes |")
+    assert _targets_md({}) == []

@@ -79,6 +79,7 @@ def run(net, cache, input_ids, attention_mask, settings: SamplerSettings, max_ne
         reopens = torch.zeros(b, dtype=torch.long, device=dev)
         steps_used = 0
         last_canvas = (ci + 1) * c_len >= max_new_tokens
+        done_fin = None   # finalize_canvas of the step that ended the generation early, when it did
         n_done = 0  # rows of this canvas whose denoising has stopped (host copy, one sync per step)
         for cur in range(n_steps, 0, -1):
             forwards += ~(done_den | finished)
@@ -103,7 +104,7 @@ def run(net, cache, input_ids, attention_mask, settings: SamplerSettings, max_ne
                     # this step ends the canvas; when it also ends the generation, its draws are never used
                     fin = finalize_canvas(new_argmax, finished, eos_t, pad_id)
                     if last_canvas or bool(fin[1].all()):
-                        argmax = new_argmax
+                        argmax, done_fin = new_argmax, fin
                         break
             probs = torch.softmax(proc, dim=-1, dtype=torch.float32)
             draft = categorical(probs.view(-1, vocab), generator).view(b, c_len)
@@ -140,7 +141,7 @@ def run(net, cache, input_ids, attention_mask, settings: SamplerSettings, max_ne
             n_done = int(done_den.sum())
             if n_done == b:
                 break
-        final, finished_now = finalize_canvas(argmax, finished, eos_t, pad_id)
+        final, finished_now = done_fin or finalize_canvas(argmax, finished, eos_t, pad_id)
         finished = finished_now
         generated.append(final)
         st.canvases += 1

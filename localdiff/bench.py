@@ -147,12 +147,22 @@ class _Ctx:
             from . import bench_ref
 
             self.log("building the wider tiny-random DiffusionGemma")
-            self._wide = bench_ref.build_wide_random()
+            self._wide = bench_ref.build_random()
         return self._wide
 
+    def proportioned_path(self):
+        """Folder of the random model with the 26B-A4B's attention proportions (built once, removed at exit)."""
+        if getattr(self, "_prop", None) is None:
+            from . import bench_ref
+
+            self.log("building the flagship-proportioned random DiffusionGemma (~65M parameters)")
+            self._prop = bench_ref.build_random(text=bench_ref.PROPORTIONED_TEXT)
+        return self._prop
+
     def cleanup(self):
-        if getattr(self, "_wide", None) is not None:
-            shutil.rmtree(self._wide, ignore_errors=True)
+        for d in (getattr(self, "_wide", None), getattr(self, "_prop", None)):
+            if d is not None:
+                shutil.rmtree(d, ignore_errors=True)
 
     def items(self, per_family):
         from .bench_eval import load_items
@@ -255,14 +265,22 @@ def _history(ctx: _Ctx) -> dict:
     sec = history_scaling(ctx.model(), lengths, _size(a, "history_steps"), _size(a, "history_recompute"),
                           log=ctx.log)
     sec["model"] = f"embedded ({a.model})"
+    sec["others"] = []
+    others = []
     if bench_ref.transformers_available() is None or a.random_model is not None:
-        import localdiff
+        others.append(("tiny-random (wider)" if a.random_model is None else f"random ({a.random_model.name})",
+                       ctx.wide_path))
+    if bench_ref.transformers_available() is None and not a.quick:
+        others.append(("random, DiffusionGemma-26B-A4B's proportions (~65M parameters; 8k attention ≈ 0.19 of a "
+                       "token's other FLOPs)", ctx.proportioned_path))
+    import localdiff
 
-        ctx.log("history: the wider tiny-random model")
-        wide = history_scaling(localdiff.load(ctx.wide_path(), device="cpu", dtype="float32"), lengths,
-                               _size(a, "history_steps"), 1, log=ctx.log)
-        wide["model"] = "tiny-random (wider)" if a.random_model is None else f"random ({a.random_model.name})"
-        sec["wider"] = wide
+    for label, where in others:
+        ctx.log(f"history: {label}")
+        r = history_scaling(localdiff.load(where(), device="cpu", dtype="float32"), lengths,
+                            _size(a, "history_steps"), 1, log=ctx.log)
+        r["model"] = label
+        sec["others"].append(r)
     return sec
 
 

@@ -23,6 +23,15 @@ WIDE_TEXT = dict(vocab_size=4096, hidden_size=256, intermediate_size=512, num_hi
                  sliding_window=64, num_experts=8, top_k_experts=2, moe_intermediate_size=128,
                  max_position_embeddings=4096,
                  layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2)
+# A random DiffusionGemma (~65M parameters) with DiffusionGemma-26B-A4B's proportions for the history scaling:
+# five sliding layers then one global, a window of 4 canvases, and attention over 8k keys ≈ 0.19 of a canvas
+# token's other FLOPs (the 26B-A4B: 1.34 + 0.42 GFLOP of global + sliding attention at 8k vs ≈ 9.2 GFLOP; here
+# 12.6 + 2.0 vs ≈ 78 MFLOP). On the small models the 8k attention alone outweighs the rest of the step.
+PROPORTIONED_TEXT = dict(vocab_size=4096, hidden_size=512, intermediate_size=2048, num_hidden_layers=6,
+                         num_attention_heads=6, num_key_value_heads=2, head_dim=64, global_head_dim=64,
+                         num_global_key_value_heads=1, sliding_window=256, num_experts=8, top_k_experts=2,
+                         moe_intermediate_size=512, max_position_embeddings=16384,
+                         layer_types=["sliding_attention"] * 5 + ["full_attention"])
 WIDE_VISION = dict(model_type="gemma4_vision", hidden_size=16, intermediate_size=16, num_hidden_layers=1,
                    num_attention_heads=1, num_key_value_heads=1, head_dim=16, global_head_dim=16)
 
@@ -36,8 +45,10 @@ def transformers_available() -> str | None:
     return None
 
 
-def build_wide_random(folder: Path | None = None, canvas_length: int = 64, seed: int = 0) -> Path:
-    """Save a random-weight DiffusionGemma (WIDE_TEXT, canvas ``canvas_length``) with transformers; returns its folder.
+def build_random(folder: Path | None = None, canvas_length: int = 64, seed: int = 0,
+                      text: dict | None = None) -> Path:
+    """Save a random-weight DiffusionGemma (``text`` config, default WIDE_TEXT; canvas ``canvas_length``) with
+    transformers; returns its folder.
 
     Random weights give near-uniform logits, which makes long denoising runs chaotic (a 1e-7 logit difference flips
     a draw), so the comparison on this model uses few denoising steps per canvas.
@@ -47,8 +58,8 @@ def build_wide_random(folder: Path | None = None, canvas_length: int = 64, seed:
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    folder = Path(folder or tempfile.mkdtemp(prefix="localdiff-bench-wide-"))
-    cfg = DiffusionGemmaConfig(text_config=dict(WIDE_TEXT), vision_config=dict(WIDE_VISION),
+    folder = Path(folder or tempfile.mkdtemp(prefix="localdiff-bench-random-"))
+    cfg = DiffusionGemmaConfig(text_config=dict(text or WIDE_TEXT), vision_config=dict(WIDE_VISION),
                                canvas_length=canvas_length)
     torch.manual_seed(seed)
     DiffusionGemmaForBlockDiffusion(cfg).eval().save_pretrained(folder)

@@ -93,8 +93,9 @@ def _history_md(sec: dict, level: str = "###") -> list[str]:
             out += ["", f"Cached step time (best of N, unlimited budget), {hi} ÷ {lo} tokens of history: "
                         f"**{v:.2f}×** (target ≤ 1.5×)."]
     out += [f"- {n}" for n in sec.get("notes", [])]
-    if isinstance(sec.get("wider"), dict) and sec["wider"].get("rows"):
-        out += [""] + _history_md(sec["wider"], "####")
+    for other in sec.get("others", []):
+        if other.get("rows"):
+            out += [""] + _history_md(other, "####")
     return out
 
 
@@ -135,7 +136,7 @@ def _targets_md(secs: dict) -> list[str]:
                          f"{r['median']:.2f}× on {run['summary']['identical_seeds']}/{run['summary']['seeds']} seeds",
                          r["median"] >= 2))
     hist = secs.get("history") or {}
-    for sec in (hist, hist.get("wider") or {}):
+    for sec in [hist, *hist.get("others", [])]:
         for k, v in sec.items():
             if k.startswith("ratio_"):
                 rest = sec.get("rest_" + k)

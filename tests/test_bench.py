@@ -124,7 +124,7 @@ def test_targets_table_reports_met_and_unmet():
     secs = {"ref": {"runs": [{"model": "embedded (tiny)",
                               "summary": {"speed_ratio": spread, "identical_seeds": 5, "seeds": 5}}]},
             "history": {"model": "embedded (tiny)", "ratio_8192_vs_256": 2.35, "rest_ratio_8192_vs_256": 1.44,
-                        "wider": {"model": "wider", "ratio_8192_vs_256": 1.2}},
+                        "others": [{"model": "wider", "ratio_8192_vs_256": 1.2}]},
             "sweep": {"best": {"label": "default"}}}
     lines = _targets_md(secs)
     assert lines[0] == "| target | wanted | this run | met |"

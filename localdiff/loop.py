@@ -44,7 +44,8 @@ def run(net, cache, input_ids, attention_mask, settings: SamplerSettings, max_ne
             prompt tokens still to prefill, with ``attention_mask`` (Bool[B, T'] or None).
         input_ids: unused except for its batch size (LongTensor[B, T]).
         settings: SamplerSettings; max_new_tokens: spans ceil(max_new_tokens / C) canvases.
-        generator: torch.Generator for every random draw.
+        generator: torch.Generator for every random draw. Without step events, the step that ends the generation
+            skips its draws (nothing reads them), so the generator ends earlier in its stream than the reference's.
         eos_ids / pad_id: sequence stopping.
         start_canvas: optional LongTensor[B, C] for the first canvas (a random one is still drawn, as upstream).
         decode: ids → text (row 0) for CanvasDone/Done, or None.

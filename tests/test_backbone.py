@@ -254,3 +254,24 @@ def test_fused_pass_is_bit_identical(ref_small, threads):
             assert all(torch.equal(a, b) for a, b in zip(sep.past(i), fused.past(i)))
     finally:
         torch.set_num_threads(old)
+
+
+def test_failed_prefilling_pass_leaves_an_empty_cache(ref_small, monkeypatch):
+    """An error (or Ctrl-C) inside a pass that prefills leaves some layers' K/V appended without a commit: the cache
+    starts over instead, so a chat that keeps it re-prefills and gets the same logits as a fresh cache."""
+    m = localdiff.load(ref_small[1], device="cpu")
+    g = torch.Generator().manual_seed(2)
+    ids, canvas = torch.randint(3, 100, (1, 13), generator=g), torch.randint(0, 100, (1, 8), generator=g)
+    cache = m.new_cache()
+    m.prefill(ids, cache)
+    cache.token_ids = [ids[0].tolist()]
+    layer = m.net.layers[1]
+    monkeypatch.setattr(layer, "ffn", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        m.net.denoise(canvas, cache, None, prefill_ids=canvas)
+    assert cache.seq_len == 0 and cache.token_ids == [] and cache.nbytes() == 0
+    monkeypatch.undo()
+    fresh = m.new_cache()
+    m.prefill(ids, cache)
+    m.prefill(ids, fresh)
+    assert torch.equal(m.denoise(canvas, cache), m.denoise(canvas, fresh))

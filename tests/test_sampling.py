@@ -271,3 +271,16 @@ def test_categorical_bad_probabilities_raise_like_torch():
     p[2, 3] = float("nan")
     with pytest.raises(RuntimeError, match="probability tensor"):
         categorical(p, torch.Generator().manual_seed(0))
+    p = torch.full((4, 5000), 1 / 5000)
+    p[1] = 0.0
+    with pytest.raises(RuntimeError, match="sum of probabilities"):
+        categorical(p, torch.Generator().manual_seed(0))
+
+
+def test_categorical_transposed_input_like_torch():
+    """torch draws into empty_like(probs), whose memory order follows a transposed input's."""
+    from localdiff.sampling import categorical
+
+    p = torch.softmax(torch.randn(5000, 4, generator=torch.Generator().manual_seed(1)), 0).t()
+    a, b = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    assert torch.equal(categorical(p, a), torch.multinomial(p, 1, generator=b))

@@ -268,49 +268,56 @@ class DiffusionGemma(nn.Module):
         start = cache.seq_len
         rope = self._rope(start, n + c, x.dtype, dev)
         new_mask = None if (ids_mask is None or not n) else ids_mask.to(dev).bool()
+        if new_mask is not None and bool(new_mask.all()):   # as commit() does: no padding means no mask
+            new_mask = None
         masks: dict = {}
         last = len(self.layers) - 1
-        for i, layer in enumerate(self.layers):
-            att = layer.self_attn
-            cos, sin = rope[layer_type(att)]
-            q, k, v = att.qkv(norm(layer.input_layernorm, x), cos, sin)
-            pm = cache.past_mask(i)
-            if n:
-                past_n = cache.visible_len(i)
-                key = (att.sliding, past_n)
-                if key not in masks:
-                    masks[key] = self._masks(b, n, c, start, past_n, att.sliding, pm, new_mask, dev)
-                m_pre, lo, m_can = masks[key]
-                past = cache.past(i)
-                kk, vv = (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)) if past is not None else (k, v)
-                cache.append(i, k[:, :, :n] if c else k, v[:, :, :n] if c else v)
-                if i == last and not c:  # prefill rows need only their K/V from the last layer
-                    break
-                # each kind of row attends over the keys its own pass would read (bit-identical to two passes)
-                a = attention(q[:, :, n:], kk[:, :, lo:], vv[:, :, lo:], m_can) if c else None
-                if i == last:
-                    x, n = x[:, n:], 0
+        try:
+            for i, layer in enumerate(self.layers):
+                att = layer.self_attn
+                cos, sin = rope[layer_type(att)]
+                q, k, v = att.qkv(norm(layer.input_layernorm, x), cos, sin)
+                pm = cache.past_mask(i)
+                if n:
+                    past_n = cache.visible_len(i)
+                    key = (att.sliding, past_n)
+                    if key not in masks:
+                        masks[key] = self._masks(b, n, c, start, past_n, att.sliding, pm, new_mask, dev)
+                    m_pre, lo, m_can = masks[key]
+                    past = cache.past(i)
+                    kk, vv = (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)) if past is not None else (k, v)
+                    cache.append(i, k[:, :, :n] if c else k, v[:, :, :n] if c else v)
+                    if i == last and not c:  # prefill rows need only their K/V from the last layer
+                        break
+                    # each kind of row attends over the keys its own pass would read (bit-identical to two passes)
+                    a = attention(q[:, :, n:], kk[:, :, lo:], vv[:, :, lo:], m_can) if c else None
+                    if i == last:
+                        x, n = x[:, n:], 0
+                    else:
+                        seen = past_n + n
+                        a_pre = attention(q[:, :, :n], kk[:, :, :seen], vv[:, :, :seen], m_pre)
+                        a = a_pre if a is None else torch.cat([a_pre, a], 1)
                 else:
-                    seen = past_n + n
-                    a_pre = attention(q[:, :, :n], kk[:, :, :seen], vv[:, :, :seen], m_pre)
-                    a = a_pre if a is None else torch.cat([a_pre, a], 1)
-            else:
-                mask = None
-                if pm is not None:
-                    if pm.shape[1] not in masks:
-                        full = torch.cat([pm.to(dev), torch.ones(b, c, dtype=torch.bool, device=dev)], 1)
-                        masks[pm.shape[1]] = full[:, None, None, :]
-                    mask = masks[pm.shape[1]]
-                kk, vv = cache.with_canvas(i, k, v)
-                a = attention(q, kk, vv, mask)
-            x = x + norm(layer.post_attention_layernorm, linear(att.o_proj, a))
-            x = layer.ffn(x, n if c else 0)
-            if not n:
-                x = x * (layer.layer_scalar if c else layer.enc_layer_scalar)
-            elif not c:
-                x = x * layer.enc_layer_scalar
-            else:
-                x = torch.cat([x[:, :n] * layer.enc_layer_scalar, x[:, n:] * layer.layer_scalar], 1)
+                    mask = None
+                    if pm is not None:
+                        if pm.shape[1] not in masks:
+                            full = torch.cat([pm.to(dev), torch.ones(b, c, dtype=torch.bool, device=dev)], 1)
+                            masks[pm.shape[1]] = full[:, None, None, :]
+                        mask = masks[pm.shape[1]]
+                    kk, vv = cache.with_canvas(i, k, v)
+                    a = attention(q, kk, vv, mask)
+                x = x + norm(layer.post_attention_layernorm, linear(att.o_proj, a))
+                x = layer.ffn(x, n if c else 0)
+                if not n:
+                    x = x * (layer.layer_scalar if c else layer.enc_layer_scalar)
+                elif not c:
+                    x = x * layer.enc_layer_scalar
+                else:
+                    x = torch.cat([x[:, :n] * layer.enc_layer_scalar, x[:, n:] * layer.layer_scalar], 1)
+        except BaseException:
+            if ids is not None and ids.shape[1]:   # some layers appended K/V without a commit: start over
+                cache.reset()
+            raise
         if ids is not None and ids.shape[1]:
             cache.commit(ids.shape[1], new_mask, b)
         return self.logits(norm(self.norm, x)) if c else None

@@ -125,16 +125,19 @@ def categorical(probs: torch.Tensor, generator: torch.Generator | None) -> torch
     """One draw per row of ``probs``: FloatTensor[N, V] (non-negative, finite) → LongTensor[N, 1].
 
     Equals ``torch.multinomial(probs, 1, generator=generator)`` token for token and leaves ``generator`` in the same
-    state (see the module docstring); falls back to it for non-CPU or non-fp32 tensors, fewer than 4096 elements,
-    without a generator, for invalid probabilities (so torch raises its usual error), or when the one-time
-    self-check failed.
+    state (see the module docstring); falls back to it for non-CPU, non-fp32 or non-contiguous tensors, fewer than
+    4096 elements, without a generator, for invalid probabilities (inf / NaN / negative entries or a row summing
+    to 0, so torch raises its usual error), or when the one-time self-check failed. Reading, advancing and writing
+    back the generator state is not atomic: a generator shared by threads needs the caller's lock.
     """
     global _fast_ok
     if (generator is None or probs.device.type != "cpu" or generator.device.type != "cpu"
-            or probs.dtype != torch.float32 or probs.dim() != 2 or probs.numel() < _MIN_FAST):
+            or probs.dtype != torch.float32 or probs.dim() != 2 or probs.numel() < _MIN_FAST
+            or not probs.is_contiguous()):   # torch draws into empty_like(probs): its layout orders the draws
         return torch.multinomial(probs, 1, generator=generator)
     if _fast_ok is None:
         _fast_ok = _self_check()
-    if not _fast_ok or not bool(((probs.max() < math.inf) & (probs.min() >= 0)).item()):
+    valid = (probs.max() < math.inf) & (probs.min() >= 0) & (probs.sum(-1) > 0).all()
+    if not _fast_ok or not bool(valid.item()):
         return torch.multinomial(probs, 1, generator=generator)
-    return _fast(probs.contiguous(), generator)
+    return _fast(probs, generator)

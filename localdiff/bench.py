@@ -150,6 +150,9 @@ class _Ctx:
             self._wide = bench_ref.build_random()
         return self._wide
 
+    def wide_label(self) -> str:
+        return f"random ({self.args.random_model.name})" if self.args.random_model else "tiny-random (wider)"
+
     def proportioned_path(self):
         """Folder of the random model with the 26B-A4B's attention proportions (built once, removed at exit)."""
         if getattr(self, "_prop", None) is None:
@@ -199,8 +202,7 @@ def _ref(ctx: _Ctx) -> dict:
                                              None, ctx.log, a.ld_dtype))
     if a.ref_on == "embedded":
         return out
-    path = ctx.wide_path()
-    label = f"random ({path.name})" if a.random_model else "tiny-random (wider)"
+    path, label = ctx.wide_path(), ctx.wide_label()
     cfg = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
     vocab = int((cfg.get("text_config") or cfg)["vocab_size"])
     rng = random.Random(0)
@@ -267,10 +269,10 @@ def _history(ctx: _Ctx) -> dict:
     sec["model"] = f"embedded ({a.model})"
     sec["others"] = []
     others = []
-    if bench_ref.transformers_available() is None or a.random_model is not None:
-        others.append(("tiny-random (wider)" if a.random_model is None else f"random ({a.random_model.name})",
-                       ctx.wide_path))
-    if bench_ref.transformers_available() is None and not a.quick:
+    have_ref = bench_ref.transformers_available() is None   # the random models are built with transformers
+    if have_ref or a.random_model is not None:
+        others.append((ctx.wide_label(), ctx.wide_path))
+    if have_ref and not a.quick:
         others.append(("random, DiffusionGemma-26B-A4B's proportions (~65M parameters; 8k attention ≈ 0.19 of a "
                        "token's other FLOPs)", ctx.proportioned_path))
     import localdiff

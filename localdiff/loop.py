@@ -147,7 +147,7 @@ def run(net, cache, input_ids, attention_mask, settings: SamplerSettings, max_ne
         generated.append(final)
         st.canvases += 1
         room = max_new_tokens - ci * c_len          # tokens of this canvas within max_new_tokens
-        text = decode(_strip(final[0, :room], eos_ids, pad_id)) if decode else ""
+        text = decode(strip_generated(final[0, :room], eos_ids, pad_id)) if decode else ""
         yield CanvasDone(ci, final.cpu(), text, steps_used, finished.cpu())
         if bool(finished.all()):
             reason = "eos"
@@ -156,7 +156,7 @@ def run(net, cache, input_ids, attention_mask, settings: SamplerSettings, max_ne
             break
         pending = (final, None, final[0].tolist())
     out = torch.cat(generated, dim=1) if generated else torch.zeros(b, 0, dtype=torch.long)
-    rows = [_strip(out[r], eos_ids, pad_id, keep_eos=True)[:max_new_tokens] for r in range(b)]
+    rows = [strip_generated(out[r], eos_ids, pad_id, keep_eos=True)[:max_new_tokens] for r in range(b)]
     st.forwards = int(forwards.sum())
     kept = out[:, :max_new_tokens]
     st.new_tokens = int((kept != pad_id).sum()) if pad_id is not None else int(kept.numel())
@@ -165,7 +165,7 @@ def run(net, cache, input_ids, attention_mask, settings: SamplerSettings, max_ne
     st.tokens_per_second = st.new_tokens / st.seconds if st.seconds > 0 else 0.0
     if hasattr(cache, "stats"):
         st.cache = cache.stats()
-    texts = [decode(_strip(torch.tensor(r, dtype=torch.long), eos_ids, pad_id)) if decode else "" for r in rows]
+    texts = [decode(strip_generated(r, eos_ids, pad_id)) if decode else "" for r in rows]
     yield Done(texts[0] if b == 1 else texts, rows if b > 1 else rows[0], st, reason)
 
 
@@ -188,5 +188,3 @@ def strip_generated(ids, eos_ids, pad_id, keep_eos: bool = False) -> list[int]:
         out.append(t)
     return out
 
-
-_strip = strip_generated

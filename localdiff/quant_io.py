@@ -185,9 +185,8 @@ def quantize_checkpoint(src: Path, out_dir: Path, recipe: str | Recipe | None = 
     Raises:
         CheckpointError: missing / unreadable files, already-quantized input; RecipeError: bad recipe.
     """
-    from .quant import quantize_tensor
-
     from .loader import read_json
+    from .quant import quantize_tensor
 
     src = Path(src)
     config = read_json(src / "config.json")

@@ -299,10 +299,9 @@ class DiffusionGemma(nn.Module):
                         a = a_pre if a is None else torch.cat([a_pre, a], 1)
                 else:
                     mask = None
-                    if pm is not None:
+                    if pm is not None:   # pm covers exactly the visible past: the canvas reads all of it
                         if pm.shape[1] not in masks:
-                            full = torch.cat([pm.to(dev), torch.ones(b, c, dtype=torch.bool, device=dev)], 1)
-                            masks[pm.shape[1]] = full[:, None, None, :]
+                            masks[pm.shape[1]] = canvas_keys(b, pm.shape[1], c, None, pm.to(dev), dev)[1]
                         mask = masks[pm.shape[1]]
                     kk, vv = cache.with_canvas(i, k, v)
                     a = attention(q, kk, vv, mask)

@@ -13,5 +13,5 @@ pip install -q torch==2.13.0 2>&1 | tail -1
 pip install -q ".[test,cuda]" 2>&1 | tail -1
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
 python -m pytest -m gpu -q -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest-gpu.txt"
-python -m localdiff.quant_bench --device cuda 2>&1 | tee "$OUT/quant-bench-cuda.txt"
+python -m localdiff.bench.quant --device cuda 2>&1 | tee "$OUT/quant-bench-cuda.txt"
 localdiff bench --quick --only ref,memory --out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt"

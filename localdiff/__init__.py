@@ -2,7 +2,7 @@
 diffusion). Public API: :func:`load`, :class:`Model`, :class:`Generation`, and the events of ``Model.stream``."""
 from __future__ import annotations
 
-from .events import CanvasDone, Done, GenerationStats, StepEvent
+from localdiff.events import CanvasDone, Done, GenerationStats, StepEvent
 
 __version__ = "0.1.0"
 __all__ = ["load", "Model", "Generation", "StepEvent", "CanvasDone", "Done", "GenerationStats", "__version__"]
@@ -18,13 +18,13 @@ def _resolve_path(name):
     if p.is_dir():
         return p.resolve(), str(p)
     try:
-        from .hub import resolve_model
+        from localdiff.hub.models import resolve_model
     except ImportError:
         resolve_model = None
     if resolve_model is not None:
         return Path(resolve_model(str(name))), str(name)
-    from .errors import ModelNotFoundError
-    from .paths import models_dir
+    from localdiff.errors import ModelNotFoundError
+    from localdiff.paths import models_dir
 
     if name == "tiny" and (models_dir() / "tiny").is_dir():
         return models_dir() / "tiny", "tiny"
@@ -37,7 +37,7 @@ def load(name="tiny", device=None, dtype=None, quant=None, gpu_mem=None):
     Args:
         device: "cpu", "cuda", "cuda:N" or None (CUDA when available, else CPU).
         dtype: "float32" | "bfloat16" | "float16" | torch.dtype | None (fp32 on CPU, the checkpoint's on CUDA).
-        quant: None or "int8" (weight-only int8, see localdiff.quant).
+        quant: None or "int8" (weight-only int8, see localdiff.quantize.int8).
         gpu_mem: on CUDA, the device memory budget in bytes for the memory plan (default: free memory measured
             now); expert layers the plan keeps on the host stay in CPU memory and run there (like --n-cpu-moe).
     Returns:
@@ -47,10 +47,10 @@ def load(name="tiny", device=None, dtype=None, quant=None, gpu_mem=None):
     """
     import torch
 
-    from .engine import Model, read_generation_config
-    from .errors import UsageError
-    from .loader import load_model
-    from .tokenizer import load_tokenizer
+    from localdiff.engine import Model, read_generation_config
+    from localdiff.errors import UsageError
+    from localdiff.loader import load_model
+    from localdiff.tokenizer import load_tokenizer
 
     path, label = _resolve_path(name)
     if device is None:
@@ -74,8 +74,8 @@ def load(name="tiny", device=None, dtype=None, quant=None, gpu_mem=None):
     quant = None if quant == "none" else quant
     host_layers = ()
     if dev.type == "cuda":
-        from .loader import read_json
-        from .plan import plan_memory
+        from localdiff.paths import read_json
+        from localdiff.quantize.plan import plan_memory
 
         budget = int(gpu_mem) if gpu_mem else torch.cuda.mem_get_info(dev)[0]
         plan = plan_memory(read_json(path / "config.json"), budget, quant or "bf16")
@@ -89,7 +89,7 @@ def load(name="tiny", device=None, dtype=None, quant=None, gpu_mem=None):
 
 def __getattr__(name):
     if name in ("Model", "Generation"):
-        from . import engine
+        from localdiff import engine
 
         return getattr(engine, name)
     raise AttributeError(name)

@@ -31,7 +31,7 @@ from typing import Any, Mapping
 
 import platformdirs
 
-from .errors import UsageError
+from localdiff.errors import UsageError
 
 if sys.version_info >= (3, 11):
     import tomllib

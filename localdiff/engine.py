@@ -11,10 +11,10 @@ from pathlib import Path
 
 import torch
 
-from .cache import KVCache
-from .errors import TokenizerMissingError, UsageError
-from .events import Done, GenerationStats
-from .loop import SamplerSettings, run
+from localdiff.cache.kv import KVCache
+from localdiff.errors import TokenizerMissingError, UsageError
+from localdiff.events import Done, GenerationStats
+from localdiff.decoding.loop import SamplerSettings, run
 
 BUILTIN_SAMPLER = {
     "max_denoising_steps": 48, "t_min": 0.4, "t_max": 0.8, "entropy_bound": 0.1, "stability_threshold": 1,
@@ -80,7 +80,7 @@ class Model:
     def new_cache(self, device_budget_bytes: int | None = None):
         """A fresh block KV cache for this model (blocks of one canvas; sliding layers keep one canvas of slack for
         chat prefix reuse). ``device_budget_bytes``: K/V bytes allowed on the device (None = unlimited, 0 = all on
-        the host; see ``localdiff.cache``). Raises UsageError for a negative budget."""
+        the host; see ``localdiff.cache.kv``). Raises UsageError for a negative budget."""
         c = self.config.canvas_length
         return KVCache(self.net.layer_windows(), slack=c, block_len=c, device_budget_bytes=device_budget_bytes,
                        layer_heads=list(getattr(self.config, "layer_heads", None) or []) or None)
@@ -218,6 +218,14 @@ class Model:
                 done = ev
         return Generation(done.text, done.token_ids, done.stats, done.finish_reason, self._last["seed"],
                           self._last["sampler"])
+
+
+def installed_models() -> list[dict]:
+    """Models that load without a download (embedded + fully pulled): ``localdiff.hub.models.list_models()``.
+    The chat's model switcher reads this, so the UI talks to the engine only."""
+    from localdiff.hub import models as hub
+
+    return list(hub.list_models())
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

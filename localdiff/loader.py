@@ -13,8 +13,9 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from .arch import get_arch, model_and_config_classes
-from .errors import CheckpointError
+from localdiff.arch import get_arch, model_and_config_classes
+from localdiff.errors import CheckpointError
+from localdiff.paths import read_json
 
 
 @contextlib.contextmanager
@@ -32,17 +33,6 @@ def _no_init():
             setattr(torch.nn.init, n, f)
 
 
-def read_json(path: Path) -> dict:
-    """Parse a JSON file; raises CheckpointError naming it when missing or corrupt."""
-    if not path.is_file():
-        raise CheckpointError(f"{path}: file not found")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e.__class__.__name__}: {e})") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object")
-    return data
 
 
 def load_config(ckpt: Path):
@@ -111,10 +101,10 @@ def load_model(ckpt: Path, device: str | torch.device = "cpu", dtype: torch.dtyp
     mod, cfg = load_config(ckpt)
     model_cls, _ = model_and_config_classes(cfg.model_type)
     wm = weight_map(ckpt)
-    from .quant import convert_modules, int8_entries, is_quant_state
-    from .quant_io import checkpoint_recipe
-    from .recipe import DEFAULT_RECIPE
-    from .offload import device_for
+    from localdiff.quantize.int8 import convert_modules, int8_entries, is_quant_state
+    from localdiff.quantize.io import checkpoint_recipe
+    from localdiff.quantize.recipe import DEFAULT_RECIPE
+    from localdiff.quantize.offload import device_for
 
     with torch.device("meta"), _no_init():
         model = model_cls(cfg)
@@ -158,7 +148,7 @@ def load_model(ckpt: Path, device: str | torch.device = "cpu", dtype: torch.dtyp
                 loaded[local] = loaded[local].to(dtype)
     model.load_state_dict(loaded, strict=True, assign=True)
     if host_layers:
-        from .offload import place_model
+        from localdiff.quantize.offload import place_model
         place_model(model, host_layers, device)   # installs the hooks that run host-layer experts on the CPU
     model.eval().requires_grad_(False)
     if hasattr(model, "fuse_projections"):

@@ -5,7 +5,10 @@ built wheel (hatch force-includes them as ``localdiff/_data/models`` and ``local
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
+
+from localdiff.errors import CheckpointError
 
 _PKG = Path(__file__).resolve().parent
 
@@ -30,3 +33,15 @@ def models_dir() -> Path:
 def quant_dir() -> Path:
     """The quantization-recipe folder (``quant/``)."""
     return data_dir("quant")
+
+def read_json(path: Path) -> dict:
+    """Parse a JSON file; raises CheckpointError naming it when missing or corrupt."""
+    if not path.is_file():
+        raise CheckpointError(f"{path}: file not found")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e.__class__.__name__}: {e})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    return data

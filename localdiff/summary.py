@@ -15,8 +15,8 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from .arch.geometry import layer_geometry as _resolve_layers
-from .errors import CheckpointError
+from localdiff.arch.geometry import layer_geometry as _resolve_layers
+from localdiff.errors import CheckpointError
 
 #: bytes per element of the safetensors dtype codes
 SAFETENSORS_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,

@@ -8,7 +8,7 @@ import json
 from datetime import datetime
 from pathlib import Path
 
-from .errors import CheckpointError, LocaldiffError
+from localdiff.errors import CheckpointError, LocaldiffError
 
 
 class ChatTemplateError(LocaldiffError):

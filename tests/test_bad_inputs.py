@@ -1,7 +1,7 @@
 """A corpus of bad inputs to the command line: each gives exactly one ``error: ...`` line on stderr, nothing on
 stdout, the right exit code (2 usage, 1 runtime) and never a traceback.
 
-Cases run in-process through ``localdiff.cli.main`` (fast); a few run as real subprocesses to cover the console
+Cases run in-process through ``localdiff.cli`` (fast); a few run as real subprocesses to cover the console
 entry point, real stdin bytes and the interpreter's own exit path.
 """
 from __future__ import annotations

@@ -3,9 +3,9 @@ import json
 
 import pytest
 
-from localdiff import bench
-from localdiff.bench_eval import best_point, exact_match, load_items, sweep_settings
-from localdiff.bench_report import END, START, replace_readme_section
+from localdiff.bench import run as bench
+from localdiff.bench.eval_tasks import best_point, exact_match, load_items, sweep_settings
+from localdiff.bench.report import END, START, replace_readme_section
 from localdiff.errors import UsageError
 from localdiff.paths import models_dir
 
@@ -118,7 +118,7 @@ def test_bad_section_is_a_usage_error(tmp_path):
 
 
 def test_targets_table_reports_met_and_unmet():
-    from localdiff.bench_report import _targets_md
+    from localdiff.bench.report import _targets_md
 
     spread = {"median": 1.65, "min": 1.4, "max": 1.9, "n": 5}
     secs = {"ref": {"runs": [{"model": "embedded (tiny)",

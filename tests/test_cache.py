@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from localdiff.arch.diffusion_gemma import DiffusionGemma, DiffusionGemmaConfig
-from localdiff.cache import KVCache, parse_size, plan_capacity
+from localdiff.cache.kv import KVCache, parse_size, plan_capacity
 from localdiff.engine import Model
 from localdiff.errors import UsageError
 from localdiff.events import StepEvent
@@ -122,7 +122,7 @@ def test_parse_size():
 
 
 def test_device_tier_refuses_to_exceed_its_budget():
-    from localdiff.cache_tiers import DeviceTier
+    from localdiff.cache.tiers import DeviceTier
     tier = DeviceTier(torch.device("cpu"), 100)
     tier.alloc((1, 1, 5, 5), torch.float32)
     assert tier.bytes == tier.peak == 100
@@ -361,7 +361,7 @@ def test_prefetch_schedule_keeps_slots_apart(monkeypatch):
     would change the logits."""
     import contextlib
 
-    import localdiff.cache as cache_mod
+    import localdiff.cache.kv as cache_mod
 
     class CudaLikeStaging(cache_mod.Staging):
         def __init__(self, device):

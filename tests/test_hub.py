@@ -20,7 +20,7 @@ import pytest
 
 from hub_stand_in import StandInHub, tiny_checkpoint_files
 
-from localdiff import hub
+from localdiff.hub import models as hub
 from localdiff.errors import HubError, ModelNotFoundError, UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -210,8 +210,8 @@ def test_unreachable_and_offline(cache, stand_in, monkeypatch):
 def test_disk_full_then_a_later_pull_resumes(cache, stand_in, monkeypatch):
     import shutil as _shutil
 
-    import localdiff.download as dl
-    import localdiff.hub_pull as hp
+    import localdiff.hub.download as dl
+    import localdiff.hub.pull as hp
 
     real_usage = _shutil.disk_usage
     monkeypatch.setattr(hp.shutil, "disk_usage", lambda p: real_usage(p)._replace(free=1000))
@@ -344,7 +344,7 @@ def test_cli_pull_list_rm_and_offline(tmp_path, stand_in):
 
 
 def test_memory_estimate_before_download():
-    from localdiff.hub_pull import memory_estimate
+    from localdiff.hub.pull import memory_estimate
 
     cfg = json.loads((ROOT / "models" / "offline" / "diffusiongemma-26b-a4b" / "config.json").read_text())
     text, warn = memory_estimate(cfg, 51_600_000_000, gpu=24 * 2**30, ram=64 * 2**30)
@@ -385,9 +385,9 @@ def test_pull_a_real_checkpoint_then_show_and_generate_from_the_cache(cache, sta
 
 
 def test_ctrl_c_mid_file_keeps_the_partial_and_exits_130(cache, stand_in, monkeypatch, capsys):
-    from localdiff import hub_pull
+    from localdiff.hub import pull as hub_pull
     from localdiff.cli import main
-    from localdiff.progress import QuietProgress
+    from localdiff.hub.progress import QuietProgress
 
     class CtrlC(QuietProgress):  # the user presses Ctrl-C once 60,000 bytes of the weights are on disk
         seen = 0

@@ -9,8 +9,8 @@ from safetensors import safe_open
 
 from localdiff.errors import LocaldiffError
 from localdiff.paths import models_dir
-from localdiff.plan import kv_bytes, kv_tokens_for, plan_for_recipe, plan_memory, summarize, tensor_bytes
-from localdiff.recipe import RecipeError, load_recipe, parse_bytes
+from localdiff.quantize.plan import kv_bytes, kv_tokens_for, plan_for_recipe, plan_memory, summarize, tensor_bytes
+from localdiff.quantize.recipe import RecipeError, load_recipe, parse_bytes
 from localdiff.summary import parameter_counts
 
 import transformers  # noqa: E402,F401 — test-only reference (the `test` extra)
@@ -59,7 +59,7 @@ def test_planner_bytes_equal_checkpoint_tensor_sizes(which, request):
 
 
 def _local_bytes(model) -> dict:
-    from localdiff.quant import is_quant_state
+    from localdiff.quantize.int8 import is_quant_state
 
     """Our model's state-dict bytes keyed like the planner (scales folded into their weight, SC mlp renamed)."""
     out = {}
@@ -73,7 +73,7 @@ def _local_bytes(model) -> dict:
 @pytest.mark.parametrize("quant", [None, "int8"])
 def test_planner_bytes_equal_resident_tensors_of_our_model(ref_small, quant):
     from localdiff.loader import load_model
-    from localdiff.quant import quantize_model
+    from localdiff.quantize.int8 import quantize_model
 
     _, path = ref_small
     net, _ = load_model(path, "cpu", torch.float32)
@@ -198,10 +198,10 @@ def test_place_model_follows_the_plan(ref_small):
     device — here the meta device stands in for a GPU, so the CPU bytes are exactly the host experts."""
     import copy
 
-    from localdiff.cache import KVCache
+    from localdiff.cache.kv import KVCache
     from localdiff.loader import load_model
-    from localdiff.offload import device_for, place_model, placement_bytes
-    from localdiff.quant import quantize_model
+    from localdiff.quantize.offload import device_for, place_model, placement_bytes
+    from localdiff.quantize.int8 import quantize_model
 
     _, path = ref_small
     cfg = _config(path)
@@ -231,9 +231,9 @@ def test_place_model_follows_the_plan(ref_small):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_place_model_on_cuda_runs_host_experts_on_cpu(ref_small):
-    from localdiff.cache import KVCache
+    from localdiff.cache.kv import KVCache
     from localdiff.loader import load_model
-    from localdiff.offload import place_model, placement_bytes
+    from localdiff.quantize.offload import place_model, placement_bytes
 
     _, path = ref_small
     net, _ = load_model(path, "cpu", torch.float32)

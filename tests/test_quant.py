@@ -16,10 +16,10 @@ from torch import nn
 from localdiff.arch.layers import MoEExperts
 from localdiff.loader import load_model
 from localdiff.paths import models_dir
-from localdiff.quant import (Int8Experts, Int8Linear, bitsandbytes_available, checkpoint_recipe, convert_modules,
-                             dequantize, int8_matmul, quantize_checkpoint, quantize_model, quantize_tensor,
-                             quantized_modules, resident_bytes, save_quantized, set_backend)
-from localdiff.recipe import Recipe, RecipeError, load_recipe
+from localdiff.quantize.int8 import (Int8Experts, Int8Linear, bitsandbytes_available, convert_modules, dequantize, int8_matmul,
+                                     quantize_model, quantize_tensor, quantized_modules, resident_bytes, set_backend)
+from localdiff.quantize.io import checkpoint_recipe, quantize_checkpoint, save_quantized
+from localdiff.quantize.recipe import Recipe, RecipeError, load_recipe
 
 import transformers  # noqa: E402,F401 — test-only reference (the `test` extra)
 
@@ -27,7 +27,7 @@ import transformers  # noqa: E402,F401 — test-only reference (the `test` extra
 def _denoise_pairs(net_a, net_b, n_canvases=32, batch=8, prompt=10, canvas_len=32, seed=1):
     """Logits of both nets for the same random prompts and canvases (``n_canvases`` canvases of ``canvas_len``
     tokens, ``batch`` per forward): (a, b) Tensors[n_canvases, canvas_len, V] fp32."""
-    from localdiff.cache import KVCache
+    from localdiff.cache.kv import KVCache
 
     cfg = net_a.config
     g = torch.Generator().manual_seed(seed)

@@ -7,8 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 import localdiff
 from localdiff.events import CanvasDone, Done, StepEvent
-from localdiff.sampling import (AcceptanceConfig, CorrectionConfig, accept, correct, finalize_canvas, renoise,
-                                token_entropy)
+from localdiff.decoding import (AcceptanceConfig, CorrectionConfig, accept, correct, finalize_canvas, renoise, token_entropy)
 
 import transformers  # noqa: F401 — test-only reference (the `test` extra)
 
@@ -52,8 +51,8 @@ def test_step_exact_against_reference_sampler():
     from transformers.models.diffusion_gemma.generation_diffusion_gemma import (EntropyBoundSampler,
                                                                                   EntropyBoundSamplerConfig,
                                                                                   LinearTemperatureScheduleLogitsProcessor)
-    from localdiff.sampling import linear_temperature
-    from localdiff.sampling.acceptance import entropy_bound_mask
+    from localdiff.decoding import linear_temperature
+    from localdiff.decoding.acceptance import entropy_bound_mask
 
     b, c, v = 3, 16, 50
     for seed in range(10):
@@ -241,7 +240,7 @@ def test_categorical_equals_torch_multinomial(rows, vocab, seed):
     """Same token per row and the same generator state afterwards as torch.multinomial(p, 1), over consecutive draws
     interleaved with other uses of the generator (so draws start mid-block and cross MT19937 block boundaries), with
     peaked, flat and one-hot rows and zero probabilities."""
-    from localdiff.sampling import categorical
+    from localdiff.decoding import categorical
 
     g = torch.Generator().manual_seed(seed)
     ours, theirs = torch.Generator(), torch.Generator()
@@ -259,13 +258,13 @@ def test_categorical_equals_torch_multinomial(rows, vocab, seed):
         assert torch.equal(ours.get_state(), theirs.get_state())
         torch.randint(0, 9, (step + 1,), generator=ours)
         torch.randint(0, 9, (step + 1,), generator=theirs)
-    from localdiff.sampling import draws
+    from localdiff.decoding import draws
 
     assert draws._fast_ok is True  # the vectorised path ran (its self-check passed on this platform)
 
 
 def test_categorical_bad_probabilities_raise_like_torch():
-    from localdiff.sampling import categorical
+    from localdiff.decoding import categorical
 
     p = torch.full((4, 5000), 1 / 5000)
     p[2, 3] = float("nan")
@@ -279,7 +278,7 @@ def test_categorical_bad_probabilities_raise_like_torch():
 
 def test_categorical_transposed_input_like_torch():
     """torch draws into empty_like(probs), whose memory order follows a transposed input's."""
-    from localdiff.sampling import categorical
+    from localdiff.decoding import categorical
 
     p = torch.softmax(torch.randn(5000, 4, generator=torch.Generator().manual_seed(1)), 0).t()
     a, b = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)

@@ -219,7 +219,7 @@ def test_switch_model_offers_only_loadable_models(tmp_path, monkeypatch):
 
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-hf-cache"))
     assert available_models() == ["tiny"]  # nothing pulled: the embedded model only
-    monkeypatch.setattr("localdiff.hub.list_models", lambda *a, **k: [{"name": "tiny"}, {"name": "org/big@v2"}])
+    monkeypatch.setattr("localdiff.hub.models.list_models", lambda *a, **k: [{"name": "tiny"}, {"name": "org/big@v2"}])
     assert available_models() == ["tiny", "org/big@v2"]
 
 

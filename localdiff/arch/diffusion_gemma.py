@@ -19,10 +19,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .geometry import MODEL_TYPE, DiffusionGemmaConfig  # noqa: F401 (MODEL_TYPE: the arch registry reads it here)
-from .layers import (GatedMLP, MoEExperts, RMSNorm, Router, apply_rope, attention, backs, embed_scale, linear, norm,
-                     rms_norm, rope_inv_freq, rope_tables, softcap)
-from .masks import canvas_keys, prefill_mask
+from localdiff.arch.geometry import MODEL_TYPE, DiffusionGemmaConfig  # noqa: F401 (MODEL_TYPE: the arch registry reads it here)
+from localdiff.arch.layers import (GatedMLP, MoEExperts, RMSNorm, Router, apply_rope, attention, backs, embed_scale, linear, norm, rms_norm, rope_inv_freq, rope_tables, softcap)
+from localdiff.arch.masks import canvas_keys, prefill_mask
 
 
 class Attention(nn.Module):
@@ -225,7 +224,7 @@ class DiffusionGemma(nn.Module):
 
         Args:
             input_ids: LongTensor[B, T] (left-padded when rows differ in length).
-            cache: a KV cache (``localdiff.cache``) for this batch.
+            cache: a KV cache (``localdiff.cache.kv``) for this batch.
             attention_mask: Bool/LongTensor[B, T], 1 = real token, 0 = padding; None = all real.
         """
         self._forward(input_ids, attention_mask, None, None, cache)

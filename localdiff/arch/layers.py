@@ -190,7 +190,7 @@ class MoEExperts(nn.Module):
 
     Tokens are grouped by expert (one stable sort), each active expert runs one matmul over its tokens
     (:meth:`expert_ffn`), results are weighted and scattered back with one ``index_add_``. Quantized subclasses
-    (``localdiff.quant.Int8Experts``) override :meth:`expert_ffn` only.
+    (``localdiff.quantize.int8.Int8Experts``) override :meth:`expert_ffn` only.
     """
 
     def __init__(self, num_experts: int, hidden: int, inter: int):

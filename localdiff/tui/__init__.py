@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from ..errors import LocaldiffError
+from localdiff.errors import LocaldiffError
 
 DEFAULT_MODEL = "tiny"
 
@@ -36,8 +36,8 @@ def run_chat(
         0 on a normal quit; 1 when the model failed to load (shown in the UI) or the history cannot be opened;
         2 when stdout is not a terminal or ``resume`` names no saved conversation. Errors are one line on stderr.
     """
-    from .settings import ChatSettings
-    from .store import ChatStore, format_listing
+    from localdiff.tui.settings import ChatSettings
+    from localdiff.tui.store import ChatStore, format_listing
 
     try:
         store = ChatStore(db_path)
@@ -65,7 +65,7 @@ def run_chat(
     if "seed" in opts:
         settings.seed = opts["seed"]
 
-    from .app import ChatApp
+    from localdiff.tui.app import ChatApp
 
     app = ChatApp(model, store=store, conversation_id=conversation_id, device=device, quant=quant, settings=settings)
     app.run()

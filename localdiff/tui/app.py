@@ -17,12 +17,12 @@ from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import Footer
 
-from ..errors import LocaldiffError
-from .commands import ChatCommands, available_models
-from .runner import CanvasText, FrameReady, FrameSlot, GenerationFinished, GenerationJob, run_generation
-from .settings import ChatSettings, apply_set_checked
-from .store import ChatStore, HistoryError
-from .widgets import CanvasView, PromptArea, StatusLine, Transcript
+from localdiff.errors import LocaldiffError
+from localdiff.tui.commands import ChatCommands, available_models
+from localdiff.tui.runner import CanvasText, FrameReady, FrameSlot, GenerationFinished, GenerationJob, run_generation
+from localdiff.tui.settings import ChatSettings, apply_set_checked
+from localdiff.tui.store import ChatStore, HistoryError
+from localdiff.tui.widgets import CanvasView, PromptArea, StatusLine, Transcript
 
 HELP = (
     "Enter sends · ctrl+j / alt+enter newline · Esc stops the answer · ctrl+p commands · ctrl+t theme ·"

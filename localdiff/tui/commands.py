@@ -19,12 +19,12 @@ def _entry_name(item) -> str | None:
 
 
 def available_models() -> list[str]:
-    """Models that load without a download: ``localdiff.hub.list_models()`` (embedded + fully pulled), by name.
+    """Models that load without a download: ``localdiff.hub.models.list_models()`` (embedded + fully pulled), by name.
     Falls back to the embedded ``tiny`` alone when the hub module is unavailable or fails."""
     try:
-        from .. import hub
+        from localdiff.engine import installed_models
 
-        items = list(hub.list_models())
+        items = installed_models()
     except Exception:
         return ["tiny"]
     names: list[str] = []

@@ -13,7 +13,7 @@ from typing import Callable
 
 from textual.message import Message
 
-from ..events import CanvasDone, Done, StepEvent
+from localdiff.events import CanvasDone, Done, StepEvent
 
 #: Cell states of the canvas view.
 LOCKED, NEW, NOISY, REOPENED = "locked", "new", "noisy", "reopened"
@@ -213,7 +213,7 @@ def run_generation(model, cache, job: GenerationJob, slot: FrameSlot, post: Call
             reason = "cancelled" if cancel.is_set() else "eos"
             result = GenerationFinished("".join(texts), reason, None, steps_after_cancel=after_cancel)
     except Exception as exc:  # the UI shows it; never a traceback on screen
-        from ..errors import LocaldiffError
+        from localdiff.errors import LocaldiffError
 
         msg = str(exc) if isinstance(exc, LocaldiffError) else f"{type(exc).__name__}: {exc}".rstrip(": ")
         result = GenerationFinished("".join(texts), "error", None, error=msg)

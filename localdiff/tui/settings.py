@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..errors import LocaldiffError, UsageError
+from localdiff.errors import LocaldiffError, UsageError
 
 #: Short names accepted by /set → engine keyword.
 ALIASES = {

@@ -14,7 +14,7 @@ from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import LocaldiffError
+from localdiff.errors import LocaldiffError
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (

@@ -14,7 +14,7 @@ from rich.style import Style
 from rich.text import Text
 from textual.widget import Widget
 
-from ..runner import LOCKED, NEW, NOISY, REOPENED, CanvasFrame
+from localdiff.tui.runner import LOCKED, NEW, NOISY, REOPENED, CanvasFrame
 
 SPARKS = "▁▂▃▄▅▆▇█"
 CONTENT_ROWS = 8  # rows inside the panel's border (max-height 10)

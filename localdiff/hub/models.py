@@ -7,7 +7,7 @@ A model name is one of:
 - a path to a checkpoint directory (anything containing a path separator or naming an existing folder).
 
 Downloads go to the standard Hugging Face cache (``HF_HOME`` / ``HF_HUB_CACHE``), so ``hf download`` and
-``localdiff pull`` share files. See ``hub_pull.py`` for the download itself and ``hub_cache.py`` for the layout.
+``localdiff pull`` share files. See ``pull.py`` for the download itself and ``hf_cache.py`` for the layout.
 """
 from __future__ import annotations
 
@@ -17,11 +17,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import catalog
-from .catalog import CatalogEntry
-from .errors import CheckpointError, ModelNotFoundError, UsageError
-from .hub_cache import (cached_repos, hub_cache_dir, read_ref, remove_snapshot, repo_id_from_folder, repo_refs,
-                        snapshot_status, storage_folder)
+from localdiff.hub import catalog
+from localdiff.hub.catalog import CatalogEntry
+from localdiff.errors import CheckpointError, ModelNotFoundError, UsageError
+from localdiff.hub.hf_cache import (cached_repos, hub_cache_dir, read_ref, remove_snapshot, repo_id_from_folder, repo_refs, snapshot_status, storage_folder)
 
 _REPO_RE = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.\-]*/[\w.\-]+)(?:@(?P<rev>[\w.\-/]+))?$")
 
@@ -247,10 +246,10 @@ def remove(name: str) -> dict:
 
 
 def pull(name: str, quiet: bool = False, progress=None, verify: bool = False) -> dict:
-    """Download a model into the HF cache, resuming partial files (see ``localdiff.hub_pull.pull``)."""
-    from .hub_pull import pull as _pull
+    """Download a model into the HF cache, resuming partial files (see ``localdiff.hub.pull.pull``)."""
+    from localdiff.hub.pull import pull as _pull
 
-    return _pull(name, quiet=quiet, progress=progress, verify=verify)
+    return _pull(parse_name(name), quiet=quiet, progress=progress, verify=verify)
 
 
 def model_config(name: str, allow_network: bool = True) -> tuple[dict, Path | None, str]:
@@ -279,7 +278,7 @@ def model_config(name: str, allow_network: bool = True) -> tuple[dict, Path | No
         return cfg, None, f"offline stand-in {t.entry.offline_config} (not pulled)"
     if not allow_network:
         raise ModelNotFoundError(f"{t.label} is not pulled: run `localdiff pull {name}`")
-    from .hub_pull import fetch_config
+    from localdiff.hub.pull import fetch_config
 
     path = fetch_config(t)
     return _read_config(path.parent), None, f"{t.label} config.json from the Hub (weights not pulled)"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .acceptance import token_entropy
+from localdiff.decoding.acceptance import token_entropy
 
 
 class StableAndConfident:

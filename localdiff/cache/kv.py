@@ -24,10 +24,10 @@ from bisect import bisect_right
 
 import torch
 
-from .cache_layer import LayerKV, Moves
-from .cache_tiers import DeviceTier, HostTier, Staging
-from .errors import UsageError
-from .units import parse_size as _parse_size
+from localdiff.cache.layer import LayerKV, Moves
+from localdiff.cache.tiers import DeviceTier, HostTier, Staging
+from localdiff.errors import UsageError
+from localdiff.units import parse_size as _parse_size
 
 def parse_size(text) -> int | None:
     """A KV budget: a byte size (see ``localdiff.units.parse_size``), or ``"unlimited"`` / ``"none"`` / ``None`` →

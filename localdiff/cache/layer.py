@@ -7,7 +7,7 @@ always older than the run, so "move the oldest block to host" pops the run's fir
 
 A layer whose K/V are all resident keeps at least one canvas of room after its run: a denoising step writes the
 canvas K/V there and attends to a view, so no step copies the history. A layer with host blocks (or no room) is
-read through :class:`localdiff.cache_tiers.Staging`.
+read through :class:`localdiff.cache.tiers.Staging`.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .cache_tiers import DeviceTier, HostTier, storage_bytes
+from localdiff.cache.tiers import DeviceTier, HostTier, storage_bytes
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """`localdiff bench` section 4: memory of a load in fp32 / bf16 / int8, each in a fresh subprocess (clean peak).
 
-The child (``python -m localdiff.bench_memory PATH DTYPE QUANT DEVICE``) reports, after importing torch, after
+The child (``python -m localdiff.bench.memory PATH DTYPE QUANT DEVICE``) reports, after importing torch, after
 loading, and after one short generation: the peak RSS so far (VmHWM, or ru_maxrss off Linux — importing torch
 alone sets a high-water mark of a few hundred MB, which a small model never exceeds) and the current RSS (psutil or
 /proc) whose growth is the model's cost; plus the bytes of the loaded weights and, on a GPU, the CUDA peak
@@ -63,7 +63,9 @@ def child(path: str, dtype: str, quant: str, device: str) -> dict:
 
     torch.set_num_threads(2)
     import localdiff
-    from localdiff import engine, loader, tokenizer  # noqa: F401 — code imports are not the model's cost
+    from localdiff import engine  # noqa: F401 — code imports are not the model's cost
+    from localdiff import loader
+    from localdiff import tokenizer
 
     out = {"dtype": dtype, "quant": quant, "device": device, "peak_rss_after_import": _peak_rss_bytes(),
            "rss_after_import": _rss_bytes()}
@@ -85,7 +87,7 @@ def child(path: str, dtype: str, quant: str, device: str) -> dict:
 
 def measure(path, dtype: str, quant: str = "none", device: str = "cpu", timeout: float = 300) -> dict:
     """Run :func:`child` in a subprocess; returns its dict, or {"skipped": reason} when it failed."""
-    cmd = [sys.executable, "-m", "localdiff.bench_memory", str(path), dtype, quant, device]
+    cmd = [sys.executable, "-m", "localdiff.bench.memory", str(path), dtype, quant, device]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from .errors import LocaldiffError, UsageError
+from localdiff.errors import LocaldiffError, UsageError
 
 SECTIONS = ("ref", "eval", "sweep", "history", "memory", "profile")
 # (quick, full) sizes
@@ -120,7 +120,7 @@ def _environment(threads: int) -> dict:
         env["transformers"] = transformers.__version__
     except ImportError:
         env["transformers"] = None
-    from . import __version__
+    from localdiff import __version__
 
     env["localdiff"] = __version__
     return env
@@ -144,7 +144,7 @@ class _Ctx:
         if self.args.random_model is not None:
             return Path(self.args.random_model)
         if getattr(self, "_wide", None) is None:
-            from . import bench_ref
+            from localdiff.bench import ref as bench_ref
 
             self.log("building the wider tiny-random DiffusionGemma")
             self._wide = bench_ref.build_random()
@@ -156,7 +156,7 @@ class _Ctx:
     def proportioned_path(self):
         """Folder of the random model with the 26B-A4B's attention proportions (built once, removed at exit)."""
         if getattr(self, "_prop", None) is None:
-            from . import bench_ref
+            from localdiff.bench import ref as bench_ref
 
             self.log("building the flagship-proportioned random DiffusionGemma (~65M parameters)")
             self._prop = bench_ref.build_random(text=bench_ref.PROPORTIONED_TEXT)
@@ -168,13 +168,13 @@ class _Ctx:
                 shutil.rmtree(d, ignore_errors=True)
 
     def items(self, per_family):
-        from .bench_eval import load_items
+        from localdiff.bench.eval_tasks import load_items
 
         return load_items(self.args.eval_file or (self.model().path / "eval.jsonl"), per_family)
 
 
 def _ref(ctx: _Ctx) -> dict:
-    from . import bench_ref
+    from localdiff.bench import ref as bench_ref
 
     why = bench_ref.transformers_available()
     if why:
@@ -215,7 +215,7 @@ def _ref(ctx: _Ctx) -> dict:
 
 
 def _eval(ctx: _Ctx) -> dict:
-    from .bench_eval import evaluate
+    from localdiff.bench.eval_tasks import evaluate
 
     a = ctx.args
     items = ctx.items(a.per_family if a.per_family is not None else _size(a, "eval_per_family"))
@@ -228,7 +228,7 @@ def _eval(ctx: _Ctx) -> dict:
 
 
 def _sweep(ctx: _Ctx, out_dir: Path, stem: str, default: dict | None) -> dict:
-    from . import bench_eval as be
+    from localdiff.bench import eval_tasks as be
 
     a, m = ctx.args, ctx.model()
     per = _size(a, "sweep_per_family")
@@ -258,8 +258,8 @@ def _sweep(ctx: _Ctx, out_dir: Path, stem: str, default: dict | None) -> dict:
 
 
 def _history(ctx: _Ctx) -> dict:
-    from . import bench_ref
-    from .bench_history import history_scaling
+    from localdiff.bench import ref as bench_ref
+    from localdiff.bench.history import history_scaling
 
     a = ctx.args
     lengths = [int(x) for x in a.history.split(",")] if a.history else _size(a, "history")
@@ -289,7 +289,7 @@ def _history(ctx: _Ctx) -> dict:
 def _memory(ctx: _Ctx) -> dict:
     import torch
 
-    from .bench_memory import measure
+    from localdiff.bench.memory import measure
 
     path = ctx.model().path
     plans = [(d, q, "cpu") for d, q in _size(ctx.args, "memory")]
@@ -306,7 +306,7 @@ def _memory(ctx: _Ctx) -> dict:
 
 
 def _profile(ctx: _Ctx) -> dict:
-    from .bench_history import profile_generate
+    from localdiff.bench.history import profile_generate
 
     m = ctx.model()
     item = ctx.items(1)[0]
@@ -346,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(f"{flag} must be ≥ 1 (got {v})")
     import torch
 
-    from .bench_report import render, replace_readme_section
+    from localdiff.bench.report import render, replace_readme_section
 
     torch.set_num_threads(args.threads)
     names = _sections(args)

@@ -14,7 +14,7 @@ import os
 import sys
 import traceback
 
-from .errors import LocaldiffError, UsageError
+from localdiff.errors import LocaldiffError, UsageError
 
 SAMPLER_HELP = "sampler settings (flag > LOCALDIFF_* env > config file > checkpoint generation_config > built-in)"
 
@@ -142,20 +142,20 @@ def build_parser() -> argparse.ArgumentParser:
 def _dispatch(args, argv) -> int:
     cmd = args.command
     if cmd == "gen":
-        from .cli_gen import run_gen
+        from localdiff.cli.gen import run_gen
 
         return run_gen(args)
     if cmd == "chat":
-        from .cli_hub import run_chat_cmd
+        from localdiff.cli.hub import run_chat_cmd
 
         return run_chat_cmd(args)
     if cmd in ("pull", "list", "ls", "rm", "show", "config", "quantize"):
-        from . import cli_hub
+        from localdiff.cli import hub as cli_hub
 
         return getattr(cli_hub, "run_" + {"ls": "list"}.get(cmd, cmd))(args)
     if cmd == "bench":
         try:
-            from .bench import main as bench_main
+            from localdiff.bench.run import main as bench_main
         except ImportError as e:
             raise LocaldiffError(f"`localdiff bench` is not available in this build ({e})") from None
         return int(bench_main(args.bench_args) or 0)
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         parser = build_parser()
         if argv and argv[0] == "bench":  # bench parses its own flags (argparse REMAINDER rejects leading flags)
             try:
-                from .bench import main as bench_main
+                from localdiff.bench.run import main as bench_main
             except ImportError as e:
                 raise LocaldiffError(f"`localdiff bench` is not available in this build ({e})") from None
             return int(bench_main(argv[1:]) or 0)
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         except SystemExit as e:  # --help / --version from argparse
             return int(e.code or 0)
         if args.version:
-            from . import __version__
+            from localdiff import __version__
 
             print(f"localdiff {__version__}")
             return 0

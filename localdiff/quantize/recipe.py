@@ -9,7 +9,7 @@ A recipe file::
     [[rules]]                           # first matching rule wins
     pattern = "*router*"                # fnmatch glob on a module name
     precision = "float"                 # "int8" or "float"
-    [[plans]]                           # VRAM plans (see localdiff.plan.plan_memory)
+    [[plans]]                           # VRAM plans (see localdiff.quantize.plan.plan_memory)
     gpu_mem = "24GiB"
     kv_budget = "2GiB"
     reserve = "1GiB"
@@ -26,9 +26,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import LocaldiffError
-from .paths import quant_dir
-from .units import parse_size
+from localdiff.errors import LocaldiffError
+from localdiff.paths import quant_dir
+from localdiff.units import parse_size
 
 if sys.version_info >= (3, 11):
     import tomllib

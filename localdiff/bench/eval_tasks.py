@@ -13,7 +13,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from .errors import UsageError
+from localdiff.errors import UsageError
 
 EB_VALUES = (0.01, 0.1, 0.3, 1.0)
 TAU_VALUES = (None, 0.7, 0.9, 0.95, 0.99)

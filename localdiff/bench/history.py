@@ -66,7 +66,7 @@ def attention_ms(m, history: int, n: int = 5) -> float:
     layer with that layer's shapes (canvas queries against the visible history + the canvas; sliding layers see at
     most ``window - 1`` history tokens), random fp inputs in the model's dtype. This is the part of a cached step
     that grows with history by arithmetic (FLOPs ∝ history), whatever the cache does."""
-    from .arch.layers import attention
+    from localdiff.arch.layers import attention
 
     cfg, dev = m.config, m.device
     dtype = m.net.embed_tokens.weight.dtype

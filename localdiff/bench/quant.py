@@ -1,8 +1,8 @@
-"""Micro-benchmark of the int8 weight-only matmul paths (``python -m localdiff.quant_bench [--device cuda]``).
+"""Micro-benchmark of the int8 weight-only matmul paths (``python -m localdiff.bench.quant [--device cuda]``).
 
 Prints GFLOP/s (2·M·K·N per call) per path and row count for the weight shapes that matter for DiffusionGemma
 26B-A4B (an expert's gate_up [1408, 2816] and down [2816, 704], an attention projection [4096, 2816]), with bf16
-and fp32 activations. The numbers quoted in ``localdiff.quant`` come from this script on the 2-core CPU.
+and fp32 activations. The numbers quoted in ``localdiff.quantize.int8`` come from this script on the 2-core CPU.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from .quant import _bnb_matmul, bitsandbytes_available, quantize_tensor
+from localdiff.quantize.int8 import _bnb_matmul, bitsandbytes_available, quantize_tensor
 
 SHAPES = ((1408, 2816), (2816, 704), (4096, 2816))
 
@@ -58,7 +58,7 @@ def measure(device: str = "cpu", rows=(1, 8, 32, 64, 256), shapes=SHAPES, reps: 
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m localdiff.quant_bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m localdiff.bench.quant", description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cpu")
     p.add_argument("--rows", default="1,8,32,64,256")
     p.add_argument("--reps", type=int, default=5)

@@ -9,7 +9,7 @@ Byte model (all exact for weights; runtime buffers are stated estimates):
   Which modules are int8 comes from the recipe (default: attention projections, dense MLP, experts).
 * KV cache per token: K and V for every layer (full-attention layers too: the reference caches the normed, roped
   keys and the un-roped values separately), ``2 · kv_heads · head_dim`` elements; sliding layers hold at most
-  ``sliding_window − 1`` tokens plus one canvas of slack (``localdiff.cache`` keeps it for prefix reuse). The canvas'
+  ``sliding_window − 1`` tokens plus one canvas of slack (``localdiff.cache.kv`` keeps it for prefix reuse). The canvas'
   own K/V during a denoising step (C tokens, every layer) counts as activation workspace.
 * self-conditioning buffers per sequence: the canvas' fp32 logits and fp32 probabilities, ``2 · C · V · 4`` bytes.
 * activation workspace for one forward of ``max(C, prefill_chunk)`` tokens (fused attention kernels assumed, so no
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .recipe import DEFAULT_RECIPE, Recipe, RecipeError, format_bytes
-from .summary import config_tensors, layer_geometry, parameter_counts, summarize, text_config  # noqa: F401
+from localdiff.quantize.recipe import DEFAULT_RECIPE, Recipe, RecipeError, format_bytes
+from localdiff.summary import config_tensors, layer_geometry, parameter_counts, summarize, text_config  # noqa: F401
 
 FLOAT_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
 SCALE_BYTES = 2  # int8 per-channel scales are stored as bf16
@@ -73,7 +73,7 @@ def kv_bytes(config: dict, tokens: int, batch_size: int = 1, dtype: str = "bfloa
     """KV-cache bytes for ``tokens`` cached tokens per sequence.
 
     Sliding layers hold at most ``window − 1 + sliding_slack`` tokens: the reference attends to window − 1, and
-    ``localdiff.cache`` keeps one canvas of slack (default ``sliding_slack`` = canvas length) for chat prefix reuse;
+    ``localdiff.cache.kv`` keeps one canvas of slack (default ``sliding_slack`` = canvas length) for chat prefix reuse;
     ``sliding_slack=0`` gives exactly what attention reads.
     """
     fb = FLOAT_BYTES[dtype]
@@ -251,7 +251,7 @@ def plan_memory(config: dict, gpu_mem_bytes: int, quant: str | None = "int8", kv
         quant: "int8" (modules per ``recipe``) or None / "none" / "float" / "bf16" (all weights in ``dtype``).
         kv_budget_bytes: bytes reserved for the KV cache; None = enough for min(context length, 32768) tokens
             per sequence.
-        recipe: which modules are int8 (default :data:`localdiff.recipe.DEFAULT_RECIPE`).
+        recipe: which modules are int8 (default :data:`localdiff.quantize.recipe.DEFAULT_RECIPE`).
         dtype: float dtype of the non-quantized weights, KV cache and activations ("bfloat16", "float16", "float32").
         reserve_bytes: runtime reserve (default 1 GiB: CUDA context, cuBLAS workspace, allocator slack).
         batch_size: sequences decoded together (scales KV, self-conditioning buffers and activations).

@@ -17,8 +17,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from .errors import CheckpointError
-from .recipe import DEFAULT_RECIPE, Recipe, load_recipe, recipe_for_model
+from localdiff.errors import CheckpointError
+from localdiff.quantize.recipe import DEFAULT_RECIPE, Recipe, load_recipe, recipe_for_model
 
 QUANT_METHOD = "localdiff-int8"
 META_KEY = "localdiff.quant"
@@ -126,7 +126,7 @@ def save_quantized(model, out_dir: Path, recipe: Recipe | None = None, source_di
     """Write a quantized ``localdiff.arch`` model as a pre-quantized checkpoint.
 
     Args:
-        model: a DiffusionGemma (``localdiff.arch``) after :func:`localdiff.quant.quantize_model`; its
+        model: a DiffusionGemma (``localdiff.arch``) after :func:`localdiff.quantize.int8.quantize_model`; its
             ``config.raw`` is the source config.json.
         out_dir: output folder (created; old safetensors in it are removed).
         recipe: the recipe recorded in the metadata (default: ``model.quant_recipe``).
@@ -136,8 +136,8 @@ def save_quantized(model, out_dir: Path, recipe: Recipe | None = None, source_di
         out_dir. Tensor names follow the checkpoint convention (``model.decoder.…``; the encoder's own
         ``layer_scalar`` under ``model.encoder.language_model.…``), so :func:`localdiff.load` reads it back.
     """
-    from .arch import get_arch
-    from .quant import quantized_modules
+    from localdiff.arch import get_arch
+    from localdiff.quantize.int8 import quantized_modules
 
     recipe = recipe or getattr(model, "quant_recipe", None) or DEFAULT_RECIPE
     arch = get_arch(model.config.model_type)
@@ -185,8 +185,8 @@ def quantize_checkpoint(src: Path, out_dir: Path, recipe: str | Recipe | None = 
     Raises:
         CheckpointError: missing / unreadable files, already-quantized input; RecipeError: bad recipe.
     """
-    from .loader import read_json
-    from .quant import quantize_tensor
+    from localdiff.paths import read_json
+    from localdiff.quantize.int8 import quantize_tensor
 
     src = Path(src)
     config = read_json(src / "config.json")

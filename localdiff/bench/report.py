@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .errors import UsageError
+from localdiff.errors import UsageError
 
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 

@@ -17,8 +17,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import CheckpointError
-from .paths import models_dir
+from localdiff.errors import CheckpointError
+from localdiff.paths import models_dir
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -21,7 +21,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .download import RemoteFile
+from localdiff.hub.download import RemoteFile
 
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 TREE_FORMAT_VERSION = 1

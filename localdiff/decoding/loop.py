@@ -12,9 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .events import CanvasDone, Done, GenerationStats, StepEvent
-from .sampling import (AcceptanceConfig, CorrectionConfig, StableAndConfident, accept, categorical, correct,
-                       finalize_canvas, init_canvas, linear_temperature, renoise, token_entropy)
+from localdiff.events import CanvasDone, Done, GenerationStats, StepEvent
+from localdiff.decoding import (AcceptanceConfig, CorrectionConfig, StableAndConfident, accept, categorical, correct, finalize_canvas, init_canvas, linear_temperature, renoise, token_entropy)
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ import json
 import random
 import sys
 
-from .config import load_user_config, sampler_overrides, with_flags
-from .errors import LocaldiffError, UsageError
+from localdiff.config import load_user_config, sampler_overrides, with_flags
+from localdiff.errors import LocaldiffError, UsageError
 
 
 def _stderr_tty() -> bool:
@@ -94,7 +94,7 @@ def _flags(args) -> dict:
 def _size(text, flag):
     if text is None:
         return None
-    from .recipe import parse_bytes
+    from localdiff.quantize.recipe import parse_bytes
 
     try:
         n = parse_bytes(text)
@@ -107,7 +107,7 @@ def _size(text, flag):
 
 def _load(name: str, device, quant, gpu_mem=None):
     try:
-        from . import load
+        from localdiff import load
     except ImportError as e:  # pragma: no cover — engine missing from a broken install
         raise LocaldiffError(f"the generation engine is not available: {e}") from None
     return load(name, device=device, quant=quant, gpu_mem=gpu_mem)
@@ -115,7 +115,7 @@ def _load(name: str, device, quant, gpu_mem=None):
 
 def run_gen(args) -> int:
     """Run ``localdiff gen``; returns the exit code (0, or 130 when interrupted after flushing final canvases)."""
-    from .events import CanvasDone, Done
+    from localdiff.events import CanvasDone, Done
 
     prompt = assemble_prompt(args)
     cfg = with_flags(load_user_config(), model=args.model, device=args.device, quant=args.quant,
@@ -192,7 +192,7 @@ def _row(ids) -> list[int]:
 
 
 def _json_result(model, text: str, done, seed: int, sampler: dict, interrupted: bool) -> dict:
-    from .hub import describe_path
+    from localdiff.hub.models import describe_path
 
     stats = done.stats.as_dict() if done is not None else {}
     ids = done.token_ids[0] if done is not None and done.token_ids and isinstance(done.token_ids[0], list) else (

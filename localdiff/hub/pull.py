@@ -3,7 +3,7 @@
 Steps: (1) ``HfApi.model_info(files_metadata=True)`` gives the commit and every file's size / blob id / LFS sha256;
 (2) the files matching the catalog's patterns are checked against the cache (present, truncated, partial);
 (3) total size, free disk and a memory-fit estimate are reported before any large transfer; (4) missing files are
-fetched smallest first with :func:`localdiff.download.fetch_blob` (HTTP Range resume, hash verification) and linked
+fetched smallest first with :func:`localdiff.hub.download.fetch_blob` (HTTP Range resume, hash verification) and linked
 into ``snapshots/<commit>/`` exactly as ``hf_hub_download`` does; ``refs/<revision>`` and hf's tree listing are
 written up front so an interrupted pull is visible to ``hf`` as partial, never as complete.
 """
@@ -15,11 +15,10 @@ import subprocess
 import time
 from pathlib import Path
 
-from .download import RemoteFile, fetch_blob, verify_file
-from .errors import HubError, UsageError
-from .hub import Target, parse_name
-from .hub_cache import filter_files, read_ref, snapshot_status, storage_folder, write_ref, write_tree
-from .progress import QuietProgress, human_bytes, make_progress
+from localdiff.hub.download import RemoteFile, fetch_blob, verify_file
+from localdiff.errors import HubError, UsageError
+from localdiff.hub.hf_cache import filter_files, read_ref, snapshot_status, storage_folder, write_ref, write_tree
+from localdiff.hub.progress import QuietProgress, human_bytes, make_progress
 
 DISK_MARGIN = 64 * 1024 * 1024  # bytes kept free beyond the download
 
@@ -119,7 +118,7 @@ def gpu_mem_bytes() -> int:
 def memory_estimate(cfg: dict, weight_bytes: int, gpu: int | None = None, ram: int | None = None):
     """How the model will fit this machine, from config.json alone (before the weights are downloaded).
 
-    Uses ``localdiff.plan.plan_memory`` (int8, experts offloaded to host as needed) when the config is one it
+    Uses ``localdiff.quantize.plan.plan_memory`` (int8, experts offloaded to host as needed) when the config is one it
     understands; otherwise compares the safetensors bytes (bf16; ~0.53× in int8) with GPU memory or RAM.
 
     Args:
@@ -131,7 +130,7 @@ def memory_estimate(cfg: dict, weight_bytes: int, gpu: int | None = None, ram: i
     gpu = gpu_mem_bytes() if gpu is None else gpu
     ram = _ram_bytes() if ram is None else ram
     try:
-        from .plan import plan_memory
+        from localdiff.quantize.plan import plan_memory
 
         d = plan_memory(cfg, gpu or ram, "int8").to_dict()
     except Exception:  # noqa: BLE001 — unknown architecture / planner missing: fall back to the byte rule
@@ -175,13 +174,13 @@ def _link(blob: Path, pointer: Path) -> None:
         os.symlink(os.path.relpath(blob, pointer.parent), pointer)
 
 
-def pull(name: str, quiet: bool = False, progress=None, verify: bool = False) -> dict:
+def pull(t: "Target", quiet: bool = False, progress=None, verify: bool = False) -> dict:
     """Download (or finish downloading) a model into the HF cache.
 
     Args:
-        name: catalog alias or ``org/name[@revision]``.
+        t: the parsed name (``localdiff.hub.models.parse_name``) of a catalog alias or ``org/name[@revision]``.
         quiet: no progress output.
-        progress: a reporter from ``localdiff.progress`` (default: rich on a tty, plain lines otherwise).
+        progress: a reporter from ``localdiff.hub.progress`` (default: rich on a tty, plain lines otherwise).
         verify: re-hash files already in the cache (otherwise their sizes are checked).
     Returns:
         dict: name, repo, revision, commit, path, files, total_bytes, downloaded_bytes, reused_bytes, up_to_date,
@@ -190,7 +189,7 @@ def pull(name: str, quiet: bool = False, progress=None, verify: bool = False) ->
         UsageError: a folder or embedded model (nothing to pull).
         HubError: offline, unreachable, gated, not found, no loadable files, not enough disk, failed verification.
     """
-    t = parse_name(name)
+    name = t.name
     if t.kind == "embedded":
         return {"name": name, "path": str(t.path), "embedded": True, "up_to_date": True, "files": 0,
                 "total_bytes": 0, "downloaded_bytes": 0, "reused_bytes": 0, "warnings": []}

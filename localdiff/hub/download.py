@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import HubError
+from localdiff.errors import HubError
 
 CHUNK = 1 << 20  # bytes per read / write
 
@@ -106,7 +106,7 @@ def fetch_blob(url: str, blob_path: Path, rf: RemoteFile, headers: dict, progres
         blob_path: final ``blobs/<blob>`` path.
         rf: expected size and hash.
         headers: request headers (``huggingface_hub.utils.build_hf_headers``).
-        progress: a reporter from ``localdiff.progress`` (gets ``file_start`` / ``advance`` / ``file_done``).
+        progress: a reporter from ``localdiff.hub.progress`` (gets ``file_start`` / ``advance`` / ``file_done``).
         lock_path: hf's per-blob lock file (held while downloading), or None.
         max_retries: consecutive failed attempts (no new bytes) before giving up; a cut connection that delivered
             bytes resets the count. Each retry resumes with ``Range``.

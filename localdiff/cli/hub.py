@@ -8,10 +8,11 @@ from __future__ import annotations
 import json
 import sys
 
-from . import catalog, hub
-from .config import config_path, load_user_config, sampler_overrides, with_flags
-from .errors import LocaldiffError, UsageError
-from .progress import human_bytes
+from localdiff.hub import catalog
+from localdiff.hub import models as hub
+from localdiff.config import config_path, load_user_config, sampler_overrides, with_flags
+from localdiff.errors import LocaldiffError, UsageError
+from localdiff.hub.progress import human_bytes
 
 
 def _print_json(obj) -> None:
@@ -77,7 +78,7 @@ def run_rm(args) -> int:
 
 
 def _summarize(cfg: dict, folder):
-    for mod in ("plan", "summary"):
+    for mod in ("quantize.plan", "summary"):
         try:
             m = __import__(f"localdiff.{mod}", fromlist=["summarize"])
         except ImportError:
@@ -98,9 +99,9 @@ def _basic_summary(cfg: dict) -> dict:
 def _gpu_budget(text: str | None) -> int:
     if text:
         try:
-            from .recipe import parse_bytes
+            from localdiff.quantize.recipe import parse_bytes
         except ImportError:  # pragma: no cover
-            raise LocaldiffError("memory sizes need localdiff.recipe") from None
+            raise LocaldiffError("memory sizes need localdiff.quantize.recipe") from None
         try:
             n = parse_bytes(text)
         except LocaldiffError as e:
@@ -108,7 +109,7 @@ def _gpu_budget(text: str | None) -> int:
         if n <= 0:
             raise UsageError("--gpu-mem must be > 0")
         return n
-    from .hub_pull import gpu_mem_bytes
+    from localdiff.hub.pull import gpu_mem_bytes
 
     n = gpu_mem_bytes()
     if not n:
@@ -123,9 +124,9 @@ def run_show(args) -> int:
     out = {"name": name, "source": source, "path": str(folder) if folder else None, "summary": summary}
     if args.plan:
         try:
-            from .plan import plan_memory
+            from localdiff.quantize.plan import plan_memory
         except ImportError:
-            raise LocaldiffError("the memory planner (localdiff.plan) is not available in this build") from None
+            raise LocaldiffError("the memory planner (localdiff.quantize.plan) is not available in this build") from None
         plan = plan_memory(cfg, _gpu_budget(args.gpu_mem), args.quant or "int8")
         out["plan"] = plan.to_dict()
         out["plan_text"] = plan.to_text()
@@ -164,7 +165,7 @@ def run_config(args) -> int:
 
 def run_quantize(args) -> int:
     try:
-        from .quant import quantize_checkpoint
+        from localdiff.quantize.io import quantize_checkpoint
     except ImportError as e:
         raise LocaldiffError(f"`localdiff quantize` is not available in this build ({e})") from None
     src = hub.resolve_model(args.name)
@@ -188,11 +189,11 @@ def run_chat_cmd(args) -> int:
             raise UsageError("`localdiff chat` needs a terminal; for scripts and pipelines use `localdiff gen`")
     cfg = with_flags(load_user_config(), model=args.model, device=args.device, quant=args.quant,
                      max_new_tokens=args.max_new_tokens, seed=args.seed)
-    from .cli_gen import _flags
+    from localdiff.cli.gen import _flags
 
     overrides = sampler_overrides(_flags(args), cfg)  # max_new_tokens / seed are chat-session settings (/set)
     try:
-        from .tui import run_chat
+        from localdiff.tui import run_chat
     except ImportError as e:
         raise LocaldiffError(f"`localdiff chat` is not available in this build ({e})") from None
     return int(run_chat(model=cfg.default_model, resume=args.resume, list_only=args.list_only, device=cfg.device,

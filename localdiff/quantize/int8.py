@@ -15,7 +15,7 @@ Which kernel runs (measured on this project's 2-core AVX-512 CPU, torch 2.13; nu
 * CUDA: bitsandbytes' int8 kernels (``int8_vectorwise_quant`` + ``int8_scaled_mm``: activations quantized per row
   to int8, int8 GEMM, fp16 output scaling) when bitsandbytes is installed; otherwise dequantize and GEMM.
 
-Saving / loading pre-quantized checkpoints and ``quantize_checkpoint`` live in :mod:`localdiff.quant_io`.
+Saving / loading pre-quantized checkpoints and ``quantize_checkpoint`` live in :mod:`localdiff.quantize.io`.
 """
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .arch.layers import MoEExperts, gelu_tanh
-from .recipe import DEFAULT_RECIPE, Recipe, RecipeError
+from localdiff.arch.layers import MoEExperts, gelu_tanh
+from localdiff.quantize.recipe import DEFAULT_RECIPE, Recipe, RecipeError
 
 #: below this many rows, bf16 activations on CPU use torch._weight_int8pack_mm; from here up, dequantize + GEMM.
 CPU_INT8PACK_MAX_ROWS = 48
@@ -295,4 +295,3 @@ def resident_bytes(module: nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in list(module.parameters()) + list(module.buffers()))
 
 
-from .quant_io import checkpoint_recipe, quantize_checkpoint, save_quantized  # noqa: E402,F401  (public re-exports)

@@ -81,9 +81,7 @@ class Model:
         """A fresh block KV cache for this model (blocks of one canvas; sliding layers keep one canvas of slack for
         chat prefix reuse). ``device_budget_bytes``: K/V bytes allowed on the device (None = unlimited, 0 = all on
         the host; see ``localdiff.cache.kv``). Raises UsageError for a negative budget."""
-        c = self.config.canvas_length
-        return KVCache(self.net.layer_windows(), slack=c, block_len=c, device_budget_bytes=device_budget_bytes,
-                       layer_heads=list(getattr(self.config, "layer_heads", None) or []) or None)
+        return KVCache(**self.net.cache_layout(), device_budget_bytes=device_budget_bytes)
 
     def prefill(self, input_ids: torch.Tensor, cache, attention_mask: torch.Tensor | None = None) -> None:
         """Causal encoder pass: LongTensor[B, T] → K/V appended to ``cache`` (see ``DiffusionGemma.prefill``)."""

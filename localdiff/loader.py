@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from localdiff.arch import get_arch, model_and_config_classes
+from localdiff.arch import get_arch, get_spec, supported
 from localdiff.errors import CheckpointError
 from localdiff.paths import read_json
 
@@ -38,14 +38,13 @@ def _no_init():
 def load_config(ckpt: Path):
     """(architecture module, parsed config) of a checkpoint folder. Raises CheckpointError."""
     cfg = read_json(ckpt / "config.json")
-    mt = cfg.get("model_type")
     try:
-        mod = get_arch(mt)
+        mod, spec = get_arch(cfg), get_spec(cfg)
     except KeyError:
-        raise CheckpointError(f"{ckpt / 'config.json'}: unknown model_type {mt!r} (supported: diffusion_gemma)") from None
-    _, cfg_cls = model_and_config_classes(mt)
+        raise CheckpointError(f"{ckpt / 'config.json'}: unknown model_type {cfg.get('model_type')!r} "
+                              f"(supported: {', '.join(supported())})") from None
     try:
-        return mod, cfg_cls.from_dict(cfg)
+        return mod, spec.parse_config(cfg)
     except (KeyError, ValueError, TypeError) as e:
         raise CheckpointError(f"{ckpt / 'config.json'}: invalid text config ({e})") from None
 
@@ -99,7 +98,7 @@ def load_model(ckpt: Path, device: str | torch.device = "cpu", dtype: torch.dtyp
         CheckpointError: missing / corrupt files, unknown model_type, missing tensors, wrong shapes.
     """
     mod, cfg = load_config(ckpt)
-    model_cls, _ = model_and_config_classes(cfg.model_type)
+    model_cls = mod.MODEL_CLASS
     wm = weight_map(ckpt)
     from localdiff.quantize.int8 import convert_modules, int8_entries, is_quant_state
     from localdiff.quantize.io import checkpoint_recipe
@@ -138,13 +137,13 @@ def load_model(ckpt: Path, device: str | torch.device = "cpu", dtype: torch.dtyp
                 if to_quant and local.startswith(to_quant):
                     loaded.update(int8_entries(local, t, dev))
                     continue
-                if t.is_floating_point() and dtype is not None and not local.endswith("layer_scalar") \
+                if t.is_floating_point() and dtype is not None and not mod.keeps_checkpoint_dtype(local) \
                         and not is_quant_state(local):
                     t = t.to(dtype)
                 loaded[local] = t.to(dev)
     if dtype is not None:
         for local in loaded:
-            if local.endswith("layer_scalar"):
+            if mod.keeps_checkpoint_dtype(local):
                 loaded[local] = loaded[local].to(dtype)
     model.load_state_dict(loaded, strict=True, assign=True)
     if host_layers:

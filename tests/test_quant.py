@@ -164,15 +164,14 @@ def _load_prequantized(path):
     """What the loader does for a pre-quantized checkpoint: meta build → int8 modules → tensors by checkpoint name."""
     from safetensors import safe_open
 
-    from localdiff.arch import get_arch, model_and_config_classes
+    from localdiff.arch import get_arch, get_spec
 
     config = json.loads((path / "config.json").read_text())
     recipe = checkpoint_recipe(config)
     assert recipe is not None
-    mod = get_arch(config["model_type"])
-    model_cls, cfg_cls = model_and_config_classes(config["model_type"])
+    mod = get_arch(config)
     with torch.device("meta"):
-        net = model_cls(cfg_cls.from_dict(config))
+        net = mod.MODEL_CLASS(get_spec(config).parse_config(config))
     convert_modules(net, recipe)
     files = {}
     for f in path.glob("*.safetensors"):

@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from localdiff.arch.geometry import MODEL_TYPE, DiffusionGemmaConfig  # noqa: F401 (MODEL_TYPE: the arch registry reads it here)
+from localdiff.arch.base import ROLE_DENOISE, ROLE_PREFILL
+from localdiff.arch.diffusion_gemma_spec import MODEL_TYPE, DiffusionGemmaConfig  # noqa: F401
 from localdiff.arch.layers import (GatedMLP, MoEExperts, RMSNorm, Router, apply_rope, attention, backs, embed_scale, linear, norm, rms_norm, rope_inv_freq, rope_tables, softcap)
 from localdiff.arch.masks import canvas_keys, prefill_mask
 
@@ -159,6 +160,8 @@ class DiffusionGemma(nn.Module):
     ``self_conditioning``.
     """
 
+    roles = frozenset({ROLE_PREFILL, ROLE_DENOISE})
+
     def __init__(self, cfg: DiffusionGemmaConfig):
         super().__init__()
         self.config = cfg
@@ -187,6 +190,14 @@ class DiffusionGemma(nn.Module):
     def layer_windows(self) -> list[int | None]:
         """Per-layer sliding window (for building a cache)."""
         return [self.config.window(i) for i in range(self.config.num_hidden_layers)]
+
+    def cache_layout(self) -> dict:
+        """How the engine builds this model's block KV cache (``localdiff.cache.kv.KVCache`` keyword arguments):
+        per-layer windows, blocks of one canvas, sliding layers keep one canvas of slack for chat prefix reuse, and
+        per-layer (head_dim, kv_heads). ``arch`` never imports a cache implementation; the engine builds it."""
+        c = self.config.canvas_length
+        return {"layer_windows": self.layer_windows(), "slack": c, "block_len": c,
+                "layer_heads": list(self.config.layer_heads) or None}
 
     def _scale(self, dtype, device) -> torch.Tensor:
         """sqrt(hidden) rounded to dtype, on device (memoised: used twice per denoising step)."""
@@ -358,6 +369,15 @@ def checkpoint_names(local: str) -> list[str]:
     return [_DEC + local, _ENC + local]
 
 
+def keeps_checkpoint_dtype(local: str) -> bool:
+    """True for tensors loaded in the checkpoint's dtype whatever ``dtype=`` asks (the per-layer ``layer_scalar``
+    buffers are cast only after all tensors are read, as the reference does)."""
+    return local.endswith("layer_scalar")
+
+
 def is_skipped_checkpoint_tensor(name: str) -> bool:
     """True for checkpoint tensors the text runtime never reads (vision tower, vision embedder)."""
     return ".vision_tower." in name or ".embed_vision." in name or name.startswith("model.vision")
+
+
+MODEL_CLASS = DiffusionGemma

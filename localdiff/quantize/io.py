@@ -140,7 +140,7 @@ def save_quantized(model, out_dir: Path, recipe: Recipe | None = None, source_di
     from localdiff.quantize.int8 import quantized_modules
 
     recipe = recipe or getattr(model, "quant_recipe", None) or DEFAULT_RECIPE
-    arch = get_arch(model.config.model_type)
+    arch = get_arch(model.config.raw or model.config.model_type)
     out_dir = _prepare_out(out_dir, source_dir)
     info = quant_info(recipe, list(quantized_modules(model)))
     w = _ShardWriter(out_dir, {"format": "pt", META_KEY: json.dumps(info)}, max_shard_bytes)

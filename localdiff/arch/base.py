@@ -1,0 +1,105 @@
+"""The model contract: what every architecture under ``localdiff/arch`` provides (docs/ARCHITECTURE.md).
+
+An architecture is two modules, registered once in :data:`localdiff.arch.REGISTRY`:
+
+* a **spec** (torch-free, so ``show`` and the memory planner never import torch): :class:`ArchSpec` —
+  ``parse_config(raw) -> args`` (a frozen dataclass built from ``config.json``), ``tensor_shapes(raw)`` (every weight
+  tensor the config implies: the single description ``show``, ``plan`` and the memory planner read), and
+  ``layer_geometry(raw)`` (per-layer K/V geometry for cache sizing);
+* a **model** module: the ``nn.Module`` class (``MODEL_CLASS``) built from the args, declaring the forward
+  :data:`ROLES` it supports, plus the checkpoint rules (``checkpoint_names`` / ``keeps_checkpoint_dtype``: our
+  "sanitize", applied lazily tensor by tensor so a large checkpoint never sits in memory twice).
+
+Forward roles (an architecture implements the methods of the roles it lists in ``roles``):
+
+* ``ROLE_PREFILL`` — ``prefill(input_ids, cache, attention_mask=None)``: cached causal pass, K/V appended.
+* ``ROLE_DENOISE`` — ``denoise(canvas_ids, cache, self_conditioning_logits=None, prefill_ids=None,
+  prefill_mask=None) -> FloatTensor[B, C, V]``: a canvas pass over the cache (optionally fused with a prefill).
+* ``ROLE_LOGITS`` — ``logits_full(input_ids, attention_mask=None) -> FloatTensor[B, T, V]``: one uncached pass
+  over the whole sequence with the family's own attention pattern (bidirectional for masked models).
+* ``ROLE_WINDOW`` — ``forward_window(input_ids, start, kv=None, attention_mask=None, return_kv=False)``: the
+  approximate-cache pass of bidirectional models (Fast-dLLM prefix / dual cache, arXiv 2505.22618): queries are the
+  window's tokens at positions ``start .. start+n-1``; keys/values are ``kv``'s entries before ``start`` and after
+  ``start+n`` around the window's fresh ones. Returns logits FloatTensor[B, n, V] (and the window's per-layer K/V
+  when ``return_kv``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+ROLE_PREFILL = "prefill"
+ROLE_DENOISE = "denoise"
+ROLE_LOGITS = "logits"
+ROLE_WINDOW = "window"
+ROLES = (ROLE_PREFILL, ROLE_DENOISE, ROLE_LOGITS, ROLE_WINDOW)
+
+#: decoding families (DESIGN.md): which generic loop and decoder policies apply
+FAMILIES = ("canvas", "masked", "block", "slots", "drafts", "autoregressive")
+
+
+@dataclass(frozen=True)
+class Tensorish:
+    """One weight tensor implied by a config: ``component`` (e.g. "attention", "experts": the planner's and
+    ``show``'s grouping), ``layer`` index (None = not per layer), ``name`` (ours, as in ``named_parameters``) and
+    ``shape``. ``buffer`` marks a buffer (not a parameter; counted in bytes, not in parameter counts)."""
+
+    component: str
+    layer: int | None
+    name: str
+    shape: tuple[int, ...]
+    buffer: bool = False
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+@dataclass(frozen=True)
+class LayerGeom:
+    """Attention geometry of one layer: ``type`` ("sliding_attention" / "full_attention"), ``head_dim``,
+    ``kv_heads``, ``has_v`` (False when keys double as values), ``window`` (tokens; None for full attention)."""
+
+    type: str
+    head_dim: int
+    kv_heads: int
+    has_v: bool
+    window: int | None
+
+
+@runtime_checkable
+class ArchSpec(Protocol):
+    """Torch-free description of an architecture (a module; see the module docstring)."""
+
+    MODEL_TYPE: str
+    FAMILY: str
+
+    def parse_config(self, raw: dict) -> Any: ...
+
+    def tensor_shapes(self, raw: dict) -> list[Tensorish]: ...
+
+    def layer_geometry(self, raw: dict) -> list[LayerGeom]: ...
+
+
+@runtime_checkable
+class Architecture(Protocol):
+    """What the engine and the loops need from a built model (an ``nn.Module``)."""
+
+    config: Any
+    roles: frozenset
+
+    def make_cache(self, device_budget_bytes: int | None = None) -> Any: ...
+
+
+def parameter_counts(tensors: list[Tensorish], inactive: int = 0) -> dict:
+    """``total`` parameters (buffers excluded), ``active_per_token`` (total − ``inactive``, the MoE experts a token
+    does not use) and ``by_component`` of a :func:`ArchSpec.tensor_shapes` list."""
+    by: dict[str, int] = {}
+    for t in tensors:
+        if not t.buffer:
+            by[t.component] = by.get(t.component, 0) + t.numel
+    total = sum(by.values())
+    return {"total": total, "active_per_token": total - inactive, "by_component": by}

@@ -12,12 +12,13 @@ Config file (``localdiff config path`` prints where; ``LOCALDIFF_CONFIG`` overri
     max_new_tokens = 256
     seed = 0                  # optional; unset = a fresh random seed per run (printed with --json)
 
-    [sampler]                 # any sampler option (see SAMPLER_KEYS)
+    [sampler]                 # any decoder option (localdiff.decoding.options)
     max_denoising_steps = 16
     threshold = 0.9
 
 Environment: ``LOCALDIFF_MODEL``, ``LOCALDIFF_DEVICE``, ``LOCALDIFF_QUANT``, ``LOCALDIFF_MAX_NEW_TOKENS``,
-``LOCALDIFF_SEED``, and ``LOCALDIFF_<SAMPLER KEY>`` (e.g. ``LOCALDIFF_MAX_DENOISING_STEPS``, ``LOCALDIFF_THRESHOLD``).
+``LOCALDIFF_SEED``, and ``LOCALDIFF_<OPTION>`` for every decoder option (e.g. ``LOCALDIFF_MAX_DENOISING_STEPS``,
+``LOCALDIFF_THRESHOLD``): names, types and ranges come from the option schema (:mod:`localdiff.decoding.options`).
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from typing import Any, Mapping
 
 import platformdirs
 
+from localdiff.decoding.options import all_specs, resolve_key, unknown_option
 from localdiff.errors import UsageError
 
 if sys.version_info >= (3, 11):
@@ -40,19 +42,9 @@ else:  # pragma: no cover
 
 APP_NAME = "localdiff"
 
-#: Sampler options the runtime understands → their Python type.
-SAMPLER_KEYS: dict[str, type] = {
-    "max_denoising_steps": int,
-    "t_min": float,
-    "t_max": float,
-    "entropy_bound": float,
-    "stability_threshold": int,
-    "confidence_threshold": float,
-    "threshold": float,
-    "correction": bool,
-    "correction_floor": float,
-    "correction_max_reopens": int,
-}
+#: decoder options by name (derived from the option schema)
+OPTION_SPECS = {spec.name: spec for spec in all_specs()}
+OPTION_SPECS.update({a: spec for spec in all_specs() for a in spec.aliases if a not in OPTION_SPECS})
 _TOP_KEYS: dict[str, type] = {
     "default_model": str,
     "device": str,
@@ -75,7 +67,7 @@ class Config:
         quant: quantization name (e.g. "int8") or None.
         max_new_tokens: generation length cap in tokens, or None (engine default).
         seed: fixed seed, or None (random per run).
-        sampler: read-only mapping of sampler options set by the user (keys of ``SAMPLER_KEYS``).
+        sampler: read-only mapping of decoder options set by the user (names from the option schema).
         path: the config file that was read (it may not exist).
         origins: read-only mapping key → "file" or "env:NAME" telling where each set value came from.
     """
@@ -149,18 +141,8 @@ def coerce(key: str, value: Any, typ: type, where: str) -> Any:
 
 def _check_range(key: str, v: Any, where: str) -> None:
     bad = None
-    if key in ("max_denoising_steps", "max_new_tokens") and v <= 0:
+    if key == "max_new_tokens" and v <= 0:
         bad = "must be a positive integer"
-    elif key in ("stability_threshold", "correction_max_reopens") and v < 0:
-        bad = "must be >= 0"
-    elif key in ("t_min", "t_max") and v < 0:
-        bad = "must be >= 0"
-    elif key in ("entropy_bound", "confidence_threshold") and v <= 0:
-        bad = "must be > 0"
-    elif key == "threshold" and not 0.0 < v <= 1.0:
-        bad = "must be in (0, 1]"
-    elif key == "correction_floor" and not 0.0 <= v <= 1.0:
-        bad = "must be in [0, 1]"
     elif key == "seed" and not 0 <= v < 2**63:
         bad = "must be in [0, 2**63)"
     if bad:
@@ -209,17 +191,18 @@ def load_user_config(env: Mapping[str, str] | None = None, path: Path | None = N
         if key == "sampler":
             if not isinstance(value, dict):
                 raise UsageError(f"{where}: [sampler] must be a table")
-            for sk, sv in value.items():
-                if sk not in SAMPLER_KEYS:
-                    raise _unknown(sk, list(SAMPLER_KEYS), where)
-                sampler[sk] = coerce(sk, sv, SAMPLER_KEYS[sk], where)
+            for word, sv in value.items():
+                sk = resolve_key(word)
+                if sk not in OPTION_SPECS:
+                    raise unknown_option(word, f"{where}: [sampler] {word}")
+                sampler[sk] = OPTION_SPECS[sk].coerce(sv, f"{where}: [sampler] {word}")
                 origins[sk] = "file"
         elif key in _TOP_KEYS:
             top[key] = coerce(key, value, _TOP_KEYS[key], where)
             origins[key] = "file"
         else:
             raise _unknown(key, [*_TOP_KEYS, "sampler"], where)
-    known_env = {*_ENV_TOP, *_ENV_OTHER, *("LOCALDIFF_" + k.upper() for k in SAMPLER_KEYS)}
+    known_env = {*_ENV_TOP, *_ENV_OTHER, *(spec.env for spec in all_specs())}
     for var in sorted(v for v in env if v.startswith("LOCALDIFF_") and v not in known_env):
         tail = var[len("LOCALDIFF_"):]
         near = [k for k in sorted(known_env) if tail and k.endswith("_" + tail)]
@@ -230,25 +213,24 @@ def load_user_config(env: Mapping[str, str] | None = None, path: Path | None = N
         if env.get(var, "") != "":
             top[key] = coerce(key, env[var], _TOP_KEYS[key], var)
             origins[key] = f"env:{var}"
-    for key, typ in SAMPLER_KEYS.items():
-        var = "LOCALDIFF_" + key.upper()
-        if env.get(var, "") != "":
-            sampler[key] = coerce(key, env[var], typ, var)
-            origins[key] = f"env:{var}"
+    for spec in all_specs():
+        if env.get(spec.env, "") != "":
+            sampler[spec.name] = spec.coerce(env[spec.env], spec.env)
+            origins[spec.name] = f"env:{spec.env}"
     _check_pair(sampler, where)
     return Config(**top, sampler=MappingProxyType(sampler), path=path, origins=MappingProxyType(origins))
 
 
 def _check_pair(sampler: Mapping[str, Any], where: str) -> None:
     if "t_min" in sampler and "t_max" in sampler and sampler["t_max"] < sampler["t_min"]:
-        raise UsageError(f"{where}: t_max ({sampler['t_max']}) must be >= t_min ({sampler['t_min']})")
+        raise UsageError(f"{where}: t_max: must be ≥ t_min ({sampler['t_min']}) (got {sampler['t_max']})")
 
 
 def sampler_overrides(flags: Mapping[str, Any], config: Config) -> dict:
     """Merge sampler options: flag > env/file (already merged in ``config``).
 
     Args:
-        flags: options given on the command line (keys of ``SAMPLER_KEYS``; None values mean "not given").
+        flags: decoder options given on the command line (option names; None values mean "not given").
         config: from :func:`load_user_config`.
     Returns:
         dict of the options the user set anywhere; pass it to ``Model.sampler_options(**d)`` / ``generate(**d)``
@@ -260,12 +242,10 @@ def sampler_overrides(flags: Mapping[str, Any], config: Config) -> dict:
     for key, value in flags.items():
         if value is None:
             continue
-        if key not in SAMPLER_KEYS:
-            raise _unknown(key, list(SAMPLER_KEYS), "flag")
-        flag = {"max_denoising_steps": "--steps", "t_max": "--temperature", "t_min": "--temperature"}.get(
-            key, "--" + key.replace("_", "-"))
-        out[key] = coerce(key, value, SAMPLER_KEYS[key], flag)
-    _check_pair(out, "sampler options")
+        if key not in OPTION_SPECS:
+            raise unknown_option(key, "--" + key.replace("_", "-"))
+        out[key] = value          # checked by the model's own decoder options (they resolve shared flag words)
+
     return out
 
 

@@ -4,25 +4,22 @@ Owns the KV cache creation and the sampler loop (``localdiff/loop.py``); emits e
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import random
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from localdiff.arch import entry_for
 from localdiff.cache.kv import KVCache
+from localdiff.decoding import loop
+from localdiff.decoding.canvas_eb import CanvasEB
+from localdiff.decoding.options import POLICIES, all_specs, policy_for_family
 from localdiff.errors import TokenizerMissingError, UsageError
 from localdiff.events import Done, GenerationStats
-from localdiff.decoding.loop import SamplerSettings, run
-
-BUILTIN_SAMPLER = {
-    "max_denoising_steps": 48, "t_min": 0.4, "t_max": 0.8, "entropy_bound": 0.1, "stability_threshold": 1,
-    "confidence_threshold": 0.005, "threshold": None, "correction": False, "correction_floor": 0.05,
-    "correction_max_reopens": 8,
-}
-SAMPLER_KEYS = tuple(BUILTIN_SAMPLER)
-
 
 @dataclass
 class Generation:
@@ -47,7 +44,7 @@ def read_generation_config(path: Path) -> dict:
         raw = json.loads(f.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError):
         return {}
-    out = {k: raw[k] for k in SAMPLER_KEYS if raw.get(k) is not None}
+    out = {s.name: raw[s.gen_key] for s in all_specs() if s.gen_key and raw.get(s.gen_key) is not None}
     sc = raw.get("sampler_config")
     if isinstance(sc, dict) and sc.get("entropy_bound") is not None:
         out["entropy_bound"] = sc["entropy_bound"]
@@ -68,6 +65,10 @@ class Model:
         self.net, self.config, self.tokenizer = net, config, tokenizer
         self.path, self.name, self.device, self.dtype, self.quant = path, name, torch.device(device), dtype, quant
         self.generation_config = gen_config
+        self.family = entry_for(config.model_type).family
+        self.options_cls = POLICIES[policy_for_family(self.family)]
+        self._lock = threading.Lock()
+        self._owner: int | None = None
         eos = gen_config.get("eos_token_id", list(config.eos_token_id))
         self.eos_token_ids = [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
         pad = gen_config.get("pad_token_id", config.pad_token_id)
@@ -97,21 +98,25 @@ class Model:
                                 prefill_mask=prefill_mask)
 
     # -- options ------------------------------------------------------------------------------------------------
-    def sampler_options(self, **overrides) -> dict:
-        """Effective sampler settings: built-in < checkpoint generation_config < ``overrides`` (None = unset).
+    def sampler_options(self, _typed: dict | None = None, **overrides) -> dict:
+        """Effective decoder options of this model's policy (``self.options_cls``, from
+        :mod:`localdiff.decoding.options`): built-in < checkpoint generation_config < ``overrides`` (None = unset).
 
         Raises:
-            UsageError: unknown option or out-of-range value.
+            UsageError: an unknown option, an option of another family's decoder, or a bad value / combination
+                (the message names the keyword).
         """
-        opts = dict(BUILTIN_SAMPLER)
-        opts.update({k: v for k, v in self.generation_config.items() if k in SAMPLER_KEYS})
+        return self._options(overrides, _typed).as_dict()
+
+    def _options(self, overrides: dict, typed: dict | None = None):
+        names = set(self.options_cls.names())
+        values = {k: v for k, v in self.generation_config.items() if k in names}
+        shown = {}
         for k, v in overrides.items():
-            if k not in SAMPLER_KEYS:
-                raise UsageError(f"unknown sampler option {k!r} (known: {', '.join(SAMPLER_KEYS)})")
             if v is not None:
-                opts[k] = v
-        _validate(opts)
-        return opts
+                values[k] = v
+                shown[k] = (typed or {}).get(k, k)
+        return self.options_cls.build(values, shown)
 
     # -- prompts ------------------------------------------------------------------------------------------------
     def encode_prompt(self, prompt, chat: bool = True, system: str | None = None) -> list[list[int]]:
@@ -170,7 +175,8 @@ class Model:
         Raises:
             UsageError, TokenizerMissingError (before any work is done).
         """
-        opts = self.sampler_options(**sampler_options)
+        options = self._options(sampler_options)
+        opts = options.as_dict()
         n_new = self.default_max_new_tokens if max_new_tokens is None else int(max_new_tokens)
         if n_new <= 0:
             raise UsageError("max_new_tokens must be > 0")
@@ -201,11 +207,31 @@ class Model:
         if not cache.token_ids:
             cache.token_ids = [[]]
         cache.token_ids[0].extend(todo[0].tolist())
-        settings = SamplerSettings(**opts)
         decode = self.tokenizer.decode if self.tokenizer is not None else None
-        self._last = {"seed": seed, "sampler": opts}
-        yield from run(self.net, cache, ids, todo_mask, settings, n_new, gen, self.eos_token_ids, self.pad_token_id,
-                       prefill_ids=todo, start_canvas=start_canvas, emit_steps=emit_steps, decode=decode, stats=stats)
+        policy = CanvasEB(options, ids.shape[0], self.config.canvas_length, self.config.vocab_size, self.device, gen,
+                          self.net.embed_tokens.weight.dtype)
+        with self._generation():
+            for ev in loop.run(self.net, policy, cache, ids.shape[0], n_new, self.eos_token_ids, self.pad_token_id,
+                               prefill_ids=todo, prefill_mask=todo_mask, start_canvas=start_canvas,
+                               emit_steps=emit_steps, decode=decode, stats=stats):
+                if isinstance(ev, Done):
+                    ev.seed, ev.options = seed, opts
+                yield ev
+
+    @contextlib.contextmanager
+    def _generation(self):
+        """The generation lock: one generation at a time on this model. Another thread waits for it; the thread
+        that holds it gets a UsageError (a second stream started before the first one was finished or closed)."""
+        me = threading.get_ident()
+        if self._owner == me:
+            raise UsageError("a generation is already running on this model in this thread; "
+                             "finish or close it before starting another")
+        with self._lock:
+            self._owner = me
+            try:
+                yield
+            finally:
+                self._owner = None
 
     def generate(self, prompt, max_new_tokens: int | None = None, seed: int | None = None, chat: bool = True,
                  system: str | None = None, cache=None, **kw) -> Generation:
@@ -214,8 +240,7 @@ class Model:
         for ev in self.stream(prompt, max_new_tokens, seed, chat, system, cache, emit_steps=False, **kw):
             if isinstance(ev, Done):
                 done = ev
-        return Generation(done.text, done.token_ids, done.stats, done.finish_reason, self._last["seed"],
-                          self._last["sampler"])
+        return Generation(done.text, done.token_ids, done.stats, done.finish_reason, done.seed, done.options)
 
 
 def installed_models() -> list[dict]:
@@ -244,25 +269,3 @@ def _left_pad(rows: list[list[int]], pad: int, device) -> tuple[torch.Tensor, to
         ids[i, t - len(r):] = torch.tensor(r, dtype=torch.long)
         mask[i, t - len(r):] = True
     return ids.to(device), (None if bool(mask.all()) else mask.to(device))
-
-
-def _validate(o: dict) -> None:
-    def bad(msg):
-        raise UsageError(msg)
-    if not isinstance(o["max_denoising_steps"], int) or o["max_denoising_steps"] <= 0:
-        bad(f"steps must be a positive integer (got {o['max_denoising_steps']!r})")
-    for k in ("t_min", "t_max", "entropy_bound", "confidence_threshold", "correction_floor"):
-        if not isinstance(o[k], (int, float)) or o[k] != o[k] or o[k] < 0:
-            bad(f"{k} must be a number ≥ 0 (got {o[k]!r})")
-    if o["t_max"] < o["t_min"]:
-        bad(f"temperature max ({o['t_max']}) must be ≥ min ({o['t_min']})")
-    if o["t_min"] == 0 and o["t_max"] == 0:
-        bad("temperature must be > 0")
-    if o["entropy_bound"] <= 0:
-        bad("entropy_bound must be > 0")
-    if o["threshold"] is not None and not (0 < float(o["threshold"]) <= 1):
-        bad(f"threshold must be in (0, 1] (got {o['threshold']!r})")
-    if not isinstance(o["stability_threshold"], int) or o["stability_threshold"] < 0:
-        bad("stability_threshold must be an integer ≥ 0")
-    if not isinstance(o["correction_max_reopens"], int) or o["correction_max_reopens"] < 0:
-        bad("correction_max_reopens must be an integer ≥ 0")

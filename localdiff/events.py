@@ -108,9 +108,13 @@ class Done:
         token_ids: list of generated token ids per row (EOS included, pad removed).
         stats: GenerationStats.
         finish_reason: "eos", "length" or "cancelled".
+        seed: the seed actually used (set by the engine).
+        options: the decoder options actually used (dict, set by the engine).
     """
 
     text: "str | list[str]"
     token_ids: list
     stats: GenerationStats
     finish_reason: str = "eos"
+    seed: int | None = None
+    options: dict = field(default_factory=dict)

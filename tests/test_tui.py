@@ -158,8 +158,9 @@ def test_set_in_the_prompt_changes_the_next_generation(tiny, tmp_path):
             await pilot.pause()
             assert app.settings.sampler == {"max_denoising_steps": 2}
             notes = [str(w.render()) for w in app.transcript.query(".note")]
-            assert notes[0] == "max_denoising_steps = 2" and "outside" in notes[1]
-            assert "temperature max (0.8) must be ≥ min (0.9)" in notes[2]
+            assert notes[0] == "max_denoising_steps = 2"
+            assert notes[1] == "/set threshold: must be a number in (0, 1] (got '5')"
+            assert notes[2] == "/set t_min: must be ≤ t_max (0.8) (got 0.9)"   # names the key the user typed
             assert app.store.list_conversations() == []  # settings are not turns
             fin = await send(pilot, app, PROMPT)
             assert fin.stats.forwards <= 2 * fin.stats.canvases

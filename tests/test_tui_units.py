@@ -83,9 +83,12 @@ def test_set_commands_change_settings_and_reject_bad_values():
     assert apply_set(s, "seed none") == "seed = none" and s.seed is None
     assert apply_set(s, "steps default") == "max_denoising_steps = model default"
     assert "max_denoising_steps" not in s.sampler
-    for args, msg in [("steps 0", "outside"), ("steps 2.5", "whole number"), ("threshold 1.5", "outside"),
-                      ("threshold abc", "expected a number"), ("bogus 1", "unknown setting"),
-                      ("steps", "usage"), ("correction maybe", "on/off"), ("entropy_bound nan", "finite")]:
+    for args, msg in [("steps 0", r"^/set steps: must be an integer in \[1, "),
+                      ("steps 2.5", r"^/set steps: must be an integer"),
+                      ("threshold 1.5", r"^/set threshold: must be a number in \(0, 1\]"),
+                      ("threshold abc", r"^/set threshold: must be a number"), ("bogus 1", "unknown setting"),
+                      ("steps", "usage"), ("correction maybe", r"^/set correction: must be on or off"),
+                      ("entropy_bound nan", r"^/set entropy_bound: must be a number > 0")]:
         with pytest.raises(UsageError, match=msg):
             apply_set(s, args)
     assert s.sampler == {"threshold": 0.9, "entropy_bound": 0.3}

@@ -26,37 +26,21 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message} (see `{self.prog} --help`)")
 
 
-def _temperature(text: str) -> tuple[float, float]:
-    """``MAX[:MIN]`` → (t_max, t_min); one value = constant temperature."""
-    parts = text.split(":")
-    try:
-        vals = [float(p) for p in parts]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected MAX[:MIN] numbers, got {text!r}") from None
-    if len(vals) not in (1, 2) or any(v != v or v < 0 or v == float("inf") for v in vals):
-        raise argparse.ArgumentTypeError(f"expected MAX[:MIN] with numbers >= 0, got {text!r}")
-    t_max, t_min = (vals[0], vals[0]) if len(vals) == 1 else (vals[0], vals[1])
-    if t_max < t_min:
-        raise argparse.ArgumentTypeError(f"MAX must be >= MIN, got {text!r}")
-    if t_max == 0:
-        raise argparse.ArgumentTypeError("temperature must be > 0")
-    return t_max, t_min
-
-
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
 
 
 def _add_sampler(p: argparse.ArgumentParser) -> None:
+    from localdiff.decoding.options import cli_flags
+
     g = p.add_argument_group(SAMPLER_HELP)
     g.add_argument("-n", "--max-new-tokens", type=int, metavar="N", help="generate at most N tokens")
-    g.add_argument("--steps", type=int, metavar="N", help="max denoising steps per canvas")
-    g.add_argument("--temperature", type=_temperature, metavar="MAX[:MIN]",
-                   help="temperature schedule, linear from MAX (first step) to MIN (last step)")
-    g.add_argument("--entropy-bound", type=float, metavar="X", help="entropy-bound acceptance budget (nats)")
-    g.add_argument("--threshold", type=float, metavar="TAU", help="confidence lock threshold τ in (0, 1]")
-    g.add_argument("--correction", action=argparse.BooleanOptionalAction, default=None,
-                   help="Re-Noising correction of locked tokens that lost confidence")
+    for flag, key, spec in cli_flags():     # every decoder option, from the one schema (localdiff.decoding.options)
+        helptext = f"{spec.help} ({spec.rule()}; {spec.env})"
+        if spec.kind is bool:
+            g.add_argument(flag, dest="opt_" + key, action=argparse.BooleanOptionalAction, default=None, help=helptext)
+        else:
+            g.add_argument(flag, dest="opt_" + key, metavar=spec.metavar or key.upper(), help=helptext)
     g.add_argument("--seed", type=int, help="random seed (reproducible output)")
     g.add_argument("--device", help="cpu, cuda or cuda:N (default: CUDA when available)")
     g.add_argument("--quant", choices=["int8", "none"], help="weight quantization at load")

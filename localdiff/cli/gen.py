@@ -86,9 +86,13 @@ def assemble_prompt(args) -> str:
 
 
 def _flags(args) -> dict:
-    t_max, t_min = args.temperature if args.temperature else (None, None)
-    return {"max_denoising_steps": args.steps, "t_max": t_max, "t_min": t_min, "entropy_bound": args.entropy_bound,
-            "threshold": args.threshold, "correction": args.correction}
+    """Decoder options given as flags: {flag key: raw value} (see ``localdiff.decoding.options.cli_flags``)."""
+    return {k[4:]: v for k, v in vars(args).items() if k.startswith("opt_") and v is not None}
+
+
+def flag_names(flags: dict) -> dict:
+    """{flag key: the flag as typed} for error messages."""
+    return {k: "--" + k.replace("_", "-") for k in flags}
 
 
 def _size(text, flag):
@@ -126,7 +130,7 @@ def run_gen(args) -> int:
     kv_budget = _size(getattr(args, "kv_budget", None), "--kv-budget")
     model = _load(cfg.default_model, cfg.device, cfg.quant, gpu_mem)
     cache = model.new_cache(device_budget_bytes=kv_budget) if kv_budget is not None else None
-    used = model.sampler_options(**overrides)
+    used = model.sampler_options(_typed=flag_names(_flags(args)), **overrides)
     out = sys.stdout
     written: list[str] = []
     done = None

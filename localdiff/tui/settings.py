@@ -8,31 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from localdiff.decoding.options import ALIASES as SCHEMA_ALIASES
+from localdiff.decoding.options import all_specs
 from localdiff.errors import LocaldiffError, UsageError
 
-#: Short names accepted by /set → engine keyword.
-ALIASES = {
-    "steps": "max_denoising_steps",
-    "max_steps": "max_denoising_steps",
-    "tau": "threshold",
-    "eb": "entropy_bound",
-    "max_tokens": "max_new_tokens",
-    "tokens": "max_new_tokens",
-}
+#: Short names accepted by /set → engine keyword: the option schema's aliases plus the session settings.
+ALIASES = {**SCHEMA_ALIASES, "max_tokens": "max_new_tokens", "tokens": "max_new_tokens"}
 
-#: Sampler options with their value type and allowed closed range (None = unbounded side).
-KNOWN: dict[str, tuple[type, float | None, float | None]] = {
-    "max_denoising_steps": (int, 1, 4096),
-    "threshold": (float, 0.0, 1.0),
-    "confidence_threshold": (float, 0.0, 1.0),
-    "entropy_bound": (float, 0.0, None),
-    "stability_threshold": (int, 0, None),
-    "t_min": (float, 0.0, None),
-    "t_max": (float, 0.0, None),
-    "correction": (bool, None, None),
-    "correction_floor": (float, 0.0, 1.0),
-    "correction_max_reopens": (int, 0, None),
-}
+#: Decoder options /set knows (name → OptionSpec), from the one schema (localdiff.decoding.options).
+KNOWN = {spec.name: spec for spec in all_specs()}
 
 
 @dataclass
@@ -48,6 +32,7 @@ class ChatSettings:
     max_new_tokens: int | None = None
     seed: int | None = None
     sampler: dict = field(default_factory=dict)
+    typed: dict = field(default_factory=dict, repr=False)   # option → the /set word the user typed (messages)
 
     def stream_kwargs(self) -> dict:
         """Keyword arguments for ``Model.stream`` (besides prompt and cache)."""
@@ -115,15 +100,11 @@ def apply_set(settings: ChatSettings, args: str, model_options: dict | None = No
         settings.sampler.pop(key, None)
         return f"{key} = model default"
     model_options = model_options or {}
-    if key in KNOWN:
-        kind, lo, hi = KNOWN[key]
-    elif key in model_options:
-        cur = model_options[key]
-        kind, lo, hi = (type(cur) if isinstance(cur, (bool, int, float)) else float), None, None
-    else:
-        names = sorted({*ALIASES, *KNOWN, *model_options, "seed"})
+    if key not in KNOWN or (model_options and key not in model_options):
+        names = sorted({*(model_options or KNOWN), "seed", "max_tokens"})
         raise UsageError(f"/set: unknown setting {words[0]!r}; one of: {', '.join(names)}")
-    settings.sampler[key] = _coerce(words[0], raw, kind, lo, hi)
+    settings.sampler[key] = KNOWN[key].coerce(raw, f"/set {words[0]}")
+    settings.typed[key] = f"/set {words[0]}"
     return f"{key} = {settings.sampler[key]}"
 
 
@@ -144,7 +125,7 @@ def apply_set_checked(settings: ChatSettings, args: str, model=None) -> str:
     try:
         note = apply_set(settings, args, defaults)
         if model is not None and hasattr(model, "sampler_options"):
-            model.sampler_options(**settings.sampler)
+            model.sampler_options(_typed=dict(settings.typed), **settings.sampler)
     except LocaldiffError:
         settings.max_new_tokens, settings.seed, settings.sampler = before
         raise

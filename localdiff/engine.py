@@ -204,9 +204,6 @@ class Model:
             stats.prefill_tokens_reused = lcp
         elif getattr(cache, "seq_len", 0):
             raise UsageError("cache reuse works for a single prompt; pass cache=None for batches")
-        if not cache.token_ids:
-            cache.token_ids = [[]]
-        cache.token_ids[0].extend(todo[0].tolist())
         decode = self.tokenizer.decode if self.tokenizer is not None else None
         policy = CanvasEB(options, ids.shape[0], self.config.canvas_length, self.config.vocab_size, self.device, gen,
                           self.net.embed_tokens.weight.dtype)

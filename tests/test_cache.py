@@ -4,6 +4,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from localdiff.arch.base import BlockCache
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -34,7 +36,7 @@ def tiny_model(canvas=8, window=6, seed=0, layers=("sliding_attention", "full_at
     return Model(net, cfg, None, Path("."), "test", device, torch.float32, None, {})
 
 
-class ConcatCache:
+class ConcatCache(BlockCache):
     """The oracle: every token of every layer in one tensor, past + canvas concatenated each step, no tiers."""
 
     def __init__(self, windows):
@@ -60,7 +62,14 @@ class ConcatCache:
         self.k[i] = k if self.k[i] is None else torch.cat([self.k[i], k], 2)
         self.v[i] = v if self.v[i] is None else torch.cat([self.v[i], v], 2)
 
-    def commit(self, n, new_mask, b):
+    def reset(self):
+        self.__init__(self.windows)
+
+    def commit(self, n, new_mask, b, ids=None):
+        if ids is not None:
+            self.token_ids = self.token_ids or [[] for _ in range(b)]
+            for have, new in zip(self.token_ids, ids.tolist()):
+                have.extend(new)
         if new_mask is not None or self.mask is not None:
             old = self.mask if self.mask is not None else torch.ones(b, self.seq_len, dtype=torch.bool)
             nm = new_mask.bool() if new_mask is not None else torch.ones(b, n, dtype=torch.bool)

@@ -25,6 +25,7 @@ Forward roles (an architecture implements the methods of the roles it lists in `
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -82,6 +83,47 @@ class ArchSpec(Protocol):
     def tensor_shapes(self, raw: dict) -> list[Tensorish]: ...
 
     def layer_geometry(self, raw: dict) -> list[LayerGeom]: ...
+
+
+class BlockCache(Protocol):
+    """What a model's ``prefill`` / ``denoise`` roles read and write: the cache protocol. ``localdiff.cache.kv.
+    KVCache`` (tiers, budget, offload) and the test / training-recipe caches declare it by subclassing; ``arch``
+    never imports an implementation.
+
+    Reads: ``seq_len`` (tokens held), ``visible_len(i)``, ``past(i)`` → (K, V) Tensors[B, Hkv, L, D] or None,
+    ``past_mask(i)`` → Bool[B, L] or None, ``with_canvas(i, k, v)`` (past followed by a canvas' K/V, cache
+    unchanged). Writes happen only inside :meth:`writing`: ``append(i, k, v)`` per layer, then the context commits
+    (advancing ``seq_len``, extending the padding mask, recording the token ids: the one writer of ``token_ids``) —
+    or, on any exception (Ctrl-C included), resets the cache, so uncommitted K/V never survive a failed pass.
+    """
+
+    seq_len: int
+    token_ids: list
+
+    def visible_len(self, i: int) -> int: ...
+
+    def past(self, i: int): ...
+
+    def past_mask(self, i: int): ...
+
+    def with_canvas(self, i: int, k, v): ...
+
+    def append(self, i: int, k, v) -> None: ...
+
+    def commit(self, n: int, new_mask, batch_size: int, ids=None) -> None: ...
+
+    def reset(self) -> None: ...
+
+    @contextlib.contextmanager
+    def writing(self, ids, new_mask=None):
+        """The prefill context: ``ids`` LongTensor[B, n] being prefilled, ``new_mask`` Bool[B, n] or None (no
+        padding). Commits when the block exits normally, resets the cache when it raises."""
+        try:
+            yield self
+        except BaseException:
+            self.reset()
+            raise
+        self.commit(ids.shape[1], new_mask, ids.shape[0], ids)
 
 
 @runtime_checkable

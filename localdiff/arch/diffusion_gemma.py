@@ -16,6 +16,8 @@ scalar (encoder and decoder keep separate ones), final RMSNorm, tied LM head and
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -282,7 +284,7 @@ class DiffusionGemma(nn.Module):
             new_mask = None
         masks: dict = {}
         last = len(self.layers) - 1
-        try:
+        with cache.writing(ids, new_mask) if n else contextlib.nullcontext():
             for i, layer in enumerate(self.layers):
                 att = layer.self_attn
                 cos, sin = rope[layer_type(att)]
@@ -323,12 +325,6 @@ class DiffusionGemma(nn.Module):
                     x = x * layer.enc_layer_scalar
                 else:
                     x = torch.cat([x[:, :n] * layer.enc_layer_scalar, x[:, n:] * layer.layer_scalar], 1)
-        except BaseException:
-            if ids is not None and ids.shape[1]:   # some layers appended K/V without a commit: start over
-                cache.reset()
-            raise
-        if ids is not None and ids.shape[1]:
-            cache.commit(ids.shape[1], new_mask, b)
         return self.logits(norm(self.norm, x)) if c else None
 
     def _masks(self, b, n, c, start, past_n, sliding, pm, new_mask, dev) -> tuple:

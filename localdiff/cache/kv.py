@@ -24,6 +24,7 @@ from bisect import bisect_right
 
 import torch
 
+from localdiff.arch.base import BlockCache
 from localdiff.cache.layer import LayerKV, Moves
 from localdiff.cache.tiers import DeviceTier, HostTier, Staging
 from localdiff.errors import UsageError
@@ -73,7 +74,7 @@ def plan_capacity(budget: int | None, windows: list[int | None], keep: list[int 
     return caps
 
 
-class KVCache:
+class KVCache(BlockCache):
     """Block KV cache with a device tier (byte budget) and a host tier. See the module docstring.
 
     Args:
@@ -246,8 +247,15 @@ class KVCache:
         with torch.inference_mode():
             self.layers[i].append(k, v)
 
-    def commit(self, n: int, new_mask: torch.Tensor | None, batch_size: int) -> None:
-        """Advance by n tokens after every layer appended. new_mask: BoolTensor[B, n] or None (all real)."""
+    def commit(self, n: int, new_mask: torch.Tensor | None, batch_size: int, ids: torch.Tensor | None = None) -> None:
+        """Advance by n tokens after every layer appended (models call it through :meth:`writing`).
+        new_mask: BoolTensor[B, n] or None (all real); ids: LongTensor[B, n] recorded in ``token_ids``."""
+        if ids is not None:
+            rows = ids.tolist()
+            if len(self.token_ids) != len(rows):
+                self.token_ids = [[] for _ in rows]
+            for have, new in zip(self.token_ids, rows):
+                have.extend(new)
         if new_mask is not None and bool(new_mask.all()):
             new_mask = None
         if new_mask is not None or self.mask is not None:

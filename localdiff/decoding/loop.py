@@ -39,7 +39,7 @@ def run(net, policy, cache, batch: int, max_new_tokens: int, eos_ids: list[int],
     dev = policy.dev
     st = stats or GenerationStats()
     t0 = time.perf_counter()
-    pending = (prefill_ids, prefill_mask, None) if prefill_ids is not None and prefill_ids.shape[1] else None
+    pending = (prefill_ids, prefill_mask) if prefill_ids is not None and prefill_ids.shape[1] else None
     eos_t = torch.tensor(eos_ids, device=dev) if eos_ids else None
     finished = torch.zeros(batch, dtype=torch.bool, device=dev)
     forwards = torch.zeros(batch, dtype=torch.long, device=dev)  # summed once at the end: no per-step host sync
@@ -80,7 +80,7 @@ def run(net, policy, cache, batch: int, max_new_tokens: int, eos_ids: list[int],
             break
         if last_block:
             break
-        pending = (final, None, final[0].tolist())
+        pending = (final, None)
     out = torch.cat(generated, dim=1) if generated else torch.zeros(batch, 0, dtype=torch.long)
     rows = [strip_generated(out[r], eos_ids, pad_id, keep_eos=True)[:max_new_tokens] for r in range(batch)]
     st.forwards = int(forwards.sum())
@@ -92,15 +92,13 @@ def run(net, policy, cache, batch: int, max_new_tokens: int, eos_ids: list[int],
 
 
 def _fused_stage(net, canvas, cache, sc, pending, st: GenerationStats):
-    """The named *fused prefill + first step* stage: prefill ``pending`` (ids, mask, ids to record in the cache's
-    token list) in the same forward as the block's first denoising step; bit-identical to the two passes."""
-    ids, mask, record = pending
+    """The named *fused prefill + first step* stage: prefill ``pending`` (ids, padding mask) in the same forward as
+    the block's first denoising step (bit-identical to the two passes); the cache records the ids it commits."""
+    ids, mask = pending
     tp = time.perf_counter()
     logits = net.denoise(canvas, cache, sc, prefill_ids=ids, prefill_mask=mask)
     st.prefill_seconds += time.perf_counter() - tp
     st.prefill_tokens_computed += ids.shape[1]
-    if record is not None and hasattr(cache, "token_ids") and cache.token_ids:
-        cache.token_ids[0].extend(record)
     return logits
 
 

@@ -31,11 +31,12 @@ sys.path.insert(0, str(HERE))
 import tasks  # noqa: E402
 import train as stage1  # noqa: E402
 
+from localdiff.arch.base import BlockCache  # noqa: E402
 from localdiff.arch.diffusion_gemma import DiffusionGemma, checkpoint_names  # noqa: E402
 from localdiff.loader import load_model  # noqa: E402
 
 
-class GradCache:
+class GradCache(BlockCache):
     """Autograd-friendly KV cache with the interface DiffusionGemma.prefill/denoise use (concatenation only)."""
 
     def __init__(self, windows):
@@ -60,9 +61,12 @@ class GradCache:
             k, v = k[:, :, -(w - 1):], v[:, :, -(w - 1):]
         self.k[i], self.v[i] = k, v
 
-    def commit(self, n, mask, b):
+    def commit(self, n, mask, b, ids=None):
         self.mask = mask
         self.seq_len += n
+
+    def reset(self):
+        self.__init__(self.w)
 
     def with_canvas(self, i, k, v):
         if self.k[i] is None:

@@ -17,7 +17,7 @@ from localdiff.arch import entry_for
 from localdiff.cache.kv import KVCache
 from localdiff.decoding import loop
 from localdiff.decoding.canvas_eb import CanvasEB
-from localdiff.decoding.options import POLICIES, all_specs, policy_for_family
+from localdiff.decoding.options import POLICIES, policy_for_family, read_generation_config  # noqa: F401
 from localdiff.errors import TokenizerMissingError, UsageError
 from localdiff.events import Done, GenerationStats
 
@@ -33,25 +33,6 @@ class Generation:
     finish_reason: str
     seed: int
     sampler: dict
-
-
-def read_generation_config(path: Path) -> dict:
-    """Sampler defaults and special ids from ``generation_config.json`` (missing file → {})."""
-    f = path / "generation_config.json"
-    if not f.is_file():
-        return {}
-    try:
-        raw = json.loads(f.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return {}
-    out = {s.name: raw[s.gen_key] for s in all_specs() if s.gen_key and raw.get(s.gen_key) is not None}
-    sc = raw.get("sampler_config")
-    if isinstance(sc, dict) and sc.get("entropy_bound") is not None:
-        out["entropy_bound"] = sc["entropy_bound"]
-    for k in ("eos_token_id", "pad_token_id", "max_new_tokens"):
-        if raw.get(k) is not None:
-            out[k] = raw[k]
-    return out
 
 
 class Model:

@@ -122,6 +122,10 @@ def run_show(args) -> int:
     cfg, folder, source = hub.model_config(name)
     summary = _summarize(cfg, folder)
     out = {"name": name, "source": source, "path": str(folder) if folder else None, "summary": summary}
+    if summary.get("family"):
+        from localdiff.decoding.options import describe
+
+        out["decoder"] = describe(summary["family"], folder)
     if args.plan:
         try:
             from localdiff.quantize.plan import plan_memory
@@ -135,6 +139,10 @@ def run_show(args) -> int:
         return 0
     sys.stdout.write(f"{name}  ({source})\n")
     _print_tree(summary, "  ")
+    if "decoder" in out:
+        sys.stdout.write(f"\ndecoder: {out['decoder']['policy']}\n")
+        for key, o in out["decoder"]["options"].items():
+            sys.stdout.write(f"  {key} = {o['value']}  ({o['flag']}, {o['env']}; {o['allowed']})\n")
     if args.plan:
         sys.stdout.write("\nmemory plan:\n" + out["plan_text"].rstrip("\n") + "\n")
     return 0

@@ -12,7 +12,9 @@ Validation messages have one shape from every source: ``"<what the user typed>: 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+from pathlib import Path
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Mapping
 
@@ -298,3 +300,39 @@ def resolve_key(word: str) -> str:
     """An option name from what the user typed (a name or an alias); unknown words come back unchanged."""
     w = word.strip().lower().replace("-", "_")
     return ALIASES.get(w, w)
+
+
+def read_generation_config(path: Path) -> dict:
+    """Decoder defaults and special ids from a checkpoint's ``generation_config.json`` (missing / bad file → {}):
+    every option whose ``gen_key`` is present (DiffusionGemma's ``sampler_config.entropy_bound`` too), plus
+    ``eos_token_id``, ``pad_token_id``, ``max_new_tokens``."""
+    f = Path(path) / "generation_config.json"
+    if not f.is_file():
+        return {}
+    try:
+        raw = json.loads(f.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError):
+        return {}
+    if not isinstance(raw, dict):
+        return {}
+    out = {s.name: raw[s.gen_key] for s in all_specs() if s.gen_key and raw.get(s.gen_key) is not None}
+    sc = raw.get("sampler_config")
+    if isinstance(sc, dict) and sc.get("entropy_bound") is not None:
+        out["entropy_bound"] = sc["entropy_bound"]
+    for k in ("eos_token_id", "pad_token_id", "max_new_tokens"):
+        if raw.get(k) is not None:
+            out[k] = raw[k]
+    return out
+
+
+def describe(family: str, folder: Path | None) -> dict:
+    """``localdiff show``'s decoder section: the family's default policy and, per option, its effective default
+    (built-in < the checkpoint's generation_config), flag, environment variable, allowed values and help."""
+    cls = POLICIES[policy_for_family(family)]
+    gen = read_generation_config(folder) if folder is not None else {}
+    opts = {}
+    for spec in cls.specs():
+        value = gen.get(spec.name, spec.default)
+        opts[spec.name] = {"value": value, "flag": spec.cli_flag, "env": spec.env, "allowed": spec.rule(),
+                           "help": spec.help, "from": "generation_config" if spec.name in gen else "built-in"}
+    return {"policy": cls.POLICY, "options": opts}

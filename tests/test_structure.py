@@ -1,0 +1,102 @@
+"""Layout rules (DESIGN.md): imports inside ``localdiff/`` flow one way — cli → {tui, serve} → engine →
+{decoding, cache, quantize, backends} → arch, with loader and hub beside — and form no cycle; ``arch`` imports only
+arch / errors / units; decoders work on logits and ids; the chat talks to the engine only."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[1] / "localdiff"
+
+#: top-level part → parts it must never import (function-level imports included)
+FORBIDDEN = {
+    "arch": {"engine", "loader", "cli", "tui", "serve", "decoding", "cache", "quantize", "hub", "bench", "backends",
+             "config", "summary", "tokenizer"},
+    "decoding": {"engine", "loader", "cli", "tui", "serve", "hub", "bench", "cache", "quantize"},
+    "cache": {"engine", "loader", "cli", "tui", "serve", "decoding", "hub", "bench"},
+    "quantize": {"engine", "cli", "tui", "serve", "decoding", "hub", "bench"},
+    "tui": {"hub", "cli", "serve", "loader", "bench"},
+    "engine": {"cli", "tui", "serve", "bench"},
+    "hub": {"engine", "cli", "tui", "serve", "decoding", "cache", "bench"},
+}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for p in PKG.rglob("*.py"):
+        parts = list(p.relative_to(PKG.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = p
+    return out
+
+
+def _imports(mods: dict[str, Path]) -> dict[str, set[str]]:
+    graph = {}
+    for m, p in mods.items():
+        pkg = m if p.name == "__init__.py" else m.rsplit(".", 1)[0]
+        deps = set()
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = pkg.split(".")
+                    base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+                names = [base] + [f"{base}.{a.name}" for a in node.names]
+            for n in names:
+                while n and n not in mods:
+                    n = n.rsplit(".", 1)[0] if "." in n else ""
+                if n and n != m and not (n.startswith(m + ".") or m.startswith(n + ".")):
+                    deps.add(n)
+        graph[m] = deps
+    return graph
+
+
+def _part(m: str) -> str:
+    return m.split(".")[1] if "." in m else ""
+
+
+def test_no_import_cycles():
+    graph = _imports(_modules())
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(v):
+        state[v] = 1
+        stack.append(v)
+        for w in graph[v]:
+            if state.get(w) == 1:
+                raise AssertionError("import cycle: " + " -> ".join(stack[stack.index(w):] + [w]))
+            if w not in state:
+                visit(w)
+        stack.pop()
+        state[v] = 2
+
+    for v in graph:
+        if v not in state:
+            visit(v)
+
+
+def test_imports_follow_the_allowed_direction():
+    bad = [f"{a} -> {b}" for a, deps in _imports(_modules()).items() for b in deps
+           if _part(b) in FORBIDDEN.get(_part(a), ())]
+    assert not bad, bad
+
+
+def test_the_checker_sees_a_violation(tmp_path, monkeypatch):
+    """The rules above can fail: a module of arch importing the engine is reported."""
+    mods = _modules()
+    fake = tmp_path / "x.py"
+    fake.write_text("from localdiff.engine import Model\n")
+    mods["localdiff.arch.x"] = fake
+    deps = _imports(mods)["localdiff.arch.x"]
+    assert "localdiff.engine" in deps and "engine" in FORBIDDEN["arch"]
+
+
+def test_files_stay_under_about_400_lines():
+    big = [f"{p.relative_to(PKG.parent)} ({n})" for p in PKG.rglob("*.py")
+           if (n := len(p.read_text(encoding="utf-8").splitlines())) > 400]
+    assert not big, big

@@ -99,7 +99,6 @@ def test_bf16_within_measured_tolerance(ref_small):
     m.prefill(ids.expand(16, -1), cache)
     ours = m.denoise(canvas, cache)
     d = (ours - out).abs()
-    print("bf16", d.max().item(), d.mean().item(), (ours.argmax(-1) == out.argmax(-1)).float().mean().item())
     assert d.max() <= 0.5 and d.mean() <= 0.05
     assert (ours.argmax(-1) == out.argmax(-1)).float().mean() >= 0.9
 

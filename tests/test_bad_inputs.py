@@ -181,8 +181,11 @@ def test_bad_input_gives_one_line_and_exit_code(case, ckpt, broken, isolated, mo
     assert fragment in err
 
 
-def test_corpus_is_large_enough():
-    assert len(CASES) >= 20
+def test_corpus_names_are_unique_and_fragments_specific():
+    """Each case is its own scenario (ids unique) and checks a message fragment more specific than the prefix."""
+    ids = [c[0] for c in CASES]
+    assert len(set(ids)) == len(ids)
+    assert all(len(c[5]) >= 4 and c[5] not in ("error", "error: ") for c in CASES)
 
 
 @pytest.mark.parametrize("argv,stdin,code", [

@@ -130,8 +130,6 @@ def test_random_model_int8_accuracy(small_fp32):
     top1, kl, top1_decided, n_decided = _agreement(a, b)
     _, bf16 = _denoise_pairs(small_fp32, copy.deepcopy(small_fp32).to(torch.bfloat16), n_canvases=32)
     top1_bf16 = _agreement(a, bf16)[0]
-    print(f"int8 vs fp32: top-1 {top1:.4f} (bf16 vs fp32 {top1_bf16:.4f}), mean KL {kl:.2e}, "
-          f"top-1 where margin > 0.2: {top1_decided:.4f} of {n_decided}")
     assert kl <= 0.01
     assert n_decided >= 50 and top1_decided >= 0.99
     assert top1 >= top1_bf16 - 0.05, (top1, top1_bf16)
@@ -269,8 +267,6 @@ def _check_bitsandbytes_model(small_fp32, device, use_bnb, relative=True):
     a, b = _denoise_pairs(small_fp32, _OnDevice(qnet, device), n_canvases=16)
     torch_top1 = _agreement(a, _denoise_pairs(small_fp32, quantize_model(copy.deepcopy(small_fp32)), n_canvases=16)[1])[0]
     top1, kl, top1_decided, _ = _agreement(a, b)
-    print(f"bitsandbytes on {device}: top-1 {top1:.4f} (torch int8 path {torch_top1:.4f}), mean KL {kl:.2e}, "
-          f"top-1 where margin > 0.2: {top1_decided:.4f}")
     assert kl <= 0.01 and top1_decided >= 0.99
     if relative:
         assert top1 >= torch_top1 - 0.05

@@ -1,9 +1,7 @@
-import sys
-from pathlib import Path
-
+"""Shared fixtures. Helper modules beside the tests (refmodels, gen_checkpoint, hub_stand_in, fakenet, arch_baby,
+tuihelpers) are importable because pyproject's ``[tool.pytest.ini_options] pythonpath`` lists ``tests`` and the
+recipe folders; no test edits sys.path."""
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.fixture(scope="session")
@@ -25,3 +23,19 @@ def ref_odd(tmp_path_factory):
     d = tmp_path_factory.mktemp("ck_odd")
     save_reference(ref, d)
     return ref, d
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    """A small random DiffusionGemma checkpoint with the embedded tokenizer (built once per session)."""
+    from gen_checkpoint import shared_checkpoint
+
+    return shared_checkpoint(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """The embedded model, loaded once per test module."""
+    import localdiff
+
+    return localdiff.load("tiny", device="cpu")

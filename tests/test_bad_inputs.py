@@ -16,16 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from gen_checkpoint import shared_checkpoint
 
 from localdiff.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return shared_checkpoint(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

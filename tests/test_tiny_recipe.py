@@ -12,9 +12,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "models" / "tiny"
 RECIPE = TINY / "recipe"
-sys.path.insert(0, str(RECIPE))
 
-import tasks  # noqa: E402
+import tasks  # noqa: E402  (models/tiny/recipe is on pytest's pythonpath)
 
 
 def test_generator_is_deterministic_and_covers_every_family():

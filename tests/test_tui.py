@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from tuihelpers import tiny, wait_for  # noqa: F401 (fixture)
+from tuihelpers import wait_for
 import torch
 
 import localdiff

@@ -1,17 +1,7 @@
-"""Shared helpers for the chat (TUI) tests: the embedded model once per module, and waiting on the app."""
+"""Shared helpers for the chat (TUI) tests: waiting on the app (the ``tiny`` fixture lives in conftest)."""
 from __future__ import annotations
 
 import time
-
-import pytest
-
-import localdiff
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    """The embedded model, loaded once per test module."""
-    return localdiff.load("tiny", device="cpu")
 
 
 async def wait_for(pilot, cond, timeout=60.0):

@@ -22,7 +22,8 @@ import torch
 from torch import nn
 
 from localdiff.arch.base import ROLE_DENOISE, ROLE_PREFILL
-from localdiff.arch.diffusion_gemma_spec import MODEL_TYPE, DiffusionGemmaConfig  # noqa: F401
+from localdiff.arch.diffusion_gemma_spec import (MODEL_TYPE, DiffusionGemmaConfig, checkpoint_names,  # noqa: F401
+                                                 is_skipped_checkpoint_tensor, keeps_checkpoint_dtype)
 from localdiff.arch.layers import (GatedMLP, MoEExperts, RMSNorm, Router, apply_rope, attention, backs, embed_scale, linear, norm, rms_norm, rope_inv_freq, rope_tables, softcap)
 from localdiff.arch.masks import canvas_keys, prefill_mask
 
@@ -262,21 +263,13 @@ class DiffusionGemma(nn.Module):
         return self._forward(prefill_ids, prefill_mask, canvas_ids, self_conditioning_logits, cache)
 
     def _forward(self, ids, ids_mask, canvas_ids, sc_logits, cache):
-        """One pass: ``ids`` (n prefill rows, may be None) then ``canvas_ids`` (c canvas rows, may be None)."""
+        """One pass: ``ids`` (n prefill rows, may be None) then ``canvas_ids`` (c canvas rows, may be None), as
+        named stages: inputs (embeddings + self-conditioning) → per layer: attention over the cache (the fused
+        stage when there are prefill rows, else the canvas stage), FFN and layer scalar → logits."""
         n = 0 if ids is None else ids.shape[1]
         c = 0 if canvas_ids is None else canvas_ids.shape[1]
-        ref = ids if n else canvas_ids
-        b, dev = ref.shape[0], ref.device
-        parts = [self._embed(ids)] if n else []
-        if c:
-            xc = self._embed(canvas_ids)
-            soft = None
-            if sc_logits is not None:
-                w = self.embed_tokens.weight
-                probs = torch.softmax(sc_logits, dim=-1, dtype=torch.float32).to(w.dtype)
-                soft = (probs @ w) * self._scale(xc.dtype, dev)
-            parts.append(self.self_conditioning(xc, soft))
-        x = parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+        x = self._inputs(ids, canvas_ids, sc_logits)
+        b, dev = x.shape[0], x.device
         start = cache.seq_len
         rope = self._rope(start, n + c, x.dtype, dev)
         new_mask = None if (ids_mask is None or not n) else ids_mask.to(dev).bool()
@@ -289,43 +282,79 @@ class DiffusionGemma(nn.Module):
                 att = layer.self_attn
                 cos, sin = rope[layer_type(att)]
                 q, k, v = att.qkv(norm(layer.input_layernorm, x), cos, sin)
-                pm = cache.past_mask(i)
                 if n:
-                    past_n = cache.visible_len(i)
-                    key = (att.sliding, past_n)
-                    if key not in masks:
-                        masks[key] = self._masks(b, n, c, start, past_n, att.sliding, pm, new_mask, dev)
-                    m_pre, lo, m_can = masks[key]
-                    past = cache.past(i)
-                    kk, vv = (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)) if past is not None else (k, v)
-                    cache.append(i, k[:, :, :n] if c else k, v[:, :, :n] if c else v)
-                    if i == last and not c:  # prefill rows need only their K/V from the last layer
+                    mask_key = (att.sliding, cache.visible_len(i))
+                    if mask_key not in masks:
+                        masks[mask_key] = self._masks(b, n, c, start, mask_key[1], att.sliding, cache.past_mask(i),
+                                                      new_mask, dev)
+                    a = self._attend_fused(i, q, k, v, n, c, cache, masks[mask_key])
+                    if a is None:           # prefill only, last layer: only its K/V were needed
                         break
-                    # each kind of row attends over the keys its own pass would read (bit-identical to two passes)
-                    a = attention(q[:, :, n:], kk[:, :, lo:], vv[:, :, lo:], m_can) if c else None
-                    if i == last:
+                    if i == last:           # the prefill rows are done: the canvas rows go on alone
                         x, n = x[:, n:], 0
-                    else:
-                        seen = past_n + n
-                        a_pre = attention(q[:, :, :n], kk[:, :, :seen], vv[:, :, :seen], m_pre)
-                        a = a_pre if a is None else torch.cat([a_pre, a], 1)
                 else:
-                    mask = None
-                    if pm is not None:   # pm covers exactly the visible past: the canvas reads all of it
-                        if pm.shape[1] not in masks:
-                            masks[pm.shape[1]] = canvas_keys(b, pm.shape[1], c, None, pm.to(dev), dev)[1]
-                        mask = masks[pm.shape[1]]
-                    kk, vv = cache.with_canvas(i, k, v)
-                    a = attention(q, kk, vv, mask)
-                x = x + norm(layer.post_attention_layernorm, linear(att.o_proj, a))
-                x = layer.ffn(x, n if c else 0)
-                if not n:
-                    x = x * (layer.layer_scalar if c else layer.enc_layer_scalar)
-                elif not c:
-                    x = x * layer.enc_layer_scalar
-                else:
-                    x = torch.cat([x[:, :n] * layer.enc_layer_scalar, x[:, n:] * layer.layer_scalar], 1)
+                    a = self._attend_canvas(i, q, k, v, c, cache, masks, b, dev)
+                x = self._ffn_stage(layer, x, a, n, c)
         return self.logits(norm(self.norm, x)) if c else None
+
+    # -- the stages of a pass -----------------------------------------------------------------------------------
+    def _inputs(self, ids, canvas_ids, sc_logits) -> torch.Tensor:
+        """Input stage: prefill rows' embeddings, then canvas rows' embeddings with self-conditioning on the
+        previous step's logits (soft embedding ``softmax(sc) @ E``). Tensor[B, n + c, H]."""
+        parts = [self._embed(ids)] if ids is not None and ids.shape[1] else []
+        if canvas_ids is not None and canvas_ids.shape[1]:
+            xc = self._embed(canvas_ids)
+            soft = None
+            if sc_logits is not None:
+                w = self.embed_tokens.weight
+                probs = torch.softmax(sc_logits, dim=-1, dtype=torch.float32).to(w.dtype)
+                soft = (probs @ w) * self._scale(xc.dtype, xc.device)
+            parts.append(self.self_conditioning(xc, soft))
+        return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+
+    def _attend_fused(self, i, q, k, v, n, c, cache, masks):
+        """Attention stage with n prefill rows (+ c canvas rows): the prefill rows' K/V are appended to the cache;
+        each kind of row attends over the keys its own pass would read (bit-identical to two passes). Returns
+        Tensor[B, rows, Hq·D] — prefill rows then canvas rows; only the canvas rows on the last layer — or None for
+        a prefill-only pass on the last layer."""
+        m_pre, lo, m_can = masks
+        past_n = cache.visible_len(i)
+        past = cache.past(i)
+        kk, vv = (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)) if past is not None else (k, v)
+        cache.append(i, k[:, :, :n] if c else k, v[:, :, :n] if c else v)
+        last = i == len(self.layers) - 1
+        if last and not c:
+            return None
+        a = attention(q[:, :, n:], kk[:, :, lo:], vv[:, :, lo:], m_can) if c else None
+        if last:
+            return a
+        seen = past_n + n
+        a_pre = attention(q[:, :, :n], kk[:, :, :seen], vv[:, :, :seen], m_pre)
+        return a_pre if a is None else torch.cat([a_pre, a], 1)
+
+    def _attend_canvas(self, i, q, k, v, c, cache, masks, b, dev):
+        """Attention stage of a canvas-only pass: the canvas reads the whole visible past and itself; the cache is
+        only read. Tensor[B, c, Hq·D]."""
+        pm = cache.past_mask(i)
+        mask = None
+        if pm is not None:   # pm covers exactly the visible past: the canvas reads all of it
+            if pm.shape[1] not in masks:
+                masks[pm.shape[1]] = canvas_keys(b, pm.shape[1], c, None, pm.to(dev), dev)[1]
+            mask = masks[pm.shape[1]]
+        kk, vv = cache.with_canvas(i, k, v)
+        return attention(q, kk, vv, mask)
+
+    def _ffn_stage(self, layer, x, a, n, c):
+        """Attention output projection + residual, then the FFN (dense MLP ∥ MoE) and the layer scalar (the
+        encoder's for prefill rows, the decoder's for canvas rows)."""
+        att = layer.self_attn
+        x = x + norm(layer.post_attention_layernorm, linear(att.o_proj, a))
+        x = layer.ffn(x, n if c else 0)
+        if not n:
+            return x * (layer.layer_scalar if c else layer.enc_layer_scalar)
+        if not c:
+            return x * layer.enc_layer_scalar
+        return torch.cat([x[:, :n] * layer.enc_layer_scalar, x[:, n:] * layer.layer_scalar], 1)
 
     def _masks(self, b, n, c, start, past_n, sliding, pm, new_mask, dev) -> tuple:
         """(prefill rows' mask, first key index and mask of the canvas rows) of a pass with n prefill rows (+ c
@@ -343,37 +372,6 @@ class DiffusionGemma(nn.Module):
 def layer_type(att: Attention) -> str:
     """"sliding_attention" or "full_attention" for an attention module."""
     return "sliding_attention" if att.sliding else "full_attention"
-
-
-# -- checkpoint names ---------------------------------------------------------------------------------------------
-_DEC = "model.decoder."
-_ENC = "model.encoder.language_model."
-
-
-def checkpoint_names(local: str) -> list[str]:
-    """Candidate checkpoint tensor names for our parameter / buffer ``local`` (first found wins).
-
-    The decoder holds the shared weights (``model.decoder.*``); the encoder's tied copies
-    (``model.encoder.language_model.*``) are accepted as aliases. The encoder keeps its own ``layer_scalar``.
-    """
-    if local.endswith("enc_layer_scalar"):
-        return [_ENC + local.replace("enc_layer_scalar", "layer_scalar")]
-    if local.startswith("self_conditioning.mlp."):
-        return [_DEC + local.replace("self_conditioning.mlp.", "self_conditioning.")]
-    if local.startswith("lm_head."):
-        return [local]
-    return [_DEC + local, _ENC + local]
-
-
-def keeps_checkpoint_dtype(local: str) -> bool:
-    """True for tensors loaded in the checkpoint's dtype whatever ``dtype=`` asks (the per-layer ``layer_scalar``
-    buffers are cast only after all tensors are read, as the reference does)."""
-    return local.endswith("layer_scalar")
-
-
-def is_skipped_checkpoint_tensor(name: str) -> bool:
-    """True for checkpoint tensors the text runtime never reads (vision tower, vision embedder)."""
-    return ".vision_tower." in name or ".embed_vision." in name or name.startswith("model.vision")
 
 
 MODEL_CLASS = DiffusionGemma

@@ -213,3 +213,34 @@ def summary_fields(config: dict) -> dict:
                         "moe_intermediate_size": _req(t, "moe_intermediate_size"),
                         "dense_mlp_intermediate_size": _req(t, "intermediate_size")},
             "canvas_length": int(config.get("canvas_length") or 256)}
+
+
+# -- checkpoint names ---------------------------------------------------------------------------------------------
+_DEC = "model.decoder."
+_ENC = "model.encoder.language_model."
+
+
+def checkpoint_names(local: str) -> list[str]:
+    """Candidate checkpoint tensor names for our parameter / buffer ``local`` (first found wins).
+
+    The decoder holds the shared weights (``model.decoder.*``); the encoder's tied copies
+    (``model.encoder.language_model.*``) are accepted as aliases. The encoder keeps its own ``layer_scalar``.
+    """
+    if local.endswith("enc_layer_scalar"):
+        return [_ENC + local.replace("enc_layer_scalar", "layer_scalar")]
+    if local.startswith("self_conditioning.mlp."):
+        return [_DEC + local.replace("self_conditioning.mlp.", "self_conditioning.")]
+    if local.startswith("lm_head."):
+        return [local]
+    return [_DEC + local, _ENC + local]
+
+
+def keeps_checkpoint_dtype(local: str) -> bool:
+    """True for tensors loaded in the checkpoint's dtype whatever ``dtype=`` asks (the per-layer ``layer_scalar``
+    buffers are cast only after all tensors are read, as the reference does)."""
+    return local.endswith("layer_scalar")
+
+
+def is_skipped_checkpoint_tensor(name: str) -> bool:
+    """True for checkpoint tensors the text runtime never reads (vision tower, vision embedder)."""
+    return ".vision_tower." in name or ".embed_vision." in name or name.startswith("model.vision")

@@ -140,8 +140,11 @@ def summarize(config: dict, checkpoint_dir: Path | None = None) -> dict:
         CheckpointError: unknown model_type, required config fields missing, or an unreadable safetensors header.
     """
     spec = spec_of(config)
-    t = text_config(config)
     geo = layer_geometry(config)
+    try:   # a spec whose config keys differ from the Llama names (LLaDA: d_model, n_heads) normalises them
+        t = spec.text_fields(config) if hasattr(spec, "text_fields") else text_config(config)
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"config.json: invalid or incomplete config ({e})") from None
     by_type: dict[str, int] = {}
     attn: dict[str, dict] = {}
     for g in geo:
@@ -151,7 +154,9 @@ def summarize(config: dict, checkpoint_dir: Path | None = None) -> dict:
     try:
         extra = spec.summary_fields(config) if hasattr(spec, "summary_fields") else {}
         out = {
-            "architecture": (config.get("architectures") or [None])[0] or getattr(spec, "ARCHITECTURE", spec.MODEL_TYPE),
+            "architecture": (config.get("architectures") or [None])[0]
+            or (spec.architecture_name(config) if hasattr(spec, "architecture_name") else None)
+            or getattr(spec, "ARCHITECTURE", spec.MODEL_TYPE),
             "model_type": config.get("model_type"),
             "family": spec.FAMILY,
             "parameters": parameter_counts(config),

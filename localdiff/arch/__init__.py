@@ -21,7 +21,25 @@ class ArchEntry:
 
 REGISTRY: dict[str, ArchEntry] = {
     "diffusion_gemma": ArchEntry("localdiff.arch.diffusion_gemma", "localdiff.arch.diffusion_gemma_spec", "canvas"),
+    "llada": ArchEntry("localdiff.arch.llada", "localdiff.arch.masked_spec", "masked"),
+    "lladamoe": ArchEntry("localdiff.arch.masked", "localdiff.arch.masked_spec", "masked"),
+    "Dream": ArchEntry("localdiff.arch.masked", "localdiff.arch.masked_spec", "masked"),
+    "a2d-qwen3": ArchEntry("localdiff.arch.masked", "localdiff.arch.masked_spec", "masked"),
 }
+
+#: (model_type, architecture) → registry key, for checkpoints whose model_type names another architecture:
+#: LLaDA-MoE's Hub config.json says "llada" with ``LLaDAMoEModelLM``; None matches any architecture.
+ALIASES: dict[tuple[str, str | None], str] = {
+    ("llada", "LLaDAMoEModelLM"): "lladamoe",
+    ("dream", None): "Dream",
+}
+
+
+def _resolve(mt, architectures) -> str | None:
+    for arch in list(architectures or []) + [None]:
+        if (mt, arch) in ALIASES:
+            return ALIASES[(mt, arch)]
+    return mt
 
 
 def supported() -> list[str]:
@@ -30,14 +48,17 @@ def supported() -> list[str]:
 
 
 def entry_for(config: dict | str) -> ArchEntry:
-    """The registry entry of a config.json dict (or a model_type string).
+    """The registry entry of a config.json dict (or a model_type string), after :data:`ALIASES`.
 
     Raises:
         KeyError: unknown model_type; its message lists the supported ones.
     """
-    mt = config if isinstance(config, str) else config.get("model_type")
-    if not isinstance(config, str) and mt not in REGISTRY:   # a nested text_config may name it
-        mt = (config.get("text_config") or {}).get("model_type", mt)
+    if isinstance(config, str):
+        mt = _resolve(config, ())
+    else:
+        mt = _resolve(config.get("model_type"), config.get("architectures"))
+        if mt not in REGISTRY:   # a nested text_config may name it
+            mt = (config.get("text_config") or {}).get("model_type", mt)
     if mt not in REGISTRY:
         raise KeyError(f"unknown model_type {mt!r} (supported: {', '.join(supported())})")
     return REGISTRY[mt]

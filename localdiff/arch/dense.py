@@ -1,0 +1,231 @@
+"""Shared dense transformer blocks (Llama / Qwen2 / Qwen3 / OLMoE math), written once for every family that uses them:
+the masked family (LLaDA, LLaDA-MoE, Dream, Qwen3 A2D), and later block diffusion (SDAR = Qwen3, LLaDA2), ReFusion
+(Qwen3, causal) and DFlash targets (Qwen3 / Llama).
+
+Pieces: :func:`llama_rms_norm` / :class:`RMSNorm`, RoPE (:func:`inv_freq` with ``default`` / ``linear`` / ``llama3``
+and partial rotary, :func:`rope_cos_sin`, :func:`apply_rope`), :class:`Attention` (GQA, optional q/k/v bias, optional
+per-head q/k RMSNorm as Qwen3, optional q/k/v clipping as OLMoE), :class:`SwiGLU`, :class:`DecoderLayer`
+(pre-norm residual block with a SwiGLU or MoE feed-forward: :mod:`localdiff.arch.moe`) and :class:`DenseStack`
+(embedding → layers → final norm → LM head) whose forward takes an EXPLICIT attention mask, so the masked family
+passes a bidirectional key-padding mask and the block family will pass block-causal masks.
+
+The hyper-parameters come from an args object with the attributes of
+:class:`localdiff.arch.masked_spec.MaskedConfig` (hidden_size, num_attention_heads, num_key_value_heads, head_dim,
+rms_norm_eps, rope_parameters, rope_fp32, qkv_bias, qk_norm, clip_qkv, intermediate_size, MoE fields, ...).
+Math as transformers 5.23.0 ``models/{llama,qwen2,qwen3,qwen3_moe}/modeling_*.py``; tests compare logits to 1e-4.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from localdiff.arch.moe import SparseMoE
+
+
+def llama_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """Llama/Qwen RMSNorm: normalise in fp32, cast back to x's dtype, then ``weight * x`` (weight is the full scale).
+
+    Args:
+        x: Tensor[..., D]; weight: Tensor[D] or None; eps: added to the mean square.
+    Returns:
+        Tensor like x (in x's dtype; the product takes the promoted dtype of weight and x as upstream does).
+    """
+    if x.dtype == torch.float32 and (weight is None or weight.dtype == torch.float32):
+        return torch.rms_norm(x, (x.shape[-1],), weight, eps)
+    xf = x.float()
+    y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return y if weight is None else weight * y
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm with a learned scale of shape [dim] (see :func:`llama_rms_norm`)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return llama_rms_norm(x, self.weight, self.eps)
+
+
+# -- RoPE -------------------------------------------------------------------------------------------------------
+def inv_freq(rope: dict, head_dim: int) -> torch.Tensor:
+    """Inverse frequencies FloatTensor[rot/2] (fp32) of one RoPE configuration.
+
+    ``rope``: ``rope_theta``, ``rope_type`` ("default", "linear" with ``factor``, "llama3" with ``factor``,
+    ``low_freq_factor``, ``high_freq_factor``, ``original_max_position_embeddings``) and ``partial_rotary_factor``
+    (rot = int(head_dim * factor) leading dims rotate, the rest pass through). Formulas as transformers'
+    ``ROPE_INIT_FUNCTIONS``.
+
+    Raises:
+        ValueError: another rope_type (yarn, dynamic, longrope: not needed by the supported checkpoints).
+    """
+    kind = rope.get("rope_type", "default")
+    theta = float(rope["rope_theta"])
+    rot = int(head_dim * float(rope.get("partial_rotary_factor", 1.0)))
+    inv = 1.0 / (theta ** (torch.arange(0, rot, 2, dtype=torch.int64).float() / rot))
+    if kind == "default":
+        return inv
+    if kind == "linear":
+        return inv / float(rope["factor"])
+    if kind == "llama3":
+        factor, lo, hi = float(rope["factor"]), float(rope["low_freq_factor"]), float(rope["high_freq_factor"])
+        old = float(rope["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > old / lo, inv / factor, inv)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < old / hi) & ~(wavelen > old / lo)
+        return torch.where(medium, smoothed, scaled)
+    raise ValueError(f"unsupported rope_type {kind!r}")
+
+
+def rope_cos_sin(inv: torch.Tensor, start: int, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 (cos, sin) tables FloatTensor[n, rot] for absolute positions ``start .. start+n-1``."""
+    pos = torch.arange(start, start + n, device=device, dtype=torch.float32)
+    freqs = pos[:, None] * inv.to(device)[None, :]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fp32: bool = False) -> torch.Tensor:
+    """Rotate-half RoPE on the leading ``rot = cos.shape[-1]`` dims of x: Tensor[B, H, L, D] (the rest pass through).
+
+    ``fp32``: rotate in fp32 and cast back (LLaDA's ``rope_full_precision``); else the tables are cast to x's dtype
+    first (Llama/Qwen)."""
+    rot = cos.shape[-1]
+    xr = x[..., :rot]
+    if fp32:
+        xr = xr.float()
+    else:
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    x1, x2 = xr[..., : rot // 2], xr[..., rot // 2:]
+    out = (xr * cos + torch.cat([-x2, x1], dim=-1) * sin).to(x.dtype)
+    return out if rot == x.shape[-1] else torch.cat([out, x[..., rot:]], dim=-1)
+
+
+# -- attention, MLP, layer ---------------------------------------------------------------------------------------
+class Attention(nn.Module):
+    """Multi-head attention with GQA: ``q_proj``/``k_proj``/``v_proj`` (bias when ``cfg.qkv_bias``), ``o_proj``
+    (bias-free), optional per-head ``q_norm``/``k_norm`` (RMSNorm over head_dim, before RoPE, as Qwen3 / LLaDA-MoE),
+    optional clipping of q/k/v to ±``cfg.clip_qkv`` (after the norms, as OLMoE). Scale 1/sqrt(head_dim)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, d
+        self.q_proj = nn.Linear(h, self.heads * d, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(h, self.kv_heads * d, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(h, self.kv_heads * d, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(self.heads * d, h, bias=False)
+        self.q_norm = RMSNorm(d, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(d, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.clip = cfg.clip_qkv
+        self.rope_fp32 = cfg.rope_fp32
+
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """x: Tensor[B, L, H] (normed) → q Tensor[B, heads, L, D], k / v Tensor[B, kv_heads, L, D], RoPE applied."""
+        b, n, _ = x.shape
+        q = self.q_proj(x).view(b, n, self.heads, self.head_dim)
+        k = self.k_proj(x).view(b, n, self.kv_heads, self.head_dim)
+        v = self.v_proj(x).view(b, n, self.kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.clip is not None:
+            q, k, v = (t.clamp(-self.clip, self.clip) for t in (q, k, v))
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        return apply_rope(q, cos, sin, self.rope_fp32), apply_rope(k, cos, sin, self.rope_fp32), v
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """SDPA of q [B, heads, Lq, D] over k / v [B, kv_heads, Lk, D]; mask Bool broadcastable to [B, 1, Lq, Lk]
+        (True = may attend) or None (all) → o_proj output Tensor[B, Lq, hidden]."""
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.heads != self.kv_heads)
+        b, _, n, _ = out.shape
+        return self.o_proj(out.transpose(1, 2).reshape(b, n, self.heads * self.head_dim))
+
+
+class SwiGLU(nn.Module):
+    """``down_proj(silu(gate_proj(x)) * up_proj(x))``, bias-free (Llama/Qwen MLP; LLaDA's ff_proj / up_proj /
+    ff_out)."""
+
+    def __init__(self, hidden: int, inter: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inter, bias=False)
+        self.up_proj = nn.Linear(hidden, inter, bias=False)
+        self.down_proj = nn.Linear(inter, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: ``x += attn(input_layernorm(x))``; ``x += mlp(post_attention_layernorm(x))`` (+ a shared
+    expert on the same normed input when the config has one). ``mlp`` is :class:`SwiGLU` or
+    :class:`localdiff.arch.moe.SparseMoE` (``cfg.is_moe_layer(i)``)."""
+
+    def __init__(self, cfg, i: int):
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        moe = cfg.is_moe_layer(i)
+        self.mlp = SparseMoE(cfg) if moe else SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+        shared = moe and cfg.shared_expert_intermediate_size > 0
+        self.shared_expert = SwiGLU(cfg.hidden_size, cfg.shared_expert_intermediate_size) if shared else None
+
+    def ffn(self, x: torch.Tensor) -> torch.Tensor:
+        """The feed-forward half on the post-attention residual x: Tensor[B, L, H]."""
+        h = self.post_attention_layernorm(x)
+        y = self.mlp(h)
+        if self.shared_expert is not None:
+            y = y + self.shared_expert(h)
+        return x + y
+
+
+class DenseStack(nn.Module):
+    """Embedding → :class:`DecoderLayer` × N → final RMSNorm → LM head (tied to the embedding when
+    ``cfg.tie_word_embeddings``). Attributes ``embed_tokens``, ``layers``, ``norm``, ``lm_head`` (None when tied)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        rows = cfg.embedding_rows
+        self.embed_tokens = nn.Embedding(rows, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, rows, bias=False)
+        with torch.device("cpu"):   # computed, never loaded: keep it off the meta device
+            self._inv_freq = inv_freq(cfg.rope_parameters, cfg.head_dim)
+
+    def head_weight(self) -> torch.Tensor:
+        """The LM head matrix Tensor[rows, H] (the embedding when tied)."""
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def run(self, input_ids: torch.Tensor, start: int, mask: torch.Tensor | None,
+            kv: list | None = None, return_kv: bool = False):
+        """Hidden states of the tokens ``input_ids`` (LongTensor[B, n]) at positions ``start .. start+n-1``.
+
+        Per layer, the keys/values are ``kv[i]``'s entries before ``start``, the window's fresh ones, then
+        ``kv[i]``'s entries from ``start + n`` on (when kv is longer): S = start + n + max(0, len(kv) − start − n)
+        keys. ``mask``: BoolTensor broadcastable to [B, 1, n, S] (True = may attend) or None (attend to all).
+        Returns (final-normed hidden Tensor[B, n, H], the window's per-layer (K, V) list or None).
+        """
+        x = self.embed_tokens(input_ids)
+        cos, sin = rope_cos_sin(self._inv_freq, start, input_ids.shape[1], x.device)
+        n = input_ids.shape[1]
+        fresh = [] if return_kv else None
+        for i, layer in enumerate(self.layers):
+            att = layer.self_attn
+            q, k, v = att.qkv(layer.input_layernorm(x), cos, sin)
+            if return_kv:
+                fresh.append((k, v))
+            if kv is not None:
+                pk, pv = kv[i]
+                k = torch.cat([pk[:, :, :start], k, pk[:, :, start + n:]], 2)
+                v = torch.cat([pv[:, :, :start], v, pv[:, :, start + n:]], 2)
+            x = x + att.attend(q, k, v, mask)
+            x = layer.ffn(x)
+        return self.norm(x), fresh

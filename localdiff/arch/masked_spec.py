@@ -1,0 +1,319 @@
+"""Masked-diffusion configs (torch-free): LLaDA (OLMo-style ``config.json`` keys), LLaDA-MoE, Dream / DiffuCoder
+(Qwen2 keys) and dllm-hub's A2D Qwen3 (Qwen3 keys), parsed into one :class:`MaskedConfig`.
+
+Sources (read, not copied): LLaDA ``configuration_llada.py`` / ``modeling_llada.py`` (``LLaDALlamaBlock``;
+``effective_n_kv_heads``; ``embedding_size``; ``weight_tying``), the LLaDA-MoE Hub ``configuration_lladamoe.py`` /
+``modeling_lladamoe.py`` (its config.json says ``model_type: "llada"`` with ``architectures: ["LLaDAMoEModelLM"]``;
+dllm renames it ``"lladamoe"``), Dream's ``configuration_dream.py`` (``model_type: "Dream"``, mask 151666, pad
+151643), dllm ``a2d/models/qwen3`` (``model_type: "a2d-qwen3"``, a Qwen3Config; the tokenizer appends
+``<|mask|>`` = 151669 after Qwen3's 151669 tokens).
+
+Tensor names are ours (the model's ``named_parameters``): ``embed_tokens.weight``, ``layers.N.self_attn.{q,k,v,o}_proj``,
+``layers.N.self_attn.{q,k}_norm``, ``layers.N.mlp.{gate,up,down}_proj`` (dense) or ``layers.N.mlp.gate`` +
+``layers.N.mlp.experts.E.*`` (+ ``layers.N.mlp.expert_bias``, ``layers.N.shared_expert.*``),
+``layers.N.{input,post_attention}_layernorm``, ``norm.weight``, ``lm_head.weight`` (absent when tied); the model
+modules map them to each checkpoint's names.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from localdiff.arch.base import LayerGeom, Tensorish
+from localdiff.arch.base import parameter_counts as _counts
+
+MODEL_TYPE = "llada"
+#: every config.json model_type this spec parses (after alias resolution in localdiff.arch)
+MODEL_TYPES = ("llada", "lladamoe", "Dream", "a2d-qwen3")
+FAMILY = "masked"
+ARCHITECTURE = "LLaDAModelLM"
+_ARCHITECTURES = {"llada": "LLaDAModelLM", "lladamoe": "LLaDAMoEModelLM", "Dream": "DreamModel",
+                  "a2d-qwen3": "A2DQwen3LMHeadModel"}
+#: (mask, eos, pad, bos) used when config.json omits them — the values upstream code hard-codes for each model_type
+DEFAULT_IDS = {"llada": (126336, 126081, 126081, 126080), "lladamoe": (156895, 156892, 156892, None),
+               "Dream": (151666, 151643, 151643, 151643), "a2d-qwen3": (151669, 151645, 151643, 151643)}
+
+
+@dataclass(frozen=True)
+class MaskedConfig:
+    """Hyper-parameters of a masked-diffusion checkpoint (every layout normalised to Llama/Qwen names).
+
+    ``vocab_size``: logits width (token ids); ``embedding_rows``: rows of the embedding / LM head matrices (LLaDA's
+    ``embedding_size`` may pad the vocabulary; logits are cut to ``vocab_size``). ``shift_logits``: True when
+    ``logits[:, i]`` predicts token ``i + 1`` (Dream / DiffuCoder). ``moe_layers[i]``: layer i uses the MoE.
+    """
+
+    model_type: str
+    vocab_size: int
+    embedding_rows: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rope_parameters: dict
+    mask_token_id: int
+    eos_token_id: tuple
+    pad_token_id: int | None
+    bos_token_id: int | None
+    rms_norm_eps: float = 1e-6
+    rope_fp32: bool = False
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    clip_qkv: float | None = None
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    expert_bias: bool = False
+    moe_layers: tuple = ()
+    shift_logits: bool = False
+    raw: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def is_moe_layer(self, i: int) -> bool:
+        """Whether layer i's feed-forward is the sparse MoE."""
+        return bool(self.moe_layers) and bool(self.moe_layers[i])
+
+
+# -- parsing ------------------------------------------------------------------------------------------------------
+def _req(raw: dict, key: str):
+    v = raw.get(key)
+    if v is None:
+        raise ValueError(f"missing field '{key}'")
+    return v
+
+
+def _int(raw: dict, key: str, default=None) -> int:
+    v = raw.get(key, default) if default is not None else _req(raw, key)
+    if v is None:
+        v = default
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"field '{key}' must be an integer (got {v!r})") from None
+
+
+def _refuse(raw: dict, key: str, ok) -> None:
+    """ValueError naming ``key`` when its value is not one of ``ok`` (a tuple; absent keys pass)."""
+    if key in raw and raw[key] not in ok:
+        raise ValueError(f"field '{key}' = {raw[key]!r} is not supported (supported: {', '.join(map(repr, ok))})")
+
+
+def canonical_type(raw: dict) -> str:
+    """The spec's model_type of a config dict: LLaDA-MoE's Hub config says "llada" with architecture
+    ``LLaDAMoEModelLM``; "dream" (lower case) is accepted for "Dream"."""
+    mt = raw.get("model_type")
+    if mt == "llada" and "LLaDAMoEModelLM" in (raw.get("architectures") or []):
+        return "lladamoe"
+    return {"dream": "Dream"}.get(mt, mt)
+
+
+def _ids(raw: dict, mt: str) -> tuple:
+    mask_d, eos_d, pad_d, bos_d = DEFAULT_IDS[mt]
+    mask = raw.get("mask_token_id", mask_d)
+    if mask is None:
+        raise ValueError("missing field 'mask_token_id'")
+    eos = raw.get("eos_token_id", eos_d)
+    eos = tuple(int(e) for e in eos) if isinstance(eos, (list, tuple)) else ((int(eos),) if eos is not None else ())
+    pad = raw.get("pad_token_id", pad_d)
+    return int(mask), eos, (None if pad is None else int(pad)), raw.get("bos_token_id", bos_d)
+
+
+def _rope(raw: dict, theta_default: float | None = None) -> dict:
+    """Our rope dict from transformers 5 ``rope_parameters`` or the older ``rope_theta`` + ``rope_scaling``."""
+    rp = dict(raw.get("rope_parameters") or {})
+    if not rp:
+        theta = raw.get("rope_theta", theta_default)
+        if theta is None:
+            raise ValueError("missing field 'rope_theta'")
+        rp = {"rope_type": "default", "rope_theta": float(theta)}
+        scaling = raw.get("rope_scaling") or {}
+        rp.update({k: v for k, v in scaling.items() if k != "type"})
+        if "type" in scaling and "rope_type" not in scaling:
+            rp["rope_type"] = scaling["type"]
+    prf = raw.get("partial_rotary_factor")
+    if prf is not None and float(prf) > 0 and "partial_rotary_factor" not in rp:
+        rp["partial_rotary_factor"] = float(prf)
+    if rp.get("rope_type", "default") not in ("default", "linear", "llama3"):
+        raise ValueError(f"field 'rope_scaling' type {rp['rope_type']!r} is not supported (default, linear, llama3)")
+    return rp
+
+
+def _llada(raw: dict) -> dict:
+    """LLaDA / OLMo keys (``LLaDALlamaBlock``). Only the combination LLaDA checkpoints use is accepted."""
+    _refuse(raw, "block_type", ("llama",))
+    _refuse(raw, "layer_norm_type", ("rms",))
+    _refuse(raw, "activation_type", ("silu",))
+    for key, ok in (("rope", (True,)), ("alibi", (False,)), ("include_bias", (False,)), ("scale_logits", (False,)),
+                    ("input_emb_norm", (False,)), ("attention_layer_norm", (False,)),
+                    ("bias_for_layer_norm", (False, None)), ("layer_norm_with_affine", (True,))):
+        _refuse(raw, key, ok)
+    if "layer_norm_type" not in raw:
+        raise ValueError("missing field 'layer_norm_type' (LLaDA checkpoints use \"rms\")")
+    d, heads = _int(raw, "d_model"), _int(raw, "n_heads")
+    kv = raw.get("n_kv_heads")
+    kv = int(kv) if kv is not None else (1 if raw.get("multi_query_attention") else heads)
+    inter = raw.get("mlp_hidden_size") or _int(raw, "mlp_ratio", 4) * d
+    vocab = _int(raw, "vocab_size")
+    rows = _int(raw, "embedding_size", vocab)
+    if rows < vocab:
+        raise ValueError(f"field 'embedding_size' ({rows}) is smaller than 'vocab_size' ({vocab})")
+    return dict(vocab_size=vocab, embedding_rows=rows, hidden_size=d, intermediate_size=int(inter),
+                num_hidden_layers=_int(raw, "n_layers"), num_attention_heads=heads, num_key_value_heads=kv,
+                head_dim=d // heads, rope_parameters=_rope(raw, 10000.0), rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5)),
+                rope_fp32=bool(raw.get("rope_full_precision", True)),
+                max_position_embeddings=_int(raw, "max_sequence_length", 1024),
+                tie_word_embeddings=bool(raw.get("weight_tying", True)), qkv_bias=bool(raw.get("include_qkv_bias")))
+
+
+def _hf(raw: dict, mt: str) -> dict:
+    """Llama / Qwen2 / Qwen3 / LLaDA-MoE keys."""
+    if raw.get("use_sliding_window"):
+        raise ValueError("field 'use_sliding_window' = true is not supported (masked models attend to all tokens)")
+    h, heads = _int(raw, "hidden_size"), _int(raw, "num_attention_heads")
+    head_dim = raw.get("head_dim") if mt == "a2d-qwen3" else None
+    vocab = _int(raw, "vocab_size")
+    out = dict(vocab_size=vocab, embedding_rows=vocab, hidden_size=h, num_hidden_layers=_int(raw, "num_hidden_layers"),
+               num_attention_heads=heads, num_key_value_heads=_int(raw, "num_key_value_heads", heads),
+               head_dim=int(head_dim or h // heads), rope_parameters=_rope(raw, 10000.0 if mt == "Dream" else None),
+               rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5 if mt == "lladamoe" else 1e-6)),
+               max_position_embeddings=_int(raw, "max_position_embeddings", 4096 if mt == "lladamoe" else 32768),
+               tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)))
+    if mt == "Dream":
+        out.update(intermediate_size=_int(raw, "intermediate_size"), qkv_bias=True, shift_logits=True)
+    elif mt == "a2d-qwen3":
+        out.update(intermediate_size=_int(raw, "intermediate_size"), qkv_bias=bool(raw.get("attention_bias")),
+                   qk_norm=True)
+    else:   # lladamoe
+        _refuse(raw, "moe_router_score_function", ("softmax", None))
+        n, e = out["num_hidden_layers"], _int(raw, "num_experts")
+        freq = list(raw.get("moe_layer_freq") or [1] * n)
+        if len(freq) != n:
+            raise ValueError(f"field 'moe_layer_freq' has {len(freq)} entries, num_hidden_layers is {n}")
+        shared = raw.get("shared_expert_intermediate_size")
+        k = _int(raw, "num_experts_per_tok")
+        if not 0 < k <= e:
+            raise ValueError(f"field 'num_experts_per_tok' ({k}) must be in 1..num_experts ({e})")
+        out.update(intermediate_size=max(0, int(raw.get("dense_intermediate_size") or 0)),
+                   qkv_bias=bool(raw.get("attention_bias")), qk_norm=bool(raw.get("qk_layernorm")),
+                   clip_qkv=raw.get("clip_qkv"), num_experts=e, num_experts_per_tok=k,
+                   moe_intermediate_size=_int(raw, "expert_intermediate_size"),
+                   shared_expert_intermediate_size=max(0, int(shared or 0)),
+                   norm_topk_prob=False,   # the Hub code hard-codes False whatever the config says
+                   expert_bias=bool(raw.get("moe_router_enable_expert_bias")), moe_layers=tuple(bool(f) for f in freq))
+        if not all(freq) and out["intermediate_size"] <= 0:
+            raise ValueError("missing field 'dense_intermediate_size' (moe_layer_freq has dense layers)")
+        if out["head_dim"] * heads != h:
+            raise ValueError(f"hidden_size ({h}) must be num_attention_heads × head dim")
+    return out
+
+
+def parse_config(raw: dict) -> MaskedConfig:
+    """The :class:`MaskedConfig` of a config.json dict.
+
+    Raises:
+        ValueError: a missing field the family needs, an unsupported option (both named), mask id missing with no
+            known default, mask id equal to the pad id, or ids outside the vocabulary.
+    """
+    mt = canonical_type(raw)
+    if mt not in DEFAULT_IDS:
+        raise ValueError(f"model_type {raw.get('model_type')!r} is not a masked-diffusion type ({', '.join(MODEL_TYPES)})")
+    fields = _llada(raw) if mt == "llada" else _hf(raw, mt)
+    mask, eos, pad, bos = _ids(raw, mt)
+    if pad is not None and mask == pad:
+        raise ValueError(f"field 'mask_token_id' ({mask}) equals 'pad_token_id': padding would read as masks")
+    if not 0 <= mask < fields["vocab_size"]:
+        raise ValueError(f"field 'mask_token_id' ({mask}) is outside the vocabulary (vocab_size {fields['vocab_size']})")
+    h, heads, kv = fields["hidden_size"], fields["num_attention_heads"], fields["num_key_value_heads"]
+    if heads <= 0 or kv <= 0 or heads % kv:
+        raise ValueError(f"num_attention_heads ({heads}) must be a positive multiple of the key/value heads ({kv})")
+    if h <= 0 or fields["head_dim"] <= 0 or fields["num_hidden_layers"] <= 0:
+        raise ValueError("hidden size, head dim and layer count must be positive")
+    return MaskedConfig(model_type=mt, mask_token_id=mask, eos_token_id=eos, pad_token_id=pad,
+                        bos_token_id=None if bos is None else int(bos), raw=raw, **fields)
+
+
+# -- the spec contract (localdiff.arch.base.ArchSpec) -------------------------------------------------------------
+def layer_geometry(raw: dict) -> list[LayerGeom]:
+    """One full-attention :class:`LayerGeom` per layer (no sliding windows, keys and values separate)."""
+    c = parse_config(raw)
+    return [LayerGeom("full_attention", c.head_dim, c.num_key_value_heads, True, None)] * c.num_hidden_layers
+
+
+def tensor_shapes(raw: dict, include_buffers: bool = True) -> list[Tensorish]:
+    """Every weight tensor the config implies, with our names (see the module docstring). Components:
+    ``embeddings``, ``lm_head`` (untied only), ``attention``, ``attention_norms``, ``dense_mlp``, ``router``
+    (gate + the ``expert_bias`` buffer), ``experts``, ``shared_expert``, ``norms``."""
+    c = parse_config(raw)
+    h, d = c.hidden_size, c.head_dim
+    out = [Tensorish("embeddings", None, "embed_tokens.weight", (c.embedding_rows, h))]
+    for i in range(c.num_hidden_layers):
+        p = f"layers.{i}."
+        for name, o, k in (("q_proj", c.num_attention_heads * d, h), ("k_proj", c.num_key_value_heads * d, h),
+                           ("v_proj", c.num_key_value_heads * d, h)):
+            out.append(Tensorish("attention", i, f"{p}self_attn.{name}.weight", (o, k)))
+            if c.qkv_bias:
+                out.append(Tensorish("attention", i, f"{p}self_attn.{name}.bias", (o,)))
+        out.append(Tensorish("attention", i, f"{p}self_attn.o_proj.weight", (h, c.num_attention_heads * d)))
+        if c.qk_norm:
+            out += [Tensorish("attention_norms", i, f"{p}self_attn.{n}.weight", (d,)) for n in ("q_norm", "k_norm")]
+        if c.is_moe_layer(i):
+            out.append(Tensorish("router", i, f"{p}mlp.gate.weight", (c.num_experts, h)))
+            if c.expert_bias and include_buffers:
+                out.append(Tensorish("router", i, f"{p}mlp.expert_bias", (c.num_experts,), buffer=True))
+            out += _swiglu("experts", i, f"{p}mlp.experts.{{e}}.", h, c.moe_intermediate_size, c.num_experts)
+            if c.shared_expert_intermediate_size:
+                out += _swiglu("shared_expert", i, f"{p}shared_expert.", h, c.shared_expert_intermediate_size, 1)
+        else:
+            out += _swiglu("dense_mlp", i, f"{p}mlp.", h, c.intermediate_size, 1)
+        out += [Tensorish("norms", i, f"{p}{n}.weight", (h,)) for n in ("input_layernorm", "post_attention_layernorm")]
+    out.append(Tensorish("norms", None, "norm.weight", (h,)))
+    if not c.tie_word_embeddings:
+        out.append(Tensorish("lm_head", None, "lm_head.weight", (c.embedding_rows, h)))
+    return out
+
+
+def _swiglu(component: str, i: int, prefix: str, h: int, inter: int, copies: int) -> list[Tensorish]:
+    out = []
+    for e in range(copies):
+        p = prefix.format(e=e)
+        out += [Tensorish(component, i, f"{p}gate_proj.weight", (inter, h)),
+                Tensorish(component, i, f"{p}up_proj.weight", (inter, h)),
+                Tensorish(component, i, f"{p}down_proj.weight", (h, inter))]
+    return out
+
+
+def parameter_counts(raw: dict) -> dict:
+    """``total``, ``active_per_token`` (total minus the routed experts a token does not use) and ``by_component``."""
+    c = parse_config(raw)
+    moe_layers = sum(c.is_moe_layer(i) for i in range(c.num_hidden_layers))
+    inactive = moe_layers * (c.num_experts - c.num_experts_per_tok) * 3 * c.hidden_size * c.moe_intermediate_size
+    return _counts(tensor_shapes(raw, include_buffers=False), inactive)
+
+
+def text_fields(raw: dict) -> dict:
+    """The summary's common fields under their Llama names (LLaDA's config says d_model, n_heads, ...)."""
+    c = parse_config(raw)
+    return {"hidden_size": c.hidden_size, "num_attention_heads": c.num_attention_heads, "vocab_size": c.vocab_size,
+            "max_position_embeddings": c.max_position_embeddings}
+
+
+def summary_fields(raw: dict) -> dict:
+    """Family-specific fields of ``localdiff show``: the special ids, logit shift, and experts when MoE."""
+    c = parse_config(raw)
+    out = {"mask_token_id": c.mask_token_id, "eos_token_id": list(c.eos_token_id), "pad_token_id": c.pad_token_id,
+           "shift_logits": c.shift_logits}
+    if c.num_experts:
+        out["experts"] = {"total": c.num_experts, "top_k": c.num_experts_per_tok,
+                          "moe_intermediate_size": c.moe_intermediate_size,
+                          "shared_intermediate_size": c.shared_expert_intermediate_size,
+                          "moe_layers": sum(c.moe_layers)}
+    return out
+
+
+def architecture_name(raw: dict) -> str:
+    """The upstream class name of a config (for ``show`` when config.json lacks ``architectures``)."""
+    return _ARCHITECTURES.get(canonical_type(raw), ARCHITECTURE)

@@ -111,8 +111,11 @@ def canonical_type(raw: dict) -> str:
     return {"dream": "Dream"}.get(mt, mt)
 
 
-def _ids(raw: dict, mt: str) -> tuple:
-    mask_d, eos_d, pad_d, bos_d = DEFAULT_IDS[mt]
+def _ids(raw: dict, mt: str, vocab: int) -> tuple:
+    """(mask, eos tuple, pad, bos) from the config, else the model_type's defaults (a default eos / pad / bos
+    outside the vocabulary — a tiny test checkpoint — is dropped; the mask id never is)."""
+    mask_d, eos_d, pad_d, bos_d = (d if d is None or i == 0 or d < vocab else None
+                                   for i, d in enumerate(DEFAULT_IDS[mt]))
     mask = raw.get("mask_token_id", mask_d)
     if mask is None:
         raise ValueError("missing field 'mask_token_id'")
@@ -222,7 +225,7 @@ def parse_config(raw: dict) -> MaskedConfig:
     if mt not in DEFAULT_IDS:
         raise ValueError(f"model_type {raw.get('model_type')!r} is not a masked-diffusion type ({', '.join(MODEL_TYPES)})")
     fields = _llada(raw) if mt == "llada" else _hf(raw, mt)
-    mask, eos, pad, bos = _ids(raw, mt)
+    mask, eos, pad, bos = _ids(raw, mt, fields["vocab_size"])
     if pad is not None and mask == pad:
         raise ValueError(f"field 'mask_token_id' ({mask}) equals 'pad_token_id': padding would read as masks")
     if not 0 <= mask < fields["vocab_size"]:

@@ -192,3 +192,24 @@ def test_llada_checkpoint_names_are_the_olmo_layout():
     assert mod.checkpoint_names("layers.0.mlp.down_proj.weight") == ["model.transformer.blocks.0.ff_out.weight"]
     assert mod.checkpoint_names("lm_head.weight") == ["model.transformer.ff_out.weight"]
     assert mod.checkpoint_names("embed_tokens.weight") == ["model.transformer.wte.weight"]
+
+
+# -- catalog ------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("alias,repo,mask", [
+    ("llada:8b", "GSAI-ML/LLaDA-8B-Instruct", 126336), ("llada-moe:7b", "inclusionAI/LLaDA-MoE-7B-A1B-Instruct", 156895),
+    ("dream:7b", "Dream-org/Dream-v0-Instruct-7B", 151666), ("diffucoder:7b", "apple/DiffuCoder-7B-cpGRPO", 151666),
+    ("qwen3-mdm:0.6b", "dllm-hub/Qwen3-0.6B-diffusion-mdlm-v0.1", 151669)])
+def test_catalog_entries_show_before_pull(alias, repo, mask, tmp_path, monkeypatch, capsys):
+    from huggingface_hub import constants
+
+    from localdiff.cli import main
+    from localdiff.hub.catalog import lookup
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    e = lookup(alias)
+    assert e.repo == repo and e.sampler and e.allow_patterns and e.approx_size_bytes > 0
+    assert main(["show", alias, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    s = shown["summary"]
+    assert "offline stand-in" in shown["source"] and s["family"] == "masked" and s["mask_token_id"] == mask
+    assert s["parameters"]["total"] == e.approx_params and s["parameters"]["active_per_token"] == e.active_params

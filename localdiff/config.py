@@ -52,7 +52,8 @@ _TOP_KEYS: dict[str, type] = {
     "max_new_tokens": int,
     "seed": int,
 }
-_ENV_OTHER = ("LOCALDIFF_CONFIG", "LOCALDIFF_DATA_DIR", "LOCALDIFF_DEBUG", "LOCALDIFF_NO_BNB")  # read elsewhere
+_ENV_OTHER = ("LOCALDIFF_CONFIG", "LOCALDIFF_DATA_DIR", "LOCALDIFF_DEBUG", "LOCALDIFF_NO_BNB",  # read elsewhere
+              "LOCALDIFF_API_KEY")
 _ENV_TOP = {"LOCALDIFF_MODEL": "default_model", "LOCALDIFF_DEVICE": "device", "LOCALDIFF_QUANT": "quant",
             "LOCALDIFF_MAX_NEW_TOKENS": "max_new_tokens", "LOCALDIFF_SEED": "seed"}
 

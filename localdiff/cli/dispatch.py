@@ -1,6 +1,6 @@
 """``localdiff`` command line: argument parsing and dispatch only.
 
-Subcommands: gen, chat, pull, list, rm, show, config, bench, quantize. Heavy imports (torch, textual, the engine)
+Subcommands: gen, chat, serve, pull, list, rm, show, config, bench, quantize. Heavy imports (torch, textual, the engine)
 happen inside the command that needs them, so ``localdiff list`` / ``pull`` start fast and ``textual`` is imported
 only for ``chat``.
 
@@ -50,6 +50,12 @@ def _add_sampler(p: argparse.ArgumentParser) -> None:
                                                        "full-attention layers move to host memory beyond it")
 
 
+def _add_endpoint(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--endpoint", metavar="URL", help="use an OpenAI-compatible server (localdiff serve, vLLM, "
+                                                     "SGLang) instead of a local model, e.g. http://127.0.0.1:11436/v1")
+    p.add_argument("--api-key", help="API key for --endpoint (default: $LOCALDIFF_API_KEY)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser (used by :func:`main` and by the docs)."""
     p = _Parser(prog="localdiff", description="Run diffusion language models on this machine.")
@@ -73,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("-v", "--verbose", action="store_true",
                    help="stats and KV-cache accounting (device/host bytes, blocks moved, prefill computed vs "
                         "reused) on stderr, terminal or not")
+    _add_endpoint(g)
     _add_sampler(g)
     _add_common(g)
 
@@ -80,8 +87,25 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("-m", "--model", help="model to start with (default: config's default_model)")
     c.add_argument("--resume", nargs="?", const="last", metavar="ID", help="resume a conversation (default: last)")
     c.add_argument("--list", dest="list_only", action="store_true", help="list saved conversations and exit")
+    _add_endpoint(c)
     _add_sampler(c)
     _add_common(c)
+
+    sv = sub.add_parser("serve", help="OpenAI- and Ollama-compatible HTTP API (127.0.0.1 by default)",
+                        description="Serve models over HTTP: OpenAI /v1/chat/completions, /v1/completions, "
+                                    "/v1/models; Ollama /api/chat, /api/generate, /api/tags, /api/ps; /health.")
+    sv.add_argument("-m", "--model", help="load this model at start (default: on the first request, by name)")
+    sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; another address "
+                                                         "needs --api-key or --insecure)")
+    sv.add_argument("--port", type=int, default=11436, help="port (default 11436)")
+    sv.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (default: $LOCALDIFF_API_KEY)")
+    sv.add_argument("--insecure", action="store_true", help="allow a non-local --host without an API key")
+    sv.add_argument("--max-queue", type=int, default=32, metavar="N", help="requests waiting at most (then 503)")
+    sv.add_argument("--keep-alive", type=float, default=300.0, metavar="SECONDS",
+                    help="unload an idle model after SECONDS (default 300; 0 = never)")
+    sv.add_argument("--max-body", metavar="SIZE", help="request size limit, e.g. 1MiB (default 1MiB)")
+    _add_sampler(sv)
+    _add_common(sv)
 
     pl = sub.add_parser("pull", help="download a model from the Hugging Face Hub (resumable)")
     pl.add_argument("name", help="catalog alias (see `localdiff list --all`) or org/repo[@revision]")
@@ -126,9 +150,17 @@ def build_parser() -> argparse.ArgumentParser:
 def _dispatch(args, argv) -> int:
     cmd = args.command
     if cmd == "gen":
+        if getattr(args, "endpoint", None):
+            from localdiff.cli.remote import run_gen_remote
+
+            return run_gen_remote(args)
         from localdiff.cli.gen import run_gen
 
         return run_gen(args)
+    if cmd == "serve":
+        from localdiff.cli.remote import run_serve
+
+        return run_serve(args)
     if cmd == "chat":
         from localdiff.cli.hub import run_chat_cmd
 

@@ -204,5 +204,13 @@ def run_chat_cmd(args) -> int:
         from localdiff.tui import run_chat
     except ImportError as e:
         raise LocaldiffError(f"`localdiff chat` is not available in this build ({e})") from None
-    return int(run_chat(model=cfg.default_model, resume=args.resume, list_only=args.list_only, device=cfg.device,
-                        quant=cfg.quant, sampler_options=overrides) or 0)
+    loader, model = None, cfg.default_model
+    if getattr(args, "endpoint", None):
+        from localdiff.backends.remote import base_url
+        from localdiff.cli.remote import _api_key, remote_loader
+
+        base_url(args.endpoint)  # a bad URL is a usage error before the UI starts
+        loader = remote_loader(args.endpoint, _api_key(args))
+        model = args.model or ""  # "" = the server's first model
+    return int(run_chat(model=model, resume=args.resume, list_only=args.list_only, device=cfg.device,
+                        quant=cfg.quant, sampler_options=overrides, loader=loader) or 0)

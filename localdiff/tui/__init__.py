@@ -21,6 +21,7 @@ def run_chat(
     quant: str | None = None,
     sampler_options: dict | None = None,
     db_path: str | None = None,
+    loader=None,
 ) -> int:
     """Run ``localdiff chat`` and return its exit code.
 
@@ -31,6 +32,8 @@ def run_chat(
         device / quant: passed to ``localdiff.load``.
         sampler_options: initial sampler overrides; ``max_new_tokens`` and ``seed`` keys are taken out of it.
         db_path: history database file (default ``$LOCALDIFF_DATA_DIR/chat.sqlite3`` or the platformdirs data dir).
+        loader: ``loader(name, device=, quant=)`` returning the model (default ``localdiff.load``; ``chat
+            --endpoint`` passes one that connects to a server).
 
     Returns:
         0 on a normal quit; 1 when the model failed to load (shown in the UI) or the history cannot be opened;
@@ -67,7 +70,8 @@ def run_chat(
 
     from localdiff.tui.app import ChatApp
 
-    app = ChatApp(model, store=store, conversation_id=conversation_id, device=device, quant=quant, settings=settings)
+    app = ChatApp(model, store=store, conversation_id=conversation_id, device=device, quant=quant, settings=settings,
+                  loader=loader)
     app.run()
     return int(app.return_code or 0)
 

@@ -242,7 +242,8 @@ class ChatApp(App):
 
     async def on_canvas_text(self, event: CanvasText) -> None:
         self._final_canvas = max(self._final_canvas, event.canvas_index)
-        self.canvas.show(event.frame)
+        if event.frame is not None:
+            self.canvas.show(event.frame)
         if self._answer is not None:
             await self._answer.append_text(event.text)
 

@@ -145,9 +145,9 @@ class FrameReady(Message):
 
 
 class CanvasText(Message):
-    """A canvas is final: its text (appended to the answer) and its final frame."""
+    """A canvas is final: its text (appended to the answer) and its final frame (None for a remote model)."""
 
-    def __init__(self, canvas_index: int, text: str, frame: CanvasFrame) -> None:
+    def __init__(self, canvas_index: int, text: str, frame: CanvasFrame | None) -> None:
         super().__init__()
         self.canvas_index, self.text, self.frame = canvas_index, text, frame
 
@@ -202,7 +202,8 @@ def run_generation(model, cache, job: GenerationJob, slot: FrameSlot, post: Call
                     step_hook(ev)
             elif isinstance(ev, CanvasDone):
                 texts.append(ev.text)
-                post(CanvasText(ev.canvas_index, ev.text, frame_from_done(ev, token_text, last)))
+                frame = None if ev.token_ids is None else frame_from_done(ev, token_text, last)  # remote: text only
+                post(CanvasText(ev.canvas_index, ev.text, frame))
             elif isinstance(ev, Done):
                 text = ev.text if isinstance(ev.text, str) else ev.text[0]
                 result = GenerationFinished(text, ev.finish_reason, ev.stats)

@@ -1,0 +1,1 @@
+"""Compute that is not localdiff's own torch runtime: remote OpenAI-compatible endpoints (``remote``)."""

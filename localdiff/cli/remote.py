@@ -1,0 +1,99 @@
+"""``localdiff serve``, and ``gen`` / ``chat`` against an OpenAI-compatible endpoint (``--endpoint URL``)."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from localdiff.config import load_user_config, sampler_overrides, with_flags
+from localdiff.errors import UsageError
+
+
+def _api_key(args) -> str | None:
+    return getattr(args, "api_key", None) or os.environ.get("LOCALDIFF_API_KEY") or None
+
+
+def _flag_options(args) -> dict:
+    """Sampler options given as flags only (a remote server keeps its own defaults for the rest)."""
+    from localdiff.cli.gen import _flags
+
+    return {k: v for k, v in _flags(args).items() if v is not None}
+
+
+def run_serve(args) -> int:
+    """Run ``localdiff serve`` in the foreground; returns 0 after Ctrl-C."""
+    from localdiff.cli.gen import _flags, _size
+    from localdiff.serve import check_binding, serve
+
+    key = _api_key(args)
+    check_binding(args.host, key, args.insecure)
+    if not 0 < args.port < 65536:
+        raise UsageError(f"--port must be in 1..65535 (got {args.port})")
+    if args.max_queue < 1:
+        raise UsageError(f"--max-queue must be ≥ 1 (got {args.max_queue})")
+    if args.keep_alive < 0:
+        raise UsageError(f"--keep-alive must be ≥ 0 seconds (got {args.keep_alive})")
+    cfg = with_flags(load_user_config(), model=args.model, device=args.device, quant=args.quant)
+    sampler = sampler_overrides(_flags(args), cfg)
+    max_body = _size(args.max_body, "--max-body")
+    return serve(args.model, cfg.default_model, host=args.host, port=args.port, api_key=key, insecure=args.insecure,
+                 device=cfg.device, quant=cfg.quant, sampler=sampler, max_queue=args.max_queue,
+                 keep_alive=args.keep_alive or None, max_body=max_body)
+
+
+def run_gen_remote(args) -> int:
+    """``localdiff gen --endpoint URL``: stream the answer from the server to stdout (or one JSON object)."""
+    from localdiff.backends.remote import RemoteClient, RemoteModel, request_fields
+    from localdiff.cli.gen import assemble_prompt
+
+    prompt = assemble_prompt(args)
+    for flag in ("device", "quant", "gpu_mem", "kv_budget"):
+        if getattr(args, flag, None) is not None:
+            raise UsageError(f"--{flag.replace('_', '-')} applies to local models, not to --endpoint")
+    client = RemoteClient(args.endpoint, _api_key(args))
+    try:
+        name = args.model or os.environ.get("LOCALDIFF_MODEL") or RemoteModel(client).name
+        if args.chat:
+            msgs = ([{"role": "system", "content": args.system}] if args.system else []) + [
+                {"role": "user", "content": prompt}]
+            payload = msgs
+        else:
+            if args.system:
+                raise UsageError("--system needs chat mode (drop --raw)")
+            payload = prompt
+        fields = request_fields(args.max_new_tokens, args.seed, _flag_options(args))
+        out, parts, info = sys.stdout, [], {}
+        stream = client.stream(payload, name, args.chat, fields)
+        try:
+            for kind, value in stream:
+                if kind == "text":
+                    parts.append(value)
+                    if not args.json:
+                        out.write(value)
+                        out.flush()
+                else:
+                    info = value
+        except KeyboardInterrupt:
+            stream.close()
+            sys.stderr.write("interrupted\n")
+            return 130
+        text = "".join(parts)
+        if args.json:
+            out.write(json.dumps({"text": text, "model_name": name, "endpoint": client.url, "seed": args.seed,
+                                  "finish_reason": info.get("finish_reason"), "usage": info.get("usage"),
+                                  "localdiff": info.get("localdiff")}, ensure_ascii=False) + "\n")
+        elif text and not text.endswith("\n"):
+            out.write("\n")
+        out.flush()
+        return 0
+    finally:
+        client.close()
+
+
+def remote_loader(endpoint: str, api_key: str | None):
+    """A chat ``loader(name, device=, quant=)`` that connects to ``endpoint`` instead of loading weights."""
+    from localdiff.backends.remote import RemoteClient, RemoteModel
+
+    def load(name, device=None, quant=None):
+        return RemoteModel(RemoteClient(endpoint, api_key), name or None)
+    return load

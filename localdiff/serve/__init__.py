@@ -1,0 +1,71 @@
+"""``localdiff serve``: an OpenAI- and Ollama-compatible HTTP API on this machine (Starlette + uvicorn).
+
+:func:`serve` runs the server until interrupted; :func:`check_binding` is the refusal to listen beyond this
+machine without an API key. The app itself is :func:`localdiff.serve.app.build_app`.
+"""
+from __future__ import annotations
+
+import logging
+
+from localdiff.errors import LocaldiffError, UsageError
+
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+DEFAULT_PORT = 11436
+
+
+def check_binding(host: str, api_key: str | None, insecure: bool) -> None:
+    """Refuse a non-loopback ``host`` unless an API key is set or ``insecure`` is explicit.
+
+    Raises:
+        UsageError: with the two ways out in the message.
+    """
+    if host not in LOCAL_HOSTS and not api_key and not insecure:
+        raise UsageError(f"refusing to listen on {host} without --api-key KEY (or --insecure to serve anyone who "
+                         f"can reach this machine)")
+
+
+def serve(model: str | None, default_model: str, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
+          api_key: str | None = None, insecure: bool = False, device: str | None = None, quant: str | None = None,
+          sampler: dict | None = None, max_queue: int = 32, keep_alive: float | None = 300.0,
+          max_body: int | None = None, log_level: str = "info") -> int:
+    """Run the server in the foreground until Ctrl-C; returns 0.
+
+    Args:
+        model: load this model at start (``/health`` is 503 until it is ready); None = on the first request.
+        default_model: the model for requests that name none.
+        sampler: sampler options from flags / env / config (requests override them).
+        max_queue: requests waiting at most; keep_alive: seconds before an idle model unloads (None = never).
+        max_body: request size limit in bytes.
+    Raises:
+        UsageError: bad binding; LocaldiffError: the ASGI stack is missing or the port is taken.
+    """
+    check_binding(host, api_key, insecure)
+    try:
+        import uvicorn
+    except ImportError:
+        raise LocaldiffError("`localdiff serve` needs starlette and uvicorn (part of the base install; reinstall "
+                             "localdiff or pip install starlette uvicorn)") from None
+    from localdiff.serve.app import DEFAULT_MAX_BODY, ServerSettings, build_app
+    from localdiff.serve.worker import ModelWorker
+
+    def loader(name: str):
+        import localdiff
+
+        return localdiff.load(name, device=device, quant=quant)
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
+    worker = ModelWorker(loader, default_model, sampler, max_queue=max_queue, keep_alive=keep_alive)
+    app = build_app(worker, ServerSettings(api_key=api_key, max_body=max_body or DEFAULT_MAX_BODY))
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=2)
+    server = uvicorn.Server(config)
+    worker.start(preload=model)
+    try:
+        server.run()
+    finally:
+        worker.stop()
+    if not server.started:
+        raise LocaldiffError(f"could not listen on {host}:{port} (is the port in use?)")
+    return 0
+
+
+__all__ = ["serve", "check_binding", "DEFAULT_PORT", "LOCAL_HOSTS"]

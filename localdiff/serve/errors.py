@@ -1,0 +1,61 @@
+"""HTTP errors of ``localdiff serve``: one exception type and its JSON body.
+
+Every error the server returns is JSON in OpenAI's shape (``{"error": {"message", "type", "param", "code"}}``);
+Ollama clients read ``error`` too (Ollama sends ``{"error": "message"}``), so Ollama routes get that flat shape.
+No error body ever carries a traceback.
+"""
+from __future__ import annotations
+
+from localdiff.errors import LocaldiffError, ModelNotFoundError, UsageError
+
+
+class ApiError(Exception):
+    """An HTTP error with a one-line message.
+
+    Args:
+        status: HTTP status (4xx for the client's mistakes, 503 when busy or loading, 500 for our bugs).
+        message: one line for the client.
+        type: OpenAI error type ("invalid_request_error", "authentication_error", "not_found_error", ...).
+        param: the request field at fault, or None.
+        code: a short machine-readable code ("context_length_exceeded", "queue_full", ...), or None.
+        headers: extra response headers (Retry-After on 503).
+    """
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, " ".join(message.split()), type, param, code
+        self.headers = dict(headers or {})
+
+    def openai_body(self) -> dict:
+        """``{"error": {...}}`` as the OpenAI API sends it."""
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def ollama_body(self) -> dict:
+        """``{"error": "message"}`` as Ollama sends it."""
+        return {"error": self.message}
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    """A 400 invalid_request_error."""
+    return ApiError(400, message, param=param, code=code)
+
+
+def from_engine(exc: BaseException) -> ApiError:
+    """Map an exception raised by the engine while preparing or running a generation to an ApiError.
+
+    UsageError (bad option, empty prompt, prompt over the context) → 400; ModelNotFoundError → 404; any other
+    LocaldiffError (checkpoint, tokenizer) → 422 with its message; anything else → 500 with the exception's type
+    only (the server log gets one line, never a traceback in the body).
+    """
+    if isinstance(exc, ApiError):
+        return exc
+    msg = str(exc) or type(exc).__name__
+    if isinstance(exc, ModelNotFoundError):
+        return ApiError(404, msg, type="not_found_error", param="model", code="model_not_found")
+    if isinstance(exc, UsageError):
+        code = "context_length_exceeded" if "context" in msg else None
+        return ApiError(400, msg, code=code)
+    if isinstance(exc, LocaldiffError):
+        return ApiError(422, msg, type="unprocessable_error")
+    return ApiError(500, f"internal error: {type(exc).__name__}", type="server_error")

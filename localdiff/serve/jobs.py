@@ -1,0 +1,162 @@
+"""From a submitted job to text pieces for a response: waiting for the start, stop strings, cancellation.
+
+Both API shapes (OpenAI, Ollama) use :func:`start_job` then iterate :func:`pieces`; whatever ends the iteration
+early (a stop string, the client going away, the response being cancelled) sets the job's cancel flag, so the
+worker stops the generation within one denoising step.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from localdiff.serve.errors import ApiError
+from localdiff.serve.options import GenRequest
+from localdiff.serve.worker import Job, ModelWorker
+
+
+@dataclass
+class Result:
+    """The end of a generation as the APIs report it.
+
+    Attributes:
+        text: the full answer (cut before a stop string when one was hit).
+        finish_reason: "stop" (EOS or a stop string) or "length".
+        prompt_tokens / completion_tokens: usage counts (completion: generated ids incl. EOS, as ``gen --json``).
+        stats: GenerationStats as a dict; seed: the seed used; sampler: the sampler settings used.
+    """
+
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    stats: dict
+    seed: int | None
+    sampler: dict
+
+    def extension(self) -> dict:
+        """localdiff's own numbers, sent under the ``localdiff`` key of OpenAI responses."""
+        s = self.stats
+        return {"seed": self.seed, "forwards": s.get("forwards"), "steps": s.get("forwards"),
+                "canvases": s.get("canvases"), "tokens_per_forward": s.get("tokens_per_forward"),
+                "seconds": s.get("seconds"), "tokens_per_second": s.get("tokens_per_second"), "sampler": self.sampler}
+
+
+class StopMatcher:
+    """Cut streamed text before the first stop string, holding back a tail that could start one."""
+
+    def __init__(self, stops: list[str]) -> None:
+        self.stops = list(stops)
+        self.hold = max((len(s) for s in self.stops), default=1) - 1
+        self.buf = ""
+        self.sent = ""
+        self.hit = False
+
+    def feed(self, text: str) -> str:
+        """Add ``text``; returns what may be sent now ("" while a stop string may be forming)."""
+        if self.hit or not text:
+            return ""
+        if not self.stops:
+            self.sent += text
+            return text
+        self.buf += text
+        cut = min((i for i in (self.buf.find(s) for s in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            out, self.buf, self.hit = self.buf[:cut], "", True
+        else:
+            keep = min(self.hold, len(self.buf))
+            out, self.buf = self.buf[:len(self.buf) - keep], self.buf[len(self.buf) - keep:]
+        self.sent += out
+        return out
+
+    def flush(self) -> str:
+        """At the end: the held-back tail (no stop string in it)."""
+        out, self.buf = ("" if self.hit else self.buf), ""
+        self.sent += out
+        return out
+
+
+async def start_job(worker: ModelWorker, req: GenRequest) -> Job:
+    """Submit ``req`` and wait until the engine accepted it (its first step ran) or refused it.
+
+    Raises:
+        ApiError: queue full (503), or the engine's 4xx for the prompt / options / model. The wait is
+        cancelled (and the job with it) when the caller is cancelled.
+    """
+    job = Job(req, asyncio.get_running_loop())
+    worker.submit(job)
+    try:
+        item = await job.events.get()
+    except BaseException:
+        job.cancel.set()
+        raise
+    if item[0] == "error":
+        raise item[1]
+    return job
+
+
+async def pieces(job: Job):
+    """Yield ("text", str) pieces in order, then one ("end", Result). Cancels the job if closed early.
+
+    Raises:
+        ApiError: the generation failed after it started (an engine error mid-way).
+    """
+    stop = StopMatcher(job.req.stop)
+    try:
+        while True:
+            item = await job.events.get()
+            kind = item[0]
+            if kind == "delta":
+                out = stop.feed(item[1])
+                if out:
+                    yield ("text", out)
+                if stop.hit:
+                    job.cancel.set()
+                    yield ("end", _result(stop.sent, "stop", None, job))
+                    return
+            elif kind == "done":
+                done, used = item[1], item[2]
+                full = done.text if isinstance(done.text, str) else done.text[0]
+                pending = stop.sent + stop.buf
+                if full.startswith(pending) and len(full) > len(pending):
+                    out = stop.feed(full[len(pending):])  # canvas-wise decoding can differ at joins
+                    if out:
+                        yield ("text", out)
+                out = stop.flush()
+                if out:
+                    yield ("text", out)
+                reason = "stop" if stop.hit or done.finish_reason == "eos" else "length"
+                yield ("end", _result(stop.sent, reason, (done, used), job))
+                return
+            elif kind == "error":
+                raise item[1]
+    finally:
+        job.cancel.set()  # no-op after the end; stops the engine when the response is abandoned
+
+
+def _result(text: str, reason: str, done_used, job: Job) -> Result:
+    if done_used is None:  # ended early by a stop string: count what was kept
+        tok = getattr(job.model, "tokenizer", None)
+        n = len(tok.encode(text)) if tok is not None and text else 0
+        return Result(text, reason, job.prompt_tokens, n, {"steps_run": job.steps}, job.seed, {})
+    done, used = done_used
+    ids = done.token_ids[0] if done.token_ids and isinstance(done.token_ids[0], list) else done.token_ids
+    stats = done.stats.as_dict()
+    stats.pop("cache", None)
+    return Result(text, reason, int(stats.get("prompt_tokens", 0)), len(ids), stats, used.get("seed"),
+                  used.get("sampler", {}))
+
+
+async def collect(job: Job) -> Result:
+    """Run a job to the end and return its Result (non-streaming responses)."""
+    result = None
+    async for kind, value in pieces(job):
+        if kind == "end":
+            result = value
+    return result
+
+
+def raise_unavailable(worker: ModelWorker) -> None:
+    """503 while a model is loading (used by /health)."""
+    if worker.loading:
+        raise ApiError(503, f"loading {worker.loading}", type="server_busy", code="loading",
+                       headers={"Retry-After": "2"})

@@ -1,0 +1,122 @@
+"""Ollama-shaped endpoints: ``/api/chat``, ``/api/generate`` (NDJSON streaming by default), ``/api/tags``,
+``/api/ps`` (field names as in Ollama's API docs, docs/api.md).
+
+``options`` honoured: ``num_predict`` (> 0; -1 / -2 = the model's default), ``temperature`` (> 0), ``seed``,
+``stop``, and localdiff's sampler options by name. Any other option is a 400 naming it. ``keep_alive`` is accepted
+and not applied per request (the server's ``--keep-alive`` decides when the model unloads).
+"""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from localdiff.engine import SAMPLER_KEYS
+from localdiff.serve.errors import bad_request
+from localdiff.serve.jobs import Result
+from localdiff.serve.openai_api import parse_messages
+from localdiff.serve.options import GenRequest, check_bool, check_str, to_engine_options
+
+_TOP = {"model", "stream", "options", "keep_alive", "format"}
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _parse(body: dict, allowed: set, prompt, chat: bool) -> GenRequest:
+    for key in body:
+        if key not in allowed:
+            raise bad_request(f"unknown or unsupported field '{key}'", param=key)
+    model = check_str(body.get("model", ""), "model")
+    stream = True if body.get("stream") is None else check_bool(body["stream"], "stream")
+    if body.get("format") not in (None, ""):
+        raise bad_request("'format' (structured output) is not supported", param="format")
+    opts = body.get("options") or {}
+    if not isinstance(opts, dict):
+        raise bad_request("'options' must be an object", param="options")
+    sampler = {}
+    for key in opts:
+        if key in SAMPLER_KEYS:
+            sampler[key] = opts[key]
+        elif key not in ("num_predict", "temperature", "seed", "stop"):
+            raise bad_request(f"unsupported option 'options.{key}'", param=f"options.{key}")
+    n = opts.get("num_predict")
+    if n in (-1, -2):
+        n = None
+    fields = {"max_tokens": n, "max_tokens_name": "options.num_predict", "temperature": opts.get("temperature"),
+              "seed": opts.get("seed"), "stop": opts.get("stop"), "sampler": sampler}
+    eo = to_engine_options(fields)
+    return GenRequest(model=model, prompt=prompt, chat=chat, max_new_tokens=eo["max_new_tokens"], seed=eo["seed"],
+                      sampler=eo["sampler"], stop=eo["stop"], stream=stream)
+
+
+def parse_chat(body: dict) -> GenRequest:
+    """Body of ``POST /api/chat`` → GenRequest. Raises ApiError(400)."""
+    return _parse(body, _TOP | {"messages"}, parse_messages(body.get("messages")), chat=True)
+
+
+def parse_generate(body: dict) -> GenRequest:
+    """Body of ``POST /api/generate`` → GenRequest: ``prompt`` with the chat template (optional ``system``), or
+    as is with ``raw: true``. Raises ApiError(400)."""
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise bad_request("'prompt' is required", param="prompt")
+    check_str(prompt, "prompt")
+    raw = check_bool(body.get("raw", False), "raw")
+    system = body.get("system")
+    if system is not None:
+        check_str(system, "system")
+    if raw:
+        if system:
+            raise bad_request("'system' cannot be combined with 'raw': true", param="system")
+        return _parse(body, _TOP | {"prompt", "raw", "system"}, prompt, chat=False)
+    msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    return _parse(body, _TOP | {"prompt", "raw", "system"}, msgs, chat=True)
+
+
+class Shape:
+    """NDJSON lines of one Ollama request."""
+
+    def __init__(self, model: str, chat: bool) -> None:
+        self.model, self.chat = model, chat
+
+    def piece(self, text: str) -> dict:
+        """A streamed piece of the answer."""
+        body = {"model": self.model, "created_at": _now(), "done": False}
+        if self.chat:
+            body["message"] = {"role": "assistant", "content": text}
+        else:
+            body["response"] = text
+        return body
+
+    def final(self, r: Result, streamed: bool) -> dict:
+        """The last line (``done: true``) with counts and durations in nanoseconds; the whole answer when not
+        streamed."""
+        body = self.piece("" if streamed else r.text)
+        s = r.stats
+        secs = float(s.get("seconds") or 0.0)
+        pre = float(s.get("prefill_seconds") or 0.0)
+        body.update(done=True, done_reason=r.finish_reason, total_duration=int(secs * 1e9), load_duration=0,
+                    prompt_eval_count=r.prompt_tokens, prompt_eval_duration=int(pre * 1e9),
+                    eval_count=r.completion_tokens, eval_duration=int(max(secs - pre, 0.0) * 1e9))
+        return body
+
+
+def tags(models: list[dict]) -> dict:
+    """``GET /api/tags`` body from ``installed_models()`` rows."""
+    out = []
+    for m in models:
+        name = str(m.get("name") or m.get("alias") or m.get("repo") or "")
+        if not name:
+            continue
+        out.append({"name": name, "model": name, "modified_at": _now(), "size": int(m.get("size_bytes") or 0),
+                    "digest": str(m.get("revision") or ""), "details": {"family": str(m.get("model_type") or ""),
+                                                                        "format": "safetensors"}})
+    return {"models": out}
+
+
+def ps(model) -> dict:
+    """``GET /api/ps`` body: the resident model, if any."""
+    if model is None:
+        return {"models": []}
+    return {"models": [{"name": model.name, "model": model.name, "size": 0, "digest": "",
+                        "details": {"format": "safetensors"}, "expires_at": "", "size_vram": 0}]}

@@ -1,0 +1,172 @@
+"""OpenAI-shaped endpoints: request parsing and response bodies for ``/v1/chat/completions``, ``/v1/completions``
+and ``/v1/models`` (field names and chunk shapes as in OpenAI's API reference).
+
+Supported request fields: ``model``, ``messages`` / ``prompt``, ``max_tokens`` (or ``max_completion_tokens``),
+``temperature`` (> 0, constant over the denoising steps), ``seed``, ``stop``, ``stream``, ``stream_options``,
+``n`` (1 only), ``user`` (ignored), and ``localdiff`` (an object of localdiff sampler options). Fields that would
+change the answer in ways localdiff cannot honour (``top_p`` ≠ 1, penalties, ``logprobs``, ``tools``, ...) are a
+400 naming the field, never silently ignored.
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+from localdiff.serve.errors import bad_request
+from localdiff.serve.jobs import Result
+from localdiff.serve.options import GenRequest, check_bool, check_str, to_engine_options
+
+ROLES = ("system", "user", "assistant")
+_COMMON = {"model", "max_tokens", "max_completion_tokens", "temperature", "seed", "stop", "stream",
+           "stream_options", "n", "user", "localdiff"}
+# accepted when they ask for the default behaviour only
+_NEUTRAL = {"top_p": 1, "presence_penalty": 0, "frequency_penalty": 0, "logprobs": False, "echo": False,
+            "parallel_tool_calls": None, "tool_choice": "none", "response_format": {"type": "text"}}
+
+
+def _check_fields(body: dict, allowed: set) -> None:
+    for key, value in body.items():
+        if key in allowed:
+            continue
+        if key in _NEUTRAL and (value is None or value == _NEUTRAL[key]):
+            continue
+        if key in _NEUTRAL:
+            raise bad_request(f"'{key}' = {json.dumps(value)} is not supported by localdiff", param=key)
+        raise bad_request(f"unknown or unsupported field '{key}'", param=key)
+
+
+def _common(body: dict, prompt, chat: bool) -> GenRequest:
+    model = body.get("model", "")
+    check_str(model, "model")
+    if body.get("n") is not None and body["n"] != 1:
+        raise bad_request("'n' must be 1: localdiff generates one choice per request", param="n")
+    stream = check_bool(body.get("stream", False) if body.get("stream") is not None else False, "stream")
+    so = body.get("stream_options")
+    include_usage = False
+    if so is not None:
+        if not isinstance(so, dict) or set(so) - {"include_usage"}:
+            raise bad_request("'stream_options' must be an object with 'include_usage' only", param="stream_options")
+        include_usage = check_bool(so.get("include_usage", False), "stream_options.include_usage")
+    if body.get("user") is not None:
+        check_str(body["user"], "user")
+    max_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    opts = to_engine_options({"max_tokens": body.get(max_name), "max_tokens_name": max_name,
+                              "temperature": body.get("temperature"), "seed": body.get("seed"),
+                              "stop": body.get("stop"), "sampler": body.get("localdiff")})
+    return GenRequest(model=model, prompt=prompt, chat=chat, max_new_tokens=opts["max_new_tokens"],
+                      seed=opts["seed"], sampler=opts["sampler"], stop=opts["stop"], stream=stream,
+                      include_usage=include_usage)
+
+
+def parse_messages(messages, param: str = "messages") -> list[dict]:
+    """Chat messages → [{"role", "content": str}]; content may be a string or a list of text parts.
+
+    Raises ApiError(400): missing / empty list, unknown role, non-text content, a last message that is not the
+    user's (or a tool result).
+    """
+    if messages is None:
+        raise bad_request(f"'{param}' is required", param=param)
+    if not isinstance(messages, list) or not messages:
+        raise bad_request(f"'{param}' must be a non-empty list of messages", param=param)
+    out = []
+    for i, m in enumerate(messages):
+        where = f"{param}[{i}]"
+        if not isinstance(m, dict):
+            raise bad_request(f"'{where}' must be an object with 'role' and 'content'", param=where)
+        role = m.get("role")
+        if role == "developer":
+            role = "system"
+        if role not in ROLES:
+            raise bad_request(f"'{where}.role' must be one of {', '.join(ROLES)} (got {role!r})", param=where)
+        content = m.get("content")
+        if isinstance(content, list):
+            parts = []
+            for p in content:
+                if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
+                    raise bad_request(f"'{where}.content' parts must be text parts (images are not supported)",
+                                      param=where)
+                parts.append(p["text"])
+            content = "".join(parts)
+        if not isinstance(content, str):
+            raise bad_request(f"'{where}.content' must be a string", param=where)
+        out.append({"role": role, "content": content})
+    if out[-1]["role"] != "user":
+        raise bad_request(f"the last message must be the user's (got {out[-1]['role']!r})", param=param)
+    return out
+
+
+def parse_chat(body: dict) -> GenRequest:
+    """Body of ``POST /v1/chat/completions`` → GenRequest (chat template on). Raises ApiError(400)."""
+    _check_fields(body, _COMMON | {"messages"})
+    return _common(body, parse_messages(body.get("messages")), chat=True)
+
+
+def parse_completion(body: dict) -> GenRequest:
+    """Body of ``POST /v1/completions`` → GenRequest (raw text, no chat template). Raises ApiError(400)."""
+    _check_fields(body, _COMMON | {"prompt", "suffix"})
+    if body.get("suffix") not in (None, ""):
+        raise bad_request("'suffix' (infilling) is not supported", param="suffix")
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if prompt is None:
+        raise bad_request("'prompt' is required", param="prompt")
+    if not isinstance(prompt, str):
+        raise bad_request("'prompt' must be a string (or a list of one string)", param="prompt")
+    return _common(body, prompt, chat=False)
+
+
+class Shape:
+    """Response bodies of one request (one id and creation time for all its chunks)."""
+
+    def __init__(self, model: str, chat: bool) -> None:
+        self.model, self.chat = model, chat
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+
+    def _head(self, obj: str) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    @staticmethod
+    def usage(r: Result) -> dict:
+        """OpenAI ``usage`` from a Result."""
+        return {"prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens,
+                "total_tokens": r.prompt_tokens + r.completion_tokens}
+
+    def full(self, r: Result) -> dict:
+        """The non-streaming response."""
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": r.text}, "logprobs": None,
+                      "finish_reason": r.finish_reason}
+            body = self._head("chat.completion")
+        else:
+            choice = {"index": 0, "text": r.text, "logprobs": None, "finish_reason": r.finish_reason}
+            body = self._head("text_completion")
+        body.update(choices=[choice], usage=self.usage(r), localdiff=r.extension())
+        return body
+
+    def chunk(self, text: str | None = None, finish_reason: str | None = None, first: bool = False) -> dict:
+        """One streamed chunk: the role (first), a text delta, or the finish reason."""
+        if self.chat:
+            delta = {"role": "assistant", "content": ""} if first else ({} if text is None else {"content": text})
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            body = self._head("chat.completion.chunk")
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+            body = self._head("text_completion")
+        body["choices"] = [choice]
+        return body
+
+    def usage_chunk(self, r: Result) -> dict:
+        """The last chunk with ``stream_options.include_usage``: empty choices, usage and localdiff's numbers."""
+        body = self._head("chat.completion.chunk" if self.chat else "text_completion")
+        body.update(choices=[], usage=self.usage(r), localdiff=r.extension())
+        return body
+
+
+def models_list(names: list[str]) -> dict:
+    """``GET /v1/models`` body."""
+    now = int(time.time())
+    return {"object": "list", "data": [{"id": n, "object": "model", "created": now, "owned_by": "localdiff"}
+                                       for n in names]}

@@ -1,0 +1,141 @@
+"""Request fields → engine options, in one place (``to_engine_options``).
+
+The OpenAI and Ollama parsers first bring their request to one neutral dict (``max_tokens``, ``temperature``,
+``seed``, ``stop``, ``sampler``: localdiff's own options), then this module checks types and ranges and returns
+what ``Model.stream`` takes. When the engine's option schema lands, only this module changes.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from localdiff.engine import BUILTIN_SAMPLER, SAMPLER_KEYS
+from localdiff.serve.errors import bad_request
+
+MAX_STOP = 4            # stop sequences per request (OpenAI's limit)
+MAX_SEED = 2**63 - 1
+
+
+@dataclass
+class GenRequest:
+    """One generation asked for over HTTP, in engine terms.
+
+    Attributes:
+        model: requested model name ("" = the resident / default model).
+        prompt: chat messages [{"role", "content"}] (chat=True) or a string (raw completion).
+        chat: render the chat template.
+        max_new_tokens: None = the model's default.
+        seed: None = random (the seed used is reported back).
+        sampler: localdiff sampler options (keys of ``SAMPLER_KEYS``) set by this request.
+        stop: stop strings (the text is cut before the first one and the generation ends there).
+        stream / include_usage: response shape.
+    """
+
+    model: str
+    prompt: object
+    chat: bool = True
+    max_new_tokens: int | None = None
+    seed: int | None = None
+    sampler: dict = field(default_factory=dict)
+    stop: list = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+
+
+def check_int(value, name: str, lo: int | None = None, hi: int | None = None) -> int:
+    """``value`` as an int (bools and floats with a fraction rejected) within [lo, hi]; else a 400."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            isinstance(value, float) and (not math.isfinite(value) or not value.is_integer())):
+        raise bad_request(f"'{name}' must be an integer (got {value!r})", param=name)
+    value = int(value)
+    if lo is not None and value < lo:
+        raise bad_request(f"'{name}' must be ≥ {lo} (got {value})", param=name)
+    if hi is not None and value > hi:
+        raise bad_request(f"'{name}' must be ≤ {hi} (got {value})", param=name)
+    return value
+
+
+def check_number(value, name: str) -> float:
+    """A finite number (not a bool); else a 400."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise bad_request(f"'{name}' must be a number (got {value!r})", param=name)
+    return float(value)
+
+
+def check_bool(value, name: str) -> bool:
+    """A JSON boolean; else a 400."""
+    if not isinstance(value, bool):
+        raise bad_request(f"'{name}' must be true or false (got {value!r})", param=name)
+    return value
+
+
+def check_str(value, name: str) -> str:
+    """A JSON string; else a 400."""
+    if not isinstance(value, str):
+        raise bad_request(f"'{name}' must be a string (got {type(value).__name__})", param=name)
+    return value
+
+
+def check_stop(value, name: str = "stop") -> list[str]:
+    """``stop``: null, a string or a list of up to 4 non-empty strings."""
+    if value is None:
+        return []
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
+        raise bad_request(f"'{name}' must be a string or a list of strings", param=name)
+    if len(items) > MAX_STOP:
+        raise bad_request(f"'{name}' takes at most {MAX_STOP} sequences (got {len(items)})", param=name)
+    if any(not s for s in items):
+        raise bad_request(f"'{name}' sequences must not be empty", param=name)
+    return list(items)
+
+
+def _sampler_value(key: str, value):
+    default = BUILTIN_SAMPLER[key]
+    name = f"localdiff.{key}"
+    if value is None:
+        return None
+    if isinstance(default, bool):
+        return check_bool(value, name)
+    if isinstance(default, int):
+        return check_int(value, name)
+    return check_number(value, name)
+
+
+def to_engine_options(fields: dict) -> dict:
+    """The one mapping from neutral request fields to ``Model.stream`` keyword arguments.
+
+    Args:
+        fields: ``max_tokens`` (int ≥ 1 or None), ``temperature`` (number > 0 or None: a constant temperature over
+            the denoising steps, i.e. ``t_max = t_min``), ``seed`` (int in [0, 2^63) or None), ``stop``, and
+            ``sampler`` (dict of localdiff options by their ``SAMPLER_KEYS`` names, or None).
+    Returns:
+        {"max_new_tokens", "seed", "stop", "sampler"}; the engine still checks ranges that depend on the model
+        (context length) and the options' combined rules.
+    Raises:
+        ApiError(400) for a wrong type, a value out of range or an unknown option.
+    """
+    out = {"max_new_tokens": None, "seed": None, "stop": check_stop(fields.get("stop")), "sampler": {}}
+    if fields.get("max_tokens") is not None:
+        out["max_new_tokens"] = check_int(fields["max_tokens"], fields.get("max_tokens_name", "max_tokens"), lo=1)
+    if fields.get("seed") is not None:
+        out["seed"] = check_int(fields["seed"], "seed", lo=0, hi=MAX_SEED)
+    sampler = fields.get("sampler")
+    if sampler is not None:
+        if not isinstance(sampler, dict):
+            raise bad_request("'localdiff' must be an object of sampler options", param="localdiff")
+        for key, value in sampler.items():
+            if key not in SAMPLER_KEYS:
+                raise bad_request(f"unknown option 'localdiff.{key}' (known: {', '.join(SAMPLER_KEYS)})",
+                                  param=f"localdiff.{key}")
+            v = _sampler_value(key, value)
+            if v is not None:
+                out["sampler"][key] = v
+    if fields.get("temperature") is not None:
+        t = check_number(fields["temperature"], "temperature")
+        if t <= 0:
+            raise bad_request("'temperature' must be > 0: diffusion sampling draws every step (there is no greedy "
+                              "mode); use a small value such as 0.1 for near-deterministic output", param="temperature")
+        out["sampler"].setdefault("t_max", t)
+        out["sampler"].setdefault("t_min", t)
+    return out

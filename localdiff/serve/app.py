@@ -108,10 +108,11 @@ def build_app(worker: ModelWorker, settings: ServerSettings | None = None) -> St
     """The ASGI app around ``worker`` (already started or not; the caller owns its lifecycle)."""
     settings = settings or ServerSettings()
 
-    def endpoint(fn, gen: bool = False):
+    def endpoint(fn, gen: bool = False, public: bool = False):
         async def handler(request: Request):
             try:
-                _check_key(request, settings)
+                if not public:
+                    _check_key(request, settings)
                 if gen:
                     body = await _read_json(request, settings.max_body)
                     return await fn(request, body)
@@ -209,8 +210,8 @@ def build_app(worker: ModelWorker, settings: ServerSettings | None = None) -> St
         return JSONResponse(ollama_api.ps(worker.model))
 
     routes = [
-        Route("/", endpoint(root), methods=["GET", "HEAD"]),
-        Route("/health", endpoint(health), methods=["GET"]),
+        Route("/", endpoint(root, public=True), methods=["GET", "HEAD"]),
+        Route("/health", endpoint(health, public=True), methods=["GET"]),
         Route("/v1/models", endpoint(v1_models), methods=["GET"]),
         Route("/v1/chat/completions", endpoint(chat_completions, gen=True), methods=["POST"]),
         Route("/v1/completions", endpoint(completions, gen=True), methods=["POST"]),

@@ -1,0 +1,74 @@
+"""A ``localdiff serve`` app running in a background thread on 127.0.0.1 (an OS-chosen port), for the tests."""
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+
+import uvicorn
+
+import localdiff
+from localdiff.serve.app import ServerSettings, build_app
+from localdiff.serve.worker import ModelWorker
+
+
+class LogTrap(logging.Handler):
+    """Keeps every log record of the server (ours and uvicorn's) to check for tracebacks and errors."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def text(self) -> str:
+        out = []
+        for r in self.records:
+            out.append(r.getMessage())
+            if r.exc_info or r.exc_text:
+                out.append("Traceback (exc_info attached)")
+        return "\n".join(out)
+
+
+class Running:
+    """A started server: ``url`` (http://127.0.0.1:PORT), ``worker``, ``logs``; ``stop()`` ends it."""
+
+    def __init__(self, model="tiny", api_key=None, max_queue=32, max_body=None, keep_alive=300.0, defaults=None):
+        self.logs = LogTrap()
+        self.worker = ModelWorker(lambda name: localdiff.load(name, device="cpu"), "tiny", defaults,
+                                  max_queue=max_queue, keep_alive=keep_alive)
+        settings = ServerSettings(api_key=api_key, **({"max_body": max_body} if max_body else {}))
+        self.app = build_app(self.worker, settings)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="info", timeout_graceful_shutdown=1))
+        for name in ("localdiff.serve", "uvicorn.error", "uvicorn.access"):  # after uvicorn's logging setup
+            logging.getLogger(name).addHandler(self.logs)
+        self.worker.start(preload=model)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        t0 = time.monotonic()
+        while not self.server.started or (model and self.worker.model is None):
+            if time.monotonic() - t0 > 60:
+                raise RuntimeError("server did not start")
+            time.sleep(0.02)
+
+    @staticmethod
+    def free_port() -> int:
+        """A port free on 127.0.0.1 right now."""
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.worker.stop()
+        self.sock.close()
+        for name in ("localdiff.serve", "uvicorn.error", "uvicorn.access"):
+            logging.getLogger(name).removeHandler(self.logs)

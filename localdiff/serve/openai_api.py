@@ -91,6 +91,8 @@ def parse_messages(messages, param: str = "messages") -> list[dict]:
         if not isinstance(content, str):
             raise bad_request(f"'{where}.content' must be a string", param=where)
         out.append({"role": role, "content": content})
+    if not any(m["content"].strip() for m in out):
+        raise bad_request(f"'{param}' hold no text (every content is empty)", param=param)
     if out[-1]["role"] != "user":
         raise bad_request(f"the last message must be the user's (got {out[-1]['role']!r})", param=param)
     return out

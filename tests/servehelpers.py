@@ -41,7 +41,7 @@ class Running:
                                   max_queue=max_queue, keep_alive=keep_alive)
         settings = ServerSettings(api_key=api_key, **({"max_body": max_body} if max_body else {}))
         self.app = build_app(self.worker, settings)
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # (asyncio sets TCP_NODELAY)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]

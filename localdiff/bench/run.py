@@ -13,6 +13,8 @@ Sections (``--only`` picks some; ``--eval`` alone = the eval section only):
               offload budget zero vs unlimited (``localdiff/bench_history.py``).
 * ``memory``  peak RSS of fp32 / bf16 / int8 loads, each in a fresh process; weight bytes; CUDA peak on a GPU.
 * ``profile`` torch.profiler over one generation of the embedded model: top ops, time split denoise/prefill/loop.
+* ``serve``   time to first byte and tokens/s through ``localdiff serve`` vs in-process on the same prompt and seeds
+              (``localdiff/bench/serve.py``).
 
 Output: JSON (``--out``, default ``bench-results/bench-<time>.json``), a Markdown report printed and written next to
 it (and to ``--md``), and ``--readme FILE`` replaces the text between ``<!-- bench:start -->`` and
@@ -33,7 +35,7 @@ from pathlib import Path
 
 from localdiff.errors import LocaldiffError, UsageError
 
-SECTIONS = ("ref", "eval", "sweep", "history", "memory", "profile")
+SECTIONS = ("ref", "eval", "sweep", "history", "memory", "profile", "serve")
 # (quick, full) sizes
 SIZES = {
     "ref_seeds": (3, 5), "ref_reps": (3, 5), "ref_canvases": (2, 4),
@@ -315,6 +317,14 @@ def _profile(ctx: _Ctx) -> dict:
     return profile_generate(m, ids, seed=0, max_new_tokens=2 * m.config.canvas_length)
 
 
+def _serve(ctx: _Ctx) -> dict:
+    from localdiff.bench.serve import measure
+
+    m = ctx.model()
+    seeds, reps = ((0, 1), 2) if ctx.args.quick else ((0, 1, 2), 3)
+    return measure(m, "What is 27 + 58?", seeds=seeds, reps=reps, log=ctx.log)
+
+
 def _run_sections(ctx: _Ctx, names: list[str], res: dict, out: Path, log) -> bool:
     """Run each section into ``res["sections"]``; True when one failed with an unexpected error."""
     failed = False
@@ -324,7 +334,8 @@ def _run_sections(ctx: _Ctx, names: list[str], res: dict, out: Path, log) -> boo
             if name == "sweep":
                 sec = _sweep(ctx, out.parent, out.stem, res["sections"].get("eval", {}).get("default"))
             else:
-                fns = {"ref": _ref, "eval": _eval, "history": _history, "memory": _memory, "profile": _profile}
+                fns = {"ref": _ref, "eval": _eval, "history": _history, "memory": _memory, "profile": _profile,
+                       "serve": _serve}
                 sec = fns[name](ctx)
         except LocaldiffError as e:
             sec = {"skipped": str(e)}

@@ -134,10 +134,11 @@ async def pieces(job: Job):
 
 
 def _result(text: str, reason: str, done_used, job: Job) -> Result:
-    if done_used is None:  # ended early by a stop string: count what was kept
+    if done_used is None:  # ended early by a stop string: count the prompt and what was kept (tokenizer only)
         tok = getattr(job.model, "tokenizer", None)
         n = len(tok.encode(text)) if tok is not None and text else 0
-        return Result(text, reason, job.prompt_tokens, n, {"steps_run": job.steps}, job.seed, {})
+        n_prompt = len(job.model.encode_prompt(job.req.prompt, job.req.chat)[0]) if tok is not None else 0
+        return Result(text, reason, n_prompt, n, {"steps_run": job.steps}, job.seed, {})
     done, used = done_used
     ids = done.token_ids[0] if done.token_ids and isinstance(done.token_ids[0], list) else done.token_ids
     stats = done.stats.as_dict()

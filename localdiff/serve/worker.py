@@ -37,7 +37,6 @@ class Job:
     steps: int = 0            # denoising steps run so far (tests read it to see a cancelled job stop)
     finished: threading.Event = field(default_factory=threading.Event)
     model: object = None      # the Model that runs it (set when it starts)
-    prompt_tokens: int = 0
     seed: int | None = None   # the seed actually used
 
     def post(self, item: tuple) -> None:
@@ -166,7 +165,6 @@ class ModelWorker:
             stream = model.stream(req.prompt, max_new_tokens=req.max_new_tokens, seed=req.seed, chat=req.chat,
                                   emit_steps=True, **sampler)
             first = next(stream)  # option / prompt / context errors surface here, before any response starts
-            job.prompt_tokens = len(model.encode_prompt(req.prompt, req.chat)[0])
             job.model, job.seed = model, getattr(model, "_last", {}).get("seed", req.seed)
             job.post(("start", model))
             for ev in itertools.chain([first], stream):

@@ -21,7 +21,7 @@ from localdiff.cli import main as cli_main
 PROMPTS = ["What is 27 + 58?", "Reverse the letters: s t o n e", "Sort these words: elk cat gnu",
            "What is 41 + 93?", "Convert 17 h to min.", "Reverse the letters: d r a g o n", "What is 12 + 34?",
            "Sort these words: yak ant dog"]
-LONG = {"max_denoising_steps": 20000, "confidence_threshold": 0}  # a canvas that never stops early: 20000 steps
+LONG = {"max_denoising_steps": 20000, "confidence_threshold": 1e-12}  # a canvas that runs all its 20000 steps
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import time
 
 WORKLOADS = {  # name → extra sampler options: a typical short answer, and one canvas run to its step cap
     "short answer (default sampler)": {},
-    "48 steps per canvas": {"max_denoising_steps": 48, "confidence_threshold": 0.0},
+    "48 steps per canvas": {"max_denoising_steps": 48, "confidence_threshold": 1e-12},
 }
 
 

@@ -14,10 +14,25 @@ def _api_key(args) -> str | None:
 
 
 def _flag_options(args) -> dict:
-    """Sampler options given as flags only (a remote server keeps its own defaults for the rest)."""
-    from localdiff.cli.gen import _flags
+    """Decoder options given as flags only, by schema name and typed (a remote server keeps its own defaults for
+    the rest); ``--temperature MAX:MIN`` gives both options of the pair.
 
-    return {k: v for k, v in _flags(args).items() if v is not None}
+    Raises:
+        UsageError: a bad value, named as the flag.
+    """
+    from localdiff.cli.gen import _flags, flag_names
+    from localdiff.decoding.options import all_specs, resolve_key
+
+    specs = {s.name: s for s in all_specs()}
+    shown = flag_names(_flags(args))
+    out = {}
+    for key, value in _flags(args).items():
+        spec = specs[resolve_key(key)]
+        if spec.pair_of and isinstance(value, str) and ":" in value:
+            value, second = value.split(":", 1)
+            out[spec.pair_of] = specs[spec.pair_of].coerce(second, shown.get(key, key))
+        out[spec.name] = spec.coerce(value, shown.get(key, key))
+    return out
 
 
 def run_serve(args) -> int:

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from localdiff.engine import SAMPLER_KEYS
+from localdiff.decoding.options import resolve_key
 from localdiff.serve.errors import bad_request
 from localdiff.serve.jobs import Result
 from localdiff.serve.openai_api import parse_messages
-from localdiff.serve.options import GenRequest, check_bool, check_str, to_engine_options
+from localdiff.serve.options import GenRequest, check_bool, check_str, option_specs, to_engine_options
 
 _TOP = {"model", "stream", "options", "keep_alive", "format"}
 
@@ -33,9 +33,9 @@ def _parse(body: dict, allowed: set, prompt, chat: bool) -> GenRequest:
     opts = body.get("options") or {}
     if not isinstance(opts, dict):
         raise bad_request("'options' must be an object", param="options")
-    sampler = {}
+    sampler, known = {}, option_specs()
     for key in opts:
-        if key in SAMPLER_KEYS:
+        if resolve_key(str(key)) in known:
             sampler[key] = opts[key]
         elif key not in ("num_predict", "temperature", "seed", "stop"):
             raise bad_request(f"unsupported option 'options.{key}'", param=f"options.{key}")
@@ -43,7 +43,7 @@ def _parse(body: dict, allowed: set, prompt, chat: bool) -> GenRequest:
     if n in (-1, -2):
         n = None
     fields = {"max_tokens": n, "max_tokens_name": "options.num_predict", "temperature": opts.get("temperature"),
-              "seed": opts.get("seed"), "stop": opts.get("stop"), "sampler": sampler}
+              "seed": opts.get("seed"), "stop": opts.get("stop"), "sampler": sampler, "sampler_name": "options"}
     eo = to_engine_options(fields)
     return GenRequest(model=model, prompt=prompt, chat=chat, max_new_tokens=eo["max_new_tokens"], seed=eo["seed"],
                       sampler=eo["sampler"], stop=eo["stop"], stream=stream)

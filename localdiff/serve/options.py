@@ -1,15 +1,17 @@
 """Request fields → engine options, in one place (``to_engine_options``).
 
 The OpenAI and Ollama parsers first bring their request to one neutral dict (``max_tokens``, ``temperature``,
-``seed``, ``stop``, ``sampler``: localdiff's own options), then this module checks types and ranges and returns
-what ``Model.stream`` takes. When the engine's option schema lands, only this module changes.
+``seed``, ``stop``, ``sampler``: localdiff's own decoder options), then this module checks JSON types and, through
+the decoder option schema (``localdiff.decoding.options``), names and ranges, and returns what ``Model.stream``
+takes. Rules that depend on the model (its family's decoder, its context length) are the engine's.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
-from localdiff.engine import BUILTIN_SAMPLER, SAMPLER_KEYS
+from localdiff.decoding.options import all_specs, resolve_key
+from localdiff.errors import UsageError
 from localdiff.serve.errors import bad_request
 
 MAX_STOP = 4            # stop sequences per request (OpenAI's limit)
@@ -26,7 +28,7 @@ class GenRequest:
         chat: render the chat template.
         max_new_tokens: None = the model's default.
         seed: None = random (the seed used is reported back).
-        sampler: localdiff sampler options (keys of ``SAMPLER_KEYS``) set by this request.
+        sampler: decoder options set by this request (schema names, see ``localdiff.decoding.options``).
         stop: stop strings (the text is cut before the first one and the generation ends there).
         stream / include_usage: response shape.
     """
@@ -90,16 +92,27 @@ def check_stop(value, name: str = "stop") -> list[str]:
     return list(items)
 
 
-def _sampler_value(key: str, value):
-    default = BUILTIN_SAMPLER[key]
-    name = f"localdiff.{key}"
+def option_specs() -> dict:
+    """Every decoder option of every policy by name (the schema's ``OptionSpec``)."""
+    return {spec.name: spec for spec in all_specs()}
+
+
+def _sampler_value(spec, value, shown: str):
+    """A JSON value for one decoder option: the JSON type first (no numbers as strings), then the schema's range."""
     if value is None:
-        return None
-    if isinstance(default, bool):
-        return check_bool(value, name)
-    if isinstance(default, int):
-        return check_int(value, name)
-    return check_number(value, name)
+        if spec.optional:
+            return None
+        raise bad_request(f"'{shown}' must be {spec.rule()} (got null)", param=shown)
+    if spec.kind is bool:
+        check_bool(value, shown)
+    elif spec.kind in (int, float):
+        check_number(value, shown)
+    elif spec.kind is str:
+        check_str(value, shown)
+    try:
+        return spec.coerce(value, shown)
+    except UsageError as e:
+        raise bad_request(str(e), param=shown) from None
 
 
 def to_engine_options(fields: dict) -> dict:
@@ -108,7 +121,7 @@ def to_engine_options(fields: dict) -> dict:
     Args:
         fields: ``max_tokens`` (int ≥ 1 or None), ``temperature`` (number > 0 or None: a constant temperature over
             the denoising steps, i.e. ``t_max = t_min``), ``seed`` (int in [0, 2^63) or None), ``stop``, and
-            ``sampler`` (dict of localdiff options by their ``SAMPLER_KEYS`` names, or None).
+            ``sampler`` (dict of decoder options by schema name or alias, or None).
     Returns:
         {"max_new_tokens", "seed", "stop", "sampler"}; the engine still checks ranges that depend on the model
         (context length) and the options' combined rules.
@@ -121,21 +134,25 @@ def to_engine_options(fields: dict) -> dict:
     if fields.get("seed") is not None:
         out["seed"] = check_int(fields["seed"], "seed", lo=0, hi=MAX_SEED)
     sampler = fields.get("sampler")
+    specs = option_specs()
     if sampler is not None:
         if not isinstance(sampler, dict):
-            raise bad_request("'localdiff' must be an object of sampler options", param="localdiff")
+            raise bad_request("'localdiff' must be an object of decoder options", param="localdiff")
         for key, value in sampler.items():
-            if key not in SAMPLER_KEYS:
-                raise bad_request(f"unknown option 'localdiff.{key}' (known: {', '.join(SAMPLER_KEYS)})",
-                                  param=f"localdiff.{key}")
-            v = _sampler_value(key, value)
-            if v is not None:
-                out["sampler"][key] = v
+            name = resolve_key(str(key))
+            shown = f"{fields.get('sampler_name', 'localdiff')}.{key}"
+            if name not in specs:
+                raise bad_request(f"unknown option '{shown}' (known: {', '.join(specs)})", param=shown)
+            v = _sampler_value(specs[name], value, shown)
+            if v is not None or specs[name].optional:
+                out["sampler"][name] = v
     if fields.get("temperature") is not None:
         t = check_number(fields["temperature"], "temperature")
         if t <= 0:
             raise bad_request("'temperature' must be > 0: diffusion sampling draws every step (there is no greedy "
                               "mode); use a small value such as 0.1 for near-deterministic output", param="temperature")
-        out["sampler"].setdefault("t_max", t)
-        out["sampler"].setdefault("t_min", t)
+        name = resolve_key("temperature")            # a constant schedule: the option and its pair (t_max, t_min)
+        for key in (name, getattr(specs.get(name), "pair_of", None)):
+            if key:
+                out["sampler"].setdefault(key, t)
     return out

@@ -15,6 +15,7 @@ import asyncio
 import itertools
 import logging
 import queue
+import random
 import threading
 import time
 from dataclasses import dataclass, field
@@ -161,11 +162,11 @@ class ModelWorker:
         try:
             model = self._ensure(req.model)
             sampler = {**self.defaults, **req.sampler}
-            used = model.sampler_options(**sampler)
-            stream = model.stream(req.prompt, max_new_tokens=req.max_new_tokens, seed=req.seed, chat=req.chat,
+            seed = req.seed if req.seed is not None else random.randrange(2**63)  # known even if stopped early
+            stream = model.stream(req.prompt, max_new_tokens=req.max_new_tokens, seed=seed, chat=req.chat,
                                   emit_steps=True, **sampler)
             first = next(stream)  # option / prompt / context errors surface here, before any response starts
-            job.model, job.seed = model, getattr(model, "_last", {}).get("seed", req.seed)
+            job.model, job.seed = model, seed
             job.post(("start", model))
             for ev in itertools.chain([first], stream):
                 if isinstance(ev, StepEvent):
@@ -173,8 +174,8 @@ class ModelWorker:
                 elif isinstance(ev, CanvasDone):
                     job.post(("delta", ev.text))
                 elif isinstance(ev, Done):
-                    job.post(("done", ev, {"seed": getattr(model, "_last", {}).get("seed", req.seed),
-                                           "sampler": used}))
+                    job.post(("done", ev, {"seed": getattr(ev, "seed", seed),
+                                           "sampler": getattr(ev, "options", None) or {}}))
                     return
                 if job.cancel.is_set():
                     job.post(("error", ApiError(499, "cancelled", code="cancelled")))

@@ -19,7 +19,8 @@ from localdiff.decoding import loop, masked_loop
 from localdiff.decoding.canvas_eb import CanvasEB
 from localdiff.decoding.dream import Dream
 from localdiff.decoding.llada import LLaDA
-from localdiff.decoding.options import POLICIES, policy_for_family, read_generation_config  # noqa: F401
+from localdiff.decoding.defaults import read_generation_config  # noqa: F401
+from localdiff.decoding.options import POLICIES, policy_for_family
 from localdiff.errors import CheckpointError, TokenizerMissingError, UsageError
 from localdiff.events import Done, GenerationStats
 

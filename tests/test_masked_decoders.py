@@ -215,3 +215,23 @@ def test_stream_events_show_masks_and_decoding_order(make):
     assert sorted(done.stats.commit_step) == list(range(1, 9))       # one token per step: a permutation
     assert all(done.stats.commit_step[i] <= 4 for i in range(4))      # block 1 before block 2
     assert done.token_ids == _gen(m, p, 8, steps=8, block_length=4).token_ids
+
+
+# ------------------------------------------------------------------------------------------------ chat
+def test_chat_shows_masked_cells_and_set_resolves_per_model(make):
+    from localdiff.tui.runner import MASK, MASK_TEXT, NEW, TokenText, frame_from_step
+    from localdiff.tui.settings import ChatSettings, apply_set_checked
+
+    m = make()
+    ev = next(e for e in m.stream([5, 6, 7], max_new_tokens=8, seed=0, chat=False, steps=8, block_length=8)
+              if isinstance(e, StepEvent))
+    frame = frame_from_step(ev, TokenText(None), None, m.mask_token_id)
+    assert frame.count(MASK) == 7 and frame.count(NEW) == 1
+    assert [t for t, s in zip(frame.tokens, frame.states) if s == MASK] == [MASK_TEXT] * 7
+    s = ChatSettings()
+    assert apply_set_checked(s, "steps 4", m) == "steps = 4"                 # LLaDA's own option name
+    assert apply_set_checked(s, "kv_cache dual", m) == "kv_cache = dual"
+    with pytest.raises(UsageError, match="unknown setting"):
+        apply_set_checked(s, "entropy_bound 0.2", m)
+    assert s.sampler == {"steps": 4, "kv_cache": "dual"}
+    assert m.new_cache() is None

@@ -85,7 +85,7 @@ def run(net, policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
         while bool(masked.any()) and i < cap:
             if logits is None:
                 logits, kv = _block_logits(net, policy, x, amask, start, end, shift, cache, kv, i == 0, p, mask_id)
-                logits[..., mask_id] = -torch.inf         # never propose the mask token itself
+                logits = logits.index_fill(-1, torch.tensor([mask_id], device=dev), -torch.inf)   # never the mask
                 forwards += int(active.sum())
                 used += 1
             gstep += 1

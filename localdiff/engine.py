@@ -15,10 +15,13 @@ import torch
 
 from localdiff.arch import entry_for
 from localdiff.cache.kv import KVCache
-from localdiff.decoding import loop
+from localdiff.decoding import loop, masked_loop
 from localdiff.decoding.canvas_eb import CanvasEB
-from localdiff.decoding.options import POLICIES, policy_for_family, read_generation_config  # noqa: F401
-from localdiff.errors import TokenizerMissingError, UsageError
+from localdiff.decoding.dream import Dream
+from localdiff.decoding.llada import LLaDA
+from localdiff.decoding.defaults import read_generation_config  # noqa: F401
+from localdiff.decoding.options import POLICIES, policy_for_family
+from localdiff.errors import CheckpointError, TokenizerMissingError, UsageError
 from localdiff.events import Done, GenerationStats
 
 @dataclass
@@ -47,7 +50,7 @@ class Model:
         self.path, self.name, self.device, self.dtype, self.quant = path, name, torch.device(device), dtype, quant
         self.generation_config = gen_config
         self.family = entry_for(config.model_type).family
-        self.options_cls = POLICIES[policy_for_family(self.family)]
+        self.options_cls = POLICIES[policy_for_family(self.family, getattr(config, "model_type", None))]
         self._lock = threading.Lock()
         self._owner: int | None = None
         eos = gen_config.get("eos_token_id", list(config.eos_token_id))
@@ -57,12 +60,22 @@ class Model:
         self.default_max_new_tokens = int(gen_config.get("max_new_tokens", 256))
         if tokenizer is not None:
             tokenizer.eos_token_ids = self.eos_token_ids
+        if self.family == "masked":
+            self.mask_token_id = getattr(config, "mask_token_id", None)
+            if self.mask_token_id is None:
+                raise CheckpointError(f"{path}: config.json has no mask_token_id (a masked-diffusion model needs it)")
+            if self.pad_token_id == self.mask_token_id:
+                raise CheckpointError(f"{path}: pad_token_id equals mask_token_id ({self.mask_token_id}); padding "
+                                      "would read as masks")
 
     # -- building blocks ----------------------------------------------------------------------------------------
     def new_cache(self, device_budget_bytes: int | None = None):
         """A fresh block KV cache for this model (blocks of one canvas; sliding layers keep one canvas of slack for
         chat prefix reuse). ``device_budget_bytes``: K/V bytes allowed on the device (None = unlimited, 0 = all on
-        the host; see ``localdiff.cache.kv``). Raises UsageError for a negative budget."""
+        the host; see ``localdiff.cache.kv``). Raises UsageError for a negative budget. None for the masked family
+        (its approximate caches live inside one generation: ``localdiff.decoding.masked_loop``)."""
+        if self.family == "masked":
+            return None
         return KVCache(**self.net.cache_layout(), device_budget_bytes=device_budget_bytes)
 
     def prefill(self, input_ids: torch.Tensor, cache, attention_mask: torch.Tensor | None = None) -> None:
@@ -172,6 +185,12 @@ class Model:
         if attention_mask is not None and isinstance(prompt, torch.Tensor):
             mask = attention_mask.to(self.device).bool()
         stats = GenerationStats(prompt_tokens=len(rows[0]) if mask is None else int(mask[0].sum()))
+        if self.family == "masked":
+            if cache is not None:
+                raise UsageError("cache: a masked-diffusion model keeps no cache between generations (its "
+                                 "approximate caches are the kv_cache option: none, prefix, dual)")
+            yield from self._stream_masked(options, ids, mask, n_new, seed, gen, stats, emit_steps)
+            return
         todo, todo_mask = ids, mask
         if cache is None:
             cache = self.new_cache()
@@ -194,6 +213,22 @@ class Model:
                                emit_steps=emit_steps, decode=decode, stats=stats):
                 if isinstance(ev, Done):
                     ev.seed, ev.options = seed, opts
+                yield ev
+
+    def _stream_masked(self, options, ids, mask, n_new, seed, gen, stats, emit_steps):
+        """The masked family's generation (``localdiff.decoding.masked_loop`` with the LLaDA or Dream policy)."""
+        if mask is not None:   # left padding must not read as masks
+            pad = self.pad_token_id if self.pad_token_id is not None else next(
+                t for t in (*self.eos_token_ids, 0, 1) if t != self.mask_token_id)
+            ids = torch.where(mask, ids, torch.full_like(ids, pad))
+        policy = {"llada": LLaDA, "dream": Dream}[options.POLICY](options, gen, self.mask_token_id)
+        decode = self.tokenizer.decode if self.tokenizer is not None else None
+        with self._generation():
+            for ev in masked_loop.run(self.net, policy, ids, mask, n_new, options.block_length, options.steps,
+                                      options.kv_cache, self.mask_token_id, self.eos_token_ids, self.pad_token_id,
+                                      emit_steps=emit_steps, decode=decode, stats=stats):
+                if isinstance(ev, Done):
+                    ev.seed, ev.options = seed, options.as_dict()
                 yield ev
 
     @contextlib.contextmanager

@@ -80,6 +80,9 @@ class GenerationStats:
         canvases: number of canvases generated.
         tokens_per_second: new_tokens / seconds.
         cache: KV-cache accounting (bytes on device / host, current and peak; blocks moved), when available.
+        commit_step: the decoding order of the masked family (``localdiff.decoding.masked_loop``): per returned token,
+            the 1-based step of the generation at which it was committed (a list, or one list per row for a batch);
+            empty for the canvas family. ARness (issue #21) is computed from it.
     """
 
     forwards: int = 0
@@ -93,6 +96,7 @@ class GenerationStats:
     canvases: int = 0
     tokens_per_second: float = 0.0
     cache: dict = field(default_factory=dict)
+    commit_step: list = field(default_factory=list)
 
     def as_dict(self) -> dict:
         """Plain-dict view (JSON-serialisable)."""

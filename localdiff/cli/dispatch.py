@@ -31,12 +31,12 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 
 def _add_sampler(p: argparse.ArgumentParser) -> None:
-    from localdiff.decoding.options import cli_flags
+    from localdiff.decoding.options import cli_flags, flag_envs
 
     g = p.add_argument_group(SAMPLER_HELP)
     g.add_argument("-n", "--max-new-tokens", type=int, metavar="N", help="generate at most N tokens")
     for flag, key, spec in cli_flags():     # every decoder option, from the one schema (localdiff.decoding.options)
-        helptext = f"{spec.help} ({spec.rule()}; {spec.env})"
+        helptext = f"{spec.help} ({spec.rule()}; {', '.join(flag_envs(flag))})"
         if spec.kind is bool:
             g.add_argument(flag, dest="opt_" + key, action=argparse.BooleanOptionalAction, default=None, help=helptext)
         else:

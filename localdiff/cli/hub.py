@@ -122,7 +122,8 @@ def run_show(args) -> int:
     cfg, folder, source = hub.model_config(name)
     summary = _summarize(cfg, folder)
     out = {"name": name, "source": source, "path": str(folder) if folder else None, "summary": summary}
-    from localdiff.decoding.options import FAMILY_POLICY, describe
+    from localdiff.decoding.defaults import describe
+    from localdiff.decoding.options import FAMILY_POLICY
 
     if summary.get("family") in FAMILY_POLICY:   # a family whose decoders are not wired yet shows its model only
         out["decoder"] = describe(summary["family"], folder)

@@ -12,9 +12,7 @@ Validation messages have one shape from every source: ``"<what the user typed>: 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-from pathlib import Path
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Mapping
 
@@ -259,20 +257,95 @@ class CanvasEBOptions(Options):
             raise UsageError(f"{typed.get('t_max', 't_max')}: temperature must be > 0 at some step (got 0)")
 
 
-#: every decoder policy's options by policy name (the masked / block families add theirs here)
-POLICIES: dict[str, type[Options]] = {CanvasEBOptions.POLICY: CanvasEBOptions}
+@dataclass(frozen=True)
+class _FastDLLM(Options):
+    """Fast-dLLM's parallel decoding and approximate caches (NVlabs/Fast-dLLM, arXiv 2505.22618), shared by the
+    masked family's decoders. ``kv_cache`` is Fast-dLLM's use_cache / dual_cache (``cache`` is Model.stream's)."""
+
+    threshold: float | None = opt(None, "Fast-dLLM parallel decoding: also commit every masked position of the "
+                                  "block with confidence ≥ τ (off = the step schedule)", kind=float, lo=0, hi=1,
+                                  lo_open=True, optional=True, metavar="TAU")
+    factor: float | None = opt(None, "Fast-dLLM factor rule: commit the n most confident while the n-th has "
+                               "confidence ≥ 1 − factor/(n+1)", kind=float, lo=0, lo_open=True, optional=True,
+                               metavar="F")
+    kv_cache: str = opt("none", "approximate K/V cache (Fast-dLLM): none, prefix (prompt + finished blocks) or dual "
+                        "(also the masked suffix); refreshed at each block", choices=("none", "prefix", "dual"))
+
+    def check(self, typed: Mapping[str, str]) -> None:
+        if self.threshold is not None and self.factor is not None:
+            raise UsageError(f"{typed.get('factor', 'factor')}: give either threshold or factor, not both "
+                             f"(got threshold={self.threshold}, factor={self.factor})")
+        if getattr(self, "cfg_scale", 0) > 0 and self.kv_cache != "none":
+            raise UsageError(f"{typed.get('kv_cache', 'kv_cache')}: classifier-free guidance (cfg_scale > 0) "
+                             f"needs kv_cache none (got {self.kv_cache!r})")
+
+
+@dataclass(frozen=True)
+class LLaDAOptions(_FastDLLM):
+    """LLaDA's decoder (ML-GSAI/LLaDA ``generate.py``, arXiv 2502.09992): ``gen_length`` (our max_new_tokens) masks,
+    semi-autoregressive blocks, ``steps`` split over blocks and within a block, low-confidence / random remasking,
+    Gumbel-max sampling, classifier-free guidance; plus Fast-dLLM's options."""
+
+    POLICY: ClassVar[str] = "llada"
+
+    steps: int | None = opt(None, "denoising steps over the whole answer, split evenly over blocks (default: one "
+                            "token per step)", kind=int, lo=1, hi=1_000_000, optional=True, metavar="N")
+    block_length: int = opt(32, "semi-autoregressive block length (tokens)", lo=1, hi=1_000_000, metavar="N")
+    temperature: float = opt(0.0, "Gumbel-max sampling temperature (0 = argmax)", lo=0, metavar="T")
+    cfg_scale: float = opt(0.0, "classifier-free guidance scale (unconditional = prompt masked)", lo=0, metavar="W")
+    remasking: str = opt("low_confidence", "which predictions to commit", choices=("low_confidence", "random"))
+
+
+@dataclass(frozen=True)
+class DreamOptions(_FastDLLM):
+    """Dream's decoder (HKUNLP/Dream ``generation_utils.py`` ``diffusion_generate``, arXiv 2508.15487): timesteps
+    linspace(1, eps, steps + 1), ``alg``, ``alg_temp``, temperature / top_p / top_k, shifted logits; ``block_length``
+    (Fast-dLLM's Dream) splits the answer into semi-autoregressive blocks; plus Fast-dLLM's options."""
+
+    POLICY: ClassVar[str] = "dream"
+
+    steps: int | None = opt(None, "denoising steps over the whole answer (default: one token per step)", kind=int,
+                            lo=1, hi=1_000_000, optional=True, metavar="N")
+    block_length: int | None = opt(None, "semi-autoregressive block length (default: one block)", kind=int, lo=1,
+                                   hi=1_000_000, optional=True, metavar="N")
+    temperature: float = opt(0.0, "sampling temperature (0 = argmax)", lo=0, metavar="T")
+    top_p: float | None = opt(None, "nucleus sampling mass", kind=float, lo=0, hi=1, lo_open=True, optional=True,
+                              metavar="P")
+    top_k: int | None = opt(None, "sample among the k most likely tokens", kind=int, lo=1, hi=1_000_000_000,
+                            optional=True, metavar="K")
+    alg: str = opt("entropy", "which predictions to commit: origin (random), maskgit_plus (top-1 probability), "
+                   "topk_margin (top-1 − top-2), entropy (lowest entropy)",
+                   choices=("origin", "maskgit_plus", "topk_margin", "entropy"))
+    alg_temp: float | None = opt(None, "sample the committed positions from softmax(confidence / alg_temp) "
+                                 "(off or 0 = the most confident)", kind=float, lo=0, optional=True, metavar="T")
+    eps: float = opt(1e-3, "last timestep of the schedule", lo=0, hi=1, lo_open=True, hi_open=True, metavar="E")
+
+
+#: every decoder policy's options by policy name (the block family adds its own here)
+POLICIES: dict[str, type[Options]] = {c.POLICY: c for c in (CanvasEBOptions, LLaDAOptions, DreamOptions)}
 
 #: the decoder policy each model family runs by default (localdiff.arch registry families)
-FAMILY_POLICY: dict[str, str] = {"canvas": CanvasEBOptions.POLICY}
+FAMILY_POLICY: dict[str, str] = {"canvas": CanvasEBOptions.POLICY, "masked": LLaDAOptions.POLICY}
+
+#: model_types (lower case) whose decoder differs from their family's default: Dream / DiffuCoder run Dream's
+MODEL_POLICY: dict[str, str] = {"dream": DreamOptions.POLICY}
 
 
-def policy_for_family(family: str) -> str:
-    """The default decoder policy name of a model family. Raises KeyError for a family without one."""
+def policy_for_family(family: str, model_type: str | None = None) -> str:
+    """The decoder policy name of a model family (and model_type, for a family with several decoders).
+    Raises KeyError for a family without one."""
+    if model_type is not None and str(model_type).lower() in MODEL_POLICY and family == "masked":
+        return MODEL_POLICY[str(model_type).lower()]
     return FAMILY_POLICY[family]
 
 
 #: /set and config-file aliases → option name (from the fields' ``aliases``)
-ALIASES: dict[str, str] = {a: s.name for c in POLICIES.values() for s in c.specs() for a in s.aliases}
+ALIASES: dict[str, str] = {}
+for _c in POLICIES.values():
+    for _s in _c.specs():
+        for _a in _s.aliases:
+            ALIASES.setdefault(_a, _s.name)
+_NAMES = {n for _c in POLICIES.values() for n in _c.names()}
 
 
 def all_specs() -> list[OptionSpec]:
@@ -296,43 +369,32 @@ def cli_flags() -> list[tuple[str, str, OptionSpec]]:
     return list(seen.values())
 
 
-def resolve_key(word: str) -> str:
-    """An option name from what the user typed (a name or an alias); unknown words come back unchanged."""
-    w = word.strip().lower().replace("-", "_")
-    return ALIASES.get(w, w)
-
-
-def read_generation_config(path: Path) -> dict:
-    """Decoder defaults and special ids from a checkpoint's ``generation_config.json`` (missing / bad file → {}):
-    every option whose ``gen_key`` is present (DiffusionGemma's ``sampler_config.entropy_bound`` too), plus
-    ``eos_token_id``, ``pad_token_id``, ``max_new_tokens``."""
-    f = Path(path) / "generation_config.json"
-    if not f.is_file():
-        return {}
-    try:
-        raw = json.loads(f.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError, OSError):
-        return {}
-    if not isinstance(raw, dict):
-        return {}
-    out = {s.name: raw[s.gen_key] for s in all_specs() if s.gen_key and raw.get(s.gen_key) is not None}
-    sc = raw.get("sampler_config")
-    if isinstance(sc, dict) and sc.get("entropy_bound") is not None:
-        out["entropy_bound"] = sc["entropy_bound"]
-    for k in ("eos_token_id", "pad_token_id", "max_new_tokens"):
-        if raw.get(k) is not None:
-            out[k] = raw[k]
+def flag_envs(flag: str) -> list[str]:
+    """Every ``LOCALDIFF_*`` variable of the options a shared CLI flag sets (``--steps``: each policy's step count)."""
+    out: list[str] = []
+    for c in POLICIES.values():
+        for s in c.specs():
+            if s.cli_flag == flag and s.env not in out:
+                out.append(s.env)
     return out
 
 
-def describe(family: str, folder: Path | None) -> dict:
-    """``localdiff show``'s decoder section: the family's default policy and, per option, its effective default
-    (built-in < the checkpoint's generation_config), flag, environment variable, allowed values and help."""
-    cls = POLICIES[policy_for_family(family)]
-    gen = read_generation_config(folder) if folder is not None else {}
-    opts = {}
-    for spec in cls.specs():
-        value = gen.get(spec.name, spec.default)
-        opts[spec.name] = {"value": value, "flag": spec.cli_flag, "env": spec.env, "allowed": spec.rule(),
-                           "help": spec.help, "from": "generation_config" if spec.name in gen else "built-in"}
-    return {"policy": cls.POLICY, "options": opts}
+def resolve_key(word: str) -> str:
+    """An option name from what the user typed (a name or an alias); unknown words come back unchanged."""
+    w = word.strip().lower().replace("-", "_")
+    return w if w in _NAMES else ALIASES.get(w, w)
+
+
+def resolve_for(word: str, names) -> str:
+    """An option name of one model's policy (``names``: its option names) from what the user typed: the name
+    itself, else that policy's alias (``/set steps`` is ``max_denoising_steps`` on DiffusionGemma, ``steps`` on
+    LLaDA); without ``names``, :func:`resolve_key`'s answer with the first policy's aliases."""
+    w = word.strip().lower().replace("-", "_")
+    if names:
+        if w in names:
+            return w
+        for c in POLICIES.values():
+            for s in c.specs():
+                if s.name in names and w in s.aliases:
+                    return s.name
+    return ALIASES.get(w, w)

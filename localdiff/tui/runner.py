@@ -16,7 +16,8 @@ from textual.message import Message
 from localdiff.events import CanvasDone, Done, StepEvent
 
 #: Cell states of the canvas view.
-LOCKED, NEW, NOISY, REOPENED = "locked", "new", "noisy", "reopened"
+LOCKED, NEW, NOISY, REOPENED, MASK = "locked", "new", "noisy", "reopened", "mask"
+MASK_TEXT = "░"   # how a still-masked cell of a masked-diffusion model reads
 
 
 @dataclass
@@ -28,7 +29,8 @@ class CanvasFrame:
         step / max_steps: 1-based denoising step and the cap for this canvas.
         tokens: display text per canvas position (length C); control characters made visible.
         states: per position, one of LOCKED (accepted at this and the previous step), NEW (accepted this step),
-            NOISY (not accepted: holds fresh uniform noise), REOPENED (was accepted, renoised or reopened now).
+            NOISY (not accepted: holds fresh uniform noise), REOPENED (was accepted, renoised or reopened now),
+            MASK (a masked-diffusion model's still-masked position).
         confidence: per position top-1 probability in [0, 1].
         final: True for a finished canvas (all positions final).
     """
@@ -88,22 +90,27 @@ class TokenText:
         return text
 
 
-def frame_from_step(ev: StepEvent, token_text: TokenText, prev_accepted: list[bool] | None) -> CanvasFrame:
-    """Build a CanvasFrame from a StepEvent (row 0); ``prev_accepted`` is the previous step's mask of this canvas."""
+def frame_from_step(ev: StepEvent, token_text: TokenText, prev_accepted: list[bool] | None,
+                    mask_id: int | None = None) -> CanvasFrame:
+    """Build a CanvasFrame from a StepEvent (row 0); ``prev_accepted`` is the previous step's mask of this canvas;
+    ``mask_id``: the model's mask token (masked family), whose not-accepted cells are MASK."""
     ids = ev.canvas_ids[0].tolist()
     acc = [bool(a) for a in ev.accepted[0].tolist()]
     reo = [bool(r) for r in ev.reopened[0].tolist()]
     prev = prev_accepted or [False] * len(ids)
     states = []
-    for a, p, r in zip(acc, prev, reo):
-        if r or (p and not a):
+    for i, a, p, r in zip(ids, acc, prev, reo):
+        if mask_id is not None and not a and i == mask_id:
+            states.append(MASK)
+        elif r or (p and not a):
             states.append(REOPENED)
         elif a:
             states.append(LOCKED if p else NEW)
         else:
             states.append(NOISY)
     conf = [float(c) for c in ev.confidence[0].tolist()]
-    return CanvasFrame(ev.canvas_index, ev.step, ev.max_steps, [token_text(i) for i in ids], states, conf)
+    tokens = [MASK_TEXT if st == MASK else token_text(i) for i, st in zip(ids, states)]
+    return CanvasFrame(ev.canvas_index, ev.step, ev.max_steps, tokens, states, conf)
 
 
 def frame_from_done(ev: CanvasDone, token_text: TokenText, last: CanvasFrame | None) -> CanvasFrame:
@@ -194,7 +201,7 @@ def run_generation(model, cache, job: GenerationJob, slot: FrameSlot, post: Call
                     break
                 if last is None or last.canvas_index != ev.canvas_index:
                     prev_acc = None
-                last = frame_from_step(ev, token_text, prev_acc)
+                last = frame_from_step(ev, token_text, prev_acc, getattr(model, "mask_token_id", None))
                 prev_acc = [bool(a) for a in ev.accepted[0].tolist()]
                 if slot.put(last):
                     post(FrameReady())

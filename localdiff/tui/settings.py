@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from localdiff.decoding.options import ALIASES as SCHEMA_ALIASES
-from localdiff.decoding.options import all_specs
+from localdiff.decoding.options import all_specs, resolve_for
 from localdiff.errors import LocaldiffError, UsageError
 
 #: Short names accepted by /set → engine keyword: the option schema's aliases plus the session settings.
@@ -88,7 +88,8 @@ def apply_set(settings: ChatSettings, args: str, model_options: dict | None = No
         return settings.describe(model_options)
     if len(words) != 2:
         raise UsageError("usage: /set KEY VALUE  (keys: steps, threshold, entropy_bound, seed, max_tokens, ...)")
-    key, raw = ALIASES.get(words[0].lower(), words[0].lower()), words[1]
+    word, raw = words[0].lower(), words[1]
+    key = "max_new_tokens" if ALIASES.get(word) == "max_new_tokens" else resolve_for(word, model_options)
     if key == "seed":
         settings.seed = None if raw.lower() in ("none", "off", "random") else _coerce("seed", raw, int, 0, 2**63 - 1)
         return f"seed = {settings.seed if settings.seed is not None else 'none'}"

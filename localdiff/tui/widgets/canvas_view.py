@@ -14,7 +14,7 @@ from rich.style import Style
 from rich.text import Text
 from textual.widget import Widget
 
-from localdiff.tui.runner import LOCKED, NEW, NOISY, REOPENED, CanvasFrame
+from localdiff.tui.runner import LOCKED, MASK, NEW, NOISY, REOPENED, CanvasFrame
 
 SPARKS = "▁▂▃▄▅▆▇█"
 CONTENT_ROWS = 8  # rows inside the panel's border (max-height 10)
@@ -33,6 +33,7 @@ class CanvasView(Widget):
         "canvas--locked",
         "canvas--new",
         "canvas--noisy",
+        "canvas--mask",
         "canvas--reopened",
         "canvas--confidence",
         "canvas--spark",
@@ -51,6 +52,7 @@ class CanvasView(Widget):
     CanvasView > .canvas--new { text-style: bold underline; color: $success; }
     CanvasView > .canvas--noisy { text-style: dim italic; color: $text-muted; }
     CanvasView > .canvas--reopened { text-style: strike bold; color: $error; }
+    CanvasView > .canvas--mask { text-style: dim; color: $accent; }
     CanvasView > .canvas--confidence { color: $primary; }
     CanvasView > .canvas--spark { color: $secondary; }
     """
@@ -71,7 +73,8 @@ class CanvasView(Widget):
         n = len(frame.states)
         self.border_subtitle = (
             f"locked {frame.count(LOCKED) + frame.count(NEW)}/{n} · new {frame.count(NEW)}"
-            f" · noisy {frame.count(NOISY)} · reopened {frame.count(REOPENED)}"
+            + (f" · masked {frame.count(MASK)}" if MASK in frame.states else
+               f" · noisy {frame.count(NOISY)} · reopened {frame.count(REOPENED)}")
         )
         self.refresh(layout=True)
 
@@ -88,7 +91,8 @@ class CanvasView(Widget):
         self.refresh(layout=True)
 
     def _state_styles(self) -> dict:
-        return {s: self.get_component_rich_style(f"canvas--{s}", partial=True) for s in (LOCKED, NEW, NOISY, REOPENED)}
+        return {s: self.get_component_rich_style(f"canvas--{s}", partial=True)
+                for s in (LOCKED, NEW, NOISY, REOPENED, MASK)}
 
     def render(self) -> Text:
         frame = self.frame

@@ -1,0 +1,127 @@
+"""Decoder policy ``dream``: Dream's masked-diffusion sampling (HKUNLP/Dream ``generation_utils.py``
+``DreamGenerationMixin._sample``, arXiv 2508.15487), optionally in Fast-dLLM's semi-autoregressive blocks
+(NVlabs/Fast-dLLM ``dream/model/generation_utils_block.py``) and with Fast-dLLM's parallel decoding.
+
+Per block of ``steps`` steps, timesteps = linspace(1, eps, steps + 1); step i goes from t = ts[i] to s = ts[i + 1].
+The logits arrive position-aligned (the loop applies Dream's shift: the raw logit at i − 1 predicts token i).
+
+* ``origin``: each masked position is revealed with probability 1 − s/t (1 at the last step) by a sample
+  (``sample_tokens``: temperature, top_p, top_k; argmax at temperature 0).
+* ``maskgit_plus`` / ``topk_margin`` / ``entropy``: a sample and a confidence per masked position (top-1 probability,
+  top-1 − top-2 margin, negative entropy); int(masked · (1 − s/t)) positions are committed (all at the last step):
+  the most confident, or drawn from softmax(confidence / alg_temp) when ``alg_temp`` > 0.
+* ``threshold`` / ``factor`` (Fast-dLLM, its Dream ``confidence_threshold``): the top-1 probability is the
+  confidence and :mod:`localdiff.decoding.parallel` decides.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from localdiff.decoding import parallel
+from localdiff.decoding.options import DreamOptions
+
+
+def top_p_logits(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest set of tokens whose probability mass reaches ``top_p`` (the first always); others → dtype min."""
+    sorted_logits, order = torch.sort(logits, descending=True)
+    drop = torch.cumsum(F.softmax(sorted_logits, dim=-1), dim=-1) > top_p
+    drop[..., 1:] = drop[..., :-1].clone()
+    drop[..., 0] = False
+    mask = torch.zeros_like(logits, dtype=torch.bool).scatter_(-1, order, drop)
+    return logits.masked_fill(mask, torch.finfo(logits.dtype).min)
+
+
+def top_k_logits(logits: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Keep the ``top_k`` largest logits per row (ties with the k-th kept); others → dtype min."""
+    kth = torch.topk(logits, min(top_k, logits.size(-1)))[0][..., -1, None]
+    return logits.masked_fill(logits < kth, torch.finfo(logits.dtype).min)
+
+
+def sample_tokens(logits: torch.Tensor, temperature: float, top_p, top_k, generator, margin: bool = False,
+                  neg_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dream's ``sample_tokens`` on FloatTensor[N, V]: (confidence FloatTensor[N], tokens LongTensor[N])."""
+    if temperature > 0:
+        logits = logits / temperature
+    if top_p is not None and top_p < 1:
+        logits = top_p_logits(logits, top_p)
+    if top_k is not None:
+        logits = top_k_logits(logits, top_k)
+    probs = torch.softmax(logits, dim=-1)
+    if temperature > 0 and probs.shape[0]:
+        x0 = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        confidence = probs.gather(-1, x0[:, None]).squeeze(-1)
+    else:
+        confidence, x0 = probs.max(dim=-1)
+    if margin:
+        top2 = torch.sort(probs, dim=-1, descending=True)[0]
+        confidence = top2[:, 0] - top2[:, 1]
+    if neg_entropy:
+        confidence = torch.sum(probs * torch.log(probs + 1e-10), dim=-1)
+    return confidence, x0
+
+
+class Dream:
+    """The ``dream`` policy for one generation.
+
+    Args:
+        options: :class:`DreamOptions`. generator: torch.Generator for every draw. mask_id: the mask token id.
+    """
+
+    Options = DreamOptions
+    cfg_scale = 0.0
+
+    def __init__(self, options: DreamOptions, generator: torch.Generator, mask_id: int):
+        self.o, self.gen, self.mask_id = options, generator, mask_id
+        self.parallel = options.threshold is not None or options.factor is not None
+
+    def begin_block(self, masked: torch.Tensor, steps: int, offset: int = 0) -> None:
+        """A new block (``masked`` BoolTensor[B, L]) with a budget of ``steps``: its timesteps. ``offset``: the
+        block's position in the sequence (the ``alg_temp`` draw runs over the sequence as upstream's does, so the
+        same generator state picks the same positions)."""
+        self.steps, self.offset = steps, offset
+        self.ts = torch.linspace(1, self.o.eps, steps + 1, device=masked.device)
+
+    def _sample(self, logits, **kw):
+        o = self.o
+        return sample_tokens(logits, o.temperature, o.top_p, o.top_k, self.gen, **kw)
+
+    def step(self, logits: torch.Tensor, xb: torch.Tensor, masked: torch.Tensor, i: int):
+        """One step (see :meth:`localdiff.decoding.llada.LLaDA.step` for the shapes). Returns (x0, transfer)."""
+        o, b = self.o, xb.shape[0]
+        x0 = xb.clone()
+        mask_logits = logits[masked]
+        if self.parallel:
+            conf, tok = self._sample(mask_logits)
+            x0[masked] = tok
+            full = torch.full(xb.shape, -torch.inf, dtype=logits.dtype, device=xb.device)
+            full[masked] = conf
+            return x0, parallel.select(full, masked, None, o.threshold, o.factor) & masked
+        last = i >= self.steps - 1
+        t, s = self.ts[min(i, self.steps - 1)], self.ts[min(i, self.steps - 1) + 1]
+        if o.alg == "origin":
+            p_transfer = 1 - s / t if not last else 1
+            reveal = torch.rand(mask_logits.shape[0], generator=self.gen, device=xb.device) < p_transfer
+            prop = torch.full((mask_logits.shape[0],), self.mask_id, dtype=torch.long, device=xb.device)
+            _, prop[reveal] = self._sample(mask_logits[reveal])
+            x0[masked] = prop
+            transfer = torch.zeros_like(masked)
+            transfer[masked] = reveal
+            return x0, transfer
+        conf, tok = self._sample(mask_logits, margin=o.alg == "topk_margin", neg_entropy=o.alg == "entropy")
+        x0[masked] = tok
+        rows = masked.any(1)
+        num_mask = masked.sum() / max(int(rows.sum()), 1)
+        n = int(num_mask * (1 - s / t)) if not last else int(num_mask)
+        transfer = torch.zeros_like(masked)
+        if n > 0:
+            full = torch.full(xb.shape, -torch.inf, dtype=logits.dtype, device=xb.device)
+            full[masked] = conf
+            if not o.alg_temp:
+                idx = torch.topk(full, n).indices
+            else:
+                full = torch.where(rows[:, None], full, torch.zeros_like(full))   # rows with nothing masked
+                full = F.pad(full, (self.offset, 0), value=-torch.inf)
+                idx = torch.multinomial(F.softmax(full / o.alg_temp, dim=-1), n, generator=self.gen) - self.offset
+            transfer[torch.arange(b, device=xb.device)[:, None].expand_as(idx), idx] = True
+        return x0, transfer & masked & rows[:, None]

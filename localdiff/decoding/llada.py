@@ -1,0 +1,81 @@
+"""Decoder policy ``llada``: LLaDA's masked-diffusion sampling (ML-GSAI/LLaDA ``generate.py``, arXiv 2502.09992) with
+Fast-dLLM's parallel decoding (NVlabs/Fast-dLLM ``llada/generate.py``, arXiv 2505.22618).
+
+Per block (the loop :mod:`localdiff.decoding.masked_loop` owns blocks, forwards, caches, stopping and events): the
+block's step budget is split as ``get_num_transfer_tokens`` does (masked count // steps each step, the remainder one
+more in the first steps). Per step: predictions x0 = argmax of the logits — with Gumbel-max noise in float64 when
+``temperature`` > 0 (``add_gumbel_noise``: exp(logits) / (−log u)^T) — and a confidence per masked position:
+softmax(logits, float64)[x0] (``low_confidence``) or uniform noise (``random``); then the schedule's k most confident
+are committed, or Fast-dLLM's threshold / factor rule (:mod:`localdiff.decoding.parallel`) decides. Classifier-free
+guidance (``cfg_scale``) is applied by the loop before the logits arrive here (``guided``).
+"""
+from __future__ import annotations
+
+import torch
+
+from localdiff.decoding import parallel
+from localdiff.decoding.options import LLaDAOptions
+
+
+def num_transfer_tokens(masked: torch.Tensor, steps: int) -> torch.Tensor:
+    """LLaDA's ``get_num_transfer_tokens``: LongTensor[B, steps], per row masked // steps each step, the first
+    masked % steps steps one more. ``masked``: BoolTensor[B, L]."""
+    n = masked.sum(dim=1, keepdim=True)
+    out = torch.zeros(masked.shape[0], steps, dtype=torch.int64, device=masked.device) + n // steps
+    rem = (n % steps).squeeze(1).tolist()
+    for i, r in enumerate(rem):
+        out[i, :r] += 1
+    return out
+
+
+def guided(cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch.Tensor:
+    """LLaDA's unsupervised classifier-free guidance: uncond + (scale + 1) · (cond − uncond)."""
+    return uncond + (scale + 1) * (cond - uncond)
+
+
+class LLaDA:
+    """The ``llada`` policy for one generation.
+
+    Args:
+        options: :class:`LLaDAOptions`. generator: torch.Generator for Gumbel noise / random remasking.
+        mask_id: the model's mask token id.
+    Attributes the loop reads: ``cfg_scale`` (> 0: give guided logits), ``parallel`` (True: threshold / factor
+    decide, steps are not capped by the schedule).
+    """
+
+    Options = LLaDAOptions
+
+    def __init__(self, options: LLaDAOptions, generator: torch.Generator, mask_id: int):
+        self.o, self.gen, self.mask_id = options, generator, mask_id
+        self.cfg_scale = options.cfg_scale
+        self.parallel = options.threshold is not None or options.factor is not None
+
+    def begin_block(self, masked: torch.Tensor, steps: int, offset: int = 0) -> None:
+        """A new block: ``masked`` BoolTensor[B, L] (its masked positions), ``steps`` its step budget, ``offset`` its
+        position in the sequence (unused here)."""
+        self.steps = steps
+        self.schedule = num_transfer_tokens(masked, steps)
+
+    def step(self, logits: torch.Tensor, xb: torch.Tensor, masked: torch.Tensor, i: int):
+        """One step on a block. ``logits`` FloatTensor[B, L, V] (position-aligned), ``xb`` LongTensor[B, L] the block,
+        ``masked`` BoolTensor[B, L] positions that may be committed, ``i`` 0-based step within the block.
+
+        Returns:
+            (x0 LongTensor[B, L] proposals (= ``xb`` where not masked), transfer BoolTensor[B, L] ⊆ masked).
+        """
+        if self.o.temperature > 0:
+            l64 = logits.to(torch.float64)
+            u = torch.rand(l64.shape, dtype=torch.float64, generator=self.gen, device=l64.device)
+            x0 = (l64.exp() / (-torch.log(u)) ** self.o.temperature).argmax(-1)
+        else:
+            x0 = logits.argmax(-1)
+        if self.o.remasking == "low_confidence":
+            p = torch.softmax(logits.to(torch.float64), dim=-1)
+            x0_p = p.gather(-1, x0[..., None]).squeeze(-1)
+        else:
+            x0_p = torch.rand(x0.shape, generator=self.gen, device=x0.device)
+        x0 = torch.where(masked, x0, xb)
+        conf = torch.where(masked, x0_p, torch.tensor(-float("inf"), dtype=x0_p.dtype, device=x0_p.device))
+        k = self.schedule[:, i] if i < self.steps else masked.sum(1)
+        transfer = parallel.select(conf, masked, k, self.o.threshold, self.o.factor)
+        return x0, transfer & masked

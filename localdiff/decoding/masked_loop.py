@@ -1,0 +1,174 @@
+"""The masked family's loop (DESIGN.md "masked"): a canvas of mask tokens after the prompt, decoded in
+semi-autoregressive blocks by a bidirectional model (the ``logits`` + ``window`` roles), with no exact KV cache.
+
+It differs from :mod:`localdiff.decoding.loop` (prefill + denoise over an exact block cache) enough to be its own
+small loop. It owns: the sequence x = prompt + ``max_new_tokens`` masks (LLaDA ``generate.py``; Dream pads to
+``max_length`` with masks), blocks of ``block_length`` and the split of ``steps`` over them, the forwards — full
+recompute (``kv_cache="none"``), or Fast-dLLM's approximate caches (NVlabs/Fast-dLLM ``generate_with_prefix_cache`` /
+``generate_with_dual_cache``, arXiv 2505.22618): each block starts with a full pass that refreshes the per-layer
+K/V, then ``prefix`` recomputes the block and everything after it over the cached prefix, ``dual`` recomputes only the
+block over the cached prefix and suffix — Dream's logit shift (the raw logit at i − 1 predicts token i), classifier-free
+guidance, stopping (a finished block holding EOS ends the row; nothing after it is decoded or counted: Fast-dLLM issue
+#10), events (a block is a "canvas" in :mod:`localdiff.events`) and stats, including the decoding order
+(``stats.commit_step``). A decoder policy (:class:`localdiff.decoding.llada.LLaDA`,
+:class:`localdiff.decoding.dream.Dream`) decides per step which masked positions to commit (``begin_block`` / ``step``).
+
+The mask token's own logit is set to −inf before the policy sees the logits: upstream can "commit" a predicted mask
+(the position stays masked and later blocks may fill it); trained models give it ~0 probability, random ones do not.
+
+A step that commits nothing leaves x unchanged, so its logits are reused instead of recomputed (same tokens as
+upstream, which runs the forward again; forwards count what was run).
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+from localdiff.decoding.llada import guided
+from localdiff.decoding.loop import count_tokens, strip_generated
+from localdiff.decoding.stopping import finalize_canvas
+from localdiff.events import CanvasDone, Done, GenerationStats, StepEvent
+
+
+def block_plan(gen_length: int, block_length: int | None, steps: int | None) -> list[tuple[int, int, int]]:
+    """(offset, length, steps) per block of the answer: blocks of ``block_length`` (None or longer than the answer =
+    one block; the last block is shorter when it does not divide), ``steps`` (None = one per token) split over the
+    blocks as evenly as LLaDA's ``steps // num_blocks`` (the first ``steps % num_blocks`` blocks one more), ≥ 1."""
+    bl = gen_length if block_length is None else min(block_length, gen_length)
+    nb = math.ceil(gen_length / bl)
+    total = gen_length if steps is None else steps
+    out = []
+    for b in range(nb):
+        length = min(bl, gen_length - b * bl)
+        out.append((b * bl, length, max(1, total // nb + (1 if b < total % nb else 0))))
+    return out
+
+
+def run(net, policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None, max_new_tokens: int,
+        block_length: int | None, steps: int | None, cache: str, mask_id: int, eos_ids: list[int],
+        pad_id: int | None, emit_steps: bool = True, decode=None, stats: GenerationStats | None = None):
+    """Generate after a left-padded prompt; yields StepEvent (when ``emit_steps``), CanvasDone per block, then Done.
+
+    Args:
+        net: roles ``logits`` + ``window`` (:mod:`localdiff.arch.base`); ``net.shift_logits``.
+        policy: LLaDA / Dream policy (module docstring).
+        prompt_ids: LongTensor[B, P] (left padding must not be ``mask_id``); prompt_mask: BoolTensor[B, P] or None.
+        max_new_tokens: the answer's length in masks (LLaDA's gen_length).
+        block_length / steps: see :func:`block_plan`. cache: "none" | "prefix" | "dual".
+        mask_id / eos_ids / pad_id: special ids (pad replaces tokens after EOS in CanvasDone, as in the canvas loop).
+        decode: ids → text (row 0), or None.
+    """
+    st = stats or GenerationStats()
+    t0 = time.perf_counter()
+    dev = prompt_ids.device
+    b, p = prompt_ids.shape
+    g = max_new_tokens
+    x = torch.cat([prompt_ids, torch.full((b, g), mask_id, dtype=torch.long, device=dev)], dim=1)
+    amask = None if prompt_mask is None else torch.cat([prompt_mask.bool(), torch.ones(b, g, dtype=torch.bool,
+                                                                                      device=dev)], dim=1)
+    shift = 1 if getattr(net, "shift_logits", False) else 0
+    eos_t = torch.tensor(eos_ids, device=dev) if eos_ids else None
+    finished = torch.zeros(b, dtype=torch.bool, device=dev)
+    commit = torch.zeros(b, g, dtype=torch.long, device=dev)   # global step at which each position was committed
+    forwards, gstep, reason = 0, 0, "length"
+    finals: list[torch.Tensor] = []
+    for ci, (off, length, n_steps) in enumerate(block_plan(g, block_length, steps)):
+        start, end = p + off, p + off + length
+        active = ~finished
+        masked = (x[:, start:end] == mask_id) & active[:, None]
+        policy.begin_block(masked, n_steps, start)
+        kv, logits, used = None, None, 0
+        i = 0
+        cap = n_steps + length if policy.parallel else n_steps     # parallel rules commit ≥ 1 per step
+        while bool(masked.any()) and i < cap:
+            if logits is None:
+                logits, kv = _block_logits(net, policy, x, amask, start, end, shift, cache, kv, i == 0, p, mask_id)
+                logits = logits.index_fill(-1, torch.tensor([mask_id], device=dev), -torch.inf)   # never the mask
+                forwards += int(active.sum())
+                used += 1
+            gstep += 1
+            xb = x[:, start:end]
+            x0, transfer = policy.step(logits, xb, masked, i)
+            transfer &= masked
+            if bool(transfer.any()):
+                x[:, start:end] = torch.where(transfer, x0, xb)
+                commit[:, off:off + length][transfer] = gstep
+                new_logits = None
+            else:
+                new_logits = logits
+            if emit_steps:
+                yield _event(ci, used, n_steps, x[:, start:end], logits, xb, masked, mask_id)
+            logits = new_logits
+            masked = (x[:, start:end] == mask_id) & active[:, None]
+            i += 1
+        row0_done = bool(finished[0])
+        final, finished = finalize_canvas(x[:, start:end], finished, eos_t, pad_id)
+        finals.append(final)
+        st.canvases += 1
+        text = decode(strip_generated(final[0], eos_ids, pad_id)) if decode and not row0_done else ""
+        yield CanvasDone(ci, final.cpu(), text, used, finished.cpu())
+        if bool(finished.all()):
+            reason = "eos"
+            break
+    out = torch.cat(finals, dim=1)
+    rows, order = [], []
+    for r in range(b):
+        keep = _kept_positions(out[r].tolist(), eos_ids, pad_id)[:max_new_tokens]
+        rows.append([int(out[r, k]) for k in keep])
+        order.append([int(commit[r, k]) for k in keep])
+    st.forwards = forwards
+    st.commit_step = order if b > 1 else order[0]
+    count_tokens(st, rows, time.perf_counter() - t0)
+    texts = [decode(strip_generated(r, eos_ids, pad_id)) if decode else "" for r in rows]
+    yield Done(texts[0] if b == 1 else texts, rows if b > 1 else rows[0], st, reason)
+
+
+def _block_logits(net, policy, x, amask, start, end, shift, cache, kv, first, p, mask_id):
+    """Position-aligned logits FloatTensor[B, L, V] of the block [start, end) and the (possibly refreshed) per-layer
+    K/V. ``first``: the block's first step (the cache refresh: a full pass)."""
+    lo = start - shift            # with shifted logits the raw row lo predicts position start
+    n = end - start
+    if cache == "none" or first:
+        if policy.cfg_scale > 0:
+            un = x.clone()
+            un[:, :p] = mask_id                       # LLaDA: the prompt masked
+            m2 = None if amask is None else torch.cat([amask, amask])
+            both = net.logits_full(torch.cat([x, un]), m2)
+            cond, unc = both.chunk(2)
+            raw = guided(cond, unc, policy.cfg_scale)
+        elif cache == "none":
+            raw = net.logits_full(x, amask)
+        else:
+            raw, kv = net.forward_window(x, 0, None, amask, return_kv=True)
+        return raw[:, lo:lo + n], kv
+    if cache == "prefix":
+        pre = [(k[:, :, :lo], v[:, :, :lo]) for k, v in kv]
+        return net.forward_window(x[:, lo:], lo, pre, amask)[:, :n], kv
+    return net.forward_window(x[:, lo:end], lo, kv, amask)[:, :n], kv      # dual
+
+
+def _event(ci, step, max_steps, block, logits, before, masked, mask_id) -> StepEvent:
+    """The StepEvent of one step (CPU tensors): canvas = the block (mask id where still masked), argmax = the
+    predictions at positions masked before this step, accepted = committed by now."""
+    probs = torch.softmax(logits.float(), dim=-1)
+    conf, arg = probs.max(-1)
+    ent = -(probs * torch.log(probs.clamp_min(1e-30))).sum(-1)
+    acc = block != mask_id
+    none = torch.zeros_like(acc)
+    return StepEvent(ci, step, max_steps, block.clone().cpu(), torch.where(masked, arg, before).cpu(), acc.cpu(), none.cpu(),
+                     none.cpu(), conf.cpu(), ent.cpu())
+
+
+def _kept_positions(ids: list[int], eos_ids, pad_id) -> list[int]:
+    """Indices of what :func:`strip_generated` keeps (``keep_eos``): up to and including the first EOS, pad skipped."""
+    keep = []
+    for k, t in enumerate(ids):
+        if eos_ids and t in eos_ids:
+            keep.append(k)
+            break
+        if pad_id is not None and t == pad_id:
+            continue
+        keep.append(k)
+    return keep

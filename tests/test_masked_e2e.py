@@ -1,0 +1,61 @@
+"""End to end on real baby masked checkpoints (#15): ``localdiff gen -m <folder>`` on a LLaDA and a Dream checkpoint
+written in their upstream layouts (``masked_ref.write_upstream``) with a small word-level tokenizer; the tokens equal
+the compact transcription of the upstream decoder (``upstream_masked``) on the same model."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import upstream_masked as up
+from localdiff.cli import main
+from masked_ref import EOS, MASK, VOCAB, write_upstream
+
+
+def _checkpoint(family, folder):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    folder.mkdir()
+    write_upstream(family, folder)
+    vocab = {f"t{i}": i for i in range(VOCAB)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(folder / "tokenizer.json"))
+    return folder
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_gen_on_a_baby_checkpoint_equals_the_upstream_transcription(family, tmp_path, capsys):
+    import localdiff
+
+    folder = _checkpoint(family, tmp_path / family)
+    flags = ["--steps", "8", "--block-length", "4"] if family == "llada" else ["--steps", "8", "--alg", "entropy"]
+    assert main(["gen", "-m", str(folder), "--raw", "-p", "t5 t6 t7 t8", "-n", "8", "--seed", "0", "--json",
+                 *flags]) == 0
+    out = json.loads(capsys.readouterr().out)
+    m = localdiff.load(str(folder))
+    prompt = torch.tensor([[5, 6, 7, 8]])
+    if family == "llada":
+        want = up.llada_generate(m.net.logits_full, prompt, 8, 8, 4, mask_id=MASK)[0, 4:].tolist()
+    else:
+        want = up.dream_generate(m.net.logits_full, prompt, 8, 8, mask_token_id=MASK, alg="entropy")[0, 4:].tolist()
+    want = want[: want.index(EOS) + 1] if EOS in want else want
+    assert out["token_ids"] == want
+    assert out["sampler"]["steps"] == 8 and len(out["stats"]["commit_step"]) == len(want)
+    for extra in (["--kv-cache", "dual", "--threshold", "0.5"], ["--kv-cache", "prefix"]):
+        assert main(["gen", "-m", str(folder), "--raw", "-p", "t5 t6 t7 t8", "-n", "8", "--seed", "0", "-q",
+                     *flags, *extra]) == 0
+    capsys.readouterr()
+    bad = ["--alg", "entropy"] if family == "llada" else ["--cfg-scale", "1"]
+    assert main(["gen", "-m", str(folder), "--raw", "-p", "t5 t6", "-n", "4", *bad]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is an option of the" in err

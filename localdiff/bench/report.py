@@ -156,6 +156,12 @@ def _targets_md(secs: dict, quick: bool = False) -> list[str]:
             + [f"| {a} | {b} | {c} | {met[ok]} |" for a, b, c, ok in rows] + [""])
 
 
+def _masked_md(sec: dict) -> list[str]:
+    from localdiff.bench.masked import render_md
+
+    return render_md(sec)
+
+
 def _serve_md(sec: dict) -> list[str]:
     from localdiff.bench.serve import render_md
 
@@ -174,7 +180,8 @@ def render(res: dict) -> str:
                   "times are inflated and noisy, most with more than one thread; compare the interleaved ratios.", ""]
     lines += _targets_md(res["sections"], bool(res.get("quick")))
     render_fns = {"ref": _ref_md, "eval": _eval_md, "sweep": _sweep_md, "history": _history_md,
-                  "memory": _memory_md, "profile": _profile_md, "serve": _serve_md}
+                  "memory": _memory_md, "profile": _profile_md, "serve": _serve_md,
+                  "masked": _masked_md}
     for name, fn in render_fns.items():
         sec = res["sections"].get(name)
         if sec is None:

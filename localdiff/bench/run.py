@@ -15,6 +15,8 @@ Sections (``--only`` picks some; ``--eval`` alone = the eval section only):
 * ``profile`` torch.profiler over one generation of the embedded model: top ops, time split denoise/prefill/loop.
 * ``serve``   time to first byte and tokens/s through ``localdiff serve`` vs in-process on the same prompt and seeds
               (``localdiff/bench/serve.py``).
+* ``masked``  LLaDA-style models: step time per cache mode (none / prefix / dual) at 256 and 1k prompt tokens, and
+              tokens/s + TPF per cache mode × threshold (``localdiff/bench/masked.py``).
 
 Output: JSON (``--out``, default ``bench-results/bench-<time>.json``), a Markdown report printed and written next to
 it (and to ``--md``), and ``--readme FILE`` replaces the text between ``<!-- bench:start -->`` and
@@ -35,7 +37,7 @@ from pathlib import Path
 
 from localdiff.errors import LocaldiffError, UsageError
 
-SECTIONS = ("ref", "eval", "sweep", "history", "memory", "profile", "serve")
+SECTIONS = ("ref", "eval", "sweep", "history", "memory", "profile", "serve", "masked")
 # (quick, full) sizes
 SIZES = {
     "ref_seeds": (3, 5), "ref_reps": (3, 5), "ref_canvases": (2, 4),
@@ -325,6 +327,12 @@ def _serve(ctx: _Ctx) -> dict:
     return measure(m, "What is 27 + 58?", seeds=seeds, reps=reps, log=ctx.log)
 
 
+def _masked(ctx: _Ctx) -> dict:
+    from localdiff.bench.masked import measure
+
+    return measure(ctx.args.quick, log=ctx.log)
+
+
 def _run_sections(ctx: _Ctx, names: list[str], res: dict, out: Path, log) -> bool:
     """Run each section into ``res["sections"]``; True when one failed with an unexpected error."""
     failed = False
@@ -335,7 +343,7 @@ def _run_sections(ctx: _Ctx, names: list[str], res: dict, out: Path, log) -> boo
                 sec = _sweep(ctx, out.parent, out.stem, res["sections"].get("eval", {}).get("default"))
             else:
                 fns = {"ref": _ref, "eval": _eval, "history": _history, "memory": _memory, "profile": _profile,
-                       "serve": _serve}
+                       "serve": _serve, "masked": _masked}
                 sec = fns[name](ctx)
         except LocaldiffError as e:
             sec = {"skipped": str(e)}

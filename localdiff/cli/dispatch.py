@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="wrap the prompt in the model's chat template (default)")
     mode.add_argument("--raw", dest="chat", action="store_false", help="feed the prompt text as is")
     g.add_argument("--json", action="store_true", help="print one JSON object (text, token ids, settings, stats)")
+    g.add_argument("--raw-bytes", action="store_true",
+                   help="write the model's text exactly, control characters included, when stdout is not a "
+                        "terminal (default: they are shown as visible symbols, e.g. ESC as ␛)")
     g.add_argument("-q", "--quiet", action="store_true", help="no stats line on stderr (shown on a terminal)")
     g.add_argument("-v", "--verbose", action="store_true",
                    help="stats and KV-cache accounting (device/host bytes, blocks moved, prefill computed vs "
@@ -222,7 +225,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _err(msg: str) -> None:
-    line = " ".join(str(msg).split()) or "unknown error"
+    from localdiff.safetext import visible
+
+    line = visible(" ".join(str(msg).split())) or "unknown error"
     try:
         sys.stderr.write(f"error: {line}\n")
         sys.stderr.flush()

@@ -13,6 +13,7 @@ from localdiff.hub import models as hub
 from localdiff.config import config_path, load_user_config, sampler_overrides, with_flags
 from localdiff.errors import LocaldiffError, UsageError
 from localdiff.hub.progress import human_bytes
+from localdiff.safetext import visible
 
 
 def _print_json(obj) -> None:
@@ -20,6 +21,7 @@ def _print_json(obj) -> None:
 
 
 def _table(rows: list[list[str]], header: list[str]) -> None:
+    rows = [[visible(c) for c in r] for r in rows]  # names, quant labels, paths come from the cache / config.json
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     for r in [header, *rows]:
         sys.stdout.write("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() + "\n")
@@ -137,7 +139,7 @@ def run_show(args) -> int:
     if args.json:
         _print_json(out)
         return 0
-    sys.stdout.write(f"{name}  ({source})\n")
+    sys.stdout.write(visible(f"{name}  ({source})") + "\n")
     _print_tree(summary, "  ")
     if "decoder" in out:
         sys.stdout.write(f"\ndecoder: {out['decoder']['policy']}\n")
@@ -151,10 +153,10 @@ def run_show(args) -> int:
 def _print_tree(d: dict, indent: str) -> None:
     for k, v in d.items():
         if isinstance(v, dict) and v:
-            sys.stdout.write(f"{indent}{k}:\n")
+            sys.stdout.write(f"{indent}{visible(k)}:\n")
             _print_tree(v, indent + "  ")
         else:
-            sys.stdout.write(f"{indent}{k}: {v}\n")
+            sys.stdout.write(f"{indent}{visible(k)}: {visible(v)}\n")
 
 
 def run_config(args) -> int:

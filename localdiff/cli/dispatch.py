@@ -146,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--recipe", help="quantization recipe name (default: the model's)")
     q.add_argument("-o", "--output", required=True, metavar="DIR", help="output folder")
     q.add_argument("--device", help="device used while quantizing")
+    q.add_argument("--force", action="store_true", help="write into a folder that is not empty")
     _add_common(q)
     return p
 
@@ -186,7 +187,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("LOCALDIFF_DEBUG", "") not in ("", "0")
     try:
+        if sys.stdout is None:  # started with stdout closed (`>&-`): Python sets sys.stdout to None
+            raise LocaldiffError("stdout is closed; redirect it to a file or to /dev/null (e.g. `>/dev/null`) "
+                                 "instead of closing it")
         parser = build_parser()
+        argv = _join_negative_sizes(argv)
         if argv and argv[0] == "bench":  # bench parses its own flags (argparse REMAINDER rejects leading flags)
             try:
                 from localdiff.bench.run import main as bench_main
@@ -222,6 +227,24 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         _err(f"internal error: {type(e).__name__}: {e} (run with --debug for the traceback)")
         return 1
+
+
+SIZE_FLAGS = ("--kv-budget", "--gpu-mem")
+
+
+def _join_negative_sizes(argv: list[str]) -> list[str]:
+    """``--kv-budget -1GiB`` → ``--kv-budget=-1GiB``: argparse takes a value starting with "-" that is not a plain
+    number for an option and reports "expected one argument"; joined, the size check names the real problem."""
+    out, i = [], 0
+    while i < len(argv):
+        a = argv[i]
+        if a in SIZE_FLAGS and i + 1 < len(argv) and argv[i + 1][:2].startswith("-") and argv[i + 1][1:2].isdigit():
+            out.append(f"{a}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(a)
+        i += 1
+    return out
 
 
 def _err(msg: str) -> None:

@@ -46,10 +46,44 @@ def read_stdin() -> str | None:
         return None
     buf = getattr(stream, "buffer", None)
     try:
-        data = buf.read() if buf is not None else stream.read().encode("utf-8", "surrogateescape")
+        data = _read_fd_noting_waits(stream)
+        if data is None:
+            data = buf.read() if buf is not None else stream.read().encode("utf-8", "surrogateescape")
     except (OSError, ValueError):
         return None
     return _decode(data, "stdin")
+
+
+STDIN_NOTE_AFTER_S = 1.0
+
+
+def _read_fd_noting_waits(stream) -> bytes | None:
+    """Read a pipe / file stdin to EOF through its file descriptor; when no data has come for
+    ``STDIN_NOTE_AFTER_S`` seconds, say once on stderr that the prompt is being read from stdin and how to skip it.
+    Returns None when stdin has no usable descriptor (the caller then reads it plainly)."""
+    import os
+    import select
+
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None
+    if os.name == "nt":  # pragma: no cover — select() works on sockets only there
+        return None
+    chunks, noted = [], False
+    while True:
+        ready, _, _ = select.select([fd], [], [], STDIN_NOTE_AFTER_S)
+        if not ready:
+            if not noted:
+                sys.stderr.write("waiting for stdin to close: piped text goes before the prompt; to skip stdin, "
+                                 "run with </dev/null\n")
+                sys.stderr.flush()
+                noted = True
+            continue
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
 
 
 def _read_file(path: str) -> str:
@@ -107,7 +141,9 @@ def _size(text, flag):
     except Exception:  # noqa: BLE001 — any parse failure is the user's flag value
         n = -1
     if n < 0:
-        raise UsageError(f"{flag}: expected a size like 2GiB or 512MB, got {text!r}")
+        neg = text.strip().startswith("-")
+        raise UsageError(f"{flag}: " + ("a size must be ≥ 0" if neg else "expected a size like 2GiB or 512MB")
+                         + f", got {text!r}")
     return n
 
 

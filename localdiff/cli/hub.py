@@ -179,6 +179,7 @@ def run_quantize(args) -> int:
     except ImportError as e:
         raise LocaldiffError(f"`localdiff quantize` is not available in this build ({e})") from None
     src = hub.resolve_model(args.name)
+    _check_output_dir(args.output, getattr(args, "force", False))
     res = quantize_checkpoint(src, args.output, recipe=args.recipe, device=args.device)
     info = ""
     if isinstance(res, dict) and "bytes_in" in res and "bytes_out" in res:
@@ -186,6 +187,19 @@ def run_quantize(args) -> int:
                 f"{res.get('quantized_tensors')} int8 tensors)")
     sys.stderr.write(f"wrote {args.output}{info}\n")
     return 0
+
+
+def _check_output_dir(path: str, force: bool) -> None:
+    """``quantize -o DIR`` writes config.json and replaces *.safetensors there: refuse a non-empty folder (or a
+    file) unless ``--force``."""
+    from pathlib import Path
+
+    p = Path(path).expanduser()
+    if p.exists() and not p.is_dir():
+        raise UsageError(f"-o {path}: exists and is not a folder")
+    if p.is_dir() and any(p.iterdir()) and not force:
+        raise UsageError(f"-o {path}: folder is not empty; choose a new folder, or pass --force to write into it "
+                         "(its config.json and *.safetensors are replaced)")
 
 
 def run_chat_cmd(args) -> int:

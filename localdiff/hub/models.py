@@ -85,11 +85,29 @@ def parse_name(name: str) -> Target:
     m = _REPO_RE.match(name)
     if m and not _looks_like_path(name):
         repo = m.group("repo")
-        return Target("repo", name, repo=repo, revision=m.group("rev") or "main", entry=catalog.entry_for_repo(repo))
+        rev = check_revision(m.group("rev") or "main")
+        return Target("repo", name, repo=repo, revision=rev, entry=catalog.entry_for_repo(repo))
     if _looks_like_path(name) or p.exists():
         what = "is not a directory" if p.exists() else "does not exist"
         raise ModelNotFoundError(f"model folder {name} {what}")
     raise ModelNotFoundError(_unknown_message(name))
+
+
+def check_revision(rev: str) -> str:
+    """A revision must be a valid git ref name (``git check-ref-format`` rules) or a commit hash: no ``..``, no
+    empty, ``.``-leading or ``.lock``-ending component, no trailing ``.`` / ``/`` — so ``refs/<revision>`` in the
+    cache can never point outside the repo's folder. Returns ``rev``.
+
+    Raises:
+        UsageError: an invalid revision.
+    """
+    parts = rev.split("/")
+    bad = (not rev or ".." in rev or rev.endswith(".") or rev == "@" or "@{" in rev
+           or any(not p or p.startswith(".") or p.endswith(".lock") for p in parts))
+    if bad or not re.fullmatch(r"[\w.\-/]+", rev):
+        raise UsageError(f"invalid revision {rev!r}: use a branch, tag or commit hash (git ref rules: no '..', no "
+                         "empty or '.'-leading part)")
+    return rev
 
 
 def _unknown_message(name: str) -> str:

@@ -29,7 +29,7 @@ def _table(rows: list[list[str]], header: list[str]) -> None:
 
 def run_pull(args) -> int:
     try:
-        res = hub.pull(args.name, quiet=args.quiet, verify=args.verify)
+        res = hub.pull(args.name, quiet=args.quiet, verify=args.verify, check_space=getattr(args, "check_space", True))
     except KeyboardInterrupt:
         sys.stderr.write(f"interrupted; run `localdiff pull {args.name}` again to resume\n")
         return 130
@@ -37,6 +37,8 @@ def run_pull(args) -> int:
         msg = f"{args.name} is embedded in localdiff; nothing to pull"
     elif res["up_to_date"]:
         msg = f"{args.name} is up to date ({res['repo']}@{res['commit'][:12]}, {human_bytes(res['total_bytes'])})"
+        notes = [w for w in res.get("warnings", []) if w.startswith("offline")]
+        msg += "".join(f"; {n}" for n in notes)
     else:
         msg = (f"pulled {args.name} ({res['repo']}@{res['commit'][:12]}): {res['files']} files, "
                f"{human_bytes(res['total_bytes'])}, {human_bytes(res['downloaded_bytes'])} downloaded "
@@ -57,6 +59,9 @@ def run_list(args) -> int:
                                "description": e.description, "pulled": False})
     for m in models:
         m.setdefault("pulled", True)
+        if m.get("changed"):
+            sys.stderr.write(visible(f"warning: {m['name']}: {m['changed'][0]} changed on disk since it was verified; "
+                                     f"run `localdiff pull {m['name']} --verify`") + "\n")
     if args.json:
         _print_json(models)
         return 0

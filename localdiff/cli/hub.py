@@ -149,7 +149,7 @@ def run_show(args) -> int:
     if "decoder" in out:
         sys.stdout.write(f"\ndecoder: {out['decoder']['policy']}\n")
         for key, o in out["decoder"]["options"].items():
-            sys.stdout.write(f"  {key} = {o['value']}  ({o['flag']}, {o['env']}; {o['allowed']})\n")
+            sys.stdout.write(visible(f"  {key} = {o['value']}  ({o['flag']}, {o['env']}; {o['allowed']})") + "\n")
     if args.plan:
         sys.stdout.write("\nmemory plan:\n" + out["plan_text"].rstrip("\n") + "\n")
     return 0

@@ -145,3 +145,24 @@ def test_list_and_show_print_model_provided_strings_visibly(evil, tmp_path, monk
     assert main(["list", "--json"]) == 0
     out = capsys.readouterr().out
     assert not has_controls(out) and json.loads(out)[0]["name"] == row["name"]
+
+
+def test_gen_against_an_endpoint_shows_the_servers_text_visibly(evil, tmp_path, monkeypatch, capsys):
+    from servehelpers import Running
+
+    from localdiff.cli import main
+
+    monkeypatch.setenv("LOCALDIFF_CONFIG", str(tmp_path / "c.toml"))
+    server = Running(model=str(evil))
+    try:
+        argv = ["gen", "--endpoint", server.url, "-m", str(evil), *ARGS]
+        assert main(argv) == 0
+        out = capsys.readouterr().out
+        assert not has_controls(out) and any(s in out for s in ("␛", "␈", "␍", "␡", "␀"))
+        rc = main([*argv, "--json"])
+        out, err = capsys.readouterr()
+        assert rc == 0, err
+        last = out.strip().splitlines()[-1]  # (the in-process server's access log shares stdout)
+        assert not has_controls(out) and has_controls(json.loads(last)["text"]), out
+    finally:
+        server.stop()

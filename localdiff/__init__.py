@@ -14,6 +14,11 @@ _DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf1
 def _resolve_path(name):
     from pathlib import Path
 
+    if not isinstance(name, (str, Path)) or not str(name).strip():
+        from localdiff.errors import UsageError
+
+        raise UsageError("empty model name" if isinstance(name, (str, Path)) else
+                         f"model name must be a string or a path (got {type(name).__name__})")
     p = Path(str(name)).expanduser()
     if p.is_dir():
         return p.resolve(), str(p)

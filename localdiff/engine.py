@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from localdiff import inputs
 from localdiff.arch import entry_for
 from localdiff.cache.kv import KVCache
 from localdiff.decoding import loop, masked_loop
@@ -119,6 +120,7 @@ class Model:
         Raises:
             UsageError: empty prompt or unsupported type. TokenizerMissingError: text without a tokenizer.
         """
+        prompt = inputs.normalize_prompt(prompt)
         if isinstance(prompt, torch.Tensor):
             rows = prompt.tolist() if prompt.dim() == 2 else [prompt.tolist()]
         elif isinstance(prompt, str) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], dict)):
@@ -169,6 +171,7 @@ class Model:
         Raises:
             UsageError, TokenizerMissingError (before any work is done).
         """
+        max_new_tokens, seed = inputs.check_max_new_tokens(max_new_tokens), inputs.check_seed(seed)
         options = self._options(sampler_options)
         opts = options.as_dict()
         n_new = self.default_max_new_tokens if max_new_tokens is None else int(max_new_tokens)

@@ -70,7 +70,8 @@ class Tokenizer:
         """Render ``messages`` ([{"role", "content"}]) with the checkpoint's template in the immutable sandbox.
 
         Raises:
-            ChatTemplateError: no template, a render error, or a template that tries to escape the sandbox.
+            ChatTemplateError: no template, a render error (including Python errors raised while rendering, such as
+                the sandbox's range limit), or a template that tries to escape the sandbox.
         """
         if not self.chat_template:
             raise ChatTemplateError("this checkpoint has no chat template; use raw mode (--raw / chat=False)")
@@ -94,6 +95,9 @@ class Tokenizer:
             raise
         except TemplateError as e:
             raise ChatTemplateError(f"render failed ({e})") from None
+        except (OverflowError, RecursionError, MemoryError, ArithmeticError, TypeError, ValueError, LookupError,
+                AttributeError) as e:  # the sandbox's range limit (OverflowError), 1/0, a bad filter argument, ...
+            raise ChatTemplateError(f"render failed ({type(e).__name__}: {e})") from None
 
 
 def _tok_str(v):

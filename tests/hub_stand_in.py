@@ -10,7 +10,9 @@ It serves the endpoints huggingface_hub 2.4.0 and ``localdiff pull`` call:
 
 Errors carry the Hub's ``X-Error-Code`` (RepoNotFound, RevisionNotFound, EntryNotFound, GatedRepo), so
 huggingface_hub raises its real exception classes. Test hooks: ``pause_after`` (block a GET after N bytes until an
-event is set), ``cut_after`` (close the connection after N bytes, once), and counters of bytes served per file.
+event is set), ``cut_after`` (close the connection after N bytes, once), ``fail_next`` (answer HTTP errors such as 503
+or 429 with Retry-After before serving), ``short_next`` (complete but empty responses), and counters of bytes served
+per file.
 """
 from __future__ import annotations
 
@@ -85,6 +87,8 @@ class StandInHub:
         self.pause_after: dict = {}   # (repo, path) -> (nbytes, threading.Event)
         self.cut_after: dict = {}     # (repo, path) -> nbytes (applies once)
         self.corrupt: set = set()     # (repo, path) served with the last byte flipped
+        self.fail_next: dict = {}     # (repo, path or None = revision info) -> [(status, headers)] answered first
+        self.short_next: dict = {}    # (repo, path) -> n: the next n GETs answer an empty body (Content-Length 0)
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -189,9 +193,30 @@ class StandInHub:
                     return self._resolve(m.group(1), m.group(2), m.group(3))
                 self._error(404, "NotFound", f"no route {path}")
 
+            def _injected_failure(self, key) -> bool:
+                """Answer the next queued (status, headers) for ``key``, if any; True when one was sent."""
+                with hub.stats.lock:
+                    queue = hub.fail_next.get(key)
+                    failure = queue.pop(0) if queue else None
+                if failure is None:
+                    return False
+                status, headers = failure
+                body = json.dumps({"error": f"injected {status}"}).encode()
+                self.send_response(status)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+                return True
+
             def _revision_info(self, repo_id, rev):
                 with hub.stats.lock:
                     hub.stats.requests.append(("INFO", (repo_id, None), rev))
+                if self._injected_failure((repo_id, None)):
+                    return
                 found = self._repo(repo_id, rev)
                 if found is None:
                     return
@@ -226,6 +251,14 @@ class StandInHub:
                     hub.stats.requests.append((self.command, key, self.headers.get("Range")))
                 if fpath not in files:
                     return self._error(404, "EntryNotFound", f"{fpath} does not exist", commit=commit)
+                if self.command == "GET" and self._injected_failure(key):
+                    return
+                if self.command == "GET" and hub.short_next.get(key):
+                    hub.short_next[key] -= 1
+                    self.send_response(200)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 data = files[fpath]
                 s = repo.sibling(fpath, data)
                 if key in hub.corrupt:

@@ -51,6 +51,9 @@ def broken(tmp_path_factory, ckpt):
         "missing_shard": variant("missing_shard", lambda d: (d / "model.safetensors.index.json").write_text(
             json.dumps({"weight_map": {"model.embed_tokens.weight": "model-00002-of-00002.safetensors"}}))),
         "no_tokenizer": variant("no_tokenizer", lambda d: (d / "tokenizer.json").unlink()),
+        "huge_range_template": variant("huge_range_template", lambda d: (d / "chat_template.jinja").write_text(
+            "{{ range(100000000)|list }}")),
+        "nonempty_out": variant("nonempty_out", lambda d: None),
     }
     return out
 
@@ -143,6 +146,19 @@ CASES = [
     ("show --plan bad size", ["show", "diffusiongemma:26b-a4b", "--plan", "--gpu-mem", "lots"], None, {}, 2,
      "--gpu-mem"),
     ("quantize to nowhere", ["quantize", "acme/never-pulled", "-o", "{tmp}/q"], None, {}, 1, "not pulled"),
+    # issue #22
+    ("template exhausts the sandbox range", ["gen", "-m", "{broken:huge_range_template}", "-p", "x"], None, {}, 1,
+     "render failed (OverflowError: Range too big"),
+    ("steps past int64", ["gen", "--steps", "100000000000000000000", "-p", "x"], None, {}, 2,
+     "--steps: must be an integer in [1, 100000]"),
+    ("steps past int64 in env", ["gen", "-p", "x"], None, {"LOCALDIFF_MAX_DENOISING_STEPS": str(10**20)}, 2,
+     "LOCALDIFF_MAX_DENOISING_STEPS: must be an integer in [1, 100000]"),
+    ("empty -m", ["gen", "-m", "", "-p", "x"], None, {}, 2, "empty model name"),
+    ("negative --kv-budget", ["gen", "-m", "{ckpt}", "--kv-budget", "-1GiB", "-p", "x"], None, {}, 2,
+     "--kv-budget: a size must be ≥ 0, got '-1GiB'"),
+    ("negative --gpu-mem", ["gen", "--gpu-mem", "-2GiB", "-p", "x"], None, {}, 2, "--gpu-mem: a size must be ≥ 0"),
+    ("quantize into a non-empty folder", ["quantize", "{ckpt}", "-o", "{broken:nonempty_out}"], None, {}, 2,
+     "folder is not empty; choose a new folder, or pass --force"),
 ]
 
 
@@ -180,6 +196,49 @@ def test_corpus_names_are_unique_and_fragments_specific():
     ids = [c[0] for c in CASES]
     assert len(set(ids)) == len(ids)
     assert all(len(c[5]) >= 4 and c[5] not in ("error", "error: ") for c in CASES)
+
+
+def test_quantize_refusal_leaves_the_folder_untouched(broken, isolated, ckpt, capsys):
+    before = {p.name: p.stat().st_mtime_ns for p in broken["nonempty_out"].iterdir()}
+    assert main(["quantize", str(ckpt), "-o", str(broken["nonempty_out"])]) == 2
+    assert {p.name: p.stat().st_mtime_ns for p in broken["nonempty_out"].iterdir()} == before
+
+
+def test_stdout_closed_is_one_clear_line(ckpt, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOCALDIFF_", "HF_"))}
+    env.update(LOCALDIFF_CONFIG=str(tmp_path / "c.toml"), HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1",
+               PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
+    cmd = f"exec {sys.executable} -m localdiff gen -m {ckpt} -p x >&-"
+    r = subprocess.run(["bash", "-c", cmd], capture_output=True, env=env, cwd=ROOT, timeout=120,
+                       stdin=subprocess.DEVNULL, text=True)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("error: stdout is closed") and "internal error" not in r.stderr
+
+
+def test_a_stdin_pipe_that_stays_open_is_announced_after_a_second(ckpt, tmp_path):
+    import time
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOCALDIFF_", "HF_"))}
+    env.update(LOCALDIFF_CONFIG=str(tmp_path / "c.toml"), HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1",
+               PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([sys.executable, "-m", "localdiff", "gen", "-m", str(ckpt), "--raw", "-p", "x", "-n", "8"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT)
+    try:
+        os.set_blocking(proc.stderr.fileno(), False)
+        err, deadline = b"", time.monotonic() + 60
+        while b"to skip stdin, run with </dev/null" not in err:
+            assert time.monotonic() < deadline and proc.poll() is None, err
+            time.sleep(0.1)
+            err += proc.stderr.read() or b""
+        proc.stdin.write(b"context\n")
+        proc.stdin.close()  # the prompt is read; generation goes on
+        os.set_blocking(proc.stderr.fileno(), True)
+        out, rest = proc.stdout.read(), proc.stderr.read()
+        proc.wait(120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err + rest
+    assert err.count(b"waiting for stdin") == 1 and out.strip()
 
 
 @pytest.mark.parametrize("argv,stdin,code", [

@@ -153,9 +153,11 @@ def test_verify_rehashes_and_corrupt_download_is_rejected(cache, stand_in):
     hub.pull(REPO, quiet=True)
     weights = blob_of(cache, REPO, files[WEIGHTS], lfs=True)
     data = bytearray(weights.read_bytes())
-    data[5000] ^= 1  # same size, wrong content: only --verify can see it
+    data[5000] ^= 1  # same size, same mtime, wrong content: only --verify can see it
+    st = weights.stat()
     os.chmod(weights, 0o644)
     weights.write_bytes(bytes(data))
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert hub.pull(REPO, quiet=True)["up_to_date"]
     stand_in.corrupt.add((REPO, WEIGHTS))  # now the server itself sends bad bytes
     with pytest.raises(HubError, match="failed verification twice"):

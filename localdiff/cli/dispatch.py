@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="wrap the prompt in the model's chat template (default)")
     mode.add_argument("--raw", dest="chat", action="store_false", help="feed the prompt text as is")
     g.add_argument("--json", action="store_true", help="print one JSON object (text, token ids, settings, stats)")
+    g.add_argument("--raw-bytes", action="store_true",
+                   help="write the model's text exactly, control characters included, when stdout is not a "
+                        "terminal (default: they are shown as visible symbols, e.g. ESC as ␛)")
     g.add_argument("-q", "--quiet", action="store_true", help="no stats line on stderr (shown on a terminal)")
     g.add_argument("-v", "--verbose", action="store_true",
                    help="stats and KV-cache accounting (device/host bytes, blocks moved, prefill computed vs "
@@ -111,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("name", help="catalog alias (see `localdiff list --all`) or org/repo[@revision]")
     pl.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     pl.add_argument("--verify", action="store_true", help="re-hash files already in the cache")
+    pl.add_argument("--no-space-check", dest="check_space", action="store_false",
+                    help="download even when free disk is below what is left to fetch + a 64 MiB margin")
     _add_common(pl)
 
     ls = sub.add_parser("list", aliases=["ls"], help="list models ready to run")
@@ -143,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--recipe", help="quantization recipe name (default: the model's)")
     q.add_argument("-o", "--output", required=True, metavar="DIR", help="output folder")
     q.add_argument("--device", help="device used while quantizing")
+    q.add_argument("--force", action="store_true", help="write into a folder that is not empty")
     _add_common(q)
     return p
 
@@ -183,7 +189,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("LOCALDIFF_DEBUG", "") not in ("", "0")
     try:
+        if sys.stdout is None:  # started with stdout closed (`>&-`): Python sets sys.stdout to None
+            raise LocaldiffError("stdout is closed; redirect it to a file or to /dev/null (e.g. `>/dev/null`) "
+                                 "instead of closing it")
         parser = build_parser()
+        argv = _join_negative_sizes(argv)
         if argv and argv[0] == "bench":  # bench parses its own flags (argparse REMAINDER rejects leading flags)
             try:
                 from localdiff.bench.run import main as bench_main
@@ -221,8 +231,28 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+SIZE_FLAGS = ("--kv-budget", "--gpu-mem")
+
+
+def _join_negative_sizes(argv: list[str]) -> list[str]:
+    """``--kv-budget -1GiB`` → ``--kv-budget=-1GiB``: argparse takes a value starting with "-" that is not a plain
+    number for an option and reports "expected one argument"; joined, the size check names the real problem."""
+    out, i = [], 0
+    while i < len(argv):
+        a = argv[i]
+        if a in SIZE_FLAGS and i + 1 < len(argv) and argv[i + 1][:2].startswith("-") and argv[i + 1][1:2].isdigit():
+            out.append(f"{a}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(a)
+        i += 1
+    return out
+
+
 def _err(msg: str) -> None:
-    line = " ".join(str(msg).split()) or "unknown error"
+    from localdiff.safetext import visible
+
+    line = visible(" ".join(str(msg).split())) or "unknown error"
     try:
         sys.stderr.write(f"error: {line}\n")
         sys.stderr.flush()

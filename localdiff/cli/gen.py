@@ -1,17 +1,19 @@
 """``localdiff gen``: one-shot generation for scripts and pipelines.
 
 stdout carries only generated text, written canvas by canvas as each canvas becomes final (``CanvasDone``), or one
-JSON object with ``--json``. Everything else goes to stderr. Piped stdin (never a terminal) is read and placed
+JSON object with ``--json``. Control characters in the model's text are shown visibly (``localdiff.safetext``) unless
+``--raw-bytes`` asks for the exact text on a stdout that is not a terminal; ``--json`` escapes them. Everything else
+goes to stderr. Piped stdin (never a terminal) is read and placed
 before the prompt; with a terminal and no prompt it is a usage error — never an interactive read.
 """
 from __future__ import annotations
 
-import json
 import random
 import sys
 
 from localdiff.config import load_user_config, sampler_overrides, with_flags
 from localdiff.errors import LocaldiffError, UsageError
+from localdiff.safetext import json_dumps, visible
 
 
 def _stderr_tty() -> bool:
@@ -44,10 +46,44 @@ def read_stdin() -> str | None:
         return None
     buf = getattr(stream, "buffer", None)
     try:
-        data = buf.read() if buf is not None else stream.read().encode("utf-8", "surrogateescape")
+        data = _read_fd_noting_waits(stream)
+        if data is None:
+            data = buf.read() if buf is not None else stream.read().encode("utf-8", "surrogateescape")
     except (OSError, ValueError):
         return None
     return _decode(data, "stdin")
+
+
+STDIN_NOTE_AFTER_S = 1.0
+
+
+def _read_fd_noting_waits(stream) -> bytes | None:
+    """Read a pipe / file stdin to EOF through its file descriptor; when no data has come for
+    ``STDIN_NOTE_AFTER_S`` seconds, say once on stderr that the prompt is being read from stdin and how to skip it.
+    Returns None when stdin has no usable descriptor (the caller then reads it plainly)."""
+    import os
+    import select
+
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None
+    if os.name == "nt":  # pragma: no cover — select() works on sockets only there
+        return None
+    chunks, noted = [], False
+    while True:
+        ready, _, _ = select.select([fd], [], [], STDIN_NOTE_AFTER_S)
+        if not ready:
+            if not noted:
+                sys.stderr.write("waiting for stdin to close: piped text goes before the prompt; to skip stdin, "
+                                 "run with </dev/null\n")
+                sys.stderr.flush()
+                noted = True
+            continue
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
 
 
 def _read_file(path: str) -> str:
@@ -105,7 +141,9 @@ def _size(text, flag):
     except Exception:  # noqa: BLE001 — any parse failure is the user's flag value
         n = -1
     if n < 0:
-        raise UsageError(f"{flag}: expected a size like 2GiB or 512MB, got {text!r}")
+        neg = text.strip().startswith("-")
+        raise UsageError(f"{flag}: " + ("a size must be ≥ 0" if neg else "expected a size like 2GiB or 512MB")
+                         + f", got {text!r}")
     return n
 
 
@@ -132,6 +170,7 @@ def run_gen(args) -> int:
     cache = model.new_cache(device_budget_bytes=kv_budget) if kv_budget is not None else None
     used = model.sampler_options(_typed=flag_names(_flags(args)), **overrides)
     out = sys.stdout
+    show = _text_filter(args, out)
     written: list[str] = []
     done = None
     interrupted = False
@@ -150,7 +189,7 @@ def run_gen(args) -> int:
                 emitted += width
                 written.append(text_i)
                 if not args.json:
-                    out.write(text_i)
+                    out.write(show(text_i))
                     out.flush()
             elif isinstance(ev, Done):
                 done = ev
@@ -162,12 +201,12 @@ def run_gen(args) -> int:
     if done is not None and isinstance(done.text, str) and done.text.startswith(text) and not args.json:
         rest = done.text[len(text):]  # canvas-wise decoding can differ at joins; the full decode is authoritative
         if rest:
-            out.write(rest)
+            out.write(show(rest))
         text = done.text
     elif done is not None and isinstance(done.text, str):
         text = done.text
     if args.json:
-        out.write(json.dumps(_json_result(model, text, done, seed, used, interrupted), ensure_ascii=False) + "\n")
+        out.write(json_dumps(_json_result(model, text, done, seed, used, interrupted)) + "\n")
     elif text and not text.endswith("\n"):
         out.write("\n")
     out.flush()
@@ -187,6 +226,21 @@ def run_gen(args) -> int:
                          f"{s.tokens_per_forward:.2f} tokens/forward, {s.tokens_per_second:.1f} tokens/s, "
                          f"seed {seed}]\n")
     return 0
+
+
+def _text_filter(args, out):
+    """How generated text is written: control characters made visible (:func:`localdiff.safetext.visible`), unless
+    ``--raw-bytes`` asks for the model's exact text on a stdout that is not a terminal."""
+    if not getattr(args, "raw_bytes", False):
+        return visible
+    try:
+        tty = out.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    if tty:
+        sys.stderr.write("note: --raw-bytes ignored: stdout is a terminal (control characters are shown visibly)\n")
+        return visible
+    return lambda text: text
 
 
 def _row(ids) -> list[int]:

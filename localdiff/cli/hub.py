@@ -13,6 +13,7 @@ from localdiff.hub import models as hub
 from localdiff.config import config_path, load_user_config, sampler_overrides, with_flags
 from localdiff.errors import LocaldiffError, UsageError
 from localdiff.hub.progress import human_bytes
+from localdiff.safetext import visible
 
 
 def _print_json(obj) -> None:
@@ -20,6 +21,7 @@ def _print_json(obj) -> None:
 
 
 def _table(rows: list[list[str]], header: list[str]) -> None:
+    rows = [[visible(c) for c in r] for r in rows]  # names, quant labels, paths come from the cache / config.json
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     for r in [header, *rows]:
         sys.stdout.write("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() + "\n")
@@ -27,7 +29,7 @@ def _table(rows: list[list[str]], header: list[str]) -> None:
 
 def run_pull(args) -> int:
     try:
-        res = hub.pull(args.name, quiet=args.quiet, verify=args.verify)
+        res = hub.pull(args.name, quiet=args.quiet, verify=args.verify, check_space=getattr(args, "check_space", True))
     except KeyboardInterrupt:
         sys.stderr.write(f"interrupted; run `localdiff pull {args.name}` again to resume\n")
         return 130
@@ -35,6 +37,8 @@ def run_pull(args) -> int:
         msg = f"{args.name} is embedded in localdiff; nothing to pull"
     elif res["up_to_date"]:
         msg = f"{args.name} is up to date ({res['repo']}@{res['commit'][:12]}, {human_bytes(res['total_bytes'])})"
+        notes = [w for w in res.get("warnings", []) if w.startswith("offline")]
+        msg += "".join(f"; {n}" for n in notes)
     else:
         msg = (f"pulled {args.name} ({res['repo']}@{res['commit'][:12]}): {res['files']} files, "
                f"{human_bytes(res['total_bytes'])}, {human_bytes(res['downloaded_bytes'])} downloaded "
@@ -55,6 +59,9 @@ def run_list(args) -> int:
                                "description": e.description, "pulled": False})
     for m in models:
         m.setdefault("pulled", True)
+        if m.get("changed"):
+            sys.stderr.write(visible(f"warning: {m['name']}: {m['changed'][0]} changed on disk since it was verified; "
+                                     f"run `localdiff pull {m['name']} --verify`") + "\n")
     if args.json:
         _print_json(models)
         return 0
@@ -138,12 +145,12 @@ def run_show(args) -> int:
     if args.json:
         _print_json(out)
         return 0
-    sys.stdout.write(f"{name}  ({source})\n")
+    sys.stdout.write(visible(f"{name}  ({source})") + "\n")
     _print_tree(summary, "  ")
     if "decoder" in out:
         sys.stdout.write(f"\ndecoder: {out['decoder']['policy']}\n")
         for key, o in out["decoder"]["options"].items():
-            sys.stdout.write(f"  {key} = {o['value']}  ({o['flag']}, {o['env']}; {o['allowed']})\n")
+            sys.stdout.write(visible(f"  {key} = {o['value']}  ({o['flag']}, {o['env']}; {o['allowed']})") + "\n")
     if args.plan:
         sys.stdout.write("\nmemory plan:\n" + out["plan_text"].rstrip("\n") + "\n")
     return 0
@@ -152,10 +159,10 @@ def run_show(args) -> int:
 def _print_tree(d: dict, indent: str) -> None:
     for k, v in d.items():
         if isinstance(v, dict) and v:
-            sys.stdout.write(f"{indent}{k}:\n")
+            sys.stdout.write(f"{indent}{visible(k)}:\n")
             _print_tree(v, indent + "  ")
         else:
-            sys.stdout.write(f"{indent}{k}: {v}\n")
+            sys.stdout.write(f"{indent}{visible(k)}: {visible(v)}\n")
 
 
 def run_config(args) -> int:
@@ -178,6 +185,7 @@ def run_quantize(args) -> int:
     except ImportError as e:
         raise LocaldiffError(f"`localdiff quantize` is not available in this build ({e})") from None
     src = hub.resolve_model(args.name)
+    _check_output_dir(args.output, getattr(args, "force", False))
     res = quantize_checkpoint(src, args.output, recipe=args.recipe, device=args.device)
     info = ""
     if isinstance(res, dict) and "bytes_in" in res and "bytes_out" in res:
@@ -185,6 +193,19 @@ def run_quantize(args) -> int:
                 f"{res.get('quantized_tensors')} int8 tensors)")
     sys.stderr.write(f"wrote {args.output}{info}\n")
     return 0
+
+
+def _check_output_dir(path: str, force: bool) -> None:
+    """``quantize -o DIR`` writes config.json and replaces *.safetensors there: refuse a non-empty folder (or a
+    file) unless ``--force``."""
+    from pathlib import Path
+
+    p = Path(path).expanduser()
+    if p.exists() and not p.is_dir():
+        raise UsageError(f"-o {path}: exists and is not a folder")
+    if p.is_dir() and any(p.iterdir()) and not force:
+        raise UsageError(f"-o {path}: folder is not empty; choose a new folder, or pass --force to write into it "
+                         "(its config.json and *.safetensors are replaced)")
 
 
 def run_chat_cmd(args) -> int:

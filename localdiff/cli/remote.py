@@ -1,7 +1,6 @@
 """``localdiff serve``, and ``gen`` / ``chat`` against an OpenAI-compatible endpoint (``--endpoint URL``)."""
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -59,7 +58,8 @@ def run_serve(args) -> int:
 def run_gen_remote(args) -> int:
     """``localdiff gen --endpoint URL``: stream the answer from the server to stdout (or one JSON object)."""
     from localdiff.backends.remote import RemoteClient, RemoteModel, request_fields
-    from localdiff.cli.gen import assemble_prompt
+    from localdiff.cli.gen import _text_filter, assemble_prompt
+    from localdiff.safetext import json_dumps
 
     prompt = assemble_prompt(args)
     for flag in ("device", "quant", "gpu_mem", "kv_budget"):
@@ -78,13 +78,14 @@ def run_gen_remote(args) -> int:
             payload = prompt
         fields = request_fields(args.max_new_tokens, args.seed, _flag_options(args))
         out, parts, info = sys.stdout, [], {}
+        show = _text_filter(args, out)  # a server's text is model output too: control characters made visible
         stream = client.stream(payload, name, args.chat, fields)
         try:
             for kind, value in stream:
                 if kind == "text":
                     parts.append(value)
                     if not args.json:
-                        out.write(value)
+                        out.write(show(value))
                         out.flush()
                 else:
                     info = value
@@ -94,9 +95,9 @@ def run_gen_remote(args) -> int:
             return 130
         text = "".join(parts)
         if args.json:
-            out.write(json.dumps({"text": text, "model_name": name, "endpoint": client.url, "seed": args.seed,
+            out.write(json_dumps({"text": text, "model_name": name, "endpoint": client.url, "seed": args.seed,
                                   "finish_reason": info.get("finish_reason"), "usage": info.get("usage"),
-                                  "localdiff": info.get("localdiff")}, ensure_ascii=False) + "\n")
+                                  "localdiff": info.get("localdiff")}) + "\n")
         elif text and not text.endswith("\n"):
             out.write("\n")
         out.flush()

@@ -19,6 +19,31 @@ from pathlib import Path
 from localdiff.errors import HubError
 
 CHUNK = 1 << 20  # bytes per read / write
+RETRY_STATUSES = (429, 500, 502, 503, 504)  # transient: retried with backoff (Retry-After honoured)
+RETRY_BASE_S = 0.5        # first backoff; doubles per consecutive failure
+RETRY_MAX_S = 30.0        # longest single wait (a longer Retry-After is capped to this)
+
+
+def sleep(seconds: float) -> None:
+    """``time.sleep`` (one place, so tests can record the backoff instead of waiting)."""
+    time.sleep(seconds)
+
+
+def retry_delay(retry_after: str | None, failures: int) -> float:
+    """Seconds to wait before retry number ``failures`` (1-based): the server's ``Retry-After`` (seconds or an HTTP
+    date) when given, else ``RETRY_BASE_S * 2**(failures-1)``; capped at ``RETRY_MAX_S``."""
+    if retry_after:
+        try:
+            return min(max(float(retry_after), 0.0), RETRY_MAX_S)
+        except ValueError:
+            from email.utils import parsedate_to_datetime
+
+            try:
+                when = parsedate_to_datetime(retry_after).timestamp()
+                return min(max(when - time.time(), 0.0), RETRY_MAX_S)
+            except (TypeError, ValueError, OverflowError):
+                pass
+    return min(RETRY_BASE_S * 2 ** max(failures - 1, 0), RETRY_MAX_S)
 
 
 @dataclass(frozen=True)
@@ -108,8 +133,9 @@ def fetch_blob(url: str, blob_path: Path, rf: RemoteFile, headers: dict, progres
         headers: request headers (``huggingface_hub.utils.build_hf_headers``).
         progress: a reporter from ``localdiff.hub.progress`` (gets ``file_start`` / ``advance`` / ``file_done``).
         lock_path: hf's per-blob lock file (held while downloading), or None.
-        max_retries: consecutive failed attempts (no new bytes) before giving up; a cut connection that delivered
-            bytes resets the count. Each retry resumes with ``Range``.
+        max_retries: consecutive failed attempts (no new bytes, or HTTP 429 / 5xx) before giving up; a cut
+            connection that delivered bytes resets the count. Each retry waits (``retry_delay``: Retry-After, else
+            exponential backoff) and resumes with ``Range``.
         timeout: seconds without data before an attempt fails.
     Returns:
         Bytes received over the network in this call.
@@ -194,6 +220,15 @@ def _transfer(url, part: Path, rf: RemoteFile, headers, progress, hasher, max_re
                     if failures > max_retries:
                         raise HubError(f"{rf.path}: the server refused to resume (416) repeatedly")
                     continue
+                if resp.status_code in RETRY_STATUSES:
+                    resp.read()
+                    failures += 1
+                    if failures > max_retries:
+                        raise HubError(f"the Hub kept answering {resp.status_code} for {rf.path} ({failures} tries): "
+                                       "a problem on its side; run the same pull again later — it resumes from the "
+                                       "bytes already on disk")
+                    sleep(retry_delay(resp.headers.get("Retry-After"), failures))
+                    continue
                 if resp.status_code >= 400:
                     resp.read()
                     hf_raise_for_status(resp)
@@ -228,13 +263,15 @@ def _transfer(url, part: Path, rf: RemoteFile, headers, progress, hasher, max_re
             if failures > max_retries:
                 raise HubError(f"download of {rf.path} kept failing ({type(e).__name__}: {e}); "
                                "run the same pull again to resume") from None
-            time.sleep(min(0.2 * 2 ** failures, 5.0))
+            sleep(retry_delay(None, failures))
             continue
         if have + got_this_attempt < rf.size:  # connection closed early: resume from what we have
             failures = 0 if got_this_attempt else failures + 1
             if failures > max_retries:
                 raise HubError(f"download of {rf.path} stopped at {have + got_this_attempt} of {rf.size} bytes "
                                "repeatedly; run the same pull again to resume")
+            if failures:
+                sleep(retry_delay(None, failures))  # no new bytes: back off before asking again
             continue
         return received, hasher
 

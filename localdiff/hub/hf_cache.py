@@ -51,7 +51,9 @@ def read_ref(storage: Path, revision: str) -> str | None:
     """The commit a revision points to (the revision itself when it is a commit), or None when unknown."""
     if COMMIT_RE.match(revision):
         return revision
-    ref = storage / "refs" / revision
+    ref = _ref_path(storage, revision)
+    if ref is None:
+        return None
     try:
         commit = ref.read_text().strip()
     except (OSError, UnicodeDecodeError):
@@ -63,7 +65,19 @@ def write_ref(storage: Path, revision: str, commit: str) -> None:
     """Point ``refs/<revision>`` at ``commit`` atomically (skipped when ``revision`` is the commit itself)."""
     if revision == commit:
         return
-    _atomic_write(storage / "refs" / revision, commit)
+    ref = _ref_path(storage, revision)
+    if ref is None:
+        raise ValueError(f"revision {revision!r} would leave {storage / 'refs'}")
+    _atomic_write(ref, commit)
+
+
+def _ref_path(storage: Path, revision: str) -> Path | None:
+    """``refs/<revision>``, or None when that path would not stay inside ``refs/`` (``..``, absolute)."""
+    refs = storage / "refs"
+    path = refs / revision
+    if os.path.isabs(revision) or os.path.normpath(path) != str(path) or not str(path).startswith(str(refs) + os.sep):
+        return None
+    return path
 
 
 def _atomic_write(path: Path, text: str) -> None:

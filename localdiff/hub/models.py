@@ -20,6 +20,7 @@ from pathlib import Path
 from localdiff.hub import catalog
 from localdiff.hub.catalog import CatalogEntry
 from localdiff.errors import CheckpointError, ModelNotFoundError, UsageError
+from localdiff.hub.guard import changed_files
 from localdiff.hub.hf_cache import (cached_repos, hub_cache_dir, read_ref, remove_snapshot, repo_id_from_folder, repo_refs, snapshot_status, storage_folder)
 
 _REPO_RE = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.\-]*/[\w.\-]+)(?:@(?P<rev>[\w.\-/]+))?$")
@@ -85,11 +86,29 @@ def parse_name(name: str) -> Target:
     m = _REPO_RE.match(name)
     if m and not _looks_like_path(name):
         repo = m.group("repo")
-        return Target("repo", name, repo=repo, revision=m.group("rev") or "main", entry=catalog.entry_for_repo(repo))
+        rev = check_revision(m.group("rev") or "main")
+        return Target("repo", name, repo=repo, revision=rev, entry=catalog.entry_for_repo(repo))
     if _looks_like_path(name) or p.exists():
         what = "is not a directory" if p.exists() else "does not exist"
         raise ModelNotFoundError(f"model folder {name} {what}")
     raise ModelNotFoundError(_unknown_message(name))
+
+
+def check_revision(rev: str) -> str:
+    """A revision must be a valid git ref name (``git check-ref-format`` rules) or a commit hash: no ``..``, no
+    empty, ``.``-leading or ``.lock``-ending component, no trailing ``.`` / ``/`` — so ``refs/<revision>`` in the
+    cache can never point outside the repo's folder. Returns ``rev``.
+
+    Raises:
+        UsageError: an invalid revision.
+    """
+    parts = rev.split("/")
+    bad = (not rev or ".." in rev or rev.endswith(".") or rev == "@" or "@{" in rev
+           or any(not p or p.startswith(".") or p.endswith(".lock") for p in parts))
+    if bad or not re.fullmatch(r"[\w.\-/]+", rev):
+        raise UsageError(f"invalid revision {rev!r}: use a branch, tag or commit hash (git ref rules: no '..', no "
+                         "empty or '.'-leading part)")
+    return rev
 
 
 def _unknown_message(name: str) -> str:
@@ -151,6 +170,11 @@ def resolve_model(name: str) -> Path:
             raise ModelNotFoundError(f"{t.label} is not pulled: run `localdiff pull {name}`")
         raise ModelNotFoundError(f"{t.label} is only partly pulled ({len(status.missing)} files missing): "
                                  f"run `localdiff pull {name}` to finish")
+    changed = changed_files(storage, commit, t.allow_patterns, t.ignore_patterns)
+    if changed:
+        raise CheckpointError(f"{t.label}: {changed[0]} changed on disk since it was verified"
+                              + (f" (and {len(changed) - 1} more)" if len(changed) > 1 else "")
+                              + f"; run `localdiff pull {name} --verify`")
     return check_checkpoint_dir(storage / "snapshots" / commit)
 
 
@@ -188,7 +212,8 @@ def list_models(cache_dir: Path | None = None) -> list[dict]:
     """Models ready to load: the embedded ones and every *complete* repo snapshot in the HF cache with a config.json.
 
     Returns:
-        list of dicts with keys name, repo, revision, commit, size_bytes, quant, path, embedded, description.
+        list of dicts with keys name, repo, revision, commit, size_bytes, quant, path, embedded, description and,
+        for pulled repos, changed (repo paths modified since they were verified: run ``pull NAME --verify``).
         Partial pulls are left out. Repos in the catalog are named by their alias.
     """
     out: list[dict] = []
@@ -216,7 +241,8 @@ def list_models(cache_dir: Path | None = None) -> list[dict]:
                 name = repo if rev == "main" else f"{repo}@{rev}"
             out.append({"name": name, "repo": repo, "revision": rev, "commit": commit,
                         "size_bytes": status.size_bytes, "quant": _weights_kind(cfg), "path": str(snap),
-                        "embedded": False, "description": entry.description if entry else ""})
+                        "embedded": False, "description": entry.description if entry else "",
+                        "changed": changed_files(storage, commit, allow, ignore)})
     return out
 
 
@@ -228,6 +254,7 @@ def remove(name: str) -> dict:
     Raises:
         UsageError: an embedded model or a plain folder (not ours to delete).
         ModelNotFoundError: nothing of this model is in the cache.
+        HubError: a pull of this repo is running (nothing is deleted).
     """
     try:
         t = parse_name(name)
@@ -241,15 +268,18 @@ def remove(name: str) -> dict:
     commit = read_ref(storage, t.revision)
     if commit is None or not storage.is_dir():
         raise ModelNotFoundError(f"{t.label} is not in the cache ({hub_cache_dir()}); nothing to remove")
-    freed = remove_snapshot(storage, commit)
+    from localdiff.hub.guard import no_pull_running
+
+    with no_pull_running(storage, name):
+        freed = remove_snapshot(storage, commit)
     return {"name": name, "repo": t.repo, "commit": commit, "freed_bytes": freed}
 
 
-def pull(name: str, quiet: bool = False, progress=None, verify: bool = False) -> dict:
+def pull(name: str, quiet: bool = False, progress=None, verify: bool = False, check_space: bool = True) -> dict:
     """Download a model into the HF cache, resuming partial files (see ``localdiff.hub.pull.pull``)."""
     from localdiff.hub.pull import pull as _pull
 
-    return _pull(parse_name(name), quiet=quiet, progress=progress, verify=verify)
+    return _pull(parse_name(name), quiet=quiet, progress=progress, verify=verify, check_space=check_space)
 
 
 def model_config(name: str, allow_network: bool = True) -> tuple[dict, Path | None, str]:

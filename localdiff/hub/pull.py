@@ -15,12 +15,16 @@ import subprocess
 import time
 from pathlib import Path
 
-from localdiff.hub.download import RemoteFile, fetch_blob, verify_file
+from localdiff.hub import download as dl
+from localdiff.hub.download import RETRY_STATUSES, RemoteFile, fetch_blob, retry_delay, verify_file
 from localdiff.errors import HubError, UsageError
-from localdiff.hub.hf_cache import filter_files, read_ref, snapshot_status, storage_folder, write_ref, write_tree
+from localdiff.hub.guard import changed_since_verified, pull_lock, record_verified
+from localdiff.hub.hf_cache import (filter_files, read_ref, read_tree, snapshot_status, storage_folder, write_ref,
+                                    write_tree)
 from localdiff.hub.progress import QuietProgress, human_bytes, make_progress
 
-DISK_MARGIN = 64 * 1024 * 1024  # bytes kept free beyond the download
+DISK_MARGIN = 64 * 1024 * 1024  # bytes kept free beyond the download (said in the message; --no-space-check skips)
+INFO_RETRIES = 5  # retries of the revision-info request on 429 / 5xx
 
 
 def endpoint() -> str:
@@ -80,10 +84,19 @@ def remote_files(t: Target) -> tuple[str, list[RemoteFile]]:
 
     if offline():
         raise HubError(f"offline mode (HF_HUB_OFFLINE=1): cannot download {t.name}; unset HF_HUB_OFFLINE to pull")
-    try:
-        info = HfApi(endpoint=endpoint()).model_info(t.repo, revision=t.revision, files_metadata=True)
-    except (HfHubHTTPError, httpx2.TransportError, OfflineModeIsEnabled) as e:
-        raise translate(e, t) from None
+    for attempt in range(1, INFO_RETRIES + 2):
+        try:
+            info = HfApi(endpoint=endpoint()).model_info(t.repo, revision=t.revision, files_metadata=True)
+            break
+        except (HfHubHTTPError, httpx2.TransportError, OfflineModeIsEnabled) as e:
+            resp = getattr(e, "response", None)
+            status = getattr(resp, "status_code", None)
+            if status not in RETRY_STATUSES:
+                raise translate(e, t) from None
+            if attempt > INFO_RETRIES:
+                raise HubError(f"the Hub kept answering {status} for {t.repo} ({attempt} tries): a problem on its "
+                               "side; run the same pull again later") from None
+            dl.sleep(retry_delay(resp.headers.get("Retry-After") if resp is not None else None, attempt))
     if not info.sha or info.siblings is None:
         raise HubError(f"the Hub's reply for {t.repo}@{t.revision} has no commit or file list")
     files = []
@@ -174,20 +187,25 @@ def _link(blob: Path, pointer: Path) -> None:
         os.symlink(os.path.relpath(blob, pointer.parent), pointer)
 
 
-def pull(t: "Target", quiet: bool = False, progress=None, verify: bool = False) -> dict:
+def pull(t: "Target", quiet: bool = False, progress=None, verify: bool = False, check_space: bool = True) -> dict:
     """Download (or finish downloading) a model into the HF cache.
 
     Args:
         t: the parsed name (``localdiff.hub.models.parse_name``) of a catalog alias or ``org/name[@revision]``.
         quiet: no progress output.
         progress: a reporter from ``localdiff.hub.progress`` (default: rich on a tty, plain lines otherwise).
-        verify: re-hash files already in the cache (otherwise their sizes are checked).
+        verify: re-hash files already in the cache (otherwise their sizes are checked, and files changed since they
+            were verified — ``localdiff.hub.guard`` — are re-hashed).
+        check_space: refuse when free disk < what is left to download + ``DISK_MARGIN``.
     Returns:
         dict: name, repo, revision, commit, path, files, total_bytes, downloaded_bytes, reused_bytes, up_to_date,
         seconds, warnings (list of str).
     Raises:
         UsageError: a folder or embedded model (nothing to pull).
         HubError: offline, unreachable, gated, not found, no loadable files, not enough disk, failed verification.
+
+    A second pull of the same repo waits for the first (the repo's pull lock; a note says so) and then looks at the
+    cache afresh, so it counts what the first one left.
     """
     name = t.name
     if t.kind == "embedded":
@@ -201,8 +219,16 @@ def pull(t: "Target", quiet: bool = False, progress=None, verify: bool = False) 
     if offline():
         commit = read_ref(storage, t.revision)
         if commit and snapshot_status(storage, commit, t.allow_patterns, t.ignore_patterns).complete:
-            return _result(t, commit, storage, [], 0, 0, True, t0, ["offline: not checked for updates"])
+            files = filter_files(read_tree(storage, commit) or [], t.allow_patterns, t.ignore_patterns)
+            return _result(t, commit, storage, files, 0, sum(f.size for f in files), True, t0,
+                           ["offline: not checked for updates"])
     commit, all_files = remote_files(t)
+    with pull_lock(storage, lambda: progress.note(f"waiting for another pull of {t.name} to finish…")):
+        return _pull_locked(t, progress, verify, check_space, t0, storage, commit, all_files)
+
+
+def _pull_locked(t, progress, verify: bool, check_space: bool, t0: float, storage: Path, commit: str,
+                 all_files: list) -> dict:
     files = sorted(filter_files(all_files, t.allow_patterns, t.ignore_patterns), key=lambda r: (r.size, r.path))
     if not any(f.path.endswith(".safetensors") for f in files) or not any(f.path == "config.json" for f in files):
         has_bin = any(f.path.endswith((".bin", ".pt", ".pth")) for f in all_files)
@@ -215,7 +241,10 @@ def pull(t: "Target", quiet: bool = False, progress=None, verify: bool = False) 
     for rf in files:
         blob = blobs / rf.blob_name
         size = blob.stat().st_size if blob.is_file() else None
-        if size == rf.size and (not verify or verify_file(blob, rf) is None):
+        recheck = verify or (size == rf.size and changed_since_verified(storage, blob))
+        if size == rf.size and (not recheck or verify_file(blob, rf) is None):
+            if recheck:
+                record_verified(storage, blob)
             reused += rf.size
             if not (snap / rf.path).exists():
                 _link(blob, snap / rf.path)
@@ -234,10 +263,10 @@ def pull(t: "Target", quiet: bool = False, progress=None, verify: bool = False) 
         return _result(t, commit, storage, files, 0, reused, True, t0, warnings)
     need = sum(f.size for f in todo) - partial
     free = shutil.disk_usage(_existing_parent(blobs)).free
-    if need + DISK_MARGIN > free:
-        raise HubError(f"not enough disk space for {t.label}: {human_bytes(need)} still to download, "
-                       f"{human_bytes(free)} free in {storage.parent} (free space, or point HF_HOME/HF_HUB_CACHE "
-                       "at a bigger disk)")
+    if check_space and need + DISK_MARGIN > free:
+        raise HubError(f"not enough disk space for {t.label}: {human_bytes(need)} still to download + a "
+                       f"{human_bytes(DISK_MARGIN)} margin kept free, {human_bytes(free)} free in {storage.parent} "
+                       "(free space, point HF_HOME/HF_HUB_CACHE at a bigger disk, or pass --no-space-check)")
     progress.note(f"pulling {t.name} ({t.repo}@{commit[:12]}): {len(files)} files, {human_bytes(total)}"
                   + (f", {human_bytes(need)} to download" if need != total else ""))
     weights = sum(f.size for f in files if f.path.endswith(".safetensors"))
@@ -263,6 +292,7 @@ def pull(t: "Target", quiet: bool = False, progress=None, verify: bool = False) 
     try:
         for rf in todo:
             downloaded += _fetch(t, rf, url_base, blobs, locks, headers, progress)
+            record_verified(storage, blobs / rf.blob_name)  # fetch_blob checked size and hash
             _link(blobs / rf.blob_name, snap / rf.path)
             if rf.path == "config.json":
                 warn_memory()

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from localdiff.errors import LocaldiffError
+from localdiff.safetext import visible
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
@@ -235,5 +236,5 @@ def format_listing(convs: list[Conversation]) -> str:
     lines = [f"{'ID':>4}  {'UPDATED':16}  {'TURNS':>5}  {'MODEL':14}  TITLE"]
     for c in convs:
         stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime(c.updated))
-        lines.append(f"{c.id:>4}  {stamp:16}  {c.n_turns:>5}  {c.model[:14]:14}  {c.title[:60]}")
+        lines.append(f"{c.id:>4}  {stamp:16}  {c.n_turns:>5}  {visible(c.model[:14]):14}  {visible(c.title[:60])}")
     return "\n".join(lines)

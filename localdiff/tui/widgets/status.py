@@ -5,6 +5,8 @@ import os
 
 from textual.widgets import Static
 
+from localdiff.safetext import visible
+
 
 def rss_bytes() -> int:
     """Resident set size of this process in bytes (Linux ``/proc/self/statm``; peak RSS elsewhere; 0 if unknown)."""
@@ -77,7 +79,7 @@ class StatusLine(Static):
         tps = "— tok/s" if self.tps is None else f"{self.tps:.1f} tok/s"
         rss = self.memory_fn()
         mem = f"RSS {human_bytes(rss)}" if rss else "RSS ?"
-        return f"{self.state} │ {self.model} · {self.device} · {self.quant} │ {tpf} · {tps} │ {mem}"
+        return visible(f"{self.state} │ {self.model} · {self.device} · {self.quant} │ {tpf} · {tps} │ {mem}")
 
     def _redraw(self) -> None:
         self.update(self.line())

@@ -4,6 +4,8 @@ from __future__ import annotations
 from textual.containers import VerticalScroll
 from textual.widgets import Markdown, Static
 
+from localdiff.safetext import visible
+
 
 def _hard_breaks(text: str) -> str:
     """Keep the user's line breaks (Markdown would join single newlines into one paragraph line)."""
@@ -11,10 +13,13 @@ def _hard_breaks(text: str) -> str:
 
 
 class ChatMessage(Markdown):
-    """One turn rendered as Markdown; ``role`` is "user" or "assistant" (also a CSS class)."""
+    """One turn rendered as Markdown; ``role`` is "user" or "assistant" (also a CSS class). ``text`` keeps the exact
+    text; what is rendered has control characters made visible (:func:`localdiff.safetext.visible`), so model
+    output never reaches the terminal as escape sequences."""
 
     def __init__(self, role: str, text: str = "", **kwargs) -> None:
-        super().__init__(_hard_breaks(text) if role == "user" else text, classes=role, **kwargs)
+        shown = visible(text)
+        super().__init__(_hard_breaks(shown) if role == "user" else shown, classes=role, **kwargs)
         self.role = role
         self.text = text
         self.border_title = "you" if role == "user" else "assistant"
@@ -23,13 +28,13 @@ class ChatMessage(Markdown):
         """Append a finished canvas's text (incremental Markdown parse of the tail only)."""
         if fragment:
             self.text += fragment
-            await self.append(fragment)
+            await self.append(visible(fragment))
 
     async def set_text(self, text: str) -> None:
         """Replace the whole text (once per turn, when the answer is final); an empty answer says so."""
         if text != self.text or not text:
             self.text = text
-            await self.update(text or "*(empty answer)*")
+            await self.update(visible(text) or "*(empty answer)*")
 
 
 class Transcript(VerticalScroll):
@@ -62,7 +67,7 @@ class Transcript(VerticalScroll):
 
     async def add_note(self, text: str, *, error: bool = False) -> Static:
         """Append a one-line system note (settings changes, errors); not part of the conversation."""
-        note = Static(text, classes="note error" if error else "note", markup=False)
+        note = Static(visible(text), classes="note error" if error else "note", markup=False)
         await self.mount(note)
         self.scroll_end(animate=False)
         return note

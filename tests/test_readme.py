@@ -1,0 +1,31 @@
+"""README facts a new user relies on (issue #22 item 13): the clone-and-cd step before the two commands, which stay
+as they are; test duration; exit code 141; stdin; batch draw order; and the flags it names exist."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+RUN = 'pip install torch==2.13.0 && pip install . && localdiff gen -p "What is 27 + 58?"'
+TEST = 'pip install torch==2.13.0 && pip install ".[test]" && python -m pytest -q'
+
+
+def test_clone_and_cd_come_before_the_two_unchanged_commands():
+    clone = README.find("git clone")
+    assert clone != -1 and "cd localdiff" in README[clone:clone + 80]
+    assert clone < README.find(RUN) < README.find(TEST)
+
+
+def test_readme_states_duration_exit_141_stdin_and_batch_order():
+    assert re.search(r"takes about \d+ minutes", README)
+    assert "141" in README and "</dev/null" in README and "draw order" in README
+    assert "a row's tokens can change with the other prompts in its batch" in README
+
+
+def test_flags_named_in_the_readme_exist():
+    from localdiff.cli.dispatch import build_parser
+
+    sub = build_parser()._subparsers._group_actions[0].choices
+    for cmd, flag in (("gen", "--raw-bytes"), ("pull", "--no-space-check"), ("pull", "--verify"),
+                      ("quantize", "--force")):
+        assert flag in README and flag in sub[cmd]._option_string_actions, (cmd, flag)

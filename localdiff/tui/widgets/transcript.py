@@ -1,35 +1,41 @@
-"""The transcript: finished turns as Markdown; the answer in flight grows one finished canvas at a time."""
+"""The transcript: the user's turns verbatim, answers as Markdown; the answer in flight grows one finished canvas at a
+time. Control characters are shown as visible symbols, never sent to the terminal."""
 from __future__ import annotations
 
 from textual.containers import VerticalScroll
 from textual.widgets import Markdown, Static
 
+from localdiff.tui.paste import visible_controls
 
-def _hard_breaks(text: str) -> str:
-    """Keep the user's line breaks (Markdown would join single newlines into one paragraph line)."""
-    return text.replace("\r\n", "\n").replace("\n", "  \n")
+
+class UserMessage(Static):
+    """The user's turn, shown exactly as typed (no Markdown, no markup; line breaks kept); ``role`` is "user"."""
+
+    def __init__(self, text: str, **kwargs) -> None:
+        super().__init__(visible_controls(text), markup=False, classes="user", **kwargs)
+        self.role = "user"
+        self.text = text
 
 
 class ChatMessage(Markdown):
-    """One turn rendered as Markdown; ``role`` is "user" or "assistant" (also a CSS class)."""
+    """An answer rendered as Markdown; ``role`` is "assistant" (also a CSS class)."""
 
-    def __init__(self, role: str, text: str = "", **kwargs) -> None:
-        super().__init__(_hard_breaks(text) if role == "user" else text, classes=role, **kwargs)
+    def __init__(self, role: str = "assistant", text: str = "", **kwargs) -> None:
+        super().__init__(visible_controls(text), classes=role, **kwargs)
         self.role = role
         self.text = text
-        self.border_title = "you" if role == "user" else "assistant"
 
     async def append_text(self, fragment: str) -> None:
         """Append a finished canvas's text (incremental Markdown parse of the tail only)."""
         if fragment:
             self.text += fragment
-            await self.append(fragment)
+            await self.append(visible_controls(fragment))
 
     async def set_text(self, text: str) -> None:
         """Replace the whole text (once per turn, when the answer is final); an empty answer says so."""
         if text != self.text or not text:
             self.text = text
-            await self.update(text or "*(empty answer)*")
+            await self.update(visible_controls(text) or "*(empty answer)*")
 
 
 class Transcript(VerticalScroll):
@@ -37,9 +43,8 @@ class Transcript(VerticalScroll):
 
     DEFAULT_CSS = """
     Transcript { height: 1fr; padding: 0 1; }
-    Transcript > ChatMessage { margin: 0 0 1 0; padding: 0 1; border-left: thick $accent; background: $surface; }
-    Transcript > ChatMessage.assistant { border-left: thick $primary; background: $background; }
-    Transcript > ChatMessage.user { border-left: double $accent; }
+    Transcript > ChatMessage { margin: 0 0 1 0; padding: 0 1; border-left: thick $primary; background: $background; }
+    Transcript > UserMessage { margin: 0 0 1 0; padding: 0 1; border-left: double $accent; background: $surface; }
     Transcript > ChatMessage > MarkdownBlock:last-child { margin-bottom: 0; }
     Transcript > .note { color: $text-muted; margin: 0 0 1 0; padding: 0 1; }
     Transcript > .error { color: $error; text-style: bold; border-left: thick $error; }
@@ -49,13 +54,13 @@ class Transcript(VerticalScroll):
         self.anchor()
 
     @property
-    def messages(self) -> list[ChatMessage]:
+    def messages(self) -> list[UserMessage | ChatMessage]:
         """The chat turns on screen, in order."""
-        return [w for w in self.children if isinstance(w, ChatMessage)]
+        return [w for w in self.children if isinstance(w, (UserMessage, ChatMessage))]
 
-    async def add_message(self, role: str, text: str) -> ChatMessage:
-        """Append a finished turn."""
-        msg = ChatMessage(role, text)
+    async def add_message(self, role: str, text: str) -> UserMessage | ChatMessage:
+        """Append a turn: "user" verbatim, "assistant" as Markdown."""
+        msg = UserMessage(text) if role == "user" else ChatMessage(role, text)
         await self.mount(msg)
         self.scroll_end(animate=False)
         return msg

@@ -87,7 +87,7 @@ class ChatApp(ActionsMixin, SlashMixin, App):
     TITLE = "localdiff chat"
     COMMANDS = App.COMMANDS | {ChatCommands}
     BINDINGS = [
-        Binding("escape", "cancel", "Stop"),
+        Binding("escape", "cancel", "Stop", show=False),
         Binding("ctrl+c", "interrupt", "Stop/Quit", priority=True),
         Binding("f2", "copy_last", "Copy answer"),
         Binding("ctrl+t", "toggle_theme", "Theme"),
@@ -141,7 +141,7 @@ class ChatApp(ActionsMixin, SlashMixin, App):
     def compose(self) -> ComposeResult:
         yield StatusLine(id="status")
         yield Transcript(id="transcript")
-        yield CanvasView(id="canvas", classes="-hidden")
+        yield CanvasView(id="canvas", classes="-hidden -idle")
         yield PromptArea(id="prompt")
         yield Footer()
 
@@ -246,7 +246,7 @@ class ChatApp(ActionsMixin, SlashMixin, App):
         self.slot.take()
         self._final_canvas = -1
         self.canvas.reset()
-        self.canvas.remove_class("-hidden")
+        self.canvas.remove_class("-hidden", "-idle")
         self.status.set_state("generating")
         self._gen_started = time.monotonic()
         self.status.show_live(0.0, 0, 0)
@@ -343,6 +343,7 @@ class ChatApp(ActionsMixin, SlashMixin, App):
                 await self.transcript.add_note(format_stats(event.stats))
         self.status.set_state("ready" if not event.error else "error", error=bool(event.error))
         self.canvas.set_class(not self.pin_canvas, "-hidden")
+        self.canvas.add_class("-idle")  # on a very short screen an idle canvas gives its rows to the transcript
 
     # ---------------------------------------------------------------- actions
     def action_cancel(self) -> None:

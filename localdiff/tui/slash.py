@@ -148,7 +148,7 @@ class SlashMixin:
         if m is None:
             return f"no model loaded ({self.load_error or f'{self.model_name} is still loading'})"
         card = self.card or {}
-        cfg = m.config
+        cfg = getattr(m, "config", None)  # (a remote model has no local config or weights)
         try:
             params = sum(p.numel() for p in m.net.parameters())
         except Exception:
@@ -164,9 +164,9 @@ class SlashMixin:
         dtype = str(getattr(m, "dtype", "")).replace("torch.", "")
         lines = [f"{self.model_name}: {card.get('description') or getattr(cfg, 'model_type', '') or 'checkpoint'}",
                  f"{getattr(cfg, 'model_type', '?')} · {params / 1e6:.1f} M parameters · {shape}",
-                 f"{m.device} · {dtype} · quant {getattr(m, 'quant', None) or 'none'} · "
+                 f"{getattr(m, 'device', '?')} · {dtype} · quant {getattr(m, 'quant', None) or 'none'} · "
                  + ("single-turn (each message starts fresh)" if card.get("single_turn") else "multi-turn"),
-                 f"path {m.path}", f"sampler defaults: {defaults}"]
+                 f"path {getattr(m, 'path', None) or '—'}", f"sampler defaults: {defaults}"]
         return "\n".join(lines)
 
     def welcome_text(self) -> str:

@@ -11,6 +11,7 @@ Config file (``localdiff config path`` prints where; ``LOCALDIFF_CONFIG`` overri
     quant = "int8"            # optional
     max_new_tokens = 256
     seed = 0                  # optional; unset = a fresh random seed per run (printed with --json)
+    theme = "textual-dark"    # the chat's theme (ctrl+t and `/set` in the chat write it and the values here)
 
     [sampler]                 # any decoder option (localdiff.decoding.options)
     max_denoising_steps = 16
@@ -51,6 +52,7 @@ _TOP_KEYS: dict[str, type] = {
     "quant": str,
     "max_new_tokens": int,
     "seed": int,
+    "theme": str,
 }
 _ENV_OTHER = ("LOCALDIFF_CONFIG", "LOCALDIFF_DATA_DIR", "LOCALDIFF_DEBUG", "LOCALDIFF_NO_BNB",  # read elsewhere
               "LOCALDIFF_API_KEY")
@@ -68,6 +70,7 @@ class Config:
         quant: quantization name (e.g. "int8") or None.
         max_new_tokens: generation length cap in tokens, or None (engine default).
         seed: fixed seed, or None (random per run).
+        theme: the chat's Textual theme name, or None (the chat's default).
         sampler: read-only mapping of decoder options set by the user (names from the option schema).
         path: the config file that was read (it may not exist).
         origins: read-only mapping key → "file" or "env:NAME" telling where each set value came from.
@@ -78,6 +81,7 @@ class Config:
     quant: str | None = None
     max_new_tokens: int | None = None
     seed: int | None = None
+    theme: str | None = None
     sampler: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     path: Path | None = None
     origins: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
@@ -86,7 +90,7 @@ class Config:
         """Plain dict (JSON-serialisable) of the settings."""
         return {
             "default_model": self.default_model, "device": self.device, "quant": self.quant,
-            "max_new_tokens": self.max_new_tokens, "seed": self.seed, "sampler": dict(self.sampler),
+            "max_new_tokens": self.max_new_tokens, "seed": self.seed, "theme": self.theme, "sampler": dict(self.sampler),
             "path": str(self.path) if self.path else None, "origins": dict(self.origins),
         }
 

@@ -108,9 +108,13 @@ def test_escape_stops_within_one_step_and_the_next_prompt_works(tiny, tmp_path, 
             assert app.canvas.border_title == "canvas 1 · stopped at step 1 (dropped)"
             assert forwards["n"] - seen["at_pause"] <= 1  # at most one more decoder forward after Esc
             assert seen["steps"] == 1
-            # nothing was final yet: the question left the context and the history
+            # nothing was final yet: the question left the context, the history and the screen (#23 item 7);
+            # its text is back in the prompt box to edit or resend
             assert app.messages == [] and app.store.list_conversations() == []
+            assert app.transcript.messages == [] and app.prompt.text == PROMPT
+            assert "the message is back in the prompt box" in str(app.transcript.query(".note").last().render())
             app.step_hook = None
+            app.prompt.clear()
             nxt = await send(pilot, app, "What is 3 + 4?")
             assert nxt.finish_reason in ("eos", "length") and nxt.text
             assert app.store.load(app.conversation_id).messages()[-1] == {"role": "assistant", "content": nxt.text}
@@ -138,7 +142,7 @@ def test_history_survives_a_restart(tiny, tmp_path):
             assert [(m.role, m.text) for m in app.transcript.messages] == [
                 ("user", PROMPT), ("assistant", answer), ("user", "What is 5 + 7?")]
             assert app.messages[1] == {"role": "assistant", "content": answer}
-            assert "no saved answer" in str(app.transcript.query(".note").last().render())
+            assert any("no saved answer" in str(n.render()) for n in app.transcript.query(".note"))
             fin = await send(pilot, app, "/regen")
             assert fin.error is None and fin.finish_reason in ("eos", "length")  # (tiny's later turns may be empty)
             turns = app.store.load(cid).turns
@@ -157,7 +161,7 @@ def test_set_in_the_prompt_changes_the_next_generation(tiny, tmp_path):
             await pilot.press(*"/set t_min 0.9", "enter")  # the engine's own check: t_max (0.8) < t_min
             await pilot.pause()
             assert app.settings.sampler == {"max_denoising_steps": 2}
-            notes = [str(w.render()) for w in app.transcript.query(".note")]
+            notes = [str(w.render()) for w in app.transcript.query(".note")][1:]  # after the start-up line
             assert notes[0] == "max_denoising_steps = 2"
             assert notes[1] == "/set threshold: must be a number in (0, 1] (got '5')"
             assert notes[2] == "/set t_min: must be ≤ t_max (0.8) (got 0.9)"   # names the key the user typed

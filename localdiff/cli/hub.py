@@ -221,12 +221,15 @@ def run_chat_cmd(args) -> int:
                      max_new_tokens=args.max_new_tokens, seed=args.seed)
     from localdiff.cli.gen import _flags
 
-    overrides = sampler_overrides(_flags(args), cfg)  # max_new_tokens / seed are chat-session settings (/set)
+    options = sampler_overrides(_flags(args), cfg)
+    for key in ("max_new_tokens", "seed"):  # flag > env > config file; chat-session settings (/set changes them)
+        if getattr(cfg, key) is not None:
+            options[key] = getattr(cfg, key)
     try:
         from localdiff.tui import run_chat
     except ImportError as e:
         raise LocaldiffError(f"`localdiff chat` is not available in this build ({e})") from None
-    loader, model = None, cfg.default_model
+    loader, model, default_model = None, args.model, cfg.default_model
     if getattr(args, "endpoint", None):
         from localdiff.backends.remote import base_url
         from localdiff.cli.remote import _api_key, remote_loader
@@ -234,5 +237,7 @@ def run_chat_cmd(args) -> int:
         base_url(args.endpoint)  # a bad URL is a usage error before the UI starts
         loader = remote_loader(args.endpoint, _api_key(args))
         model = args.model or ""  # "" = the server's first model
-    return int(run_chat(model=model, resume=args.resume, list_only=args.list_only, device=cfg.device,
-                        quant=cfg.quant, sampler_options=overrides, loader=loader) or 0)
+    # -m wins; without it a resumed conversation keeps its own model, else the configured default model
+    return int(run_chat(model=model, default_model=default_model, resume=args.resume, list_only=args.list_only,
+                        device=cfg.device, quant=cfg.quant, sampler_options=options, loader=loader,
+                        config_file=str(cfg.path or config_path()), theme=cfg.theme) or 0)

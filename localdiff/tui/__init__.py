@@ -22,11 +22,17 @@ def run_chat(
     sampler_options: dict | None = None,
     db_path: str | None = None,
     loader=None,
+    default_model: str | None = None,
+    config_file: str | None = None,
+    theme: str | None = None,
 ) -> int:
     """Run ``localdiff chat`` and return its exit code.
 
     Args:
-        model: model to load (default: the resumed conversation's model, else the embedded "tiny").
+        model: model to load (an explicit choice, e.g. ``-m``); None: the resumed conversation's model, else
+            ``default_model``.
+        default_model: the model when neither ``model`` nor a resumed conversation names one (the config file's /
+            ``LOCALDIFF_MODEL``; default the embedded "tiny").
         resume: True or "" → the latest saved conversation; "7" → conversation 7; None/False → a new one.
         list_only: print the saved conversations (id, updated, turns, model, title) to stdout and return 0.
         device / quant: passed to ``localdiff.load``.
@@ -34,6 +40,9 @@ def run_chat(
         db_path: history database file (default ``$LOCALDIFF_DATA_DIR/chat.sqlite3`` or the platformdirs data dir).
         loader: ``loader(name, device=, quant=)`` returning the model (default ``localdiff.load``; ``chat
             --endpoint`` passes one that connects to a server).
+        config_file: where ``/set`` values and the theme are saved (the CLI passes the config file it read); None
+            saves nothing.
+        theme: the theme to start with (the config file's ``theme``).
 
     Returns:
         0 on a normal quit; 1 when the model failed to load (shown in the UI) or the history cannot be opened;
@@ -60,7 +69,8 @@ def run_chat(
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     if model is None:
-        model = (store.load(conversation_id).model if conversation_id is not None else "") or DEFAULT_MODEL
+        model = (store.load(conversation_id).model if conversation_id is not None else "") or default_model \
+            or DEFAULT_MODEL
     opts = dict(sampler_options or {})
     settings = ChatSettings(sampler={k: v for k, v in opts.items() if k not in ("max_new_tokens", "seed")})
     if "max_new_tokens" in opts:
@@ -69,9 +79,11 @@ def run_chat(
         settings.seed = opts["seed"]
 
     from localdiff.tui.app import ChatApp
+    from localdiff.tui.paste import install_paste_guard
 
+    install_paste_guard()  # escape sequences inside a bracketed paste become text, never keys
     app = ChatApp(model, store=store, conversation_id=conversation_id, device=device, quant=quant, settings=settings,
-                  loader=loader)
+                  loader=loader, config_file=config_file, theme=theme)
     app.run()
     return int(app.return_code or 0)
 

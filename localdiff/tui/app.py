@@ -20,16 +20,11 @@ from textual.widgets import Footer
 from localdiff.errors import LocaldiffError
 from localdiff.tui.commands import ChatCommands, available_models
 from localdiff.tui.runner import CanvasText, FrameReady, FrameSlot, GenerationFinished, GenerationJob, run_generation
-from localdiff.tui.settings import ChatSettings, apply_set_checked
+from localdiff.tui.settings import ChatSettings
+from localdiff.tui.actions import ActionsMixin
+from localdiff.tui.slash import SlashMixin, format_stats
 from localdiff.tui.store import ChatStore, HistoryError
 from localdiff.tui.widgets import CanvasView, PromptArea, StatusLine, Transcript
-
-HELP = (
-    "Enter sends · ctrl+j / alt+enter newline · Esc stops the answer · ctrl+p commands · ctrl+t theme ·"
-    " ctrl+o canvas panel · ctrl+n new chat · ctrl+q quit\n"
-    "/set steps 8 · /set threshold 0.9 · /set entropy_bound 0.3 · /set seed 1 · /set max_tokens 128 · /set (list)\n"
-    "/new (new chat) · /clear · /regen (regenerate last answer) · /help"
-)
 
 
 class ModelLoaded(Message):
@@ -63,7 +58,16 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
-class ChatApp(App):
+def _model_card(model) -> dict:
+    try:
+        from localdiff.engine import model_card
+
+        return model_card(model)
+    except Exception:  # a model object from elsewhere (tests) or a broken catalog: nothing to say
+        return {}
+
+
+class ChatApp(ActionsMixin, SlashMixin, App):
     """The chat TUI.
 
     Args:
@@ -73,6 +77,8 @@ class ChatApp(App):
         device / quant: passed to the loader.
         settings: initial generation settings (``/set`` changes them).
         loader: ``loader(name, device=, quant=) -> Model`` (default ``localdiff.load``; tests pass a preloaded one).
+        config_file: the user config file that ``/set`` values and the theme are written to (None: not saved).
+        theme: the theme to start with (from the config file), or None for Textual's default.
 
     After ``run()``, ``return_code`` is 1 when the last model load failed (the error is shown in the UI), else 0.
     """
@@ -81,17 +87,25 @@ class ChatApp(App):
     TITLE = "localdiff chat"
     COMMANDS = App.COMMANDS | {ChatCommands}
     BINDINGS = [
-        Binding("escape", "cancel", "Stop"),
+        Binding("escape", "cancel", "Stop", show=False),
+        Binding("ctrl+c", "interrupt", "Stop/Quit", priority=True),
+        Binding("f2", "copy_last", "Copy answer"),
         Binding("ctrl+t", "toggle_theme", "Theme"),
         Binding("ctrl+n", "new_chat", "New chat", show=False),
         Binding("ctrl+o", "toggle_canvas", "Canvas", show=False),
         Binding("ctrl+q", "quit", "Quit", priority=True),
     ]
 
+    #: Screen classes by terminal height: the canvas panel and the footer give way first, the prompt stays visible.
+    VERTICAL_BREAKPOINTS = [(0, "-tiny"), (16, "-short"), (24, "-tall")]
+
     def __init__(self, model_name: str = "tiny", *, store: ChatStore, conversation_id: int | None = None,
                  device: str | None = None, quant: str | None = None, settings: ChatSettings | None = None,
-                 loader: Callable | None = None, frame_interval: float = 0.05) -> None:
+                 loader: Callable | None = None, frame_interval: float = 0.05, config_file=None,
+                 theme: str | None = None) -> None:
         super().__init__()
+        self.config_file = config_file
+        self._start_theme = theme
         self.model_name = model_name
         self.store = store
         self.conversation_id = conversation_id
@@ -116,12 +130,18 @@ class ChatApp(App):
         self._final_canvas = -1
         self._last_draw = 0.0
         self._draw_pending = False
+        self.card: dict = {}  # the loaded model's catalog card (engine.model_card)
+        self.verbose = False  # /verbose: figures after every answer
+        self._clear_pending = False  # /clear asked for confirmation
+        self._stop_requested_at = 0.0  # ctrl+c stopped an answer at this time (a second ctrl+c quits)
+        self._gen_started = 0.0
+        self._user_bubble = None  # the user's message of the answer in flight (removed if nothing was final)
 
     # ---------------------------------------------------------------- layout and start-up
     def compose(self) -> ComposeResult:
         yield StatusLine(id="status")
         yield Transcript(id="transcript")
-        yield CanvasView(id="canvas", classes="-hidden")
+        yield CanvasView(id="canvas", classes="-hidden -idle")
         yield PromptArea(id="prompt")
         yield Footer()
 
@@ -131,6 +151,15 @@ class ChatApp(App):
         self.canvas = self.query_one(CanvasView)
         self.prompt = self.query_one(PromptArea)
         self.prompt.focus()
+        self.prompt.completer = self.complete_prompt
+        try:
+            self.prompt.prompt_history = self.store.recent_prompts()
+        except HistoryError:
+            pass
+        if self._start_theme and self._start_theme in self.available_themes:
+            self.theme = self._start_theme
+        self.theme_changed_signal.subscribe(self, self._on_theme_changed)
+        self.set_interval(0.25, self._tick_live)
         if self.conversation_id is not None:
             conv = self.store.load(self.conversation_id)
             for turn in conv.turns:
@@ -167,6 +196,8 @@ class ChatApp(App):
             label = os.path.basename(os.path.normpath(label))
         self.status.set_model(label, str(getattr(m, "device", "cpu")), str(quant))
         self.status.set_state("ready")
+        self.card = _model_card(m)
+        await self.transcript.add_note(self.welcome_text())
 
     async def on_model_failed(self, event: ModelFailed) -> None:
         self.load_error = event.error
@@ -184,8 +215,9 @@ class ChatApp(App):
         if text.startswith("/"):
             await self._slash(text)
             return
+        self._clear_pending = False
         if self.generating:
-            await self.transcript.add_note("still answering — press Esc to stop it first")
+            await self.transcript.add_note("still answering — press Esc or ctrl+c to stop it first")
             event.prompt.text = text
             return
         if self.model is None:
@@ -205,7 +237,7 @@ class ChatApp(App):
             event.prompt.text = text
             return
         self.messages.append({"role": "user", "content": text})
-        await self.transcript.add_message("user", text)
+        self._user_bubble = await self.transcript.add_message("user", text)
         await self._start_generation()
 
     async def _start_generation(self) -> None:
@@ -214,10 +246,14 @@ class ChatApp(App):
         self.slot.take()
         self._final_canvas = -1
         self.canvas.reset()
-        self.canvas.remove_class("-hidden")
+        self.canvas.remove_class("-hidden", "-idle")
         self.status.set_state("generating")
+        self._gen_started = time.monotonic()
+        self.status.show_live(0.0, 0, 0)
         self._answer = await self.transcript.add_message("assistant", "")
-        job = GenerationJob(list(self.messages), self.settings.stream_kwargs())
+        # A single-turn model (catalog) gets each message on its own: earlier turns would make it answer nothing.
+        context = self.messages[-1:] if self.card.get("single_turn") else list(self.messages)
+        job = GenerationJob(context, self.settings.stream_kwargs())
         work = partial(run_generation, self.model, self.cache, job, self.slot, self.post_message,
                        self.cancel_event, self.step_hook)
         self.run_worker(work, thread=True, group="generate", exit_on_error=False)
@@ -239,11 +275,23 @@ class ChatApp(App):
         if frame is not None and frame.canvas_index > self._final_canvas:
             self.canvas.show(frame)
             self._last_draw = time.monotonic()
+            self._show_live(frame)
+
+    def _show_live(self, frame) -> None:
+        if self.generating:
+            self.status.show_live(time.monotonic() - self._gen_started, frame.answer_tokens, frame.forwards)
+
+    def _tick_live(self) -> None:
+        """Every 0.25 s while answering: the elapsed time moves on even between frames."""
+        if self.generating and self.status.live is not None:
+            _, tokens, forwards = self.status.live
+            self.status.show_live(time.monotonic() - self._gen_started, tokens, forwards)
 
     async def on_canvas_text(self, event: CanvasText) -> None:
         self._final_canvas = max(self._final_canvas, event.canvas_index)
-        if event.frame is not None:
+        if event.frame is not None:  # (a remote model sends text only)
             self.canvas.show(event.frame)
+            self._show_live(event.frame)
         if self._answer is not None:
             await self._answer.append_text(event.text)
 
@@ -269,41 +317,33 @@ class ChatApp(App):
             except HistoryError as exc:  # the chat goes on; this answer is just not in the history
                 self.turn_ids.append(None)
                 await self.transcript.add_note(f"answer not saved: {exc}", error=True)
-        else:  # nothing final: the question stays on screen but leaves the context (roles must alternate)
+        else:  # nothing final: the question leaves the context (roles must alternate) and the screen
             await answer.remove()
-            self.messages.pop()
+            dropped = self.messages.pop()["content"]
             self.store.delete_turn(self.turn_ids.pop())
+            bubble = self._user_bubble or next(reversed(self.transcript.messages), None)
+            if bubble is not None and bubble.role == "user":
+                await bubble.remove()
+            if not self.prompt.text:  # give the text back to edit or resend (↑ recalls it too)
+                self.prompt.load_text(dropped)
+                self.prompt.move_cursor(self.prompt.document.end)
+        self._user_bubble = None
+        self.status.clear_live()
         if event.error:
             await self.transcript.add_note(f"generation failed: {event.error}", error=True)
         elif event.finish_reason == "cancelled":
             self.canvas.mark_stopped()
-            kept = "kept the finished canvases" if event.text else "nothing was final; the message was not kept"
+            kept = ("kept the finished canvases" if event.text else
+                    "nothing was final; the message is back in the prompt box")
             await self.transcript.add_note(f"stopped — {kept}")
         if event.stats is not None:
             self.last_stats = event.stats
             self.status.show_stats(event.stats)
+            if self.verbose:
+                await self.transcript.add_note(format_stats(event.stats))
         self.status.set_state("ready" if not event.error else "error", error=bool(event.error))
         self.canvas.set_class(not self.pin_canvas, "-hidden")
-
-    # ---------------------------------------------------------------- slash commands
-    async def _slash(self, text: str) -> None:
-        cmd, _, args = text[1:].partition(" ")
-        cmd = cmd.lower()
-        if cmd == "set":
-            try:
-                await self.transcript.add_note(apply_set_checked(self.settings, args, self.model))
-            except LocaldiffError as exc:
-                await self.transcript.add_note(str(exc), error=True)
-        elif cmd == "help":
-            await self.transcript.add_note(HELP)
-        elif cmd == "new":
-            await self.action_new_chat()
-        elif cmd == "clear":
-            await self.action_clear_chat()
-        elif cmd in ("regen", "regenerate"):
-            await self.action_regenerate()
-        else:
-            await self.transcript.add_note(f"unknown command /{cmd} — /help lists them", error=True)
+        self.canvas.add_class("-idle")  # on a very short screen an idle canvas gives its rows to the transcript
 
     # ---------------------------------------------------------------- actions
     def action_cancel(self) -> None:
@@ -311,60 +351,6 @@ class ChatApp(App):
         if self.generating and not self.cancel_event.is_set():
             self.cancel_event.set()
             self.status.set_state("stopping…")
-
-    async def _idle_or_note(self) -> bool:
-        if self.generating:
-            await self.transcript.add_note("still answering — press Esc to stop it first")
-            return False
-        return True
-
-    async def action_new_chat(self) -> None:
-        """Start a new conversation with a fresh engine cache; the current one stays saved."""
-        if not await self._idle_or_note():
-            return
-        await self._reset_conversation()
-        await self.transcript.add_note("new chat")
-
-    async def action_clear_chat(self) -> None:
-        """Delete the current conversation's turns (screen, context, history) and start it over."""
-        if not await self._idle_or_note():
-            return
-        if self.conversation_id is not None:
-            self.store.clear_turns(self.conversation_id)
-        keep = self.conversation_id
-        await self._reset_conversation()
-        self.conversation_id = keep
-        await self.transcript.add_note("conversation cleared")
-
-    async def _reset_conversation(self) -> None:
-        await self.transcript.clear_all()
-        self.messages, self.turn_ids, self.conversation_id = [], [], None
-        self.cache = self.model.new_cache() if self.model is not None else None
-        self.canvas.reset()
-        self.status.show_stats(None)
-
-    async def action_regenerate(self) -> None:
-        """Drop the last answer (screen, context, history) and generate it again from the same messages; after a
-        resume whose last answer was lost, just generate it."""
-        if not await self._idle_or_note():
-            return
-        if self.model is None or not self.messages:
-            await self.transcript.add_note("no answer to regenerate")
-            return
-        if self.messages[-1]["role"] == "assistant":
-            self.messages.pop()
-            self.store.delete_turn(self.turn_ids.pop())
-            await self.transcript.messages[-1].remove()
-        await self._start_generation()
-
-    def action_toggle_theme(self) -> None:
-        """ctrl+t: switch between the dark and the light theme."""
-        self.theme = "textual-light" if self.current_theme.dark else "textual-dark"
-
-    def action_toggle_canvas(self) -> None:
-        """ctrl+o: keep the canvas panel visible when idle, or hide it when idle (it always shows while answering)."""
-        self.pin_canvas = not self.pin_canvas
-        self.canvas.set_class(not (self.pin_canvas or self.generating), "-hidden")
 
     async def switch_model(self, name: str) -> None:
         """Load ``name`` in a worker; on success the conversation continues on it with a fresh cache."""
@@ -374,7 +360,8 @@ class ChatApp(App):
         self._load(name)
 
     async def action_quit(self) -> None:
-        """Quit; the exit code is 1 when the last model load failed."""
+        """Quit (ctrl+q, ctrl+c when idle, ctrl+d on an empty prompt, /bye /exit /quit); the exit code is 1 when the
+        last model load failed."""
         self.cancel_event.set()
         self.exit(return_code=1 if self.load_error else 0)
 

@@ -33,6 +33,8 @@ class CanvasFrame:
             MASK (a masked-diffusion model's still-masked position).
         confidence: per position top-1 probability in [0, 1].
         final: True for a finished canvas (all positions final).
+        forwards: decoder forwards of the whole answer so far (live status figure).
+        answer_tokens: answer tokens so far: finished canvases (up to EOS) plus the positions accepted in this canvas.
     """
 
     canvas_index: int
@@ -42,6 +44,8 @@ class CanvasFrame:
     states: list[str]
     confidence: list[float]
     final: bool = False
+    forwards: int = 0
+    answer_tokens: int = 0
 
     def count(self, state: str) -> int:
         """Number of positions in ``state``."""
@@ -169,9 +173,18 @@ class GenerationFinished(Message):
         self.steps_after_cancel = steps_after_cancel
 
 
+def _tokens_to_eos(ids: list[int], eos: set[int]) -> int:
+    """Tokens of a finished canvas that belong to the answer: up to and including the first EOS."""
+    for i, t in enumerate(ids):
+        if t in eos:
+            return i + 1
+    return len(ids)
+
+
 @dataclass
 class GenerationJob:
-    """One answer to produce: chat messages so far (ending with the user's turn) and ``Model.stream`` kwargs."""
+    """One answer to produce: chat messages (ending with the user's turn; only that turn for a single-turn model)
+    and ``Model.stream`` kwargs."""
 
     messages: list[dict]
     kwargs: dict = field(default_factory=dict)
@@ -186,6 +199,8 @@ def run_generation(model, cache, job: GenerationJob, slot: FrameSlot, post: Call
     final. ``step_hook`` (tests only) is called with each StepEvent in this thread after it is handed to the UI.
     """
     token_text = TokenText(getattr(model, "tokenizer", None))
+    eos = set(getattr(model, "eos_token_ids", None) or [])
+    forwards = done_tokens = 0
     texts: list[str] = []
     prev_acc: list[bool] | None = None
     last: CanvasFrame | None = None
@@ -203,14 +218,21 @@ def run_generation(model, cache, job: GenerationJob, slot: FrameSlot, post: Call
                     prev_acc = None
                 last = frame_from_step(ev, token_text, prev_acc, getattr(model, "mask_token_id", None))
                 prev_acc = [bool(a) for a in ev.accepted[0].tolist()]
+                forwards += 1
+                last.forwards, last.answer_tokens = forwards, done_tokens + sum(prev_acc)
                 if slot.put(last):
                     post(FrameReady())
                 if step_hook is not None:
                     step_hook(ev)
             elif isinstance(ev, CanvasDone):
                 texts.append(ev.text)
-                frame = None if ev.token_ids is None else frame_from_done(ev, token_text, last)  # remote: text only
-                post(CanvasText(ev.canvas_index, ev.text, frame))
+                if ev.token_ids is None:  # a remote model: text only, no canvas
+                    post(CanvasText(ev.canvas_index, ev.text, None))
+                else:
+                    done_tokens += _tokens_to_eos(ev.token_ids[0].tolist(), eos)
+                    final = frame_from_done(ev, token_text, last)
+                    final.forwards, final.answer_tokens = forwards, done_tokens
+                    post(CanvasText(ev.canvas_index, ev.text, final))
             elif isinstance(ev, Done):
                 text = ev.text if isinstance(ev.text, str) else ev.text[0]
                 result = GenerationFinished(text, ev.finish_reason, ev.stats)

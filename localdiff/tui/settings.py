@@ -27,16 +27,24 @@ class ChatSettings:
         max_new_tokens: cap on generated tokens per answer (None = the model's generation_config default).
         seed: RNG seed for every turn (reproducible answers), or None for a fresh draw.
         sampler: sampler-option overrides (engine keyword → value); empty = the model's defaults.
+        system: system prompt for every turn (``/system TEXT``), or None.
     """
 
     max_new_tokens: int | None = None
     seed: int | None = None
     sampler: dict = field(default_factory=dict)
     typed: dict = field(default_factory=dict, repr=False)   # option → the /set word the user typed (messages)
+    system: str | None = None
 
     def stream_kwargs(self) -> dict:
         """Keyword arguments for ``Model.stream`` (besides prompt and cache)."""
-        return {"max_new_tokens": self.max_new_tokens, "seed": self.seed, **self.sampler}
+        extra = {"system": self.system} if self.system else {}
+        return {"max_new_tokens": self.max_new_tokens, "seed": self.seed, **extra, **self.sampler}
+
+    def persisted(self) -> dict:
+        """The values ``/set`` changes, as config-file keys (None = unset): seed, max_new_tokens and each sampler
+        option (see ``localdiff.tui.prefs.save_settings``)."""
+        return {"seed": self.seed, "max_new_tokens": self.max_new_tokens, **self.sampler}
 
     def describe(self, defaults: dict | None = None) -> str:
         """One line per setting: overrides first, then the model's effective defaults (``defaults``)."""

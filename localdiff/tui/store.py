@@ -170,6 +170,18 @@ class ChatStore:
             con.execute("DELETE FROM turns WHERE conversation_id = ?", (conversation_id,))
             con.execute("UPDATE conversations SET title = '', updated = ? WHERE id = ?", (time.time(), conversation_id))
 
+    def recent_prompts(self, limit: int = 500) -> list[str]:
+        """The user's last ``limit`` prompts over all conversations, oldest first, consecutive repeats once (the
+        prompt box's Up/Down history)."""
+        with self._connect() as con:
+            rows = con.execute("SELECT content FROM turns WHERE role = 'user' ORDER BY id DESC LIMIT ?",
+                               (int(limit),)).fetchall()
+        out: list[str] = []
+        for (content,) in reversed(rows):
+            if not out or out[-1] != content:
+                out.append(content)
+        return out
+
     def list_conversations(self, limit: int | None = None) -> list[Conversation]:
         """Conversations with at least one turn, most recently updated first."""
         sql = (
@@ -233,8 +245,10 @@ def format_listing(convs: list[Conversation]) -> str:
     """The ``localdiff chat --list`` table: id, last update (local time), turns, model, title."""
     if not convs:
         return "no saved conversations"
-    lines = [f"{'ID':>4}  {'UPDATED':16}  {'TURNS':>5}  {'MODEL':14}  TITLE"]
+    width = max(5, *(len(c.model) for c in convs))  # full model names: the column is as wide as the longest
+    lines = [f"{'ID':>4}  {'UPDATED':16}  {'TURNS':>8}  {'MODEL':{width}}  TITLE"]
     for c in convs:
         stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime(c.updated))
-        lines.append(f"{c.id:>4}  {stamp:16}  {c.n_turns:>5}  {visible(c.model[:14]):14}  {visible(c.title[:60])}")
+        turns = f"{c.n_turns} turn" + ("" if c.n_turns == 1 else "s")
+        lines.append(f"{c.id:>4}  {stamp:16}  {turns:>8}  {visible(c.model):{width}}  {visible(c.title[:60])}".rstrip())
     return "\n".join(lines)

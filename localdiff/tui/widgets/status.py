@@ -35,7 +35,10 @@ def human_bytes(n: float) -> str:
 
 
 class StatusLine(Static):
-    """One line: ``ready │ tiny · cpu · fp32 │ TPF 3.20 · 51.2 tok/s │ RSS 310 MiB``. Memory refreshes every 2 s."""
+    """One line: ``ready │ tiny · cpu · fp32 │ TPF 3.20 · 51.2 tok/s │ RSS 310 MiB``. Memory refreshes every 2 s.
+
+    While an answer runs (``show_live``) the figures are live: ``generating 2.4 s · 37 tok · 15.4 tok/s · TPF 3.08``
+    (elapsed seconds, answer tokens so far, tokens per second, tokens per decoder forward)."""
 
     DEFAULT_CSS = """
     StatusLine { height: 1; dock: top; background: $panel; color: $text; padding: 0 1; }
@@ -51,6 +54,7 @@ class StatusLine(Static):
         self.tps: float | None = None
         self.state = "starting"
         self.memory_fn = rss_bytes
+        self.live: tuple[float, int, int] | None = None  # (elapsed seconds, tokens so far, forwards so far)
 
     def on_mount(self) -> None:
         self._redraw()
@@ -73,8 +77,24 @@ class StatusLine(Static):
         self.tps = None if stats is None else float(stats.tokens_per_second)
         self._redraw()
 
+    def show_live(self, elapsed: float, tokens: int, forwards: int) -> None:
+        """Live figures of the answer in flight (``clear_live`` ends them)."""
+        self.live = (elapsed, tokens, forwards)
+        self._redraw()
+
+    def clear_live(self) -> None:
+        """Back to the last finished answer's figures."""
+        self.live = None
+        self._redraw()
+
     def line(self) -> str:
         """The current status text."""
+        if self.live is not None:
+            secs, tokens, forwards = self.live
+            tps = tokens / secs if secs > 0 else 0.0
+            tpf = f"TPF {tokens / forwards:.2f}" if forwards else "TPF —"
+            return (f"{self.state} {secs:.1f} s · {tokens} tok · {tps:.1f} tok/s · {tpf} │ {self.model}"
+                    f" · {self.device}")
         tpf = "TPF —" if self.tpf is None else f"TPF {self.tpf:.2f}"
         tps = "— tok/s" if self.tps is None else f"{self.tps:.1f} tok/s"
         rss = self.memory_fn()

@@ -1,4 +1,5 @@
-"""The transcript: finished turns as Markdown; the answer in flight grows one finished canvas at a time."""
+"""The transcript: the user's turns verbatim, answers as Markdown; the answer in flight grows one finished canvas at a
+time. Control characters are shown as visible symbols, never sent to the terminal."""
 from __future__ import annotations
 
 from textual.containers import VerticalScroll
@@ -7,22 +8,23 @@ from textual.widgets import Markdown, Static
 from localdiff.safetext import visible
 
 
-def _hard_breaks(text: str) -> str:
-    """Keep the user's line breaks (Markdown would join single newlines into one paragraph line)."""
-    return text.replace("\r\n", "\n").replace("\n", "  \n")
+
+class UserMessage(Static):
+    """The user's turn, shown exactly as typed (no Markdown, no markup; line breaks kept); ``role`` is "user"."""
+
+    def __init__(self, text: str, **kwargs) -> None:
+        super().__init__(visible(text), markup=False, classes="user", **kwargs)
+        self.role = "user"
+        self.text = text
 
 
 class ChatMessage(Markdown):
-    """One turn rendered as Markdown; ``role`` is "user" or "assistant" (also a CSS class). ``text`` keeps the exact
-    text; what is rendered has control characters made visible (:func:`localdiff.safetext.visible`), so model
-    output never reaches the terminal as escape sequences."""
+    """An answer rendered as Markdown; ``role`` is "assistant" (also a CSS class)."""
 
-    def __init__(self, role: str, text: str = "", **kwargs) -> None:
-        shown = visible(text)
-        super().__init__(_hard_breaks(shown) if role == "user" else shown, classes=role, **kwargs)
+    def __init__(self, role: str = "assistant", text: str = "", **kwargs) -> None:
+        super().__init__(visible(text), classes=role, **kwargs)
         self.role = role
         self.text = text
-        self.border_title = "you" if role == "user" else "assistant"
 
     async def append_text(self, fragment: str) -> None:
         """Append a finished canvas's text (incremental Markdown parse of the tail only)."""
@@ -42,9 +44,8 @@ class Transcript(VerticalScroll):
 
     DEFAULT_CSS = """
     Transcript { height: 1fr; padding: 0 1; }
-    Transcript > ChatMessage { margin: 0 0 1 0; padding: 0 1; border-left: thick $accent; background: $surface; }
-    Transcript > ChatMessage.assistant { border-left: thick $primary; background: $background; }
-    Transcript > ChatMessage.user { border-left: double $accent; }
+    Transcript > ChatMessage { margin: 0 0 1 0; padding: 0 1; border-left: thick $primary; background: $background; }
+    Transcript > UserMessage { margin: 0 0 1 0; padding: 0 1; border-left: double $accent; background: $surface; }
     Transcript > ChatMessage > MarkdownBlock:last-child { margin-bottom: 0; }
     Transcript > .note { color: $text-muted; margin: 0 0 1 0; padding: 0 1; }
     Transcript > .error { color: $error; text-style: bold; border-left: thick $error; }
@@ -54,13 +55,13 @@ class Transcript(VerticalScroll):
         self.anchor()
 
     @property
-    def messages(self) -> list[ChatMessage]:
+    def messages(self) -> list[UserMessage | ChatMessage]:
         """The chat turns on screen, in order."""
-        return [w for w in self.children if isinstance(w, ChatMessage)]
+        return [w for w in self.children if isinstance(w, (UserMessage, ChatMessage))]
 
-    async def add_message(self, role: str, text: str) -> ChatMessage:
-        """Append a finished turn."""
-        msg = ChatMessage(role, text)
+    async def add_message(self, role: str, text: str) -> UserMessage | ChatMessage:
+        """Append a turn: "user" verbatim, "assistant" as Markdown."""
+        msg = UserMessage(text) if role == "user" else ChatMessage(role, text)
         await self.mount(msg)
         self.scroll_end(animate=False)
         return msg

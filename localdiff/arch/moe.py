@@ -11,8 +11,9 @@ import torch.nn.functional as F
 from torch import nn
 
 
-class Expert(nn.Module):
-    """One SwiGLU expert: ``down_proj(silu(gate_proj(x)) * up_proj(x))`` (hidden → inter → hidden, bias-free)."""
+class SwiGLU(nn.Module):
+    """``down_proj(silu(gate_proj(x)) * up_proj(x))``, bias-free (hidden → inter → hidden): the Llama / Qwen MLP,
+    LLaDA's ff_proj / up_proj / ff_out, and each routed expert (:data:`Expert`)."""
 
     def __init__(self, hidden: int, inter: int):
         super().__init__()
@@ -22,6 +23,9 @@ class Expert(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+Expert = SwiGLU   # one routed expert
 
 
 class SparseMoE(nn.Module):

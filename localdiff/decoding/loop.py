@@ -112,15 +112,21 @@ def count_tokens(st: GenerationStats, rows: list[list[int]], seconds: float) -> 
     st.tokens_per_second = st.new_tokens / seconds if seconds > 0 else 0.0
 
 
-def strip_generated(ids, eos_ids, pad_id, keep_eos: bool = False) -> list[int]:
-    """Generated ids (LongTensor[T] or list) up to the first EOS (included when keep_eos), without pad."""
-    out = []
-    for t in (ids.tolist() if hasattr(ids, "tolist") else ids):
+def kept_positions(ids: list[int], eos_ids, pad_id, keep_eos: bool = True) -> list[int]:
+    """Indices of a generated row that the caller gets: up to the first EOS (included when keep_eos), pad skipped."""
+    keep = []
+    for k, t in enumerate(ids):
         if eos_ids and t in eos_ids:
             if keep_eos:
-                out.append(t)
+                keep.append(k)
             break
         if pad_id is not None and t == pad_id:
             continue
-        out.append(t)
-    return out
+        keep.append(k)
+    return keep
+
+
+def strip_generated(ids, eos_ids, pad_id, keep_eos: bool = False) -> list[int]:
+    """Generated ids (LongTensor[T] or list) up to the first EOS (included when keep_eos), without pad."""
+    row = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+    return [row[k] for k in kept_positions(row, eos_ids, pad_id, keep_eos)]

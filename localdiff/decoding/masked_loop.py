@@ -27,7 +27,7 @@ import time
 import torch
 
 from localdiff.decoding.llada import guided
-from localdiff.decoding.loop import count_tokens, strip_generated
+from localdiff.decoding.loop import count_tokens, kept_positions, strip_generated
 from localdiff.decoding.stopping import finalize_canvas
 from localdiff.events import CanvasDone, Done, GenerationStats, StepEvent
 
@@ -115,7 +115,7 @@ def run(net, policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
     out = torch.cat(finals, dim=1)
     rows, order = [], []
     for r in range(b):
-        keep = _kept_positions(out[r].tolist(), eos_ids, pad_id)[:max_new_tokens]
+        keep = kept_positions(out[r].tolist(), eos_ids, pad_id)[:max_new_tokens]
         rows.append([int(out[r, k]) for k in keep])
         order.append([int(commit[r, k]) for k in keep])
     st.forwards = forwards
@@ -160,15 +160,3 @@ def _event(ci, step, max_steps, block, logits, before, masked, mask_id) -> StepE
     return StepEvent(ci, step, max_steps, block.clone().cpu(), torch.where(masked, arg, before).cpu(), acc.cpu(), none.cpu(),
                      none.cpu(), conf.cpu(), ent.cpu())
 
-
-def _kept_positions(ids: list[int], eos_ids, pad_id) -> list[int]:
-    """Indices of what :func:`strip_generated` keeps (``keep_eos``): up to and including the first EOS, pad skipped."""
-    keep = []
-    for k, t in enumerate(ids):
-        if eos_ids and t in eos_ids:
-            keep.append(k)
-            break
-        if pad_id is not None and t == pad_id:
-            continue
-        keep.append(k)
-    return keep

@@ -1,11 +1,13 @@
 """``Model``: a loaded checkpoint with prefill / denoise / generate / stream (DESIGN.md "Public Python API").
 
-Owns the KV cache creation and the sampler loop (``localdiff/loop.py``); emits events (``localdiff/events.py``).
+What differs per model family (caches, the loop, the decoder policy) lives in one runner module per family
+(:data:`RUNNERS`: ``localdiff/engine/canvas.py``, ``masked.py``, ...); this module holds what every family shares:
+options, prompt encoding, validation, seeds, the generation lock, events (``localdiff/events.py``).
 """
 from __future__ import annotations
 
 import contextlib
-import json
+import importlib
 import random
 import threading
 from dataclasses import dataclass
@@ -15,15 +17,24 @@ import torch
 
 from localdiff import inputs
 from localdiff.arch import entry_for
-from localdiff.cache.kv import KVCache
-from localdiff.decoding import loop, masked_loop
-from localdiff.decoding.canvas_eb import CanvasEB
-from localdiff.decoding.dream import Dream
-from localdiff.decoding.llada import LLaDA
 from localdiff.decoding.defaults import read_generation_config  # noqa: F401
 from localdiff.decoding.options import POLICIES, policy_for_family
-from localdiff.errors import CheckpointError, TokenizerMissingError, UsageError
+from localdiff.engine.request import Request
+from localdiff.errors import TokenizerMissingError, UsageError
 from localdiff.events import Done, GenerationStats
+
+#: model family (``localdiff.arch`` registry) → its runner module: ``prepare(model)`` (checks at load),
+#: ``new_cache(model, device_budget_bytes)`` and ``stream(model, request)`` (yields events). A family is one line here
+#: plus its runner file.
+RUNNERS: dict[str, str] = {
+    "canvas": "localdiff.engine.canvas",
+    "masked": "localdiff.engine.masked",
+}
+
+
+def runner_for(family: str):
+    """The runner module of a model family. Raises KeyError for a family without one."""
+    return importlib.import_module(RUNNERS[family])
 
 @dataclass
 class Generation:
@@ -61,23 +72,16 @@ class Model:
         self.default_max_new_tokens = int(gen_config.get("max_new_tokens", 256))
         if tokenizer is not None:
             tokenizer.eos_token_ids = self.eos_token_ids
-        if self.family == "masked":
-            self.mask_token_id = getattr(config, "mask_token_id", None)
-            if self.mask_token_id is None:
-                raise CheckpointError(f"{path}: config.json has no mask_token_id (a masked-diffusion model needs it)")
-            if self.pad_token_id == self.mask_token_id:
-                raise CheckpointError(f"{path}: pad_token_id equals mask_token_id ({self.mask_token_id}); padding "
-                                      "would read as masks")
+        self.runner = runner_for(self.family)
+        self.runner.prepare(self)
 
     # -- building blocks ----------------------------------------------------------------------------------------
     def new_cache(self, device_budget_bytes: int | None = None):
-        """A fresh block KV cache for this model (blocks of one canvas; sliding layers keep one canvas of slack for
-        chat prefix reuse). ``device_budget_bytes``: K/V bytes allowed on the device (None = unlimited, 0 = all on
-        the host; see ``localdiff.cache.kv``). Raises UsageError for a negative budget. None for the masked family
-        (its approximate caches live inside one generation: ``localdiff.decoding.masked_loop``)."""
-        if self.family == "masked":
-            return None
-        return KVCache(**self.net.cache_layout(), device_budget_bytes=device_budget_bytes)
+        """A fresh cache for this model's family, to reuse across chat turns: the block KV cache of the canvas family
+        (``device_budget_bytes``: K/V bytes allowed on the device, None = unlimited, 0 = all on the host; see
+        ``localdiff.cache.kv``); None for the masked family (its approximate caches live inside one generation).
+        Raises UsageError for a negative budget."""
+        return self.runner.new_cache(self, device_budget_bytes)
 
     def prefill(self, input_ids: torch.Tensor, cache, attention_mask: torch.Tensor | None = None) -> None:
         """Causal encoder pass: LongTensor[B, T] → K/V appended to ``cache`` (see ``DiffusionGemma.prefill``)."""
@@ -188,50 +192,12 @@ class Model:
         if attention_mask is not None and isinstance(prompt, torch.Tensor):
             mask = attention_mask.to(self.device).bool()
         stats = GenerationStats(prompt_tokens=len(rows[0]) if mask is None else int(mask[0].sum()))
-        if self.family == "masked":
-            if cache is not None:
-                raise UsageError("cache: a masked-diffusion model keeps no cache between generations (its "
-                                 "approximate caches are the kv_cache option: none, prefix, dual)")
-            yield from self._stream_masked(options, ids, mask, n_new, seed, gen, stats, emit_steps)
-            return
-        todo, todo_mask = ids, mask
-        if cache is None:
-            cache = self.new_cache()
-        elif len(rows) == 1 and getattr(cache, "seq_len", 0):
-            lcp = _common_prefix(cache.token_ids[0] if cache.token_ids else [], rows[0])
-            lcp = min(lcp, len(rows[0]) - 1) if lcp == len(rows[0]) else lcp
-            if not cache.truncate(lcp):
-                cache.reset()
-                lcp = 0
-            todo, todo_mask = ids[:, lcp:], None
-            stats.prefill_tokens_reused = lcp
-        elif getattr(cache, "seq_len", 0):
-            raise UsageError("cache reuse works for a single prompt; pass cache=None for batches")
         decode = self.tokenizer.decode if self.tokenizer is not None else None
-        policy = CanvasEB(options, ids.shape[0], self.config.canvas_length, self.config.vocab_size, self.device, gen,
-                          self.net.embed_tokens.weight.dtype)
+        req = Request(options, rows, ids, mask, n_new, gen, stats, emit_steps, cache, start_canvas, decode)
         with self._generation():
-            for ev in loop.run(self.net, policy, cache, ids.shape[0], n_new, self.eos_token_ids, self.pad_token_id,
-                               prefill_ids=todo, prefill_mask=todo_mask, start_canvas=start_canvas,
-                               emit_steps=emit_steps, decode=decode, stats=stats):
+            for ev in self.runner.stream(self, req):
                 if isinstance(ev, Done):
                     ev.seed, ev.options = seed, opts
-                yield ev
-
-    def _stream_masked(self, options, ids, mask, n_new, seed, gen, stats, emit_steps):
-        """The masked family's generation (``localdiff.decoding.masked_loop`` with the LLaDA or Dream policy)."""
-        if mask is not None:   # left padding must not read as masks
-            pad = self.pad_token_id if self.pad_token_id is not None else next(
-                t for t in (*self.eos_token_ids, 0, 1) if t != self.mask_token_id)
-            ids = torch.where(mask, ids, torch.full_like(ids, pad))
-        policy = {"llada": LLaDA, "dream": Dream}[options.POLICY](options, gen, self.mask_token_id)
-        decode = self.tokenizer.decode if self.tokenizer is not None else None
-        with self._generation():
-            for ev in masked_loop.run(self.net, policy, ids, mask, n_new, options.block_length, options.steps,
-                                      options.kv_cache, self.mask_token_id, self.eos_token_ids, self.pad_token_id,
-                                      emit_steps=emit_steps, decode=decode, stats=stats):
-                if isinstance(ev, Done):
-                    ev.seed, ev.options = seed, options.as_dict()
                 yield ev
 
     @contextlib.contextmanager
@@ -295,15 +261,6 @@ def model_card(model) -> dict:
         return {"name": name, "description": "", "single_turn": False, "prompt_examples": []}
     return {"name": name, "description": entry.description, "single_turn": bool(entry.single_turn),
             "prompt_examples": list(entry.prompt_examples)}
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _left_pad(rows: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -1,0 +1,47 @@
+"""Decoder options of the canvas family (DiffusionGemma's canvas decoder)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Mapping
+
+from localdiff.decoding.schema import Options, opt
+from localdiff.errors import UsageError
+
+
+@dataclass(frozen=True)
+class CanvasEBOptions(Options):
+    """DiffusionGemma's canvas decoder: uniform-noise canvas, temperature schedule, entropy-bound acceptance,
+    optional τ-locking and Re-Noising correction, self-conditioning (transformers 5.23.0
+    ``DiffusionGemmaForBlockDiffusion.generate``; keys = its ``generation_config``)."""
+
+    POLICY: ClassVar[str] = "canvas_eb"
+
+    max_denoising_steps: int = opt(48, "max denoising steps per canvas", lo=1, hi=100_000, flag="--steps",
+                                   metavar="N", aliases=("steps", "max_steps"))
+    t_min: float = opt(0.4, "temperature at the last step (linear schedule)", lo=0, flag="--t-min", metavar="T")
+    t_max: float = opt(0.8, "temperature at the first step; --temperature MAX[:MIN] sets both", lo=0,
+                       flag="--temperature", metavar="MAX[:MIN]", pair_of="t_min", aliases=("temperature",))
+    entropy_bound: float = opt(0.1, "entropy-bound acceptance budget (nats)", lo=0, lo_open=True, metavar="X",
+                               aliases=("eb",))
+    stability_threshold: int = opt(1, "steps a canvas must stay unchanged before it stops early", lo=0,
+                                   hi=100_000, metavar="N")
+    confidence_threshold: float = opt(0.005, "mean-entropy level under which a stable canvas is final", lo=0,
+                                      lo_open=True, metavar="X")
+    threshold: float | None = opt(None, "confidence lock τ: a drafted token with probability ≥ τ is locked",
+                                  kind=float, lo=0, hi=1, lo_open=True, optional=True, metavar="TAU",
+                                  aliases=("tau",))
+    correction: bool = opt(False, "Re-Noising correction: reopen locked tokens that lost confidence")
+    correction_floor: float = opt(0.05, "reopen a locked token whose probability fell below this", lo=0, hi=1,
+                                  metavar="P")
+    correction_max_reopens: int = opt(8, "at most this many reopened tokens per step", lo=0, hi=100_000,
+                                      metavar="N")
+
+    def check(self, typed: Mapping[str, str]) -> None:
+        if self.t_max < self.t_min:
+            key = "t_min" if "t_min" in typed and "t_max" not in typed else "t_max"
+            other = "t_max" if key == "t_min" else "t_min"
+            rel = "≤" if key == "t_min" else "≥"
+            raise UsageError(f"{typed.get(key, key)}: must be {rel} {other} ({getattr(self, other)}) "
+                             f"(got {getattr(self, key)})")
+        if self.t_min == 0 and self.t_max == 0:
+            raise UsageError(f"{typed.get('t_max', 't_max')}: temperature must be > 0 at some step (got 0)")

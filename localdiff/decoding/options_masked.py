@@ -1,0 +1,72 @@
+"""Decoder options of the masked family: Fast-dLLM's shared options, LLaDA's and Dream's decoders."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Mapping
+
+from localdiff.decoding.schema import Options, opt
+from localdiff.errors import UsageError
+
+
+@dataclass(frozen=True)
+class _FastDLLM(Options):
+    """Fast-dLLM's parallel decoding and approximate caches (NVlabs/Fast-dLLM, arXiv 2505.22618), shared by the
+    masked family's decoders. ``kv_cache`` is Fast-dLLM's use_cache / dual_cache (``cache`` is Model.stream's)."""
+
+    threshold: float | None = opt(None, "Fast-dLLM parallel decoding: also commit every masked position of the "
+                                  "block with confidence ≥ τ (off = the step schedule)", kind=float, lo=0, hi=1,
+                                  lo_open=True, optional=True, metavar="TAU")
+    factor: float | None = opt(None, "Fast-dLLM factor rule: commit the n most confident while the n-th has "
+                               "confidence ≥ 1 − factor/(n+1)", kind=float, lo=0, lo_open=True, optional=True,
+                               metavar="F")
+    kv_cache: str = opt("none", "approximate K/V cache (Fast-dLLM): none, prefix (prompt + finished blocks) or dual "
+                        "(also the masked suffix); refreshed at each block", choices=("none", "prefix", "dual"))
+
+    def check(self, typed: Mapping[str, str]) -> None:
+        if self.threshold is not None and self.factor is not None:
+            raise UsageError(f"{typed.get('factor', 'factor')}: give either threshold or factor, not both "
+                             f"(got threshold={self.threshold}, factor={self.factor})")
+        if getattr(self, "cfg_scale", 0) > 0 and self.kv_cache != "none":
+            raise UsageError(f"{typed.get('kv_cache', 'kv_cache')}: classifier-free guidance (cfg_scale > 0) "
+                             f"needs kv_cache none (got {self.kv_cache!r})")
+
+
+@dataclass(frozen=True)
+class LLaDAOptions(_FastDLLM):
+    """LLaDA's decoder (ML-GSAI/LLaDA ``generate.py``, arXiv 2502.09992): ``gen_length`` (our max_new_tokens) masks,
+    semi-autoregressive blocks, ``steps`` split over blocks and within a block, low-confidence / random remasking,
+    Gumbel-max sampling, classifier-free guidance; plus Fast-dLLM's options."""
+
+    POLICY: ClassVar[str] = "llada"
+
+    steps: int | None = opt(None, "denoising steps over the whole answer, split evenly over blocks (default: one "
+                            "token per step)", kind=int, lo=1, hi=1_000_000, optional=True, metavar="N")
+    block_length: int = opt(32, "semi-autoregressive block length (tokens)", lo=1, hi=1_000_000, metavar="N")
+    temperature: float = opt(0.0, "Gumbel-max sampling temperature (0 = argmax)", lo=0, metavar="T")
+    cfg_scale: float = opt(0.0, "classifier-free guidance scale (unconditional = prompt masked)", lo=0, metavar="W")
+    remasking: str = opt("low_confidence", "which predictions to commit", choices=("low_confidence", "random"))
+
+
+@dataclass(frozen=True)
+class DreamOptions(_FastDLLM):
+    """Dream's decoder (HKUNLP/Dream ``generation_utils.py`` ``diffusion_generate``, arXiv 2508.15487): timesteps
+    linspace(1, eps, steps + 1), ``alg``, ``alg_temp``, temperature / top_p / top_k, shifted logits; ``block_length``
+    (Fast-dLLM's Dream) splits the answer into semi-autoregressive blocks; plus Fast-dLLM's options."""
+
+    POLICY: ClassVar[str] = "dream"
+
+    steps: int | None = opt(None, "denoising steps over the whole answer (default: one token per step)", kind=int,
+                            lo=1, hi=1_000_000, optional=True, metavar="N")
+    block_length: int | None = opt(None, "semi-autoregressive block length (default: one block)", kind=int, lo=1,
+                                   hi=1_000_000, optional=True, metavar="N")
+    temperature: float = opt(0.0, "sampling temperature (0 = argmax)", lo=0, metavar="T")
+    top_p: float | None = opt(None, "nucleus sampling mass", kind=float, lo=0, hi=1, lo_open=True, optional=True,
+                              metavar="P")
+    top_k: int | None = opt(None, "sample among the k most likely tokens", kind=int, lo=1, hi=1_000_000_000,
+                            optional=True, metavar="K")
+    alg: str = opt("entropy", "which predictions to commit: origin (random), maskgit_plus (top-1 probability), "
+                   "topk_margin (top-1 − top-2), entropy (lowest entropy)",
+                   choices=("origin", "maskgit_plus", "topk_margin", "entropy"))
+    alg_temp: float | None = opt(None, "sample the committed positions from softmax(confidence / alg_temp) "
+                                 "(off or 0 = the most confident)", kind=float, lo=0, optional=True, metavar="T")
+    eps: float = opt(1e-3, "last timestep of the schedule", lo=0, hi=1, lo_open=True, hi_open=True, metavar="E")

@@ -1,0 +1,220 @@
+"""The decoder-option schema (torch-free): :class:`OptionSpec`, :func:`opt` and the :class:`Options` base class that
+every policy's frozen dataclass derives from. The policies' option sets live in ``options_<family>.py``; the registry
+and everything derived from it (CLI flags, aliases, lookups) in :mod:`localdiff.decoding.options`.
+
+Validation messages have one shape from every source: ``"<what the user typed>: <rule> (got <value>)"``, where
+"what the user typed" is the flag (``--steps``), the variable (``LOCALDIFF_MAX_DENOISING_STEPS``), the config key
+(``config.toml: max_denoising_steps``), the ``/set`` word (``/set steps``) or the keyword argument.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Mapping
+
+from localdiff.errors import UsageError
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """Metadata of one decoder option (see the module docstring).
+
+    Attributes:
+        name: the keyword (the upstream name of the family's option).
+        kind: int, float, bool or str.
+        default: the built-in default (None = unset / off).
+        help: one line for ``--help`` and ``/set``.
+        lo / hi: closed bounds (None = unbounded); ``lo_open`` / ``hi_open`` make them open.
+        choices: allowed values for str options.
+        optional: None is a valid value (e.g. "no lock threshold").
+        flag: the CLI flag (default ``--name-with-dashes``); ``metavar`` its placeholder.
+        aliases: short names accepted by ``/set`` (and as extra keys in the config file).
+        gen_key: the checkpoint ``generation_config.json`` key it is read from (None = not read).
+        pair_of: for ``--temperature MAX[:MIN]``: the option that takes the part after ":".
+    """
+
+    name: str
+    kind: type
+    default: Any
+    help: str
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    choices: tuple | None = None
+    optional: bool = False
+    flag: str | None = None
+    metavar: str | None = None
+    aliases: tuple = ()
+    gen_key: str | None = None
+    pair_of: str | None = None
+
+    @property
+    def env(self) -> str:
+        """The environment variable: ``LOCALDIFF_<NAME>``."""
+        return "LOCALDIFF_" + self.name.upper()
+
+    @property
+    def cli_flag(self) -> str:
+        return self.flag or "--" + self.name.replace("_", "-")
+
+    def rule(self) -> str:
+        """The allowed values in words (used by ``--help``, ``/set`` and error messages)."""
+        if self.kind is bool:
+            return "on or off"
+        if self.choices:
+            return "one of " + ", ".join(self.choices)
+        what = {int: "an integer", float: "a number", str: "text"}[self.kind]
+        if self.lo is not None and self.hi is not None:
+            a, b = "(" if self.lo_open else "[", ")" if self.hi_open else "]"
+            return f"{what} in {a}{_num(self.lo)}, {_num(self.hi)}{b}"
+        if self.lo is not None:
+            return f"{what} {'>' if self.lo_open else '≥'} {_num(self.lo)}"
+        return what
+
+    def coerce(self, value: Any, typed: str) -> Any:
+        """``value`` (a Python value, a TOML value or a flag / env / ``/set`` string) → the option's type.
+
+        Args:
+            typed: what the user typed, named first in the error message.
+        Raises:
+            UsageError: ``"<typed>: must be <rule> (got <value>)"``.
+        """
+        bad = UsageError(f"{typed}: must be {self.rule()} (got {value!r})")
+        if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "off", "")
+                             and self.optional and self.kind is not bool):
+            if self.optional:
+                return None
+            raise bad
+        if self.kind is bool:
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off"):
+                return False
+            raise bad
+        if self.kind is str:
+            if not isinstance(value, str) or (self.choices and value not in self.choices):
+                raise bad
+            return value
+        if isinstance(value, bool):
+            raise bad
+        try:
+            num = float(value.strip()) if isinstance(value, str) else float(value)
+        except (TypeError, ValueError, OverflowError):
+            raise bad from None
+        if not math.isfinite(num):
+            raise bad
+        if self.kind is int:
+            if not num.is_integer():
+                raise bad
+            num = int(value.strip()) if isinstance(value, str) and value.strip().lstrip("+-").isdigit() else int(num)
+        if self.lo is not None and (num < self.lo or (self.lo_open and num == self.lo)):
+            raise bad
+        if self.hi is not None and (num > self.hi or (self.hi_open and num == self.hi)):
+            raise bad
+        return num
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else str(x)
+
+
+def opt(default: Any, help: str, kind: type | None = None, **meta) -> Any:
+    """A dataclass field carrying an :class:`OptionSpec` (``kind`` defaults to the default's type)."""
+    return field(default=default, metadata={"opt": dict(meta, help=help, kind=kind)})
+
+
+class Options:
+    """Base of each policy's option dataclass (frozen). Subclasses set ``POLICY`` and may override :meth:`check`."""
+
+    POLICY: ClassVar[str] = ""
+
+    @classmethod
+    def specs(cls) -> list[OptionSpec]:
+        """The :class:`OptionSpec` of every field, in declaration order."""
+        out = []
+        for f in fields(cls):
+            m = dict(f.metadata["opt"])
+            kind = m.pop("kind") or type(f.default)
+            m.setdefault("gen_key", f.name)
+            out.append(OptionSpec(name=f.name, kind=kind, default=f.default, **m))
+        return out
+
+    @classmethod
+    def spec(cls, name: str) -> OptionSpec:
+        for s in cls.specs():
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def aliases(cls) -> dict[str, str]:
+        """Alias (``/set`` word, shared flag word such as "steps" or "temperature") → option name, for this policy."""
+        return {a: s.name for s in cls.specs() for a in s.aliases}
+
+    @classmethod
+    def build(cls, values: Mapping[str, Any], typed: Mapping[str, str] | None = None) -> "Options":
+        """Validate and build. ``values``: option name or alias → value (a Python value or a string; for an option
+        with ``pair_of``, "A:B" also sets the paired option to B); ``typed``: key → what the user typed (for
+        messages; default: the key itself).
+
+        Raises:
+            UsageError: unknown option (or one of another family's decoder), bad value, or a combination
+                :meth:`check` rejects.
+        """
+        typed_in = dict(typed or {})
+        known = {s.name: s for s in cls.specs()}
+        alias = cls.aliases()
+        out, typed_out = {}, {}
+        for key, v in values.items():
+            name = key if key in known else alias.get(key)
+            shown = typed_in.get(key, key)
+            if name is None:
+                raise unknown_option(key, shown, cls)
+            spec = known[name]
+            if spec.pair_of and isinstance(v, str) and ":" in v:
+                first, second = v.split(":", 1)
+                out[spec.pair_of] = known[spec.pair_of].coerce(second, shown)
+                if key in typed_in:
+                    typed_out[spec.pair_of] = shown
+                v = first
+            out[name] = spec.coerce(v, shown)
+            if key in typed_in:                  # what the user typed (not checkpoint defaults): named in messages
+                typed_out[name] = shown
+        obj = cls(**out)
+        obj.check(typed_out)
+        return obj
+
+    def check(self, typed: Mapping[str, str]) -> None:
+        """Cross-field rules (override); raise UsageError naming what the user typed."""
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+#: every decoder policy's options by policy name, and the /set / config-file aliases → option name: filled by
+#: :mod:`localdiff.decoding.options` (the registry), read here by :func:`unknown_option`
+POLICIES: dict[str, type[Options]] = {}
+ALIASES: dict[str, str] = {}
+
+
+def unknown_option(key: str, typed: str, cls: type[Options] | None = None) -> UsageError:
+    """The one-line error for an option no policy (or not this model's policy) knows."""
+    import difflib
+
+    owners = [c.POLICY for c in POLICIES.values() if key in c.names()]
+    if cls is not None and owners:
+        return UsageError(f"{typed}: '{key}' is an option of the {', '.join(owners)} decoder, not of this model's "
+                          f"({cls.POLICY}); its options: {', '.join(cls.names())}")
+    pool = sorted({n for c in POLICIES.values() for n in c.names()} | set(ALIASES))
+    near = difflib.get_close_matches(key, pool, n=1)
+    hint = f" (did you mean '{near[0]}'?)" if near else ""
+    return UsageError(f"{typed}: unknown decoder option '{key}'{hint}")

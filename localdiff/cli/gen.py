@@ -219,7 +219,8 @@ def run_gen(args) -> int:
         sys.stderr.write(f"stats: {s.new_tokens} new tokens, {s.canvases} canvas(es), {s.forwards} forwards, "
                          f"TPF {s.tokens_per_forward:.2f}, {s.seconds:.2f} s, prefill {s.prefill_tokens_computed} "
                          f"computed / {s.prefill_tokens_reused} reused, seed {seed}\n")
-        sys.stderr.write("kv cache: " + ", ".join(f"{k}={v}" for k, v in sorted(s.cache.items())) + "\n")
+        if s.cache:        # the canvas family's block cache, a masked model's prefix / dual K/V tiers
+            sys.stderr.write("kv cache: " + ", ".join(f"{k}={v}" for k, v in sorted(s.cache.items())) + "\n")
     elif done is not None and not args.quiet and _stderr_tty():
         s = done.stats
         canv = f"{s.canvases} canvas" + ("" if s.canvases == 1 else "es")

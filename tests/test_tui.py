@@ -222,8 +222,12 @@ def test_switch_model_offers_only_loadable_models(tmp_path, monkeypatch):
 
     from localdiff.tui.commands import available_models
 
+    from localdiff.hub.catalog import entries
+
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-hf-cache"))
-    assert available_models() == ["tiny"]  # nothing pulled: the embedded model only
+    embedded = [e.alias for e in entries() if e.embedded]
+    assert "tiny" in embedded
+    assert available_models() == embedded  # nothing pulled: the embedded models only
     monkeypatch.setattr("localdiff.hub.models.list_models", lambda *a, **k: [{"name": "tiny"}, {"name": "org/big@v2"}])
     assert available_models() == ["tiny", "org/big@v2"]
 

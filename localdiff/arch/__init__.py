@@ -25,6 +25,7 @@ REGISTRY: dict[str, ArchEntry] = {
     "lladamoe": ArchEntry("localdiff.arch.masked", "localdiff.arch.masked_spec", "masked"),
     "Dream": ArchEntry("localdiff.arch.masked", "localdiff.arch.masked_spec", "masked"),
     "a2d-qwen3": ArchEntry("localdiff.arch.masked", "localdiff.arch.masked_spec", "masked"),
+    "llada2_moe": ArchEntry("localdiff.arch.llada2_moe", "localdiff.arch.llada2_spec", "block"),
 }
 
 #: (model_type, architecture) → registry key, for checkpoints whose model_type names another architecture:

@@ -32,4 +32,6 @@ BABY = {
                       num_attention_heads=3, num_key_value_heads=1, head_dim=20, num_hidden_layers=3,
                       intermediate_size=72, vocab_size=131, rope_theta=1000000.0, tie_word_embeddings=True,
                       max_position_embeddings=256, mask_token_id=126, eos_token_id=125, pad_token_id=124),
+    # block family (localdiff.arch.block_spec): the layouts of tests/block_models.py
+    **{k: v for k, v in __import__("block_models").CONFIGS.items()},
 }

@@ -32,6 +32,8 @@ BABY = {
                       num_attention_heads=3, num_key_value_heads=1, head_dim=20, num_hidden_layers=3,
                       intermediate_size=72, vocab_size=131, rope_theta=1000000.0, tie_word_embeddings=True,
                       max_position_embeddings=256, mask_token_id=126, eos_token_id=125, pad_token_id=124),
+    # block family (localdiff.arch.block_spec): the layouts of tests/block_models.py
+    **{k: v for k, v in __import__("block_models").CONFIGS.items()},
     # block family: LLaDA2.x MoE in its Hub config.json keys (1 dense layer, then MoE; 2 of 3 groups)
     "llada2_moe": dict(model_type="llada2_moe", architectures=["LLaDA2MoeModelLM"], hidden_size=48,
                        num_attention_heads=3, num_key_value_heads=1, head_dim=20, num_hidden_layers=3,

@@ -13,19 +13,22 @@ Validation messages have one shape from every source: ``"<what the user typed>: 
 """
 from __future__ import annotations
 
+from localdiff.decoding.options_block import SDAROptions
 from localdiff.decoding.options_canvas import CanvasEBOptions
 from localdiff.decoding.options_masked import DreamOptions, LLaDAOptions
 from localdiff.decoding.schema import ALIASES, POLICIES, Options, OptionSpec, opt, unknown_option  # noqa: F401
 
-__all__ = ["CanvasEBOptions", "DreamOptions", "LLaDAOptions", "Options", "OptionSpec", "opt", "POLICIES",
+__all__ = ["CanvasEBOptions", "DreamOptions", "LLaDAOptions", "SDAROptions", "Options", "OptionSpec", "opt", "POLICIES",
            "FAMILY_POLICY", "MODEL_POLICY", "ALIASES", "unknown_option"]
 
 
 #: every decoder policy's options by policy name
 POLICIES.update({c.POLICY: c for c in (CanvasEBOptions, LLaDAOptions, DreamOptions)})
+POLICIES.update({c.POLICY: c for c in (SDAROptions,)})
 
 #: the decoder policy each model family runs by default (localdiff.arch registry families)
 FAMILY_POLICY: dict[str, str] = {"canvas": CanvasEBOptions.POLICY, "masked": LLaDAOptions.POLICY}
+FAMILY_POLICY["block"] = SDAROptions.POLICY
 
 #: model_types (lower case) whose decoder differs from their family's default: Dream / DiffuCoder run Dream's
 MODEL_POLICY: dict[str, str] = {"dream": DreamOptions.POLICY}
@@ -34,7 +37,7 @@ MODEL_POLICY: dict[str, str] = {"dream": DreamOptions.POLICY}
 def policy_for_family(family: str, model_type: str | None = None) -> str:
     """The decoder policy name of a model family (and model_type, for a family with several decoders).
     Raises KeyError for a family without one."""
-    if model_type is not None and str(model_type).lower() in MODEL_POLICY and family == "masked":
+    if model_type is not None and str(model_type).lower() in MODEL_POLICY:
         return MODEL_POLICY[str(model_type).lower()]
     return FAMILY_POLICY[family]
 

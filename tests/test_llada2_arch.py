@@ -59,7 +59,7 @@ def test_logits_match_transformers_under_a_block_causal_mask(use_bias):
     got = net.logits_full(ids)
     assert (got - want).abs().max().item() < 1e-4
     # the mask matters: a different block length changes the logits
-    assert (net.logits_full(ids, block_length=3) - want).abs().max().item() > 1e-3
+    assert (build(dict(raw, block_size=3)).logits_full(ids) - want).abs().max().item() > 1e-3
 
 
 def test_logits_with_left_padding_match_transformers():
@@ -97,7 +97,7 @@ def test_cached_blocks_equal_the_uncached_pass(budget):
 def test_hub_layout_checkpoint_loads(tmp_path):
     ckpt = write_checkpoint(tmp_path / "ckpt")
     loaded, cfg = load_model(ckpt, dtype=torch.float32)
-    assert cfg.mask_token_id == 96 and cfg.block_length == 4 and cfg.moe_layers == (False, True, True)
+    assert cfg.mask_token_id == 96 and cfg.block_size == 4 and cfg.moe_layers == (False, True, True)
     ids = torch.randint(0, 96, (1, 9), generator=torch.Generator().manual_seed(8))
     assert torch.equal(loaded.logits_full(ids), build().logits_full(ids))
 

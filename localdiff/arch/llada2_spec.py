@@ -37,7 +37,7 @@ class LLaDA2Config:
     """Hyper-parameters of a LLaDA2.x checkpoint, in the attribute names :mod:`localdiff.arch.dense` reads.
 
     Router (``moe_router``): ``"sigmoid_group"`` — see :class:`localdiff.arch.moe.SparseMoE`; ``n_group`` /
-    ``topk_group`` (group-limited routing), ``routed_scaling_factor``. ``block_length``: tokens per block (blocks
+    ``topk_group`` (group-limited routing), ``routed_scaling_factor``. ``block_size``: tokens per block (blocks
     start at absolute positions 0, L, 2L, …; the prompt's tail shares its block with the first masks).
     ``o_bias``: the attention output projection has a bias (``use_bias``).
     """
@@ -67,7 +67,7 @@ class LLaDA2Config:
     qk_norm: bool = True
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 16384
-    block_length: int = 32
+    block_size: int = 32
     model_type: str = MODEL_TYPE
     moe_router: str = "sigmoid_group"
     expert_bias: bool = True            # the Hub gate always registers the buffer
@@ -76,6 +76,8 @@ class LLaDA2Config:
     clip_qkv: float | None = None
     bos_token_id: int | None = None
     shift_logits: bool = False
+    token_shift: bool = False           # logits[:, i] predicts token i (not i + 1)
+    tail_sees_block: bool = True        # the prompt's tail attends to the first block's masks (Hub generate)
     raw: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -85,7 +87,7 @@ class LLaDA2Config:
     @property
     def canvas_length(self) -> int:
         """Tokens denoised per forward: one block."""
-        return self.block_length
+        return self.block_size
 
     def is_moe_layer(self, i: int) -> bool:
         """Whether layer i's feed-forward is the sparse MoE (layers ≥ ``first_k_dense_replace``)."""
@@ -153,7 +155,7 @@ def parse_config(raw: dict) -> LLaDA2Config:
         qkv_bias=bool(raw.get("use_qkv_bias", False)), o_bias=bool(raw.get("use_bias", True)),
         qk_norm=bool(raw.get("use_qk_norm", True)), tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         max_position_embeddings=_int(raw, "max_position_embeddings", 16384),
-        block_length=_int(raw, "block_size", 32), bos_token_id=raw.get("bos_token_id"), raw=raw)
+        block_size=_int(raw, "block_size", 32), bos_token_id=raw.get("bos_token_id"), raw=raw)
 
 
 # -- the spec contract (localdiff.arch.base.ArchSpec) -------------------------------------------------------------
@@ -217,7 +219,7 @@ def summary_fields(raw: dict) -> dict:
     """Family-specific fields of ``localdiff show``: special ids, block length, the router and experts."""
     c = parse_config(raw)
     return {"mask_token_id": c.mask_token_id, "eos_token_id": list(c.eos_token_id), "pad_token_id": c.pad_token_id,
-            "block_length": c.block_length, "partial_rotary_factor": c.rope_parameters.get("partial_rotary_factor"),
+            "block_size": c.block_size, "partial_rotary_factor": c.rope_parameters.get("partial_rotary_factor"),
             "experts": {"total": c.num_experts, "top_k": c.num_experts_per_tok, "shared": c.shared_expert_intermediate_size
                         // max(c.moe_intermediate_size, 1), "moe_intermediate_size": c.moe_intermediate_size,
                         "router": f"sigmoid + expert bias, {c.topk_group} of {c.n_group} groups, "
@@ -229,7 +231,7 @@ def plan_fields(raw: dict) -> dict:
     """What the memory planner needs beyond the tensors (:mod:`localdiff.quantize.plan`): tokens per denoising
     forward (one block), no self-conditioning buffers, the MoE top-k and sizes for the activation workspace."""
     c = parse_config(raw)
-    return {"canvas_length": c.block_length, "self_conditioning": False, "top_k": c.num_experts_per_tok,
+    return {"canvas_length": c.block_size, "self_conditioning": False, "top_k": c.num_experts_per_tok,
             "moe_intermediate_size": c.moe_intermediate_size, "intermediate_size": max(c.intermediate_size,
             c.shared_expert_intermediate_size), "hidden_size": c.hidden_size,
             "num_attention_heads": c.num_attention_heads, "vocab_size": c.vocab_size,

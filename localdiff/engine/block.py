@@ -14,6 +14,7 @@ import torch
 
 from localdiff.cache.kv import KVCache
 from localdiff.decoding import loop
+from localdiff.decoding.llada2 import LLaDA2
 from localdiff.decoding.sdar import SDAR
 from localdiff.engine.canvas import common_prefix
 from localdiff.errors import CheckpointError, UsageError
@@ -21,6 +22,9 @@ from localdiff.errors import CheckpointError, UsageError
 #: decoder policy name (``localdiff.decoding.options.POLICIES``) → its class ``(options, batch, block, mask_id,
 #: device, generator)`` with the loop's four calls; a block-family decoder adds one line here
 POLICY_CLASSES = {"sdar": SDAR}
+POLICY_CLASSES["llada2"] = LLaDA2
+#: policies that also take the answer's budget and the EOS ids (``max_new_tokens=``, ``eos_ids=``)
+POLICY_CONTEXT = {"llada2"}
 
 
 def prepare(model) -> None:
@@ -90,8 +94,10 @@ def stream(model, req):
     todo_mask = None if mask is None else mask[:, start:whole]
     first = torch.full((ids.shape[0], blk), model.mask_token_id, dtype=torch.long, device=ids.device)
     first[:, :tail] = ids[:, whole:]
+    context = ({"max_new_tokens": req.max_new_tokens, "eos_ids": model.eos_token_ids}
+               if options.POLICY in POLICY_CONTEXT else {})
     policy = POLICY_CLASSES[options.POLICY](options, ids.shape[0], blk, model.mask_token_id, model.device,
-                                            req.generator)
+                                            req.generator, **context)
     yield from loop.run(net, policy, cache, ids.shape[0], req.max_new_tokens, model.eos_token_ids,
                         model.pad_token_id, prefill_ids=todo, prefill_mask=todo_mask, start_canvas=first,
                         emit_steps=req.emit_steps, decode=req.decode, stats=req.stats, lead=tail)

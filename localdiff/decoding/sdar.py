@@ -18,7 +18,9 @@ fills some positions, with ``steps`` < block size — it also "commits" position
 prompt tokens with the model's guesses. Here ``k`` is capped at the number of masks left in the row: only masks are
 ever committed, the prompt is never touched, and every other case (every later block, ``steps`` = B, a prompt
 ending on a block boundary) commits exactly upstream's positions. A row whose block is complete commits nothing
-(upstream's batch-1 loop has no such rows).
+(upstream's batch-1 loop has no such rows). The mask token is never a prediction (its logit is set to −inf):
+upstream can "commit" the mask id, leaving the position masked after its last scheduled step (and then fails on
+the schedule's index).
 
 Upstream's extra forward over a completed block (``store_kv=True``) is our fused prefill: the loop prefills the
 block together with the next block's first step.
@@ -85,7 +87,8 @@ class SDAR:
     # -- per step -------------------------------------------------------------------------------------------------
     def assess(self, logits: torch.Tensor, step: int) -> Assessment:
         """Sampling distribution and top tokens of this step's logits (FloatTensor[B, C, V]); draws nothing."""
-        x = logits.float()
+        x = logits.float().clone()
+        x[..., self.mask_id] = -torch.inf
         o = self.o
         if o.temperature > 0:
             x = x / o.temperature

@@ -68,10 +68,8 @@ class LLaDA2(SDAR):
         self.post = torch.zeros(self.b, dtype=torch.long, device=self.dev)
 
     def assess(self, logits: torch.Tensor, step: int):
-        """As :class:`SDAR`, with the quota of step ``min(step, steps)`` (post-mask steps have no masks). The mask
-        token is never a prediction (upstream could commit the mask id and leave a position masked)."""
-        logits = logits.float().clone()
-        logits[..., self.mask_id] = -torch.inf
+        """As :class:`SDAR` (the mask token is never a prediction), with the quota of step ``min(step, steps)``
+        (post-mask steps have no masks)."""
         return super().assess(logits, min(step, self.mask_steps))
 
     def ends_block(self, a, step: int) -> bool:

@@ -225,14 +225,3 @@ def summary_fields(raw: dict) -> dict:
                         "router": f"sigmoid + expert bias, {c.topk_group} of {c.n_group} groups, "
                                   f"scale {c.routed_scaling_factor}",
                         "moe_layers": sum(c.moe_layers)}}
-
-
-def plan_fields(raw: dict) -> dict:
-    """What the memory planner needs beyond the tensors (:mod:`localdiff.quantize.plan`): tokens per denoising
-    forward (one block), no self-conditioning buffers, the MoE top-k and sizes for the activation workspace."""
-    c = parse_config(raw)
-    return {"canvas_length": c.block_size, "self_conditioning": False, "top_k": c.num_experts_per_tok,
-            "moe_intermediate_size": c.moe_intermediate_size, "intermediate_size": max(c.intermediate_size,
-            c.shared_expert_intermediate_size), "hidden_size": c.hidden_size,
-            "num_attention_heads": c.num_attention_heads, "vocab_size": c.vocab_size,
-            "num_hidden_layers": c.num_hidden_layers, "max_position_embeddings": c.max_position_embeddings}

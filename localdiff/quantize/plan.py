@@ -36,20 +36,24 @@ _LABELS = {"embeddings": "embeddings (tied LM head)", "lm_head": "LM head", "att
 
 
 def plan_fields(config: dict) -> dict:
-    """Sizes the runtime-buffer estimates need: the spec's ``plan_fields(raw)`` when it has one (block-family specs:
-    one block per denoising forward, no self-conditioning), else DiffusionGemma's text config (canvas, self-
-    conditioning buffers, ``top_k_experts``)."""
+    """Sizes the runtime-buffer estimates need, from the spec's parsed config (every architecture: DiffusionGemma's
+    ``DiffusionGemmaConfig``, the masked / block families' configs): tokens per denoising forward
+    (``canvas_length``: a canvas, or one block), whether self-conditioning buffers exist (DiffusionGemma only),
+    the MoE top-k and sizes (0 for dense models). Raises CheckpointError for missing / malformed fields."""
+    from localdiff.errors import CheckpointError
     from localdiff.summary import spec_of
-    spec = spec_of(config)
-    if hasattr(spec, "plan_fields"):
-        return spec.plan_fields(config)
-    t = text_config(config)
-    return {"canvas_length": int(config.get("canvas_length") or 256), "self_conditioning": True,
-            "top_k": int(t["top_k_experts"]), "moe_intermediate_size": int(t["moe_intermediate_size"]),
-            "intermediate_size": int(t["intermediate_size"]), "hidden_size": int(t["hidden_size"]),
-            "num_attention_heads": int(t["num_attention_heads"]), "vocab_size": int(t["vocab_size"]),
-            "num_hidden_layers": int(t["num_hidden_layers"]),
-            "max_position_embeddings": int(t.get("max_position_embeddings", 131072))}
+    try:
+        c = spec_of(config).parse_config(config)
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"config.json: invalid text_config ({e})") from None
+    return {"canvas_length": int(getattr(c, "canvas_length", 0) or 256),
+            "self_conditioning": c.model_type == "diffusion_gemma",
+            "top_k": int(getattr(c, "top_k_experts", 0) or getattr(c, "num_experts_per_tok", 0) or 0),
+            "moe_intermediate_size": int(getattr(c, "moe_intermediate_size", 0) or 0),
+            "intermediate_size": max(int(c.intermediate_size or 0),
+                                     int(getattr(c, "shared_expert_intermediate_size", 0) or 0)),
+            "hidden_size": c.hidden_size, "num_attention_heads": c.num_attention_heads, "vocab_size": c.vocab_size,
+            "num_hidden_layers": c.num_hidden_layers, "max_position_embeddings": c.max_position_embeddings}
 
 
 def _module_of(name: str) -> str:

@@ -108,14 +108,14 @@ def test_int8_load_follows_the_recipe_the_plan_counts(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_load_keeps_host_experts_on_cpu(tmp_path):
-    import localdiff
+    from localdiff.loader import load_model
     ckpt = write_checkpoint(tmp_path / "ckpt")
     ref = build().logits_full(torch.arange(9)[None])
     plan = plan_memory(TINY, 1, None)   # nothing fits: every MoE layer's experts go to the host
-    from localdiff.loader import load_model
+    assert plan.host_expert_layers == [1, 2]
     net, _ = load_model(ckpt, "cuda", torch.float32, host_layers=plan.host_expert_layers)
     assert net.layers[1].mlp.experts[0].up_proj.weight.device.type == "cpu"
     assert net.layers[1].mlp.gate.weight.device.type == "cuda"
+    assert net.layers[0].mlp.up_proj.weight.device.type == "cuda"
     out = net.logits_full(torch.arange(9, device="cuda")[None]).cpu()
     assert (out - ref).abs().max() < 1e-3
-    del localdiff

@@ -124,3 +124,31 @@ def test_options_and_errors(llada2):
     with pytest.raises(UsageError, match="sdar"):
         llada2.generate(_prompt(5, 1), max_new_tokens=4, remasking_strategy="sequential")
     assert llada2.sampler_options()["threshold"] == 0.95
+
+
+def test_cli_gen_with_token_editing_equals_the_hub_llada21_generate(tmp_path, capsys):
+    """``localdiff gen -m <folder>`` on the tiny Hub-layout checkpoint (word-level tokenizer): the 2.1 decoder's ids;
+    bad values and another decoder's options are one line and a non-zero exit."""
+    import json
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from llada2_ref import write_checkpoint
+    from localdiff.cli import main
+    folder = write_checkpoint(tmp_path / "llada2", seed=11)
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(TINY["vocab_size"])}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(folder / "tokenizer.json"))
+    argv = ["gen", "-m", str(folder), "--raw", "-p", "t5 t6 t7 t8 t9 t10", "-n", "10", "--json", "--temperature",
+            "0", "--threshold", "0.3", "--editing-threshold", "0.2", "--max-post-steps", "3"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    m = localdiff.load(str(folder), dtype=torch.float32)
+    want, _, _ = llada21_generate(_logits_fn(m), torch.tensor([[5, 6, 7, 8, 9, 10]]), B, 10, 0.3, 0.2, 3, 1, False,
+                                  EOS, MASK)
+    assert out["token_ids"] == want and out["sampler"]["editing_threshold"] == 0.2
+    for bad, word in ((["--editing-threshold", "1.5"], "--editing-threshold"),
+                      (["--remasking-strategy", "sequential"], "sdar")):
+        assert main(argv[:8] + bad) != 0
+        err = capsys.readouterr().err.strip()
+        assert word in err and len(err.splitlines()) == 1 and "Traceback" not in err

@@ -13,18 +13,18 @@ Validation messages have one shape from every source: ``"<what the user typed>: 
 """
 from __future__ import annotations
 
-from localdiff.decoding.options_block import SDAROptions
+from localdiff.decoding.options_block import FastDLLMv2Options, SDAROptions
 from localdiff.decoding.options_canvas import CanvasEBOptions
 from localdiff.decoding.options_masked import DreamOptions, LLaDAOptions
 from localdiff.decoding.schema import ALIASES, POLICIES, Options, OptionSpec, opt, unknown_option  # noqa: F401
 
-__all__ = ["CanvasEBOptions", "DreamOptions", "LLaDAOptions", "SDAROptions", "Options", "OptionSpec", "opt", "POLICIES",
-           "FAMILY_POLICY", "MODEL_POLICY", "ALIASES", "unknown_option"]
+__all__ = ["CanvasEBOptions", "DreamOptions", "LLaDAOptions", "SDAROptions", "FastDLLMv2Options", "Options",
+           "OptionSpec", "opt", "POLICIES", "FAMILY_POLICY", "MODEL_POLICY", "ALIASES", "unknown_option"]
 
 
 #: every decoder policy's options by policy name
 POLICIES.update({c.POLICY: c for c in (CanvasEBOptions, LLaDAOptions, DreamOptions)})
-POLICIES.update({c.POLICY: c for c in (SDAROptions,)})
+POLICIES.update({c.POLICY: c for c in (SDAROptions, FastDLLMv2Options)})
 
 #: the decoder policy each model family runs by default (localdiff.arch registry families)
 FAMILY_POLICY: dict[str, str] = {"canvas": CanvasEBOptions.POLICY, "masked": LLaDAOptions.POLICY}
@@ -32,6 +32,7 @@ FAMILY_POLICY["block"] = SDAROptions.POLICY
 
 #: model_types (lower case) whose decoder differs from their family's default: Dream / DiffuCoder run Dream's
 MODEL_POLICY: dict[str, str] = {"dream": DreamOptions.POLICY}
+MODEL_POLICY["fast_dllm_qwen"] = FastDLLMv2Options.POLICY
 
 
 def policy_for_family(family: str, model_type: str | None = None) -> str:

@@ -152,9 +152,15 @@ def test_schedule_and_options():
 
 def test_steps_events_show_the_masked_block(sdar):
     _, m = sdar
+    from localdiff.tui.runner import MASK as MASK_CELL, MASK_TEXT, NEW, frame_from_step
+
     evs = [e for e in m.stream(_prompt(6, 4), max_new_tokens=8) if type(e).__name__ == "StepEvent"]
     assert evs and any((e.canvas_ids == MASK).any() for e in evs)
     assert m.mask_token_id == MASK
+    # the chat's canvas view: still-masked cells of the block being denoised read as masks, committed ones as new
+    ev = next(e for e in evs if (e.canvas_ids[0] == MASK).any() and e.accepted[0].any())
+    frame = frame_from_step(ev, str, None, m.mask_token_id)
+    assert MASK_CELL in frame.states and NEW in frame.states and MASK_TEXT in frame.tokens
 
 
 def test_sampling_is_seeded(sdar):

@@ -1,7 +1,7 @@
 """End to end on baby block checkpoints (#16): ``localdiff gen -m <folder>`` on an SDAR checkpoint written in its
 upstream layout with a word-level tokenizer equals the transcription of upstream SDAR generate; the KV budget flag;
 bad input is one line and a non-zero exit (missing mask id, mask = pad, a config lacking a field, another family's
-option, Fast-dLLM v2's unimplemented decoder)."""
+option, a Fast-dLLM v2 sub-block that does not divide its block)."""
 from __future__ import annotations
 
 import json
@@ -77,7 +77,7 @@ def test_bad_checkpoint_is_one_line_and_exit_code(tmp_path, capsys, layout, chan
     assert rc != 0 and len(err.splitlines()) == 1 and field in err and "Traceback" not in err
 
 
-def test_other_family_options_and_unimplemented_decoder_are_one_line(tmp_path, capsys):
+def test_other_family_options_and_bad_sub_blocks_are_one_line(tmp_path, capsys):
     folder = tmp_path / "sdar"
     folder.mkdir()
     write_upstream("sdar", folder)
@@ -89,6 +89,8 @@ def test_other_family_options_and_unimplemented_decoder_are_one_line(tmp_path, c
     fd.mkdir()
     write_upstream("Fast_dLLM_Qwen", fd)
     _tokenizer(fd)
-    assert main(["gen", "-m", str(fd), "--raw", "-p", "t5 t6", "-n", "4"]) != 0
+    assert main(["gen", "-m", str(fd), "--raw", "-p", "t5 t6", "-n", "4", "-q", "--small-block-size", "5"]) == 0
+    capsys.readouterr()
+    assert main(["gen", "-m", str(fd), "--raw", "-p", "t5 t6", "-n", "4", "--small-block-size", "2"]) != 0
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "Fast-dLLM v2" in err
+    assert len(err.splitlines()) == 1 and "small_block_size" in err

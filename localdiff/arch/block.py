@@ -70,9 +70,12 @@ class BlockLM(DenseStack):
         return self._logits(h)
 
     @torch.inference_mode()
-    def prefill(self, input_ids: torch.Tensor, cache, attention_mask: torch.Tensor | None = None) -> None:
-        """Append whole blocks (LongTensor[B, T], padding mask Bool/Long[B, T] or None) to ``cache``."""
-        self._forward(input_ids, attention_mask, None, cache)
+    def prefill(self, input_ids: torch.Tensor, cache, attention_mask: torch.Tensor | None = None,
+                last_logits: bool = False):
+        """Append whole blocks (LongTensor[B, T], padding mask Bool/Long[B, T] or None) to ``cache``. With
+        ``last_logits``: returns the last row's raw logits FloatTensor[B, V] (Fast-dLLM v2 decodes a block's first
+        token from them, autoregressively); else None."""
+        return self._forward(input_ids, attention_mask, None, cache, last_logits)
 
     @torch.inference_mode()
     def denoise(self, canvas_ids: torch.Tensor, cache, self_conditioning_logits=None, prefill_ids=None,
@@ -88,7 +91,7 @@ class BlockLM(DenseStack):
         return self._forward(prefill_ids, prefill_mask, canvas_ids, cache)
 
     # -- one pass -------------------------------------------------------------------------------------------------
-    def _forward(self, ids, ids_mask, canvas_ids, cache):
+    def _forward(self, ids, ids_mask, canvas_ids, cache, last_logits: bool = False):
         n = 0 if ids is None else ids.shape[1]
         c = 0 if canvas_ids is None else canvas_ids.shape[1]
         rows = [t for t in (ids if n else None, canvas_ids if c else None) if t is not None]
@@ -113,20 +116,22 @@ class BlockLM(DenseStack):
                     past = cache.past(i)
                     kk, vv = (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)) if past is not None else (k, v)
                     cache.append(i, k[:, :, :n], v[:, :, :n])
-                    if i == last and not c:
+                    if i == last and not c and not last_logits:
                         break                      # prefill only: the last layer's K/V were all that was needed
-                    outs = [] if i == last else [att.attend(q[:, :, :n], kk[:, :, :past_n + n], vv[:, :, :past_n + n],
+                    outs = [] if i == last and c else [att.attend(q[:, :, :n], kk[:, :, :past_n + n], vv[:, :, :past_n + n],
                                                             m_pre)]
                     if c:
                         outs.append(att.attend(q[:, :, n:], kk, vv, m_can))
                     a = outs[0] if len(outs) == 1 else torch.cat(outs, 1)
-                    if i == last:                  # only the canvas rows go on
+                    if i == last and c:            # only the canvas rows go on
                         x, n = x[:, n:], 0
                 else:
                     kk, vv = cache.with_canvas(i, k, v)
                     a = att.attend(q, kk, vv, m_can)
                 x = layer.ffn(x + a)
-        return self._logits(self.norm(x)) if c else None
+        if c:
+            return self._logits(self.norm(x))
+        return self._logits(self.norm(x[:, -1:]))[:, 0] if last_logits else None
 
     def _masks(self, b, n, c, start, past_n, pm, new_mask, dev):
         """(prefill rows' mask Bool[B, 1, n, past_n + n] or None, canvas rows' mask Bool[B, 1, 1, past_n + n + c]

@@ -38,3 +38,22 @@ class SDAROptions(Options):
                 "top_k" in typed or "top_p" in typed):
             key = "top_k" if "top_k" in typed else "top_p"
             raise UsageError(f"{typed[key]}: top-k / top-p sampling needs temperature > 0 (got temperature 0)")
+
+
+@dataclass(frozen=True)
+class FastDLLMv2Options(Options):
+    """Fast-dLLM v2's decoder (``Efficient-Large-Model/Fast_dLLM_v2_*`` ``modeling.py`` ``generate``, arXiv
+    2509.26328): blocks of the model's ``bd_size``, each decoded sub-block by sub-block (``small_block_size``
+    tokens, left to right); per step the masked positions of the sub-block whose confidence exceeds ``threshold``
+    are committed, and always the most confident one; logits are token-shifted; a block's first token is decoded
+    autoregressively from the previous block's last logits. Sampling: temperature 0 = the top token; else top-p."""
+
+    POLICY: ClassVar[str] = "fast_dllm_v2"
+
+    threshold: float = opt(0.9, "commit every masked position of the sub-block with confidence above this (and "
+                           "always the most confident one); 1 = one token per step", lo=0, hi=1, metavar="TAU",
+                           aliases=("tau",))
+    small_block_size: int = opt(8, "sub-block length (tokens); must divide the block size", lo=1, hi=100_000,
+                                metavar="N")
+    temperature: float = opt(0.0, "sampling temperature (0 = the top token)", lo=0, metavar="T")
+    top_p: float = opt(0.95, "nucleus sampling mass (temperature > 0)", lo=0, hi=1, lo_open=True, metavar="P")

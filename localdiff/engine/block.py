@@ -1,6 +1,7 @@
-"""Runner of the block family (SDAR, SDAR-MoE, Tiny-A2D BD3LM; LLaDA2.x builds on it): the exact block KV cache
-(``localdiff.cache.kv.KVCache``: device budget, host offload) reused across chat turns, the generic block loop
-(:mod:`localdiff.decoding.loop`) and the family's decoder policy (:data:`POLICY_CLASSES`, by the options' policy).
+"""Runner of the block family (SDAR, SDAR-MoE, Tiny-A2D BD3LM, Fast-dLLM v2; LLaDA2.x builds on it): the exact block
+KV cache (``localdiff.cache.kv.KVCache``: device budget, host offload) reused across chat turns, the generic block
+loop (:mod:`localdiff.decoding.loop`) with the family's decoder policy (:data:`POLICY_CLASSES`, by the options'
+policy) — or Fast-dLLM v2's own loop (:mod:`localdiff.decoding.fastdllm_v2`: token shift, AR first token).
 
 Blocks sit at absolute positions (block k = positions k·B .. k·B + B − 1, as upstream SDAR / Fast-dLLM v2 / dllm
 align them). The cache holds whole blocks only: the prompt's complete blocks are prefilled (fused with the first
@@ -13,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from localdiff.cache.kv import KVCache
-from localdiff.decoding import loop
+from localdiff.decoding import fastdllm_v2, loop
 from localdiff.decoding.llada2 import LLaDA2
 from localdiff.decoding.sdar import SDAR
 from localdiff.engine.canvas import common_prefix
@@ -64,15 +65,16 @@ def stream(model, req):
     yields the loop's events.
 
     Raises:
-        UsageError: cache reuse with a batch; a decoder this family's runner does not know; a model whose logits
-            are token-shifted (Fast-dLLM v2: its sub-block decoder is not implemented).
+        UsageError: cache reuse with a batch; a decoder this family's runner does not know; Fast-dLLM v2's
+            ``small_block_size`` not dividing the block size.
     """
     cfg, net = model.config, model.net
-    if getattr(cfg, "token_shift", False):
-        raise UsageError(f"{model.name}: Fast-dLLM v2's decoder (token shift, sub-blocks) is not implemented yet; "
-                         "this model loads (show, logits) but cannot generate here")
     options = req.options
-    if options.POLICY not in POLICY_CLASSES:
+    v2 = options.POLICY == "fast_dllm_v2"
+    if v2 and cfg.block_size % options.small_block_size:
+        raise UsageError(f"small_block_size: must divide the model's block size {cfg.block_size} "
+                         f"(got {options.small_block_size})")
+    if not v2 and options.POLICY not in POLICY_CLASSES:
         raise UsageError(f"the {options.POLICY} decoder does not run on block-diffusion models")
     blk = cfg.block_size
     pad = model.pad_token_id if model.pad_token_id is not None else 0
@@ -84,6 +86,8 @@ def stream(model, req):
     elif len(req.rows) == 1 and getattr(cache, "seq_len", 0):
         held = cache.token_ids[0] if cache.token_ids else []
         start = min(common_prefix(held, ids[0].tolist()), whole) // blk * blk
+        if v2 and not tail and start >= whole:    # Fast-dLLM v2 needs the last prompt block's logits
+            start = max(whole - blk, 0)
         if not cache.truncate(start):
             cache.reset()
             start = 0
@@ -92,6 +96,11 @@ def stream(model, req):
         raise UsageError("cache reuse works for a single prompt; pass cache=None for batches")
     todo = ids[:, start:whole]
     todo_mask = None if mask is None else mask[:, start:whole]
+    if v2:
+        yield from fastdllm_v2.run(net, options, cache, req.max_new_tokens, model.eos_token_ids, model.pad_token_id,
+                                   model.mask_token_id, todo, todo_mask, ids[:, whole:], req.generator,
+                                   req.emit_steps, req.decode, req.stats)
+        return
     first = torch.full((ids.shape[0], blk), model.mask_token_id, dtype=torch.long, device=ids.device)
     first[:, :tail] = ids[:, whole:]
     context = ({"max_new_tokens": req.max_new_tokens, "eos_ids": model.eos_token_ids}

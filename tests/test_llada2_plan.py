@@ -63,6 +63,7 @@ def test_show_prints_the_plan(capsys):
     from localdiff.cli import main
     assert main(["show", "llada2:mini", "--plan", "--gpu-mem", "24GiB"]) == 0
     out = capsys.readouterr().out
+    assert "decoder: llada2" in out                        # the stand-in config's model_type picks the decoder
     assert "recipe llada2-mini" in out and "fits" in out and "experts" in out and "host:" in out
     assert main(["show", "llada2:mini", "--plan", "--gpu-mem", "24GiB", "--quant", "bf16"]) == 0
     assert "host: experts of layers 1-6" in capsys.readouterr().out

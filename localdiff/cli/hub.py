@@ -133,7 +133,7 @@ def run_show(args) -> int:
     from localdiff.decoding.options import FAMILY_POLICY
 
     if summary.get("family") in FAMILY_POLICY:   # a family whose decoders are not wired yet shows its model only
-        out["decoder"] = describe(summary["family"], folder)
+        out["decoder"] = describe(summary["family"], folder, cfg.get("model_type"))
     if args.plan:
         try:
             from localdiff.quantize.plan import plan_memory

@@ -108,18 +108,6 @@ def glm4_reference(raw: dict, seed: int = 0):
     return ref
 
 
-def block_causal_4d(t: int, block: int, key_mask: torch.Tensor | None = None, b: int = 1) -> torch.Tensor:
-    """The Hub generate's mask as an additive float [B, 1, T, T]: key block ≤ query block (0), else finfo.min;
-    padding keys hidden (a query always sees itself)."""
-    blk = torch.arange(t) // block
-    keep = (blk[None, :] <= blk[:, None])[None].expand(b, t, t).clone()
-    if key_mask is not None:
-        keep &= key_mask.bool()[:, None, :]
-        keep |= torch.eye(t, dtype=torch.bool)[None]
-    m = torch.zeros(b, 1, t, t)
-    return m.masked_fill(~keep[:, None], torch.finfo(torch.float32).min)
-
-
 def upstream_gate(x, weight, bias, top_k, n_group, topk_group, scale):
     """Test-side transcription of the Hub ``LLaDA2MoeGate.forward`` (+ ``group_limited_topk``): returns (idx, w)."""
     logits = torch.nn.functional.linear(x.float(), weight.float())

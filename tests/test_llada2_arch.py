@@ -8,7 +8,8 @@ import dataclasses
 import pytest
 import torch
 
-from llada2_ref import TINY, block_causal_4d, build, glm4_reference, upstream_gate, write_checkpoint
+from block_ref import block_mask as block_causal_4d
+from llada2_ref import TINY, build, glm4_reference, upstream_gate, write_checkpoint
 from localdiff.arch.llada2_spec import parameter_counts, parse_config
 from localdiff.arch.moe import sigmoid_group_route
 from localdiff.cache.kv import KVCache

@@ -152,3 +152,10 @@ def test_cli_gen_with_token_editing_equals_the_hub_llada21_generate(tmp_path, ca
         assert main(argv[:8] + bad) != 0
         err = capsys.readouterr().err.strip()
         assert word in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_sampling_is_seeded(llada2):
+    kw = dict(max_new_tokens=10, temperature=1.0, top_k=20, threshold=0.5, editing_threshold=0.3, max_post_steps=2)
+    a = llada2.generate(_prompt(6, 9), seed=3, **kw).token_ids
+    assert llada2.generate(_prompt(6, 9), seed=3, **kw).token_ids == a
+    assert any(llada2.generate(_prompt(6, 9), seed=s, **kw).token_ids != a for s in (4, 5, 6))

@@ -6,7 +6,7 @@ tiny-bd is trained by mask-to-token denoising only (train_bd.py); LLaDA2.1 learn
 examples as well (random token perturbations in training, arXiv 2602.08676). So this measures what editing does to a
 model that never saw a corrupted token — the honest case for applying it to other block models.
 
-    python eval_editing.py --ckpt models/tiny-bd [--per-family 40] [--out results.json]
+    python eval_editing.py --ckpt models/tiny-bd [--per-family 40] [--quick] [--out results.json]
 """
 from __future__ import annotations
 
@@ -33,6 +33,8 @@ SETTINGS = [("one token per step", ONE),
             ("threshold 0.7 + editing 0.5", {"threshold": 0.7, "editing_threshold": 0.5}),
             ("threshold 0.5 + editing 0.9", {"threshold": 0.5, "editing_threshold": 0.9}),
             ("threshold 0.5 + editing 0.7", {"threshold": 0.5, "editing_threshold": 0.7})]
+QUICK = ("one token per step", "one token per step + editing 0.9", "threshold 0.7", "threshold 0.7 + editing 0.9",
+         "threshold 0.7 + editing 0.7", "threshold 0.5", "threshold 0.5 + editing 0.7")
 
 
 def main() -> None:
@@ -41,6 +43,7 @@ def main() -> None:
     ap.add_argument("--per-family", type=int, default=None)
     ap.add_argument("--max-post-steps", type=int, default=4)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--quick", action="store_true", help="only the settings in QUICK")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -49,6 +52,8 @@ def main() -> None:
     items = load_items(HERE.parents[1] / "tiny" / "eval.jsonl", a.per_family)
     rows = []
     for name, opts in SETTINGS:
+        if a.quick and name not in QUICK:
+            continue
         opts = {**opts, "temperature": 0.0}
         if "editing_threshold" in opts:
             opts["max_post_steps"] = a.max_post_steps

@@ -104,7 +104,7 @@ def step_times(net, ref, history: int, reps: int, dtype, log=print) -> dict:
         cache.append(i, k, v)
         dyn.update(k, v, i)
     cache.commit(history, None, 1)
-    ids = {n: torch.randint(0, 150000, (1, n), generator=g) for n in (4, 1)}
+    ids = {n: torch.randint(0, c.vocab_size - 1, (1, n), generator=g) for n in (4, 1)}
 
     def hf(n):
         pos = torch.arange(history, history + n)[None]

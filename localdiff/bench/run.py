@@ -17,8 +17,6 @@ Sections (``--only`` picks some; ``--eval`` alone = the eval section only):
               (``localdiff/bench/serve.py``).
 * ``masked``  LLaDA-style models: step time per cache mode (none / prefix / dual) at 256 and 1k prompt tokens, and
               tokens/s + TPF per cache mode × threshold (``localdiff/bench/masked.py``).
-* ``block``   block diffusion (SDAR-1.7B shape, random): ms per 4-token block step vs 1-token step over 512 / 4k
-              tokens of history, localdiff vs transformers' Qwen3 + block mask + DynamicCache (``bench/block.py``).
 
 Output: JSON (``--out``, default ``bench-results/bench-<time>.json``), a Markdown report printed and written next to
 it (and to ``--md``), and ``--readme FILE`` replaces the text between ``<!-- bench:start -->`` and
@@ -39,8 +37,7 @@ from pathlib import Path
 
 from localdiff.errors import LocaldiffError, UsageError
 
-SECTIONS = ("ref", "eval", "sweep", "history", "memory", "profile", "serve", "masked")
-SECTIONS += ("block",)
+SECTIONS = ("ref", "eval", "sweep", "history", "memory", "profile", "serve", "masked", "block")
 # (quick, full) sizes
 SIZES = {
     "ref_seeds": (3, 5), "ref_reps": (3, 5), "ref_canvases": (2, 4),
@@ -330,16 +327,10 @@ def _serve(ctx: _Ctx) -> dict:
     return measure(m, "What is 27 + 58?", seeds=seeds, reps=reps, log=ctx.log)
 
 
-def _masked(ctx: _Ctx) -> dict:
-    from localdiff.bench.masked import measure
+def _masked(ctx: _Ctx, name: str = "masked") -> dict:   # also "block" (localdiff/bench/block.py): measure(quick, log)
+    from importlib import import_module
 
-    return measure(ctx.args.quick, log=ctx.log)
-
-
-def _block(ctx: _Ctx) -> dict:
-    from localdiff.bench.block import measure
-
-    return measure(ctx.args.quick, log=ctx.log)
+    return import_module(f"localdiff.bench.{name}").measure(ctx.args.quick, log=ctx.log)
 
 
 def _run_sections(ctx: _Ctx, names: list[str], res: dict, out: Path, log) -> bool:
@@ -352,7 +343,7 @@ def _run_sections(ctx: _Ctx, names: list[str], res: dict, out: Path, log) -> boo
                 sec = _sweep(ctx, out.parent, out.stem, res["sections"].get("eval", {}).get("default"))
             else:
                 fns = {"ref": _ref, "eval": _eval, "history": _history, "memory": _memory, "profile": _profile,
-                       "serve": _serve, "masked": _masked, "block": _block}
+                       "serve": _serve, "masked": _masked, "block": lambda c: _masked(c, "block")}
                 sec = fns[name](ctx)
         except LocaldiffError as e:
             sec = {"skipped": str(e)}

@@ -45,7 +45,7 @@ def _upstream(ref, prompt, steps, strategy, n_new, tau=0.85):
     return x
 
 
-@pytest.mark.parametrize("strategy", ["low_confidence_static", "low_confidence_dynamic"])
+@pytest.mark.parametrize("strategy", ["low_confidence_static", "low_confidence_dynamic", "sequential"])
 @pytest.mark.parametrize("steps,plen", [(4, 9), (4, 7), (2, 8), (1, 12), (2, 5)])
 def test_equals_upstream_sdar_generate(sdar, strategy, steps, plen):
     """Cases where upstream never overwrites the prompt: steps = B (one token per step), or a prompt ending on a

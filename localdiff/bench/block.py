@@ -135,11 +135,13 @@ def step_times(net, ref, history: int, reps: int, dtype, log=print) -> dict:
     return out
 
 
-def measure(quick: bool, log=print, config: dict | None = None) -> dict:
-    """The section's result dict (module docstring). ``config`` replaces the SDAR-1.7B shape (tests)."""
+def measure(quick: bool, log=print, config: dict | None = None, dtype=None) -> dict:
+    """The section's result dict (module docstring). ``config`` replaces the SDAR-1.7B shape (tests); ``dtype``
+    forces a precision instead of the fastest one."""
     import torch
 
-    dtype, gemm = fastest_dtype(log)
+    fast, gemm = fastest_dtype(log)
+    dtype = dtype or fast
     cfg = config or SDAR_1_7B
     t0 = time.perf_counter()
     net, ref = _build(cfg, dtype)

@@ -114,6 +114,11 @@ def test_cached_decoding_equals_uncached_decoding(sdar, budget):
         want = _uncached(m.net, torch.tensor([p]), None, opts, 13, m.eos_token_ids, m.pad_token_id)[0]
         g = m.generate(p, max_new_tokens=13, cache=m.new_cache(budget), confidence_threshold=0.5)
         assert g.token_ids == want
+    tiers = g.stats.cache          # the last (longest) prompt: where its blocks lived
+    if budget == 0:
+        assert tiers["blocks_device"] == 0 and tiers["blocks_host"] > 0
+    elif budget:
+        assert tiers["blocks_device"] > 0 and tiers["blocks_host"] > 0
     if budget is None:
         ids, mask = _left(prompts, m.pad_token_id)
         want = _uncached(m.net, ids, mask, opts, 13, m.eos_token_ids, m.pad_token_id)

@@ -45,7 +45,7 @@ def _upstream(ref, prompt, steps, strategy, n_new, tau=0.85):
     return x
 
 
-@pytest.mark.parametrize("strategy", ["low_confidence_static", "low_confidence_dynamic"])
+@pytest.mark.parametrize("strategy", ["low_confidence_static", "low_confidence_dynamic", "sequential"])
 @pytest.mark.parametrize("steps,plen", [(4, 9), (4, 7), (2, 8), (1, 12), (2, 5)])
 def test_equals_upstream_sdar_generate(sdar, strategy, steps, plen):
     """Cases where upstream never overwrites the prompt: steps = B (one token per step), or a prompt ending on a
@@ -114,6 +114,11 @@ def test_cached_decoding_equals_uncached_decoding(sdar, budget):
         want = _uncached(m.net, torch.tensor([p]), None, opts, 13, m.eos_token_ids, m.pad_token_id)[0]
         g = m.generate(p, max_new_tokens=13, cache=m.new_cache(budget), confidence_threshold=0.5)
         assert g.token_ids == want
+    tiers = g.stats.cache          # the last (longest) prompt: where its blocks lived
+    if budget == 0:
+        assert tiers["blocks_device"] == 0 and tiers["blocks_host"] > 0
+    elif budget:
+        assert tiers["blocks_device"] > 0 and tiers["blocks_host"] > 0
     if budget is None:
         ids, mask = _left(prompts, m.pad_token_id)
         want = _uncached(m.net, ids, mask, opts, 13, m.eos_token_ids, m.pad_token_id)

@@ -26,8 +26,7 @@ def v2(tmp_path_factory):
 
 
 @pytest.mark.parametrize("plen", [3, 7, 12, 13])
-@pytest.mark.parametrize("threshold,sbs", [(0.05, 3), (1.0, 2), (0.2, 6)])
-@pytest.mark.parametrize("budget", [None, 0])
+@pytest.mark.parametrize("threshold,sbs,budget", [(0.05, 3, None), (1.0, 2, 0), (0.2, 6, None)])
 def test_equals_upstream_generate(v2, plen, threshold, sbs, budget):
     ref, m = v2
     g = torch.Generator().manual_seed(plen)

@@ -41,7 +41,10 @@ def sdar_generate(logits_fn, prompt: torch.Tensor, mask_id: int, gen_length: int
             x0_p, x0 = probs.max(-1)
             confidence = torch.where(mask_index, x0_p, -torch.inf)
             transfer = torch.zeros_like(x0, dtype=torch.bool)
-            if remasking_strategy == "low_confidence_static":
+            if remasking_strategy == "sequential":
+                first = int(mask_index[0].nonzero()[0].min())
+                transfer[0, first:first + int(ntt[step])] = True
+            elif remasking_strategy == "low_confidence_static":
                 _, idx = torch.topk(confidence[0], int(ntt[step]))
                 transfer[0, idx] = True
             elif remasking_strategy == "low_confidence_dynamic":

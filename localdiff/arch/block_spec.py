@@ -20,9 +20,11 @@ Sources (read, not copied):
   mask 151665, stop token 151645. Its logits are shifted (the "token shift": ``logits[:, i]`` predicts token
   ``i + 1``): ``token_shift``.
 * Tiny-A2D BD3LM (dllm ``a2d/models/qwen3`` + ``core/samplers/bd3lm.py``): model_type ``a2d-qwen3`` (the masked
-  A2D model's type) — a config with a ``block_size`` field is the BD3LM one (registry key ``a2d-qwen3-bd3lm``).
-  dllm prefills the prompt's tail with the prefix, so the tail does not see the first masks (``tail_sees_block``
-  False); SDAR and Fast-dLLM v2 denoise the tail together with the block (True).
+  A2D model's type) — a config with a ``block_size`` field is the BD3LM one (registry key ``a2d-qwen3-bd3lm``; the
+  real checkpoint's config.json could not be read from here, so that field is an assumption to check on a pull).
+  One known difference: dllm's sampler prefills the prompt's tail with the prefix (the tail does not see the first
+  block's masks); we denoise the tail together with the first block, as SDAR and Fast-dLLM v2 do — the first
+  block's logits differ from dllm's, later blocks do not.
 """
 from __future__ import annotations
 
@@ -49,12 +51,11 @@ _BLOCK_KEY = {"Fast_dLLM_Qwen": "bd_size"}
 @dataclass(frozen=True)
 class BlockConfig(MaskedConfig):
     """A block-diffusion checkpoint's hyper-parameters: :class:`MaskedConfig`'s dense / MoE fields plus
-    ``block_size`` (tokens per block, B), ``token_shift`` (``logits[:, i]`` predicts token ``i + 1``, Fast-dLLM v2)
-    and ``tail_sees_block`` (the prompt tokens sharing the first block attend to its masks)."""
+    ``block_size`` (tokens per block, B) and ``token_shift`` (``logits[:, i]`` predicts token ``i + 1``,
+    Fast-dLLM v2)."""
 
     block_size: int = 4
     token_shift: bool = False
-    tail_sees_block: bool = True
 
     @property
     def canvas_length(self) -> int:
@@ -99,7 +100,7 @@ def parse_config(raw: dict) -> BlockConfig:
     qwen2 = mt == "Fast_dLLM_Qwen"
     fields = dict(vocab_size=vocab, embedding_rows=vocab, hidden_size=h, num_hidden_layers=n,
                   num_attention_heads=heads, num_key_value_heads=_int(raw, "num_key_value_heads", heads),
-                  head_dim=_int(raw, "head_dim", 0) if not qwen2 and raw.get("head_dim") else h // max(heads, 1),
+                  head_dim=_int(raw, "head_dim") if raw.get("head_dim") else h // max(heads, 1),
                   rope_parameters=_rope(raw), rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
                   max_position_embeddings=_int(raw, "max_position_embeddings", 32768),
                   tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
@@ -130,8 +131,7 @@ def parse_config(raw: dict) -> BlockConfig:
         raise ValueError("hidden size, head dim and layer count must be positive")
     return BlockConfig(model_type=mt, mask_token_id=mask, eos_token_id=eos,
                        pad_token_id=None if pad is None else int(pad), bos_token_id=None if bos is None else int(bos),
-                       raw=raw, block_size=block, token_shift=qwen2, tail_sees_block=mt != "a2d-qwen3-bd3lm",
-                       **fields)
+                       raw=raw, block_size=block, token_shift=qwen2, **fields)
 
 
 # -- the spec contract (localdiff.arch.base.ArchSpec) -------------------------------------------------------------

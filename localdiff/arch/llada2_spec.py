@@ -77,7 +77,6 @@ class LLaDA2Config:
     bos_token_id: int | None = None
     shift_logits: bool = False
     token_shift: bool = False           # logits[:, i] predicts token i (not i + 1)
-    tail_sees_block: bool = True        # the prompt's tail attends to the first block's masks (Hub generate)
     raw: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property

@@ -22,6 +22,8 @@ SETTINGS = [("one token per step", {"remasking_strategy": "low_confidence_static
             ("threshold 0.8", {"remasking_strategy": "low_confidence_dynamic", "confidence_threshold": 0.8}),
             ("threshold 0.7", {"remasking_strategy": "low_confidence_dynamic", "confidence_threshold": 0.7}),
             ("threshold 0.5", {"remasking_strategy": "low_confidence_dynamic", "confidence_threshold": 0.5}),
+            ("threshold 0.3", {"remasking_strategy": "low_confidence_dynamic", "confidence_threshold": 0.3}),
+            ("threshold 0.1", {"remasking_strategy": "low_confidence_dynamic", "confidence_threshold": 0.1}),
             ("whole block in one step", {"remasking_strategy": "low_confidence_static", "steps": 1})]
 
 

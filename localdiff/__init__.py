@@ -78,14 +78,16 @@ def load(name="tiny", device=None, dtype=None, quant=None, gpu_mem=None):
         raise UsageError(f"invalid quant {quant!r} (use int8 or none)")
     quant = None if quant == "none" else quant
     host_layers = ()
+    from localdiff.quantize.recipe import recipe_for_model
+    recipe = recipe_for_model(label) if quant == "int8" else None   # the plan and the load follow one recipe
     if dev.type == "cuda":
         from localdiff.paths import read_json
         from localdiff.quantize.plan import plan_memory
 
         budget = int(gpu_mem) if gpu_mem else torch.cuda.mem_get_info(dev)[0]
-        plan = plan_memory(read_json(path / "config.json"), budget, quant or "bf16")
+        plan = plan_memory(read_json(path / "config.json"), budget, quant or "bf16", recipe=recipe)
         host_layers = tuple(plan.host_expert_layers)
-    net, cfg = load_model(path, dev, dtype, quant=quant, host_layers=host_layers)
+    net, cfg = load_model(path, dev, dtype, quant=quant, recipe=recipe, host_layers=host_layers)
     gen_cfg = read_generation_config(path)
     eos = gen_cfg.get("eos_token_id", list(cfg.eos_token_id))
     tok = load_tokenizer(path, eos if isinstance(eos, list) else [eos], gen_cfg.get("pad_token_id", cfg.pad_token_id))

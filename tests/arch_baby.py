@@ -32,4 +32,14 @@ BABY = {
                       num_attention_heads=3, num_key_value_heads=1, head_dim=20, num_hidden_layers=3,
                       intermediate_size=72, vocab_size=131, rope_theta=1000000.0, tie_word_embeddings=True,
                       max_position_embeddings=256, mask_token_id=126, eos_token_id=125, pad_token_id=124),
+    # block family (localdiff.arch.block_spec): the layouts of tests/block_models.py
+    **{k: v for k, v in __import__("block_models").CONFIGS.items()},
+    # block family: LLaDA2.x MoE in its Hub config.json keys (1 dense layer, then MoE; 2 of 3 groups)
+    "llada2_moe": dict(model_type="llada2_moe", architectures=["LLaDA2MoeModelLM"], hidden_size=48,
+                       num_attention_heads=3, num_key_value_heads=1, head_dim=20, num_hidden_layers=3,
+                       intermediate_size=72, moe_intermediate_size=24, num_experts=9, num_experts_per_tok=3,
+                       num_shared_experts=1, n_group=3, topk_group=2, routed_scaling_factor=2.5,
+                       first_k_dense_replace=1, partial_rotary_factor=0.5, rope_theta=600000, use_qk_norm=True,
+                       use_bias=False, use_qkv_bias=False, vocab_size=131, max_position_embeddings=256,
+                       block_size=4, mask_token_id=126, eos_token_id=125, pad_token_id=124),
 }

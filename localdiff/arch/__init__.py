@@ -25,6 +25,11 @@ REGISTRY: dict[str, ArchEntry] = {
     "lladamoe": ArchEntry("localdiff.arch.masked", "localdiff.arch.masked_spec", "masked"),
     "Dream": ArchEntry("localdiff.arch.masked", "localdiff.arch.masked_spec", "masked"),
     "a2d-qwen3": ArchEntry("localdiff.arch.masked", "localdiff.arch.masked_spec", "masked"),
+    "llada2_moe": ArchEntry("localdiff.arch.llada2_moe", "localdiff.arch.llada2_spec", "block"),
+    "sdar": ArchEntry("localdiff.arch.block", "localdiff.arch.block_spec", "block"),
+    "sdar_moe": ArchEntry("localdiff.arch.block", "localdiff.arch.block_spec", "block"),
+    "Fast_dLLM_Qwen": ArchEntry("localdiff.arch.block", "localdiff.arch.block_spec", "block"),
+    "a2d-qwen3-bd3lm": ArchEntry("localdiff.arch.block", "localdiff.arch.block_spec", "block"),
 }
 
 #: (model_type, architecture) → registry key, for checkpoints whose model_type names another architecture:
@@ -32,6 +37,12 @@ REGISTRY: dict[str, ArchEntry] = {
 ALIASES: dict[tuple[str, str | None], str] = {
     ("llada", "LLaDAMoEModelLM"): "lladamoe",
     ("dream", None): "Dream",
+}
+
+#: (model_type, config.json key) → registry key, for a model_type shared by two families: dllm's Tiny-A2D BD3LM
+#: Qwen3 says "a2d-qwen3" like the masked A2D model; its config carries a ``block_size``
+FIELD_ALIASES: dict[tuple[str, str], str] = {
+    ("a2d-qwen3", "block_size"): "a2d-qwen3-bd3lm",
 }
 
 
@@ -57,6 +68,7 @@ def entry_for(config: dict | str) -> ArchEntry:
         mt = _resolve(config, ())
     else:
         mt = _resolve(config.get("model_type"), config.get("architectures"))
+        mt = next((key for (t, f), key in FIELD_ALIASES.items() if t == mt and config.get(f) is not None), mt)
         if mt not in REGISTRY:   # a nested text_config may name it
             mt = (config.get("text_config") or {}).get("model_type", mt)
     if mt not in REGISTRY:

@@ -250,7 +250,12 @@ def tensor_shapes(raw: dict, include_buffers: bool = True) -> list[Tensorish]:
     """Every weight tensor the config implies, with our names (see the module docstring). Components:
     ``embeddings``, ``lm_head`` (untied only), ``attention``, ``attention_norms``, ``dense_mlp``, ``router``
     (gate + the ``expert_bias`` buffer), ``experts``, ``shared_expert``, ``norms``."""
-    c = parse_config(raw)
+    return config_tensor_shapes(parse_config(raw), include_buffers)
+
+
+def config_tensor_shapes(c, include_buffers: bool = True) -> list[Tensorish]:
+    """:func:`tensor_shapes` of a parsed config (any config with :class:`MaskedConfig`'s attributes: the block
+    family's :class:`localdiff.arch.block_spec.BlockConfig` shares the dense / MoE layout)."""
     h, d = c.hidden_size, c.head_dim
     out = [Tensorish("embeddings", None, "embed_tokens.weight", (c.embedding_rows, h))]
     for i in range(c.num_hidden_layers):

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from localdiff.errors import LocaldiffError, UsageError
 
-SECTIONS = ("ref", "eval", "sweep", "history", "memory", "profile", "serve", "masked")
+SECTIONS = ("ref", "eval", "sweep", "history", "memory", "profile", "serve", "masked", "block")
 # (quick, full) sizes
 SIZES = {
     "ref_seeds": (3, 5), "ref_reps": (3, 5), "ref_canvases": (2, 4),
@@ -327,10 +327,10 @@ def _serve(ctx: _Ctx) -> dict:
     return measure(m, "What is 27 + 58?", seeds=seeds, reps=reps, log=ctx.log)
 
 
-def _masked(ctx: _Ctx) -> dict:
-    from localdiff.bench.masked import measure
+def _masked(ctx: _Ctx, name: str = "masked") -> dict:   # also "block" (localdiff/bench/block.py): measure(quick, log)
+    from importlib import import_module
 
-    return measure(ctx.args.quick, log=ctx.log)
+    return import_module(f"localdiff.bench.{name}").measure(ctx.args.quick, log=ctx.log)
 
 
 def _run_sections(ctx: _Ctx, names: list[str], res: dict, out: Path, log) -> bool:
@@ -343,7 +343,7 @@ def _run_sections(ctx: _Ctx, names: list[str], res: dict, out: Path, log) -> boo
                 sec = _sweep(ctx, out.parent, out.stem, res["sections"].get("eval", {}).get("default"))
             else:
                 fns = {"ref": _ref, "eval": _eval, "history": _history, "memory": _memory, "profile": _profile,
-                       "serve": _serve, "masked": _masked}
+                       "serve": _serve, "masked": _masked, "block": lambda c: _masked(c, "block")}
                 sec = fns[name](ctx)
         except LocaldiffError as e:
             sec = {"skipped": str(e)}

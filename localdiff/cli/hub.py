@@ -133,13 +133,14 @@ def run_show(args) -> int:
     from localdiff.decoding.options import FAMILY_POLICY
 
     if summary.get("family") in FAMILY_POLICY:   # a family whose decoders are not wired yet shows its model only
-        out["decoder"] = describe(summary["family"], folder)
+        out["decoder"] = describe(summary["family"], folder, cfg.get("model_type"))
     if args.plan:
         try:
             from localdiff.quantize.plan import plan_memory
         except ImportError:
             raise LocaldiffError("the memory planner (localdiff.quantize.plan) is not available in this build") from None
-        plan = plan_memory(cfg, _gpu_budget(args.gpu_mem), args.quant or "int8")
+        from localdiff.quantize.recipe import recipe_for_model
+        plan = plan_memory(cfg, _gpu_budget(args.gpu_mem), args.quant or "int8", recipe=recipe_for_model(name))
         out["plan"] = plan.to_dict()
         out["plan_text"] = plan.to_text()
     if args.json:

@@ -31,15 +31,15 @@ def read_generation_config(path: Path) -> dict:
     return out
 
 
-def describe(family: str, folder: Path | None) -> dict:
-    """``localdiff show``'s decoder section: the family's default policy and, per option, its effective default
-    (built-in < the checkpoint's generation_config), flag, environment variable, allowed values and help."""
-    model_type = None
+def describe(family: str, folder: Path | None, model_type: str | None = None) -> dict:
+    """``localdiff show``'s decoder section: the policy of the family (and ``model_type``: the pulled config's, else
+    the one given, e.g. a stand-in config's) and, per option, its effective default (built-in < the checkpoint's
+    generation_config), flag, environment variable, allowed values and help."""
     if folder is not None and (Path(folder) / "config.json").is_file():
         try:
             model_type = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8")).get("model_type")
         except (json.JSONDecodeError, UnicodeDecodeError, OSError, AttributeError):
-            model_type = None
+            pass
     cls = POLICIES[policy_for_family(family, model_type)]
     gen = read_generation_config(folder) if folder is not None else {}
     opts = {}

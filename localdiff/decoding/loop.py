@@ -20,7 +20,7 @@ from localdiff.events import CanvasDone, Done, GenerationStats, StepEvent
 
 def run(net, policy, cache, batch: int, max_new_tokens: int, eos_ids: list[int], pad_id: int | None,
         prefill_ids=None, prefill_mask=None, start_canvas=None, emit_steps: bool = True, decode=None,
-        stats: GenerationStats | None = None):
+        stats: GenerationStats | None = None, lead: int = 0):
     """Generate after a prompt; yields StepEvent (when ``emit_steps``), CanvasDone per block, then Done.
 
     Args:
@@ -31,6 +31,9 @@ def run(net, policy, cache, batch: int, max_new_tokens: int, eos_ids: list[int],
         batch: B. max_new_tokens: spans ceil(max_new_tokens / C) blocks.
         eos_ids / pad_id: sequence stopping (a row ends at its first EOS; later tokens become pad).
         start_canvas: optional LongTensor[B, C] for the first block.
+        lead: the first ``lead`` positions of ``start_canvas`` are prompt tokens that share the first block (block
+            families align blocks to absolute positions): they are not generated, not counted, not returned, and
+            are prefilled together with that block once it is final.
         emit_steps: yield StepEvents. Without them, the step that ends the generation skips the policy's draws
             (nothing reads them): same tokens, the generator just ends earlier in its stream.
         decode: ids → text (row 0) for CanvasDone / Done, or None.
@@ -45,9 +48,11 @@ def run(net, policy, cache, batch: int, max_new_tokens: int, eos_ids: list[int],
     forwards = torch.zeros(batch, dtype=torch.long, device=dev)  # summed once at the end: no per-step host sync
     generated: list[torch.Tensor] = []
     reason = "length"
-    for ci in range(math.ceil(max_new_tokens / c_len)):
+    made = 0                                        # generated positions of the blocks so far
+    for ci in range(math.ceil((max_new_tokens + lead) / c_len)):
         policy.begin_block(start_canvas if ci == 0 else None)
-        last_block = (ci + 1) * c_len >= max_new_tokens
+        skip = lead if ci == 0 else 0               # prompt positions at the start of this block
+        last_block = (ci + 1) * c_len >= max_new_tokens + lead
         steps_used, early = 0, None
         for step in range(1, policy.max_steps + 1):
             forwards += ~(policy.done | finished)
@@ -60,7 +65,7 @@ def run(net, policy, cache, batch: int, max_new_tokens: int, eos_ids: list[int],
                 pending = None
             a = policy.assess(logits, step)
             if not emit_steps and policy.ends_block(a, step):
-                fin = finalize_canvas(a.argmax, finished, eos_t, pad_id)
+                fin = finalize_canvas(a.argmax[:, skip:], finished, eos_t, pad_id)
                 if last_block or bool(fin[1].all()):     # this step also ends the generation: skip its draws
                     early = fin
                     break
@@ -69,10 +74,11 @@ def run(net, policy, cache, batch: int, max_new_tokens: int, eos_ids: list[int],
                 yield StepEvent(ci, step, policy.max_steps, *(None if v is None else v.cpu() for v in ev.values()))
             if policy.all_done():
                 break
-        final, finished = early or finalize_canvas(policy.argmax, finished, eos_t, pad_id)
+        final, finished = early or finalize_canvas(policy.argmax[:, skip:], finished, eos_t, pad_id)
         generated.append(final)
         st.canvases += 1
-        room = max_new_tokens - ci * c_len          # tokens of this block within max_new_tokens
+        room = max_new_tokens - made                # tokens of this block within max_new_tokens
+        made += final.shape[1]
         text = decode(strip_generated(final[0, :room], eos_ids, pad_id)) if decode else ""
         yield CanvasDone(ci, final.cpu(), text, steps_used, finished.cpu())
         if bool(finished.all()):
@@ -80,7 +86,7 @@ def run(net, policy, cache, batch: int, max_new_tokens: int, eos_ids: list[int],
             break
         if last_block:
             break
-        pending = (final, None)
+        pending = (torch.cat([start_canvas[:, :skip].to(final.device), final], 1) if skip else final, None)
     out = torch.cat(generated, dim=1) if generated else torch.zeros(batch, 0, dtype=torch.long)
     rows = [strip_generated(out[r], eos_ids, pad_id, keep_eos=True)[:max_new_tokens] for r in range(batch)]
     st.forwards = int(forwards.sum())

@@ -13,28 +13,36 @@ Validation messages have one shape from every source: ``"<what the user typed>: 
 """
 from __future__ import annotations
 
+from localdiff.decoding.options_block import FastDLLMv2Options, SDAROptions
 from localdiff.decoding.options_canvas import CanvasEBOptions
+from localdiff.decoding.options_llada2 import LLaDA2Options
 from localdiff.decoding.options_masked import DreamOptions, LLaDAOptions
 from localdiff.decoding.schema import ALIASES, POLICIES, Options, OptionSpec, opt, unknown_option  # noqa: F401
 
-__all__ = ["CanvasEBOptions", "DreamOptions", "LLaDAOptions", "Options", "OptionSpec", "opt", "POLICIES",
-           "FAMILY_POLICY", "MODEL_POLICY", "ALIASES", "unknown_option"]
+__all__ = ["CanvasEBOptions", "DreamOptions", "LLaDAOptions", "SDAROptions", "FastDLLMv2Options", "Options",
+           "OptionSpec", "opt", "POLICIES", "FAMILY_POLICY", "MODEL_POLICY", "ALIASES", "unknown_option"]
+__all__ += ["LLaDA2Options"]
 
 
 #: every decoder policy's options by policy name
 POLICIES.update({c.POLICY: c for c in (CanvasEBOptions, LLaDAOptions, DreamOptions)})
+POLICIES.update({c.POLICY: c for c in (SDAROptions, FastDLLMv2Options)})
+POLICIES.update({c.POLICY: c for c in (LLaDA2Options,)})
 
 #: the decoder policy each model family runs by default (localdiff.arch registry families)
 FAMILY_POLICY: dict[str, str] = {"canvas": CanvasEBOptions.POLICY, "masked": LLaDAOptions.POLICY}
+FAMILY_POLICY["block"] = SDAROptions.POLICY
 
 #: model_types (lower case) whose decoder differs from their family's default: Dream / DiffuCoder run Dream's
 MODEL_POLICY: dict[str, str] = {"dream": DreamOptions.POLICY}
+MODEL_POLICY["fast_dllm_qwen"] = FastDLLMv2Options.POLICY
+MODEL_POLICY["llada2_moe"] = LLaDA2Options.POLICY
 
 
 def policy_for_family(family: str, model_type: str | None = None) -> str:
     """The decoder policy name of a model family (and model_type, for a family with several decoders).
     Raises KeyError for a family without one."""
-    if model_type is not None and str(model_type).lower() in MODEL_POLICY and family == "masked":
+    if model_type is not None and str(model_type).lower() in MODEL_POLICY:
         return MODEL_POLICY[str(model_type).lower()]
     return FAMILY_POLICY[family]
 

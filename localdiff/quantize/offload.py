@@ -12,11 +12,14 @@ import re
 import torch
 from torch import nn
 
-_EXPERTS = re.compile(r"^(?:.*\.)?layers\.(\d+)\.experts(?:\.|$)")
+_EXPERTS = re.compile(r"^(?:.*\.)?layers\.(\d+)\.(?:mlp\.)?experts(?:\.|$)")
+_ONE_EXPERT = re.compile(r"\.experts\.\d+$")
 
 
 def host_layer_of(name: str) -> int | None:
-    """Layer index when ``name`` (module or tensor) belongs to a layer's stacked experts, else None."""
+    """Layer index when ``name`` (module or tensor) belongs to a layer's routed experts — stacked
+    (``layers.N.experts``, DiffusionGemma) or one module per expert (``layers.N.mlp.experts.E``, LLaDA-MoE /
+    LLaDA2) — else None."""
     m = _EXPERTS.match(name)
     return int(m.group(1)) if m else None
 
@@ -56,7 +59,8 @@ def place_model(net: nn.Module, host_layers, device) -> list[str]:
     more than the plan's device weights.
 
     Args:
-        net: a model with ``layers[i].experts`` (``localdiff.arch`` DiffusionGemma, float or int8).
+        net: a model with ``layers[i].experts`` (DiffusionGemma) or ``layers[i].mlp.experts[e]`` (LLaDA2), float or
+            int8.
         host_layers: layer indices whose experts stay on the host (``Plan.host_expert_layers``).
         device: the compute device.
     Returns:
@@ -68,7 +72,9 @@ def place_model(net: nn.Module, host_layers, device) -> list[str]:
         i = host_layer_of(name)
         if i is not None and i in host:
             _move_own(mod, "cpu")
-            if name.endswith(".experts"):
+            # stacked experts run as one module; a ModuleList of experts is never called: hook each expert
+            hook = name.endswith(".experts") and not isinstance(mod, nn.ModuleList) or _ONE_EXPERT.search(name)
+            if hook:
                 if not getattr(mod, "_offload_hooked", False):
                     mod.register_forward_pre_hook(_to_cpu_hook, with_kwargs=True)
                     mod.register_forward_hook(_back_hook, with_kwargs=True)

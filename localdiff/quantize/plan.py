@@ -1,5 +1,5 @@
-"""Memory planner: bytes of every component of a DiffusionGemma model from ``config.json`` alone (no weights), and
-for a device budget, which expert layers stay in host memory and run there (like llama.cpp's ``--n-cpu-moe N``:
+"""Memory planner: bytes of every component of a model from ``config.json`` alone (no weights; DiffusionGemma, and
+any architecture whose spec has ``plan_fields`` — LLaDA2.x), and for a device budget, which expert layers stay in host memory and run there (like llama.cpp's ``--n-cpu-moe N``:
 the experts of the first N layers live on the host).
 
 Byte model (all exact for weights; runtime buffers are stated estimates):
@@ -24,14 +24,36 @@ from localdiff.summary import config_tensors, layer_geometry, parameter_counts, 
 
 FLOAT_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
 SCALE_BYTES = 2  # int8 per-channel scales are stored as bf16
-INT8_ELIGIBLE = ("attention", "dense_mlp", "experts", "self_conditioning", "router", "lm_head")
+INT8_ELIGIBLE = ("attention", "dense_mlp", "experts", "shared_expert", "self_conditioning", "router", "lm_head")
 DEFAULT_RESERVE = 1 << 30
 DEFAULT_KV_TOKENS = 32768
 GIB = 1 << 30
 
 _LABELS = {"embeddings": "embeddings (tied LM head)", "lm_head": "LM head", "attention": "attention projections",
            "attention_norms": "q/k norms", "dense_mlp": "dense MLP", "router": "routers", "experts": "experts",
-           "norms": "norms + layer scalars", "self_conditioning": "self-conditioning block"}
+           "norms": "norms + layer scalars", "self_conditioning": "self-conditioning block",
+           "shared_expert": "shared experts"}
+
+
+def plan_fields(config: dict) -> dict:
+    """Sizes the runtime-buffer estimates need, from the spec's parsed config (every architecture: DiffusionGemma's
+    ``DiffusionGemmaConfig``, the masked / block families' configs): tokens per denoising forward
+    (``canvas_length``: a canvas, or one block), whether self-conditioning buffers exist (DiffusionGemma only),
+    the MoE top-k and sizes (0 for dense models). Raises CheckpointError for missing / malformed fields."""
+    from localdiff.errors import CheckpointError
+    from localdiff.summary import spec_of
+    try:
+        c = spec_of(config).parse_config(config)
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"config.json: invalid text_config ({e})") from None
+    return {"canvas_length": int(getattr(c, "canvas_length", 0) or 256),
+            "self_conditioning": c.model_type == "diffusion_gemma",
+            "top_k": int(getattr(c, "top_k_experts", 0) or getattr(c, "num_experts_per_tok", 0) or 0),
+            "moe_intermediate_size": int(getattr(c, "moe_intermediate_size", 0) or 0),
+            "intermediate_size": max(int(c.intermediate_size or 0),
+                                     int(getattr(c, "shared_expert_intermediate_size", 0) or 0)),
+            "hidden_size": c.hidden_size, "num_attention_heads": c.num_attention_heads, "vocab_size": c.vocab_size,
+            "num_hidden_layers": c.num_hidden_layers, "max_position_embeddings": c.max_position_embeddings}
 
 
 def _module_of(name: str) -> str:
@@ -100,9 +122,12 @@ def kv_tokens_for(config: dict, budget: int, batch_size: int = 1, dtype: str = "
 
 
 def sc_buffer_bytes(config: dict, batch_size: int = 1) -> int:
-    """Self-conditioning buffers: fp32 logits + fp32 probabilities of one canvas, ``2 · C · V · 4`` per sequence."""
-    c = int(config.get("canvas_length") or 256)
-    return 2 * c * int(text_config(config)["vocab_size"]) * 4 * batch_size
+    """Self-conditioning buffers: fp32 logits + fp32 probabilities of one canvas, ``2 · C · V · 4`` per sequence
+    (0 for models without self-conditioning)."""
+    f = plan_fields(config)
+    if not f["self_conditioning"]:
+        return 0
+    return 2 * f["canvas_length"] * f["vocab_size"] * 4 * batch_size
 
 
 def activation_bytes(config: dict, batch_size: int = 1, dtype: str = "bfloat16", prefill_chunk: int | None = None) -> int:
@@ -111,18 +136,18 @@ def activation_bytes(config: dict, batch_size: int = 1, dtype: str = "bfloat16",
     intermediate (fused attention kernels assumed: no score matrix); the canvas' K/V in every layer; and the
     canvas' logits and probabilities in the float dtype (``2 · C · V``) before they become the fp32
     self-conditioning buffers."""
-    t = text_config(config)
+    f = plan_fields(config)
     fb = FLOAT_BYTES[dtype]
-    n = max(int(config.get("canvas_length") or 256), prefill_chunk or 0) * batch_size
-    h, inter, heads = int(t["hidden_size"]), int(t["intermediate_size"]), int(t["num_attention_heads"])
-    k, im = int(t["top_k_experts"]), int(t["moe_intermediate_size"])
+    n = max(f["canvas_length"], prefill_chunk or 0) * batch_size
+    h, inter, heads = f["hidden_size"], f["intermediate_size"], f["num_attention_heads"]
+    k, im = f["top_k"], f["moe_intermediate_size"]
     geo = layer_geometry(config)
     dq = max(heads * g.head_dim for g in geo)
     dkv = max(g.kv_heads * g.head_dim for g in geo)
     per_token = 4 * h + 2 * dq + 2 * dkv + 3 * inter + 2 * k * h + 3 * im
-    canvas = int(config.get("canvas_length") or 256) * batch_size
+    canvas = f["canvas_length"] * batch_size
     canvas_kv = sum(2 * g.kv_heads * g.head_dim for g in geo) * canvas * fb
-    return n * per_token * fb + n * k * 12 + 2 * canvas * int(t["vocab_size"]) * fb + canvas_kv
+    return n * per_token * fb + n * k * 12 + 2 * canvas * f["vocab_size"] * fb + canvas_kv
 
 
 @dataclass
@@ -204,7 +229,7 @@ class Plan:
         for c in self.components:
             where = "device"
             if c["component"] == "experts" and self.host_expert_layers:
-                nd = len(self.expert_layer_bytes) - self.n_cpu_moe
+                nd = sum(1 for b in self.expert_layer_bytes if b) - self.n_cpu_moe
                 where = f"device {nd} layers, host {self.n_cpu_moe} layers ({_ranges(self.host_expert_layers)})"
             lines.append(f"  {c['label']:<28}{c['params']:>14,}  {c['precision']:<10}{format_bytes(c['bytes']):>12}  "
                          f"{where}")
@@ -213,14 +238,19 @@ class Plan:
             f"  {'KV cache budget':<28}{self.kv_tokens:>14,}  {'tokens':<10}{format_bytes(self.kv_budget_bytes):>12}  "
             f"device ({format_bytes(kv['full_attention'])}/token on full-attention layers, "
             f"sliding layers capped at {format_bytes(kv['sliding_cap_bytes'])})",
-            f"  {'self-conditioning buffers':<28}{'C×V fp32 ×2':>14}  {'':<10}{format_bytes(self.sc_buffer_bytes):>12}  "
-            "device",
+        ]
+        if self.sc_buffer_bytes:
+            lines.append(f"  {'self-conditioning buffers':<28}{'C×V fp32 ×2':>14}  {'':<10}"
+                         f"{format_bytes(self.sc_buffer_bytes):>12}  device")
+        lines += [
             f"  {'activation workspace':<28}{'':>14}  {'':<10}{format_bytes(self.activation_bytes):>12}  device",
             f"  {'runtime reserve':<28}{'':>14}  {'':<10}{format_bytes(self.reserve_bytes):>12}  device",
             f"  device total {format_bytes(self.device_total_bytes)} of {format_bytes(self.gpu_mem_bytes)}: "
             + (f"fits ({format_bytes(self.free_bytes)} free)" if self.fits
                else f"does NOT fit ({format_bytes(-self.free_bytes)} over)"),
         ]
+        if not self.host_expert_layers and any(self.expert_layer_bytes):
+            lines.append("  host: no expert layers (every expert layer fits on the device)")
         if self.host_expert_layers:
             lines.append(f"  host: experts of layers {_ranges(self.host_expert_layers)} "
                          f"({format_bytes(self.host_weight_bytes)}; like llama.cpp --n-cpu-moe {self.n_cpu_moe})")
@@ -243,7 +273,7 @@ def _ranges(xs: list[int]) -> str:
 def plan_memory(config: dict, gpu_mem_bytes: int, quant: str | None = "int8", kv_budget_bytes: int | None = None, *,
                 recipe: Recipe | None = None, dtype: str = "bfloat16", reserve_bytes: int | None = None,
                 batch_size: int = 1, prefill_chunk: int | None = None) -> Plan:
-    """Plan device memory for a DiffusionGemma config.
+    """Plan device memory for a DiffusionGemma or block-family (LLaDA2.x) config.
 
     Args:
         config: parsed config.json (no weights needed).
@@ -268,9 +298,9 @@ def plan_memory(config: dict, gpu_mem_bytes: int, quant: str | None = "int8", kv
     if quant not in (None, "int8"):
         raise RecipeError(f"unknown quantization {quant!r} (use int8 or none)")
     recipe = recipe or DEFAULT_RECIPE
-    t = text_config(config)
+    pf = plan_fields(config)
     rows = tensor_bytes(config, quant, dtype, recipe)
-    n_layers = int(t["num_hidden_layers"])
+    n_layers = pf["num_hidden_layers"]
     params = parameter_counts(config)
     comps: dict[str, dict] = {}
     expert_layer = [0] * n_layers
@@ -282,6 +312,8 @@ def plan_memory(config: dict, gpu_mem_bytes: int, quant: str | None = "int8", kv
         c["precisions"].add(r["precision"])
         if r["component"] == "experts":
             expert_layer[r["layer"]] += r["bytes"]
+    if "lm_head" in comps and "embeddings" in comps:
+        comps["embeddings"]["label"] = "embeddings"
     components = []
     for c in comps.values():
         precs = sorted(c.pop("precisions"))
@@ -295,7 +327,7 @@ def plan_memory(config: dict, gpu_mem_bytes: int, quant: str | None = "int8", kv
                - (1 << 40) * sum(2 * g.kv_heads * g.head_dim * fb for g in geo if g.window is None)}
     notes = []
     if kv_budget_bytes is None:
-        tokens = min(int(t.get("max_position_embeddings", 131072)), DEFAULT_KV_TOKENS)
+        tokens = min(pf["max_position_embeddings"], DEFAULT_KV_TOKENS)
         kv_budget_bytes = kv_bytes(config, tokens, batch_size, dtype)
     kv_tokens = kv_tokens_for(config, kv_budget_bytes, batch_size, dtype)
     plan = Plan(gpu_mem_bytes=int(gpu_mem_bytes), quant=quant, dtype=dtype, recipe=recipe.name,
@@ -306,15 +338,17 @@ def plan_memory(config: dict, gpu_mem_bytes: int, quant: str | None = "int8", kv
                 reserve_bytes=DEFAULT_RESERVE if reserve_bytes is None else int(reserve_bytes),
                 batch_size=batch_size, parameters={k: v for k, v in params.items() if k != "by_component"},
                 notes=notes)
-    # Offload expert layers (first layers first, like --n-cpu-moe) until the device total fits.
-    while not plan.fits and len(plan.host_expert_layers) < n_layers:
-        plan.host_expert_layers.append(len(plan.host_expert_layers))
+    # Offload expert layers (first layers first, like --n-cpu-moe; layers without experts are skipped) until the
+    # device total fits.
+    movable = [i for i in range(n_layers) if expert_layer[i]]
+    while not plan.fits and len(plan.host_expert_layers) < len(movable):
+        plan.host_expert_layers.append(movable[len(plan.host_expert_layers)])
     if not plan.fits:
         notes.append("does not fit even with every expert layer on the host: lower the KV budget, use int8, or a "
                      "larger device")
     elif plan.host_expert_layers:
-        notes.append(f"experts of {plan.n_cpu_moe} of {n_layers} layers run on the host (CPU); the rest of the model, "
-                     "the KV cache and the self-conditioning buffers stay on the device")
+        notes.append(f"experts of {plan.n_cpu_moe} of {len(movable)} MoE layers run on the host (CPU); the rest of the "
+                     "model, the KV cache and the runtime buffers stay on the device")
     return plan
 
 

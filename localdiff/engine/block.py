@@ -1,0 +1,112 @@
+"""Runner of the block family (SDAR, SDAR-MoE, Tiny-A2D BD3LM, Fast-dLLM v2; LLaDA2.x builds on it): the exact block
+KV cache (``localdiff.cache.kv.KVCache``: device budget, host offload) reused across chat turns, the generic block
+loop (:mod:`localdiff.decoding.loop`) with the family's decoder policy (:data:`POLICY_CLASSES`, by the options'
+policy) — or Fast-dLLM v2's own loop (:mod:`localdiff.decoding.fastdllm_v2`: token shift, AR first token).
+
+Blocks sit at absolute positions (block k = positions k·B .. k·B + B − 1, as upstream SDAR / Fast-dLLM v2 / dllm
+align them). The cache holds whole blocks only: the prompt's complete blocks are prefilled (fused with the first
+denoising step); the prompt's tail — ``T mod B`` tokens — opens the first canvas before its masks (the loop's
+``lead``) and is prefilled with that block once it is final. A batch with left padding is padded further on the
+left to a whole number of blocks (padding occupies positions, as in the canvas family), so no canvas holds padding.
+"""
+from __future__ import annotations
+
+import torch
+
+from localdiff.cache.kv import KVCache
+from localdiff.decoding import fastdllm_v2, loop
+from localdiff.decoding.llada2 import LLaDA2
+from localdiff.decoding.sdar import SDAR
+from localdiff.engine.canvas import common_prefix
+from localdiff.errors import CheckpointError, UsageError
+
+#: decoder policy name (``localdiff.decoding.options.POLICIES``) → its class ``(options, batch, block, mask_id,
+#: device, generator)`` with the loop's four calls; a block-family decoder adds one line here
+POLICY_CLASSES = {"sdar": SDAR}
+POLICY_CLASSES["llada2"] = LLaDA2
+#: policies that also take the answer's budget and the EOS ids (``max_new_tokens=``, ``eos_ids=``)
+POLICY_CONTEXT = {"llada2"}
+
+
+def prepare(model) -> None:
+    """Sets ``model.mask_token_id`` (the chat shows still-masked cells of the block being denoised).
+
+    Raises:
+        CheckpointError: no mask id, or pad id = mask id (padding would read as masks).
+    """
+    model.mask_token_id = getattr(model.config, "mask_token_id", None)
+    if model.mask_token_id is None:
+        raise CheckpointError(f"{model.path}: config.json has no mask_token_id (a block-diffusion model needs it)")
+    if model.pad_token_id == model.mask_token_id:
+        raise CheckpointError(f"{model.path}: pad_token_id equals mask_token_id ({model.mask_token_id}); padding "
+                              "would read as masks")
+
+
+def new_cache(model, device_budget_bytes: int | None = None) -> KVCache:
+    """A fresh block KV cache (blocks of one block size; see ``localdiff.cache.kv``). Raises UsageError for a
+    negative budget."""
+    return KVCache(**model.net.cache_layout(), device_budget_bytes=device_budget_bytes)
+
+
+def split_prompt(ids: torch.Tensor, mask, block: int, pad: int):
+    """(ids, mask) of a left-padded batch → (prompt ids LongTensor[B, T'], mask or None, tail length t): T' = T when
+    nothing is padding, else T rounded up to whole blocks with extra left padding (then t = 0)."""
+    if mask is None:
+        return ids, None, ids.shape[1] % block
+    extra = (-ids.shape[1]) % block
+    if extra:
+        ids = torch.cat([torch.full((ids.shape[0], extra), pad, dtype=ids.dtype, device=ids.device), ids], 1)
+        mask = torch.cat([torch.zeros(mask.shape[0], extra, dtype=torch.bool, device=mask.device), mask], 1)
+    return ids, mask, 0
+
+
+def stream(model, req):
+    """Prefill the prompt's whole blocks (only what a reused cache does not hold), then denoise block by block;
+    yields the loop's events.
+
+    Raises:
+        UsageError: cache reuse with a batch; a decoder this family's runner does not know; Fast-dLLM v2's
+            ``small_block_size`` not dividing the block size.
+    """
+    cfg, net = model.config, model.net
+    options = req.options
+    v2 = options.POLICY == "fast_dllm_v2"
+    if v2 and cfg.block_size % options.small_block_size:
+        raise UsageError(f"small_block_size: must divide the model's block size {cfg.block_size} "
+                         f"(got {options.small_block_size})")
+    if not v2 and options.POLICY not in POLICY_CLASSES:
+        raise UsageError(f"the {options.POLICY} decoder does not run on block-diffusion models")
+    blk = cfg.block_size
+    pad = model.pad_token_id if model.pad_token_id is not None else 0
+    ids, mask, tail = split_prompt(req.ids, req.mask, blk, pad)
+    whole = ids.shape[1] - tail
+    cache, start = req.cache, 0
+    if cache is None:
+        cache = new_cache(model)
+    elif len(req.rows) == 1 and getattr(cache, "seq_len", 0):
+        held = cache.token_ids[0] if cache.token_ids else []
+        start = min(common_prefix(held, ids[0].tolist()), whole) // blk * blk
+        if v2 and not tail and start >= whole:    # Fast-dLLM v2 needs the last prompt block's logits
+            start = max(whole - blk, 0)
+        if not cache.truncate(start):
+            cache.reset()
+            start = 0
+        req.stats.prefill_tokens_reused = start
+    elif getattr(cache, "seq_len", 0):
+        raise UsageError("cache reuse works for a single prompt; pass cache=None for batches")
+    todo = ids[:, start:whole]
+    todo_mask = None if mask is None else mask[:, start:whole]
+    if v2:
+        yield from fastdllm_v2.run(net, options, cache, req.max_new_tokens, model.eos_token_ids, model.pad_token_id,
+                                   model.mask_token_id, todo, todo_mask, ids[:, whole:], req.generator,
+                                   req.emit_steps, req.decode, req.stats)
+        return
+    first = torch.full((ids.shape[0], blk), model.mask_token_id, dtype=torch.long, device=ids.device)
+    first[:, :tail] = ids[:, whole:]
+    context = ({"max_new_tokens": req.max_new_tokens, "eos_ids": model.eos_token_ids}
+               if options.POLICY in POLICY_CONTEXT else {})
+    policy = POLICY_CLASSES[options.POLICY](options, ids.shape[0], blk, model.mask_token_id, model.device,
+                                            req.generator, **context)
+    yield from loop.run(net, policy, cache, ids.shape[0], req.max_new_tokens, model.eos_token_ids,
+                        model.pad_token_id, prefill_ids=todo, prefill_mask=todo_mask, start_canvas=first,
+                        emit_steps=req.emit_steps, decode=req.decode, stats=req.stats, lead=tail)

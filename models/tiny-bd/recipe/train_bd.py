@@ -1,0 +1,169 @@
+"""Train `tiny-bd`: a small SDAR-architecture block-diffusion model (Qwen3 layers with q/k norms, block size 4) on
+the embedded model's task families, on CPU, with localdiff's own block modules (the checkpoint is written in SDAR's
+upstream layout: model_type "sdar", ``model.layers.N...`` tensor names).
+
+Objective (block diffusion, BD3-LM arXiv 2503.09573 / SDAR's training mask ``block_diff_mask``): a sequence is
+``r`` pad tokens (r ~ U{0..B-1}: block boundaries fall anywhere relative to the text, as left padding puts them at
+inference), the chat-templated prompt, then an answer region of G tokens (the answer, ``<end_of_turn>``, then
+``<end_of_turn>`` fill), right-padded. Blocks are B = 4 tokens at absolute positions. One noise level t ~ U(ε, 1)
+per block; each answer token of the block is replaced by the mask token with probability t (the prompt never is).
+The model runs over [noisy copy ; clean copy] (2L rows, both at positions 0..L-1): a noisy row attends to its own
+block's noisy rows and to the clean rows of earlier blocks; a clean row attends block-causally to clean rows — at
+inference the clean earlier blocks are exactly the KV cache. Loss = Σ over masked tokens of CE / t, divided by the
+number of answer tokens (MDLM's weighting, as SDAR's fused diffusion cross-entropy).
+
+Reuses tiny-mdm's data encoding and the tiny recipe's ``Run`` bookkeeping (lr schedule, AdamW, EMA, logs).
+
+    python train_bd.py --minutes 25 --threads 1 --out /tmp/tiny_bd        # the shipped model
+    python train_bd.py --steps 3 --micro --out /tmp/x                     # smoke test
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+from tokenizers import Tokenizer
+
+HERE = Path(__file__).resolve().parent
+MODELS = HERE.parents[1]
+sys.path.insert(0, str(MODELS / "tiny" / "recipe"))
+sys.path.insert(0, str(MODELS / "tiny-mdm" / "recipe"))
+import tasks  # noqa: E402
+from train import Run  # noqa: E402
+from train_mdm import BOS, EOS, MASK, PAD, TOKENIZER_FILES, Data  # noqa: E402
+
+from localdiff.arch import get_arch, get_spec  # noqa: E402
+from localdiff.arch.dense import rope_cos_sin  # noqa: E402
+
+BLOCK = 4
+TINY = MODELS / "tiny"
+
+
+def build_config(vocab_size: int, micro: bool = False) -> dict:
+    """The checkpoint's config.json in SDAR's keys (model_type "sdar", ``SDARForCausalLM``)."""
+    d, layers, heads = (64, 2, 2) if micro else (160, 4, 5)
+    return {"model_type": "sdar", "architectures": ["SDARForCausalLM"], "hidden_size": d,
+            "intermediate_size": 8 * d // 3 // 8 * 8, "num_hidden_layers": layers, "num_attention_heads": heads,
+            "num_key_value_heads": heads, "head_dim": d // heads, "block_size": BLOCK, "vocab_size": vocab_size,
+            "mask_token_id": MASK, "eos_token_id": EOS, "pad_token_id": PAD, "bos_token_id": BOS,
+            "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 512,
+            "tie_word_embeddings": False, "attention_bias": False, "use_sliding_window": False,
+            "hidden_act": "silu", "torch_dtype": "float32"}
+
+
+def batch(data: Data, n: int, rng: random.Random):
+    """(ids [B, L], key mask [B, L], answer mask [B, L]): r pads, prompt, answer region, right padding."""
+    rows = []
+    while len(rows) < n:
+        p, a = data.encode(tasks.sample(rng))
+        if len(a) <= data.gen:
+            rows.append(([PAD] * rng.randrange(BLOCK) + p, a + [data.eot] * (data.gen - len(a))))
+    width = max(len(p) + len(a) for p, a in rows)
+    ids = torch.full((n, width), PAD)
+    keys = torch.zeros(n, width, dtype=torch.bool)
+    ans = torch.zeros_like(keys)
+    for i, (p, a) in enumerate(rows):
+        ids[i, :len(p) + len(a)] = torch.tensor(p + a)
+        start = next(j for j, t in enumerate(p) if t != PAD)
+        keys[i, start:len(p) + len(a)] = True
+        ans[i, len(p):len(p) + len(a)] = True
+    return ids, keys, ans
+
+
+def bd_mask(keys: torch.Tensor) -> torch.Tensor:
+    """BoolTensor[B, 1, 2L, 2L] of the [noisy ; clean] pass (module docstring), padding keys excluded (a padding
+    query sees itself)."""
+    b, n = keys.shape
+    blk = torch.arange(n) // BLOCK
+    same, before = blk[:, None] == blk[None, :], blk[None, :] < blk[:, None]
+    top = torch.cat([same, before], 1)
+    bottom = torch.cat([torch.zeros(n, n, dtype=torch.bool), before | same], 1)
+    m = torch.cat([top, bottom], 0)[None, None] & torch.cat([keys, keys], 1)[:, None, None, :]
+    return m | torch.eye(2 * n, dtype=torch.bool)[None, None]
+
+
+def bd_loss(net, ids, keys, ans, gen: torch.Generator, eps: float = 1e-3) -> torch.Tensor:
+    """The block-diffusion loss (module docstring); fp32 scalar."""
+    b, n = ids.shape
+    nb = (n + BLOCK - 1) // BLOCK
+    t = ((1 - eps) * torch.rand(b, nb, generator=gen) + eps).repeat_interleave(BLOCK, 1)[:, :n]
+    masked = (torch.rand(ids.shape, generator=gen) < t) & ans
+    noisy = torch.where(masked, torch.full_like(ids, MASK), ids)
+    x = net.embed_tokens(torch.cat([noisy, ids], 1))
+    cos, sin = rope_cos_sin(net._inv_freq, 0, n, x.device)
+    cos, sin = torch.cat([cos, cos]), torch.cat([sin, sin])
+    mask = bd_mask(keys)
+    for layer in net.layers:
+        att = layer.self_attn
+        q, k, v = att.qkv(layer.input_layernorm(x), cos, sin)
+        x = layer.ffn(x + att.attend(q, k, v, mask))
+    h = net.norm(x[:, :n])[masked]
+    ce = F.cross_entropy(F.linear(h, net.head_weight()).float(), ids[masked], reduction="none")
+    return (ce / t[masked]).sum() / ans.sum()
+
+
+def save(net, config: dict, out: Path, mod) -> None:
+    """Weights under SDAR's names + config.json + tokenizer + generation_config.json into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    state = {mod.checkpoint_names(k)[0]: v.detach().contiguous() for k, v in net.state_dict().items()}
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    for f in TOKENIZER_FILES:
+        shutil.copy(TINY / f, out / f)
+    eot = Tokenizer.from_file(str(TINY / "tokenizer.json")).token_to_id("<end_of_turn>")
+    gc = {"eos_token_id": [EOS, eot], "pad_token_id": PAD, "bos_token_id": BOS, "mask_token_id": MASK,
+          "max_new_tokens": 32, "steps": BLOCK, "temperature": 0.0, "remasking_strategy": "low_confidence_dynamic",
+          "confidence_threshold": 0.9}
+    (out / "generation_config.json").write_text(json.dumps(gc, indent=2) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--minutes", type=float, default=25.0)
+    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--gen", type=int, default=32, help="answer region G (tokens)")
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--micro", action="store_true")
+    ap.add_argument("--log-every", type=int, default=50)
+    ap.add_argument("--ckpt-every", type=float, default=5.0)
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(a.seed)
+    tok = Tokenizer.from_file(str(TINY / "tokenizer.json"))
+    config = build_config(tok.get_vocab_size(), a.micro)
+    mod, spec = get_arch(config), get_spec(config)
+    net = mod.MODEL_CLASS(spec.parse_config(config)).train()
+    with torch.no_grad():
+        for name, p in net.named_parameters():
+            if p.dim() >= 2:
+                torch.nn.init.normal_(p, std=0.02)
+            else:
+                p.fill_(1.0)
+    data = Data(tok, (TINY / "chat_template.jinja").read_text(), a.gen, a.seed)
+    rng = random.Random(a.seed)
+    gen = torch.Generator().manual_seed(a.seed)
+    run = Run(a, net, "seqs/s")
+    while run.next_lr() is not None:
+        ids, keys, ans = batch(data, a.batch, rng)
+        with torch.enable_grad():
+            run.update(bd_loss(net, ids, keys, ans, gen), a.batch)
+        if run.checkpoint_due():
+            save(net, config, a.out, mod)
+    run.done()
+    save(net.eval(), config, a.out, mod)
+
+
+if __name__ == "__main__":
+    main()

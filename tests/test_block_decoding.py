@@ -1,0 +1,180 @@
+"""SDAR's decoder on the block family: equals a transcription of upstream SDAR generate (temperature 0) on the
+transformers Qwen3 reference's weights; cached decoding (fused prefill, KV cache with device budget unlimited / 0 /
+partial) equals uncached decoding token for token over 20 prompts and several blocks; our departure from upstream
+(never overwrite prompt tokens); the runner's prompt handling; bad input."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import localdiff
+from block_ref import EOS, MASK, VOCAB, ref_logits, write_upstream
+from localdiff.decoding.loop import strip_generated
+from localdiff.decoding.options import SDAROptions
+from localdiff.decoding.sdar import SDAR, transfer_schedule
+from localdiff.engine.block import split_prompt
+from localdiff.errors import UsageError
+
+B = 4
+
+
+@pytest.fixture(scope="module")
+def sdar(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("sdar-dec")
+    ref = write_upstream("sdar", folder, seed=3)
+    return ref, localdiff.load(str(folder), dtype=torch.float32)
+
+
+def _prompt(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, EOS - 2, (n,), generator=g).tolist()
+
+
+def _upstream(ref, prompt, steps, strategy, n_new, tau=0.85):
+    from upstream_sdar import sdar_generate
+
+    def logits_fn(ids):   # a model that never predicts the mask token (ours never commits it: see decoding/sdar.py)
+        out = ref_logits(ref, ids, B)
+        out[..., MASK] = -torch.inf
+        return out
+
+    x = sdar_generate(logits_fn, torch.tensor([prompt]), MASK, n_new, B, steps,
+                      strategy, tau, stopping_criteria_idx=[EOS])
+    return x
+
+
+@pytest.mark.parametrize("strategy", ["low_confidence_static", "low_confidence_dynamic", "sequential"])
+@pytest.mark.parametrize("steps,plen", [(4, 9), (4, 7), (2, 8), (1, 12), (2, 5)])
+def test_equals_upstream_sdar_generate(sdar, strategy, steps, plen):
+    """Cases where upstream never overwrites the prompt: steps = B (one token per step), or a prompt ending on a
+    block boundary, or a tail whose masks cover the quota (plen 5: tail 1, 3 masks, quota 2 then 2 → 2 + 1)."""
+    ref, m = sdar
+    for seed in range(3):
+        prompt = _prompt(plen, seed)
+        x = _upstream(ref, prompt, steps, strategy, 14, tau=0.3)
+        up = strip_generated(x[0, plen:], [EOS], m.pad_token_id, keep_eos=True)[:14]   # pad dropped, as ours
+        g = m.generate(prompt, max_new_tokens=14, steps=steps, remasking_strategy=strategy,
+                       confidence_threshold=0.3, temperature=0)
+        assert g.token_ids == up, (seed, g.token_ids, up)
+
+
+def test_we_never_overwrite_the_prompt_where_upstream_does(sdar):
+    """steps 2 < B with a 3-token tail: upstream's first step commits 2 positions among 1 mask — a prompt token
+    is replaced. Ours commits the one mask; the tail prefilled into the cache is the prompt's."""
+    ref, m = sdar
+    prompt = _prompt(7, 11)
+    x = _upstream(ref, prompt, 2, "low_confidence_static", 8)
+    assert x[0, :7].tolist() != prompt                  # upstream's behaviour we do not copy
+    cache = m.new_cache()
+    g = m.generate(prompt, max_new_tokens=8, steps=2, remasking_strategy="low_confidence_static", cache=cache)
+    assert cache.token_ids[0][:7] == prompt
+    assert len(g.token_ids) <= 8
+
+
+def _uncached(net, ids, mask, opts, n_new, eos, pad):
+    """The same policy, every step an uncached logits_full over prompt + finished blocks + the block."""
+    ids, mask, tail = split_prompt(ids, mask, B, pad)
+    b = ids.shape[0]
+    seq, keep = ids[:, :ids.shape[1] - tail], (None if mask is None else mask[:, :ids.shape[1] - tail])
+    first = torch.full((b, B), MASK)
+    first[:, :tail] = ids[:, ids.shape[1] - tail:]
+    pol = SDAR(opts, b, B, MASK, "cpu", None)
+    out, finished = [], torch.zeros(b, dtype=torch.bool)
+    for ci in range(math.ceil((n_new + tail) / B)):
+        pol.begin_block(first if ci == 0 else None)
+        for step in range(1, pol.max_steps + 1):
+            full = torch.cat([seq, pol.canvas], 1)
+            km = None if keep is None else torch.cat([keep, torch.ones(b, B, dtype=torch.bool)], 1)
+            pol.advance(pol.assess(net.logits_full(full, km)[:, -B:], step))
+            if pol.all_done():
+                break
+        block = pol.canvas.clone()
+        gen = block[:, tail:] if ci == 0 else block
+        gen[finished] = pad
+        out.append(gen)
+        finished |= torch.isin(gen, torch.tensor(eos)).any(-1)
+        seq = torch.cat([seq, block], 1)
+        keep = None if keep is None else torch.cat([keep, torch.ones(b, B, dtype=torch.bool)], 1)
+        if bool(finished.all()):
+            break
+    rows = torch.cat(out, 1)
+    return [strip_generated(r, eos, pad, keep_eos=True)[:n_new] for r in rows]
+
+
+@pytest.mark.parametrize("budget", [None, 0, 3000])
+def test_cached_decoding_equals_uncached_decoding(sdar, budget):
+    """20 prompts (lengths 1..20: every tail length, several blocks of output), one at a time through a KV cache
+    with the given device budget, and as one left-padded batch; temperature 0, dynamic threshold 0.5."""
+    _, m = sdar
+    opts = SDAROptions.build({"confidence_threshold": 0.5, "temperature": 0})
+    prompts = [_prompt(n, 100 + n) for n in range(1, 21)]
+    for p in prompts:
+        want = _uncached(m.net, torch.tensor([p]), None, opts, 13, m.eos_token_ids, m.pad_token_id)[0]
+        g = m.generate(p, max_new_tokens=13, cache=m.new_cache(budget), confidence_threshold=0.5)
+        assert g.token_ids == want
+    tiers = g.stats.cache          # the last (longest) prompt: where its blocks lived
+    if budget == 0:
+        assert tiers["blocks_device"] == 0 and tiers["blocks_host"] > 0
+    elif budget:
+        assert tiers["blocks_device"] > 0 and tiers["blocks_host"] > 0
+    if budget is None:
+        ids, mask = _left(prompts, m.pad_token_id)
+        want = _uncached(m.net, ids, mask, opts, 13, m.eos_token_ids, m.pad_token_id)
+        assert m.generate(prompts, max_new_tokens=13, confidence_threshold=0.5).token_ids == want
+
+
+def _left(rows, pad):
+    t = max(map(len, rows))
+    ids = torch.full((len(rows), t), pad)
+    mask = torch.zeros(len(rows), t, dtype=torch.bool)
+    for i, r in enumerate(rows):
+        ids[i, t - len(r):] = torch.tensor(r)
+        mask[i, t - len(r):] = True
+    return ids, mask
+
+
+def test_cache_is_reused_across_turns_in_whole_blocks(sdar):
+    _, m = sdar
+    cache = m.new_cache()
+    p1 = _prompt(10, 1)
+    g1 = m.generate(p1, max_new_tokens=8, cache=cache)
+    p2 = p1 + g1.token_ids + _prompt(5, 2)
+    g2 = m.generate(p2, max_new_tokens=8, cache=cache)
+    assert g2.stats.prefill_tokens_reused > 0 and g2.stats.prefill_tokens_reused % B == 0
+    assert g2.token_ids == m.generate(p2, max_new_tokens=8).token_ids
+
+
+def test_schedule_and_options():
+    assert transfer_schedule(4, 4) == [1, 1, 1, 1] and transfer_schedule(4, 3) == [2, 1, 1]
+    assert transfer_schedule(4, 6) == [1, 1, 1, 1, 0, 0]
+    with pytest.raises(UsageError, match="confidence_threshold"):
+        SDAROptions.build({"confidence_threshold": 2})
+    with pytest.raises(UsageError, match="remasking_strategy"):
+        SDAROptions.build({"remasking_strategy": "random"})
+
+
+def test_steps_events_show_the_masked_block(sdar):
+    _, m = sdar
+    from localdiff.tui.runner import MASK as MASK_CELL, MASK_TEXT, NEW, frame_from_step
+
+    evs = [e for e in m.stream(_prompt(6, 4), max_new_tokens=8) if type(e).__name__ == "StepEvent"]
+    assert evs and any((e.canvas_ids == MASK).any() for e in evs)
+    assert m.mask_token_id == MASK
+    # the chat's canvas view: still-masked cells of the block being denoised read as masks, committed ones as new
+    ev = next(e for e in evs if (e.canvas_ids[0] == MASK).any() and e.accepted[0].any())
+    frame = frame_from_step(ev, str, None, m.mask_token_id)
+    assert MASK_CELL in frame.states and NEW in frame.states and MASK_TEXT in frame.tokens
+
+
+def test_sampling_is_seeded(sdar):
+    _, m = sdar
+    a = m.generate(_prompt(6, 5), max_new_tokens=8, temperature=1.0, top_k=5, seed=3).token_ids
+    assert a == m.generate(_prompt(6, 5), max_new_tokens=8, temperature=1.0, top_k=5, seed=3).token_ids
+
+
+def test_decoder_options_of_another_family_are_refused(sdar):
+    _, m = sdar
+    with pytest.raises(UsageError, match="block_length"):
+        m.generate("x" if m.tokenizer else [1, 2], max_new_tokens=4, block_length=8)

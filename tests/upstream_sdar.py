@@ -1,0 +1,63 @@
+"""Compact test-side transcription of upstream SDAR ``block_diffusion_generate`` (JetAstra/SDAR ``generate.py``) at
+temperature 0 (the top token, its softmax probability as the confidence; upstream always samples), batch 1.
+
+The K/V cache of upstream (prefill of the prompt's whole blocks, ``store_kv`` of each finished block) is replaced by
+the same math without a cache: each denoising forward runs ``logits_fn`` over everything up to the current block
+under the block-causal mask and keeps the block's rows. Everything else is upstream's step logic, including its
+``topk`` over the whole block with ``-inf`` at non-masked positions (which can overwrite prompt tokens when the
+step quota exceeds the masks left)."""
+from __future__ import annotations
+
+import torch
+
+
+def get_num_transfer_tokens(block_length, steps):
+    base, remainder = block_length // steps, block_length % steps
+    n = torch.zeros(steps, dtype=torch.int64) + base
+    n[:remainder] += 1
+    return n
+
+
+def sdar_generate(logits_fn, prompt: torch.Tensor, mask_id: int, gen_length: int, block_length: int,
+                  denoising_steps: int, remasking_strategy: str = "low_confidence_dynamic",
+                  confidence_threshold: float = 0.85, stopping_criteria_idx=None) -> torch.Tensor:
+    """``logits_fn(ids [1, T]) -> logits [1, T, V]`` (block-causal, uncached); returns x [1, num_blocks·B]."""
+    p = prompt.shape[1]
+    num_blocks = (p + gen_length + block_length - 1) // block_length
+    x = torch.full((1, num_blocks * block_length), mask_id, dtype=torch.long)
+    x[:, :p] = prompt
+    prefill_blocks = p // block_length
+    ntt = get_num_transfer_tokens(block_length, denoising_steps)
+    for nb in range(prefill_blocks, num_blocks):
+        lo, hi = nb * block_length, (nb + 1) * block_length
+        cur_x = x[:, lo:hi].clone()
+        for step in range(denoising_steps + 1):
+            mask_index = cur_x == mask_id
+            if mask_index.sum() == 0:
+                break
+            ctx = torch.cat([x[:, :lo], cur_x], 1)
+            logits = logits_fn(ctx)[:, lo:hi]
+            probs = torch.softmax(logits.float(), dim=-1)
+            x0_p, x0 = probs.max(-1)
+            confidence = torch.where(mask_index, x0_p, -torch.inf)
+            transfer = torch.zeros_like(x0, dtype=torch.bool)
+            if remasking_strategy == "sequential":
+                first = int(mask_index[0].nonzero()[0].min())
+                transfer[0, first:first + int(ntt[step])] = True
+            elif remasking_strategy == "low_confidence_static":
+                _, idx = torch.topk(confidence[0], int(ntt[step]))
+                transfer[0, idx] = True
+            elif remasking_strategy == "low_confidence_dynamic":
+                high = confidence[0] > confidence_threshold
+                if high.sum() >= ntt[step]:
+                    transfer[0] = high
+                else:
+                    _, idx = torch.topk(confidence[0], int(ntt[step]))
+                    transfer[0, idx] = True
+            else:
+                raise ValueError(remasking_strategy)
+            cur_x[transfer] = x0[transfer]
+        x[:, lo:hi] = cur_x
+        if stopping_criteria_idx is not None and any(s in x[:, p:] for s in stopping_criteria_idx):
+            break
+    return x

@@ -60,6 +60,7 @@ class Model:
     def __init__(self, net, config, tokenizer, path: Path, name: str, device, dtype, quant, gen_config: dict):
         self.net, self.config, self.tokenizer = net, config, tokenizer
         self.path, self.name, self.device, self.dtype, self.quant = path, name, torch.device(device), dtype, quant
+        self.precision = None   # localdiff.capability.Precision, set by localdiff.load on CPU
         self.generation_config = gen_config
         self.family = entry_for(config.model_type).family
         self.options_cls = POLICIES[policy_for_family(self.family, getattr(config, "model_type", None))]

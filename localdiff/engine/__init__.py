@@ -77,6 +77,12 @@ class Model:
         self.runner.prepare(self)
 
     # -- building blocks ----------------------------------------------------------------------------------------
+    def kernels(self) -> dict[str, str]:
+        """Which dtype and kernels this model runs (:func:`localdiff.engine.kernels.describe`)."""
+        from localdiff.engine.kernels import describe
+
+        return describe(self.net)
+
     def new_cache(self, device_budget_bytes: int | None = None):
         """A fresh cache for this model's family, to reuse across chat turns: the block KV cache of the canvas family
         (``device_budget_bytes``: K/V bytes allowed on the device, None = unlimited, 0 = all on the host; see

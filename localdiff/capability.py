@@ -137,13 +137,14 @@ def choose_cpu_dtype(stored: str | None, n_params: int | None, measure: bool = T
     ``n_params`` parameters (None = unknown), by the rules of the module docstring. ``measure=False`` skips the
     GEMM probe (``show``: the flags and the model decide; the speed check is left to the load)."""
     cap, flags = torch_capability() if measure else "not checked", bf16_instructions()
-    small = n_params is not None and n_params < LARGE_MODEL_PARAMS
+    small = n_params is None or n_params < LARGE_MODEL_PARAMS   # unknown size: as small
     half = stored in ("bfloat16", "float16")
     if not flags:
         return Precision("float32", "no bf16 GEMM instructions on this CPU (bf16 would be emulated, ~100x slower)",
                          cap, flags, {})
     if small and not half:
-        return Precision("float32", f"fp32 checkpoint under {LARGE_MODEL_PARAMS // 1_000_000}M parameters "
+        return Precision("float32", f"fp32 checkpoint under {LARGE_MODEL_PARAMS // 1_000_000}M parameters or of "
+                                    "unknown size "
                                     "(kept exact; --dtype bfloat16 to change)", cap, flags, {})
     if not measure:
         return Precision("bfloat16", "bf16 instructions present (speed measured at load)", cap, flags, {})

@@ -15,8 +15,6 @@ Sections (``--only`` picks some; ``--eval`` alone = the eval section only):
 * ``profile`` torch.profiler over one generation of the embedded model: top ops, time split denoise/prefill/loop.
 * ``serve``   time to first byte and tokens/s through ``localdiff serve`` vs in-process on the same prompt and seeds
               (``localdiff/bench/serve.py``).
-* ``scale``   DiffusionGemma at real sizes (~150M / ~1B, flagship proportions, canvas 256): localdiff default vs the
-              reference in bf16 and fp32, FLOPs per step, fraction of GEMM peak (``localdiff/bench/scale.py``).
 * ``masked``  LLaDA-style models: step time per cache mode (none / prefix / dual) at 256 and 1k prompt tokens, and
               tokens/s + TPF per cache mode × threshold (``localdiff/bench/masked.py``).
 
@@ -335,12 +333,6 @@ def _masked(ctx: _Ctx) -> dict:
     return measure(ctx.args.quick, log=ctx.log)
 
 
-def _scale(ctx: _Ctx) -> dict:
-    from localdiff.bench.scale import measure
-
-    return measure(ctx.args.quick, steps=ctx.args.random_steps, reps=ctx.args.reps, log=ctx.log)
-
-
 def _run_sections(ctx: _Ctx, names: list[str], res: dict, out: Path, log) -> bool:
     """Run each section into ``res["sections"]``; True when one failed with an unexpected error."""
     failed = False
@@ -351,8 +343,8 @@ def _run_sections(ctx: _Ctx, names: list[str], res: dict, out: Path, log) -> boo
                 sec = _sweep(ctx, out.parent, out.stem, res["sections"].get("eval", {}).get("default"))
             else:
                 fns = {"ref": _ref, "eval": _eval, "history": _history, "memory": _memory, "profile": _profile,
-                       "serve": _serve, "masked": _masked, "scale": _scale}
-                sec = fns[name](ctx)
+                       "serve": _serve, "masked": _masked}
+                sec = fns[name](ctx) if name in fns else __import__(f"localdiff.bench.{name}", fromlist=["run"]).run(ctx)
         except LocaldiffError as e:
             sec = {"skipped": str(e)}
             log(f"{name}: skipped ({e})")

@@ -190,6 +190,11 @@ def _interleaved(sides: list[_Side], ids, reps: int, log, label: str) -> dict:
     return out
 
 
+def run(ctx) -> dict:
+    """The section as ``localdiff bench`` runs it (``ctx.args``: ``--quick``, ``--random-steps``, ``--reps``)."""
+    return measure(ctx.args.quick, steps=ctx.args.random_steps, reps=ctx.args.reps, log=ctx.log)
+
+
 def measure(quick: bool, steps: int = 4, reps: int | None = None, sizes: list[str] | None = None, log=print) -> dict:
     """Run the section (module docstring). Returns {"sizes": [per size: config, parameters, FLOPs, runs, ratios],
     "peak_gflops", "notes"}. Raises LocaldiffError when transformers' DiffusionGemma is unavailable."""

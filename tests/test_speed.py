@@ -166,3 +166,21 @@ def test_tiny_stays_fp32_and_dtype_is_one_setting_away(monkeypatch):
     monkeypatch.setenv("LOCALDIFF_DTYPE", "fp8")
     with pytest.raises(localdiff.errors.UsageError, match="LOCALDIFF_DTYPE"):
         localdiff.load("tiny")
+
+
+def test_topk_self_conditioning_is_opt_in_and_converges():
+    """sc_topk=None is the exact product (bit for bit the reference's softmax(sc) @ E); top-k renormalises over the
+    k largest logits, equals the exact product when one token holds all the mass, and its error shrinks with k."""
+    from localdiff.arch.soft_embedding import soft_embedding
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(300, 24, generator=g)
+    sc = torch.randn(2, 5, 300, generator=g) * 3
+    exact = soft_embedding(sc, w)
+    assert torch.equal(exact, torch.softmax(sc, -1, dtype=torch.float32) @ w)
+    errs = [(soft_embedding(sc, w, k) - exact).abs().max() for k in (4, 32, 128, 299)]
+    assert errs[0] > errs[1] > errs[2] > errs[3] and errs[3] < 1e-4
+    peaked = torch.full((1, 2, 300), -1e4)
+    peaked[0, 0, 7] = peaked[0, 1, 9] = 0.0
+    assert torch.allclose(soft_embedding(peaked, w, 2), w[[7, 9]][None], atol=1e-6)
+    assert localdiff.load("tiny").net.sc_topk is None

@@ -26,6 +26,7 @@ from localdiff.arch.diffusion_gemma_spec import (MODEL_TYPE, DiffusionGemmaConfi
                                                  is_skipped_checkpoint_tensor, keeps_checkpoint_dtype)
 from localdiff.arch.layers import (GatedMLP, MoEExperts, RMSNorm, Router, apply_rope, attention, backs, embed_scale, linear, norm, rms_norm, rope_inv_freq, rope_tables)
 from localdiff.arch.masks import canvas_keys, prefill_mask
+from localdiff.arch.soft_embedding import soft_embedding
 
 
 class Attention(nn.Module):
@@ -164,6 +165,9 @@ class DiffusionGemma(nn.Module):
     """
 
     roles = frozenset({ROLE_PREFILL, ROLE_DENOISE})
+    #: None = the exact self-conditioning soft embedding; k = the top-k approximation (opt-in, not reference-exact;
+    #: :mod:`localdiff.arch.soft_embedding`)
+    sc_topk: int | None = None
 
     def __init__(self, cfg: DiffusionGemmaConfig):
         super().__init__()
@@ -308,11 +312,8 @@ class DiffusionGemma(nn.Module):
             xc = self._embed(canvas_ids)
             soft = None
             if sc_logits is not None:
-                w = self.embed_tokens.weight
-                probs = torch.softmax(sc_logits, dim=-1, dtype=torch.float32).to(w.dtype)
-                # F.linear(p, Eᵀ): the layout that is fast in bf16 on every CPU measured (torch.matmul(p, E) took 35 s
-                # per step in bf16 on an AVX2-only CPU, this 1 s); bit-identical to p @ E here in fp32 and bf16
-                soft = nn.functional.linear(probs, w.t()) * self._scale(xc.dtype, xc.device)
+                soft = soft_embedding(sc_logits, self.embed_tokens.weight, self.sc_topk) * self._scale(xc.dtype,
+                                                                                                      xc.device)
             parts.append(self.self_conditioning(xc, soft))
         return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
 

@@ -29,7 +29,7 @@ PROMPT = 64
 VOCAB = 32768
 REAL_VOCAB = 262144
 #: name → (hidden, layers, heads, head_dim, global head_dim)
-SHAPES = {"150M": (448, 6, 4, 128, 256), "1B": (1024, 9, 8, 128, 256)}
+SHAPES = {"150M": (448, 6, 4, 128, 256), "1B": (1024, 9, 8, 128, 256), "smoke": (64, 2, 2, 32, 64)}   # smoke: tests
 
 
 def text_config(hidden: int, layers: int, heads: int, head_dim: int, global_head_dim: int, vocab: int = VOCAB) -> dict:

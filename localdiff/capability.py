@@ -136,7 +136,7 @@ def choose_cpu_dtype(stored: str | None, n_params: int | None, measure: bool = T
     """The default CPU compute dtype for a checkpoint stored in ``stored`` ("float32", "bfloat16", ... or None) with
     ``n_params`` parameters (None = unknown), by the rules of the module docstring. ``measure=False`` skips the
     GEMM probe (``show``: the flags and the model decide; the speed check is left to the load)."""
-    cap, flags = torch_capability() if measure else "not checked", bf16_instructions()
+    cap, flags = torch_capability(), bf16_instructions()
     small = n_params is None or n_params < LARGE_MODEL_PARAMS   # unknown size: as small
     half = stored in ("bfloat16", "float16")
     if not flags:

@@ -123,8 +123,9 @@ class _Side:
             from transformers.models.diffusion_gemma.generation_diffusion_gemma import EntropyBoundSamplerConfig
 
             self.dtype = dtype
+            del ld          # free localdiff's copy before the reference loads (the 1B fp32 pair ran out of memory)
+            gc.collect()
             self.net = load_reference(path) if dtype == "float32" else load_reference_dtype(path, dtype)
-            del ld
             self.counter = _Counter(self.net.model.decoder)
             o = self.opts
             self.kw = dict(max_denoising_steps=int(o["max_denoising_steps"]), t_min=float(o["t_min"]),
@@ -276,7 +277,7 @@ def render_md(sec: dict) -> list[str]:
     for s in sec["sizes"]:
         out += ["", f"**{s['name']}** ({s['parameters'] / 1e6:.0f}M parameters, {s['active'] / 1e6:.0f}M active): "
                     f"{s['flops_per_step'] / 1e9:.1f} GFLOP per step ({s['flops_per_step_real_vocab'] / 1e9:.1f} at "
-                    f"vocab 262,144, where the LM head + self-conditioning product are "
+                    f"vocab 262,144, where at this hidden size the LM head + self-conditioning product are "
                     f"{s['vocab_share_real_vocab']:.0%}); best localdiff ÷ best reference tokens/s: "
                     f"**{s['ratio_best']:.2f}×** ({s['best']['localdiff']} vs {s['best']['reference']}); same dtype: "
                     + ", ".join(f"{d} {r:.2f}×" for d, r in s["ratio_same_dtype"].items()), "",

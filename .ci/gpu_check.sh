@@ -4,6 +4,9 @@
 # 1. the gpu-marked tests (bitsandbytes int8 on CUDA, KV-cache offload with the prefetch stream, offload plan)
 # 2. int8 kernel micro-benchmark on CUDA
 # 3. bench: reference comparison + memory (CUDA peak allocated) on the embedded model
+# 4. scale: flagship-proportioned random DiffusionGemma (~150M, ~1B) on CUDA — localdiff bf16, localdiff int8
+#    (bitsandbytes' kernels, from the cuda extra) and the reference in bf16: ms per denoising step against the HBM
+#    bound (weight bytes one step reads ÷ the measured copy bandwidth), localdiff/bench/scale_cuda.py
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu-results}"
@@ -15,3 +18,4 @@ nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
 python -m pytest -m gpu -q -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest-gpu.txt"
 python -m localdiff.bench.quant --device cuda 2>&1 | tee "$OUT/quant-bench-cuda.txt"
 localdiff bench --quick --only ref,memory --out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt"
+python -m localdiff.bench.scale_cuda --sizes 150M,1B --out "$OUT/scale-cuda.json" 2>&1 | tee "$OUT/scale-cuda.txt"

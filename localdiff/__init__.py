@@ -41,7 +41,10 @@ def load(name="tiny", device=None, dtype=None, quant=None, gpu_mem=None):
 
     Args:
         device: "cpu", "cuda", "cuda:N" or None (CUDA when available, else CPU).
-        dtype: "float32" | "bfloat16" | "float16" | torch.dtype | None (fp32 on CPU, the checkpoint's on CUDA).
+        dtype: "float32" | "bfloat16" | "float16" | torch.dtype | None (``$LOCALDIFF_DTYPE``, else on CPU the default
+            of :func:`localdiff.capability.choose_cpu_dtype` — bf16 where the CPU has native bf16 GEMM and the model
+            is stored in 16 bits or has ≥ 100M parameters, fp32 otherwise — and the checkpoint's on CUDA). The
+            choice and why: ``Model.precision``.
         quant: None or "int8" (weight-only int8, see localdiff.quantize.int8).
         gpu_mem: on CUDA, the device memory budget in bytes for the memory plan (default: free memory measured
             now); expert layers the plan keeps on the host stay in CPU memory and run there (like --n-cpu-moe).
@@ -50,6 +53,8 @@ def load(name="tiny", device=None, dtype=None, quant=None, gpu_mem=None):
     Raises:
         ModelNotFoundError, CheckpointError, UsageError (bad device / dtype / quant).
     """
+    import os
+
     import torch
 
     from localdiff.engine import Model, read_generation_config
@@ -72,8 +77,15 @@ def load(name="tiny", device=None, dtype=None, quant=None, gpu_mem=None):
         if dtype not in _DTYPES:
             raise UsageError(f"invalid dtype {dtype!r} (use float32, bfloat16 or float16)")
         dtype = _DTYPES[dtype] and getattr(torch, _DTYPES[dtype])
-    if dtype is None and dev.type == "cpu":
-        dtype = torch.float32
+    if dtype is None and os.environ.get("LOCALDIFF_DTYPE"):
+        dtype = os.environ["LOCALDIFF_DTYPE"]
+        if dtype not in _DTYPES:
+            raise UsageError(f"LOCALDIFF_DTYPE: invalid dtype {dtype!r} (use float32, bfloat16 or float16)")
+        dtype = _DTYPES[dtype] and getattr(torch, _DTYPES[dtype])
+    precision = None
+    if dev.type == "cpu":
+        precision = _cpu_precision(path, dtype)
+        dtype = getattr(torch, precision.dtype)
     if quant not in (None, "none", "int8"):
         raise UsageError(f"invalid quant {quant!r} (use int8 or none)")
     quant = None if quant == "none" else quant
@@ -91,7 +103,29 @@ def load(name="tiny", device=None, dtype=None, quant=None, gpu_mem=None):
     gen_cfg = read_generation_config(path)
     eos = gen_cfg.get("eos_token_id", list(cfg.eos_token_id))
     tok = load_tokenizer(path, eos if isinstance(eos, list) else [eos], gen_cfg.get("pad_token_id", cfg.pad_token_id))
-    return Model(net, cfg, tok, path, label, dev, next(net.parameters()).dtype, quant, gen_cfg)
+    model = Model(net, cfg, tok, path, label, dev, next(net.parameters()).dtype, quant, gen_cfg)
+    model.precision = precision   # localdiff.capability.Precision on CPU (dtype, why, the detected capability)
+    return model
+
+
+def _cpu_precision(path, dtype):
+    """The :class:`localdiff.capability.Precision` of a CPU load: ``dtype`` when asked, else the default chosen from
+    the detected CPU and the checkpoint (stored dtype, parameter count)."""
+    from localdiff import capability
+
+    if dtype is not None:
+        name = str(dtype).removeprefix("torch.")
+        return capability.Precision(name, "asked for", capability.torch_capability(),
+                                    capability.bf16_instructions(), {}, chosen_by="asked")
+    from localdiff.arch import get_spec
+    from localdiff.paths import read_json
+
+    raw = read_json(path / "config.json")
+    try:
+        n = int(get_spec(raw).parameter_counts(raw)["total"])
+    except (KeyError, ValueError, TypeError):   # the loader reports a bad config in its own words
+        n = None
+    return capability.choose_cpu_dtype(capability.stored_dtype(raw), n)
 
 
 def __getattr__(name):

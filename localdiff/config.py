@@ -55,7 +55,7 @@ _TOP_KEYS: dict[str, type] = {
     "theme": str,
 }
 _ENV_OTHER = ("LOCALDIFF_CONFIG", "LOCALDIFF_DATA_DIR", "LOCALDIFF_DEBUG", "LOCALDIFF_NO_BNB",  # read elsewhere
-              "LOCALDIFF_API_KEY")
+              "LOCALDIFF_API_KEY", "LOCALDIFF_DTYPE")
 _ENV_TOP = {"LOCALDIFF_MODEL": "default_model", "LOCALDIFF_DEVICE": "device", "LOCALDIFF_QUANT": "quant",
             "LOCALDIFF_MAX_NEW_TOKENS": "max_new_tokens", "LOCALDIFF_SEED": "seed"}
 

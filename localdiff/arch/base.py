@@ -22,6 +22,9 @@ Forward roles (an architecture implements the methods of the roles it lists in `
   window's tokens at positions ``start .. start+n-1``; keys/values are ``kv``'s entries before ``start`` and after
   ``start+n`` around the window's fresh ones. Returns logits FloatTensor[B, n, V] (and the window's per-layer K/V
   when ``return_kv``).
+* Optional on both: a model with ``selects_rows = True`` also takes ``rows=(a, b)`` (the LM head only on positions
+  a..b-1) and ``select=BoolTensor[B, b-a]`` (only on the selected rows; the others return 0), so the masked loop
+  computes no vocabulary-sized work for committed positions (``localdiff.arch.masked.MaskedLM``).
 """
 from __future__ import annotations
 

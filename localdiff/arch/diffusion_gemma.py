@@ -24,8 +24,9 @@ from torch import nn
 from localdiff.arch.base import ROLE_DENOISE, ROLE_PREFILL
 from localdiff.arch.diffusion_gemma_spec import (MODEL_TYPE, DiffusionGemmaConfig, checkpoint_names,  # noqa: F401
                                                  is_skipped_checkpoint_tensor, keeps_checkpoint_dtype)
-from localdiff.arch.layers import (GatedMLP, MoEExperts, RMSNorm, Router, apply_rope, attention, backs, embed_scale, linear, norm, rms_norm, rope_inv_freq, rope_tables, softcap)
+from localdiff.arch.layers import (GatedMLP, MoEExperts, RMSNorm, Router, apply_rope, attention, backs, embed_scale, linear, norm, rms_norm, rope_inv_freq, rope_tables)
 from localdiff.arch.masks import canvas_keys, prefill_mask
+from localdiff.arch.soft_embedding import soft_embedding
 
 
 class Attention(nn.Module):
@@ -164,6 +165,9 @@ class DiffusionGemma(nn.Module):
     """
 
     roles = frozenset({ROLE_PREFILL, ROLE_DENOISE})
+    #: None = the exact self-conditioning soft embedding; k = the top-k approximation (opt-in, not reference-exact;
+    #: :mod:`localdiff.arch.soft_embedding`)
+    sc_topk: int | None = None
 
     def __init__(self, cfg: DiffusionGemmaConfig):
         super().__init__()
@@ -229,7 +233,9 @@ class DiffusionGemma(nn.Module):
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Final hidden states Tensor[B, C, H] → soft-capped fp32 logits Tensor[B, C, V]."""
         w = self.lm_head.weight if self.lm_head is not None else self.embed_tokens.weight
-        return softcap(nn.functional.linear(h, w).float(), self.config.final_logit_softcapping)
+        y = nn.functional.linear(h, w).float()            # a fresh tensor: soft-cap in place (same ops, no copies)
+        cap = self.config.final_logit_softcapping
+        return y if cap is None else y.div_(cap).tanh_().mul_(cap)
 
     # -- the two roles ------------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -306,9 +312,8 @@ class DiffusionGemma(nn.Module):
             xc = self._embed(canvas_ids)
             soft = None
             if sc_logits is not None:
-                w = self.embed_tokens.weight
-                probs = torch.softmax(sc_logits, dim=-1, dtype=torch.float32).to(w.dtype)
-                soft = (probs @ w) * self._scale(xc.dtype, xc.device)
+                soft = soft_embedding(sc_logits, self.embed_tokens.weight, self.sc_topk) * self._scale(xc.dtype,
+                                                                                                      xc.device)
             parts.append(self.self_conditioning(xc, soft))
         return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
 

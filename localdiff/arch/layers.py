@@ -193,6 +193,9 @@ class MoEExperts(nn.Module):
     (``localdiff.quantize.int8.Int8Experts``) override :meth:`expert_ffn` only.
     """
 
+    #: bf16 on CPU: "stream" (:func:`stream_experts`, measured 1.3-1.6x faster than grouped_mm there) or "grouped"
+    kernel = "stream"
+
     def __init__(self, num_experts: int, hidden: int, inter: int):
         super().__init__()
         self.num_experts = num_experts
@@ -214,7 +217,9 @@ class MoEExperts(nn.Module):
         order = torch.argsort(flat, stable=True)
         token = order // k
         xs = x.index_select(0, token)
-        if self._grouped(xs):
+        if self._grouped(xs) and xs.dtype == torch.bfloat16 and self.kernel == "stream":
+            ys = stream_experts(xs, flat, order, self.gate_up_proj, self.down_proj)
+        elif self._grouped(xs):
             offs = torch.bincount(flat, minlength=self.num_experts).cumsum(0, dtype=torch.int32)
             gate, up = torch._grouped_mm(xs, self.gate_up_proj.transpose(1, 2), offs=offs).chunk(2, dim=-1)
             ys = torch._grouped_mm(gelu_tanh(gate) * up, self.down_proj.transpose(1, 2), offs=offs)
@@ -235,6 +240,35 @@ class MoEExperts(nn.Module):
 
 
 _HAS_GROUPED_MM = hasattr(torch, "_grouped_mm")
+
+
+def stream_experts(xs: torch.Tensor, flat: torch.Tensor, order: torch.Tensor, gate_up: torch.Tensor,
+                   down: torch.Tensor) -> torch.Tensor:
+    """The experts' gated FFN in the weight-streaming layout: rows of each expert are placed in a zero-padded block
+    (one host sync for the largest group) and each expert runs ``W · Xᵀ`` as one ``torch.bmm`` over all experts.
+
+    Why: a canvas of 256 tokens with top-8 of 128 experts gives each expert ~16 rows, so the step reads every
+    expert weight once for a few rows — memory-bound. With the weight as the streamed left operand, bf16 reaches
+    ~13 GB/s of weights on one core here (the machine's ~12 GB/s read rate) against ~8 for ``torch._grouped_mm``
+    (one small matmul per expert): measured 1.3-1.6x faster per expert layer at hidden 512 / 1024. Not for fp32
+    (there ``_grouped_mm`` measured faster) and not bit-identical to it (bf16 rounding of another GEMM blocking).
+
+    Args:
+        xs: Tensor[N·K, H] rows sorted by expert (``x[order // K]``); flat: LongTensor[N·K] expert of each
+            (token, slot); order: ``argsort(flat, stable=True)``.
+        gate_up: Tensor[E, 2I, H]; down: Tensor[E, H, I] (checkpoint layout).
+    Returns:
+        Tensor[N·K, H]: row r = expert ``flat[order[r]]`` applied to ``xs[r]`` (unweighted).
+    """
+    e, two_i, h = gate_up.shape
+    counts = torch.bincount(flat, minlength=e)
+    eid = flat[order]
+    pos = torch.arange(eid.numel(), device=xs.device) - (counts.cumsum(0) - counts)[eid]
+    buf = xs.new_zeros(e, h, int(counts.max()))
+    buf[eid, :, pos] = xs
+    o = torch.bmm(gate_up, buf)                                   # [E, 2I, max rows]
+    half = two_i // 2
+    return torch.bmm(down, gelu_tanh(o[:, :half]) * o[:, half:])[eid, :, pos]
 
 
 def softcap(x: torch.Tensor, cap: float | None) -> torch.Tensor:

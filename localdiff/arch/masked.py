@@ -41,6 +41,8 @@ class MaskedLM(DenseStack):
     ``model_type``, ``raw``)."""
 
     roles = frozenset({ROLE_LOGITS, ROLE_WINDOW})
+    #: logits_full / forward_window take ``rows`` / ``select`` (the LM head only where a decoder reads)
+    selects_rows = True
 
     def __init__(self, cfg: MaskedConfig):
         super().__init__(cfg)
@@ -52,22 +54,25 @@ class MaskedLM(DenseStack):
         return self.config.shift_logits
 
     @torch.inference_mode()
-    def logits_full(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def logits_full(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                    rows: tuple[int, int] | None = None, select: torch.Tensor | None = None) -> torch.Tensor:
         """One bidirectional pass.
 
         Args:
             input_ids: LongTensor[B, T].
             attention_mask: Bool/LongTensor[B, T], 1 = real token, 0 = padding (never attended to); None = all real.
+            rows / select: only these logits (see :meth:`forward_window`).
         Returns:
-            FloatTensor[B, T, V] fp32 raw logits (V = ``config.vocab_size``).
+            FloatTensor[B, T, V] fp32 raw logits (V = ``config.vocab_size``), or [B, b − a, V] with ``rows=(a, b)``.
         Raises:
             ValueError: an attention_mask of the wrong shape.
         """
-        return self.forward_window(input_ids, 0, None, attention_mask)
+        return self.forward_window(input_ids, 0, None, attention_mask, rows=rows, select=select)
 
     @torch.inference_mode()
     def forward_window(self, input_ids: torch.Tensor, start: int = 0, kv: list | None = None,
-                       attention_mask: torch.Tensor | None = None, return_kv: bool = False):
+                       attention_mask: torch.Tensor | None = None, return_kv: bool = False,
+                       rows: tuple[int, int] | None = None, select: torch.Tensor | None = None):
         """The window pass of the Fast-dLLM prefix / dual caches (module docstring).
 
         Args:
@@ -79,9 +84,14 @@ class MaskedLM(DenseStack):
                 S_total = start + n + max(0, S − start − n) with kv; with kv=None the keys are the window only, and
                 a mask over the full sequence (width ≥ start + n) is sliced to the window. None = all real.
             return_kv: also return the window's fresh per-layer (K, V) [B, kv_heads, n, head_dim].
+            rows: (a, b) — the LM head runs only on window positions a..b-1 (a decoder reads one block's logits);
+                None = all n.
+            select: BoolTensor[B, b − a] or None — within ``rows``, the positions whose logits are read (the
+                still-masked ones); the head runs on those only (at least :data:`HEAD_MIN_ROWS` rows, see there)
+                and the other rows come back as 0.
         Returns:
-            FloatTensor[B, n, V] fp32 logits, or (logits, kv_of_window) with ``return_kv``. With kv=None and
-            start=0 this is exactly :meth:`logits_full`.
+            FloatTensor[B, n, V] fp32 logits (B, b − a, V with ``rows``), or (logits, kv_of_window) with
+            ``return_kv``. With kv=None and start=0 this is exactly :meth:`logits_full`.
         Raises:
             ValueError: start < 0, a kv of the wrong length / shorter than start, or a mask of the wrong shape.
         """
@@ -99,8 +109,22 @@ class MaskedLM(DenseStack):
             total = n
         mask = self._key_mask(attention_mask, b, total, start, n, kv is None, input_ids.device)
         h, fresh = self.run(input_ids, start, mask, kv, return_kv)
-        logits = F.linear(h, self.head_weight())[..., : self.config.vocab_size].float()
+        if rows is not None:
+            h = h[:, rows[0]:rows[1]]
+        logits = self._head(h, select)
         return (logits, fresh) if return_kv else logits
+
+    def _head(self, h: torch.Tensor, select: torch.Tensor | None) -> torch.Tensor:
+        """LM head on final hidden states Tensor[B, L, H] → fp32 logits FloatTensor[B, L, V]; with ``select``
+        (BoolTensor[B, L]) only on the selected rows, padded to :data:`HEAD_MIN_ROWS` rows (others are 0)."""
+        w = self.head_weight()
+        v = self.config.vocab_size
+        if select is None or bool(select.all()):
+            return F.linear(h, w)[..., :v].float()
+        sel = head_rows(select)
+        out = h.new_zeros(*select.shape, v, dtype=torch.float32)
+        out[sel] = F.linear(h[sel], w)[..., :v].float()
+        return out
 
     @staticmethod
     def _key_mask(attention_mask, b: int, total: int, start: int, n: int, no_kv: bool, device):
@@ -120,6 +144,24 @@ class MaskedLM(DenseStack):
             return None
         m = m | ~m.any(1, keepdim=True)
         return m[:, None, None, :]
+
+
+#: fewest rows the LM head runs on when committed positions are skipped: MKL's sgemm rounds a row alike alone and
+#: inside a larger matmul only from 16 rows up (measured on AVX-512 at 1 and 2 threads; FACTS.md), so a smaller
+#: selection is padded with other rows of the block and the read logits stay bit-identical in fp32. (bf16 GEMMs
+#: round some row counts up to ~40 differently: there the skipped path can differ by bf16 rounding.)
+HEAD_MIN_ROWS = 16
+
+
+def head_rows(select: torch.Tensor, min_rows: int = HEAD_MIN_ROWS) -> torch.Tensor:
+    """``select`` (BoolTensor[B, L]) with unselected positions added in order until ≥ ``min_rows`` are set (or all)."""
+    need = min_rows - int(select.sum())
+    if need <= 0:
+        return select
+    sel = select.clone()
+    flat = sel.view(-1)
+    flat[torch.nonzero(~flat).view(-1)[:need]] = True
+    return sel
 
 
 # -- checkpoint names (Llama / Qwen layout: LLaDA-MoE, Dream, DiffuCoder, A2D Qwen3) --------------------------------

@@ -174,6 +174,18 @@ def _serve_md(sec: dict) -> list[str]:
     return render_md(sec)
 
 
+def _scale_md(sec: dict) -> list[str]:
+    from localdiff.bench.scale import render_md
+
+    return render_md(sec)
+
+
+def _approx_md(sec: dict) -> list[str]:
+    from localdiff.bench.approx import render_md
+
+    return render_md(sec)
+
+
 def render(res: dict) -> str:
     """Markdown for a results dict (sections that did not run are listed with their reason)."""
     env = res["environment"]
@@ -187,7 +199,7 @@ def render(res: dict) -> str:
     lines += _targets_md(res["sections"], bool(res.get("quick")))
     render_fns = {"ref": _ref_md, "eval": _eval_md, "sweep": _sweep_md, "history": _history_md,
                   "memory": _memory_md, "profile": _profile_md, "serve": _serve_md,
-                  "masked": _masked_md, "block": _block_md}
+                  "masked": _masked_md, "block": _block_md, "scale": _scale_md, "approx": _approx_md}
     for name, fn in render_fns.items():
         sec = res["sections"].get(name)
         if sec is None:

@@ -82,6 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("-v", "--verbose", action="store_true",
                    help="stats and KV-cache accounting (device/host bytes, blocks moved, prefill computed vs "
                         "reused) on stderr, terminal or not")
+    g.add_argument("--dtype", choices=["float32", "bfloat16"],
+                   help="compute dtype on CPU (default: bfloat16 where the CPU has native bf16 GEMM and the model is "
+                        "large or stored in 16 bits, else float32; float32 = the reference-exact path; "
+                        "env LOCALDIFF_DTYPE)")
     _add_endpoint(g)
     _add_sampler(g)
     _add_common(g)

@@ -147,12 +147,12 @@ def _size(text, flag):
     return n
 
 
-def _load(name: str, device, quant, gpu_mem=None):
+def _load(name: str, device, quant, gpu_mem=None, dtype=None):
     try:
         from localdiff import load
     except ImportError as e:  # pragma: no cover — engine missing from a broken install
         raise LocaldiffError(f"the generation engine is not available: {e}") from None
-    return load(name, device=device, quant=quant, gpu_mem=gpu_mem)
+    return load(name, device=device, quant=quant, gpu_mem=gpu_mem, dtype=dtype)
 
 
 def run_gen(args) -> int:
@@ -166,7 +166,7 @@ def run_gen(args) -> int:
     seed = cfg.seed if cfg.seed is not None else random.SystemRandom().randrange(2**31)
     gpu_mem = _size(getattr(args, "gpu_mem", None), "--gpu-mem")
     kv_budget = _size(getattr(args, "kv_budget", None), "--kv-budget")
-    model = _load(cfg.default_model, cfg.device, cfg.quant, gpu_mem)
+    model = _load(cfg.default_model, cfg.device, cfg.quant, gpu_mem, getattr(args, "dtype", None))
     cache = model.new_cache(device_budget_bytes=kv_budget) if kv_budget is not None else None
     overrides = model.applicable(overrides, keep=flag_names(_flags(args)))   # saved settings: this decoder's only
     used = model.sampler_options(_typed=flag_names(_flags(args)), **overrides)
@@ -221,6 +221,11 @@ def run_gen(args) -> int:
                          f"computed / {s.prefill_tokens_reused} reused, seed {seed}\n")
         if s.cache:        # the canvas family's block cache, a masked model's prefix / dual K/V tiers
             sys.stderr.write("kv cache: " + ", ".join(f"{k}={v}" for k, v in sorted(s.cache.items())) + "\n")
+        if getattr(model, "precision", None) is not None:
+            sys.stderr.write(f"precision: {model.precision.line()}\n")
+        kernels = getattr(model, "kernels", None)
+        if callable(kernels):
+            sys.stderr.write("kernels: " + ", ".join(f"{k}={v}" for k, v in kernels().items()) + "\n")
     elif done is not None and not args.quiet and _stderr_tty():
         s = done.stats
         canv = f"{s.canvases} canvas" + ("" if s.canvases == 1 else "es")

@@ -134,6 +134,7 @@ def run_show(args) -> int:
 
     if summary.get("family") in FAMILY_POLICY:   # a family whose decoders are not wired yet shows its model only
         out["decoder"] = describe(summary["family"], folder, cfg.get("model_type"))
+    out["cpu_precision"] = _cpu_precision(cfg, summary)
     if args.plan:
         try:
             from localdiff.quantize.plan import plan_memory
@@ -152,9 +153,21 @@ def run_show(args) -> int:
         sys.stdout.write(f"\ndecoder: {out['decoder']['policy']}\n")
         for key, o in out["decoder"]["options"].items():
             sys.stdout.write(visible(f"  {key} = {o['value']}  ({o['flag']}, {o['env']}; {o['allowed']})") + "\n")
+    if out["cpu_precision"]:
+        sys.stdout.write(f"\ncpu precision: {out['cpu_precision']['line']}\n")
     if args.plan:
         sys.stdout.write("\nmemory plan:\n" + out["plan_text"].rstrip("\n") + "\n")
     return 0
+
+
+def _cpu_precision(cfg: dict, summary: dict) -> dict | None:
+    """The CPU default dtype a load would pick and why (:func:`localdiff.capability.choose_cpu_dtype` without the
+    GEMM probe: show stays torch-free; a load measures the speed-up and may still fall back to fp32)."""
+    from localdiff.capability import choose_cpu_dtype, stored_dtype
+
+    total = (summary.get("parameters") or {}).get("total") if isinstance(summary.get("parameters"), dict) else None
+    p = choose_cpu_dtype(stored_dtype(cfg), total, measure=False)
+    return {**p.to_dict(), "line": p.line()}
 
 
 def _print_tree(d: dict, indent: str) -> None:

@@ -25,7 +25,7 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
     """Entropy in nats per position of FloatTensor[..., V] logits (same formula as torch Categorical)."""
     logp = logits - logits.logsumexp(dim=-1, keepdim=True)
     p = torch.softmax(logp, dim=-1)
-    return -(logp.clamp(min=torch.finfo(logp.dtype).min) * p).sum(-1)
+    return -(logp.clamp_(min=torch.finfo(logp.dtype).min) * p).sum(-1)   # logp is fresh: clamp in place
 
 
 def entropy_bound_mask(entropy: torch.Tensor, bound: float) -> torch.Tensor:

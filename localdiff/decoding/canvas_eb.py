@@ -96,12 +96,11 @@ class CanvasEB:
         """Draw, accept, lock / correct and renoise: the canvas for the next step. Returns the StepEvent fields
         (canvas, argmax, accepted, renoised, reopened, confidence, entropy, locked; device tensors)."""
         probs = torch.softmax(a.proc, dim=-1, dtype=torch.float32)
-        draft = categorical(probs.view(-1, self.v), self.gen).view(self.b, self.c)
         conf = probs.max(-1).values
         acc, new_lock = accept(a.entropy, conf, self.locked, self.acc_cfg)
         canvas, locked, reopened = self.canvas, self.locked, None
         if locked is not None:
-            keep_tok = torch.where(locked, canvas, draft)
+            old_lock = locked
             if self.cor_cfg.enabled:
                 p_tok = probs.gather(-1, canvas[..., None]).squeeze(-1)
                 reopened = correct(locked, canvas, p_tok, self.reopens, self.cor_cfg)
@@ -111,7 +110,14 @@ class CanvasEB:
             else:
                 locked = locked | new_lock
                 acc = acc | locked
-            accepted_canvas = torch.where(acc, keep_tok, canvas)
+            read = acc & ~old_lock
+        else:
+            read = acc
+        # the draft is read only where accepted (and not kept locked): the other positions' random numbers are
+        # drawn in order but not transformed (same tokens and generator state as the full draw)
+        draft = categorical(probs.view(-1, self.v), self.gen, read.reshape(-1)).view(self.b, self.c)
+        if locked is not None:
+            accepted_canvas = torch.where(acc, torch.where(old_lock, canvas, draft), canvas)
         else:
             accepted_canvas = torch.where(acc, draft, canvas)
         new_canvas, renoised = renoise(accepted_canvas, acc, self.v, self.gen)

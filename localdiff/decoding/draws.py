@@ -93,16 +93,39 @@ def _buffers(m: int) -> tuple:
     return buf
 
 
-def _fast(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+def _fast(probs: torch.Tensor, generator: torch.Generator, rows: torch.Tensor | None = None) -> torch.Tensor:
     mt = getattr(_local, "mt", None)
     if mt is None:
         mt = _local.mt = _MT()
     state = generator.get_state().numpy()
     mt.load(state)
-    q = torch.empty(probs.shape, dtype=torch.float32)
-    _exponentials(mt.bg, probs.numel(), q.view(-1).numpy())
+    if rows is None:
+        q = torch.empty(probs.shape, dtype=torch.float32)
+        _exponentials(mt.bg, probs.numel(), q.view(-1).numpy())
+        generator.set_state(mt.store(state))
+        return torch.div(probs, q).argmax(-1, keepdim=True)
+    out = torch.zeros(probs.shape[0], 1, dtype=torch.long)
+    need = torch.nonzero(rows.reshape(-1).cpu()).view(-1).tolist()
+    v, done = probs.shape[1], 0
+    q = torch.empty(v, dtype=torch.float32)
+    for r in need:   # the words of the rows before r are drawn (the state advances) but never transformed
+        if r > done:
+            _skip_words(mt.bg, 2 * v * (r - done))
+        _exponentials(mt.bg, v, q.numpy())
+        out[r, 0] = torch.div(probs[r], q).argmax()
+        done = r + 1
+    if probs.shape[0] > done:
+        _skip_words(mt.bg, 2 * v * (probs.shape[0] - done))
     generator.set_state(mt.store(state))
-    return torch.div(probs, q).argmax(-1, keepdim=True)
+    return out
+
+
+def _skip_words(bg: np.random.MT19937, n: int) -> None:
+    """Advance ``bg`` by n 32-bit words (generated in chunks and dropped: MT19937 has no cheap jump by n)."""
+    while n > 0:
+        m = min(n, 4 * _CHUNK)
+        bg.random_raw(m)
+        n -= m
 
 
 def _self_check() -> bool:
@@ -121,8 +144,14 @@ def _self_check() -> bool:
         return False
 
 
-def categorical(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+def categorical(probs: torch.Tensor, generator: torch.Generator | None, rows: torch.Tensor | None = None
+                ) -> torch.Tensor:
     """One draw per row of ``probs``: FloatTensor[N, V] (non-negative, finite) → LongTensor[N, 1].
+
+    ``rows`` (BoolTensor[N] or None = all): the rows whose draw is read. The others' random numbers are still
+    drawn in order — the generator ends in the same state and the read rows get the same tokens as a full draw —
+    but never transformed (the exponential transform is most of the cost); their entries are 0 on the fast path
+    (torch's fallback draws every row).
 
     Equals ``torch.multinomial(probs, 1, generator=generator)`` token for token and leaves ``generator`` in the same
     state (see the module docstring); falls back to it for non-CPU, non-fp32 or non-contiguous tensors, fewer than
@@ -140,4 +169,6 @@ def categorical(probs: torch.Tensor, generator: torch.Generator | None) -> torch
     valid = (probs.max() < math.inf) & (probs.min() >= 0) & (probs.sum(-1) > 0).all()
     if not _fast_ok or not bool(valid.item()):
         return torch.multinomial(probs, 1, generator=generator)
-    return _fast(probs, generator)
+    if rows is not None and 2 * int(rows.sum()) > rows.numel():
+        rows = None   # most rows are read: one vectorised pass over all is faster
+    return _fast(probs, generator, rows)

@@ -63,19 +63,23 @@ class LLaDA:
         Returns:
             (x0 LongTensor[B, L] proposals (= ``xb`` where not masked), transfer BoolTensor[B, L] ⊆ masked).
         """
+        # vocab-sized work only on the masked rows (the others are never read; their logits may not be computed);
+        # the noise is still drawn over the whole block, in upstream's shape and order
+        lm = logits[masked]
         if self.o.temperature > 0:
-            l64 = logits.to(torch.float64)
-            u = torch.rand(l64.shape, dtype=torch.float64, generator=self.gen, device=l64.device)
-            x0 = (l64.exp() / (-torch.log(u)) ** self.o.temperature).argmax(-1)
+            u = torch.rand(logits.shape, dtype=torch.float64, generator=self.gen, device=logits.device)[masked]
+            x0m = (lm.to(torch.float64).exp() / (-torch.log(u)) ** self.o.temperature).argmax(-1)
         else:
-            x0 = logits.argmax(-1)
+            x0m = lm.argmax(-1)
         if self.o.remasking == "low_confidence":
-            p = torch.softmax(logits.to(torch.float64), dim=-1)
-            x0_p = p.gather(-1, x0[..., None]).squeeze(-1)
+            p = torch.softmax(lm.to(torch.float64), dim=-1)
+            conf = torch.full(xb.shape, -float("inf"), dtype=torch.float64, device=xb.device)
+            conf[masked] = p.gather(-1, x0m[:, None]).squeeze(-1)
         else:
-            x0_p = torch.rand(x0.shape, generator=self.gen, device=x0.device)
-        x0 = torch.where(masked, x0, xb)
-        conf = torch.where(masked, x0_p, torch.tensor(-float("inf"), dtype=x0_p.dtype, device=x0_p.device))
+            x0_p = torch.rand(xb.shape, generator=self.gen, device=xb.device)
+            conf = torch.where(masked, x0_p, torch.tensor(-float("inf"), dtype=x0_p.dtype, device=x0_p.device))
+        x0 = xb.clone()
+        x0[masked] = x0m
         k = self.schedule[:, i] if i < self.steps else masked.sum(1)
         transfer = parallel.select(conf, masked, k, self.o.threshold, self.o.factor)
         return x0, transfer & masked

@@ -89,8 +89,9 @@ def run(net, policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
         cap = n_steps + length if policy.parallel else n_steps     # parallel rules commit ≥ 1 per step
         while bool(masked.any()) and i < cap:
             if logits is None:
+                sel = masked if SKIP_COMMITTED else None
                 logits, kv = _block_logits(net, policy, x, amask, start, end, shift, cache, kv, i == 0, p, mask_id,
-                                           store)
+                                           store, sel)
                 logits = logits.index_fill(-1, torch.tensor([mask_id], device=dev), -torch.inf)   # never the mask
                 forwards += int(active.sum())
                 used += 1
@@ -133,29 +134,41 @@ def run(net, policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
     yield Done(texts[0] if b == 1 else texts, rows if b > 1 else rows[0], st, reason)
 
 
-def _block_logits(net, policy, x, amask, start, end, shift, cache, kv, first, p, mask_id, store):
+#: the LM head runs only on the block's still-masked positions (committed positions' logits are never read by the
+#: policies; their rows come back as 0). Exact: the tokens are identical with and without (tests).
+SKIP_COMMITTED = True
+
+
+def _block_logits(net, policy, x, amask, start, end, shift, cache, kv, first, p, mask_id, store, sel=None):
     """Position-aligned logits FloatTensor[B, L, V] of the block [start, end) and the (possibly refreshed) per-layer
     K/V (a :class:`WindowKV` placed in ``store``'s tiers). ``first``: the block's first step (the cache refresh: a
-    full pass)."""
+    full pass). ``sel``: BoolTensor[B, L] positions whose logits are read (the LM head skips the others, which are
+    0), or None (all)."""
     lo = start - shift            # with shifted logits the raw row lo predicts position start
     n = end - start
+
+    def call(fn, rows, *args, select=sel, **kw):   # the head on `rows` (and `select`) when the net can, else sliced
+        if getattr(net, "selects_rows", False):
+            return fn(*args, rows=rows, select=select, **kw)
+        out = fn(*args, **kw)
+        return (out[0][:, rows[0]:rows[1]], out[1]) if kw.get("return_kv") else out[:, rows[0]:rows[1]]
+
     if cache == "none" or first:
         if policy.cfg_scale > 0:
             un = x.clone()
             un[:, :p] = mask_id                       # LLaDA: the prompt masked
             m2 = None if amask is None else torch.cat([amask, amask])
-            both = net.logits_full(torch.cat([x, un]), m2)
+            both = call(net.logits_full, (lo, lo + n), torch.cat([x, un]), m2,
+                        select=None if sel is None else torch.cat([sel, sel]))
             cond, unc = both.chunk(2)
-            raw = guided(cond, unc, policy.cfg_scale)
-        elif cache == "none":
-            raw = net.logits_full(x, amask)
-        else:
-            raw, fresh = net.forward_window(x, 0, None, amask, return_kv=True)
-            kv = store.place(fresh)
-        return raw[:, lo:lo + n], kv
+            return guided(cond, unc, policy.cfg_scale), kv
+        if cache == "none":
+            return call(net.logits_full, (lo, lo + n), x, amask), kv
+        raw, fresh = call(net.forward_window, (lo, lo + n), x, 0, None, amask, return_kv=True)
+        return raw, store.place(fresh)
     if cache == "prefix":
-        return net.forward_window(x[:, lo:], lo, kv.prefix(lo), amask)[:, :n], kv
-    return net.forward_window(x[:, lo:end], lo, kv, amask)[:, :n], kv      # dual
+        return call(net.forward_window, (0, n), x[:, lo:], lo, kv.prefix(lo), amask), kv
+    return call(net.forward_window, (0, n), x[:, lo:end], lo, kv, amask), kv      # dual
 
 
 class _OnDevice:
@@ -172,10 +185,14 @@ class _Prefixable(list):
 
 def _event(ci, step, max_steps, block, logits, before, masked, mask_id) -> StepEvent:
     """The StepEvent of one step (CPU tensors): canvas = the block (mask id where still masked), argmax = the
-    predictions at positions masked before this step, accepted = committed by now."""
-    probs = torch.softmax(logits.float(), dim=-1)
-    conf, arg = probs.max(-1)
-    ent = -(probs * torch.log(probs.clamp_min(1e-30))).sum(-1)
+    predictions at positions masked before this step, accepted = committed by now; confidence and entropy of those
+    predictions (1 and 0 at positions committed earlier, whose logits are not computed)."""
+    probs = torch.softmax(logits[masked].float(), dim=-1)
+    conf = torch.ones(masked.shape, dtype=probs.dtype, device=probs.device)
+    ent = torch.zeros_like(conf)
+    arg = torch.zeros(masked.shape, dtype=torch.long, device=probs.device)
+    conf[masked], arg[masked] = probs.max(-1)
+    ent[masked] = -(probs * torch.log(probs.clamp_min(1e-30))).sum(-1)
     acc = block != mask_id
     none = torch.zeros_like(acc)
     return StepEvent(ci, step, max_steps, block.clone().cpu(), torch.where(masked, arg, before).cpu(), acc.cpu(), none.cpu(),

@@ -61,6 +61,7 @@ class Model:
     def __init__(self, net, config, tokenizer, path: Path, name: str, device, dtype, quant, gen_config: dict):
         self.net, self.config, self.tokenizer = net, config, tokenizer
         self.path, self.name, self.device, self.dtype, self.quant = path, name, torch.device(device), dtype, quant
+        self.precision = None   # localdiff.capability.Precision, set by localdiff.load on CPU
         self.generation_config = gen_config
         self.family = entry_for(config.model_type).family
         self.options_cls = POLICIES[policy_for_family(self.family, getattr(config, "model_type", None))]
@@ -77,6 +78,12 @@ class Model:
         self.runner.prepare(self)
 
     # -- building blocks ----------------------------------------------------------------------------------------
+    def kernels(self) -> dict[str, str]:
+        """Which dtype and kernels this model runs (:func:`localdiff.engine.kernels.describe`)."""
+        from localdiff.engine.kernels import describe
+
+        return describe(self.net)
+
     def new_cache(self, device_budget_bytes: int | None = None):
         """A fresh cache for this model's family, to reuse across chat turns: the block KV cache of the canvas family
         (``device_budget_bytes``: K/V bytes allowed on the device, None = unlimited, 0 = all on the host; see

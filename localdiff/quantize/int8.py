@@ -7,7 +7,8 @@ Resident bytes: ``out · (in + 2)``, i.e. ``0.5 + 1/in`` of bf16.
 Which kernel runs (measured on this project's 2-core AVX-512 CPU, torch 2.13; numbers in docs of
 :func:`int8_matmul`):
 
-* CPU, bf16 activations: ``torch._weight_int8pack_mm`` for small batches (≈ 300–345 GFLOP/s from 8 rows up; needs
+* CPU, bf16 activations: whichever of the two below measures faster for the shape on this machine
+  (:func:`cpu_bf16_kernel`); on the AVX-512 machine of these numbers: ``torch._weight_int8pack_mm`` for small batches (≈ 300–345 GFLOP/s from 8 rows up; needs
   ``in_features % 16 == 0``), dequantize-to-bf16-then-GEMM from 48 rows up (≈ 420–720 GFLOP/s at 64–256 rows).
 * CPU, fp32 activations: ``x @ q.float()ᵀ · s`` (exact fp32 compute, ≈ 100–180 GFLOP/s at 64–256 rows).
   ``torch._weight_int8pack_mm`` with fp32 activations runs at ≈ 6 GFLOP/s and bitsandbytes' CPU int8 path at
@@ -28,9 +29,6 @@ from torch import nn
 
 from localdiff.arch.layers import MoEExperts, gelu_tanh
 from localdiff.quantize.recipe import DEFAULT_RECIPE, Recipe, RecipeError
-
-#: below this many rows, bf16 activations on CPU use torch._weight_int8pack_mm; from here up, dequantize + GEMM.
-CPU_INT8PACK_MAX_ROWS = 48
 
 _BNB: object | None = None  # False = not available, module = available
 
@@ -86,6 +84,41 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.
     return (q.float() * scale.float()[..., None]).to(dtype)
 
 
+_KERNELS: dict = {}   # (row bucket, in, out) → "int8pack" | "dequant": the measured table of this process
+
+
+def cpu_bf16_kernel(m: int, k: int, n: int) -> str:
+    """The faster CPU kernel for bf16 activations [m, k] × int8 weight [n, k]: ``"int8pack"``
+    (``torch._weight_int8pack_mm``) or ``"dequant"`` (cast to bf16 + GEMM), measured once per (row bucket, k, n) in
+    this process (best of 3 each, ~ms) — machines differ (int8pack below 48 rows was the rule measured on one with
+    AVX512-BF16 at 2 threads; on an AMX one at 1 thread int8pack lost at every row count tried). ``LOCALDIFF_INT8_KERNEL``
+    forces one."""
+    forced = os.environ.get("LOCALDIFF_INT8_KERNEL")
+    if forced in ("int8pack", "dequant"):
+        return forced
+    bucket = 1 << max(0, (m - 1).bit_length())
+    key = (bucket, k, n)
+    if key not in _KERNELS:
+        import time
+
+        x = torch.randn(bucket, k).to(torch.bfloat16)
+        q = torch.randint(-127, 128, (n, k), dtype=torch.int8)
+        s = torch.rand(n).to(torch.bfloat16)
+        runs = {"int8pack": lambda: torch._weight_int8pack_mm(x, q, s),
+                "dequant": lambda: F.linear(x, q.to(torch.bfloat16)) * s.float()}
+        best = {}
+        for name, fn in runs.items():
+            fn()
+            t = []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                fn()
+                t.append(time.perf_counter() - t0)
+            best[name] = min(t)
+        _KERNELS[key] = min(best, key=best.get)
+    return _KERNELS[key]
+
+
 def _bnb_matmul(x2: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """bitsandbytes LLM.int8 (threshold 0): rows of x quantized to int8, int8 GEMM, rescale. x2: [M, K]."""
     ca, sca, _ = torch.ops.bitsandbytes.int8_vectorwise_quant.default(x2.to(torch.float16), 0.0)
@@ -117,7 +150,7 @@ def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, use_bnb: 
             raise RecipeError("bitsandbytes is not installed (pip install bitsandbytes)")
         y = _bnb_matmul(x2, q, scale)
     elif x.device.type == "cpu" and x.dtype == torch.bfloat16:
-        if m < CPU_INT8PACK_MAX_ROWS and k % 16 == 0:
+        if k % 16 == 0 and cpu_bf16_kernel(m, k, q.shape[0]) == "int8pack":
             y = torch._weight_int8pack_mm(x2.contiguous(), q.contiguous(), scale.to(torch.bfloat16))
         else:
             y = (F.linear(x2, q.to(torch.bfloat16)) * scale.float()).to(torch.bfloat16)

@@ -1,0 +1,32 @@
+"""Which kernels a loaded model runs (``gen -v``, ``bench``): compute dtype, experts, int8 layers, the
+self-conditioning product and the LM head, as measured choices (see :mod:`localdiff.capability`,
+:func:`localdiff.arch.layers.stream_experts`, :func:`localdiff.quantize.int8.int8_matmul`)."""
+from __future__ import annotations
+
+from torch import nn
+
+
+def describe(net: nn.Module) -> dict[str, str]:
+    """name → one-line description of the kernels ``net`` runs (keys: dtype, experts, int8, self_conditioning)."""
+    from localdiff.arch.layers import MoEExperts
+    from localdiff.quantize.int8 import Int8Experts, Int8Linear
+
+    p = next(net.parameters())
+    dtype, cpu = str(p.dtype).removeprefix("torch."), p.device.type == "cpu"
+    out = {"dtype": dtype, "device": p.device.type}
+    mods = list(net.modules())
+    experts = [m for m in mods if isinstance(m, MoEExperts)]
+    if any(isinstance(m, Int8Experts) for m in experts):
+        out["experts"] = "int8 weights, one int8 matmul per active expert"
+    elif experts and cpu and dtype == "bfloat16" and experts[0].kernel == "stream":
+        out["experts"] = "stream (zero-padded W·Xᵀ torch.bmm over all experts; measured faster than grouped_mm in bf16)"
+    elif experts and cpu:
+        out["experts"] = "torch._grouped_mm over expert-sorted rows (bit-identical to the per-expert loop)"
+    elif experts:
+        out["experts"] = "per-expert matmul loop"
+    if any(isinstance(m, Int8Linear) for m in mods):
+        out["int8"] = ("bf16 activations: _weight_int8pack_mm below 48 rows, dequantize to bf16 + GEMM above"
+                       if dtype == "bfloat16" else "fp32 activations: dequantized fp32 GEMM (exact)")
+    if hasattr(net, "self_conditioning"):
+        out["self_conditioning"] = f"softmax(fp32) then F.linear(p, Eᵀ) in {dtype}"
+    return out

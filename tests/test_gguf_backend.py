@@ -1,0 +1,182 @@
+"""The gguf backend (#17): tiny LLaDA, LLaDA-MoE and Dream models written as GGUF files (``gguf_models``, llama.cpp's
+tensor names and metadata) and as upstream safetensors checkpoints; llama.cpp's logits (through our backend) against
+the torch path's, then the masked-family decoders on both backends, then bad input.
+
+Without llama-cpp-python (or the ``gguf`` writer) these tests skip with a reason — except where
+``LOCALDIFF_REQUIRE_GGUF=1`` (set by ``.ci/run``): there a missing package is a failure, so CI cannot skip them.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from localdiff.cli import main
+
+REQUIRED = os.environ.get("LOCALDIFF_REQUIRE_GGUF") == "1"
+
+
+def _need(module: str):
+    try:
+        return __import__(module)
+    except ImportError as e:
+        if REQUIRED:
+            pytest.fail(f"LOCALDIFF_REQUIRE_GGUF=1 but {module} is not importable ({e})")
+        pytest.skip(f"{module} not installed (pip install \"localdiff[gguf]\")")
+
+
+FAMILIES = ["llada", "lladamoe", "dream"]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """family → {"f32": (hf folder, gguf), "q8": (hf folder, gguf)}."""
+    _need("gguf")
+    import gguf_models as gm
+
+    out = {}
+    for fam in FAMILIES:
+        out[fam] = {k: gm.write_both(fam, tmp_path_factory.mktemp(f"{fam}_{k}"), q8=(k == "q8"), seed=3)
+                    for k in ("f32", "q8")}
+    return out
+
+
+def _both(pair):
+    import localdiff
+
+    _need("llama_cpp")
+    hf, path = pair
+    return localdiff.load(str(hf)), localdiff.load(str(path), threads=1)
+
+
+def test_header_reader_agrees_with_the_gguf_package(files):
+    import gguf
+
+    from localdiff.backends.gguf_file import describe
+
+    for fam in FAMILIES:
+        for _, path in files[fam].values():
+            h, cfg = describe(path)
+            r = gguf.GGUFReader(str(path))
+            theirs = {t.name: (tuple(int(s) for s in t.shape), int(t.tensor_type), int(t.data_offset)) for t in r.tensors}
+            ours = {t.name: (t.shape, t.type, h.data_start + t.offset) for t in h.tensors}
+            assert ours == theirs
+            assert cfg.vocab_size == 131 and cfg.mask_token_id == 126 and cfg.shift_logits == (fam == "dream")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_f32_logits_agree_with_the_torch_path(family, files):
+    ref, gg = _both(files[family]["f32"])
+    assert gg.backend == "gguf" and gg.quant == "F32" and gg.net.shift_logits == ref.net.shift_logits
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 131, (2, 37), generator=g)
+    ids[:, 20:] = 126                                           # a canvas of masks after a "prompt"
+    mask = torch.ones(2, 37, dtype=torch.bool)
+    mask[1, :5] = False                                         # row 1 left-padded
+    for m in (None, mask):
+        a, b = ref.net.logits_full(ids, m), gg.net.logits_full(ids, m)
+        keep = torch.ones(2, 37, dtype=torch.bool) if m is None else m
+        err = (a - b)[keep].abs().max() / a[keep].abs().max()
+        assert err <= 1e-3, f"{family}: relative logit error {err:.2e}"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_q8_0_top1_agreement_on_200_positions(family, files):
+    ref, gg = _both(files[family]["q8"])
+    assert gg.quant == "Q8_0"
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, 131, (4, 50), generator=g)
+    ids[:, 30:] = 126
+    a, b = ref.net.logits_full(ids), gg.net.logits_full(ids)
+    agree = (a.argmax(-1) == b.argmax(-1)).float().mean().item()
+    rel = ((a - b).abs().max() / a.abs().max()).item()
+    assert agree >= 0.99, f"{family}: Q8_0 top-1 agreement {agree:.3f} (max relative error {rel:.2e})"
+    assert rel > 1e-6        # the file really is quantized
+
+
+def _prompts(n=20):
+    g = torch.Generator().manual_seed(7)
+    return [torch.randint(0, 120, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(n)]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_temperature_0_decoding_gives_the_same_tokens_on_both_backends(family, files):
+    ref, gg = _both(files[family]["f32"])
+    settings = ([dict(steps=8, block_length=4), dict(steps=8, block_length=8, threshold=0.3)] if family != "dream"
+                else [dict(steps=8, alg="entropy"), dict(steps=8, alg="maskgit_plus", threshold=0.3)])
+    for kw in settings:
+        for p in _prompts():
+            a = ref.generate(p, max_new_tokens=8, seed=0, **kw)
+            b = gg.generate(p, max_new_tokens=8, seed=0, **kw)
+            assert a.token_ids == b.token_ids, (family, kw, p)
+            assert a.stats.forwards == b.stats.forwards
+
+
+def test_gen_cli_on_a_gguf_file(files, capsys):
+    _need("llama_cpp")
+    _, path = files["llada"]["f32"]
+    assert main(["gen", "-m", str(path), "--raw", "-p", "the cat sat", "-n", "8", "--steps", "4", "--seed", "0",
+                 "--json", "-v", "--threads", "1"]) == 0
+    cap = capsys.readouterr()
+    out = json.loads(cap.out)
+    assert len(out["token_ids"]) <= 8 and out["quant"] == "F32"
+    assert "backend: gguf (llama-cpp-python " in cap.err and "1 threads" in cap.err
+    import localdiff
+
+    m = localdiff.load(str(path), threads=1)
+    ids = m.encode_prompt("hello there")                          # chat template from the GGUF
+    assert ids[0][:2] == [122, 120] and ids[0][-1] == 121
+    assert m.tokenizer.decode(m.tokenizer.encode("the cat sat")) == "the cat sat"
+
+
+def test_kv_cache_modes_are_refused_in_one_line(files, capsys):
+    _need("llama_cpp")
+    _, path = files["llada"]["f32"]
+    assert main(["gen", "-m", str(path), "--raw", "-p", "hi", "-n", "4", "--kv-cache", "dual"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "kv_cache" in err
+
+
+def test_an_autoregressive_gguf_is_refused(files, tmp_path, capsys):
+    import gguf_models as gm
+
+    cfg, sd = gm.upstream("dream", gm.dims("dream"))
+    path = tmp_path / "llama.gguf"
+    gm.write_gguf("dream", cfg, sd, path, arch="llama")
+    assert main(["gen", "-m", str(path), "-p", "hi", "-n", "4"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "not a diffusion model" in err
+
+
+def test_a_truncated_gguf_gives_one_line(files, tmp_path, capsys):
+    _, path = files["dream"]["q8"]
+    for cut in (path.stat().st_size - 100, 40, 3):
+        bad = tmp_path / f"cut{cut}.gguf"
+        bad.write_bytes(path.read_bytes()[:cut])
+        assert main(["gen", "-m", str(bad), "-p", "hi", "-n", "4"]) == 1
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and ("truncated" in err or "not a GGUF" in err), err
+
+
+def test_without_the_extra_a_gguf_model_names_it(files, monkeypatch, capsys):
+    import sys
+
+    import localdiff.backends.gguf as backend
+
+    _, path = files["llada"]["f32"]
+    monkeypatch.setattr(backend, "_LIB", None)
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)          # import fails as if not installed
+    assert main(["gen", "-m", str(path), "-p", "hi", "-n", "4"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and 'pip install "localdiff[gguf]"' in err

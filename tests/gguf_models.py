@@ -236,18 +236,35 @@ def write_gguf(family: str, cfg: dict, sd: dict, path, q8: bool = False, arch: s
     w.close()
 
 
+def q8_rounded(sd: dict) -> dict:
+    """The state dict with every tensor the Q8_0 file quantizes replaced by its Q8_0 values (quantize → dequantize
+    with the ``gguf`` package; blocks run along rows, so this commutes with LLaDA's row permutation)."""
+    import gguf
+
+    q = gguf.GGMLQuantizationType.Q8_0
+    out = {}
+    for k, v in sd.items():
+        if v.dim() >= 2 and v.shape[-1] % 32 == 0 and not k.endswith("mlp.gate.weight"):
+            v = torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(v.float().numpy(), q), q).copy())
+        out[k] = v
+    return out
+
+
 def write_both(family: str, folder, q8: bool = False, seed: int = 0):
-    """The safetensors checkpoint folder ``folder/hf`` and ``folder/model.gguf`` of one random model; returns
+    """The safetensors checkpoint folder ``folder/hf`` (the original weights; with ``q8`` also ``folder/hf_q8``:
+    the same weights rounded to Q8_0 values) and ``folder/model-{F32,Q8_0}.gguf`` of one random model; returns
     (checkpoint folder, gguf path)."""
     d = dims(family, q8)
     cfg, sd = upstream(family, d, seed)
-    hf = folder / "hf"
-    hf.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in sd.items()}, str(hf / "model.safetensors"))
-    (hf / "config.json").write_text(json.dumps(cfg))
+    folders = {"hf": sd, **({"hf_q8": q8_rounded(sd)} if q8 else {})}
+    for name, state in folders.items():
+        hf = folder / name
+        hf.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in state.items()}, str(hf / "model.safetensors"))
+        (hf / "config.json").write_text(json.dumps(cfg))
     path = folder / ("model-Q8_0.gguf" if q8 else "model-F32.gguf")
     write_gguf(family, cfg, sd, path, q8)
-    return hf, path
+    return folder / "hf", path
 
 
 __all__ = ["write_both", "write_gguf", "upstream", "dims", "np"]

@@ -92,16 +92,26 @@ def test_f32_logits_agree_with_the_torch_path(family, files):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_q8_0_top1_agreement_on_200_positions(family, files):
-    ref, gg = _both(files[family]["q8"])
+    """The torch path on the weights the Q8_0 file holds (``hf_q8``: the original rounded to Q8_0 values) — what is
+    left is llama.cpp's own arithmetic (it also quantizes activations to Q8_0 in these matmuls) — and, looser, on the
+    original weights (random tiny models have top-1 margins down to 1e-3 logits, where quantization noise flips
+    them: 96.5–99.5 % over seeds 3–5)."""
+    hf, path = files[family]["q8"]
+    import localdiff
+
+    _need("llama_cpp")
+    gg = localdiff.load(str(path), threads=1)
     assert gg.quant == "Q8_0"
     g = torch.Generator().manual_seed(2)
     ids = torch.randint(0, 131, (4, 50), generator=g)
     ids[:, 30:] = 126
-    a, b = ref.net.logits_full(ids), gg.net.logits_full(ids)
-    agree = (a.argmax(-1) == b.argmax(-1)).float().mean().item()
-    rel = ((a - b).abs().max() / a.abs().max()).item()
-    assert agree >= 0.99, f"{family}: Q8_0 top-1 agreement {agree:.3f} (max relative error {rel:.2e})"
-    assert rel > 1e-6        # the file really is quantized
+    b = gg.net.logits_full(ids)
+    for folder, floor in ((hf.parent / "hf_q8", 0.99), (hf, 0.95)):
+        a = localdiff.load(str(folder)).net.logits_full(ids)
+        agree = (a.argmax(-1) == b.argmax(-1)).float().mean().item()
+        rel = ((a - b).abs().max() / a.abs().max()).item()
+        assert agree >= floor, f"{family} {folder.name}: Q8_0 top-1 agreement {agree:.3f} (max rel. error {rel:.2e})"
+        assert 1e-4 < rel < 0.05      # really quantized, and close
 
 
 def _prompts(n=20):

@@ -116,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("name", help="catalog alias (see `localdiff list --all`) or org/repo[@revision]")
     pl.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     pl.add_argument("--verify", action="store_true", help="re-hash files already in the cache")
+    pl.add_argument("--quant", metavar="LABEL", help="a GGUF repo: pull the one file of this quantization (e.g. "
+                                                     "Q4_K_M; same as NAME:Q4_K_M)")
     pl.add_argument("--no-space-check", dest="check_space", action="store_false",
                     help="download even when free disk is below what is left to fetch + a 64 MiB margin")
     _add_common(pl)

@@ -57,10 +57,8 @@ def load(name="tiny", device=None, dtype=None, quant=None, gpu_mem=None, threads
 
     from localdiff.engine import Model, read_generation_config
     from localdiff.errors import UsageError
-    from localdiff.loader import load_model
+    from localdiff.loader import gguf_target, load_model
     from localdiff.tokenizer import load_tokenizer
-
-    from localdiff.loader import gguf_target
 
     gguf = gguf_target(name) if isinstance(name, (str, Path)) and str(name).strip() else None
     if gguf is None:
@@ -72,9 +70,12 @@ def load(name="tiny", device=None, dtype=None, quant=None, gpu_mem=None, threads
         if device not in (None, "cpu") or quant not in (None, "none") or dtype not in (None, "float32", "fp32"):
             raise UsageError("a GGUF model runs on the CPU in its own quantization (gguf backend): "
                              "drop --device / --quant / dtype")
-        from localdiff.backends.gguf import load_gguf
+        from localdiff.backends.gguf import open_gguf, version
 
-        return load_gguf(gguf, label, threads)
+        net, cfg, tok, gen_cfg = open_gguf(gguf, threads)
+        m = Model(net, cfg, tok, gguf, label, "cpu", torch.float32, cfg.quant, gen_cfg)
+        m.backend, m.backend_version, m.threads = "gguf", version(), net.threads
+        return m
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     try:

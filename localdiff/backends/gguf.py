@@ -188,6 +188,13 @@ class GGUFNet:
             out[r, pos] = torch.from_numpy(self._row(row, pos))
         return out
 
+    def end_tokens(self) -> list[int]:
+        """The ids llama.cpp treats as end of generation (``llama_vocab_is_eog``: EOS, EOT, EOM and the end-of-turn
+        tokens it recognises by text), header EOS first."""
+        first = [i for i in self.config.eos_token_id if 0 <= i < self.n_vocab]
+        rest = [i for i in range(self.n_vocab) if self.lib.llama_vocab_is_eog(self.vocab, i) and i not in first]
+        return first + rest
+
     def forward_window(self, *a, **k):
         """Refused: llama.cpp keeps no per-layer K/V for diffusion architectures (Fast-dLLM caches need them)."""
         raise UsageError("kv_cache prefix/dual: the gguf backend cannot reuse K/V (llama.cpp keeps no K/V memory "
@@ -270,26 +277,19 @@ class GGUFTokenizer(Tokenizer):
         return self._text(i)
 
 
-def load_gguf(path, label: str | None = None, threads: int | None = None):
-    """Load a ``.gguf`` file as a :class:`localdiff.engine.Model` (CPU; llama.cpp computes, localdiff decodes).
+def open_gguf(path, threads: int | None = None):
+    """Open a ``.gguf`` file for the engine (CPU; llama.cpp computes, localdiff decodes).
 
     Args:
-        path: the file. label: the model's name (default: the path). threads: llama.cpp threads (None = all cores
-            torch would use).
+        path: the file. threads: llama.cpp threads (None = as many as torch uses).
     Returns:
-        Model with ``backend`` = "gguf", ``backend_version`` and ``quant`` = the file's quantization (e.g. "Q8_0").
+        (GGUFNet, GGUFConfig, GGUFTokenizer, generation config dict {"eos_token_id": llama.cpp's end tokens}).
     Raises:
         CheckpointError: not GGUF, truncated, not a diffusion model, unsupported architecture (one line each);
         BackendMissingError: llama-cpp-python missing (names the extra).
     """
-    from localdiff.engine import Model
-
     path = Path(path)
     _, cfg = describe(path)
     net = GGUFNet(path, cfg, threads)
-    eos = list(cfg.eos_token_id)
-    tok = GGUFTokenizer(net, eos, cfg.pad_token_id)
-    gen_cfg = {"eos_token_id": eos} if eos else {}
-    m = Model(net, cfg, tok, path, label or str(path), "cpu", torch.float32, cfg.quant, gen_cfg)
-    m.backend, m.backend_version, m.threads = "gguf", version(), net.threads
-    return m
+    eos = net.end_tokens()
+    return net, cfg, GGUFTokenizer(net, eos, cfg.pad_token_id), ({"eos_token_id": eos} if eos else {})

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from localdiff.errors import LocaldiffError, UsageError
 
-SECTIONS = ("ref", "eval", "sweep", "history", "memory", "profile", "serve", "masked")
+SECTIONS = ("ref", "eval", "sweep", "history", "memory", "profile", "serve", "masked", "gguf")
 # (quick, full) sizes
 SIZES = {
     "ref_seeds": (3, 5), "ref_reps": (3, 5), "ref_canvases": (2, 4),
@@ -344,7 +344,7 @@ def _run_sections(ctx: _Ctx, names: list[str], res: dict, out: Path, log) -> boo
             else:
                 fns = {"ref": _ref, "eval": _eval, "history": _history, "memory": _memory, "profile": _profile,
                        "serve": _serve, "masked": _masked}
-                sec = fns[name](ctx)
+                sec = fns[name](ctx) if name != "gguf" else __import__("localdiff.bench.gguf").bench.gguf.section(ctx)
         except LocaldiffError as e:
             sec = {"skipped": str(e)}
             log(f"{name}: skipped ({e})")

@@ -6,8 +6,10 @@ F32, as the converter falls back).
 
 Tokenizer: the checkpoint's Metaspace BPE (``▁`` for spaces, merges) is written as llama.cpp's SentencePiece-style
 vocabulary (``tokenizer.ggml.model = "llama"``): a merged token's score is minus its merge rank, so llama.cpp's
-highest-score-first bigram merging applies the merges in BPE order; no space prefix (the chat template starts with
-a special token); added tokens are CONTROL. :func:`tokenizer_agreement` measures how often llama.cpp's encoding of
+highest-score-first bigram merging applies the merges in BPE order; no space prefix: llama.cpp would add it after
+every special token, the Metaspace pre-tokenizer (``prepend_scheme: first``) only at offset 0 — so chat-templated
+text (it starts with ``<bos>``) tokenizes identically, raw text without a leading special token loses the leading
+"▁" of its first word. Added tokens are CONTROL. :func:`tokenizer_agreement` measures how often llama.cpp's encoding of
 a text equals the HF tokenizer's (the bench reports it: a mismatch would cost both GGUF runs accuracy alike).
 """
 from __future__ import annotations

@@ -165,7 +165,6 @@ class GGUFNet:
         ptr = lib.llama_get_logits(ctx)
         return np.ctypeslib.as_array(ptr, shape=(n, self.n_vocab)).copy()
 
-    @torch.inference_mode()
     def logits_full(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """One bidirectional pass per row (llama.cpp).
 
@@ -177,16 +176,21 @@ class GGUFNet:
             UsageError: a token id outside the vocabulary; LocaldiffError: llama.cpp failed.
         """
         b, t = input_ids.shape
-        out = torch.zeros(b, t, self.n_vocab, dtype=torch.float32)
         ids = input_ids.tolist()
-        keep = None if attention_mask is None else attention_mask.bool().tolist()
+        keep = None if attention_mask is None or bool(attention_mask.all()) else attention_mask.bool().tolist()
+        rows = []
         for r in range(b):
-            pos = [i for i in range(t) if keep is None or keep[r][i]]
-            row = [ids[r][i] for i in pos]
+            pos = list(range(t)) if keep is None else [i for i in range(t) if keep[r][i]]
+            row = ids[r] if keep is None else [ids[r][i] for i in pos]
             if min(row) < 0 or max(row) >= self.n_vocab:
                 raise UsageError(f"token id out of range [0, {self.n_vocab})")
-            out[r, pos] = torch.from_numpy(self._row(row, pos))
-        return out
+            logits = self._row(row, pos)
+            if keep is not None:
+                full = np.zeros((t, self.n_vocab), dtype=np.float32)
+                full[pos] = logits
+                logits = full
+            rows.append(logits)
+        return torch.from_numpy(rows[0][None] if b == 1 else np.stack(rows))
 
     def end_tokens(self) -> list[int]:
         """The ids llama.cpp treats as end of generation (``llama_vocab_is_eog``: EOS, EOT, EOM and the end-of-turn

@@ -231,3 +231,36 @@ def test_the_bench_converter_matches_the_torch_path(tmp_path):
     assert gg.eos_token_ids[:2] == [1, 5]
     assert ref.generate(texts[0], chat=False, max_new_tokens=8, steps=8).token_ids == \
         gg.generate(texts[0], chat=False, max_new_tokens=8, steps=8).token_ids
+
+
+@pytest.mark.slow
+def test_llama_cpp_own_diffusion_loop_agrees_with_ours(files, tmp_path, monkeypatch):
+    """The bench's build of llama.cpp's ``diffusion.cpp`` loop (``localdiff.bench.gguf_cli``) on the tiny LLaDA GGUF:
+    greedy (top-k 1) with blocks of one token is plain left-to-right argmax decoding in both loops, so the tokens
+    must be the same as ours (block_length 1, one step per token) — unless llama.cpp's loop commits a mask token
+    (ours never does: masked_loop sets the mask logit to −inf), which this seed avoids. Needs a C++ compiler and the
+    llama-cpp-python sdist (``LOCALDIFF_LLAMA_CPP_SDIST``; tests never download): .ci/run provides both."""
+    import shutil
+
+    _need("llama_cpp")
+    import localdiff
+    from localdiff.bench import gguf_cli
+
+    src = os.environ.get("LOCALDIFF_LLAMA_CPP_SDIST")
+    if not src or shutil.which("c++") is None:
+        if REQUIRED:
+            pytest.fail("LOCALDIFF_REQUIRE_GGUF=1 but LOCALDIFF_LLAMA_CPP_SDIST or c++ is missing")
+        pytest.skip("needs LOCALDIFF_LLAMA_CPP_SDIST (the llama-cpp-python sdist) and a C++ compiler")
+    monkeypatch.setenv("LOCALDIFF_BENCH_CACHE", os.environ.get("LOCALDIFF_BENCH_CACHE") or str(tmp_path / "cache"))
+    import llama_cpp
+
+    exe, _ = gguf_cli.build(llama_cpp.__version__, log=lambda *a: None)
+    _, path = files["llada"]["f32"]
+    m = localdiff.load(str(path), threads=1)
+    for prompt in ([5, 6, 7, 8], [40, 41, 42, 43, 44, 45]):
+        ours = m.generate(prompt, max_new_tokens=10, steps=10, block_length=1).token_ids
+        theirs = gguf_cli.run(exe, path, prompt, len(prompt) + 10, steps=len(prompt) + 10, threads=1,
+                              block_length=1, top_k=1)["ids"]
+        assert 126 not in theirs
+        cut = next((i + 1 for i, t in enumerate(theirs) if t in m.eos_token_ids), len(theirs))
+        assert ours == theirs[:cut], (prompt, ours, theirs)

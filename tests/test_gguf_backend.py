@@ -264,3 +264,11 @@ def test_llama_cpp_own_diffusion_loop_agrees_with_ours(files, tmp_path, monkeypa
         assert 126 not in theirs
         cut = next((i + 1 for i, t in enumerate(theirs) if t in m.eos_token_ids), len(theirs))
         assert ours == theirs[:cut], (prompt, ours, theirs)
+
+
+def test_show_reads_a_gguf_header_without_llama_cpp(files, capsys):
+    _, path = files["dream"]["q8"]
+    assert main(["show", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["summary"]["quant"] == "Q8_0" and out["summary"]["shift_logits"] is True
+    assert out["decoder"]["policy"] == "dream"

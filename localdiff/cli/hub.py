@@ -182,7 +182,8 @@ def run_show(args) -> int:
     from localdiff.decoding.options import FAMILY_POLICY
 
     if summary.get("family") in FAMILY_POLICY:   # a family whose decoders are not wired yet shows its model only
-        out["decoder"] = describe(summary["family"], folder if cfg is not None else None)
+        out["decoder"] = describe(summary["family"], folder if cfg is not None else None,
+                                  None if cfg is not None else summary.get("model_type"))
     if args.plan and cfg is None:
         raise UsageError("--plan: a GGUF model runs on the CPU through llama.cpp; there is no device plan")
     if args.plan:

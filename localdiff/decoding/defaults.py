@@ -31,11 +31,11 @@ def read_generation_config(path: Path) -> dict:
     return out
 
 
-def describe(family: str, folder: Path | None) -> dict:
+def describe(family: str, folder: Path | None, model_type: str | None = None) -> dict:
     """``localdiff show``'s decoder section: the family's default policy and, per option, its effective default
-    (built-in < the checkpoint's generation_config), flag, environment variable, allowed values and help."""
-    model_type = None
-    if folder is not None and (Path(folder) / "config.json").is_file():
+    (built-in < the checkpoint's generation_config), flag, environment variable, allowed values and help.
+    ``model_type``: when there is no config.json to read it from (a GGUF file)."""
+    if model_type is None and folder is not None and (Path(folder) / "config.json").is_file():
         try:
             model_type = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8")).get("model_type")
         except (json.JSONDecodeError, UnicodeDecodeError, OSError, AttributeError):

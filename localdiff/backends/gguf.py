@@ -145,25 +145,26 @@ class GGUFNet:
         lib.llama_set_causal_attn(ctx, False)
         self.ctx, self.n_ctx = ctx, size
         self._batch = lib.llama_batch_init(size, 0, 1)
+        for i in range(size):            # one sequence, an output row for every position: set once
+            self._batch.n_seq_id[i] = 1
+            self._batch.seq_id[i][0] = 0
+            self._batch.logits[i] = 1
         return ctx
 
     def _row(self, ids: list[int], pos: list[int]) -> np.ndarray:
-        """One pass: token ids at positions ``pos`` → float32 [len(ids), V] logits."""
+        """One pass: token ids at positions ``pos`` → float32 [len(ids), V] logits (copied out of llama.cpp)."""
         lib, n = self.lib, len(ids)
         ctx = self._context(n)
         b = self._batch
         b.n_tokens = n
-        for i, (t, p) in enumerate(zip(ids, pos)):
-            b.token[i] = t
-            b.pos[i] = p
-            b.n_seq_id[i] = 1
-            b.seq_id[i][0] = 0
-            b.logits[i] = 1
+        ctypes.memmove(b.token, np.asarray(ids, dtype=np.int32).ctypes.data, 4 * n)
+        ctypes.memmove(b.pos, np.asarray(pos, dtype=np.int32).ctypes.data, 4 * n)
         rc = lib.llama_decode(ctx, b)
         if rc != 0:
             raise LocaldiffError(f"{self.path}: llama.cpp decode failed (code {rc})")
-        ptr = lib.llama_get_logits(ctx)
-        return np.ctypeslib.as_array(ptr, shape=(n, self.n_vocab)).copy()
+        out = np.empty((n, self.n_vocab), dtype=np.float32)
+        ctypes.memmove(out.ctypes.data, lib.llama_get_logits(ctx), out.nbytes)
+        return out
 
     def logits_full(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """One bidirectional pass per row (llama.cpp).

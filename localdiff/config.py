@@ -56,7 +56,9 @@ _TOP_KEYS: dict[str, type] = {
     "threads": int,
 }
 _ENV_OTHER = ("LOCALDIFF_CONFIG", "LOCALDIFF_DATA_DIR", "LOCALDIFF_DEBUG", "LOCALDIFF_NO_BNB",  # read elsewhere
-              "LOCALDIFF_API_KEY")
+              "LOCALDIFF_API_KEY",
+              "LOCALDIFF_LLAMA_CPP_SDIST", "LOCALDIFF_BENCH_CACHE", "LOCALDIFF_BENCH_TINY_MDM",  # bench gguf section
+              "LOCALDIFF_REQUIRE_GGUF")                                                      # .ci/run: no GGUF skips
 _ENV_TOP = {"LOCALDIFF_MODEL": "default_model", "LOCALDIFF_DEVICE": "device", "LOCALDIFF_QUANT": "quant",
             "LOCALDIFF_MAX_NEW_TOKENS": "max_new_tokens", "LOCALDIFF_SEED": "seed",
             "LOCALDIFF_THREADS": "threads"}

@@ -76,7 +76,10 @@ def build(version: str, log=print) -> tuple[Path, str]:
     if not (lib / "libllama.so").is_file():
         raise CliUnavailable(f"{lib}: no libllama.so to link the driver against")
     stamp = int((lib / "libllama.so").stat().st_mtime)
-    work = _cache_root() / f"{version}-{stamp}"
+    import hashlib
+
+    drv = hashlib.sha1(Path(__file__).with_name("gguf_driver.cpp").read_bytes()).hexdigest()[:8]
+    work = _cache_root() / f"{version}-{stamp}-{drv}"
     exe = work / "llama-diffusion-driver"
     how = f"diffusion.cpp of llama-cpp-python {version}'s vendored llama.cpp + gguf_driver.cpp, c++ -O2, {lib}"
     if exe.is_file():
@@ -104,7 +107,8 @@ def run(exe: Path, gguf: Path, ids: list[int], max_length: int, steps: int, thre
     ``top_k`` = 1 is greedy, its confidence then 1 everywhere, so positions go left to right).
 
     Returns:
-        {"ms": generation ms (its log), "ids": the generated ids (max_length − len(ids))}.
+        {"ms": generation wall ms (its log), "cpu_ms": the process's CPU ms over the same call, "ids": the generated
+        ids (max_length − len(ids))}.
     Raises:
         LocaldiffError: the program failed.
     """
@@ -112,7 +116,8 @@ def run(exe: Path, gguf: Path, ids: list[int], max_length: int, steps: int, thre
            str(algorithm), str(top_k), str(seed)]
     r = subprocess.run(cmd, input=" ".join(map(str, ids)), capture_output=True, text=True)
     m = re.search(r"total time:\s*([0-9.]+)\s*ms", r.stderr)
-    if r.returncode != 0 or not m:
+    cpu = re.search(r"cpu time:\s*([0-9.]+)\s*ms", r.stderr)
+    if r.returncode != 0 or not m or not cpu:
         tail = (r.stderr.strip().splitlines() or ["?"])[-1]
         raise LocaldiffError(f"llama.cpp's diffusion loop failed (exit {r.returncode}): {tail[:200]}")
-    return {"ms": float(m.group(1)), "ids": [int(x) for x in r.stdout.split()]}
+    return {"ms": float(m.group(1)), "cpu_ms": float(cpu.group(1)), "ids": [int(x) for x in r.stdout.split()]}

@@ -7,7 +7,8 @@
 // with n_ctx = n_batch = n_ubatch = max_length, flash attention off, threads, the mask token from the vocabulary,
 // diffusion.shift_logits from the metadata (default true), the same diffusion_params. The prompt arrives as token
 // ids on stdin (the caller tokenizes with the same GGUF vocabulary and chat template), the result goes to stdout as
-// token ids; diffusion_generate's own "total time" log line goes to stderr.
+// token ids; diffusion_generate's own "total time" log line and its CPU time ("cpu time", all threads of the
+// process: unlike wall time it does not grow when other processes share the core) go to stderr.
 //
 // The two pieces of llama-common that diffusion.cpp links against are written here: common_batch (the batch
 // builder: tokens, positions, output flags → llama_batch_ext) and the log entry points (printf to stderr).
@@ -21,6 +22,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <iostream>
 #include <vector>
 
@@ -125,7 +127,11 @@ int main(int argc, char ** argv) {
     p.max_length = max_length;
     std::vector<llama_token> out(max_length);
     int32_t n_generated = 0;
+    timespec c0, c1;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
     diffusion_generate(ctx, prompt.data(), out.data(), (int32_t) prompt.size(), p, n_generated);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+    fprintf(stderr, "cpu time: %.3f ms\n", (c1.tv_sec - c0.tv_sec) * 1e3 + (c1.tv_nsec - c0.tv_nsec) / 1e6);
     for (int i = (int) prompt.size(); i < max_length; ++i) {
         printf("%d ", out[i]);
     }

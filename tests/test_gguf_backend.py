@@ -79,15 +79,17 @@ def test_f32_logits_agree_with_the_torch_path(family, files):
     ref, gg = _both(files[family]["f32"])
     assert gg.backend == "gguf" and gg.quant == "F32" and gg.net.shift_logits == ref.net.shift_logits
     g = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, 131, (2, 37), generator=g)
-    ids[:, 20:] = 126                                           # a canvas of masks after a "prompt"
-    mask = torch.ones(2, 37, dtype=torch.bool)
-    mask[1, :5] = False                                         # row 1 left-padded
-    for m in (None, mask):
-        a, b = ref.net.logits_full(ids, m), gg.net.logits_full(ids, m)
-        keep = torch.ones(2, 37, dtype=torch.bool) if m is None else m
-        err = (a - b)[keep].abs().max() / a[keep].abs().max()
-        assert err <= 1e-3, f"{family}: relative logit error {err:.2e}"
+    for t in (37, 100):                                         # the second needs a larger context: rebuilt
+        ids = torch.randint(0, 131, (2, t), generator=g)
+        ids[:, 20:] = 126                                       # a canvas of masks after a "prompt"
+        mask = torch.ones(2, t, dtype=torch.bool)
+        mask[1, :5] = False                                     # row 1 left-padded
+        for m in (None, mask):
+            a, b = ref.net.logits_full(ids, m), gg.net.logits_full(ids, m)
+            keep = torch.ones(2, t, dtype=torch.bool) if m is None else m
+            err = (a - b)[keep].abs().max() / a[keep].abs().max()
+            assert err <= 1e-3, f"{family}: relative logit error {err:.2e}"
+    assert gg.net.n_ctx == 128
 
 
 @pytest.mark.parametrize("family", FAMILIES)

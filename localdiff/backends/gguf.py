@@ -128,6 +128,7 @@ class GGUFNet:
             return self.ctx
         lib = self.lib
         if self.ctx is not None:
+            lib.llama_batch_free(self._batch)
             lib.llama_free(self.ctx)
             self.ctx = None
         size = (n + 63) // 64 * 64

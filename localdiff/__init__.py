@@ -2,6 +2,8 @@
 diffusion). Public API: :func:`load`, :class:`Model`, :class:`Generation`, and the events of ``Model.stream``."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from localdiff.events import CanvasDone, Done, GenerationStats, StepEvent
 
 __version__ = "0.1.0"
@@ -12,7 +14,6 @@ _DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf1
 
 
 def _resolve_path(name):
-    from pathlib import Path
 
     if not isinstance(name, (str, Path)) or not str(name).strip():
         from localdiff.errors import UsageError
@@ -36,8 +37,9 @@ def _resolve_path(name):
     raise ModelNotFoundError(f"model {name!r} not found")
 
 
-def load(name="tiny", device=None, dtype=None, quant=None, gpu_mem=None):
-    """Load a model: a catalog alias ("tiny"), a pulled "org/repo[@rev]", or a checkpoint folder.
+def load(name="tiny", device=None, dtype=None, quant=None, gpu_mem=None, threads=None):
+    """Load a model: a catalog alias ("tiny"), a pulled "org/repo[@rev]", a checkpoint folder, or a ``.gguf`` file
+    (or a pulled GGUF repo: the gguf backend, llama.cpp through llama-cpp-python; ``localdiff.backends.gguf``).
 
     Args:
         device: "cpu", "cuda", "cuda:N" or None (CUDA when available, else CPU).
@@ -48,6 +50,7 @@ def load(name="tiny", device=None, dtype=None, quant=None, gpu_mem=None):
         quant: None or "int8" (weight-only int8, see localdiff.quantize.int8).
         gpu_mem: on CUDA, the device memory budget in bytes for the memory plan (default: free memory measured
             now); expert layers the plan keeps on the host stay in CPU memory and run there (like --n-cpu-moe).
+        threads: CPU threads of the gguf backend (None = all cores); ignored by the torch backend.
     Returns:
         Model.
     Raises:
@@ -59,10 +62,25 @@ def load(name="tiny", device=None, dtype=None, quant=None, gpu_mem=None):
 
     from localdiff.engine import Model, read_generation_config
     from localdiff.errors import UsageError
-    from localdiff.loader import load_model
+    from localdiff.loader import gguf_target, load_model
     from localdiff.tokenizer import load_tokenizer
 
-    path, label = _resolve_path(name)
+    gguf = gguf_target(name) if isinstance(name, (str, Path)) and str(name).strip() else None
+    if gguf is None:
+        path, label = _resolve_path(name)
+        gguf = gguf_target(path)
+    else:
+        label = str(name)
+    if gguf is not None:
+        if device not in (None, "cpu") or quant not in (None, "none") or dtype not in (None, "float32", "fp32"):
+            raise UsageError("a GGUF model runs on the CPU in its own quantization (gguf backend): "
+                             "drop --device / --quant / dtype")
+        from localdiff.backends.gguf import open_gguf, version
+
+        net, cfg, tok, gen_cfg = open_gguf(gguf, threads)
+        m = Model(net, cfg, tok, gguf, label, "cpu", torch.float32, cfg.quant, gen_cfg)
+        m.backend, m.backend_version, m.threads = "gguf", version(), net.threads
+        return m
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     try:

@@ -53,11 +53,15 @@ _TOP_KEYS: dict[str, type] = {
     "max_new_tokens": int,
     "seed": int,
     "theme": str,
+    "threads": int,
 }
 _ENV_OTHER = ("LOCALDIFF_CONFIG", "LOCALDIFF_DATA_DIR", "LOCALDIFF_DEBUG", "LOCALDIFF_NO_BNB",  # read elsewhere
-              "LOCALDIFF_API_KEY", "LOCALDIFF_DTYPE")
+              "LOCALDIFF_API_KEY", "LOCALDIFF_DTYPE",
+              "LOCALDIFF_LLAMA_CPP_SDIST", "LOCALDIFF_BENCH_CACHE", "LOCALDIFF_BENCH_TINY_MDM",  # bench gguf section
+              "LOCALDIFF_REQUIRE_GGUF")                                                      # .ci/run: no GGUF skips
 _ENV_TOP = {"LOCALDIFF_MODEL": "default_model", "LOCALDIFF_DEVICE": "device", "LOCALDIFF_QUANT": "quant",
-            "LOCALDIFF_MAX_NEW_TOKENS": "max_new_tokens", "LOCALDIFF_SEED": "seed"}
+            "LOCALDIFF_MAX_NEW_TOKENS": "max_new_tokens", "LOCALDIFF_SEED": "seed",
+            "LOCALDIFF_THREADS": "threads"}
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,7 @@ class Config:
         max_new_tokens: generation length cap in tokens, or None (engine default).
         seed: fixed seed, or None (random per run).
         theme: the chat's Textual theme name, or None (the chat's default).
+        threads: CPU threads of the gguf backend (llama.cpp), or None (all cores).
         sampler: read-only mapping of decoder options set by the user (names from the option schema).
         path: the config file that was read (it may not exist).
         origins: read-only mapping key → "file" or "env:NAME" telling where each set value came from.
@@ -82,6 +87,7 @@ class Config:
     max_new_tokens: int | None = None
     seed: int | None = None
     theme: str | None = None
+    threads: int | None = None
     sampler: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     path: Path | None = None
     origins: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
@@ -90,7 +96,7 @@ class Config:
         """Plain dict (JSON-serialisable) of the settings."""
         return {
             "default_model": self.default_model, "device": self.device, "quant": self.quant,
-            "max_new_tokens": self.max_new_tokens, "seed": self.seed, "theme": self.theme, "sampler": dict(self.sampler),
+            "max_new_tokens": self.max_new_tokens, "seed": self.seed, "theme": self.theme, "threads": self.threads, "sampler": dict(self.sampler),
             "path": str(self.path) if self.path else None, "origins": dict(self.origins),
         }
 
@@ -146,7 +152,7 @@ def coerce(key: str, value: Any, typ: type, where: str) -> Any:
 
 def _check_range(key: str, v: Any, where: str) -> None:
     bad = None
-    if key == "max_new_tokens" and v <= 0:
+    if key in ("max_new_tokens", "threads") and v <= 0:
         bad = "must be a positive integer"
     elif key == "seed" and not 0 <= v < 2**63:
         bad = "must be in [0, 2**63)"

@@ -153,3 +153,24 @@ def load_model(ckpt: Path, device: str | torch.device = "cpu", dtype: torch.dtyp
     if hasattr(model, "fuse_projections"):
         model.fuse_projections()
     return model, cfg
+
+
+def gguf_target(where) -> Path | None:
+    """The ``.gguf`` file a model name points at, or None: a GGUF file itself, or a folder (a pulled GGUF repo's
+    snapshot) without config.json that holds exactly one ``.gguf`` file.
+
+    Raises:
+        CheckpointError: a folder without config.json holding several ``.gguf`` files (which one is ambiguous).
+    """
+    from localdiff.backends.gguf_file import is_gguf
+
+    p = Path(str(where)).expanduser()
+    if p.is_file():
+        return p.resolve() if (p.suffix.lower() == ".gguf" or is_gguf(p)) else None
+    if p.is_dir() and not (p / "config.json").is_file():
+        files = sorted(f for f in p.glob("*.gguf") if f.is_file())
+        if len(files) > 1:
+            raise CheckpointError(f"{p}: {len(files)} .gguf files and no config.json; pass one file "
+                                  f"({', '.join(f.name for f in files[:4])})")
+        return files[0].resolve() if files else None
+    return None

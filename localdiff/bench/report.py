@@ -199,7 +199,8 @@ def render(res: dict) -> str:
     lines += _targets_md(res["sections"], bool(res.get("quick")))
     render_fns = {"ref": _ref_md, "eval": _eval_md, "sweep": _sweep_md, "history": _history_md,
                   "memory": _memory_md, "profile": _profile_md, "serve": _serve_md,
-                  "masked": _masked_md, "block": _block_md, "scale": _scale_md, "approx": _approx_md}
+                  "masked": _masked_md, "block": _block_md, "scale": _scale_md, "approx": _approx_md,
+                  "gguf": lambda sec: __import__("localdiff.bench.gguf", fromlist=["render_md"]).render_md(sec)}
     for name, fn in render_fns.items():
         sec = res["sections"].get(name)
         if sec is None:

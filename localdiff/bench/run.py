@@ -38,7 +38,7 @@ from pathlib import Path
 from localdiff.errors import LocaldiffError, UsageError
 
 SECTIONS = ("ref", "eval", "sweep", "history", "memory", "profile", "serve", "masked", "block", "scale",
-            "approx")
+            "approx", "gguf")
 # (quick, full) sizes
 SIZES = {
     "ref_seeds": (3, 5), "ref_reps": (3, 5), "ref_canvases": (2, 4),
@@ -328,10 +328,12 @@ def _serve(ctx: _Ctx) -> dict:
     return measure(m, "What is 27 + 58?", seeds=seeds, reps=reps, log=ctx.log)
 
 
-def _masked(ctx: _Ctx, name: str = "masked") -> dict:   # also "block" (localdiff/bench/block.py): measure(quick, log)
+def _own_file(ctx: _Ctx, name: str) -> dict:
+    """A section in its own file ``localdiff/bench/<name>.py``: its ``run(ctx)``, else ``measure(quick, log)``."""
     from importlib import import_module
 
-    return import_module(f"localdiff.bench.{name}").measure(ctx.args.quick, log=ctx.log)
+    mod = import_module(f"localdiff.bench.{name}")
+    return mod.run(ctx) if hasattr(mod, "run") else mod.measure(ctx.args.quick, log=ctx.log)
 
 
 def _run_sections(ctx: _Ctx, names: list[str], res: dict, out: Path, log) -> bool:
@@ -344,8 +346,8 @@ def _run_sections(ctx: _Ctx, names: list[str], res: dict, out: Path, log) -> boo
                 sec = _sweep(ctx, out.parent, out.stem, res["sections"].get("eval", {}).get("default"))
             else:
                 fns = {"ref": _ref, "eval": _eval, "history": _history, "memory": _memory, "profile": _profile,
-                       "serve": _serve, "masked": _masked, "block": lambda c: _masked(c, "block")}
-                sec = fns[name](ctx) if name in fns else __import__(f"localdiff.bench.{name}", fromlist=["run"]).run(ctx)
+                       "serve": _serve}
+                sec = fns[name](ctx) if name in fns else _own_file(ctx, name)
         except LocaldiffError as e:
             sec = {"skipped": str(e)}
             log(f"{name}: skipped ({e})")

@@ -48,6 +48,8 @@ def _add_sampler(p: argparse.ArgumentParser) -> None:
                                                      "(default: free memory measured at load)")
     g.add_argument("--kv-budget", metavar="SIZE", help="device bytes for the KV cache, e.g. 2GiB; older blocks of "
                                                        "full-attention layers move to host memory beyond it")
+    g.add_argument("--threads", type=int, metavar="N", help="CPU threads of the gguf backend (llama.cpp; default: "
+                                                            "all cores; LOCALDIFF_THREADS)")
 
 
 def _add_endpoint(p: argparse.ArgumentParser) -> None:
@@ -118,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("name", help="catalog alias (see `localdiff list --all`) or org/repo[@revision]")
     pl.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     pl.add_argument("--verify", action="store_true", help="re-hash files already in the cache")
+    pl.add_argument("--quant", metavar="LABEL", help="a GGUF repo: pull the one file of this quantization (e.g. "
+                                                     "Q4_K_M; same as NAME:Q4_K_M)")
     pl.add_argument("--no-space-check", dest="check_space", action="store_false",
                     help="download even when free disk is below what is left to fetch + a 64 MiB margin")
     _add_common(pl)

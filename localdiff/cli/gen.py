@@ -147,12 +147,12 @@ def _size(text, flag):
     return n
 
 
-def _load(name: str, device, quant, gpu_mem=None, dtype=None):
+def _load(name: str, device, quant, gpu_mem=None, dtype=None, threads=None):
     try:
         from localdiff import load
     except ImportError as e:  # pragma: no cover — engine missing from a broken install
         raise LocaldiffError(f"the generation engine is not available: {e}") from None
-    return load(name, device=device, quant=quant, gpu_mem=gpu_mem, dtype=dtype)
+    return load(name, device=device, quant=quant, gpu_mem=gpu_mem, dtype=dtype, threads=threads)
 
 
 def run_gen(args) -> int:
@@ -161,12 +161,12 @@ def run_gen(args) -> int:
 
     prompt = assemble_prompt(args)
     cfg = with_flags(load_user_config(), model=args.model, device=args.device, quant=args.quant,
-                     max_new_tokens=args.max_new_tokens, seed=args.seed)
+                     max_new_tokens=args.max_new_tokens, seed=args.seed, threads=getattr(args, "threads", None))
     overrides = sampler_overrides(_flags(args), cfg)
     seed = cfg.seed if cfg.seed is not None else random.SystemRandom().randrange(2**31)
     gpu_mem = _size(getattr(args, "gpu_mem", None), "--gpu-mem")
     kv_budget = _size(getattr(args, "kv_budget", None), "--kv-budget")
-    model = _load(cfg.default_model, cfg.device, cfg.quant, gpu_mem, getattr(args, "dtype", None))
+    model = _load(cfg.default_model, cfg.device, cfg.quant, gpu_mem, getattr(args, "dtype", None), cfg.threads)
     cache = model.new_cache(device_budget_bytes=kv_budget) if kv_budget is not None else None
     overrides = model.applicable(overrides, keep=flag_names(_flags(args)))   # saved settings: this decoder's only
     used = model.sampler_options(_typed=flag_names(_flags(args)), **overrides)
@@ -226,6 +226,7 @@ def run_gen(args) -> int:
         kernels = getattr(model, "kernels", None)
         if callable(kernels):
             sys.stderr.write("kernels: " + ", ".join(f"{k}={v}" for k, v in kernels().items()) + "\n")
+        sys.stderr.write(backend_line(model) + "\n")
     elif done is not None and not args.quiet and _stderr_tty():
         s = done.stats
         canv = f"{s.canvases} canvas" + ("" if s.canvases == 1 else "es")
@@ -233,6 +234,15 @@ def run_gen(args) -> int:
                          f"{s.tokens_per_forward:.2f} tokens/forward, {s.tokens_per_second:.1f} tokens/s, "
                          f"seed {seed}]\n")
     return 0
+
+
+def backend_line(model) -> str:
+    """"backend: gguf (llama-cpp-python X (ggml V, commit C)), Q8_0, 2 threads" or "backend: torch X, cpu, float32"."""
+    if getattr(model, "backend", None) == "gguf":
+        return f"backend: gguf ({model.backend_version}), {model.quant}, {model.threads} threads"
+    import torch
+
+    return f"backend: torch {torch.__version__}, {model.device}, {str(model.dtype).replace('torch.', '')}"
 
 
 def _text_filter(args, out):

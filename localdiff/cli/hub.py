@@ -27,7 +27,19 @@ def _table(rows: list[list[str]], header: list[str]) -> None:
         sys.stdout.write("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() + "\n")
 
 
+def _gguf_name(name: str, quant: str | None) -> str:
+    """``pull NAME --quant Q``: ``org/repo:Q`` for a repo, ``<alias>-q`` for a catalog alias. Raises UsageError."""
+    from localdiff.hub.gguf_names import is_quant
+
+    if not quant:
+        return name
+    if not is_quant(quant):
+        raise UsageError(f"--quant: {quant!r} is not a GGUF quantization label (e.g. Q4_K_M, Q8_0, F16)")
+    return f"{name}-{quant.lower()}" if catalog.lookup(name) is not None else f"{name}:{quant.upper()}"
+
+
 def run_pull(args) -> int:
+    args.name = _gguf_name(args.name, getattr(args, "quant", None))
     try:
         res = hub.pull(args.name, quiet=args.quiet, verify=args.verify, check_space=getattr(args, "check_space", True))
     except KeyboardInterrupt:
@@ -72,8 +84,8 @@ def run_list(args) -> int:
         size = human_bytes(m["size_bytes"]) if m["size_bytes"] else "-"
         if not m["pulled"]:
             size = f"~{size} (not pulled)" if m["size_bytes"] else "(not pulled)"
-        rows.append([m["name"], where, size, m.get("quant") or "-", m.get("path") or "-"])
-    _table(rows, ["NAME", "SOURCE", "SIZE", "QUANT", "PATH"])
+        rows.append([m["name"], where, size, m.get("quant") or "-", m.get("backend") or "-", m.get("path") or "-"])
+    _table(rows, ["NAME", "SOURCE", "SIZE", "QUANT", "BACKEND", "PATH"])
     return 0
 
 
@@ -124,17 +136,58 @@ def _gpu_budget(text: str | None) -> int:
     return n
 
 
+def _gguf_file(name: str):
+    """The .gguf file a name points at (a file, or a pulled ``org/repo:QUANT``), or None."""
+    from pathlib import Path
+
+    from localdiff.errors import ModelNotFoundError
+
+    if Path(name).expanduser().is_file():
+        return Path(name).expanduser()
+    try:
+        target = hub.parse_name(name)
+    except (ModelNotFoundError, UsageError):
+        return None
+    return hub.resolve_model(name) if target.quant else None
+
+
+def gguf_summary(path) -> dict:
+    """``show``'s summary of a GGUF file (its header; torch-free, no llama-cpp-python needed)."""
+    from localdiff.backends.gguf_file import describe as read_gguf
+
+    h, c = read_gguf(path)
+    out = {"backend": "gguf (llama.cpp through llama-cpp-python)", "quant": c.quant, "family": "masked",
+           "model_type": c.model_type, "gguf_architecture": c.architecture, "hidden_size": c.hidden_size,
+           "num_hidden_layers": c.num_hidden_layers, "num_attention_heads": c.num_attention_heads,
+           "num_key_value_heads": c.num_key_value_heads, "vocab_size": c.vocab_size,
+           "max_position_embeddings": c.max_position_embeddings, "mask_token_id": c.mask_token_id,
+           "eos_token_id": list(c.eos_token_id), "shift_logits": c.shift_logits, "file_bytes": h.file_size,
+           "tensors": len(h.tensors)}
+    if c.num_experts:
+        out["experts"] = {"total": c.num_experts, "top_k": c.num_experts_per_tok}
+    return out
+
+
 def run_show(args) -> int:
     name = args.name or load_user_config().default_model
-    cfg, folder, source = hub.model_config(name)
-    summary = _summarize(cfg, folder)
+    gg = _gguf_file(name)
+    if gg is not None:
+        summary = gguf_summary(gg)
+        cfg, folder, source = None, gg, str(gg)
+    else:
+        cfg, folder, source = hub.model_config(name)
+        summary = _summarize(cfg, folder)
     out = {"name": name, "source": source, "path": str(folder) if folder else None, "summary": summary}
     from localdiff.decoding.defaults import describe
     from localdiff.decoding.options import FAMILY_POLICY
 
     if summary.get("family") in FAMILY_POLICY:   # a family whose decoders are not wired yet shows its model only
-        out["decoder"] = describe(summary["family"], folder, cfg.get("model_type"))
-    out["cpu_precision"] = _cpu_precision(cfg, summary)
+        out["decoder"] = describe(summary["family"], folder if cfg is not None else None,
+                                  cfg.get("model_type") if cfg is not None else summary.get("model_type"))
+    if args.plan and cfg is None:
+        raise UsageError("--plan: a GGUF model runs on the CPU through llama.cpp; there is no device plan")
+    if cfg is not None:
+        out["cpu_precision"] = _cpu_precision(cfg, summary)
     if args.plan:
         try:
             from localdiff.quantize.plan import plan_memory

@@ -33,7 +33,7 @@ def read_generation_config(path: Path) -> dict:
 
 def describe(family: str, folder: Path | None, model_type: str | None = None) -> dict:
     """``localdiff show``'s decoder section: the policy of the family (and ``model_type``: the pulled config's, else
-    the one given, e.g. a stand-in config's) and, per option, its effective default (built-in < the checkpoint's
+    the one given, e.g. a stand-in config's, or a GGUF file's metadata) and, per option, its effective default (built-in < the checkpoint's
     generation_config), flag, environment variable, allowed values and help."""
     if folder is not None and (Path(folder) / "config.json").is_file():
         try:

@@ -5,7 +5,7 @@ A catalog file holds ``[[models]]`` tables with these keys:
 - ``alias`` (str, required) and ``aliases`` (list of extra names);
 - either ``embedded = true`` with ``path`` (relative to the ``models/`` data folder), or ``repo`` ("org/name") with
   ``revision`` (branch, tag or commit; default "main"), ``allow_patterns`` / ``ignore_patterns`` (fnmatch globs);
-- optional ``description``, ``model_type``, ``approx_size_bytes``, ``approx_params``, ``active_params``,
+- optional ``gguf_repo`` / ``gguf_revision`` (a repo of GGUF files: ``<alias>-<quant>`` names one), ``description``, ``model_type``, ``approx_size_bytes``, ``approx_params``, ``active_params``,
   ``offline_config`` (path under ``models/`` of a stand-in config.json used before a pull) and a ``[models.sampler]``
   table of recommended sampler options.
 """
@@ -54,6 +54,8 @@ class CatalogEntry:
         single_turn: True for a model trained on single-turn prompts only (a chat sends each message fresh).
         prompt_examples: prompts in the formats the model knows (shown by the chat at start-up); may be empty.
         source: the catalog file this entry came from.
+        gguf_repo / gguf_revision: a Hub repo of GGUF files of this model: ``<alias>-<quant>`` pulls one of them
+            (``localdiff.hub.gguf_names``).
     """
 
     alias: str
@@ -73,6 +75,8 @@ class CatalogEntry:
     single_turn: bool = False
     prompt_examples: tuple[str, ...] = ()
     source: Path | None = None
+    gguf_repo: str | None = None
+    gguf_revision: str = "main"
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -114,6 +118,8 @@ def _parse_entry(raw: dict, source: Path, root: Path) -> CatalogEntry:
         single_turn=bool(raw.get("single_turn", False)),
         prompt_examples=tuple(str(x) for x in raw.get("prompt_examples", ())),
         source=source,
+        gguf_repo=raw.get("gguf_repo"),
+        gguf_revision=str(raw.get("gguf_revision", "main")),
     )
 
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from localdiff.hub import catalog
+from localdiff.hub import catalog, gguf_names
 from localdiff.hub.catalog import CatalogEntry
 from localdiff.errors import CheckpointError, ModelNotFoundError, UsageError
 from localdiff.hub.guard import changed_files
@@ -37,6 +37,7 @@ class Target:
         revision: branch / tag / commit for kind "repo".
         path: folder for kinds "embedded" and "path".
         entry: the catalog entry when the name is (or maps to) a catalog model.
+        quant: the quantization label of a GGUF name (``org/repo:Q4_K_M``, ``<alias>-q4_k_m``), else None.
     """
 
     kind: str
@@ -45,13 +46,18 @@ class Target:
     revision: str = "main"
     path: Path | None = None
     entry: CatalogEntry | None = None
+    quant: str | None = None
 
     @property
     def allow_patterns(self) -> tuple[str, ...]:
+        if self.quant:
+            return gguf_names.patterns(self.quant)
         return self.entry.allow_patterns if self.entry else catalog.DEFAULT_ALLOW_PATTERNS
 
     @property
     def ignore_patterns(self) -> tuple[str, ...]:
+        if self.quant:
+            return ()
         return self.entry.ignore_patterns if self.entry else catalog.DEFAULT_IGNORE_PATTERNS
 
     @property
@@ -75,7 +81,16 @@ def parse_name(name: str) -> Target:
     if not isinstance(name, str) or not name.strip():
         raise UsageError("empty model name")
     name = name.strip()
+    tagged = gguf_names.split_repo_tag(name)
+    if tagged is not None:
+        t = parse_name(tagged[0])
+        if t.kind == "repo":
+            return replace(t, name=name, quant=tagged[1])
     entry = catalog.lookup(name)
+    if entry is None and (tagged := gguf_names.split_alias_tag(name)) is not None:
+        base = catalog.lookup(tagged[0])
+        if base is not None and base.gguf_repo:
+            return Target("repo", name, repo=base.gguf_repo, revision=base.gguf_revision, entry=base, quant=tagged[1])
     if entry is not None:
         if entry.embedded:
             return Target("embedded", name, path=entry.embedded_path, entry=entry)
@@ -166,7 +181,8 @@ def resolve_model(name: str) -> Path:
     status = snapshot_status(storage, commit, t.allow_patterns, t.ignore_patterns)
     if not status.complete:
         snap = storage / "snapshots" / commit
-        if not any(snap.glob("*.safetensors")) and not list(storage.glob("blobs/*.incomplete")):
+        if not any(snap.glob("*.safetensors")) and not any(snap.glob("*.gguf")) \
+                and not list(storage.glob("blobs/*.incomplete")):
             raise ModelNotFoundError(f"{t.label} is not pulled: run `localdiff pull {name}`")
         raise ModelNotFoundError(f"{t.label} is only partly pulled ({len(status.missing)} files missing): "
                                  f"run `localdiff pull {name}` to finish")
@@ -175,6 +191,13 @@ def resolve_model(name: str) -> Path:
         raise CheckpointError(f"{t.label}: {changed[0]} changed on disk since it was verified"
                               + (f" (and {len(changed) - 1} more)" if len(changed) > 1 else "")
                               + f"; run `localdiff pull {name} --verify`")
+    if t.quant:
+        snap = storage / "snapshots" / commit
+        hits = sorted(p for p in snap.rglob("*.gguf") if gguf_names.matches(str(p.relative_to(snap)), t.quant))
+        if len(hits) != 1:
+            raise ModelNotFoundError(f"{t.label}: no single {t.quant} GGUF file in the snapshot: run "
+                                     f"`localdiff pull {name}`")
+        return hits[0]
     return check_checkpoint_dir(storage / "snapshots" / commit)
 
 
@@ -212,7 +235,8 @@ def list_models(cache_dir: Path | None = None) -> list[dict]:
     """Models ready to load: the embedded ones and every *complete* repo snapshot in the HF cache with a config.json.
 
     Returns:
-        list of dicts with keys name, repo, revision, commit, size_bytes, quant, path, embedded, description and,
+        list of dicts with keys name, repo, revision, commit, size_bytes, quant, path, backend ("torch" / "gguf": one
+        row per pulled GGUF file, named ``org/repo:QUANT``), embedded, description and,
         for pulled repos, changed (repo paths modified since they were verified: run ``pull NAME --verify``).
         Partial pulls are left out. Repos in the catalog are named by their alias.
     """
@@ -221,7 +245,7 @@ def list_models(cache_dir: Path | None = None) -> list[dict]:
         if e.embedded and (e.embedded_path / "config.json").is_file():
             out.append({"name": e.alias, "repo": None, "revision": None, "commit": None,
                         "size_bytes": _dir_size(e.embedded_path), "quant": _weights_kind(_read_config(e.embedded_path)),
-                        "path": str(e.embedded_path), "embedded": True, "description": e.description})
+                        "path": str(e.embedded_path), "backend": "torch", "embedded": True, "description": e.description})
     for storage in cached_repos(cache_dir):
         repo = repo_id_from_folder(storage)
         for rev, commit in sorted(repo_refs(storage).items()):
@@ -231,6 +255,7 @@ def list_models(cache_dir: Path | None = None) -> list[dict]:
             snap = storage / "snapshots" / commit
             cfg = _read_config(snap)
             if not cfg:
+                out += _gguf_rows(storage, repo, rev, commit)
                 continue
             status = snapshot_status(storage, commit, allow, ignore)
             if not status.complete:
@@ -241,9 +266,34 @@ def list_models(cache_dir: Path | None = None) -> list[dict]:
                 name = repo if rev == "main" else f"{repo}@{rev}"
             out.append({"name": name, "repo": repo, "revision": rev, "commit": commit,
                         "size_bytes": status.size_bytes, "quant": _weights_kind(cfg), "path": str(snap),
-                        "embedded": False, "description": entry.description if entry else "",
+                        "backend": "torch", "embedded": False, "description": entry.description if entry else "",
                         "changed": changed_files(storage, commit, allow, ignore)})
     return out
+
+
+def _gguf_rows(storage: Path, repo: str, rev: str, commit: str) -> list[dict]:
+    """One row per complete GGUF file of a snapshot without config.json: named ``org/repo[@rev]:QUANT`` (or the
+    catalog's ``<alias>-<quant>``), backend "gguf", quant from the file's header."""
+    from localdiff.backends.gguf_file import read_header
+
+    snap = storage / "snapshots" / commit
+    rows = []
+    for f in sorted(snap.rglob("*.gguf")):
+        rel = str(f.relative_to(snap))
+        if not f.is_file() or not snapshot_status(storage, commit, (rel,), ()).complete:
+            continue
+        try:
+            quant = read_header(f).quant
+        except CheckpointError:
+            continue
+        entry = next((e for e in catalog.entries() if e.gguf_repo and e.gguf_repo.lower() == repo.lower()
+                      and e.gguf_revision in (rev, commit)), None)
+        name = f"{entry.alias}-{quant.lower()}" if entry else (repo if rev == "main" else f"{repo}@{rev}") + f":{quant}"
+        rows.append({"name": name, "repo": repo, "revision": rev, "commit": commit, "size_bytes": f.stat().st_size,
+                     "quant": quant, "path": str(f), "backend": "gguf", "embedded": False,
+                     "description": entry.description if entry else "",
+                     "changed": changed_files(storage, commit, (rel,), ())})
+    return rows
 
 
 def remove(name: str) -> dict:

@@ -230,7 +230,11 @@ def pull(t: "Target", quiet: bool = False, progress=None, verify: bool = False, 
 def _pull_locked(t, progress, verify: bool, check_space: bool, t0: float, storage: Path, commit: str,
                  all_files: list) -> dict:
     files = sorted(filter_files(all_files, t.allow_patterns, t.ignore_patterns), key=lambda r: (r.size, r.path))
-    if not any(f.path.endswith(".safetensors") for f in files) or not any(f.path == "config.json" for f in files):
+    if getattr(t, "quant", None):
+        from localdiff.hub.gguf_names import pick
+
+        files = pick(all_files, t.quant, t.label)   # one GGUF file: the quantization the name asks for
+    elif not any(f.path.endswith(".safetensors") for f in files) or not any(f.path == "config.json" for f in files):
         has_bin = any(f.path.endswith((".bin", ".pt", ".pth")) for f in all_files)
         why = "only pickled .bin weights, which localdiff does not load" if has_bin else "no config.json + safetensors"
         raise HubError(f"{t.repo}@{t.revision} has {why}")

@@ -1,0 +1,301 @@
+"""The GGUF backend: llama.cpp (through llama-cpp-python's low-level bindings) computes a masked-diffusion model's
+full-sequence logits; localdiff's own decoders (``localdiff.decoding``: LLaDA / Dream / Fast-dLLM threshold) run on
+top, unchanged — the backend presents the model contract's ``logits_full`` role (``localdiff.arch.base``).
+
+How one pass runs (llama.cpp ``examples/diffusion/diffusion.cpp`` does the same, per step): the whole sequence goes
+into one ``llama_batch`` with an output row for every position; ``llama_set_causal_attn(ctx, false)`` (LLaDA,
+LLaDA-MoE and Dream GGUFs are marked non-causal too); ``llama_decode`` runs the no-KV-memory (encoder) path of the
+diffusion architectures, so the context's ``n_ubatch`` must hold the whole sequence; ``llama_get_logits`` returns
+[T, V] fp32. Flash attention is disabled: with it llama.cpp casts K/V to F16 (no KV memory to hold them), which
+costs ~4e-3 relative logit error instead of ~1e-6 (measured on tiny LLaDA / Dream GGUFs). The context is sized to
+the sequence (prompt + generation) and grown when a longer one comes. Logits are RAW: when
+``diffusion.shift_logits`` (default true, as ``diffusion-cli.cpp``) logit row i predicts token i + 1 and the masked
+loop shifts, as for Dream checkpoints.
+
+Left padding (a batch of prompts): padding tokens are left out of the llama.cpp batch and the real tokens keep
+their positions in the padded row — the torch path's rule (padding keys masked, positions = row index). Rows run as
+separate passes. The Fast-dLLM approximate caches (``kv_cache`` prefix / dual) need per-layer K/V, which llama.cpp
+does not expose for these architectures: they are refused with one line.
+"""
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from localdiff.arch.base import ROLE_LOGITS
+from localdiff.backends.gguf_file import GGUFConfig, describe
+from localdiff.errors import CheckpointError, LocaldiffError, UsageError
+from localdiff.tokenizer import Tokenizer
+
+EXTRA_HINT = 'GGUF models need the gguf extra: pip install "localdiff[gguf]"'
+
+
+class BackendMissingError(LocaldiffError):
+    """The optional backend's package is not installed (the message names the extra)."""
+
+
+_LIB = None
+_LOG_TAIL: list[str] = []
+
+
+def llama_cpp():
+    """The ``llama_cpp`` module, initialised once (backend init, llama.cpp's log kept off the terminal: its last
+    error lines are kept for our one-line messages). Raises BackendMissingError naming the extra."""
+    global _LIB
+    if _LIB is not None:
+        return _LIB
+    try:
+        import llama_cpp as lib
+    except ImportError:
+        raise BackendMissingError(EXTRA_HINT) from None
+    except OSError as e:           # the package is there, its shared library is not loadable
+        raise BackendMissingError(f"llama-cpp-python is installed but cannot load its library ({e}); "
+                                  f"reinstall the gguf extra: pip install \"localdiff[gguf]\"") from None
+
+    @lib.llama_log_callback
+    def _log(level, text, user_data):
+        if level < 3:    # ggml_log_level: NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5
+            return
+        _LOG_TAIL.append(text.decode("utf-8", "replace").strip())
+        del _LOG_TAIL[:-8]
+
+    lib._localdiff_log = _log      # keep the callback alive
+    lib.llama_log_set(_log, ctypes.c_void_p(0))
+    lib.llama_backend_init()
+    _LIB = lib
+    return lib
+
+
+def version() -> str:
+    """"llama-cpp-python X (ggml V, commit C)" — the backend's identity for ``gen -v`` and ``bench``."""
+    lib = llama_cpp()
+    out = f"llama-cpp-python {getattr(lib, '__version__', '?')}"
+    try:
+        from llama_cpp._ggml import libggml
+
+        for fn in ("ggml_version", "ggml_commit"):
+            getattr(libggml, fn).restype = ctypes.c_char_p
+        out += f" (ggml {libggml.ggml_version().decode()}, commit {libggml.ggml_commit().decode()})"
+    except Exception:  # an older build without these symbols
+        pass
+    return out
+
+
+class GGUFNet:
+    """A loaded GGUF model presenting the masked family's ``logits`` role.
+
+    Args:
+        path: the ``.gguf`` file. config: its :class:`GGUFConfig`. threads: llama.cpp threads (None = all cores).
+    Attributes: ``config``, ``roles`` = {logits}, ``shift_logits``, ``n_ctx`` (the current context's size).
+    Raises:
+        CheckpointError: llama.cpp refused the file (its last log line is quoted), or it is not a diffusion model.
+    """
+
+    roles = frozenset({ROLE_LOGITS})
+
+    def __init__(self, path: Path, config: GGUFConfig, threads: int | None = None):
+        lib = llama_cpp()
+        self.lib, self.path, self.config = lib, Path(path), config
+        self.threads = int(threads) if threads else max(1, (torch.get_num_threads()))
+        mp = lib.llama_model_default_params()
+        mp.n_gpu_layers = 0
+        _LOG_TAIL.clear()
+        self.model = lib.llama_model_load_from_file(str(path).encode(), mp)
+        if not self.model:
+            why = _LOG_TAIL[-1] if _LOG_TAIL else "llama.cpp could not load it"
+            raise CheckpointError(f"{path}: llama.cpp refused the file ({why})")
+        if not lib.llama_model_is_diffusion(self.model):
+            lib.llama_model_free(self.model)
+            self.model = None
+            raise CheckpointError(f"{path}: not a diffusion model (llama.cpp computes it causally)")
+        self.vocab = lib.llama_model_get_vocab(self.model)
+        self.n_vocab = lib.llama_vocab_n_tokens(self.vocab)
+        if self.n_vocab != config.vocab_size:
+            raise CheckpointError(f"{path}: vocabulary of {self.n_vocab} tokens, the header lists {config.vocab_size}")
+        self.ctx, self.n_ctx = None, 0
+
+    @property
+    def shift_logits(self) -> bool:
+        """True when raw logit row i predicts token i + 1 (``diffusion.shift_logits``)."""
+        return self.config.shift_logits
+
+    def _context(self, n: int):
+        """A context whose n_ctx = n_batch = n_ubatch ≥ n tokens (grown in steps of 64; never shrunk)."""
+        if self.ctx is not None and n <= self.n_ctx:
+            return self.ctx
+        lib = self.lib
+        if self.ctx is not None:
+            lib.llama_batch_free(self._batch)
+            lib.llama_free(self.ctx)
+            self.ctx = None
+        size = (n + 63) // 64 * 64
+        cp = lib.llama_context_default_params()
+        cp.n_ctx = cp.n_batch = cp.n_ubatch = size
+        cp.n_seq_max = 1
+        cp.n_threads = cp.n_threads_batch = self.threads
+        cp.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        cp.no_perf = True
+        _LOG_TAIL.clear()
+        ctx = lib.llama_init_from_model(self.model, cp)
+        if not ctx:
+            why = _LOG_TAIL[-1] if _LOG_TAIL else "out of memory?"
+            raise LocaldiffError(f"{self.path}: llama.cpp could not create a {size}-token context ({why})")
+        lib.llama_set_causal_attn(ctx, False)
+        self.ctx, self.n_ctx = ctx, size
+        self._batch = lib.llama_batch_init(size, 0, 1)
+        for i in range(size):            # one sequence, an output row for every position: set once
+            self._batch.n_seq_id[i] = 1
+            self._batch.seq_id[i][0] = 0
+            self._batch.logits[i] = 1
+        return ctx
+
+    def _row(self, ids: list[int], pos: list[int]) -> np.ndarray:
+        """One pass: token ids at positions ``pos`` → float32 [len(ids), V] logits (copied out of llama.cpp)."""
+        lib, n = self.lib, len(ids)
+        ctx = self._context(n)
+        b = self._batch
+        b.n_tokens = n
+        ctypes.memmove(b.token, np.asarray(ids, dtype=np.int32).ctypes.data, 4 * n)
+        ctypes.memmove(b.pos, np.asarray(pos, dtype=np.int32).ctypes.data, 4 * n)
+        rc = lib.llama_decode(ctx, b)
+        if rc != 0:
+            raise LocaldiffError(f"{self.path}: llama.cpp decode failed (code {rc})")
+        out = np.empty((n, self.n_vocab), dtype=np.float32)
+        ctypes.memmove(out.ctypes.data, lib.llama_get_logits(ctx), out.nbytes)
+        return out
+
+    def logits_full(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """One bidirectional pass per row (llama.cpp).
+
+        Args:
+            input_ids: LongTensor[B, T]. attention_mask: Bool/LongTensor[B, T] (1 = real, 0 = left padding) or None.
+        Returns:
+            FloatTensor[B, T, V] fp32 raw logits (rows of padding positions are zero).
+        Raises:
+            UsageError: a token id outside the vocabulary; LocaldiffError: llama.cpp failed.
+        """
+        b, t = input_ids.shape
+        ids = input_ids.tolist()
+        keep = None if attention_mask is None or bool(attention_mask.all()) else attention_mask.bool().tolist()
+        rows = []
+        for r in range(b):
+            pos = list(range(t)) if keep is None else [i for i in range(t) if keep[r][i]]
+            row = ids[r] if keep is None else [ids[r][i] for i in pos]
+            if min(row) < 0 or max(row) >= self.n_vocab:
+                raise UsageError(f"token id out of range [0, {self.n_vocab})")
+            logits = self._row(row, pos)
+            if keep is not None:
+                full = np.zeros((t, self.n_vocab), dtype=np.float32)
+                full[pos] = logits
+                logits = full
+            rows.append(logits)
+        return torch.from_numpy(rows[0][None] if b == 1 else np.stack(rows))
+
+    def end_tokens(self) -> list[int]:
+        """The ids llama.cpp treats as end of generation (``llama_vocab_is_eog``: EOS, EOT, EOM and the end-of-turn
+        tokens it recognises by text), header EOS first."""
+        first = [i for i in self.config.eos_token_id if 0 <= i < self.n_vocab]
+        rest = [i for i in range(self.n_vocab) if self.lib.llama_vocab_is_eog(self.vocab, i) and i not in first]
+        return first + rest
+
+    def forward_window(self, *a, **k):
+        """Refused: llama.cpp keeps no per-layer K/V for diffusion architectures (Fast-dLLM caches need them)."""
+        raise UsageError("kv_cache prefix/dual: the gguf backend cannot reuse K/V (llama.cpp keeps no K/V memory "
+                         "for diffusion models); use kv_cache none")
+
+    def close(self) -> None:
+        """Free the llama.cpp context, batch and model."""
+        lib = self.lib
+        if getattr(self, "ctx", None):
+            lib.llama_batch_free(self._batch)
+            lib.llama_free(self.ctx)
+            self.ctx = None
+        if getattr(self, "model", None):
+            lib.llama_model_free(self.model)
+            self.model = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class GGUFTokenizer(Tokenizer):
+    """The GGUF's own tokenizer (llama.cpp ``llama_tokenize`` / ``llama_detokenize``: the vocabulary, merges and
+    pre-tokenizer the file declares) and its chat template (``tokenizer.chat_template``), rendered in the same jinja
+    sandbox as safetensors checkpoints (:meth:`localdiff.tokenizer.Tokenizer.apply_chat_template`)."""
+
+    def __init__(self, net: GGUFNet, eos_ids: list[int], pad_id: int | None):
+        self.lib, self.vocab = net.lib, net.vocab
+        md = net.config.raw
+        tpl = md.get("tokenizer.chat_template")
+        self.chat_template = tpl if isinstance(tpl, str) else None
+        bos = md.get("tokenizer.ggml.bos_token_id")
+        eos = md.get("tokenizer.ggml.eos_token_id")
+        self.special = {"bos_token": self._text(bos), "eos_token": self._text(eos), "pad_token": None,
+                        "unk_token": None}
+        self.bos_token, self.eos_token = self.special["bos_token"], self.special["eos_token"]
+        self.eos_token_ids, self.pad_token_id = list(eos_ids), pad_id
+        self.vocab_size = net.n_vocab
+        self._env = None
+
+    def _text(self, i):
+        if i is None:
+            return None
+        return self.lib.llama_vocab_get_text(self.vocab, int(i)).decode("utf-8", "replace")
+
+    def encode(self, text: str) -> list[int]:
+        """Text → ids (special tokens in the text are parsed; no BOS added: chat templates carry their own)."""
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        buf = (self.lib.llama_token * cap)()
+        n = self.lib.llama_tokenize(self.vocab, data, len(data), buf, cap, False, True)
+        if n < 0:
+            cap = -n
+            buf = (self.lib.llama_token * cap)()
+            n = self.lib.llama_tokenize(self.vocab, data, len(data), buf, cap, False, True)
+        return list(buf[:n])
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        """Ids (list or LongTensor[T]) → text; special tokens dropped by default."""
+        if hasattr(ids, "tolist"):
+            ids = ids.tolist()
+        ids = [int(i) for i in ids]
+        if not ids:
+            return ""
+        arr = (self.lib.llama_token * len(ids))(*ids)
+        cap = 16 * len(ids) + 16
+        for _ in range(2):
+            buf = ctypes.create_string_buffer(cap)
+            n = self.lib.llama_detokenize(self.vocab, arr, len(ids), buf, cap, skip_special_tokens,
+                                          not skip_special_tokens)
+            if n >= 0:
+                return buf.raw[:n].decode("utf-8", "replace")
+            cap = -n + 16
+        return ""
+
+    def id_to_token(self, i: int) -> str | None:
+        """The vocabulary string of one id."""
+        return self._text(i)
+
+
+def open_gguf(path, threads: int | None = None):
+    """Open a ``.gguf`` file for the engine (CPU; llama.cpp computes, localdiff decodes).
+
+    Args:
+        path: the file. threads: llama.cpp threads (None = as many as torch uses).
+    Returns:
+        (GGUFNet, GGUFConfig, GGUFTokenizer, generation config dict {"eos_token_id": llama.cpp's end tokens}).
+    Raises:
+        CheckpointError: not GGUF, truncated, not a diffusion model, unsupported architecture (one line each);
+        BackendMissingError: llama-cpp-python missing (names the extra).
+    """
+    path = Path(path)
+    _, cfg = describe(path)
+    net = GGUFNet(path, cfg, threads)
+    eos = net.end_tokens()
+    return net, cfg, GGUFTokenizer(net, eos, cfg.pad_token_id), ({"eos_token_id": eos} if eos else {})

@@ -1,0 +1,194 @@
+"""``localdiff bench --only gguf``: localdiff's gguf backend (llama.cpp computes, our decoders decode) against
+llama.cpp's own diffusion sampling loop (``diffusion_generate`` of ``examples/diffusion/diffusion.cpp``, built by
+:mod:`localdiff.bench.gguf_cli` against the same libllama) on the same GGUF file: the shipped ``tiny-mdm`` (LLaDA
+architecture) converted to F32 GGUF (:mod:`localdiff.bench.gguf_convert`), its held-out eval prompts
+(``models/tiny/eval.jsonl``) in the chat template, answer budget 32 tokens, the same threads, runs interleaved per
+prompt.
+
+1. **Same algorithm, same step count**: LLaDA's block schedule with one token per step, greedy. llama.cpp's loop:
+   block schedule, confidence-based, ``top_k`` 1, ``steps`` = P + 32 over its (P + 32) / B blocks; ours:
+   ``steps=32, block_length=B``, low-confidence remasking at temperature 0. B = the largest of 8, 4, 2, 1 dividing
+   the prompt length P, because llama.cpp's loop needs B | P + 32 and starts its blocks at P; it then also runs one
+   forward for each of the P / B blocks that lie past the end (it decodes before it looks for masks): counted as
+   ``extra_forwards``. (With top-k 1 its confidence is 1 everywhere, so its order is left to right; ours is by
+   confidence: the same work per step, different tokens.) Target: our tokens/s within 10 % (ms per forward too).
+2. **Equal accuracy**: llama.cpp's best setting (greedy, or its default top-k 40 sampling) vs our Fast-dLLM
+   threshold decoding (τ = 0.9 / 0.95 / 0.99, llama.cpp's blocks B, stopping at EOS; the fastest τ whose accuracy is
+   no lower, else the most accurate): exact-match accuracy and tokens/s. Target: ≥ 2× at an accuracy no lower.
+
+Tokens/s = 32 answer tokens per prompt / generation seconds (model load excluded on both sides). Totals, plus the
+median and range over prompts. CPU time (all threads of each process, over the same generation calls) is reported
+beside wall time: on a shared machine it does not grow with other processes' load.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+G = 32          # answer budget (tokens): as tiny-mdm's eval
+
+
+def _tiny_mdm() -> Path:
+    """The tiny-mdm checkpoint folder: ``$LOCALDIFF_BENCH_TINY_MDM`` or the catalog's ``tiny-mdm``."""
+    from localdiff.errors import LocaldiffError
+
+    env = os.environ.get("LOCALDIFF_BENCH_TINY_MDM")
+    if env:
+        return Path(env)
+    try:
+        from localdiff.hub.models import resolve_model
+
+        return Path(resolve_model("tiny-mdm"))
+    except LocaldiffError as e:
+        raise LocaldiffError(f"tiny-mdm is not available ({e}); set LOCALDIFF_BENCH_TINY_MDM") from None
+
+
+def _block(p: int) -> int:
+    return next(b for b in (8, 4, 2, 1) if p % b == 0)
+
+
+def _summary(secs, cpu, forwards, correct, n, extra=0) -> dict:
+    total, cpu_total = sum(secs), sum(cpu)
+    rates = [G / x for x in secs if x > 0]
+    return {"accuracy": correct / n, "correct": correct, "n": n, "seconds": total, "forwards": forwards,
+            "extra_forwards": extra, "tokens_per_second": G * n / total if total else 0.0,
+            "cpu_seconds": cpu_total, "cpu_tokens_per_second": G * n / cpu_total if cpu_total else 0.0,
+            "cpu_ms_per_forward": 1e3 * cpu_total / max(forwards, 1),
+            "median_tokens_per_second": statistics.median(rates) if rates else 0.0,
+            "range_tokens_per_second": [min(rates), max(rates)] if rates else [],
+            "ms_per_forward": 1e3 * total / max(forwards, 1)}
+
+
+OURS_SAME = "ours, same algorithm"
+THRESHOLDS = {f"ours, threshold {t}": t for t in (0.9, 0.95, 0.99)}
+LL_GREEDY, LL_TOPK = "llama.cpp loop, greedy (top-k 1)", "llama.cpp loop, top-k 40"
+
+
+def _runs(m, gguf, exe, items, threads: int) -> dict:
+    """Every run, interleaved per prompt (drift and other load hit all alike): name → :func:`_summary`."""
+    from localdiff.bench import gguf_cli
+    from localdiff.bench.eval_tasks import exact_match
+
+    names = [OURS_SAME, *THRESHOLDS] + ([LL_GREEDY, LL_TOPK] if exe else [])
+    acc = {k: {"secs": [], "cpu": [], "fw": 0, "extra": 0, "ok": 0} for k in names}
+    m.generate(items[0]["prompt"], max_new_tokens=G, seed=0, steps=4)       # warm-up: the context is made once
+    for it in items:
+        ids = m.encode_prompt(it["prompt"])[0]
+        p, b = len(ids), _block(len(ids))
+        for k in names:
+            a = acc[k]
+            if k == OURS_SAME or k in THRESHOLDS:
+                kw = dict(block_length=b) if k == OURS_SAME else dict(block_length=b, threshold=THRESHOLDS[k])
+                c0 = time.process_time()
+                g = m.generate(ids, max_new_tokens=G, seed=0, steps=G, **kw)
+                a["cpu"].append(time.process_time() - c0)
+                a["secs"].append(g.stats.seconds)
+                a["fw"] += g.stats.forwards
+                a["ok"] += exact_match(g.text, it["answer"])
+                continue
+            r = gguf_cli.run(exe, gguf, ids, p + G, steps=p + G, threads=threads, block_length=b,
+                             top_k=1 if k == LL_GREEDY else 40)
+            out = r["ids"]
+            cut = next((i for i, t in enumerate(out) if t in m.eos_token_ids), len(out))
+            a["secs"].append(r["ms"] / 1e3)
+            a["cpu"].append(r["cpu_ms"] / 1e3)
+            a["fw"] += G + p // b
+            a["extra"] += p // b
+            a["ok"] += exact_match(m.tokenizer.decode(out[:cut]), it["answer"])
+    return {k: _summary(a["secs"], a["cpu"], a["fw"], a["ok"], len(items), a["extra"]) for k, a in acc.items()}
+
+
+def measure(quick: bool, threads: int = 1, log=print) -> dict:
+    """The section's result dict (module docstring). A part that cannot run says why."""
+    import localdiff
+    from localdiff.backends.gguf import version
+    from localdiff.bench import gguf_cli
+    from localdiff.bench.eval_tasks import load_items
+    from localdiff.bench.gguf_convert import convert_llada, tokenizer_agreement
+    from localdiff.paths import models_dir
+
+    ckpt = _tiny_mdm()
+    from localdiff.backends.gguf import llama_cpp
+
+    res = {"backend": f"gguf ({version()})", "threads": threads, "model": str(ckpt), "answer_tokens": G,
+           "llama_cpp_system_info": llama_cpp().llama_print_system_info().decode("utf-8", "replace").strip()}
+    items = load_items(models_dir() / "tiny" / "eval.jsonl", 2 if quick else 10)
+    res["prompts"] = len(items)
+    with tempfile.TemporaryDirectory(prefix="localdiff-bench-gguf-") as d:
+        gguf = convert_llada(ckpt, Path(d) / "tiny-mdm-F32.gguf")
+        m = localdiff.load(str(gguf), threads=threads)
+        ref = localdiff.load(str(ckpt))
+        texts = [ref.tokenizer.apply_chat_template([{"role": "user", "content": it["prompt"]}]) for it in items]
+        res["tokenizer_agreement"] = tokenizer_agreement(ref.tokenizer, m.tokenizer, texts)
+        log(f"gguf: tiny-mdm → F32 GGUF; prompts tokenized as tokenizer.json does: {res['tokenizer_agreement']:.0%}")
+        try:
+            exe, how = gguf_cli.build(version().split()[1], log=log)
+            res["llama_cpp_loop"] = how
+        except gguf_cli.CliUnavailable as e:
+            exe = None
+            res["llama_cpp_loop"] = f"skipped: {e}"
+            log(f"gguf: llama.cpp's loop skipped ({e})")
+        runs = _runs(m, gguf, exe, items, threads)
+    res["runs"] = runs
+    for k, v in runs.items():
+        log(f"gguf: {k}: {v['tokens_per_second']:.1f} tokens/s, accuracy {v['accuracy']:.2f}, "
+            f"{v['ms_per_forward']:.1f} ms/forward")
+    if exe is None:
+        return res
+    same, greedy = runs[OURS_SAME], runs[LL_GREEDY]
+    best = max((runs[LL_GREEDY], runs[LL_TOPK]), key=lambda r: (r["accuracy"], r["tokens_per_second"]))
+    ok = [runs[k] for k in THRESHOLDS if runs[k]["accuracy"] >= best["accuracy"]]
+    thr = max(ok, key=lambda r: r["tokens_per_second"]) if ok else max(
+        (runs[k] for k in THRESHOLDS), key=lambda r: (r["accuracy"], r["tokens_per_second"]))
+    thr_name = next(k for k in THRESHOLDS if runs[k] is thr)
+    res["same_algorithm"] = {"tokens_per_second_ratio": same["tokens_per_second"] / greedy["tokens_per_second"],
+                             "per_forward_ratio": greedy["ms_per_forward"] / same["ms_per_forward"],
+                             "cpu_per_forward_ratio": greedy["cpu_ms_per_forward"] / same["cpu_ms_per_forward"],
+                             "target": "within 10 % (≥ 0.9)"}
+    res["equal_accuracy"] = {"llama_cpp_best": best, "ours": thr, "ours_setting": thr_name,
+                             "tokens_per_second_ratio": thr["tokens_per_second"] / best["tokens_per_second"],
+                             "cpu_tokens_per_second_ratio": thr["cpu_tokens_per_second"] / best["cpu_tokens_per_second"],
+                             "accuracy_ok": thr["accuracy"] >= best["accuracy"], "target": "≥ 2× at ≥ accuracy"}
+    log(f"gguf: same algorithm: ours / llama.cpp tokens/s {res['same_algorithm']['tokens_per_second_ratio']:.2f}× "
+        f"(per forward {res['same_algorithm']['per_forward_ratio']:.2f}× wall, "
+        f"{res['same_algorithm']['cpu_per_forward_ratio']:.2f}× CPU); equal accuracy: {thr_name} / llama.cpp's "
+        f"best {res['equal_accuracy']['tokens_per_second_ratio']:.2f}× (accuracy {thr['accuracy']:.2f} vs "
+        f"{best['accuracy']:.2f})")
+    return res
+
+
+def render_md(sec: dict) -> list[str]:
+    """Markdown lines of the section."""
+    lines = ["## GGUF backend (llama.cpp) vs llama.cpp's own diffusion loop", ""]
+    lines += [f"{sec['backend']}, {sec['threads']} thread(s), tiny-mdm as F32 GGUF, {sec['prompts']} eval prompts, "
+              f"{sec['answer_tokens']} answer tokens; prompts tokenized as tokenizer.json does: "
+              f"{sec['tokenizer_agreement']:.0%}. llama.cpp: {sec.get('llama_cpp_system_info', '?')}", "",
+              "| run | accuracy | tokens/s (total) | median [range] | forwards (extra) | ms/forward | CPU ms/forward |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, r in sec.get("runs", {}).items():
+        lo, hi = r["range_tokens_per_second"] or [0, 0]
+        lines.append(f"| {name} | {r['accuracy']:.2f} | {r['tokens_per_second']:.1f} | "
+                     f"{r['median_tokens_per_second']:.1f} [{lo:.1f}–{hi:.1f}] | {r['forwards']} "
+                     f"({r['extra_forwards']}) | {r['ms_per_forward']:.2f} | {r['cpu_ms_per_forward']:.2f} |")
+    lines.append("")
+    if "same_algorithm" in sec:
+        s, e = sec["same_algorithm"], sec["equal_accuracy"]
+        lines += [f"Same algorithm: ours / llama.cpp tokens/s **{s['tokens_per_second_ratio']:.2f}×** (per forward "
+                  f"{s['per_forward_ratio']:.2f}× wall, {s['cpu_per_forward_ratio']:.2f}× CPU; target ≥ 0.9). Equal "
+                  f"accuracy: {e['ours_setting']} / llama.cpp's best **{e['tokens_per_second_ratio']:.2f}×** "
+                  f"({e['cpu_tokens_per_second_ratio']:.2f}× CPU; accuracy {e['ours']['accuracy']:.2f} vs "
+                  f"{e['llama_cpp_best']['accuracy']:.2f}; target ≥ 2×).", ""]
+    lines += [f"llama.cpp loop: {sec.get('llama_cpp_loop')}", ""]
+    return lines
+
+
+def section(ctx) -> dict:
+    """The entry ``localdiff bench`` calls (``bench/run.py``): :func:`measure` with the run's quick flag and threads."""
+    return measure(ctx.args.quick, ctx.args.threads, log=ctx.log)
+
+
+#: the name ``localdiff bench`` calls for a section in its own file
+run = section

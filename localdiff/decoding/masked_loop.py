@@ -48,7 +48,7 @@ def block_plan(gen_length: int, block_length: int | None, steps: int | None) -> 
 
 def run(net, policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None, max_new_tokens: int,
         block_length: int | None, steps: int | None, cache: str, mask_id: int, eos_ids: list[int],
-        pad_id: int | None, emit_steps: bool = True, decode=None, stats: GenerationStats | None = None):
+        pad_id: int | None, emit_steps: bool = True, decode=None, stats: GenerationStats | None = None, cancel=None):
     """Generate after a left-padded prompt; yields StepEvent (when ``emit_steps``), CanvasDone per block, then Done.
 
     Args:
@@ -59,6 +59,7 @@ def run(net, policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
         block_length / steps: see :func:`block_plan`. cache: "none" | "prefix" | "dual".
         mask_id / eos_ids / pad_id: special ids (pad replaces tokens after EOS in CanvasDone, as in the canvas loop).
         decode: ids → text (row 0), or None.
+        cancel: ``cancel() -> bool`` polled before every denoising step; True ends the generator there (no Done).
     """
     st = stats or GenerationStats()
     t0 = time.perf_counter()
@@ -83,6 +84,8 @@ def run(net, policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
         i = 0
         cap = n_steps + length if policy.parallel else n_steps     # parallel rules commit ≥ 1 per step
         while bool(masked.any()) and i < cap:
+            if cancel is not None and cancel():
+                return
             if logits is None:
                 logits, kv = _block_logits(net, policy, x, amask, start, end, shift, cache, kv, i == 0, p, mask_id)
                 logits = logits.index_fill(-1, torch.tensor([mask_id], device=dev), -torch.inf)   # never the mask

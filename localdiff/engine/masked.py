@@ -49,4 +49,5 @@ def stream(model, req):
     policy = POLICY_CLASSES[options.POLICY](options, req.generator, model.mask_token_id)
     yield from masked_loop.run(model.net, policy, ids, mask, req.max_new_tokens, options.block_length,
                                options.steps, options.kv_cache, model.mask_token_id, model.eos_token_ids,
-                               model.pad_token_id, emit_steps=req.emit_steps, decode=req.decode, stats=req.stats)
+                               model.pad_token_id, emit_steps=req.emit_steps, decode=req.decode, stats=req.stats,
+                               cancel=req.cancel)

@@ -26,6 +26,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import torch
+
 from localdiff.events import CanvasDone, Done, StepEvent
 from localdiff.serve.errors import ApiError, from_engine
 from localdiff.serve.options import GenRequest
@@ -104,8 +106,6 @@ class ModelWorker:
         self._q: queue.Queue = queue.Queue(maxsize=max_queue)
         self._thread = threading.Thread(target=self._run, name="localdiff-model", daemon=True)
         self._stop = False
-        import torch
-
         self.threads = torch.get_num_threads()   # applied in the worker thread (see the module docstring)
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
@@ -149,8 +149,6 @@ class ModelWorker:
 
     # -- the thread ---------------------------------------------------------------------------------------------
     def _run(self) -> None:
-        import torch
-
         torch.set_num_threads(self.threads)
         while not self._stop:
             try:

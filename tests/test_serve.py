@@ -240,3 +240,38 @@ def test_serve_command_binds_locally_and_refuses_open_hosts_without_a_key(tmp_pa
         p.terminate()
         out = p.communicate(timeout=30)[0]
     assert "Uvicorn running on http://127.0.0.1:" in out and "Traceback" not in out
+
+
+def test_health_is_503_while_loading_and_an_idle_model_unloads(tiny):
+    from starlette.testclient import TestClient
+
+    from localdiff.serve.app import build_app
+    from localdiff.serve.worker import ModelWorker
+
+    gate = threading.Event()
+
+    def slow_loader(name):
+        assert gate.wait(30)
+        return tiny
+
+    worker = ModelWorker(slow_loader, "tiny", keep_alive=0.2)
+    worker.start(preload="tiny")
+    try:
+        with TestClient(build_app(worker)) as c:
+            r = c.get("/health")
+            assert r.status_code == 503 and r.headers["retry-after"] and r.json()["error"]["code"] == "loading"
+            gate.set()
+            t0 = time.monotonic()
+            while c.get("/health").status_code != 200:
+                assert time.monotonic() - t0 < 30
+                time.sleep(0.02)
+            assert [m["name"] for m in c.get("/api/ps").json()["models"]] == [tiny.name]
+            while c.get("/api/ps").json()["models"]:            # keep-alive 0.2 s: unloaded when idle
+                assert time.monotonic() - t0 < 30
+                time.sleep(0.05)
+            r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": PROMPTS[0]}],
+                                                      "seed": 0})
+            assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "27 + 58 = 85."
+            assert [m["name"] for m in c.get("/api/ps").json()["models"]] == [tiny.name]   # loaded again
+    finally:
+        worker.stop()

@@ -184,6 +184,8 @@ def test_remote_chat_draws_the_canvas(server, tmp_path, tiny):
             assert frame.tokens == want_tokens and set(frame.states) == {LOCKED}
             assert app.canvas.frames_drawn >= 2            # a step frame, then the final canvas
             assert "canvas 1 · done" in app.canvas.border_title
+            ids = final_ids.token_ids[0].tolist()
+            assert frame.answer_tokens == next(k for k, t in enumerate(ids) if t in tiny.eos_token_ids) + 1
     asyncio.run(go())
 
 

@@ -187,7 +187,6 @@ def run_generation(model, cache, job: GenerationJob, slot: FrameSlot, post: Call
     final. ``step_hook`` (tests only) is called with each StepEvent in this thread after it is handed to the UI.
     """
     token_text = TokenText(getattr(model, "tokenizer", None))
-    eos = set(getattr(model, "eos_token_ids", None) or [])
     forwards = done_tokens = 0
     texts: list[str] = []
     prev_acc: list[bool] | None = None
@@ -217,6 +216,7 @@ def run_generation(model, cache, job: GenerationJob, slot: FrameSlot, post: Call
                 if ev.token_ids is None:  # a remote model: text only, no canvas
                     post(CanvasText(ev.canvas_index, ev.text, None))
                 else:
+                    eos = set(getattr(model, "eos_token_ids", None) or [])   # (a remote model learns them late)
                     done_tokens += _tokens_to_eos(ev.token_ids[0].tolist(), eos)
                     final = frame_from_done(ev, token_text, last)
                     final.forwards, final.answer_tokens = forwards, done_tokens

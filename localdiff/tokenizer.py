@@ -114,3 +114,33 @@ def load_tokenizer(path: Path, eos_ids: list[int], pad_id: int | None) -> Tokeni
     if not (path / "tokenizer.json").is_file():
         return None
     return Tokenizer(path, eos_ids, pad_id)
+
+
+class PieceDecoder:
+    """The text of one token id on its own, keeping a leading space: ``decode([id])`` alone loses it for decoders
+    such as Metaspace (they drop the space at the start of a text), so decode after an anchor token and cut the
+    anchor off (the prefix trick of incremental detokenization, as in vLLM's ``detokenize_incrementally`` and
+    text-generation-inference's ``decode_token``).
+
+    Args:
+        tokenizer: anything with ``encode(str) -> list[int]`` and ``decode(list[int]) -> str``.
+    Call ``decoder(token_id) -> str``: "" for a token the tokenizer cannot render alone (never raises).
+    """
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self._anchor: tuple | None = None
+
+    def __call__(self, token_id: int) -> str:
+        try:
+            if self._anchor is None:
+                ids = self.tokenizer.encode("a")
+                self._anchor = (ids[-1], self.tokenizer.decode(ids[-1:])) if ids else ()
+            if self._anchor:
+                anchor_id, anchor_text = self._anchor
+                both = self.tokenizer.decode([anchor_id, token_id])
+                if both.startswith(anchor_text):
+                    return both[len(anchor_text):]
+            return self.tokenizer.decode([token_id])
+        except Exception:  # a token the tokenizer cannot render alone
+            return ""

@@ -4,6 +4,11 @@
 Events and yields text pieces; :class:`RemoteModel` wraps it in the part of the ``Model`` interface the chat uses
 (``stream`` yielding ``CanvasDone`` pieces and a final ``Done``), so ``localdiff chat --endpoint`` works unchanged.
 Closing a stream early closes the HTTP response; ``localdiff serve`` then stops that generation within one step.
+
+When the server is a ``localdiff serve`` (its ``/models`` entries are ``owned_by: "localdiff"``), ``RemoteModel``
+asks for localdiff's canvas events (``{"localdiff": {"events": "steps"}}``, :mod:`localdiff.wire`) and yields them
+as ``StepEvent`` / ``CanvasDone`` with tensors, so the chat draws the canvas as for a local model; other servers
+get plain OpenAI requests and give text only.
 """
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from urllib.parse import urlsplit
 
 from localdiff.errors import LocaldiffError, UsageError
 from localdiff.events import CanvasDone, Done, GenerationStats
+from localdiff.wire import PieceTable, canvas_done, step_event
 
 
 class RemoteError(LocaldiffError):
@@ -66,6 +72,7 @@ class RemoteClient:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(base_url=self.url, headers=headers, timeout=httpx.Timeout(timeout, connect=10.0))
         self._httpx = httpx
+        self.owners: dict[str, str] = {}   # model id → owned_by, from the last models() call
 
     def close(self) -> None:
         """Close the connection pool."""
@@ -95,11 +102,17 @@ class RemoteClient:
         except self._httpx.HTTPError as e:
             raise self._fail(e) from None
         self._check(r)
-        return [str(m.get("id")) for m in r.json().get("data", [])]
+        try:
+            data = [m for m in r.json().get("data", []) if isinstance(m, dict)]
+        except (ValueError, AttributeError):
+            raise RemoteError(f"{self.url}/models did not answer with a model list") from None
+        self.owners = {str(m.get("id")): str(m.get("owned_by") or "") for m in data}
+        return [str(m.get("id")) for m in data]
 
     def stream(self, prompt, model: str, chat: bool = True, fields: dict | None = None):
-        """Stream one answer: yields ``("text", str)`` pieces, then ``("end", info)`` where info has
-        ``finish_reason``, ``usage`` and ``localdiff`` (when the server sent them).
+        """Stream one answer: yields ``("text", str)`` pieces, ``("event", dict)`` for localdiff's canvas events
+        (when asked for and sent, :mod:`localdiff.wire`), then ``("end", info)`` where info has ``finish_reason``,
+        ``usage`` and ``localdiff`` (the server's generation numbers, when it sent them).
 
         Args:
             prompt: chat messages (chat=True) or a string (raw, ``/completions``).
@@ -135,8 +148,11 @@ class RemoteClient:
                             info["finish_reason"] = ch["finish_reason"]
                     if chunk.get("usage"):
                         info["usage"] = chunk["usage"]
-                    if chunk.get("localdiff"):
-                        info["localdiff"] = chunk["localdiff"]
+                    ext = chunk.get("localdiff")
+                    if isinstance(ext, dict) and "event" in ext:
+                        yield ("event", ext)
+                    elif ext:
+                        info["localdiff"] = ext
         except self._httpx.HTTPError as e:
             raise self._fail(e) from None
         yield ("end", info)
@@ -145,22 +161,33 @@ class RemoteClient:
 class RemoteModel:
     """The slice of :class:`localdiff.engine.Model` that the chat uses, backed by a :class:`RemoteClient`.
 
-    ``stream`` yields one ``CanvasDone`` per text piece the server sends (``token_ids`` None: there is no canvas
-    to draw) and a final ``Done`` whose stats carry the server's usage. No KV cache lives here (``new_cache`` →
-    None); sampler options are checked by the server.
+    ``stream`` yields, against a ``localdiff serve``, the server's ``StepEvent`` / ``CanvasDone`` rebuilt from its
+    canvas events (``tokenizer`` is then a :class:`localdiff.wire.PieceTable` of the pieces it sent,
+    ``mask_token_id`` / ``eos_token_ids`` come from its ``begin`` event), plus one ``CanvasDone`` without ids per
+    text piece; against another server only the text pieces. Then a final ``Done`` whose stats carry the server's
+    usage. No KV cache lives here (``new_cache`` → None); sampler options are checked by the server.
     """
 
-    tokenizer = None
     quant = "remote"
 
     def __init__(self, client: RemoteClient, name: str | None = None) -> None:
         self.client = client
-        if not name:
+        try:
             names = client.models()
+        except RemoteError:
+            if not name:
+                raise
+            names = []   # a server without /models: text only
+        if not name:
             if not names:
                 raise RemoteError(f"{client.url} lists no models")
             name = names[0]
         self.name, self.device, self.dtype = name, urlsplit(client.url).netloc, None
+        self.canvas_events = client.owners.get(name) == "localdiff" or (
+            name not in client.owners and "localdiff" in client.owners.values())
+        self.tokenizer = PieceTable() if self.canvas_events else None
+        self.eos_token_ids: list[int] = []
+        self.mask_token_id = None
 
     def new_cache(self, device_budget_bytes=None):
         """No local cache for a remote model."""
@@ -170,18 +197,48 @@ class RemoteModel:
         """The options set here (the server fills in and checks the rest)."""
         return {k: v for k, v in overrides.items() if v is not None}
 
+    def _event(self, ev: dict):
+        """A canvas event → StepEvent / CanvasDone (or None for ``begin``). Raises ValueError when malformed."""
+        kind = ev.get("event")
+        if kind == "begin":
+            eos = ev.get("eos_token_ids") or []
+            if not isinstance(eos, list) or not all(isinstance(e, int) for e in eos):
+                raise ValueError("eos_token_ids must be a list of ints")
+            self.eos_token_ids[:] = eos
+            self.tokenizer.eos_token_ids[:] = eos
+            mask = ev.get("mask_token_id")
+            self.mask_token_id = mask if isinstance(mask, int) and not isinstance(mask, bool) else None
+            return None
+        if kind not in ("step", "canvas"):
+            return None                          # a newer server's event kind: skipped
+        self.tokenizer.update(ev.get("pieces") or {})
+        return step_event(ev) if kind == "step" else canvas_done(ev)
+
     def stream(self, prompt, max_new_tokens=None, seed=None, chat=True, system=None, cache=None, **sampler):
-        """Yield CanvasDone per streamed piece, then Done (finish_reason "eos" | "length"). Raises RemoteError."""
+        """Yield the events described in the class docstring, then Done (finish_reason "eos" | "length").
+        Raises RemoteError (also for a malformed canvas event)."""
         sampler.pop("emit_steps", None)
         if chat:
             msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
             prompt = ([{"role": "system", "content": system}] if system else []) + msgs
+        fields = request_fields(max_new_tokens, seed, sampler)
+        if self.canvas_events:
+            fields["localdiff"] = {**fields.get("localdiff", {}), "events": "steps"}
         t0 = time.perf_counter()
-        parts, i = [], 0
-        for kind, value in self.client.stream(prompt, self.name, chat, request_fields(max_new_tokens, seed, sampler)):
-            if kind == "text":
+        parts, i, canvas = [], 0, -1
+        for kind, value in self.client.stream(prompt, self.name, chat, fields):
+            if kind == "event":
+                try:
+                    ev = self._event(value)
+                except (ValueError, TypeError, AttributeError) as e:
+                    raise RemoteError(f"{self.client.url} sent a malformed canvas event: {e}") from None
+                if isinstance(ev, CanvasDone):
+                    canvas = ev.canvas_index
+                if ev is not None:
+                    yield ev
+            elif kind == "text":
                 parts.append(value)
-                yield CanvasDone(i, None, value, 0, None)
+                yield CanvasDone(canvas if canvas >= 0 else i, None, value, 0, None)
                 i += 1
             else:
                 usage = value.get("usage") or {}
@@ -190,7 +247,8 @@ class RemoteModel:
                 n = int(usage.get("completion_tokens") or 0)
                 stats = GenerationStats(forwards=int(ext.get("forwards") or 0), new_tokens=n,
                                         tokens_per_forward=float(ext.get("tokens_per_forward") or 0.0), seconds=secs,
-                                        prompt_tokens=int(usage.get("prompt_tokens") or 0), canvases=i,
+                                        prompt_tokens=int(usage.get("prompt_tokens") or 0),
+                                        canvases=max(canvas + 1, i) if canvas >= 0 else i,
                                         tokens_per_second=n / secs if secs > 0 else 0.0)
                 reason = "length" if value.get("finish_reason") == "length" else "eos"
                 yield Done("".join(parts), [], stats, reason)

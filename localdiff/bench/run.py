@@ -324,7 +324,7 @@ def _serve(ctx: _Ctx) -> dict:
     from localdiff.bench.serve import measure
 
     m = ctx.model()
-    seeds, reps = ((0, 1), 2) if ctx.args.quick else ((0, 1, 2), 3)
+    seeds, reps = ((0, 1), 3) if ctx.args.quick else ((0, 1, 2), 10)
     return measure(m, "What is 27 + 58?", seeds=seeds, reps=reps, log=ctx.log)
 
 

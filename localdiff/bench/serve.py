@@ -1,32 +1,53 @@
 """``localdiff bench --only serve``: the cost of going through ``localdiff serve`` instead of calling the engine.
 
-Same model object, same prompt, same seed, run alternately: in-process ``Model.stream`` (what ``localdiff gen``
-does) vs a streamed ``POST /v1/chat/completions`` to a server on 127.0.0.1 in this process (uvicorn in a thread;
-its model worker runs the generations). Time to first byte = time until the first piece of answer text (the first
-finished canvas) reaches the caller; tokens/s = generated tokens ÷ wall time of the whole request. The server runs
-with step events on (so a client that leaves stops its generation within one step); that cost is included.
+Same model object, same prompt, same seeds, run alternately (ABBA order): in-process ``Model.stream`` without step
+events (what ``localdiff gen`` does) vs a streamed ``POST /v1/chat/completions`` to a server on 127.0.0.1 in this
+process (uvicorn in a thread; its model worker runs the generations). The in-process runs execute *in the server's
+model thread* (``ModelWorker.call``), so both paths use the same thread, the same OpenMP team and the same torch
+thread count: only the HTTP path differs. The client is the standard library's ``http.client`` on one kept-alive
+connection (TCP_NODELAY), reading the SSE lines as they come.
+
+Time to first byte (TTFB) = time until the first piece of answer text reaches the caller (in-process: the first
+finished canvas's text; served: the first content delta); tokens/s = generated tokens ÷ wall time of the whole
+request, with the same token count on both paths (in-process: the ids returned; served: ``usage.completion_tokens``;
+checked per run). CPU ms per request are per thread (``pthread_getcpuclockid``): the client, the server's event
+loop, the model thread — on a machine shared with other jobs they are steadier than wall times. The load average
+is recorded before and after.
 """
 from __future__ import annotations
 
+import http.client
 import json
+import os
 import socket
 import statistics
 import threading
 import time
 
-WORKLOADS = {  # name → extra sampler options: a typical short answer, and one canvas run to its step cap
-    "short answer (default sampler)": {},
-    "48 steps per canvas": {"max_denoising_steps": 48, "confidence_threshold": 1e-12},
+WORKLOADS = {  # name → (extra sampler options, canvas events asked for): a typical short answer, one canvas run
+    "short answer (default sampler)": ({}, "none"),              # to its step cap, and the canvas-events extension
+    "48 steps per canvas": ({"max_denoising_steps": 48, "confidence_threshold": 1e-12}, "none"),
+    "short answer, canvas events (steps)": ({}, "steps"),
 }
 
 
-def _inproc(model, prompt, seed, max_new, opts) -> tuple[float, float, int]:
+class _Clocks:
+    """CPU seconds of named threads (Linux/macOS ``pthread_getcpuclockid``)."""
+
+    def __init__(self, threads: dict) -> None:
+        self.ids = {k: time.pthread_getcpuclockid(t.ident) for k, t in threads.items()}
+
+    def read(self) -> dict:
+        return {k: time.clock_gettime(c) for k, c in self.ids.items()}
+
+
+def _inproc(model, prompt, seed, max_new, opts, events) -> tuple[float, float, int]:
     from localdiff.events import CanvasDone, Done
 
     t0 = time.perf_counter()
     first = None
     n = 0
-    for ev in model.stream(prompt, max_new_tokens=max_new, seed=seed, emit_steps=False, **opts):
+    for ev in model.stream(prompt, max_new_tokens=max_new, seed=seed, emit_steps=events == "steps", **opts):
         if isinstance(ev, CanvasDone) and first is None and ev.text:
             first = time.perf_counter() - t0
         elif isinstance(ev, Done):
@@ -35,48 +56,54 @@ def _inproc(model, prompt, seed, max_new, opts) -> tuple[float, float, int]:
     return (first if first is not None else total), total, n
 
 
-def _served(client, url, prompt, seed, max_new, opts, model_name="") -> tuple[float, float, int]:
+def _served(conn, prompt, seed, max_new, opts, events, model_name) -> tuple[float, float, int]:
     body = {"model": model_name, "messages": [{"role": "user", "content": prompt}], "seed": seed, "stream": True,
             "max_tokens": max_new, "stream_options": {"include_usage": True}}
-    if opts:
-        body["localdiff"] = opts
+    ext = {**opts, **({"events": events} if events != "none" else {})}
+    if ext:
+        body["localdiff"] = ext
+    data = json.dumps(body).encode()
     t0 = time.perf_counter()
+    try:
+        conn.request("POST", "/v1/chat/completions", body=data, headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+    except (ConnectionError, http.client.RemoteDisconnected):  # the server closed an idle kept-alive connection
+        conn.close()
+        t0 = time.perf_counter()
+        conn.request("POST", "/v1/chat/completions", body=data, headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+    if r.status != 200:
+        raise RuntimeError(f"server answered {r.status}: {r.read()[:200]!r}")
     first, n = None, 0
-    with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if first is None and any((c.get("delta") or {}).get("content") for c in chunk.get("choices", [])):
-                first = time.perf_counter() - t0
-            if chunk.get("usage"):
-                n = chunk["usage"]["completion_tokens"]
+    while True:
+        line = r.readline()
+        if not line:
+            break
+        if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+            continue
+        if first is None and b'"content":"' in line and b'"content":""' not in line:
+            first = time.perf_counter() - t0
+        if b'"usage":' in line:
+            n = json.loads(line[6:])["usage"]["completion_tokens"]
     total = time.perf_counter() - t0
     return (first if first is not None else total), total, n
 
 
-def _summary(rows: list[tuple[float, float, int]]) -> dict:
-    ttfb = [r[0] * 1000 for r in rows]
-    tps = [r[2] / r[1] for r in rows if r[1] > 0]
-    return {"ttfb_ms": statistics.median(ttfb), "ttfb_ms_range": [min(ttfb), max(ttfb)],
-            "tokens_per_s": statistics.median(tps), "tokens": rows[0][2]}
+def _stats(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def measure(model, prompt: str, seeds=(0, 1, 2), reps: int = 3, max_new_tokens: int | None = None, log=print) -> dict:
-    """Run each workload over ``seeds`` × ``reps``, alternating in-process and served; returns a dict with one
-    row per workload: medians of TTFB (ms) and tokens/s on both paths and the overhead (served ÷ in-process − 1).
+def _summary(rows: list[tuple], cpu: list[dict]) -> dict:
+    out = {"ttfb_ms": _stats([r[0] * 1000 for r in rows]),
+           "tokens_per_s": _stats([r[2] / r[1] for r in rows if r[1] > 0]),
+           "tokens": [r[2] for r in rows]}
+    out["cpu_ms"] = {k: statistics.median(c[k] for c in cpu) for k in cpu[0]} if cpu else {}
+    return out
 
-    Raises:
-        LocaldiffError: starlette / uvicorn / httpx missing (the section is then reported as skipped).
-    """
-    try:
-        import httpx
-        import uvicorn
-    except ImportError as e:
-        from localdiff.errors import LocaldiffError
 
-        raise LocaldiffError(f"the serve section needs uvicorn and httpx ({e})") from None
+def _start_server(model):
+    import uvicorn
+
     from localdiff.serve.app import build_app
     from localdiff.serve.worker import ModelWorker
 
@@ -86,57 +113,113 @@ def measure(model, prompt: str, seeds=(0, 1, 2), reps: int = 3, max_new_tokens: 
     # kept-alive connection: Nagle against delayed ACKs)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server = uvicorn.Server(uvicorn.Config(build_app(worker), log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(build_app(worker), log_level="warning", timeout_keep_alive=600))
     worker.start()
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     while not server.started:
         time.sleep(0.01)
-    rows = []
+    return worker, server, thread, sock
+
+
+def measure(model, prompt: str, seeds=(0, 1, 2), reps: int = 10, max_new_tokens: int | None = None, warmup: int = 3,
+            log=print) -> dict:
+    """Run each workload over ``seeds`` × ``reps`` per path, ABBA-alternating in-process and served.
+
+    Returns:
+        {"prompt", "seeds", "reps", "load_before", "load_after", "rows": [{"workload", "in_process", "served",
+        "ttfb_overhead_ms", "tokens_per_s_overhead", "same_tokens"}]}; per path: TTFB ms and tokens/s as
+        median/min/max, the token counts, and median CPU ms per request per thread ("model" for in-process;
+        "client", "loop", "model" when served). Overheads are of the medians (served ÷ in-process − 1).
+    Raises:
+        LocaldiffError: starlette / uvicorn missing (the section is then reported as skipped); RuntimeError when
+        the two paths return different token counts for the same seed.
+    """
     try:
-        with httpx.Client(timeout=300) as client:
-            for name, opts in WORKLOADS.items():
-                _served(client, url, prompt, 0, max_new_tokens, opts, model.name)   # warm both paths
-                _inproc(model, prompt, 0, max_new_tokens, opts)
-                a, b = [], []
-                for seed in seeds:
-                    for rep in range(reps):
-                        order = (0, 1) if rep % 2 == 0 else (1, 0)
-                        for which in order:
-                            if which == 0:
-                                a.append(_inproc(model, prompt, seed, max_new_tokens, opts))
-                            else:
-                                b.append(_served(client, url, prompt, seed, max_new_tokens, opts, model.name))
-                ia, sb = _summary(a), _summary(b)
-                row = {"workload": name, "in_process": ia, "served": sb,
-                       "ttfb_overhead_ms": sb["ttfb_ms"] - ia["ttfb_ms"],
-                       "tokens_per_s_overhead": 1 - sb["tokens_per_s"] / ia["tokens_per_s"],
-                       "same_tokens": [x[2] for x in a] == [x[2] for x in b]}
-                log(f"serve: {name}: TTFB {ia['ttfb_ms']:.1f} → {sb['ttfb_ms']:.1f} ms, tokens/s "
-                    f"{ia['tokens_per_s']:.1f} → {sb['tokens_per_s']:.1f} "
-                    f"({100 * row['tokens_per_s_overhead']:+.1f} % overhead)")
-                rows.append(row)
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        from localdiff.errors import LocaldiffError
+
+        raise LocaldiffError(f"the serve section needs uvicorn ({e})") from None
+    load_before = os.getloadavg()
+    worker, server, thread, sock = _start_server(model)
+    clocks = _Clocks({"client": threading.current_thread(), "loop": thread, "model": worker._thread})
+    conn = http.client.HTTPConnection("127.0.0.1", sock.getsockname()[1], timeout=300)
+    rows = []
+
+    def run(which, seed, opts, events):
+        c0 = clocks.read()
+        if which == "in_process":
+            r = worker.call(lambda: _inproc(model, prompt, seed, max_new_tokens, opts, events))
+            keys = ("model",)
+        else:
+            r = _served(conn, prompt, seed, max_new_tokens, opts, events, model.name)
+            keys = ("client", "loop", "model")
+        c1 = clocks.read()
+        return r, {k: (c1[k] - c0[k]) * 1000 for k in keys}
+
+    try:
+        for name, (opts, events) in WORKLOADS.items():
+            for i in range(warmup):
+                run("served", i, opts, events)
+                run("in_process", i, opts, events)
+            got = {"in_process": ([], []), "served": ([], [])}
+            k = 0
+            for seed in seeds:
+                for _ in range(reps):
+                    order = ("in_process", "served") if k % 4 in (0, 3) else ("served", "in_process")
+                    k += 1
+                    for which in order:
+                        r, cpu = run(which, seed, opts, events)
+                        got[which][0].append(r)
+                        got[which][1].append(cpu)
+            ia, sb = _summary(*got["in_process"]), _summary(*got["served"])
+            if ia["tokens"] != sb["tokens"]:
+                raise RuntimeError(f"serve bench, {name}: token counts differ between the paths "
+                                   f"({ia['tokens']} vs {sb['tokens']})")
+            row = {"workload": name, "in_process": ia, "served": sb,
+                   "ttfb_overhead_ms": sb["ttfb_ms"]["median"] - ia["ttfb_ms"]["median"],
+                   "tokens_per_s_overhead": 1 - sb["tokens_per_s"]["median"] / ia["tokens_per_s"]["median"],
+                   "same_tokens": True}
+            log(f"serve: {name}: TTFB {ia['ttfb_ms']['median']:.1f} → {sb['ttfb_ms']['median']:.1f} ms, tokens/s "
+                f"{ia['tokens_per_s']['median']:.1f} → {sb['tokens_per_s']['median']:.1f} "
+                f"({100 * row['tokens_per_s_overhead']:+.1f} % overhead); CPU ms/request in-process "
+                f"{ia['cpu_ms']['model']:.2f}, served " + ", ".join(f"{k} {v:.2f}" for k, v in sb["cpu_ms"].items()))
+            rows.append(row)
     finally:
+        conn.close()
         server.should_exit = True
         thread.join(10)
         worker.stop()
         sock.close()
-    return {"prompt": prompt, "seeds": list(seeds), "reps": reps, "rows": rows}
+    return {"prompt": prompt, "seeds": list(seeds), "reps": reps, "warmup": warmup, "load_before": load_before,
+            "load_after": os.getloadavg(), "rows": rows}
 
 
 def render_md(sec: dict) -> list[str]:
     """Markdown lines for the report."""
     if "rows" not in sec:
         return []
-    out = ["### Through `localdiff serve` vs in-process (same model, prompt and seeds)", "",
-           f"Prompt {sec['prompt']!r}, seeds {sec['seeds']}, {sec['reps']} repetitions each, alternating; "
-           "streamed `/v1/chat/completions` on 127.0.0.1 vs `Model.stream`. TTFB = first answer text.", "",
+    lb, la = sec.get("load_before", (0, 0, 0)), sec.get("load_after", (0, 0, 0))
+    out = ["### Through `localdiff serve` vs in-process (same model, prompt, seeds and model thread)", "",
+           f"Prompt {sec['prompt']!r}, seeds {sec['seeds']}, {sec['reps']} runs per seed and path after "
+           f"{sec.get('warmup', 0)} warm-up runs, ABBA order; streamed `/v1/chat/completions` on 127.0.0.1 "
+           "(`http.client`, kept-alive) vs `Model.stream` in the server's model thread. TTFB = first answer text. "
+           "Medians [min–max]. CPU = median ms per request per thread (served: client + event loop + model "
+           f"thread). Load average {lb[0]:.1f} before, {la[0]:.1f} after.", "",
            "| workload | TTFB in-process ms | TTFB served ms | tokens/s in-process | tokens/s served | overhead "
-           "(tokens/s) | same token counts |", "|---|---:|---:|---:|---:|---:|:---:|"]
+           "(tokens/s) | CPU in-process ms | CPU served ms (client + loop + model) | same tokens |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+
+    def rng(s, f="{:.1f}"):
+        return f"{f.format(s['median'])} [{f.format(s['min'])}–{f.format(s['max'])}]"
+
     for r in sec["rows"]:
         a, b = r["in_process"], r["served"]
-        out.append(f"| {r['workload']} | {a['ttfb_ms']:.1f} | {b['ttfb_ms']:.1f} | {a['tokens_per_s']:.1f} | "
-                   f"{b['tokens_per_s']:.1f} | {100 * r['tokens_per_s_overhead']:+.1f} % | "
+        cs = b.get("cpu_ms", {})
+        out.append(f"| {r['workload']} | {rng(a['ttfb_ms'])} | {rng(b['ttfb_ms'])} | {rng(a['tokens_per_s'])} | "
+                   f"{rng(b['tokens_per_s'])} | {100 * r['tokens_per_s_overhead']:+.1f} % | "
+                   f"{a.get('cpu_ms', {}).get('model', 0):.2f} | "
+                   f"{cs.get('client', 0):.2f} + {cs.get('loop', 0):.2f} + {cs.get('model', 0):.2f} | "
                    f"{'yes' if r['same_tokens'] else 'no'} |")
     return out + [""]

@@ -20,7 +20,7 @@ from localdiff.events import CanvasDone, Done, GenerationStats, StepEvent
 
 def run(net, policy, cache, batch: int, max_new_tokens: int, eos_ids: list[int], pad_id: int | None,
         prefill_ids=None, prefill_mask=None, start_canvas=None, emit_steps: bool = True, decode=None,
-        stats: GenerationStats | None = None, lead: int = 0):
+        stats: GenerationStats | None = None, lead: int = 0, cancel=None):
     """Generate after a prompt; yields StepEvent (when ``emit_steps``), CanvasDone per block, then Done.
 
     Args:
@@ -37,6 +37,7 @@ def run(net, policy, cache, batch: int, max_new_tokens: int, eos_ids: list[int],
         emit_steps: yield StepEvents. Without them, the step that ends the generation skips the policy's draws
             (nothing reads them): same tokens, the generator just ends earlier in its stream.
         decode: ids → text (row 0) for CanvasDone / Done, or None.
+        cancel: ``cancel() -> bool`` polled before every denoising step; True ends the generator there (no Done).
     """
     c_len = net.config.canvas_length
     dev = policy.dev
@@ -55,6 +56,8 @@ def run(net, policy, cache, batch: int, max_new_tokens: int, eos_ids: list[int],
         last_block = (ci + 1) * c_len >= max_new_tokens + lead
         steps_used, early = 0, None
         for step in range(1, policy.max_steps + 1):
+            if cancel is not None and cancel():
+                return
             forwards += ~(policy.done | finished)
             steps_used += 1
             canvas, sc = policy.model_inputs()

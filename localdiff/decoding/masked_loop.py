@@ -49,7 +49,7 @@ def block_plan(gen_length: int, block_length: int | None, steps: int | None) -> 
 def run(net, policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None, max_new_tokens: int,
         block_length: int | None, steps: int | None, cache: str, mask_id: int, eos_ids: list[int],
         pad_id: int | None, emit_steps: bool = True, decode=None, stats: GenerationStats | None = None,
-        store=None):
+        store=None, cancel=None):
     """Generate after a left-padded prompt; yields StepEvent (when ``emit_steps``), CanvasDone per block, then Done.
 
     Args:
@@ -63,6 +63,7 @@ def run(net, policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
         store: where the prefix / dual caches' K/V live: ``store.place(per-layer (K, V) list)`` returns the
             indexable K/V with ``.prefix(end)`` (the engine passes :class:`localdiff.cache.window.WindowStore`: device
             budget, host tier); None = the list as returned, on the device.
+        cancel: ``cancel() -> bool`` polled before every denoising step; True ends the generator there (no Done).
     """
     st = stats or GenerationStats()
     t0 = time.perf_counter()
@@ -88,6 +89,8 @@ def run(net, policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
         i = 0
         cap = n_steps + length if policy.parallel else n_steps     # parallel rules commit ≥ 1 per step
         while bool(masked.any()) and i < cap:
+            if cancel is not None and cancel():
+                return
             if logits is None:
                 sel = masked if SKIP_COMMITTED else None
                 logits, kv = _block_logits(net, policy, x, amask, start, end, shift, cache, kv, i == 0, p, mask_id,

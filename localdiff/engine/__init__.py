@@ -177,7 +177,7 @@ class Model:
     # -- generation ---------------------------------------------------------------------------------------------
     def stream(self, prompt, max_new_tokens: int | None = None, seed: int | None = None, chat: bool = True,
                system: str | None = None, cache=None, attention_mask=None, start_canvas=None, emit_steps=True,
-               **sampler_options):
+               cancel=None, **sampler_options):
         """Generate, yielding StepEvent per denoising step, CanvasDone per canvas, and a final Done.
 
         Args:
@@ -188,6 +188,9 @@ class Model:
             cache: a cache from :meth:`new_cache` to reuse across chat turns (batch 1): only tokens after the longest
                 common prefix with what it holds are prefilled.
             attention_mask: with a LongTensor prompt, its [B, T] mask (0 = left padding).
+            cancel: optional ``cancel() -> bool``, called before every denoising step (the first call comes once the
+                prompt and options passed their checks); when it returns True the generation stops before that step
+                and the generator ends without a Done. Lets a caller stop within one step without step events.
             **sampler_options: see :meth:`sampler_options`.
         Raises:
             UsageError, TokenizerMissingError (before any work is done).
@@ -210,7 +213,7 @@ class Model:
             mask = attention_mask.to(self.device).bool()
         stats = GenerationStats(prompt_tokens=len(rows[0]) if mask is None else int(mask[0].sum()))
         decode = self.tokenizer.decode if self.tokenizer is not None else None
-        req = Request(options, rows, ids, mask, n_new, gen, stats, emit_steps, cache, start_canvas, decode)
+        req = Request(options, rows, ids, mask, n_new, gen, stats, emit_steps, cache, start_canvas, decode, cancel)
         with self._generation():
             for ev in self.runner.stream(self, req):
                 if isinstance(ev, Done):

@@ -109,4 +109,5 @@ def stream(model, req):
                                             req.generator, **context)
     yield from loop.run(net, policy, cache, ids.shape[0], req.max_new_tokens, model.eos_token_ids,
                         model.pad_token_id, prefill_ids=todo, prefill_mask=todo_mask, start_canvas=first,
-                        emit_steps=req.emit_steps, decode=req.decode, stats=req.stats, lead=tail)
+                        emit_steps=req.emit_steps, decode=req.decode, stats=req.stats, lead=tail,
+                        cancel=req.cancel)

@@ -43,7 +43,8 @@ def stream(model, req):
                       model.net.embed_tokens.weight.dtype)
     yield from loop.run(model.net, policy, cache, ids.shape[0], req.max_new_tokens, model.eos_token_ids,
                         model.pad_token_id, prefill_ids=todo, prefill_mask=todo_mask, start_canvas=req.start_canvas,
-                        emit_steps=req.emit_steps, decode=req.decode, stats=req.stats)
+                        emit_steps=req.emit_steps, decode=req.decode, stats=req.stats,
+                        cancel=req.cancel)
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

@@ -59,7 +59,7 @@ def stream(model, req):
         yield from masked_loop.run(model.net, policy, ids, mask, req.max_new_tokens, options.block_length,
                                    options.steps, options.kv_cache, model.mask_token_id, model.eos_token_ids,
                                    model.pad_token_id, emit_steps=req.emit_steps, decode=req.decode,
-                                   stats=req.stats, store=req.cache)
+                                   stats=req.stats, store=req.cache, cancel=req.cancel)
     finally:
         if req.cache is not None:
             req.cache.release()

@@ -24,6 +24,7 @@ class Request:
         cache: a cache from ``Model.new_cache`` to reuse across turns, or None.
         start_canvas: canvas-family only: LongTensor[B, C] initial canvas, or None.
         decode: ids → text (the tokenizer's decode) or None without a tokenizer.
+        cancel: ``cancel() -> bool`` polled before every denoising step (see ``Model.stream``), or None.
     """
 
     options: object
@@ -37,3 +38,4 @@ class Request:
     cache: object
     start_canvas: torch.Tensor | None
     decode: object
+    cancel: object = None

@@ -157,19 +157,24 @@ def build_app(worker: ModelWorker, settings: ServerSettings | None = None) -> St
             return JSONResponse(shape.full(await _unless_gone(request, collect(job))))
 
         async def events():
+            role = chat                       # the role chunk goes out with the first parts (one write)
             try:
-                if chat:
-                    yield _sse(shape.chunk(first=True))
-                async for kind, value in pieces(job):
-                    if kind == "text":
-                        yield _sse(shape.chunk(value))
-                    else:
-                        yield _sse(shape.chunk(finish_reason=value.finish_reason))
-                        if req.include_usage:
-                            yield _sse(shape.usage_chunk(value))
+                async for batch in pieces(job):
+                    parts = [_sse(shape.chunk(first=True))] if role else []
+                    role = False
+                    for kind, value in batch:
+                        if kind == "text":
+                            parts.append(_sse(shape.chunk(value)))
+                        elif kind == "event":
+                            parts.append(_sse(shape.event(value)))
+                        else:
+                            parts.append(_sse(shape.chunk(finish_reason=value.finish_reason)))
+                            if req.include_usage:
+                                parts.append(_sse(shape.usage_chunk(value)))
+                            parts.append("data: [DONE]\n\n")
+                    yield "".join(parts)
             except ApiError as err:
-                yield _sse(err.openai_body())
-            yield "data: [DONE]\n\n"
+                yield _sse(err.openai_body()) + "data: [DONE]\n\n"
         return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     async def chat_completions(request: Request, body: dict):
@@ -186,11 +191,16 @@ def build_app(worker: ModelWorker, settings: ServerSettings | None = None) -> St
 
         async def lines():
             try:
-                async for kind, value in pieces(job):
-                    if kind == "text":
-                        yield json.dumps(shape.piece(value), ensure_ascii=False) + "\n"
-                    else:
-                        yield json.dumps(shape.final(value, streamed=True), ensure_ascii=False) + "\n"
+                async for batch in pieces(job):
+                    parts = []
+                    for kind, value in batch:
+                        if kind == "text":
+                            parts.append(shape.piece(value))
+                        elif kind == "event":
+                            parts.append(shape.event(value))
+                        else:
+                            parts.append(shape.final(value, streamed=True))
+                    yield "".join(json.dumps(p, ensure_ascii=False) + "\n" for p in parts)
             except ApiError as err:
                 yield json.dumps(err.ollama_body()) + "\n"
         return StreamingResponse(lines(), media_type="application/x-ndjson")

@@ -1,8 +1,9 @@
 """From a submitted job to text pieces for a response: waiting for the start, stop strings, cancellation.
 
-Both API shapes (OpenAI, Ollama) use :func:`start_job` then iterate :func:`pieces`; whatever ends the iteration
-early (a stop string, the client going away, the response being cancelled) sets the job's cancel flag, so the
-worker stops the generation within one denoising step.
+Both API shapes (OpenAI, Ollama) use :func:`start_job` then iterate :func:`pieces` (a list of parts per hand-off
+from the worker, written out together); whatever ends the iteration early (a stop string, the client going away,
+the response being cancelled) sets the job's cancel flag, so the worker stops the generation within one denoising
+step.
 """
 from __future__ import annotations
 
@@ -76,7 +77,7 @@ class StopMatcher:
 
 
 async def start_job(worker: ModelWorker, req: GenRequest) -> Job:
-    """Submit ``req`` and wait until the engine accepted it (its first step ran) or refused it.
+    """Submit ``req`` and wait until the engine accepted it (it polled before its first step) or refused it.
 
     Raises:
         ApiError: queue full (503), or the engine's 4xx for the prompt / options / model. The wait is
@@ -85,52 +86,74 @@ async def start_job(worker: ModelWorker, req: GenRequest) -> Job:
     job = Job(req, asyncio.get_running_loop())
     worker.submit(job)
     try:
-        item = await job.events.get()
+        first = await job.batch()
     except BaseException:
         job.cancel.set()
         raise
-    if item[0] == "error":
-        raise item[1]
+    if first[0][0] == "error":
+        raise first[0][1]
+    job.held = first          # read again by pieces()
     return job
 
 
 async def pieces(job: Job):
-    """Yield ("text", str) pieces in order, then one ("end", Result). Cancels the job if closed early.
+    """Yield the response's parts in order, one list per hand-off from the worker (so each list can go out in one
+    write): ("event", dict) canvas events (``localdiff.wire``; only when the request asked for them), ("text", str)
+    answer text, and last ("end", Result). Cancels the job if closed early.
 
     Raises:
-        ApiError: the generation failed after it started (an engine error mid-way).
+        ApiError: the generation failed after it started (an engine error mid-way), after the parts before it.
     """
     stop = StopMatcher(job.req.stop)
     try:
         while True:
-            item = await job.events.get()
-            kind = item[0]
-            if kind == "delta":
-                out = stop.feed(item[1])
-                if out:
-                    yield ("text", out)
-                if stop.hit:
-                    job.cancel.set()
-                    yield ("end", _result(stop.sent, "stop", None, job))
-                    return
-            elif kind == "done":
-                done, used = item[1], item[2]
-                full = done.text if isinstance(done.text, str) else done.text[0]
-                pending = stop.sent + stop.buf
-                if full.startswith(pending) and len(full) > len(pending):
-                    out = stop.feed(full[len(pending):])  # canvas-wise decoding can differ at joins
-                    if out:
-                        yield ("text", out)
-                out = stop.flush()
-                if out:
-                    yield ("text", out)
-                reason = "stop" if stop.hit or done.finish_reason == "eos" else "length"
-                yield ("end", _result(stop.sent, reason, (done, used), job))
+            out, err, end = [], None, False
+            for item in await job.batch():
+                kind = item[0]
+                event = {"start": 2, "step": 1, "delta": 2}.get(kind)   # where a canvas event rides, if any
+                if event is not None and item[event] is not None:
+                    out.append(("event", item[event]))
+                if kind == "delta":
+                    text = stop.feed(item[1])
+                    if text:
+                        out.append(("text", text))
+                    if stop.hit:
+                        job.cancel.set()
+                        out.append(("end", _result(stop.sent, "stop", None, job)))
+                        end = True
+                        break
+                elif kind == "done":
+                    out += _finish(job, stop, item[1], item[2])
+                    end = True
+                    break
+                elif kind == "error":
+                    err = item[1]
+                    break
+            if out:
+                yield out
+            if err is not None:
+                raise err
+            if end:
                 return
-            elif kind == "error":
-                raise item[1]
     finally:
         job.cancel.set()  # no-op after the end; stops the engine when the response is abandoned
+
+
+def _finish(job: Job, stop: StopMatcher, done, used) -> list:
+    """The parts after the engine's Done: text the canvases' pieces missed, the held-back tail, the Result."""
+    out = []
+    full = done.text if isinstance(done.text, str) else done.text[0]
+    pending = stop.sent + stop.buf
+    if full.startswith(pending) and len(full) > len(pending):
+        text = stop.feed(full[len(pending):])  # canvas-wise decoding can differ at joins
+        if text:
+            out.append(("text", text))
+    text = stop.flush()
+    if text:
+        out.append(("text", text))
+    reason = "stop" if stop.hit or done.finish_reason == "eos" else "length"
+    out.append(("end", _result(stop.sent, reason, (done, used), job)))
+    return out
 
 
 def _result(text: str, reason: str, done_used, job: Job) -> Result:
@@ -150,9 +173,10 @@ def _result(text: str, reason: str, done_used, job: Job) -> Result:
 async def collect(job: Job) -> Result:
     """Run a job to the end and return its Result (non-streaming responses)."""
     result = None
-    async for kind, value in pieces(job):
-        if kind == "end":
-            result = value
+    async for batch in pieces(job):
+        for kind, value in batch:
+            if kind == "end":
+                result = value
     return result
 
 

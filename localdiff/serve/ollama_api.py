@@ -3,7 +3,8 @@
 
 ``options`` honoured: ``num_predict`` (> 0; -1 / -2 = the model's default), ``temperature`` (> 0), ``seed``,
 ``stop``, and localdiff's sampler options by name. Any other option is a 400 naming it. ``keep_alive`` is accepted
-and not applied per request (the server's ``--keep-alive`` decides when the model unloads).
+and not applied per request (the server's ``--keep-alive`` decides when the model unloads). A top-level
+``localdiff: {"events": "canvases" | "steps"}`` adds localdiff's canvas events to the stream (``localdiff.wire``).
 """
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from localdiff.decoding.options import resolve_key
 from localdiff.serve.errors import bad_request
 from localdiff.serve.jobs import Result
 from localdiff.serve.openai_api import parse_messages
-from localdiff.serve.options import GenRequest, check_bool, check_str, option_specs, to_engine_options
+from localdiff.serve.options import (GenRequest, check_bool, check_str, option_specs, split_extension,
+                                     to_engine_options)
 
-_TOP = {"model", "stream", "options", "keep_alive", "format"}
+_TOP = {"model", "stream", "options", "keep_alive", "format", "localdiff"}
 
 
 def _now() -> str:
@@ -45,8 +47,12 @@ def _parse(body: dict, allowed: set, prompt, chat: bool) -> GenRequest:
     fields = {"max_tokens": n, "max_tokens_name": "options.num_predict", "temperature": opts.get("temperature"),
               "seed": opts.get("seed"), "stop": opts.get("stop"), "sampler": sampler, "sampler_name": "options"}
     eo = to_engine_options(fields)
+    rest, events = split_extension(body.get("localdiff"))
+    if rest:
+        raise bad_request("'localdiff' takes 'events' only here; decoder options go under 'options'",
+                          param="localdiff")
     return GenRequest(model=model, prompt=prompt, chat=chat, max_new_tokens=eo["max_new_tokens"], seed=eo["seed"],
-                      sampler=eo["sampler"], stop=eo["stop"], stream=stream)
+                      sampler=eo["sampler"], stop=eo["stop"], stream=stream, events=events)
 
 
 def parse_chat(body: dict) -> GenRequest:
@@ -86,6 +92,13 @@ class Shape:
             body["message"] = {"role": "assistant", "content": text}
         else:
             body["response"] = text
+        return body
+
+    def event(self, payload: dict) -> dict:
+        """A line carrying one of localdiff's canvas events (``localdiff.wire``) under ``localdiff``, with empty
+        content (``done: false``)."""
+        body = self.piece("")
+        body["localdiff"] = payload
         return body
 
     def final(self, r: Result, streamed: bool) -> dict:

@@ -3,7 +3,8 @@ and ``/v1/models`` (field names and chunk shapes as in OpenAI's API reference).
 
 Supported request fields: ``model``, ``messages`` / ``prompt``, ``max_tokens`` (or ``max_completion_tokens``),
 ``temperature`` (> 0, constant over the denoising steps), ``seed``, ``stop``, ``stream``, ``stream_options``,
-``n`` (1 only), ``user`` (ignored), and ``localdiff`` (an object of localdiff sampler options). Fields that would
+``n`` (1 only), ``user`` (ignored), and ``localdiff`` (an object of localdiff sampler options, plus ``events``:
+"canvases" / "steps" for localdiff's canvas events in a stream, ``localdiff.wire``). Fields that would
 change the answer in ways localdiff cannot honour (``top_p`` ≠ 1, penalties, ``logprobs``, ``tools``, ...) are a
 400 naming the field, never silently ignored.
 """
@@ -15,7 +16,7 @@ import uuid
 
 from localdiff.serve.errors import bad_request
 from localdiff.serve.jobs import Result
-from localdiff.serve.options import GenRequest, check_bool, check_str, to_engine_options
+from localdiff.serve.options import GenRequest, check_bool, check_str, split_extension, to_engine_options
 
 ROLES = ("system", "user", "assistant")
 _COMMON = {"model", "max_tokens", "max_completion_tokens", "temperature", "seed", "stop", "stream",
@@ -51,12 +52,13 @@ def _common(body: dict, prompt, chat: bool) -> GenRequest:
     if body.get("user") is not None:
         check_str(body["user"], "user")
     max_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    sampler, events = split_extension(body.get("localdiff"))
     opts = to_engine_options({"max_tokens": body.get(max_name), "max_tokens_name": max_name,
                               "temperature": body.get("temperature"), "seed": body.get("seed"),
-                              "stop": body.get("stop"), "sampler": body.get("localdiff")})
+                              "stop": body.get("stop"), "sampler": sampler})
     return GenRequest(model=model, prompt=prompt, chat=chat, max_new_tokens=opts["max_new_tokens"],
                       seed=opts["seed"], sampler=opts["sampler"], stop=opts["stop"], stream=stream,
-                      include_usage=include_usage)
+                      include_usage=include_usage, events=events)
 
 
 def parse_messages(messages, param: str = "messages") -> list[dict]:
@@ -158,6 +160,13 @@ class Shape:
             choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
             body = self._head("text_completion")
         body["choices"] = [choice]
+        return body
+
+    def event(self, payload: dict) -> dict:
+        """A chunk carrying one of localdiff's canvas events (``localdiff.wire``) under the ``localdiff`` key, with
+        an empty answer part (``delta: {}`` / ``text: ""``) that clients without the extension skip."""
+        body = self.chunk(None) if self.chat else self.chunk("")
+        body["localdiff"] = payload
         return body
 
     def usage_chunk(self, r: Result) -> dict:

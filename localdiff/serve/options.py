@@ -7,12 +7,15 @@ takes. Rules that depend on the model (its family's decoder, its context length)
 """
 from __future__ import annotations
 
+import functools
+import json
 import math
 from dataclasses import dataclass, field
 
 from localdiff.decoding.options import all_specs, resolve_key
 from localdiff.errors import UsageError
 from localdiff.serve.errors import bad_request
+from localdiff.wire import EVENT_LEVELS
 
 MAX_STOP = 4            # stop sequences per request (OpenAI's limit)
 MAX_SEED = 2**63 - 1
@@ -31,6 +34,7 @@ class GenRequest:
         sampler: decoder options set by this request (schema names, see ``localdiff.decoding.options``).
         stop: stop strings (the text is cut before the first one and the generation ends there).
         stream / include_usage: response shape.
+        events: localdiff's canvas events in the stream: "none", "canvases" or "steps" (``localdiff.wire``).
     """
 
     model: str
@@ -42,6 +46,7 @@ class GenRequest:
     stop: list = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
+    events: str = "none"
 
 
 def check_int(value, name: str, lo: int | None = None, hi: int | None = None) -> int:
@@ -92,9 +97,33 @@ def check_stop(value, name: str = "stop") -> list[str]:
     return list(items)
 
 
+@functools.lru_cache(maxsize=1)
 def option_specs() -> dict:
-    """Every decoder option of every policy by name (the schema's ``OptionSpec``)."""
+    """Every decoder option of every policy by name (the schema's ``OptionSpec``; built once, the registry is fixed
+    at import)."""
     return {spec.name: spec for spec in all_specs()}
+
+
+def split_extension(ext, name: str = "localdiff") -> tuple[dict | None, str]:
+    """The ``localdiff`` request object → (decoder options or None, events level).
+
+    ``events`` ("none" | "canvases" | "steps", default "none") asks for localdiff's canvas events in the stream
+    (``localdiff.wire``); every other key is a decoder option (checked by :func:`to_engine_options`).
+    Raises ApiError(400): not an object, or a bad events value.
+    """
+    if ext is None:
+        return None, "none"
+    if not isinstance(ext, dict):
+        raise bad_request(f"'{name}' must be an object of decoder options", param=name)
+    if "events" not in ext:
+        return ext, "none"
+    events = ext["events"]
+    if events is None:
+        events = "none"
+    if events not in EVENT_LEVELS:
+        raise bad_request(f"'{name}.events' must be one of {', '.join(map(repr, EVENT_LEVELS))} (got "
+                          f"{json.dumps(events)[:40]})", param=f"{name}.events")
+    return {k: v for k, v in ext.items() if k != "events"}, events
 
 
 def _sampler_value(spec, value, shown: str):

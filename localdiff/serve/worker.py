@@ -1,18 +1,24 @@
 """The model worker: one thread does all model work (load, generate, unload), fed by a bounded FIFO queue.
 
 Why one thread: torch ops from a second thread compete for the same cores (matmuls get ~5x slower), and the KV
-cache and the generator's random state belong to one generation at a time. The HTTP side (asyncio) only enqueues
-jobs and reads their events; ``submit`` on a full queue raises a 503 with Retry-After.
+cache and the generator's random state belong to one generation at a time. The worker thread runs torch with the
+thread count of the thread that built the worker (``torch.set_num_threads``), set explicitly. The HTTP side
+(asyncio) only enqueues jobs and reads their events; ``submit`` on a full queue raises a 503 with Retry-After.
 
-A job's events go to an ``asyncio.Queue`` on the server's loop: ``("start", model)`` once the prompt and
-options passed the engine's checks, ``("delta", text)`` per finished canvas, ``("done", Done, used)`` at the end, or
-``("error", ApiError)`` instead. Cancellation (client gone, stop string hit): the job's ``cancel`` event is checked
-after every denoising step; the worker then closes the engine's generator, so at most one more step runs.
+A job's events go to an ``asyncio.Queue`` on the server's loop: ``("start", model, begin)`` once the prompt and
+options passed the engine's checks (streamed requests only; ``begin`` is the canvas-events header or None),
+``("step", dict)`` per denoising step (when the request asked for ``events: "steps"``), ``("delta", text, canvas)``
+per finished canvas (``canvas``: its wire dict when events were asked for, else None), ``("done", Done, used)`` at
+the end, or ``("error", ApiError)`` instead. Events posted while the loop has not yet run the previous hand-off
+travel together (one ``call_soon_threadsafe`` per burst, :meth:`Job.post`).
+
+Cancellation (client gone, stop string hit): the engine polls the job's ``cancel`` flag before every denoising step
+(``Model.stream(cancel=...)``), so at most the step already running finishes; no step events are needed for it.
 """
 from __future__ import annotations
 
 import asyncio
-import itertools
+import concurrent.futures
 import logging
 import queue
 import random
@@ -20,9 +26,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import torch
+
 from localdiff.events import CanvasDone, Done, StepEvent
 from localdiff.serve.errors import ApiError, from_engine
 from localdiff.serve.options import GenRequest
+from localdiff.wire import EventEncoder
 
 log = logging.getLogger("localdiff.serve")
 
@@ -35,17 +44,43 @@ class Job:
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)
-    steps: int = 0            # denoising steps run so far (tests read it to see a cancelled job stop)
+    steps: int = 0            # denoising steps begun so far (tests read it to see a cancelled job stop)
     finished: threading.Event = field(default_factory=threading.Event)
     model: object = None      # the Model that runs it (set when it starts)
     seed: int | None = None   # the seed actually used
+    held: list = field(default_factory=list)   # events already taken off the queue by start_job (jobs.py)
+    _pending: list = field(default_factory=list)
+    _scheduled: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def post(self, item: tuple) -> None:
-        """Hand an event to the HTTP side (thread-safe)."""
+        """Hand an event to the HTTP side (thread-safe). Wakes the loop once per burst: while a hand-off is
+        scheduled and not yet run, later events join it."""
+        with self._lock:
+            self._pending.append(item)
+            if self._scheduled:
+                return
+            self._scheduled = True
         try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, item)
+            self.loop.call_soon_threadsafe(self._flush)
         except RuntimeError:  # the loop is closed: the server is shutting down
             pass
+
+    def _flush(self) -> None:  # on the loop
+        with self._lock:
+            items, self._pending, self._scheduled = self._pending, [], False
+        for item in items:
+            self.events.put_nowait(item)
+
+    async def batch(self) -> list[tuple]:
+        """The events ready now, oldest first (waits for at least one)."""
+        if self.held:
+            out, self.held = self.held, []
+            return out
+        out = [await self.events.get()]
+        while not self.events.empty():
+            out.append(self.events.get_nowait())
+        return out
 
 
 class ModelWorker:
@@ -71,6 +106,7 @@ class ModelWorker:
         self._q: queue.Queue = queue.Queue(maxsize=max_queue)
         self._thread = threading.Thread(target=self._run, name="localdiff-model", daemon=True)
         self._stop = False
+        self.threads = torch.get_num_threads()   # applied in the worker thread (see the module docstring)
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
     def start(self, preload: str | None = None) -> None:
@@ -104,8 +140,16 @@ class ModelWorker:
             raise ApiError(503, f"server busy: {self._q.maxsize} requests already queued; retry later",
                            type="server_busy", code="queue_full", headers={"Retry-After": "5"}) from None
 
+    def call(self, fn):
+        """Run ``fn()`` in the model thread, in queue order, and return its result (blocks; re-raises its error).
+        For callers that must use the model exactly as the worker does, e.g. the bench's in-process runs."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._q.put(("call", fn, fut))
+        return fut.result()
+
     # -- the thread ---------------------------------------------------------------------------------------------
     def _run(self) -> None:
+        torch.set_num_threads(self.threads)
         while not self._stop:
             try:
                 item = self._q.get(timeout=1.0)
@@ -114,6 +158,12 @@ class ModelWorker:
                 continue
             if item is None:
                 break
+            if isinstance(item, tuple) and item[0] == "call":
+                try:
+                    item[2].set_result(item[1]())
+                except BaseException as exc:  # noqa: BLE001 — handed to the caller
+                    item[2].set_exception(exc)
+                continue
             if isinstance(item, tuple):
                 self._ensure(item[1], quiet=True)
                 continue
@@ -163,23 +213,30 @@ class ModelWorker:
             model = self._ensure(req.model)
             sampler = {**model.applicable(self.defaults), **req.sampler}   # server-wide defaults: this decoder's
             seed = req.seed if req.seed is not None else random.randrange(2**63)  # known even if stopped early
+            wire = EventEncoder(model) if req.events != "none" else None
+
+            def cancel() -> bool:  # the engine calls it before every step; the first call: the request is valid
+                if job.steps == 0:
+                    job.model, job.seed = model, seed
+                    if req.stream:
+                        job.post(("start", model, wire.begin() if wire else None))
+                job.steps += 1
+                return job.cancel.is_set()
+
             stream = model.stream(req.prompt, max_new_tokens=req.max_new_tokens, seed=seed, chat=req.chat,
-                                  emit_steps=True, **sampler)
-            first = next(stream)  # option / prompt / context errors surface here, before any response starts
-            job.model, job.seed = model, seed
-            job.post(("start", model))
-            for ev in itertools.chain([first], stream):
+                                  emit_steps=req.events == "steps", cancel=cancel, **sampler)
+            for ev in stream:
                 if isinstance(ev, StepEvent):
-                    job.steps += 1
+                    job.post(("step", wire.step(ev)))
                 elif isinstance(ev, CanvasDone):
-                    job.post(("delta", ev.text))
+                    job.post(("delta", ev.text, wire.canvas(ev) if wire else None))
                 elif isinstance(ev, Done):
                     job.post(("done", ev, {"seed": getattr(ev, "seed", seed),
                                            "sampler": getattr(ev, "options", None) or {}}))
                     return
                 if job.cancel.is_set():
-                    job.post(("error", ApiError(499, "cancelled", code="cancelled")))
-                    return
+                    break
+            job.post(("error", ApiError(499, "cancelled", code="cancelled")))
         except Exception as exc:  # noqa: BLE001 — every failure becomes one JSON error and one log line
             err = from_engine(exc)
             if err.status >= 500:
@@ -188,4 +245,3 @@ class ModelWorker:
         finally:
             if stream is not None:
                 stream.close()
-

@@ -14,6 +14,7 @@ from typing import Callable
 from textual.message import Message
 
 from localdiff.events import CanvasDone, Done, StepEvent
+from localdiff.tokenizer import PieceDecoder
 
 #: Cell states of the canvas view.
 LOCKED, NEW, NOISY, REOPENED, MASK = "locked", "new", "noisy", "reopened", "mask"
@@ -53,40 +54,27 @@ class CanvasFrame:
 
 
 class TokenText:
-    """Cached per-token display text: ``decode([id])`` with newlines/tabs/control characters made visible."""
+    """Cached per-token display text: ``decode([id])`` (``localdiff.tokenizer.PieceDecoder``: leading spaces kept)
+    with newlines/tabs/control characters made visible. EOS ids: ``eos_ids``, else the tokenizer's
+    ``eos_token_ids`` (read at each new id, so a remote model's table can learn them mid-stream)."""
 
     def __init__(self, tokenizer, eos_ids: list[int] | None = None, max_chars: int = 8) -> None:
         self.tokenizer = tokenizer
-        self.eos = set(eos_ids or (getattr(tokenizer, "eos_token_ids", None) or []))
+        self.eos = set(eos_ids) if eos_ids else None
         self.max_chars = max_chars
         self._cache: dict[int, str] = {}
-        self._anchor: tuple | None = None
-
-    def _decode_alone(self, token_id: int) -> str:
-        """``decode([id])`` keeping a leading space: decoders such as Metaspace drop it at the start of a text, so
-        decode after an anchor token and cut the anchor off (incremental detokenization)."""
-        try:
-            if self._anchor is None:
-                ids = self.tokenizer.encode("a")
-                self._anchor = (ids[-1], self.tokenizer.decode(ids[-1:])) if ids else ()
-            if self._anchor:
-                anchor_id, anchor_text = self._anchor
-                both = self.tokenizer.decode([anchor_id, token_id])
-                if both.startswith(anchor_text):
-                    return both[len(anchor_text):]
-            return self.tokenizer.decode([token_id])
-        except Exception:  # a token the tokenizer cannot render alone
-            return ""
+        self._piece = PieceDecoder(tokenizer)
 
     def __call__(self, token_id: int) -> str:
         text = self._cache.get(token_id)
         if text is None:
-            if token_id in self.eos:
+            eos = self.eos if self.eos is not None else (getattr(self.tokenizer, "eos_token_ids", None) or ())
+            if token_id in eos:
                 text = "∎"
             elif self.tokenizer is None:
                 text = f"<{token_id}>"
             else:
-                raw = self._decode_alone(token_id)
+                raw = self._piece(token_id)
                 raw = raw.replace("\n", "↵").replace("\t", "→")
                 text = "".join(ch if ch.isprintable() else "·" for ch in raw)[: self.max_chars] or "·"
             if len(self._cache) < 200_000:
@@ -199,7 +187,6 @@ def run_generation(model, cache, job: GenerationJob, slot: FrameSlot, post: Call
     final. ``step_hook`` (tests only) is called with each StepEvent in this thread after it is handed to the UI.
     """
     token_text = TokenText(getattr(model, "tokenizer", None))
-    eos = set(getattr(model, "eos_token_ids", None) or [])
     forwards = done_tokens = 0
     texts: list[str] = []
     prev_acc: list[bool] | None = None
@@ -230,6 +217,7 @@ def run_generation(model, cache, job: GenerationJob, slot: FrameSlot, post: Call
                 if ev.token_ids is None:  # a remote model: text only, no canvas
                     post(CanvasText(ev.canvas_index, ev.text, None))
                 else:
+                    eos = set(getattr(model, "eos_token_ids", None) or [])   # (a remote model learns them late)
                     done_tokens += _tokens_to_eos(ev.token_ids[0].tolist(), eos)
                     final = frame_from_done(ev, token_text, last)
                     final.forwards, final.answer_tokens = forwards, done_tokens

@@ -25,6 +25,7 @@ REGISTRY: dict[str, ArchEntry] = {
     "lladamoe": ArchEntry("localdiff.arch.masked", "localdiff.arch.masked_spec", "masked"),
     "Dream": ArchEntry("localdiff.arch.masked", "localdiff.arch.masked_spec", "masked"),
     "a2d-qwen3": ArchEntry("localdiff.arch.masked", "localdiff.arch.masked_spec", "masked"),
+    "refusion": ArchEntry("localdiff.arch.refusion", "localdiff.arch.refusion_spec", "slots"),
 }
 
 #: (model_type, architecture) → registry key, for checkpoints whose model_type names another architecture:
@@ -32,6 +33,13 @@ REGISTRY: dict[str, ArchEntry] = {
 ALIASES: dict[tuple[str, str | None], str] = {
     ("llada", "LLaDAMoEModelLM"): "lladamoe",
     ("dream", None): "Dream",
+}
+
+
+#: (model_type, config.json key) → registry key, for checkpoints that share another architecture's model_type and
+#: differ by a key: ReFusion's config.json is a Qwen3 one ("qwen3") plus ``mask_token_id``
+MARKERS: dict[tuple[str, str], str] = {
+    ("qwen3", "mask_token_id"): "refusion",
 }
 
 
@@ -57,6 +65,7 @@ def entry_for(config: dict | str) -> ArchEntry:
         mt = _resolve(config, ())
     else:
         mt = _resolve(config.get("model_type"), config.get("architectures"))
+        mt = next((k for (t, key), k in MARKERS.items() if t == mt and key in config), mt)
         if mt not in REGISTRY:   # a nested text_config may name it
             mt = (config.get("text_config") or {}).get("model_type", mt)
     if mt not in REGISTRY:

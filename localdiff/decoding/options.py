@@ -15,17 +15,20 @@ from __future__ import annotations
 
 from localdiff.decoding.options_canvas import CanvasEBOptions
 from localdiff.decoding.options_masked import DreamOptions, LLaDAOptions
+from localdiff.decoding.options_slots import RefusionOptions
 from localdiff.decoding.schema import ALIASES, POLICIES, Options, OptionSpec, opt, unknown_option  # noqa: F401
 
 __all__ = ["CanvasEBOptions", "DreamOptions", "LLaDAOptions", "Options", "OptionSpec", "opt", "POLICIES",
-           "FAMILY_POLICY", "MODEL_POLICY", "ALIASES", "unknown_option"]
+           "FAMILY_POLICY", "MODEL_POLICY", "ALIASES", "unknown_option", "RefusionOptions"]
 
 
 #: every decoder policy's options by policy name
 POLICIES.update({c.POLICY: c for c in (CanvasEBOptions, LLaDAOptions, DreamOptions)})
+POLICIES[RefusionOptions.POLICY] = RefusionOptions
 
 #: the decoder policy each model family runs by default (localdiff.arch registry families)
 FAMILY_POLICY: dict[str, str] = {"canvas": CanvasEBOptions.POLICY, "masked": LLaDAOptions.POLICY}
+FAMILY_POLICY["slots"] = RefusionOptions.POLICY
 
 #: model_types (lower case) whose decoder differs from their family's default: Dream / DiffuCoder run Dream's
 MODEL_POLICY: dict[str, str] = {"dream": DreamOptions.POLICY}

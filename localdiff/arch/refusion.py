@@ -23,7 +23,8 @@ import torch.nn.functional as F
 
 from localdiff.arch.base import ROLE_LOGITS
 from localdiff.arch.dense import DenseStack
-from localdiff.arch.refusion_spec import RefusionConfig
+from localdiff.arch.masked import checkpoint_names, keeps_checkpoint_dtype  # noqa: F401  (the same layout)
+from localdiff.arch.masked_spec import MaskedConfig
 
 
 class SlotKV:
@@ -74,11 +75,11 @@ def rope_at(inv: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, t
 
 
 class RefusionLM(DenseStack):
-    """ReFusion's Qwen3 causal LM (module docstring). ``config``: :class:`RefusionConfig`."""
+    """ReFusion's Qwen3 causal LM (module docstring). ``config``: :class:`MaskedConfig`."""
 
     roles = frozenset({ROLE_LOGITS})
 
-    def __init__(self, cfg: RefusionConfig):
+    def __init__(self, cfg: MaskedConfig):
         super().__init__(cfg)
         self.config = cfg
 
@@ -169,17 +170,5 @@ class RefusionLM(DenseStack):
         return self._logits(h)
 
 
-# -- checkpoint names (the Qwen3 layout of GSAI-ML/ReFusion) -----------------------------------------------------
-def checkpoint_names(local: str) -> list[str]:
-    """Checkpoint tensor names for our ``local`` name: ``model.<local>``; the LM head as ``lm_head.weight``."""
-    if local.startswith("lm_head."):
-        return [local]
-    return ["model." + local]
-
-
-def keeps_checkpoint_dtype(local: str) -> bool:
-    """No tensor keeps the checkpoint dtype when ``dtype=`` asks for another."""
-    return False
-
-
+# -- checkpoint names: the Qwen3 layout of GSAI-ML/ReFusion (``model.*``, ``lm_head.weight``), as the masked Qwen family
 MODEL_CLASS = RefusionLM

@@ -13,11 +13,9 @@ the same forward with explicit ``position_ids``): per-head q/k RMSNorm before Ro
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from localdiff.arch.base import LayerGeom, Tensorish
 from localdiff.arch.base import parameter_counts as _counts
-from localdiff.arch.masked_spec import _int, _rope, _swiglu
+from localdiff.arch.masked_spec import MaskedConfig, _int, _rope, _swiglu
 
 MODEL_TYPE = "refusion"
 #: the registry key and the config.json model_types this spec parses
@@ -28,46 +26,6 @@ ARCHITECTURE = "Qwen3ForCausalLM"
 MASK_ID, BOS_ID, EOS_ID, PAD_ID = 151670, 151669, 151645, 151643
 
 
-@dataclass(frozen=True)
-class RefusionConfig:
-    """Hyper-parameters of a ReFusion checkpoint (the attributes :class:`localdiff.arch.dense.DenseStack` reads).
-
-    ``vocab_size`` = logits width = embedding rows; ``eos_token_id``: tuple of ids; ``model_type`` is always
-    "refusion" (the registry key), whatever config.json says.
-    """
-
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rope_parameters: dict
-    mask_token_id: int
-    eos_token_id: tuple
-    pad_token_id: int | None
-    bos_token_id: int | None
-    rms_norm_eps: float = 1e-6
-    max_position_embeddings: int = 40960
-    tie_word_embeddings: bool = False
-    qkv_bias: bool = False
-    model_type: str = MODEL_TYPE
-    qk_norm: bool = True
-    rope_fp32: bool = False
-    clip_qkv: float | None = None
-    shared_expert_intermediate_size: int = 0
-    raw: dict = field(default_factory=dict, compare=False, repr=False)
-
-    @property
-    def embedding_rows(self) -> int:
-        return self.vocab_size
-
-    def is_moe_layer(self, i: int) -> bool:
-        """Dense model: never."""
-        return False
-
-
 def _opt_id(raw: dict, key: str, default: int, vocab: int):
     v = raw.get(key, default if default < vocab else None)
     if isinstance(v, (list, tuple)):
@@ -75,8 +33,10 @@ def _opt_id(raw: dict, key: str, default: int, vocab: int):
     return None if v is None else int(v)
 
 
-def parse_config(raw: dict) -> RefusionConfig:
-    """The :class:`RefusionConfig` of a config.json dict (Qwen3 keys).
+def parse_config(raw: dict) -> MaskedConfig:
+    """The args of a config.json dict (Qwen3 keys) as the Llama/Qwen field set every dense model here shares
+    (:class:`localdiff.arch.masked_spec.MaskedConfig`), with ``model_type`` "refusion" (the registry key),
+    ``qk_norm`` on (Qwen3), ``embedding_rows`` = ``vocab_size``.
 
     Raises:
         ValueError: a missing or malformed field (named), sliding-window attention, no mask id in the vocabulary,
@@ -102,8 +62,8 @@ def parse_config(raw: dict) -> RefusionConfig:
     layers = _int(raw, "num_hidden_layers")
     if h <= 0 or head_dim <= 0 or layers <= 0:
         raise ValueError("hidden size, head dim and layer count must be positive")
-    return RefusionConfig(
-        vocab_size=vocab, hidden_size=h, intermediate_size=_int(raw, "intermediate_size"), num_hidden_layers=layers,
+    return MaskedConfig(
+        model_type=MODEL_TYPE, vocab_size=vocab, embedding_rows=vocab, qk_norm=True, hidden_size=h, intermediate_size=_int(raw, "intermediate_size"), num_hidden_layers=layers,
         num_attention_heads=heads, num_key_value_heads=kv, head_dim=head_dim, rope_parameters=_rope(raw),
         mask_token_id=mask, eos_token_id=eos, pad_token_id=pad, bos_token_id=_opt_id(raw, "bos_token_id", BOS_ID, vocab),
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),

@@ -17,8 +17,6 @@ Sections (``--only`` picks some; ``--eval`` alone = the eval section only):
               (``localdiff/bench/serve.py``).
 * ``masked``  LLaDA-style models: step time per cache mode (none / prefix / dual) at 256 and 1k prompt tokens, and
               tokens/s + TPF per cache mode × threshold (``localdiff/bench/masked.py``).
-* ``slots``   ReFusion: accuracy, TPF and tokens/s vs autoregressive decoding of the same model; cache bytes
-              (``localdiff/bench/slots.py``).
 
 Output: JSON (``--out``, default ``bench-results/bench-<time>.json``), a Markdown report printed and written next to
 it (and to ``--md``), and ``--readme FILE`` replaces the text between ``<!-- bench:start -->`` and
@@ -28,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import importlib
 import json
 import os
 import platform
@@ -329,16 +328,9 @@ def _serve(ctx: _Ctx) -> dict:
     return measure(m, "What is 27 + 58?", seeds=seeds, reps=reps, log=ctx.log)
 
 
-def _masked(ctx: _Ctx) -> dict:
-    from localdiff.bench.masked import measure
-
-    return measure(ctx.args.quick, log=ctx.log)
-
-
-def _slots(ctx: _Ctx) -> dict:
-    from localdiff.bench.slots import measure
-
-    return measure(ctx.args.quick, log=ctx.log)
+def _family(name: str):
+    """A family's section: ``localdiff.bench.<name>.measure(quick, log)`` (``masked``, ``slots``)."""
+    return lambda ctx: importlib.import_module(f"localdiff.bench.{name}").measure(ctx.args.quick, log=ctx.log)
 
 
 def _run_sections(ctx: _Ctx, names: list[str], res: dict, out: Path, log) -> bool:
@@ -351,7 +343,7 @@ def _run_sections(ctx: _Ctx, names: list[str], res: dict, out: Path, log) -> boo
                 sec = _sweep(ctx, out.parent, out.stem, res["sections"].get("eval", {}).get("default"))
             else:
                 fns = {"ref": _ref, "eval": _eval, "history": _history, "memory": _memory, "profile": _profile,
-                       "serve": _serve, "masked": _masked, "slots": _slots}
+                       "serve": _serve, "masked": _family("masked"), "slots": _family("slots")}
                 sec = fns[name](ctx)
         except LocaldiffError as e:
             sec = {"skipped": str(e)}

@@ -18,17 +18,18 @@ import torch
 from localdiff.decoding.loop import count_tokens, kept_positions, strip_generated
 from localdiff.decoding.refusion import Refusion
 from localdiff.decoding.stopping import finalize_canvas
-from localdiff.errors import CheckpointError, UsageError
+from localdiff.engine import masked
+from localdiff.errors import UsageError
 from localdiff.events import CanvasDone, Done, StepEvent
 
 
 def prepare(model) -> None:
-    """Sets ``model.mask_token_id``. Raises CheckpointError: no mask id, or pad id = mask id."""
-    model.mask_token_id = getattr(model.config, "mask_token_id", None)
-    if model.mask_token_id is None:
-        raise CheckpointError(f"{model.path}: config.json has no mask_token_id (ReFusion needs it)")
-    if model.pad_token_id == model.mask_token_id:
-        raise CheckpointError(f"{model.path}: pad_token_id equals mask_token_id ({model.mask_token_id})")
+    """Sets ``model.mask_token_id`` (the masked family's checks: :func:`localdiff.engine.masked.prepare`).
+
+    Raises:
+        CheckpointError: no mask_token_id in config.json, or pad id = mask id.
+    """
+    masked.prepare(model)
 
 
 def new_cache(model, device_budget_bytes: int | None = None) -> None:

@@ -22,13 +22,11 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import shutil
 import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
 HERE = Path(__file__).resolve().parent
@@ -38,7 +36,8 @@ sys.path.insert(0, str(TINY / "recipe"))
 sys.path.insert(0, str(MODELS / "tiny-mdm" / "recipe"))
 import tasks  # noqa: E402,F401
 from train import Run  # noqa: E402  (stop rule, lr schedule, AdamW, EMA, logs)
-from train_mdm import TOKENIZER_FILES, Data  # noqa: E402  (the chat-template encoding of one task item)
+import train_mdm  # noqa: E402
+from train_mdm import Data  # noqa: E402  (the chat-template encoding of one task item)
 
 from localdiff.arch import get_arch, get_spec  # noqa: E402
 
@@ -112,13 +111,9 @@ def refusion_loss(net, batch) -> torch.Tensor:
 
 
 def save(net, config: dict, out: Path, mod) -> None:
-    """Weights under the upstream names + config.json + tokenizer + generation_config.json into ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
-    state = {mod.checkpoint_names(k)[0]: v.detach().contiguous() for k, v in net.state_dict().items()}
-    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    for f in TOKENIZER_FILES:
-        shutil.copy(TINY / f, out / f)
+    """tiny-mdm's writer (weights under the upstream names, config.json, tokenizer), then ReFusion's
+    generation_config.json."""
+    train_mdm.save(net, config, out, mod)
     eot = Tokenizer.from_file(str(TINY / "tokenizer.json")).token_to_id("<end_of_turn>")
     gc = {"eos_token_id": [EOS, eot], "pad_token_id": PAD, "bos_token_id": BOS, "mask_token_id": MASK,
           "max_new_tokens": 32, "slot_size": 4, "serial_num_blocks": 1, "slot_threshold": 0.9,

@@ -46,6 +46,7 @@ def _ours(net, prompt, k, nb, st, tt, g, quirk=False):
     return dec, rounds, caches
 
 
+@pytest.mark.slow
 def test_token_identical_to_upstream_transcription(models):
     seen = set()
     for mi, (hf, net) in enumerate(models):

@@ -51,6 +51,9 @@ def test_stream_events_and_result(folder):
     again = m.generate("What is 2 + 3?", max_new_tokens=16, slot_size=4, serial_num_blocks=2, slot_threshold=0.3,
                        token_threshold=0.3)
     assert again.token_ids == done.token_ids          # temperature 0: deterministic
+    kw = dict(max_new_tokens=12, slot_size=4, serial_num_blocks=1, slot_threshold=0.3, token_threshold=0.3)
+    both = m.generate(["What is 2 + 3?", "Sort these words: elk cat"], **kw)
+    assert both.token_ids == [m.generate(p, **kw).token_ids for p in ("What is 2 + 3?", "Sort these words: elk cat")]
     with pytest.raises(localdiff.UsageError if hasattr(localdiff, "UsageError") else Exception, match="steps"):
         m.generate("hi", steps=4)                      # another family's option: one-line usage error
 

@@ -3,8 +3,9 @@ autoregressive decoding, and the reordered cache's memory.
 
 * **tiny-refusion** (when shipped): held-out exact match (the embedded eval set, ``models/tiny/eval.jsonl``), tokens
   per forward and tokens/s of ReFusion decoding (its generation_config settings and a looser one) vs greedy
-  autoregressive decoding of the same weights (:func:`localdiff.decoding.refusion.autoregressive`), item by item,
-  interleaved. Target (#19): TPF ≥ 2 within 2 points of AR accuracy.
+  left-to-right decoding of the same weights (:func:`localdiff.decoding.refusion.autoregressive`: ReFusion's AR
+  mode, the first token read at a mask; and plain causal decoding), item by item, interleaved. Target (#19): TPF ≥ 2
+  within 2 points of AR accuracy.
 * **random Qwen3-proportioned model** sized for this machine (Qwen3-8B's shape ratios: head dim 128, 4 query heads
   per key/value head, SwiGLU 3× hidden; hidden 512, 8 layers, vocabulary 32,768; ~50M parameters): tokens/s and TPF
   of both decoders on the same prompts (random weights: the planner rarely finds confident slots, so this is the
@@ -29,12 +30,13 @@ PROPORTIONED = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "h
 LOOSE = {"slot_threshold": 0.5, "token_threshold": 0.5}
 
 
-def _ar(model, prompt: str, max_new: int) -> dict:
+def _ar(model, prompt: str, max_new: int, mask_first: bool) -> dict:
     from localdiff.decoding.refusion import autoregressive
 
     ids = model.encode_prompt(prompt, chat=True)[0]
     t0 = time.perf_counter()
-    toks, fw = autoregressive(model.net, ids, max_new, model.eos_token_ids)
+    toks, fw = autoregressive(model.net, ids, max_new, model.eos_token_ids,
+                              model.mask_token_id if mask_first else None)
     sec = time.perf_counter() - t0
     text = model.tokenizer.decode([t for t in toks if t not in model.eos_token_ids]) if model.tokenizer else ""
     return {"tokens": len(toks), "forwards": fw, "seconds": sec, "text": text}
@@ -46,13 +48,16 @@ def _rf(model, prompt, max_new: int, opts: dict) -> dict:
 
 
 def compare(model, items: list[dict], max_new: int, settings: dict, log=print) -> dict:
-    """Per decoder ("autoregressive" and each named ReFusion setting): accuracy (when items have answers), TPF,
+    """Per decoder — "autoregressive" (left to right, one token per forward, the first token read at a mask:
+    ReFusion's own AR mode, :func:`localdiff.decoding.refusion.autoregressive`), "causal" (plain next-token
+    decoding from the prompt's last row) and each named ReFusion setting: accuracy (when items have answers), TPF,
     tokens/s (total tokens / total seconds) and the median / range of per-item tokens/s. Items run interleaved."""
     from localdiff.bench.eval_tasks import exact_match
 
-    runs = {"autoregressive": []} | {name: [] for name in settings}
+    runs = {"autoregressive": [], "causal": []} | {name: [] for name in settings}
     for it in items:
-        runs["autoregressive"].append(_ar(model, it["prompt"], max_new) | {"answer": it.get("answer")})
+        runs["autoregressive"].append(_ar(model, it["prompt"], max_new, True) | {"answer": it.get("answer")})
+        runs["causal"].append(_ar(model, it["prompt"], max_new, False) | {"answer": it.get("answer")})
         for name, opts in settings.items():
             runs[name].append(_rf(model, it["prompt"], max_new, opts) | {"answer": it.get("answer")})
     out = {}

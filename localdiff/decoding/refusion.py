@@ -229,21 +229,31 @@ class Refusion:
         return sorted((pos - p, t) for pos, t in zip(c.positions[p:], c.token_ids[p:]))
 
 
-def autoregressive(net, prompt: list[int], max_new_tokens: int, eos_ids) -> tuple[list[int], int]:
-    """The same model's greedy autoregressive decoding (one token per forward, positions in order, the first token
-    fused with the prompt pass), for comparisons. Returns (tokens up to and including the first EOS, forwards)."""
-    cache = net.new_slot_cache(len(prompt) + max_new_tokens)
+def autoregressive(net, prompt: list[int], max_new_tokens: int, eos_ids, mask_id: int | None = None
+                   ) -> tuple[list[int], int]:
+    """The same model's greedy left-to-right decoding, one token per forward, for comparisons.
+
+    ``mask_id`` None: plain causal decoding (the first token from the prompt pass's last row). With ``mask_id``: the
+    first answer token is read at a mask placed at its position (fed with the prompt), then every next token from the
+    previous one's causal prediction — ReFusion's own left-to-right mode: its AR loss stays inside a slot (a slot's
+    first token is never labelled from the token before it, ``forward_process``), so a model trained from scratch
+    with that objective has no trained prediction from the prompt's last token, while a mask at the next position
+    is in its training distribution. Returns (tokens up to and including the first EOS, forwards).
+    """
+    cache = net.new_slot_cache(len(prompt) + max_new_tokens + 1)
     dec = Refusion(net, None, -1, tuple(eos_ids))
     dec.cache = cache
-    ids, out = torch.tensor(prompt), []
-    pos = torch.arange(len(prompt))
+    ids, pos, out = torch.tensor(prompt), torch.arange(len(prompt)), []
+    if mask_id is not None:
+        ids, pos = torch.cat([ids, torch.tensor([mask_id])]), torch.arange(len(prompt) + 1)
     while len(out) < max_new_tokens:
         lo = cache.length
         logits = dec._pass(ids, pos, torch.arange(lo, lo + len(ids)), dec._causal(lo, len(ids)))
-        cache.commit(ids.tolist(), pos.tolist())
+        n = len(ids) - (1 if mask_id is not None and not out else 0)     # the mask's row is not committed
+        cache.commit(ids[:n].tolist(), pos[:n].tolist())
         t = int(logits[-1].argmax())
         out.append(t)
         if t in eos_ids:
             break
-        ids, pos = torch.tensor([t]), torch.tensor([cache.length])
+        ids, pos = torch.tensor([t]), torch.tensor([len(prompt) + len(out) - 1])
     return out, dec.forwards

@@ -17,7 +17,7 @@ from localdiff.bench.slots import compare
 
 HERE = Path(__file__).resolve().parent
 GRID = {f"k{k} slot {s} token {t}": {"slot_size": k, "serial_num_blocks": 1, "slot_threshold": s, "token_threshold": t}
-        for k in (4, 8) for s, t in ((0.9, 0.9), (0.7, 0.7), (0.5, 0.5), (0.9, 0.5), (0.5, 0.9))}
+        for k in (4, 8, 16, 32) for s, t in ((0.9, 0.9), (0.7, 0.7), (0.5, 0.5), (0.3, 0.3), (0.9, 0.3))}
 
 
 def main() -> None:

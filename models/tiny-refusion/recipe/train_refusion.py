@@ -116,8 +116,8 @@ def save(net, config: dict, out: Path, mod) -> None:
     train_mdm.save(net, config, out, mod)
     eot = Tokenizer.from_file(str(TINY / "tokenizer.json")).token_to_id("<end_of_turn>")
     gc = {"eos_token_id": [EOS, eot], "pad_token_id": PAD, "bos_token_id": BOS, "mask_token_id": MASK,
-          "max_new_tokens": 32, "slot_size": 4, "serial_num_blocks": 1, "slot_threshold": 0.9,
-          "token_threshold": 0.9, "temperature": 0.0}
+          "max_new_tokens": 32, "slot_size": 8, "serial_num_blocks": 1, "slot_threshold": 0.3,
+          "token_threshold": 0.3, "temperature": 0.0}   # eval_refusion.py's best held-out point (README)
     (out / "generation_config.json").write_text(json.dumps(gc, indent=2) + "\n")
 
 

@@ -2,7 +2,7 @@
 autoregressive decoding, and the reordered cache's memory.
 
 * **tiny-refusion** (when shipped): held-out exact match (the embedded eval set, ``models/tiny/eval.jsonl``), tokens
-  per forward and tokens/s of ReFusion decoding (its generation_config settings and a looser one) vs greedy
+  per forward and tokens/s of ReFusion decoding (its generation_config settings and upstream's default thresholds) vs greedy
   left-to-right decoding of the same weights (:func:`localdiff.decoding.refusion.autoregressive`: ReFusion's AR
   mode, the first token read at a mask; and plain causal decoding), item by item, interleaved. Target (#19): TPF ≥ 2
   within 2 points of AR accuracy.
@@ -27,7 +27,7 @@ PROPORTIONED = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "h
                 "intermediate_size": 1536, "vocab_size": 32768, "max_position_embeddings": 4096,
                 "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
                 "mask_token_id": 32000, "eos_token_id": 32001, "pad_token_id": 32002, "bos_token_id": 32003}
-LOOSE = {"slot_threshold": 0.5, "token_threshold": 0.5}
+STRICT = {"slot_size": 4, "slot_threshold": 0.9, "token_threshold": 0.9}     # generate_refusion's thresholds
 
 
 def _ar(model, prompt: str, max_new: int, mask_first: bool) -> dict:
@@ -108,7 +108,7 @@ def measure(quick: bool, log=print) -> dict:
     else:
         items = load_items(Path(tiny.path).parent / "tiny" / "eval.jsonl", 3 if quick else 20)
         res["tiny_refusion"] = {"items": len(items),
-                                "decoders": compare(tiny, items, 32, {"refusion": {}, "refusion loose": LOOSE}, log)}
+                                "decoders": compare(tiny, items, 32, {"refusion": {}, "refusion strict": STRICT}, log)}
     with tempfile.TemporaryDirectory(prefix="localdiff-bench-refusion-") as d:
         path = build_random(Path(d), PROPORTIONED)
         m = localdiff.load(str(path))

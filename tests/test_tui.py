@@ -223,7 +223,10 @@ def test_switch_model_offers_only_loadable_models(tmp_path, monkeypatch):
     from localdiff.tui.commands import available_models
 
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-hf-cache"))
-    assert available_models() == ["tiny"]  # nothing pulled: the embedded model only
+    from localdiff.hub import catalog
+
+    embedded = sorted(e.alias for e in catalog.entries() if e.embedded)
+    assert "tiny" in embedded and sorted(available_models()) == embedded  # nothing pulled: the embedded models only
     monkeypatch.setattr("localdiff.hub.models.list_models", lambda *a, **k: [{"name": "tiny"}, {"name": "org/big@v2"}])
     assert available_models() == ["tiny", "org/big@v2"]
 

@@ -29,6 +29,9 @@ class StepEvent:
         entropy: FloatTensor[B, C], entropy per position in nats.
         locked: BoolTensor[B, C] positions locked by confidence-gated locking (None when locking is off); locked
             tokens keep their value until the Re-Noising correction reopens them.
+        slots: slots family (ReFusion) only, else None: this round's ``{"slot_size": k, "picked": [...],
+            "how": "verify" | "infill", "committed": [...]}`` — slot numbers within the canvas (the serial block),
+            picked in index order, committed in commit order; a "step" is one plan-and-fill round.
     """
 
     canvas_index: int
@@ -42,6 +45,7 @@ class StepEvent:
     confidence: torch.Tensor
     entropy: torch.Tensor
     locked: torch.Tensor | None = None
+    slots: dict | None = None
 
 
 @dataclass

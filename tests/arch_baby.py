@@ -42,4 +42,9 @@ BABY = {
                        first_k_dense_replace=1, partial_rotary_factor=0.5, rope_theta=600000, use_qk_norm=True,
                        use_bias=False, use_qkv_bias=False, vocab_size=131, max_position_embeddings=256,
                        block_size=4, mask_token_id=126, eos_token_id=125, pad_token_id=124),
+    # slots family (localdiff.arch.refusion_spec): ReFusion's config.json is Qwen3's plus mask_token_id
+    "refusion": dict(model_type="qwen3", architectures=["Qwen3ForCausalLM"], hidden_size=48, num_attention_heads=3,
+                     num_key_value_heads=1, head_dim=20, num_hidden_layers=3, intermediate_size=72, vocab_size=131,
+                     rope_theta=1000000.0, max_position_embeddings=256, mask_token_id=130, bos_token_id=129,
+                     eos_token_id=125, pad_token_id=124),
 }

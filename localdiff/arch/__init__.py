@@ -30,6 +30,7 @@ REGISTRY: dict[str, ArchEntry] = {
     "sdar_moe": ArchEntry("localdiff.arch.block", "localdiff.arch.block_spec", "block"),
     "Fast_dLLM_Qwen": ArchEntry("localdiff.arch.block", "localdiff.arch.block_spec", "block"),
     "a2d-qwen3-bd3lm": ArchEntry("localdiff.arch.block", "localdiff.arch.block_spec", "block"),
+    "refusion": ArchEntry("localdiff.arch.refusion", "localdiff.arch.refusion_spec", "slots"),
 }
 
 #: (model_type, architecture) → registry key, for checkpoints whose model_type names another architecture:
@@ -39,10 +40,12 @@ ALIASES: dict[tuple[str, str | None], str] = {
     ("dream", None): "Dream",
 }
 
-#: (model_type, config.json key) → registry key, for a model_type shared by two families: dllm's Tiny-A2D BD3LM
-#: Qwen3 says "a2d-qwen3" like the masked A2D model; its config carries a ``block_size``
+#: (model_type, config.json key) → registry key, for checkpoints that share another architecture's model_type and
+#: differ by a key (set, not null): dllm's Tiny-A2D BD3LM Qwen3 says "a2d-qwen3" like the masked A2D model and
+#: carries a ``block_size``; ReFusion's config.json is a Qwen3 one ("qwen3") plus ``mask_token_id``
 FIELD_ALIASES: dict[tuple[str, str], str] = {
     ("a2d-qwen3", "block_size"): "a2d-qwen3-bd3lm",
+    ("qwen3", "mask_token_id"): "refusion",
 }
 
 

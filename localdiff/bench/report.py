@@ -156,34 +156,11 @@ def _targets_md(secs: dict, quick: bool = False) -> list[str]:
             + [f"| {a} | {b} | {c} | {met[ok]} |" for a, b, c, ok in rows] + [""])
 
 
-def _masked_md(sec: dict) -> list[str]:
-    from localdiff.bench.masked import render_md
+def _own_md(name: str):
+    """The Markdown renderer of a section in its own file: ``localdiff.bench.<name>.render_md(sec) -> [lines]``."""
+    from importlib import import_module
 
-    return render_md(sec)
-
-
-def _block_md(sec: dict) -> list[str]:
-    from localdiff.bench.block import render_md
-
-    return render_md(sec)
-
-
-def _serve_md(sec: dict) -> list[str]:
-    from localdiff.bench.serve import render_md
-
-    return render_md(sec)
-
-
-def _scale_md(sec: dict) -> list[str]:
-    from localdiff.bench.scale import render_md
-
-    return render_md(sec)
-
-
-def _approx_md(sec: dict) -> list[str]:
-    from localdiff.bench.approx import render_md
-
-    return render_md(sec)
+    return import_module(f"localdiff.bench.{name}").render_md
 
 
 def render(res: dict) -> str:
@@ -198,10 +175,9 @@ def render(res: dict) -> str:
                   "times are inflated and noisy, most with more than one thread; compare the interleaved ratios.", ""]
     lines += _targets_md(res["sections"], bool(res.get("quick")))
     render_fns = {"ref": _ref_md, "eval": _eval_md, "sweep": _sweep_md, "history": _history_md,
-                  "memory": _memory_md, "profile": _profile_md, "serve": _serve_md,
-                  "masked": _masked_md, "block": _block_md, "scale": _scale_md, "approx": _approx_md,
-                  "gguf": lambda sec: __import__("localdiff.bench.gguf", fromlist=["render_md"]).render_md(sec)}
-    for name, fn in render_fns.items():
+                  "memory": _memory_md, "profile": _profile_md}
+    for name in list(render_fns) + [n for n in res["sections"] if n not in render_fns]:
+        fn = render_fns.get(name) or _own_md(name)
         sec = res["sections"].get(name)
         if sec is None:
             continue

@@ -17,11 +17,13 @@ from localdiff.decoding.options_block import FastDLLMv2Options, SDAROptions
 from localdiff.decoding.options_canvas import CanvasEBOptions
 from localdiff.decoding.options_llada2 import LLaDA2Options
 from localdiff.decoding.options_masked import DreamOptions, LLaDAOptions
+from localdiff.decoding.options_slots import RefusionOptions
 from localdiff.decoding.schema import ALIASES, POLICIES, Options, OptionSpec, opt, unknown_option  # noqa: F401
 
 __all__ = ["CanvasEBOptions", "DreamOptions", "LLaDAOptions", "SDAROptions", "FastDLLMv2Options", "Options",
            "OptionSpec", "opt", "POLICIES", "FAMILY_POLICY", "MODEL_POLICY", "ALIASES", "unknown_option"]
 __all__ += ["LLaDA2Options"]
+__all__ += ["RefusionOptions"]
 
 
 #: every decoder policy's options by policy name
@@ -32,6 +34,8 @@ POLICIES.update({c.POLICY: c for c in (LLaDA2Options,)})
 #: the decoder policy each model family runs by default (localdiff.arch registry families)
 FAMILY_POLICY: dict[str, str] = {"canvas": CanvasEBOptions.POLICY, "masked": LLaDAOptions.POLICY}
 FAMILY_POLICY["block"] = SDAROptions.POLICY
+POLICIES[RefusionOptions.POLICY] = RefusionOptions
+FAMILY_POLICY["slots"] = RefusionOptions.POLICY
 
 #: model_types (lower case) whose decoder differs from their family's default: Dream / DiffuCoder run Dream's
 MODEL_POLICY: dict[str, str] = {"dream": DreamOptions.POLICY}

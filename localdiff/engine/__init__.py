@@ -30,6 +30,7 @@ RUNNERS: dict[str, str] = {
     "canvas": "localdiff.engine.canvas",
     "masked": "localdiff.engine.masked",
     "block": "localdiff.engine.block",
+    "slots": "localdiff.engine.slots",
 }
 
 

@@ -51,6 +51,7 @@ class CatalogEntry:
         approx_size_bytes: approximate download size in bytes (0 when unknown).
         offline_config: absolute path of a stand-in config.json usable before a pull, or None.
         sampler: recommended sampler options (keys as in ``generation_config.json``).
+        presets: named sampler option sets (``[models.presets.<task>]``, e.g. a paper's per-benchmark settings).
         single_turn: True for a model trained on single-turn prompts only (a chat sends each message fresh).
         prompt_examples: prompts in the formats the model knows (shown by the chat at start-up); may be empty.
         source: the catalog file this entry came from.
@@ -72,6 +73,7 @@ class CatalogEntry:
     active_params: int = 0
     offline_config: Path | None = None
     sampler: dict = field(default_factory=dict)
+    presets: dict = field(default_factory=dict)
     single_turn: bool = False
     prompt_examples: tuple[str, ...] = ()
     source: Path | None = None
@@ -115,6 +117,7 @@ def _parse_entry(raw: dict, source: Path, root: Path) -> CatalogEntry:
         active_params=int(raw.get("active_params", 0)),
         offline_config=(root / offline) if offline else None,
         sampler=dict(raw.get("sampler", {})),
+        presets={str(k): dict(v) for k, v in dict(raw.get("presets", {})).items()},
         single_turn=bool(raw.get("single_turn", False)),
         prompt_examples=tuple(str(x) for x in raw.get("prompt_examples", ())),
         source=source,

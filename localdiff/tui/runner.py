@@ -36,6 +36,8 @@ class CanvasFrame:
         final: True for a finished canvas (all positions final).
         forwards: decoder forwards of the whole answer so far (live status figure).
         answer_tokens: answer tokens so far: finished canvases (up to EOS) plus the positions accepted in this canvas.
+        slots: slots family (ReFusion): this round in words, e.g. "slots 2,5 → infill" (see :func:`slots_note`);
+            "" otherwise.
     """
 
     canvas_index: int
@@ -47,6 +49,7 @@ class CanvasFrame:
     final: bool = False
     forwards: int = 0
     answer_tokens: int = 0
+    slots: str = ""
 
     def count(self, state: str) -> int:
         """Number of positions in ``state``."""
@@ -82,6 +85,18 @@ class TokenText:
         return text
 
 
+def slots_note(slots: dict | None) -> str:
+    """A ReFusion round (``StepEvent.slots``) in words: the picked slots (1-based, index order) and how they were
+    filled, then the committed ones when fewer: "slots 2,5 → verify: 2 committed"; "" for None."""
+    if not slots:
+        return ""
+    picked = ",".join(str(s + 1) for s in slots["picked"])
+    note = f"slots {picked} → {slots['how']}"
+    if list(slots["committed"]) != list(slots["picked"]):
+        note += ": " + (",".join(str(s + 1) for s in slots["committed"]) or "none") + " committed"
+    return note
+
+
 def frame_from_step(ev: StepEvent, token_text: TokenText, prev_accepted: list[bool] | None,
                     mask_id: int | None = None) -> CanvasFrame:
     """Build a CanvasFrame from a StepEvent (row 0); ``prev_accepted`` is the previous step's mask of this canvas;
@@ -102,7 +117,8 @@ def frame_from_step(ev: StepEvent, token_text: TokenText, prev_accepted: list[bo
             states.append(NOISY)
     conf = [float(c) for c in ev.confidence[0].tolist()]
     tokens = [MASK_TEXT if st == MASK else token_text(i) for i, st in zip(ids, states)]
-    return CanvasFrame(ev.canvas_index, ev.step, ev.max_steps, tokens, states, conf)
+    return CanvasFrame(ev.canvas_index, ev.step, ev.max_steps, tokens, states, conf,
+                       slots=slots_note(getattr(ev, "slots", None)))
 
 
 def frame_from_done(ev: CanvasDone, token_text: TokenText, last: CanvasFrame | None) -> CanvasFrame:

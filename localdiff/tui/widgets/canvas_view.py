@@ -69,6 +69,8 @@ class CanvasView(Widget):
         self.frame = frame
         self.frames_drawn += 1
         state = "done" if frame.final else f"step {frame.step}/{frame.max_steps}"
+        if frame.slots and not frame.final:     # ReFusion: a step is a plan-and-fill round over slots
+            state = f"round {frame.step} · {frame.slots}"
         self.border_title = f"canvas {frame.canvas_index + 1} · {state}"
         n = len(frame.states)
         self.border_subtitle = (

@@ -28,6 +28,23 @@ def num_transfer_tokens(masked: torch.Tensor, steps: int) -> torch.Tensor:
     return out
 
 
+def predictions(logits: torch.Tensor, temperature: float, remasking: str, gen: torch.Generator):
+    """LLaDA's per-position proposal and confidence (``generate.py``): x0 = argmax of the logits, with Gumbel-max
+    noise in float64 when ``temperature`` > 0 (``add_gumbel_noise``); confidence = softmax(logits, float64)[x0]
+    (``low_confidence``) or uniform noise (``random``). ``logits`` FloatTensor[B, L, V] → (LongTensor[B, L],
+    FloatTensor[B, L])."""
+    if temperature > 0:
+        l64 = logits.to(torch.float64)
+        u = torch.rand(l64.shape, dtype=torch.float64, generator=gen, device=l64.device)
+        x0 = (l64.exp() / (-torch.log(u)) ** temperature).argmax(-1)
+    else:
+        x0 = logits.argmax(-1)
+    if remasking == "low_confidence":
+        p = torch.softmax(logits.to(torch.float64), dim=-1)
+        return x0, p.gather(-1, x0[..., None]).squeeze(-1)
+    return x0, torch.rand(x0.shape, generator=gen, device=x0.device)
+
+
 def guided(cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch.Tensor:
     """LLaDA's unsupervised classifier-free guidance: uncond + (scale + 1) · (cond − uncond)."""
     return uncond + (scale + 1) * (cond - uncond)
@@ -63,17 +80,7 @@ class LLaDA:
         Returns:
             (x0 LongTensor[B, L] proposals (= ``xb`` where not masked), transfer BoolTensor[B, L] ⊆ masked).
         """
-        if self.o.temperature > 0:
-            l64 = logits.to(torch.float64)
-            u = torch.rand(l64.shape, dtype=torch.float64, generator=self.gen, device=l64.device)
-            x0 = (l64.exp() / (-torch.log(u)) ** self.o.temperature).argmax(-1)
-        else:
-            x0 = logits.argmax(-1)
-        if self.o.remasking == "low_confidence":
-            p = torch.softmax(logits.to(torch.float64), dim=-1)
-            x0_p = p.gather(-1, x0[..., None]).squeeze(-1)
-        else:
-            x0_p = torch.rand(x0.shape, generator=self.gen, device=x0.device)
+        x0, x0_p = predictions(logits, self.o.temperature, self.o.remasking, self.gen)
         x0 = torch.where(masked, x0, xb)
         conf = torch.where(masked, x0_p, torch.tensor(-float("inf"), dtype=x0_p.dtype, device=x0_p.device))
         k = self.schedule[:, i] if i < self.steps else masked.sum(1)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from localdiff.decoding.options_canvas import CanvasEBOptions
 from localdiff.decoding.options_masked import DreamOptions, LLaDAOptions
+from localdiff.decoding.options_nap import NAPOptions
 from localdiff.decoding.schema import ALIASES, POLICIES, Options, OptionSpec, opt, unknown_option  # noqa: F401
 
 __all__ = ["CanvasEBOptions", "DreamOptions", "LLaDAOptions", "Options", "OptionSpec", "opt", "POLICIES",
@@ -23,12 +24,17 @@ __all__ = ["CanvasEBOptions", "DreamOptions", "LLaDAOptions", "Options", "Option
 
 #: every decoder policy's options by policy name
 POLICIES.update({c.POLICY: c for c in (CanvasEBOptions, LLaDAOptions, DreamOptions)})
+POLICIES[NAPOptions.POLICY] = NAPOptions
 
 #: the decoder policy each model family runs by default (localdiff.arch registry families)
 FAMILY_POLICY: dict[str, str] = {"canvas": CanvasEBOptions.POLICY, "masked": LLaDAOptions.POLICY}
 
 #: model_types (lower case) whose decoder differs from their family's default: Dream / DiffuCoder run Dream's
 MODEL_POLICY: dict[str, str] = {"dream": DreamOptions.POLICY}
+
+#: every decoder policy a model family can run (the first is chosen by FAMILY_POLICY / MODEL_POLICY; another one by
+#: the options given: :func:`localdiff.decoding.policy_select.select`)
+FAMILY_POLICIES: dict[str, tuple[str, ...]] = {"masked": (LLaDAOptions.POLICY, DreamOptions.POLICY, NAPOptions.POLICY)}
 
 
 def policy_for_family(family: str, model_type: str | None = None) -> str:

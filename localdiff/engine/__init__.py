@@ -19,6 +19,7 @@ from localdiff import inputs
 from localdiff.arch import entry_for
 from localdiff.decoding.defaults import read_generation_config  # noqa: F401
 from localdiff.decoding.options import POLICIES, policy_for_family
+from localdiff.decoding.policy_select import select as select_policy
 from localdiff.engine.request import Request
 from localdiff.errors import TokenizerMissingError, UsageError
 from localdiff.events import Done, GenerationStats
@@ -108,14 +109,16 @@ class Model:
         return self._options(overrides, _typed).as_dict()
 
     def _options(self, overrides: dict, typed: dict | None = None):
-        names = set(self.options_cls.names())
+        given = [k for k, v in overrides.items() if v is not None]   # another family policy's options select it
+        cls = POLICIES[select_policy(self.options_cls.POLICY, self.family, given, self.generation_config)]
+        names = set(cls.names())
         values = {k: v for k, v in self.generation_config.items() if k in names}
         shown = {}
         for k, v in overrides.items():
             if v is not None:
                 values[k] = v
                 shown[k] = (typed or {}).get(k, k)
-        return self.options_cls.build(values, shown)
+        return cls.build(values, shown)
 
     # -- prompts ------------------------------------------------------------------------------------------------
     def encode_prompt(self, prompt, chat: bool = True, system: str | None = None) -> list[list[int]]:

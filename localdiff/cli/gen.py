@@ -219,6 +219,8 @@ def run_gen(args) -> int:
                          f"TPF {s.tokens_per_forward:.2f}, {s.seconds:.2f} s, prefill {s.prefill_tokens_computed} "
                          f"computed / {s.prefill_tokens_reused} reused, seed {seed}\n")
         sys.stderr.write("kv cache: " + ", ".join(f"{k}={v}" for k, v in sorted(s.cache.items())) + "\n")
+        if getattr(s, "arness", None):     # how left to right the decoding order was (masked family, issue #21)
+            sys.stderr.write("arness: " + ", ".join(f"{k} {v:.3f}" for k, v in s.arness.items()) + "\n")
     elif done is not None and not args.quiet and _stderr_tty():
         s = done.stats
         canv = f"{s.canvases} canvas" + ("" if s.canvases == 1 else "es")

@@ -12,8 +12,9 @@ implemented here, exactly (``tests/test_nap.py`` checks it against a transcripti
    N_S = summary_length.
 2. Phases: the think phase gets S_T steps, the summary S_S: with ``steps`` None, S_T = think_length and
    S_S = summary_length; else S_T = clamp(round(steps · N_T / (N_T + N_S)), 1, steps − 1), S_S = steps − S_T.
-3. Every step: one forward over the canvas; proposals x0 and confidences c = LLaDA's (``llada.predictions``:
-   argmax, or Gumbel-max at temperature > 0; c = softmax(logits, float64)[x0]).
+3. Every step: one forward over the canvas (the mask token's logit −inf, and the EOS tokens' inside think blocks: a
+   think block cannot end the answer); proposals x0 and confidences c = LLaDA's (``llada.predictions``: argmax, or
+   Gumbel-max at temperature > 0; c = softmax(logits, float64)[x0]).
 4. Think step i (0-based) while a think block has masks: k_i = LLaDA's schedule (``num_transfer_tokens`` of N_T
    over S_T; k_i = all remaining once i ≥ S_T), forced up to u = the number of unfinished think blocks. Split:
    * ``even``: unfinished blocks ranked by their best masked confidence (descending; ties: left block first);
@@ -120,7 +121,8 @@ class NAP:
 
     Args:
         options: :class:`NAPOptions`. generator: torch.Generator for Gumbel noise. mask_id: the mask token id.
-        encode: text → list[int] (the tokenizer), for the tags.
+        encode: text → list[int] (the tokenizer), for the tags. eos_ids: the model's EOS ids, never proposed inside
+            a think block (only the summary ends the answer).
     Attributes the loop reads: ``template`` LongTensor[C] (mask id at masked positions; C = the canvas length the
     runner passes as max_new_tokens), ``cfg_scale`` 0, ``parallel`` True (several tokens per step).
     Raises:
@@ -131,13 +133,14 @@ class NAP:
     cfg_scale = 0.0
     parallel = True
 
-    def __init__(self, options: NAPOptions, generator: torch.Generator, mask_id: int, encode=None):
+    def __init__(self, options: NAPOptions, generator: torch.Generator, mask_id: int, encode=None, eos_ids=()):
         if encode is None:
             raise TokenizerMissingError("parallel-forced decoding (trajectories) needs the model's tokenizer for its "
                                         "<think i> / <summary> tags")
         self.o, self.gen, self.mask_id = options, generator, mask_id
         self.layout = layout(encode, options.trajectories, options.think_length, options.summary_length)
         self.template = torch.tensor([mask_id if t is None else int(t) for t in self.layout.ids], dtype=torch.long)
+        self.eos_ids = [int(e) for e in eos_ids]
 
     def begin_block(self, masked: torch.Tensor, steps: int, offset: int = 0) -> None:
         """The canvas (one block): ``masked`` BoolTensor[B, C]; ``steps`` the loop's count (unused: the phases come
@@ -158,6 +161,10 @@ class NAP:
 
     def step(self, logits: torch.Tensor, xb: torch.Tensor, masked: torch.Tensor, i: int):
         """One step (shapes as :meth:`localdiff.decoding.llada.LLaDA.step`). Returns (x0, transfer)."""
+        if self.eos_ids:     # a think block cannot end the answer: no EOS proposals there
+            logits = logits.clone()
+            rows = self.think_pos.nonzero().squeeze(1)[:, None]
+            logits[:, rows, torch.tensor(self.eos_ids, device=logits.device)[None, :]] = -torch.inf
         x0, conf = predictions(logits, self.o.temperature, "low_confidence", self.gen)
         x0 = torch.where(masked, x0, xb)
         transfer = torch.zeros_like(masked)

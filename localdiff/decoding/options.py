@@ -32,9 +32,9 @@ FAMILY_POLICY: dict[str, str] = {"canvas": CanvasEBOptions.POLICY, "masked": LLa
 #: model_types (lower case) whose decoder differs from their family's default: Dream / DiffuCoder run Dream's
 MODEL_POLICY: dict[str, str] = {"dream": DreamOptions.POLICY}
 
-#: every decoder policy a model family can run (the first is chosen by FAMILY_POLICY / MODEL_POLICY; another one by
-#: the options given: :func:`localdiff.decoding.policy_select.select`)
-FAMILY_POLICIES: dict[str, tuple[str, ...]] = {"masked": (LLaDAOptions.POLICY, DreamOptions.POLICY, NAPOptions.POLICY)}
+#: decoder policies every model of a family can also run besides its own (FAMILY_POLICY / MODEL_POLICY), chosen by
+#: giving one of their options (:func:`localdiff.decoding.policy_select.select`)
+FAMILY_POLICIES: dict[str, tuple[str, ...]] = {"masked": (NAPOptions.POLICY,)}
 
 
 def policy_for_family(family: str, model_type: str | None = None) -> str:

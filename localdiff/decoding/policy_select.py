@@ -1,10 +1,10 @@
 """Which of its family's decoder policies a model runs for one request (torch-free).
 
-A model family can run several decoder policies (``FAMILY_POLICIES``: the masked family runs LLaDA's, Dream's and
-NAP's parallel-forced decoding on any of its models); the model's own (``FAMILY_POLICY`` / ``MODEL_POLICY``) is the
-default. Another one is chosen by the options themselves: giving an option only that policy has (``trajectories``:
-NAP; ``alg``: Dream; ``remasking``: LLaDA) selects it, and a checkpoint whose ``generation_config.json`` carries such
-a key (``models/tiny-nap``) runs that policy by default.
+A model runs its own decoder policy (``FAMILY_POLICY`` / ``MODEL_POLICY``: LLaDA's or Dream's for the masked family)
+unless the request selects one its family's models can all run besides (``FAMILY_POLICIES``: NAP's parallel-forced
+decoding for the masked family): giving an option only that policy has (``trajectories``, ``think_length``, ...)
+selects it, and a checkpoint whose ``generation_config.json`` carries such a key (``models/tiny-nap``) runs it by
+default.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def select(default: str, family: str, user_keys, config_keys=()) -> str:
         user_keys: option names / aliases the user gave (flags, env, config file, ``/set``, keyword arguments).
         config_keys: the checkpoint's generation_config keys.
     Returns:
-        The first of (default, then the family's other policies in order) whose options accept every user key and
+        The first of (default, then the family's extra policies in order) whose options accept every user key and
         every config key that is an option of some family policy; else the first that accepts the user keys; else
         ``default`` (whose validation then names the unknown option's owner).
     """

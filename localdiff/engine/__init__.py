@@ -112,6 +112,8 @@ class Model:
         given = [k for k, v in overrides.items() if v is not None]   # another family policy's options select it
         cls = POLICIES[select_policy(self.options_cls.POLICY, self.family, given, self.generation_config)]
         names = set(cls.names())
+        if cls is not self.options_cls:   # the checkpoint's values of the model's own decoder do not carry over
+            names -= set(self.options_cls.names())
         values = {k: v for k, v in self.generation_config.items() if k in names}
         shown = {}
         for k, v in overrides.items():

@@ -50,7 +50,7 @@ def stream(model, req):
     n_new = req.max_new_tokens
     if options.POLICY == "nap":     # the canvas is NAP's template (max_new_tokens does not apply)
         encode = None if model.tokenizer is None else model.tokenizer.encode
-        policy = NAP(options, req.generator, model.mask_token_id, encode)
+        policy = NAP(options, req.generator, model.mask_token_id, encode, model.eos_token_ids)
         n_new = len(policy.template)
         if ids.shape[1] + n_new > model.config.max_position_embeddings:
             raise UsageError(f"prompt ({ids.shape[1]} tokens) + the multi-trajectory canvas ({n_new} tokens) exceeds "

@@ -6,6 +6,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Markdown, Static
 
 from localdiff.safetext import visible
+from localdiff.tui import blocks
 
 
 
@@ -36,7 +37,8 @@ class ChatMessage(Markdown):
         """Replace the whole text (once per turn, when the answer is final); an empty answer says so."""
         if text != self.text or not text:
             self.text = text
-            await self.update(visible(text) or "*(empty answer)*")
+            shown = blocks.render(visible(text), self.size.width or 80)   # NAP's think blocks side by side
+            await self.update(shown or "*(empty answer)*")
 
 
 class Transcript(VerticalScroll):

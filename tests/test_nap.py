@@ -25,6 +25,9 @@ class CharTok:
     def encode(self, text):
         return [3 + ord(ch) % 33 for ch in text]
 
+    def apply_chat_template(self, messages, add_generation_prompt=True):
+        return "".join(m["content"] for m in messages)
+
     def decode(self, ids, skip_special_tokens=True):
         return "".join(chr(0x41 + (int(i) - 3)) for i in ids if 3 <= int(i) < 36)
 

@@ -49,4 +49,8 @@ def test_transcript_shows_the_blocks_as_a_table():
             await pilot.pause()
             assert msg.text == NAP_TEXT                      # the raw answer is kept (history, /copy)
             assert msg.query("MarkdownTable")                # the think blocks side by side
+            streamed = await tr.add_message("assistant", NAP_TEXT)    # streamed as raw text, then final
+            await streamed.set_text(NAP_TEXT)
+            await pilot.pause()
+            assert streamed.query("MarkdownTable")
     asyncio.run(go())

@@ -35,9 +35,9 @@ class ChatMessage(Markdown):
 
     async def set_text(self, text: str) -> None:
         """Replace the whole text (once per turn, when the answer is final); an empty answer says so."""
-        if text != self.text or not text:
+        shown = blocks.render(visible(text), self.size.width or 80)       # NAP's think blocks side by side
+        if text != self.text or not text or shown != visible(text):
             self.text = text
-            shown = blocks.render(visible(text), self.size.width or 80)   # NAP's think blocks side by side
             await self.update(shown or "*(empty answer)*")
 
 

@@ -216,3 +216,19 @@ def test_blocks_of_and_summary_text():
     assert nap.blocks_of(text) == [("think 1", "1 + 2 = 3."), ("think 2", "2 + 1 = 3."), ("summary", "3")]
     assert nap.summary_text(text) == "3" and nap.summary_text("plain") == "plain"
     assert nap.blocks_of("plain") == [("answer", "plain")]
+
+
+def test_batch_rows_decode_as_they_would_alone(make):
+    model = make(seed=5)
+    kw = dict(trajectories=2, think_length=5, summary_length=4, steps=7, budget="confidence")
+    both, _ = _run(model, [[4, 5, 6, 7, 8], [9, 10]], **kw)
+    for r, prompt in enumerate([[4, 5, 6, 7, 8], [9, 10]]):
+        alone, _ = _run(model, prompt, **kw)
+        assert both.token_ids[r] == alone.token_ids and both.stats.commit_step[r] == alone.stats.commit_step
+
+
+def test_runs_with_the_approximate_caches(make):
+    model = make(seed=6)
+    for cache in ("prefix", "dual"):
+        done, _ = _run(model, [3, 4, 5], trajectories=2, think_length=4, summary_length=3, kv_cache=cache)
+        assert done.stats.forwards > 0 and done.stats.arness

@@ -15,6 +15,7 @@ from localdiff.decoding import nap
 from localdiff.engine import Model
 from localdiff.errors import LocaldiffError, UsageError
 from localdiff.events import Done, StepEvent
+from test_masked_decoders import _one_thread  # noqa: F401  (autouse: one intra-op thread for the tiny fake model)
 
 MASK, EOS = 36, 2
 
@@ -30,14 +31,6 @@ class CharTok:
 
     def decode(self, ids, skip_special_tokens=True):
         return "".join(chr(0x41 + (int(i) - 3)) for i in ids if 3 <= int(i) < 36)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture

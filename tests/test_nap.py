@@ -225,3 +225,14 @@ def test_runs_with_the_approximate_caches(make):
     for cache in ("prefix", "dual"):
         done, _ = _run(model, [3, 4, 5], trajectories=2, think_length=4, summary_length=3, kv_cache=cache)
         assert done.stats.forwards > 0 and done.stats.arness
+
+
+def test_show_reports_the_checkpoints_default_decoder(tmp_path):
+    from localdiff.decoding.defaults import describe
+
+    (tmp_path / "generation_config.json").write_text('{"trajectories": 3, "steps": 32, "block_length": 8}')
+    d = describe("masked", tmp_path)
+    assert d["policy"] == "nap" and d["options"]["trajectories"]["value"] == 3
+    assert d["options"]["steps"]["value"] is None           # LLaDA's step count does not carry over to NAP
+    (tmp_path / "generation_config.json").write_text('{"steps": 32}')
+    assert describe("masked", tmp_path)["policy"] == "llada"

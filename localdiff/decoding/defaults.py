@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from localdiff.decoding.options import POLICIES, all_specs, policy_for_family
+from localdiff.decoding.policy_select import select as select_policy
 
 
 def read_generation_config(path: Path) -> dict:
@@ -40,8 +41,11 @@ def describe(family: str, folder: Path | None) -> dict:
             model_type = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8")).get("model_type")
         except (json.JSONDecodeError, UnicodeDecodeError, OSError, AttributeError):
             model_type = None
-    cls = POLICIES[policy_for_family(family, model_type)]
     gen = read_generation_config(folder) if folder is not None else {}
+    own = POLICIES[policy_for_family(family, model_type)]
+    cls = POLICIES[select_policy(own.POLICY, family, (), gen)]      # a checkpoint may default to NAP (tiny-nap)
+    if cls is not own:       # as the engine does: the model's own decoder's values do not carry over
+        gen = {k: v for k, v in gen.items() if k not in own.names()}
     opts = {}
     for spec in cls.specs():
         value = gen.get(spec.name, spec.default)

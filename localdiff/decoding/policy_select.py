@@ -19,24 +19,23 @@ def select(default: str, family: str, user_keys, config_keys=()) -> str:
         user_keys: option names / aliases the user gave (flags, env, config file, ``/set``, keyword arguments).
         config_keys: the checkpoint's generation_config keys.
     Returns:
-        The first of (default, then the family's extra policies in order) whose options accept every user key and
-        every config key that is an option of some family policy; else the first that accepts the user keys; else
-        ``default`` (whose validation then names the unknown option's owner).
+        Among the policies whose options accept every user key (the default and the family's extra policies), the
+        first extra one that has an option of its own (one the default lacks) among the user or config keys; else
+        the default when it accepts them; else the first that does; else ``default`` (whose validation then names
+        the unknown option's owner).
     """
-    members = [default] + [p for p in FAMILY_POLICIES.get(family, ()) if p != default]
-    if len(members) == 1:
+    extras = [p for p in FAMILY_POLICIES.get(family, ()) if p != default]
+    if not extras:
         return default
 
-    def accepts(name, keys):
+    def known(name):
         cls = POLICIES[name]
-        known = set(cls.names()) | set(cls.aliases())
-        return all(k in known for k in keys)
+        return set(cls.names()) | set(cls.aliases())
 
-    family_names = {n for p in members for n in POLICIES[p].names()}
-    user = [k for k in user_keys]
-    both = user + [k for k in config_keys if k in family_names]
-    for keys in (both, user):
-        for p in members:
-            if accepts(p, keys):
-                return p
-    return default
+    user = list(user_keys)
+    fits = [p for p in [default] + extras if all(k in known(p) for k in user)]
+    given = set(user) | set(config_keys)
+    for p in fits:
+        if p != default and given & (set(POLICIES[p].names()) - known(default)):
+            return p
+    return default if default in fits or not fits else fits[0]

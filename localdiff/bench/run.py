@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import importlib
 import json
 import os
 import platform
@@ -38,8 +37,7 @@ from pathlib import Path
 
 from localdiff.errors import LocaldiffError, UsageError
 
-SECTIONS = ("ref", "eval", "sweep", "history", "memory", "profile", "serve", "masked")
-SECTIONS += ("nap",)   # sections in their own file localdiff/bench/<name>.py: section(ctx, out) + render_md(sec)
+SECTIONS = ("ref", "eval", "sweep", "history", "memory", "profile", "serve", "masked", "nap")
 # (quick, full) sizes
 SIZES = {
     "ref_seeds": (3, 5), "ref_reps": (3, 5), "ref_canvases": (2, 4),
@@ -346,8 +344,7 @@ def _run_sections(ctx: _Ctx, names: list[str], res: dict, out: Path, log) -> boo
             else:
                 fns = {"ref": _ref, "eval": _eval, "history": _history, "memory": _memory, "profile": _profile,
                        "serve": _serve, "masked": _masked}
-                own = None if name in fns else importlib.import_module(f"localdiff.bench.{name}")
-                sec = fns[name](ctx) if own is None else own.section(ctx, out)
+                sec = fns[name](ctx) if name in fns else __import__(f"localdiff.bench.{name}", fromlist=["_"]).section(ctx, out)
         except LocaldiffError as e:
             sec = {"skipped": str(e)}
             log(f"{name}: skipped ({e})")

@@ -9,7 +9,10 @@ is installed, on the shipped ``tiny-mdm``:
   prompt's cached K/V, ``dual`` = a pass over the current block alone, reading cached K/V on both sides (Fast-dLLM,
   arXiv 2505.22618). Median of repeated forwards, interleaved. Target: dual ≥ 3× the no-cache step rate at 1k.
 * **generation**: tokens/s and tokens per forward (TPF) for each cache mode × {one token per step, threshold 0.9}
-  (``localdiff.generate`` end to end; accuracy is the eval's business, these are speed figures).
+  (``localdiff.generate`` end to end).
+* **accuracy** (tiny-mdm only): held-out exact match and TPF per decoder setting (:data:`EVAL_SETTINGS`) on its
+  eval set; targets: threshold decoding at TPF ≥ 2.5 within 1 point of one token per step, prefix / dual caches
+  within 1 point of no cache.
 """
 from __future__ import annotations
 
@@ -92,6 +95,31 @@ def generation(model, prompts: list[str], max_new_tokens: int, log=print) -> lis
     return rows
 
 
+#: decoder settings of the tiny-mdm accuracy table (#15 targets): one token per step vs Fast-dLLM threshold
+#: decoding, each with kv_cache none / prefix / dual; blocks of 8 over a 32-token answer
+EVAL_SETTINGS = [("one token per step", {}), ("threshold 0.9", {"threshold": 0.9}),
+                 ("threshold 0.7", {"threshold": 0.7}), ("threshold 0.5", {"threshold": 0.5}),
+                 ("one token per step, prefix cache", {"kv_cache": "prefix"}),
+                 ("one token per step, dual cache", {"kv_cache": "dual"}),
+                 ("threshold 0.9, prefix cache", {"threshold": 0.9, "kv_cache": "prefix"}),
+                 ("threshold 0.9, dual cache", {"threshold": 0.9, "kv_cache": "dual"})]
+
+
+def accuracy(model, items: list[dict], log=print) -> list[dict]:
+    """Held-out exact match and TPF of ``model`` per :data:`EVAL_SETTINGS` (``localdiff.bench.eval_tasks``; seed 0,
+    batches of 16, 32 new tokens in blocks of 8)."""
+    from localdiff.bench.eval_tasks import evaluate
+
+    rows = []
+    for name, opts in EVAL_SETTINGS:
+        r = evaluate(model, items, seed=0, batch_size=16, max_new_tokens=32, block_length=8, **opts)
+        rows.append({"setting": name, "options": opts, "accuracy": r["accuracy"], "correct": r["correct"],
+                     "n": r["n"], "tpf": r["tpf"], "seconds": r["seconds"],
+                     "per_family": {f: v["accuracy"] for f, v in r["per_family"].items()}})
+        log(f"masked: tiny-mdm {name}: accuracy {r['accuracy']:.3f} ({r['correct']}/{r['n']}), TPF {r['tpf']:.2f}")
+    return rows
+
+
 def measure(quick: bool, log=print) -> dict:
     """The section's result dict (see the module docstring)."""
     import localdiff
@@ -112,6 +140,11 @@ def measure(quick: bool, log=print) -> dict:
     else:
         prompts = ["What is 41 + 93?", "Reverse the letters: d r a g o n", "Sort these words: elk cat gnu"]
         res["tiny_mdm"] = {"generation": generation(tiny, prompts, 32, log=log)}
+        from localdiff.bench.eval_tasks import load_items
+        from localdiff.paths import models_dir
+
+        items = load_items(models_dir() / "tiny-mdm" / "eval.jsonl", 10 if quick else None)
+        res["tiny_mdm"]["accuracy"] = accuracy(tiny, items, log=log)
     return res
 
 
@@ -136,4 +169,12 @@ def render_md(sec: dict) -> list[str]:
             lines += [f"| {r['kv_cache']} | {r['threshold'] or 'one token per step'} | {r['tokens_per_forward']:.2f} |"
                       f" {r['tokens_per_second']:.1f} |" for r in s["generation"]]
             lines.append("")
+    acc = sec.get("tiny_mdm", {}).get("accuracy")
+    if acc:
+        base = acc[0]["accuracy"]
+        lines += [f"Held-out exact match, tiny-mdm ({acc[0]['n']} items; 32 new tokens, blocks of 8):", "",
+                  "| setting | accuracy | vs one token per step | TPF |", "|---|---:|---:|---:|"]
+        lines += [f"| {r['setting']} | {100 * r['accuracy']:.1f}% | {100 * (r['accuracy'] - base):+.1f} | "
+                  f"{r['tpf']:.2f} |" for r in acc]
+        lines.append("")
     return lines

@@ -168,6 +168,7 @@ def run_gen(args) -> int:
     kv_budget = _size(getattr(args, "kv_budget", None), "--kv-budget")
     model = _load(cfg.default_model, cfg.device, cfg.quant, gpu_mem)
     cache = model.new_cache(device_budget_bytes=kv_budget) if kv_budget is not None else None
+    overrides = model.applicable(overrides, keep=flag_names(_flags(args)))   # saved settings: this decoder's only
     used = model.sampler_options(_typed=flag_names(_flags(args)), **overrides)
     out = sys.stdout
     show = _text_filter(args, out)

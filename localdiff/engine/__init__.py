@@ -18,7 +18,7 @@ import torch
 from localdiff import inputs
 from localdiff.arch import entry_for
 from localdiff.decoding.defaults import read_generation_config  # noqa: F401
-from localdiff.decoding.options import POLICIES, policy_for_family
+from localdiff.decoding.options import FAMILY_POLICIES, POLICIES, policy_for_family
 from localdiff.decoding.policy_select import select as select_policy
 from localdiff.engine.request import Request
 from localdiff.errors import TokenizerMissingError, UsageError
@@ -107,6 +107,16 @@ class Model:
                 (the message names the keyword).
         """
         return self._options(overrides, _typed).as_dict()
+
+    def applicable(self, settings: dict, keep=()) -> dict:
+        """``settings`` without the options that belong only to another family's decoder — settings saved for
+        every model (config file ``[sampler]``, ``LOCALDIFF_*`` variables, the chat's ``/set``) apply to the models
+        whose decoder has them. Keys in ``keep`` (typed as flags for this run) and unknown keys stay, so they are
+        still checked (one-line errors) by :meth:`sampler_options`."""
+        mine = [self.options_cls] + [POLICIES[p] for p in FAMILY_POLICIES.get(self.family, ())]   # + NAP's
+        own = {n for c in mine for n in (*c.names(), *c.aliases())}
+        foreign = {n for c in POLICIES.values() if c not in mine for n in (*c.names(), *c.aliases())}
+        return {k: v for k, v in settings.items() if k in own or k in keep or k not in foreign}
 
     def _options(self, overrides: dict, typed: dict | None = None):
         given = [k for k, v in overrides.items() if v is not None]   # another family policy's options select it

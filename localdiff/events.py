@@ -87,6 +87,9 @@ class GenerationStats:
         commit_step: the decoding order of the masked family (``localdiff.decoding.masked_loop``): per returned token,
             the 1-based step of the generation at which it was committed (a list, or one list per row for a batch);
             empty for the canvas family. ARness (issue #21) is computed from it.
+        arness: how left-to-right that order was (:mod:`localdiff.decoding.arness`): ``{"local@k": float,
+            "global@k": float}`` for k = 1..4, in [0, 1] (1 = strictly left to right; a batch: the mean over rows);
+            empty for the canvas family.
     """
 
     forwards: int = 0
@@ -101,6 +104,7 @@ class GenerationStats:
     tokens_per_second: float = 0.0
     cache: dict = field(default_factory=dict)
     commit_step: list = field(default_factory=list)
+    arness: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         """Plain-dict view (JSON-serialisable)."""

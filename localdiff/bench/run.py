@@ -38,7 +38,7 @@ from pathlib import Path
 from localdiff.errors import LocaldiffError, UsageError
 
 SECTIONS = ("ref", "eval", "sweep", "history", "memory", "profile", "serve", "masked", "block", "scale",
-            "approx", "gguf", "slots")
+            "approx", "gguf", "slots", "nap")
 # (quick, full) sizes
 SIZES = {
     "ref_seeds": (3, 5), "ref_reps": (3, 5), "ref_canvases": (2, 4),
@@ -329,7 +329,8 @@ def _serve(ctx: _Ctx) -> dict:
 
 
 def _own_file(ctx: _Ctx, name: str) -> dict:
-    """A section in its own file ``localdiff/bench/<name>.py``: its ``run(ctx)``, else ``measure(quick, log)``."""
+    """A section in its own file ``localdiff/bench/<name>.py``: its ``run(ctx)`` (``ctx.out``: the results JSON path,
+    beside which a section may write files), else ``measure(quick, log)``."""
     from importlib import import_module
 
     mod = import_module(f"localdiff.bench.{name}")
@@ -339,6 +340,7 @@ def _own_file(ctx: _Ctx, name: str) -> dict:
 def _run_sections(ctx: _Ctx, names: list[str], res: dict, out: Path, log) -> bool:
     """Run each section into ``res["sections"]``; True when one failed with an unexpected error."""
     failed = False
+    ctx.out = out
     for name in names:
         t0 = time.perf_counter()
         try:

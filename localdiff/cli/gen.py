@@ -227,6 +227,8 @@ def run_gen(args) -> int:
         if callable(kernels):
             sys.stderr.write("kernels: " + ", ".join(f"{k}={v}" for k, v in kernels().items()) + "\n")
         sys.stderr.write(backend_line(model) + "\n")
+        if getattr(s, "arness", None):     # how left to right the decoding order was (masked family, issue #21)
+            sys.stderr.write("arness: " + ", ".join(f"{k} {v:.3f}" for k, v in s.arness.items()) + "\n")
     elif done is not None and not args.quiet and _stderr_tty():
         s = done.stats
         canv = f"{s.canvases} canvas" + ("" if s.canvases == 1 else "es")

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from localdiff.decoding.options import POLICIES, all_specs, policy_for_family
+from localdiff.decoding.policy_select import select as select_policy
 
 
 def read_generation_config(path: Path) -> dict:
@@ -33,15 +34,18 @@ def read_generation_config(path: Path) -> dict:
 
 def describe(family: str, folder: Path | None, model_type: str | None = None) -> dict:
     """``localdiff show``'s decoder section: the policy of the family (and ``model_type``: the pulled config's, else
-    the one given, e.g. a stand-in config's, or a GGUF file's metadata) and, per option, its effective default (built-in < the checkpoint's
-    generation_config), flag, environment variable, allowed values and help."""
+    the one given — a stand-in config's, or a GGUF file's metadata) and, per option, its effective default
+    (built-in < the checkpoint's generation_config), flag, environment variable, allowed values and help."""
     if folder is not None and (Path(folder) / "config.json").is_file():
         try:
             model_type = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8")).get("model_type")
         except (json.JSONDecodeError, UnicodeDecodeError, OSError, AttributeError):
             pass
-    cls = POLICIES[policy_for_family(family, model_type)]
     gen = read_generation_config(folder) if folder is not None else {}
+    own = POLICIES[policy_for_family(family, model_type)]
+    cls = POLICIES[select_policy(own.POLICY, family, (), gen)]      # a checkpoint may default to NAP (tiny-nap)
+    if cls is not own:       # as the engine does: the model's own decoder's values do not carry over
+        gen = {k: v for k, v in gen.items() if k not in own.names()}
     opts = {}
     for spec in cls.specs():
         value = gen.get(spec.name, spec.default)

@@ -28,6 +28,35 @@ def num_transfer_tokens(masked: torch.Tensor, steps: int) -> torch.Tensor:
     return out
 
 
+def predictions(logits: torch.Tensor, temperature: float, remasking: str, gen: torch.Generator,
+                masked: torch.Tensor):
+    """LLaDA's per-position proposal and confidence (``generate.py``) at the ``masked`` positions: x0 = argmax of the
+    logits, with Gumbel-max noise in float64 when ``temperature`` > 0 (``add_gumbel_noise``); confidence =
+    softmax(logits, float64)[x0] (``low_confidence``) or uniform noise (``random``). Vocab-sized work runs on the
+    masked rows only (the others are never read; their logits may not be computed); the noise is still drawn over
+    the whole block, in upstream's shape and order.
+
+    Args: logits FloatTensor[B, L, V]; masked BoolTensor[B, L].
+    Returns: (x0 LongTensor[B, L], 0 where not masked; confidence FloatTensor[B, L], −inf where not masked).
+    """
+    lm = logits[masked]
+    if temperature > 0:
+        u = torch.rand(logits.shape, dtype=torch.float64, generator=gen, device=logits.device)[masked]
+        x0m = (lm.to(torch.float64).exp() / (-torch.log(u)) ** temperature).argmax(-1)
+    else:
+        x0m = lm.argmax(-1)
+    x0 = torch.zeros(masked.shape, dtype=torch.long, device=logits.device)
+    x0[masked] = x0m
+    if remasking == "low_confidence":
+        p = torch.softmax(lm.to(torch.float64), dim=-1)
+        conf = torch.full(masked.shape, -float("inf"), dtype=torch.float64, device=logits.device)
+        conf[masked] = p.gather(-1, x0m[:, None]).squeeze(-1)
+    else:
+        x0_p = torch.rand(masked.shape, generator=gen, device=logits.device)
+        conf = torch.where(masked, x0_p, torch.tensor(-float("inf"), dtype=x0_p.dtype, device=x0_p.device))
+    return x0, conf
+
+
 def guided(cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch.Tensor:
     """LLaDA's unsupervised classifier-free guidance: uncond + (scale + 1) · (cond − uncond)."""
     return uncond + (scale + 1) * (cond - uncond)
@@ -63,23 +92,8 @@ class LLaDA:
         Returns:
             (x0 LongTensor[B, L] proposals (= ``xb`` where not masked), transfer BoolTensor[B, L] ⊆ masked).
         """
-        # vocab-sized work only on the masked rows (the others are never read; their logits may not be computed);
-        # the noise is still drawn over the whole block, in upstream's shape and order
-        lm = logits[masked]
-        if self.o.temperature > 0:
-            u = torch.rand(logits.shape, dtype=torch.float64, generator=self.gen, device=logits.device)[masked]
-            x0m = (lm.to(torch.float64).exp() / (-torch.log(u)) ** self.o.temperature).argmax(-1)
-        else:
-            x0m = lm.argmax(-1)
-        if self.o.remasking == "low_confidence":
-            p = torch.softmax(lm.to(torch.float64), dim=-1)
-            conf = torch.full(xb.shape, -float("inf"), dtype=torch.float64, device=xb.device)
-            conf[masked] = p.gather(-1, x0m[:, None]).squeeze(-1)
-        else:
-            x0_p = torch.rand(xb.shape, generator=self.gen, device=xb.device)
-            conf = torch.where(masked, x0_p, torch.tensor(-float("inf"), dtype=x0_p.dtype, device=x0_p.device))
-        x0 = xb.clone()
-        x0[masked] = x0m
+        x0, conf = predictions(logits, self.o.temperature, self.o.remasking, self.gen, masked)
+        x0 = torch.where(masked, x0, xb)
         k = self.schedule[:, i] if i < self.steps else masked.sum(1)
         transfer = parallel.select(conf, masked, k, self.o.threshold, self.o.factor)
         return x0, transfer & masked

@@ -26,6 +26,7 @@ import time
 
 import torch
 
+from localdiff.decoding import arness
 from localdiff.decoding.llada import guided
 from localdiff.decoding.loop import count_tokens, kept_positions, strip_generated
 from localdiff.decoding.stopping import finalize_canvas
@@ -54,7 +55,8 @@ def run(net, policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
 
     Args:
         net: roles ``logits`` + ``window`` (:mod:`localdiff.arch.base`); ``net.shift_logits``.
-        policy: LLaDA / Dream policy (module docstring).
+        policy: LLaDA / Dream / NAP policy (module docstring); its optional ``template`` (LongTensor[max_new_tokens],
+            mask id where masked) prefills the answer region.
         prompt_ids: LongTensor[B, P] (left padding must not be ``mask_id``); prompt_mask: BoolTensor[B, P] or None.
         max_new_tokens: the answer's length in masks (LLaDA's gen_length).
         block_length / steps: see :func:`block_plan`. cache: "none" | "prefix" | "dual".
@@ -72,6 +74,8 @@ def run(net, policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
     b, p = prompt_ids.shape
     g = max_new_tokens
     x = torch.cat([prompt_ids, torch.full((b, g), mask_id, dtype=torch.long, device=dev)], dim=1)
+    if getattr(policy, "template", None) is not None:      # a canvas with prefilled tokens (NAP's tags)
+        x[:, p:] = policy.template.to(dev)[:g]
     amask = None if prompt_mask is None else torch.cat([prompt_mask.bool(), torch.ones(b, g, dtype=torch.bool,
                                                                                       device=dev)], dim=1)
     shift = 1 if getattr(net, "shift_logits", False) else 0
@@ -132,6 +136,7 @@ def run(net, policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
     if cache != "none" and hasattr(store, "accounting"):
         st.cache = store.accounting()
     st.commit_step = order if b > 1 else order[0]
+    st.arness = arness.summary(st.commit_step)
     count_tokens(st, rows, time.perf_counter() - t0)
     texts = [decode(strip_generated(r, eos_ids, pad_id)) if decode else "" for r in rows]
     yield Done(texts[0] if b == 1 else texts, rows if b > 1 else rows[0], st, reason)

@@ -18,6 +18,7 @@ from localdiff.decoding.options_canvas import CanvasEBOptions
 from localdiff.decoding.options_llada2 import LLaDA2Options
 from localdiff.decoding.options_masked import DreamOptions, LLaDAOptions
 from localdiff.decoding.options_slots import RefusionOptions
+from localdiff.decoding.options_nap import NAPOptions
 from localdiff.decoding.schema import ALIASES, POLICIES, Options, OptionSpec, opt, unknown_option  # noqa: F401
 
 __all__ = ["CanvasEBOptions", "DreamOptions", "LLaDAOptions", "SDAROptions", "FastDLLMv2Options", "Options",
@@ -30,6 +31,7 @@ __all__ += ["RefusionOptions"]
 POLICIES.update({c.POLICY: c for c in (CanvasEBOptions, LLaDAOptions, DreamOptions)})
 POLICIES.update({c.POLICY: c for c in (SDAROptions, FastDLLMv2Options)})
 POLICIES.update({c.POLICY: c for c in (LLaDA2Options,)})
+POLICIES[NAPOptions.POLICY] = NAPOptions
 
 #: the decoder policy each model family runs by default (localdiff.arch registry families)
 FAMILY_POLICY: dict[str, str] = {"canvas": CanvasEBOptions.POLICY, "masked": LLaDAOptions.POLICY}
@@ -41,6 +43,10 @@ FAMILY_POLICY["slots"] = RefusionOptions.POLICY
 MODEL_POLICY: dict[str, str] = {"dream": DreamOptions.POLICY}
 MODEL_POLICY["fast_dllm_qwen"] = FastDLLMv2Options.POLICY
 MODEL_POLICY["llada2_moe"] = LLaDA2Options.POLICY
+
+#: decoder policies every model of a family can also run besides its own (FAMILY_POLICY / MODEL_POLICY), chosen by
+#: giving one of their options (:func:`localdiff.decoding.policy_select.select`)
+FAMILY_POLICIES: dict[str, tuple[str, ...]] = {"masked": (NAPOptions.POLICY,)}
 
 
 def policy_for_family(family: str, model_type: str | None = None) -> str:

@@ -18,7 +18,8 @@ import torch
 from localdiff import inputs
 from localdiff.arch import entry_for
 from localdiff.decoding.defaults import read_generation_config  # noqa: F401
-from localdiff.decoding.options import POLICIES, policy_for_family
+from localdiff.decoding.options import FAMILY_POLICIES, POLICIES, policy_for_family
+from localdiff.decoding.policy_select import select as select_policy
 from localdiff.engine.request import Request
 from localdiff.errors import TokenizerMissingError, UsageError
 from localdiff.events import Done, GenerationStats
@@ -121,19 +122,24 @@ class Model:
         every model (config file ``[sampler]``, ``LOCALDIFF_*`` variables, the chat's ``/set``) apply to the models
         whose decoder has them. Keys in ``keep`` (typed as flags for this run) and unknown keys stay, so they are
         still checked (one-line errors) by :meth:`sampler_options`."""
-        own = set(self.options_cls.names()) | set(self.options_cls.aliases())
-        foreign = {n for c in POLICIES.values() if c is not self.options_cls for n in (*c.names(), *c.aliases())}
+        mine = [self.options_cls] + [POLICIES[p] for p in FAMILY_POLICIES.get(self.family, ())]   # + NAP's
+        own = {n for c in mine for n in (*c.names(), *c.aliases())}
+        foreign = {n for c in POLICIES.values() if c not in mine for n in (*c.names(), *c.aliases())}
         return {k: v for k, v in settings.items() if k in own or k in keep or k not in foreign}
 
     def _options(self, overrides: dict, typed: dict | None = None):
-        names = set(self.options_cls.names())
+        given = [k for k, v in overrides.items() if v is not None]   # another family policy's options select it
+        cls = POLICIES[select_policy(self.options_cls.POLICY, self.family, given, self.generation_config)]
+        names = set(cls.names())
+        if cls is not self.options_cls:   # the checkpoint's values of the model's own decoder do not carry over
+            names -= set(self.options_cls.names())
         values = {k: v for k, v in self.generation_config.items() if k in names}
         shown = {}
         for k, v in overrides.items():
             if v is not None:
                 values[k] = v
                 shown[k] = (typed or {}).get(k, k)
-        return self.options_cls.build(values, shown)
+        return cls.build(values, shown)
 
     # -- prompts ------------------------------------------------------------------------------------------------
     def encode_prompt(self, prompt, chat: bool = True, system: str | None = None) -> list[list[int]]:

@@ -9,9 +9,10 @@ from localdiff.cache.window import WindowStore
 from localdiff.decoding import masked_loop
 from localdiff.decoding.dream import Dream
 from localdiff.decoding.llada import LLaDA
+from localdiff.decoding.nap import NAP
 from localdiff.errors import CheckpointError, UsageError
 
-POLICY_CLASSES = {"llada": LLaDA, "dream": Dream}
+POLICY_CLASSES = {"llada": LLaDA, "dream": Dream, "nap": NAP}
 
 
 def prepare(model) -> None:
@@ -54,9 +55,18 @@ def stream(model, req):
         pad = model.pad_token_id if model.pad_token_id is not None else next(
             t for t in (*model.eos_token_ids, 0, 1) if t != model.mask_token_id)
         ids = torch.where(mask, ids, torch.full_like(ids, pad))
-    policy = POLICY_CLASSES[options.POLICY](options, req.generator, model.mask_token_id)
+    n_new = req.max_new_tokens
+    if options.POLICY == "nap":     # the canvas is NAP's template (max_new_tokens does not apply)
+        encode = None if model.tokenizer is None else model.tokenizer.encode
+        policy = NAP(options, req.generator, model.mask_token_id, encode, model.eos_token_ids)
+        n_new = len(policy.template)
+        if ids.shape[1] + n_new > model.config.max_position_embeddings:
+            raise UsageError(f"prompt ({ids.shape[1]} tokens) + the multi-trajectory canvas ({n_new} tokens) exceeds "
+                             f"the model's context ({model.config.max_position_embeddings} tokens)")
+    else:
+        policy = POLICY_CLASSES[options.POLICY](options, req.generator, model.mask_token_id)
     try:
-        yield from masked_loop.run(model.net, policy, ids, mask, req.max_new_tokens, options.block_length,
+        yield from masked_loop.run(model.net, policy, ids, mask, n_new, options.block_length,
                                    options.steps, options.kv_cache, model.mask_token_id, model.eos_token_ids,
                                    model.pad_token_id, emit_steps=req.emit_steps, decode=req.decode,
                                    stats=req.stats, store=req.cache, cancel=req.cancel)

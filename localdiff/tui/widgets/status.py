@@ -1,4 +1,5 @@
-"""The status line: model, device, quantization, tokens per forward, tokens/s, process memory (RSS), state."""
+"""The status line: model, device, quantization, tokens per forward, tokens/s, ARness (how left to right the decoding
+order was: Global ARness@1, masked family), process memory (RSS), state."""
 from __future__ import annotations
 
 import os
@@ -52,6 +53,7 @@ class StatusLine(Static):
         self.quant = "—"
         self.tpf: float | None = None
         self.tps: float | None = None
+        self.arness: float | None = None     # Global ARness@1 of the last answer (masked family)
         self.state = "starting"
         self.memory_fn = rss_bytes
         self.live: tuple[float, int, int] | None = None  # (elapsed seconds, tokens so far, forwards so far)
@@ -75,6 +77,7 @@ class StatusLine(Static):
         """Show TPF and tok/s from a GenerationStats (None clears them)."""
         self.tpf = None if stats is None else float(stats.tokens_per_forward)
         self.tps = None if stats is None else float(stats.tokens_per_second)
+        self.arness = None if stats is None else (getattr(stats, "arness", None) or {}).get("global@1")
         self._redraw()
 
     def show_live(self, elapsed: float, tokens: int, forwards: int) -> None:
@@ -97,6 +100,8 @@ class StatusLine(Static):
                     f" · {self.device}")
         tpf = "TPF —" if self.tpf is None else f"TPF {self.tpf:.2f}"
         tps = "— tok/s" if self.tps is None else f"{self.tps:.1f} tok/s"
+        if self.arness is not None:
+            tps += f" · ARness {self.arness:.2f}"
         rss = self.memory_fn()
         mem = f"RSS {human_bytes(rss)}" if rss else "RSS ?"
         return visible(f"{self.state} │ {self.model} · {self.device} · {self.quant} │ {tpf} · {tps} │ {mem}")

@@ -6,6 +6,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Markdown, Static
 
 from localdiff.safetext import visible
+from localdiff.tui import blocks
 
 
 
@@ -34,9 +35,10 @@ class ChatMessage(Markdown):
 
     async def set_text(self, text: str) -> None:
         """Replace the whole text (once per turn, when the answer is final); an empty answer says so."""
-        if text != self.text or not text:
+        shown = blocks.render(visible(text), self.size.width or 80)       # NAP's think blocks side by side
+        if text != self.text or not text or shown != visible(text):
             self.text = text
-            await self.update(visible(text) or "*(empty answer)*")
+            await self.update(shown or "*(empty answer)*")
 
 
 class Transcript(VerticalScroll):

@@ -36,7 +36,7 @@ def _resolve_path(name):
     raise ModelNotFoundError(f"model {name!r} not found")
 
 
-def load(name="tiny", device=None, dtype=None, quant=None, gpu_mem=None):
+def load(name="tiny", device=None, dtype=None, quant=None, gpu_mem=None, draft=None):
     """Load a model: a catalog alias ("tiny"), a pulled "org/repo[@rev]", or a checkpoint folder.
 
     Args:
@@ -45,6 +45,8 @@ def load(name="tiny", device=None, dtype=None, quant=None, gpu_mem=None):
         quant: None or "int8" (weight-only int8, see localdiff.quantize.int8).
         gpu_mem: on CUDA, the device memory budget in bytes for the memory plan (default: free memory measured
             now); expert layers the plan keeps on the host stay in CPU memory and run there (like --n-cpu-moe).
+        draft: a DFlash draft for a causal target (Qwen3 / Llama): a catalog alias, "org/repo[@rev]" or a folder;
+            "auto" = the target's catalog pairing. Generation then runs DFlash speculative decoding.
     Returns:
         Model.
     Raises:
@@ -86,10 +88,17 @@ def load(name="tiny", device=None, dtype=None, quant=None, gpu_mem=None):
         plan = plan_memory(read_json(path / "config.json"), budget, quant or "bf16")
         host_layers = tuple(plan.host_expert_layers)
     net, cfg = load_model(path, dev, dtype, quant=quant, host_layers=host_layers)
+    if net.roles == {"draft"}:
+        raise UsageError(f"{label} is a DFlash draft model: load its target and pass this as draft= (gen --draft)")
     gen_cfg = read_generation_config(path)
     eos = gen_cfg.get("eos_token_id", list(cfg.eos_token_id))
     tok = load_tokenizer(path, eos if isinstance(eos, list) else [eos], gen_cfg.get("pad_token_id", cfg.pad_token_id))
-    return Model(net, cfg, tok, path, label, dev, next(net.parameters()).dtype, quant, gen_cfg)
+    model = Model(net, cfg, tok, path, label, dev, next(net.parameters()).dtype, quant, gen_cfg)
+    if draft is not None:
+        from localdiff.engine.causal import load_draft
+
+        load_draft(model, draft, _resolve_path, dtype)
+    return model
 
 
 def __getattr__(name):

@@ -83,6 +83,10 @@ class GenerationStats:
         commit_step: the decoding order of the masked family (``localdiff.decoding.masked_loop``): per returned token,
             the 1-based step of the generation at which it was committed (a list, or one list per row for a batch);
             empty for the canvas family. ARness (issue #21) is computed from it.
+        acceptance_lengths: DFlash speculative decoding: tokens each verification step produced (accepted drafts + 1
+            from the target; z-lab/dflash's ``acceptance_lengths``); empty otherwise.
+        acceptance_length: their mean, the acceptance length τ (0.0 without drafts).
+        draft_forwards: draft-model passes (DFlash).
     """
 
     forwards: int = 0
@@ -97,6 +101,9 @@ class GenerationStats:
     tokens_per_second: float = 0.0
     cache: dict = field(default_factory=dict)
     commit_step: list = field(default_factory=list)
+    acceptance_lengths: list = field(default_factory=list)
+    acceptance_length: float = 0.0
+    draft_forwards: int = 0
 
     def as_dict(self) -> dict:
         """Plain-dict view (JSON-serialisable)."""

@@ -25,6 +25,9 @@ REGISTRY: dict[str, ArchEntry] = {
     "lladamoe": ArchEntry("localdiff.arch.masked", "localdiff.arch.masked_spec", "masked"),
     "Dream": ArchEntry("localdiff.arch.masked", "localdiff.arch.masked_spec", "masked"),
     "a2d-qwen3": ArchEntry("localdiff.arch.masked", "localdiff.arch.masked_spec", "masked"),
+    "qwen3": ArchEntry("localdiff.arch.causal", "localdiff.arch.causal_spec", "causal"),
+    "llama": ArchEntry("localdiff.arch.causal", "localdiff.arch.causal_spec", "causal"),
+    "dflash": ArchEntry("localdiff.arch.dflash", "localdiff.arch.dflash_spec", "drafts"),
 }
 
 #: (model_type, architecture) → registry key, for checkpoints whose model_type names another architecture:
@@ -32,6 +35,9 @@ REGISTRY: dict[str, ArchEntry] = {
 ALIASES: dict[tuple[str, str | None], str] = {
     ("llada", "LLaDAMoEModelLM"): "lladamoe",
     ("dream", None): "Dream",
+    ("qwen3", "DFlashDraftModel"): "dflash",   # DFlash drafts ship a Qwen3 config.json
+    ("llama", "DFlashDraftModel"): "dflash",
+    ("qwen3", "DFlash2DraftModel"): "dflash",  # refused by its spec with a clear message
 }
 
 

@@ -22,6 +22,9 @@ Forward roles (an architecture implements the methods of the roles it lists in `
   window's tokens at positions ``start .. start+n-1``; keys/values are ``kv``'s entries before ``start`` and after
   ``start+n`` around the window's fresh ones. Returns logits FloatTensor[B, n, V] (and the window's per-layer K/V
   when ``return_kv``).
+* ``ROLE_DRAFT`` — ``draft(block_embeds, features, cache, head_weight, feature_ids=None) -> FloatTensor[B, n, V]``:
+  a DFlash draft pass (``localdiff.arch.dflash``): a block of the target's embeddings attends, non-causally, to the
+  cached and new context features of the target; the target's LM head gives the logits.
 """
 from __future__ import annotations
 
@@ -33,10 +36,11 @@ ROLE_PREFILL = "prefill"
 ROLE_DENOISE = "denoise"
 ROLE_LOGITS = "logits"
 ROLE_WINDOW = "window"
-ROLES = (ROLE_PREFILL, ROLE_DENOISE, ROLE_LOGITS, ROLE_WINDOW)
+ROLE_DRAFT = "draft"
+ROLES = (ROLE_PREFILL, ROLE_DENOISE, ROLE_LOGITS, ROLE_WINDOW, ROLE_DRAFT)
 
 #: decoding families (DESIGN.md): which generic loop and decoder policies apply
-FAMILIES = ("canvas", "masked", "block", "slots", "drafts", "autoregressive")
+FAMILIES = ("canvas", "masked", "block", "slots", "drafts", "autoregressive", "causal")
 
 
 @dataclass(frozen=True)

@@ -250,7 +250,12 @@ def tensor_shapes(raw: dict, include_buffers: bool = True) -> list[Tensorish]:
     """Every weight tensor the config implies, with our names (see the module docstring). Components:
     ``embeddings``, ``lm_head`` (untied only), ``attention``, ``attention_norms``, ``dense_mlp``, ``router``
     (gate + the ``expert_bias`` buffer), ``experts``, ``shared_expert``, ``norms``."""
-    c = parse_config(raw)
+    return stack_shapes(parse_config(raw), include_buffers)
+
+
+def stack_shapes(c, include_buffers: bool = True) -> list[Tensorish]:
+    """The tensors of a :class:`localdiff.arch.dense.DenseStack` built from ``c`` (any config with MaskedConfig's
+    attributes: the causal family's too), our names; components as :func:`tensor_shapes`."""
     h, d = c.hidden_size, c.head_dim
     out = [Tensorish("embeddings", None, "embed_tokens.weight", (c.embedding_rows, h))]
     for i in range(c.num_hidden_layers):

@@ -14,18 +14,20 @@ Validation messages have one shape from every source: ``"<what the user typed>: 
 from __future__ import annotations
 
 from localdiff.decoding.options_canvas import CanvasEBOptions
+from localdiff.decoding.options_causal import CausalOptions
 from localdiff.decoding.options_masked import DreamOptions, LLaDAOptions
 from localdiff.decoding.schema import ALIASES, POLICIES, Options, OptionSpec, opt, unknown_option  # noqa: F401
 
-__all__ = ["CanvasEBOptions", "DreamOptions", "LLaDAOptions", "Options", "OptionSpec", "opt", "POLICIES",
+__all__ = ["CanvasEBOptions", "CausalOptions", "DreamOptions", "LLaDAOptions", "Options", "OptionSpec", "opt", "POLICIES",
            "FAMILY_POLICY", "MODEL_POLICY", "ALIASES", "unknown_option"]
 
 
 #: every decoder policy's options by policy name
-POLICIES.update({c.POLICY: c for c in (CanvasEBOptions, LLaDAOptions, DreamOptions)})
+POLICIES.update({c.POLICY: c for c in (CanvasEBOptions, LLaDAOptions, DreamOptions, CausalOptions)})
 
 #: the decoder policy each model family runs by default (localdiff.arch registry families)
-FAMILY_POLICY: dict[str, str] = {"canvas": CanvasEBOptions.POLICY, "masked": LLaDAOptions.POLICY}
+FAMILY_POLICY: dict[str, str] = {"canvas": CanvasEBOptions.POLICY, "masked": LLaDAOptions.POLICY,
+                                  "causal": CausalOptions.POLICY}
 
 #: model_types (lower case) whose decoder differs from their family's default: Dream / DiffuCoder run Dream's
 MODEL_POLICY: dict[str, str] = {"dream": DreamOptions.POLICY}

@@ -29,6 +29,7 @@ from localdiff.events import Done, GenerationStats
 RUNNERS: dict[str, str] = {
     "canvas": "localdiff.engine.canvas",
     "masked": "localdiff.engine.masked",
+    "causal": "localdiff.engine.causal",
 }
 
 

@@ -6,8 +6,9 @@ A catalog file holds ``[[models]]`` tables with these keys:
 - either ``embedded = true`` with ``path`` (relative to the ``models/`` data folder), or ``repo`` ("org/name") with
   ``revision`` (branch, tag or commit; default "main"), ``allow_patterns`` / ``ignore_patterns`` (fnmatch globs);
 - optional ``description``, ``model_type``, ``approx_size_bytes``, ``approx_params``, ``active_params``,
-  ``offline_config`` (path under ``models/`` of a stand-in config.json used before a pull) and a ``[models.sampler]``
-  table of recommended sampler options.
+  ``offline_config`` (path under ``models/`` of a stand-in config.json used before a pull), ``draft`` (the alias of
+  the DFlash draft paired with a causal target: ``gen --draft auto``) and a ``[models.sampler]`` table of
+  recommended sampler options.
 """
 from __future__ import annotations
 
@@ -54,6 +55,7 @@ class CatalogEntry:
         single_turn: True for a model trained on single-turn prompts only (a chat sends each message fresh).
         prompt_examples: prompts in the formats the model knows (shown by the chat at start-up); may be empty.
         source: the catalog file this entry came from.
+        draft: the catalog alias of the DFlash draft paired with this (causal) target, or None.
     """
 
     alias: str
@@ -73,6 +75,7 @@ class CatalogEntry:
     single_turn: bool = False
     prompt_examples: tuple[str, ...] = ()
     source: Path | None = None
+    draft: str | None = None
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -114,6 +117,7 @@ def _parse_entry(raw: dict, source: Path, root: Path) -> CatalogEntry:
         single_turn=bool(raw.get("single_turn", False)),
         prompt_examples=tuple(str(x) for x in raw.get("prompt_examples", ())),
         source=source,
+        draft=raw.get("draft"),
     )
 
 

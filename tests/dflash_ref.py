@@ -219,9 +219,9 @@ def ref_generate(draft, target, input_ids, max_new_tokens, stop_token_ids, tempe
     n_in = input_ids.shape[1]
     max_length = n_in + max_new_tokens
     block_size = draft.block_size if block_size is None else block_size
-    out_ids = torch.full((1, max_length + 1), draft.mask_token_id, dtype=torch.long)
+    out_ids = torch.full((1, max_length + 1), MASK if draft is None else draft.mask_token_id, dtype=torch.long)
     pos = torch.arange(out_ids.shape[1]).unsqueeze(0)
-    tcache, dcache = make(target.config), make(draft.cfg)
+    tcache, dcache = make(target.config), (make(draft.cfg) if draft is not None else None)
     o = target(input_ids, position_ids=pos[:, :n_in], past_key_values=tcache, use_cache=True, logits_to_keep=1,
                output_hidden_states=block_size > 1)
     out_ids[:, :n_in] = input_ids
@@ -271,3 +271,29 @@ def ref_generate(draft, target, input_ids, max_new_tokens, stop_token_ids, tempe
         if vs > 1:
             target_hidden = feat(o.hidden_states)[:, :produced, :]
     return out_ids[:, :min(start + 1, max_length)], lengths
+
+
+def force_acceptance(target_folder, draft_folder, push: float = 1.8, strength: float = 0.05, token: int = 7) -> None:
+    """Make a random target + draft agree often, by construction. Both models' attention / MLP outputs are scaled
+    by ``strength`` (their hidden state stays close to the input embedding), every embedding row of the target gets
+    ``push`` added to hidden dimension 0, and the LM head's row ``token`` reads that dimension strongly: the target
+    then predicts ``token`` after most tokens (after ``token`` itself too) and the draft — whose masked positions
+    hold the pushed mask embedding — drafts mostly ``token``. Blocks are accepted in full once the target has
+    reached ``token``, rejected around the other tokens: acceptance lengths between 1 and the block size."""
+    from safetensors.torch import load_file
+
+    def shrink(d):
+        for k in d:
+            if k.endswith(("o_proj.weight", "down_proj.weight")):
+                d[k] = d[k] * strength
+
+    tf = target_folder / "model.safetensors"
+    t = load_file(str(tf))
+    shrink(t)
+    t["model.embed_tokens.weight"][:, 0] += push
+    t["lm_head.weight"][token, 0] = 3.0
+    save_file(t, str(tf), metadata={"format": "pt"})
+    df = draft_folder / "model.safetensors"
+    d = load_file(str(df))
+    shrink(d)
+    save_file(d, str(df))

@@ -162,6 +162,12 @@ def _masked_md(sec: dict) -> list[str]:
     return render_md(sec)
 
 
+def _dflash_md(sec: dict) -> list[str]:
+    from localdiff.bench.dflash import render_md
+
+    return render_md(sec)
+
+
 def _serve_md(sec: dict) -> list[str]:
     from localdiff.bench.serve import render_md
 
@@ -181,7 +187,7 @@ def render(res: dict) -> str:
     lines += _targets_md(res["sections"], bool(res.get("quick")))
     render_fns = {"ref": _ref_md, "eval": _eval_md, "sweep": _sweep_md, "history": _history_md,
                   "memory": _memory_md, "profile": _profile_md, "serve": _serve_md,
-                  "masked": _masked_md}
+                  "masked": _masked_md, "dflash": _dflash_md}
     for name, fn in render_fns.items():
         sec = res["sections"].get(name)
         if sec is None:

@@ -17,6 +17,7 @@ Sections (``--only`` picks some; ``--eval`` alone = the eval section only):
               (``localdiff/bench/serve.py``).
 * ``masked``  LLaDA-style models: step time per cache mode (none / prefix / dual) at 256 and 1k prompt tokens, and
               tokens/s + TPF per cache mode × threshold (``localdiff/bench/masked.py``).
+* ``dflash``  DFlash speculative decoding vs the target alone at equal output, with τ (``localdiff/bench/dflash.py``).
 
 Output: JSON (``--out``, default ``bench-results/bench-<time>.json``), a Markdown report printed and written next to
 it (and to ``--md``), and ``--readme FILE`` replaces the text between ``<!-- bench:start -->`` and
@@ -37,7 +38,7 @@ from pathlib import Path
 
 from localdiff.errors import LocaldiffError, UsageError
 
-SECTIONS = ("ref", "eval", "sweep", "history", "memory", "profile", "serve", "masked")
+SECTIONS = ("ref", "eval", "sweep", "history", "memory", "profile", "serve", "masked", "dflash")
 # (quick, full) sizes
 SIZES = {
     "ref_seeds": (3, 5), "ref_reps": (3, 5), "ref_canvases": (2, 4),
@@ -333,6 +334,12 @@ def _masked(ctx: _Ctx) -> dict:
     return measure(ctx.args.quick, log=ctx.log)
 
 
+def _dflash(ctx: _Ctx) -> dict:
+    from localdiff.bench.dflash import measure
+
+    return measure(ctx.args.quick, log=ctx.log)
+
+
 def _run_sections(ctx: _Ctx, names: list[str], res: dict, out: Path, log) -> bool:
     """Run each section into ``res["sections"]``; True when one failed with an unexpected error."""
     failed = False
@@ -343,7 +350,7 @@ def _run_sections(ctx: _Ctx, names: list[str], res: dict, out: Path, log) -> boo
                 sec = _sweep(ctx, out.parent, out.stem, res["sections"].get("eval", {}).get("default"))
             else:
                 fns = {"ref": _ref, "eval": _eval, "history": _history, "memory": _memory, "profile": _profile,
-                       "serve": _serve, "masked": _masked}
+                       "serve": _serve, "masked": _masked, "dflash": _dflash}
                 sec = fns[name](ctx)
         except LocaldiffError as e:
             sec = {"skipped": str(e)}

@@ -29,6 +29,9 @@ class StepEvent:
         entropy: FloatTensor[B, C], entropy per position in nats.
         locked: BoolTensor[B, C] positions locked by confidence-gated locking (None when locking is off); locked
             tokens keep their value until the Re-Noising correction reopens them.
+        drafted: True for a DFlash verification step (causal family with a draft): canvas = the drafted block (the
+            last token, then the drafts), accepted = the last token and the accepted drafts, renoised = the
+            rejected drafts, confidence = the draft's top-1 probability.
     """
 
     canvas_index: int
@@ -42,6 +45,7 @@ class StepEvent:
     confidence: torch.Tensor
     entropy: torch.Tensor
     locked: torch.Tensor | None = None
+    drafted: bool = False
 
 
 @dataclass

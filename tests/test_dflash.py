@@ -14,6 +14,7 @@ from dflash_ref import (EOS, MASK, VOCAB, force_acceptance, load_ref_draft, ref_
                         write_draft, write_target)
 from localdiff.errors import CheckpointError, UsageError
 from localdiff.events import CanvasDone, StepEvent
+from test_hub import cache  # noqa: F401  (the Hub stand-in fixture: huggingface_hub pointed at it)
 
 PROMPTS = [torch.randint(0, VOCAB - 3, (1, 4 + i % 7), generator=torch.Generator().manual_seed(100 + i))
            for i in range(20)]
@@ -143,3 +144,55 @@ def test_errors_are_one_line(pairs, tmp_path):
         with pytest.raises((CheckpointError, UsageError), match=what) as e:
             localdiff.load(str(target), device="cpu", draft=str(bad))
         assert "\n" not in str(e.value)
+
+
+@pytest.fixture
+def stand_in(pairs):
+    """The Hub stand-in (tests/hub_stand_in.py) serving the random pair under the catalog's repo names."""
+    from hub_stand_in import StandInHub
+
+    target, draft, _, _ = pairs["forced"]
+    with StandInHub() as h:
+        for repo, folder in (("Qwen/Qwen3-8B", target), ("z-lab/Qwen3-8B-DFlash-b16", draft)):
+            h.add_repo(repo, {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()})
+        yield h
+
+
+def test_pull_both_by_alias_then_draft_auto_from_the_catalog_pairing(cache, stand_in, pairs):
+    from localdiff.hub import models as hub
+
+    target, _, _, _ = pairs["forced"]
+    for alias in ("qwen3:8b", "qwen3-8b-dflash"):
+        hub.pull(alias, quiet=True)
+    names = [m["name"] for m in hub.list_models()]
+    assert "qwen3:8b" in names and "qwen3-8b-dflash" in names
+    m = localdiff.load("qwen3:8b", device="cpu", draft="auto")
+    alone = localdiff.load(str(target), device="cpu")
+    p = PROMPTS[3][0].tolist()
+    g = m.generate(p, max_new_tokens=20, chat=False)
+    assert g.token_ids == alone.generate(p, max_new_tokens=20, chat=False).token_ids and g.stats.acceptance_lengths
+    with pytest.raises(UsageError, match="pairs no draft"):
+        localdiff.load(str(target), device="cpu", draft="auto")
+
+
+def test_chat_shows_each_drafted_block_and_how_much_was_accepted(pairs):
+    import threading
+
+    from localdiff.tui.runner import CanvasText, FrameSlot, GenerationFinished, GenerationJob, run_generation
+    from localdiff.tui.widgets.canvas_view import CanvasView
+
+    target, draft, _, _ = pairs["forced"]
+    spec = localdiff.load(str(target), device="cpu", draft=str(draft))
+    posted = []
+    run_generation(spec, None, GenerationJob(PROMPTS[2][0].tolist(), {"max_new_tokens": 20}), FrameSlot(),
+                   posted.append, threading.Event())
+    done = posted[-1]
+    assert isinstance(done, GenerationFinished) and done.error is None
+    frames = [m.frame for m in posted if isinstance(m, CanvasText) and m.frame is not None and m.frame.drafted]
+    assert len(frames) == len(done.stats.acceptance_lengths)
+    view = CanvasView()
+    for f, produced in zip(frames, done.stats.acceptance_lengths):
+        view.show(f)
+        acc = f.count("new") - 1
+        assert view.border_title == f"drafted block {f.canvas_index} · accepted {acc}/{len(f.states) - 1}"
+        assert produced <= acc + 1          # the accepted drafts + the target's token (fewer at EOS / the cap)

@@ -132,4 +132,4 @@ def _event(step: int, block: torch.Tensor, acc: int, conf: torch.Tensor | None) 
         c[0, 1:] = conf.float().cpu()
     none = torch.zeros(1, n, dtype=torch.bool)
     return StepEvent(step, 1, 1, block.cpu().clone(), block.cpu().clone(), accepted, rejected, none, c,
-                     torch.zeros(1, n))
+                     torch.zeros(1, n), drafted=True)

@@ -8,7 +8,7 @@ Canvas texts and the final result are posted as ordinary messages, so none is ev
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from textual.message import Message
@@ -35,6 +35,7 @@ class CanvasFrame:
         final: True for a finished canvas (all positions final).
         forwards: decoder forwards of the whole answer so far (live status figure).
         answer_tokens: answer tokens so far: finished canvases (up to EOS) plus the positions accepted in this canvas.
+        drafted: a DFlash drafted block (the last token + the drafts; NEW = accepted, NOISY = rejected).
     """
 
     canvas_index: int
@@ -46,6 +47,7 @@ class CanvasFrame:
     final: bool = False
     forwards: int = 0
     answer_tokens: int = 0
+    drafted: bool = False
 
     def count(self, state: str) -> int:
         """Number of positions in ``state``."""
@@ -114,7 +116,8 @@ def frame_from_step(ev: StepEvent, token_text: TokenText, prev_accepted: list[bo
             states.append(NOISY)
     conf = [float(c) for c in ev.confidence[0].tolist()]
     tokens = [MASK_TEXT if st == MASK else token_text(i) for i, st in zip(ids, states)]
-    return CanvasFrame(ev.canvas_index, ev.step, ev.max_steps, tokens, states, conf)
+    return CanvasFrame(ev.canvas_index, ev.step, ev.max_steps, tokens, states, conf,
+                       drafted=bool(getattr(ev, "drafted", False)))
 
 
 def frame_from_done(ev: CanvasDone, token_text: TokenText, last: CanvasFrame | None) -> CanvasFrame:
@@ -230,7 +233,10 @@ def run_generation(model, cache, job: GenerationJob, slot: FrameSlot, post: Call
                     post(CanvasText(ev.canvas_index, ev.text, None))
                 else:
                     done_tokens += _tokens_to_eos(ev.token_ids[0].tolist(), eos)
-                    final = frame_from_done(ev, token_text, last)
+                    if last is not None and last.drafted and last.canvas_index == ev.canvas_index:
+                        final = replace(last, final=True)   # keep the drafted block and what was accepted
+                    else:
+                        final = frame_from_done(ev, token_text, last)
                     final.forwards, final.answer_tokens = forwards, done_tokens
                     post(CanvasText(ev.canvas_index, ev.text, final))
             elif isinstance(ev, Done):

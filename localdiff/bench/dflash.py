@@ -123,6 +123,11 @@ def measure(quick: bool, log=print) -> dict:
     return res
 
 
+def section(ctx) -> dict:
+    """``localdiff bench``'s entry point for this section (``ctx``: the run's args and log)."""
+    return measure(ctx.args.quick, log=ctx.log)
+
+
 def render_md(sec: dict) -> list[str]:
     """Markdown lines of the section."""
     lines = ["## DFlash speculative decoding vs the target alone (greedy, equal output)", ""]

@@ -17,7 +17,6 @@ Sections (``--only`` picks some; ``--eval`` alone = the eval section only):
               (``localdiff/bench/serve.py``).
 * ``masked``  LLaDA-style models: step time per cache mode (none / prefix / dual) at 256 and 1k prompt tokens, and
               tokens/s + TPF per cache mode × threshold (``localdiff/bench/masked.py``).
-* ``dflash``  DFlash speculative decoding vs the target alone at equal output, with τ (``localdiff/bench/dflash.py``).
 
 Output: JSON (``--out``, default ``bench-results/bench-<time>.json``), a Markdown report printed and written next to
 it (and to ``--md``), and ``--readme FILE`` replaces the text between ``<!-- bench:start -->`` and
@@ -334,12 +333,6 @@ def _masked(ctx: _Ctx) -> dict:
     return measure(ctx.args.quick, log=ctx.log)
 
 
-def _dflash(ctx: _Ctx) -> dict:
-    from localdiff.bench.dflash import measure
-
-    return measure(ctx.args.quick, log=ctx.log)
-
-
 def _run_sections(ctx: _Ctx, names: list[str], res: dict, out: Path, log) -> bool:
     """Run each section into ``res["sections"]``; True when one failed with an unexpected error."""
     failed = False
@@ -350,8 +343,8 @@ def _run_sections(ctx: _Ctx, names: list[str], res: dict, out: Path, log) -> boo
                 sec = _sweep(ctx, out.parent, out.stem, res["sections"].get("eval", {}).get("default"))
             else:
                 fns = {"ref": _ref, "eval": _eval, "history": _history, "memory": _memory, "profile": _profile,
-                       "serve": _serve, "masked": _masked, "dflash": _dflash}
-                sec = fns[name](ctx)
+                       "serve": _serve, "masked": _masked}
+                sec = (fns[name] if name in fns else __import__(f"localdiff.bench.{name}", fromlist=["_"]).section)(ctx)
         except LocaldiffError as e:
             sec = {"skipped": str(e)}
             log(f"{name}: skipped ({e})")

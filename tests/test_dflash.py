@@ -196,3 +196,34 @@ def test_chat_shows_each_drafted_block_and_how_much_was_accepted(pairs):
         acc = f.count("new") - 1
         assert view.border_title == f"drafted block {f.canvas_index} · accepted {acc}/{len(f.states) - 1}"
         assert produced <= acc + 1          # the accepted drafts + the target's token (fewer at EOS / the cap)
+
+
+def test_cli_gen_draft_json_equals_the_target_alone_and_reports_tau(pairs, capsys):
+    from localdiff.cli import main
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    target, draft, _, _ = pairs["forced"]
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    target = target.parent / "with-tokenizer"
+    if not target.exists():
+        import shutil
+
+        shutil.copytree(pairs["forced"][0], target)
+        tok.save(str(target / "tokenizer.json"))
+    ids = " ".join(f"t{i}" for i in PROMPTS[5][0].tolist())
+    base = ["gen", "-m", str(target), "--raw", "-n", "16", "--temperature", "0", "--json", "-p", ids]
+    assert main(base) == 0
+    alone = json.loads(capsys.readouterr().out)
+    assert main(base + ["--draft", str(draft), "--block-size", "4"]) == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert spec["token_ids"] == alone["token_ids"] and spec["sampler"]["block_size"] == 4
+    assert spec["draft"] == str(draft) and alone["draft"] is None
+    lengths = spec["stats"]["acceptance_lengths"]
+    assert lengths and max(lengths) <= 4 and spec["stats"]["acceptance_length"] == pytest.approx(
+        sum(lengths) / len(lengths))
+    assert main(base[:-3] + ["-v", "--draft", str(draft), "-p", ids]) == 0
+    assert "DFlash τ" in capsys.readouterr().err
+    assert main(["serve", "--draft", str(draft)]) == 2
+    assert "does not run DFlash drafts" in capsys.readouterr().err

@@ -280,5 +280,6 @@ def _json_result(model, text: str, done, seed: int, sampler: dict, interrupted: 
         "finish_reason": "cancelled" if interrupted else (done.finish_reason if done is not None else None),
         "device": str(getattr(model, "device", "")),
         "quant": getattr(model, "quant", None),
+        "draft": getattr(model, "draft_name", None),
         "stats": stats,
     }

@@ -231,6 +231,8 @@ def run_chat_cmd(args) -> int:
         raise LocaldiffError(f"`localdiff chat` is not available in this build ({e})") from None
     loader, model, default_model = None, args.model, cfg.default_model
     if getattr(args, "endpoint", None):
+        if getattr(args, "draft", None):
+            raise UsageError("--draft applies to local models, not to --endpoint")
         from localdiff.backends.remote import base_url
         from localdiff.cli.remote import _api_key, remote_loader
 

@@ -111,8 +111,7 @@ def draft_batch(ids, ans, block: int, anchors: int, gen: torch.Generator):
     mask = torch.zeros(b, 1, kn, t + kn, dtype=torch.bool)
     for r in range(b):
         cand = ans[r].nonzero().flatten()
-        first = int(cand[0]) - 1                      # the last prompt token: drafts the first answer tokens
-        last = int(cand[-1])
+        first, last = int(cand[0]), int(cand[-1])     # blocks open at answer tokens, as at decoding time
         choices = torch.randint(first, last, (anchors,), generator=gen)
         for j, s in enumerate(choices.tolist()):
             lo = j * block

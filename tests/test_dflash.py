@@ -227,3 +227,19 @@ def test_cli_gen_draft_json_equals_the_target_alone_and_reports_tau(pairs, capsy
     assert "DFlash τ" in capsys.readouterr().err
     assert main(["serve", "--draft", str(draft)]) == 2
     assert "does not run DFlash drafts" in capsys.readouterr().err
+
+
+def test_the_shipped_tiny_pair_is_lossless_and_drafts_more_than_one_token():
+    from localdiff.paths import models_dir
+
+    root = models_dir() / "tiny-dflash"
+    if not (root / "draft" / "config.json").is_file():
+        pytest.skip("models/tiny-dflash is not shipped in this build")
+    alone = localdiff.load("tiny-qwen3", device="cpu")
+    spec = localdiff.load("tiny-qwen3", device="cpu", draft="auto")
+    lengths = []
+    for prompt in ("What is 41 + 93?", "Reverse the letters: d r a g o n", "Sort these words: elk cat gnu"):
+        g = spec.generate(prompt, max_new_tokens=32)
+        assert g.token_ids == alone.generate(prompt, max_new_tokens=32).token_ids
+        lengths += g.stats.acceptance_lengths
+    assert sum(lengths) / len(lengths) > 1.5

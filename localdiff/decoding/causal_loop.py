@@ -23,7 +23,7 @@ import time
 import torch
 
 from localdiff.decoding.dflash import DFlash, pick
-from localdiff.decoding.loop import count_tokens
+from localdiff.decoding.loop import count_tokens, strip_generated
 from localdiff.events import CanvasDone, Done, GenerationStats, StepEvent
 
 
@@ -31,13 +31,14 @@ class _Text:
     """Incremental detokenization: each step's text is decode(all ids) minus what was already given; a text ending
     in U+FFFD (an incomplete UTF-8 sequence) is held back until later tokens complete it."""
 
-    def __init__(self, decode):
-        self.decode, self.ids, self.given = decode, [], ""
+    def __init__(self, decode, eos):
+        self.decode, self.eos, self.ids, self.given = decode, eos, [], ""
 
     def add(self, ids: list[int]) -> str:
+        """The text the new ``ids`` add (EOS tokens are not text)."""
         if self.decode is None:
             return ""
-        self.ids += ids
+        self.ids += [t for t in ids if t not in self.eos]
         text = self.decode(self.ids)
         if text.endswith("\ufffd") or not text.startswith(self.given):
             return ""
@@ -66,7 +67,7 @@ def run(target, cache, prompt_ids: torch.Tensor, max_new_tokens: int, eos_ids: l
     layers = draft.target_layer_ids if bs > 1 else None
     policy = DFlash(options, generator)
     eos = set(eos_ids or ())
-    text = _Text(decode)
+    text = _Text(decode, eos)
     tp = time.perf_counter()
     logits, feats = target.prefill(prompt_ids, cache, layers=layers, last_only=True)
     st.prefill_seconds += time.perf_counter() - tp
@@ -119,7 +120,7 @@ def run(target, cache, prompt_ids: torch.Tensor, max_new_tokens: int, eos_ids: l
     st.acceptance_length = sum(st.acceptance_lengths) / max(len(st.acceptance_lengths), 1)
     st.cache = cache.stats() if hasattr(cache, "stats") else {}
     count_tokens(st, [out], time.perf_counter() - t0)
-    yield Done(decode(out) if decode else "", out, st, reason)
+    yield Done(decode(strip_generated(out, eos_ids, None)) if decode else "", out, st, reason)
 
 
 def _event(step: int, block: torch.Tensor, acc: int, conf: torch.Tensor | None) -> StepEvent:

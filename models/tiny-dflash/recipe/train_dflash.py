@@ -13,7 +13,7 @@ target's LM head (shared, frozen) on block positions 1..B−1 against the sequen
 the answer's end are ignored). The labels are the data's answers, not the target's own generations (the paper
 distils on target outputs; a well-fitted target makes the two close).
 
-    python train_dflash.py --minutes 15 --target-minutes 9 --threads 1 --out /tmp/tiny_dflash   # the shipped pair
+    python train_dflash.py --minutes 8 --target-minutes 5 --threads 1 --out /tmp/tiny_dflash    # the shipped pair
     python train_dflash.py --steps 3 --draft-steps 3 --micro --out /tmp/x                       # smoke test
 """
 from __future__ import annotations

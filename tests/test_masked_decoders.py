@@ -235,3 +235,31 @@ def test_chat_shows_masked_cells_and_set_resolves_per_model(make):
         apply_set_checked(s, "entropy_bound 0.2", m)
     assert s.sampler == {"steps": 4, "kv_cache": "dual"}
     assert m.new_cache() is None
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_approximate_caches_under_a_device_budget_equal_unlimited(make, cache):
+    """The prefix / dual K/V in the cache tiers (localdiff.cache.window): whole layers past the device budget live in
+    the host tier and are copied back to attend, so the tokens equal an unlimited budget's for 0 / partial / large
+    budgets, and the device tier never holds more than the budget."""
+    m = make(layers=3)
+    for p in PROMPTS[:6]:
+        ref = _gen(m, p, 16, steps=16, block_length=8, kv_cache=cache)
+        full = sum(k.untyped_storage().nbytes() * 2 for k, _ in m.net.forward_window(
+            torch.tensor([p + [m.mask_token_id] * 16]), 0, None, None, return_kv=True)[1])
+        for budget in (0, full // 2, 10 * full):
+            store = m.new_cache(device_budget_bytes=budget)
+            g = m.generate(list(p), max_new_tokens=16, seed=0, chat=False, steps=16, block_length=8,
+                           kv_cache=cache, cache=store)
+            assert g.token_ids == ref.token_ids, (p, budget)
+            acc = g.stats.cache
+            assert acc["device_peak_bytes"] <= budget and acc["budget_bytes"] == budget
+            if budget == 0:
+                assert acc["device_peak_bytes"] == 0 and acc["host_peak_bytes"] > 0
+            if budget == full // 2:
+                assert 0 < acc["layers_on_host"] < 3 and acc["device_peak_bytes"] > 0
+            if budget == 10 * full:
+                assert acc["host_peak_bytes"] == 0 and acc["layers_on_host"] == 0
+            assert store.tier.bytes == 0 and store.host.bytes == 0          # released at the end
+    with pytest.raises(UsageError, match="no cache between generations"):
+        _gen(m, PROMPTS[0], 8, cache=object())

@@ -59,3 +59,39 @@ def test_gen_on_a_baby_checkpoint_equals_the_upstream_transcription(family, tmp_
     assert main(["gen", "-m", str(folder), "--raw", "-p", "t5 t6", "-n", "4", *bad]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "is an option of the" in err
+
+
+def test_saved_settings_of_another_family_do_not_stop_a_masked_model(tmp_path, monkeypatch, capsys):
+    """A config file / LOCALDIFF_* variable written for DiffusionGemma (entropy_bound, /set in the chat) applies to
+    the models whose decoder has it: a LLaDA checkpoint runs, the embedded model still reads it; typed as a flag it
+    stays a one-line usage error, and an unknown saved key is still refused."""
+    folder = _checkpoint("llada", tmp_path / "llada")
+    conf = tmp_path / "config.toml"
+    conf.write_text("[sampler]\nentropy_bound = 0.5\nblock_length = 4\n")
+    monkeypatch.setenv("LOCALDIFF_CONFIG", str(conf))
+    monkeypatch.setenv("LOCALDIFF_T_MIN", "0.3")
+    base = ["gen", "-m", str(folder), "--raw", "-p", "t5 t6 t7 t8", "-n", "8", "--seed", "0", "--json"]
+    assert main(base) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["sampler"]["block_length"] == 4 and "entropy_bound" not in out["sampler"]
+    assert main(["gen", "-m", "tiny", "-p", "What is 1 + 2?", "-n", "8", "--seed", "0", "--json"]) == 0
+    tiny = json.loads(capsys.readouterr().out)["sampler"]
+    assert tiny["entropy_bound"] == 0.5 and tiny["t_min"] == 0.3
+    assert main([*base, "--entropy-bound", "0.5"]) == 2
+    assert "entropy-bound" in capsys.readouterr().err
+    conf.write_text("[sampler]\nentropy_bnd = 0.5\n")
+    assert main(base) == 2
+    assert "entropy_bnd" in capsys.readouterr().err
+
+
+def test_shipped_tiny_mdm_answers_its_formats_and_threshold_decoding_keeps_them():
+    """The embedded tiny-mdm (trained here) loads offline from its LLaDA layout and reverses letters correctly, one
+    token per step and with Fast-dLLM threshold decoding (fewer forwards, same answers)."""
+    import localdiff
+
+    m = localdiff.load("tiny-mdm")
+    prompts = ["Reverse the letters: d r a g o n", "Reverse the letters: p l a n e t"]
+    one = m.generate(prompts, max_new_tokens=32, seed=0)
+    par = m.generate(prompts, max_new_tokens=32, seed=0, threshold=0.7)
+    assert one.text == par.text == ["n o g a r d", "t e n a l p"]
+    assert par.stats.forwards < one.stats.forwards

@@ -9,7 +9,10 @@ is installed, on the shipped ``tiny-mdm``:
   prompt's cached K/V, ``dual`` = a pass over the current block alone, reading cached K/V on both sides (Fast-dLLM,
   arXiv 2505.22618). Median of repeated forwards, interleaved. Target: dual ≥ 3× the no-cache step rate at 1k.
 * **generation**: tokens/s and tokens per forward (TPF) for each cache mode × {one token per step, threshold 0.9}
-  (``localdiff.generate`` end to end; accuracy is the eval's business, these are speed figures).
+  (``localdiff.generate`` end to end).
+* **accuracy** (tiny-mdm only): held-out exact match and TPF per decoder setting (:data:`EVAL_SETTINGS`) on its
+  eval set; targets: threshold decoding at TPF ≥ 2.5 within 1 point of one token per step, prefix / dual caches
+  within 1 point of no cache.
 """
 from __future__ import annotations
 
@@ -92,6 +95,34 @@ def generation(model, prompts: list[str], max_new_tokens: int, log=print) -> lis
     return rows
 
 
+#: decoder settings of the tiny-mdm accuracy table (#15 targets; a 32-token answer): one token per step vs
+#: Fast-dLLM threshold decoding with the answer as one block of 32 (the model's default block), and kv_cache none /
+#: prefix / dual over blocks of 8 (with one block the caches hold only the prompt)
+EVAL_SETTINGS = [("block 32, one token per step", {"block_length": 32}),
+                 ("block 32, threshold 0.9", {"block_length": 32, "threshold": 0.9}),
+                 ("block 32, threshold 0.7", {"block_length": 32, "threshold": 0.7}),
+                 ("block 32, threshold 0.5", {"block_length": 32, "threshold": 0.5}),
+                 ("block 8, one token per step", {"block_length": 8}),
+                 ("block 8, prefix cache", {"block_length": 8, "kv_cache": "prefix"}),
+                 ("block 8, dual cache", {"block_length": 8, "kv_cache": "dual"}),
+                 ("block 8, threshold 0.7, dual cache", {"block_length": 8, "threshold": 0.7, "kv_cache": "dual"})]
+
+
+def accuracy(model, items: list[dict], log=print) -> list[dict]:
+    """Held-out exact match and TPF of ``model`` per :data:`EVAL_SETTINGS` (``localdiff.bench.eval_tasks``; seed 0,
+    batches of 16, 32 new tokens, one token per step unless a threshold is set)."""
+    from localdiff.bench.eval_tasks import evaluate
+
+    rows = []
+    for name, opts in EVAL_SETTINGS:
+        r = evaluate(model, items, seed=0, batch_size=16, max_new_tokens=32, steps=32, **opts)
+        rows.append({"setting": name, "options": opts, "accuracy": r["accuracy"], "correct": r["correct"],
+                     "n": r["n"], "tpf": r["tpf"], "seconds": r["seconds"],
+                     "per_family": {f: v["accuracy"] for f, v in r["per_family"].items()}})
+        log(f"masked: tiny-mdm {name}: accuracy {r['accuracy']:.3f} ({r['correct']}/{r['n']}), TPF {r['tpf']:.2f}")
+    return rows
+
+
 def measure(quick: bool, log=print) -> dict:
     """The section's result dict (see the module docstring)."""
     import localdiff
@@ -112,6 +143,11 @@ def measure(quick: bool, log=print) -> dict:
     else:
         prompts = ["What is 41 + 93?", "Reverse the letters: d r a g o n", "Sort these words: elk cat gnu"]
         res["tiny_mdm"] = {"generation": generation(tiny, prompts, 32, log=log)}
+        from localdiff.bench.eval_tasks import load_items
+        from localdiff.paths import models_dir
+
+        items = load_items(models_dir() / "tiny-mdm" / "eval.jsonl", 5 if quick else 20)
+        res["tiny_mdm"]["accuracy"] = accuracy(tiny, items, log=log)
     return res
 
 
@@ -136,4 +172,15 @@ def render_md(sec: dict) -> list[str]:
             lines += [f"| {r['kv_cache']} | {r['threshold'] or 'one token per step'} | {r['tokens_per_forward']:.2f} |"
                       f" {r['tokens_per_second']:.1f} |" for r in s["generation"]]
             lines.append("")
+    acc = sec.get("tiny_mdm", {}).get("accuracy")
+    if acc:
+        lines += [f"Held-out exact match, tiny-mdm ({acc[0]['n']} items; 32 new tokens; ± = points vs one token per "
+                  "step at the same block length):", "",
+                  "| setting | accuracy | ± | TPF |", "|---|---:|---:|---:|"]
+        for r in acc:
+            bl = r["options"].get("block_length")
+            base = next(b["accuracy"] for b in acc if b["options"] == {"block_length": bl})
+            lines.append(f"| {r['setting']} | {100 * r['accuracy']:.1f}% | {100 * (r['accuracy'] - base):+.1f} | "
+                         f"{r['tpf']:.2f} |")
+        lines.append("")
     return lines

@@ -170,6 +170,7 @@ def run_gen(args) -> int:
     kv_budget = _size(getattr(args, "kv_budget", None), "--kv-budget")
     model = _load(cfg.default_model, cfg.device, cfg.quant, gpu_mem, getattr(args, "draft", None))
     cache = model.new_cache(device_budget_bytes=kv_budget) if kv_budget is not None else None
+    overrides = model.applicable(overrides, keep=flag_names(_flags(args)))   # saved settings: this decoder's only
     used = model.sampler_options(_typed=flag_names(_flags(args)), **overrides)
     out = sys.stdout
     show = _text_filter(args, out)
@@ -220,7 +221,8 @@ def run_gen(args) -> int:
         sys.stderr.write(f"stats: {s.new_tokens} new tokens, {s.canvases} canvas(es), {s.forwards} forwards, "
                          f"TPF {s.tokens_per_forward:.2f}, {s.seconds:.2f} s, prefill {s.prefill_tokens_computed} "
                          f"computed / {s.prefill_tokens_reused} reused, seed {seed}{_tau(s)}\n")
-        sys.stderr.write("kv cache: " + ", ".join(f"{k}={v}" for k, v in sorted(s.cache.items())) + "\n")
+        if s.cache:        # the canvas family's block cache, a masked model's prefix / dual K/V tiers
+            sys.stderr.write("kv cache: " + ", ".join(f"{k}={v}" for k, v in sorted(s.cache.items())) + "\n")
     elif done is not None and not args.quiet and _stderr_tty():
         s = done.stats
         canv = f"{s.canvases} canvas" + ("" if s.canvases == 1 else "es")

@@ -48,7 +48,8 @@ def block_plan(gen_length: int, block_length: int | None, steps: int | None) -> 
 
 def run(net, policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None, max_new_tokens: int,
         block_length: int | None, steps: int | None, cache: str, mask_id: int, eos_ids: list[int],
-        pad_id: int | None, emit_steps: bool = True, decode=None, stats: GenerationStats | None = None):
+        pad_id: int | None, emit_steps: bool = True, decode=None, stats: GenerationStats | None = None,
+        store=None):
     """Generate after a left-padded prompt; yields StepEvent (when ``emit_steps``), CanvasDone per block, then Done.
 
     Args:
@@ -59,10 +60,14 @@ def run(net, policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
         block_length / steps: see :func:`block_plan`. cache: "none" | "prefix" | "dual".
         mask_id / eos_ids / pad_id: special ids (pad replaces tokens after EOS in CanvasDone, as in the canvas loop).
         decode: ids → text (row 0), or None.
+        store: where the prefix / dual caches' K/V live: ``store.place(per-layer (K, V) list)`` returns the
+            indexable K/V with ``.prefix(end)`` (the engine passes :class:`localdiff.cache.window.WindowStore`: device
+            budget, host tier); None = the list as returned, on the device.
     """
     st = stats or GenerationStats()
     t0 = time.perf_counter()
     dev = prompt_ids.device
+    store = store if store is not None else _OnDevice()
     b, p = prompt_ids.shape
     g = max_new_tokens
     x = torch.cat([prompt_ids, torch.full((b, g), mask_id, dtype=torch.long, device=dev)], dim=1)
@@ -84,7 +89,8 @@ def run(net, policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
         cap = n_steps + length if policy.parallel else n_steps     # parallel rules commit ≥ 1 per step
         while bool(masked.any()) and i < cap:
             if logits is None:
-                logits, kv = _block_logits(net, policy, x, amask, start, end, shift, cache, kv, i == 0, p, mask_id)
+                logits, kv = _block_logits(net, policy, x, amask, start, end, shift, cache, kv, i == 0, p, mask_id,
+                                           store)
                 logits = logits.index_fill(-1, torch.tensor([mask_id], device=dev), -torch.inf)   # never the mask
                 forwards += int(active.sum())
                 used += 1
@@ -119,15 +125,18 @@ def run(net, policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
         rows.append([int(out[r, k]) for k in keep])
         order.append([int(commit[r, k]) for k in keep])
     st.forwards = forwards
+    if cache != "none" and hasattr(store, "accounting"):
+        st.cache = store.accounting()
     st.commit_step = order if b > 1 else order[0]
     count_tokens(st, rows, time.perf_counter() - t0)
     texts = [decode(strip_generated(r, eos_ids, pad_id)) if decode else "" for r in rows]
     yield Done(texts[0] if b == 1 else texts, rows if b > 1 else rows[0], st, reason)
 
 
-def _block_logits(net, policy, x, amask, start, end, shift, cache, kv, first, p, mask_id):
+def _block_logits(net, policy, x, amask, start, end, shift, cache, kv, first, p, mask_id, store):
     """Position-aligned logits FloatTensor[B, L, V] of the block [start, end) and the (possibly refreshed) per-layer
-    K/V. ``first``: the block's first step (the cache refresh: a full pass)."""
+    K/V (a :class:`WindowKV` placed in ``store``'s tiers). ``first``: the block's first step (the cache refresh: a
+    full pass)."""
     lo = start - shift            # with shifted logits the raw row lo predicts position start
     n = end - start
     if cache == "none" or first:
@@ -141,12 +150,24 @@ def _block_logits(net, policy, x, amask, start, end, shift, cache, kv, first, p,
         elif cache == "none":
             raw = net.logits_full(x, amask)
         else:
-            raw, kv = net.forward_window(x, 0, None, amask, return_kv=True)
+            raw, fresh = net.forward_window(x, 0, None, amask, return_kv=True)
+            kv = store.place(fresh)
         return raw[:, lo:lo + n], kv
     if cache == "prefix":
-        pre = [(k[:, :, :lo], v[:, :, :lo]) for k, v in kv]
-        return net.forward_window(x[:, lo:], lo, pre, amask)[:, :n], kv
+        return net.forward_window(x[:, lo:], lo, kv.prefix(lo), amask)[:, :n], kv
     return net.forward_window(x[:, lo:end], lo, kv, amask)[:, :n], kv      # dual
+
+
+class _OnDevice:
+    """The approximate K/V kept as returned (no budget): ``place`` wraps the list, ``prefix`` cuts it."""
+
+    def place(self, kv):
+        return _Prefixable(kv)
+
+
+class _Prefixable(list):
+    def prefix(self, end: int) -> list:
+        return [(k[:, :, :end], v[:, :, :end]) for k, v in self]
 
 
 def _event(ci, step, max_steps, block, logits, before, masked, mask_id) -> StepEvent:

@@ -108,6 +108,15 @@ class Model:
         """
         return self._options(overrides, _typed).as_dict()
 
+    def applicable(self, settings: dict, keep=()) -> dict:
+        """``settings`` without the options that belong only to another family's decoder — settings saved for
+        every model (config file ``[sampler]``, ``LOCALDIFF_*`` variables, the chat's ``/set``) apply to the models
+        whose decoder has them. Keys in ``keep`` (typed as flags for this run) and unknown keys stay, so they are
+        still checked (one-line errors) by :meth:`sampler_options`."""
+        own = set(self.options_cls.names()) | set(self.options_cls.aliases())
+        foreign = {n for c in POLICIES.values() if c is not self.options_cls for n in (*c.names(), *c.aliases())}
+        return {k: v for k, v in settings.items() if k in own or k in keep or k not in foreign}
+
     def _options(self, overrides: dict, typed: dict | None = None):
         names = set(self.options_cls.names())
         values = {k: v for k, v in self.generation_config.items() if k in names}

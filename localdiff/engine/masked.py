@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from localdiff.cache.window import WindowStore
 from localdiff.decoding import masked_loop
 from localdiff.decoding.dream import Dream
 from localdiff.decoding.llada import LLaDA
@@ -27,26 +28,38 @@ def prepare(model) -> None:
                               "would read as masks")
 
 
-def new_cache(model, device_budget_bytes: int | None = None) -> None:
-    """None: a masked-diffusion model keeps no cache between generations."""
-    return None
+def new_cache(model, device_budget_bytes: int | None = None) -> WindowStore | None:
+    """A masked-diffusion model keeps no K/V between generations; with a device budget, the
+    :class:`~localdiff.cache.window.WindowStore` where the ``kv_cache`` prefix / dual K/V of each generation live
+    (whole layers past the budget on the host tier). None for an unlimited budget.
+
+    Raises:
+        UsageError: a negative budget.
+    """
+    return None if device_budget_bytes is None else WindowStore(model.device, device_budget_bytes)
 
 
 def stream(model, req):
     """Masks after the (left-padded) prompt, decoded block by block; yields the loop's events.
 
     Raises:
-        UsageError: a cache passed in (nothing to reuse across generations).
+        UsageError: a cache object other than this family's WindowStore (nothing is reused across generations).
     """
-    if req.cache is not None:
+    if req.cache is not None and not isinstance(req.cache, WindowStore):
         raise UsageError("cache: a masked-diffusion model keeps no cache between generations (its "
-                         "approximate caches are the kv_cache option: none, prefix, dual)")
+                         "approximate caches are the kv_cache option: none, prefix, dual; pass "
+                         "model.new_cache(device_budget_bytes=...) to give them a device budget)")
     ids, mask, options = req.ids, req.mask, req.options
     if mask is not None:   # left padding must not read as masks
         pad = model.pad_token_id if model.pad_token_id is not None else next(
             t for t in (*model.eos_token_ids, 0, 1) if t != model.mask_token_id)
         ids = torch.where(mask, ids, torch.full_like(ids, pad))
     policy = POLICY_CLASSES[options.POLICY](options, req.generator, model.mask_token_id)
-    yield from masked_loop.run(model.net, policy, ids, mask, req.max_new_tokens, options.block_length,
-                               options.steps, options.kv_cache, model.mask_token_id, model.eos_token_ids,
-                               model.pad_token_id, emit_steps=req.emit_steps, decode=req.decode, stats=req.stats)
+    try:
+        yield from masked_loop.run(model.net, policy, ids, mask, req.max_new_tokens, options.block_length,
+                                   options.steps, options.kv_cache, model.mask_token_id, model.eos_token_ids,
+                                   model.pad_token_id, emit_steps=req.emit_steps, decode=req.decode,
+                                   stats=req.stats, store=req.cache)
+    finally:
+        if req.cache is not None:
+            req.cache.release()

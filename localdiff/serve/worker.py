@@ -161,7 +161,7 @@ class ModelWorker:
         stream = None
         try:
             model = self._ensure(req.model)
-            sampler = {**self.defaults, **req.sampler}
+            sampler = {**model.applicable(self.defaults), **req.sampler}   # server-wide defaults: this decoder's
             seed = req.seed if req.seed is not None else random.randrange(2**63)  # known even if stopped early
             stream = model.stream(req.prompt, max_new_tokens=req.max_new_tokens, seed=seed, chat=req.chat,
                                   emit_steps=True, **sampler)

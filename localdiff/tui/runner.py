@@ -211,7 +211,8 @@ def run_generation(model, cache, job: GenerationJob, slot: FrameSlot, post: Call
     result: GenerationFinished | None = None
     stream = None
     try:
-        stream = model.stream(job.messages, chat=True, cache=cache, **job.kwargs)
+        kwargs = model.applicable(job.kwargs) if hasattr(model, "applicable") else job.kwargs
+        stream = model.stream(job.messages, chat=True, cache=cache, **kwargs)
         for ev in stream:
             if isinstance(ev, StepEvent):
                 if cancel.is_set():  # the engine ran one more step after Esc: stop pulling

@@ -12,15 +12,10 @@ from pathlib import Path
 import torch
 
 import localdiff
-from localdiff.bench.eval_tasks import evaluate, load_items
+from localdiff.bench.eval_tasks import load_items
+from localdiff.bench.masked import accuracy
 
 HERE = Path(__file__).resolve().parent
-SETTINGS = [("one token per step", {}), ("threshold 0.9", {"threshold": 0.9}),
-            ("threshold 0.7", {"threshold": 0.7}),
-            ("one token per step, prefix cache", {"kv_cache": "prefix"}),
-            ("one token per step, dual cache", {"kv_cache": "dual"}),
-            ("threshold 0.9, prefix cache", {"threshold": 0.9, "kv_cache": "prefix"}),
-            ("threshold 0.9, dual cache", {"threshold": 0.9, "kv_cache": "dual"})]
 
 
 def main() -> None:
@@ -33,14 +28,7 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     m = localdiff.load(a.ckpt)
     items = load_items(HERE.parents[1] / "tiny" / "eval.jsonl", a.per_family)
-    rows = []
-    for name, opts in SETTINGS:
-        r = evaluate(m, items, seed=0, batch_size=16, max_new_tokens=32, block_length=8, **opts)
-        rows.append({"setting": name, "options": opts, "accuracy": r["accuracy"], "correct": r["correct"],
-                     "n": r["n"], "tpf": r["tpf"], "seconds": r["seconds"],
-                     "per_family": {f: v["accuracy"] for f, v in r["per_family"].items()}})
-        print(f"{name:36s} accuracy {r['accuracy']:.3f} ({r['correct']}/{r['n']})  TPF {r['tpf']:.2f}  "
-              f"{r['seconds']:.0f} s", flush=True)
+    rows = accuracy(m, items, log=lambda s: print(s, flush=True))   # the bench's settings and table
     if a.out:
         a.out.write_text(json.dumps(rows, indent=1))
 

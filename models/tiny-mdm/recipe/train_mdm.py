@@ -106,7 +106,7 @@ def save(net, config: dict, out: Path, mod) -> None:
         shutil.copy(TINY / f, out / f)
     eot = Tokenizer.from_file(str(TINY / "tokenizer.json")).token_to_id("<end_of_turn>")
     gc = {"eos_token_id": [EOS, eot], "pad_token_id": PAD, "bos_token_id": BOS, "mask_token_id": MASK,
-          "max_new_tokens": 32, "steps": 32, "block_length": 8, "temperature": 0.0, "remasking": "low_confidence"}
+          "max_new_tokens": 32, "steps": 32, "block_length": 32, "temperature": 0.0, "remasking": "low_confidence"}
     (out / "generation_config.json").write_text(json.dumps(gc, indent=2) + "\n")
 
 

@@ -37,7 +37,7 @@ def _resolve_path(name):
     raise ModelNotFoundError(f"model {name!r} not found")
 
 
-def load(name="tiny", device=None, dtype=None, quant=None, gpu_mem=None, threads=None):
+def load(name="tiny", device=None, dtype=None, quant=None, gpu_mem=None, threads=None, draft=None):
     """Load a model: a catalog alias ("tiny"), a pulled "org/repo[@rev]", a checkpoint folder, or a ``.gguf`` file
     (or a pulled GGUF repo: the gguf backend, llama.cpp through llama-cpp-python; ``localdiff.backends.gguf``).
 
@@ -51,6 +51,8 @@ def load(name="tiny", device=None, dtype=None, quant=None, gpu_mem=None, threads
         gpu_mem: on CUDA, the device memory budget in bytes for the memory plan (default: free memory measured
             now); expert layers the plan keeps on the host stay in CPU memory and run there (like --n-cpu-moe).
         threads: CPU threads of the gguf backend (None = all cores); ignored by the torch backend.
+        draft: a DFlash draft for a causal target (Qwen3 / Llama): a catalog alias, "org/repo[@rev]" or a folder;
+            "auto" = the target's catalog pairing. Generation then runs DFlash speculative decoding.
     Returns:
         Model.
     Raises:
@@ -118,11 +120,17 @@ def load(name="tiny", device=None, dtype=None, quant=None, gpu_mem=None, threads
         plan = plan_memory(read_json(path / "config.json"), budget, quant or "bf16", recipe=recipe)
         host_layers = tuple(plan.host_expert_layers)
     net, cfg = load_model(path, dev, dtype, quant=quant, recipe=recipe, host_layers=host_layers)
+    if net.roles == {"draft"}:
+        raise UsageError(f"{label} is a DFlash draft model: load its target and pass this as draft= (gen --draft)")
     gen_cfg = read_generation_config(path)
     eos = gen_cfg.get("eos_token_id", list(cfg.eos_token_id))
     tok = load_tokenizer(path, eos if isinstance(eos, list) else [eos], gen_cfg.get("pad_token_id", cfg.pad_token_id))
     model = Model(net, cfg, tok, path, label, dev, next(net.parameters()).dtype, quant, gen_cfg)
     model.precision = precision   # localdiff.capability.Precision on CPU (dtype, why, the detected capability)
+    if draft is not None:
+        from localdiff.engine.causal import load_draft
+
+        load_draft(model, draft, _resolve_path, dtype)
     return model
 
 

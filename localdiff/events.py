@@ -32,6 +32,9 @@ class StepEvent:
         slots: slots family (ReFusion) only, else None: this round's ``{"slot_size": k, "picked": [...],
             "how": "verify" | "infill", "committed": [...]}`` — slot numbers within the canvas (the serial block),
             picked in index order, committed in commit order; a "step" is one plan-and-fill round.
+        drafted: True for a DFlash verification step (causal family with a draft): canvas = the drafted block (the
+            last token, then the drafts), accepted = the last token and the accepted drafts, renoised = the
+            rejected drafts, confidence = the draft's top-1 probability.
     """
 
     canvas_index: int
@@ -46,6 +49,7 @@ class StepEvent:
     entropy: torch.Tensor
     locked: torch.Tensor | None = None
     slots: dict | None = None
+    drafted: bool = False
 
 
 @dataclass
@@ -90,6 +94,10 @@ class GenerationStats:
         arness: how left-to-right that order was (:mod:`localdiff.decoding.arness`): ``{"local@k": float,
             "global@k": float}`` for k = 1..4, in [0, 1] (1 = strictly left to right; a batch: the mean over rows);
             empty for the canvas family.
+        acceptance_lengths: DFlash speculative decoding: tokens each verification step produced (accepted drafts + 1
+            from the target; z-lab/dflash's ``acceptance_lengths``); empty otherwise.
+        acceptance_length: their mean, the acceptance length τ (0.0 without drafts).
+        draft_forwards: draft-model passes (DFlash).
     """
 
     forwards: int = 0
@@ -105,6 +113,9 @@ class GenerationStats:
     cache: dict = field(default_factory=dict)
     commit_step: list = field(default_factory=list)
     arness: dict = field(default_factory=dict)
+    acceptance_lengths: list = field(default_factory=list)
+    acceptance_length: float = 0.0
+    draft_forwards: int = 0
 
     def as_dict(self) -> dict:
         """Plain-dict view (JSON-serialisable)."""

@@ -47,4 +47,15 @@ BABY = {
                      num_key_value_heads=1, head_dim=20, num_hidden_layers=3, intermediate_size=72, vocab_size=131,
                      rope_theta=1000000.0, max_position_embeddings=256, mask_token_id=130, bos_token_id=129,
                      eos_token_id=125, pad_token_id=124),
+    # causal family (localdiff.arch.causal_spec) and DFlash drafts (localdiff.arch.dflash_spec)
+    "qwen3": dict(model_type="qwen3", architectures=["Qwen3ForCausalLM"], hidden_size=48, num_attention_heads=3,
+                  num_key_value_heads=1, head_dim=20, num_hidden_layers=3, intermediate_size=72, vocab_size=131,
+                  rope_theta=1000000.0, tie_word_embeddings=False, max_position_embeddings=256, eos_token_id=125),
+    "llama": dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=48, num_attention_heads=3,
+                  num_key_value_heads=3, num_hidden_layers=3, intermediate_size=72, vocab_size=131, rope_theta=5e5,
+                  tie_word_embeddings=True, max_position_embeddings=256, eos_token_id=[125, 124]),
+    "dflash": dict(model_type="qwen3", architectures=["DFlashDraftModel"], hidden_size=48, num_attention_heads=3,
+                   num_key_value_heads=1, head_dim=20, num_hidden_layers=2, intermediate_size=40, vocab_size=131,
+                   rope_theta=1000000.0, block_size=6, num_target_layers=5,
+                   dflash_config={"mask_token_id": 126, "target_layer_ids": [1, 3]}),
 }

@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 
 from arch_baby import BABY
 from localdiff.arch import REGISTRY, get_arch, get_spec, supported
-from localdiff.arch.base import ROLE_DENOISE, ROLE_LOGITS, ROLE_PREFILL, ROLE_WINDOW, ROLES
+from localdiff.arch.base import ROLE_DENOISE, ROLE_DRAFT, ROLE_LOGITS, ROLE_PREFILL, ROLE_WINDOW, ROLES
 from localdiff.cache.kv import KVCache
 from localdiff.errors import CheckpointError
 from localdiff.loader import load_config, load_model
@@ -44,6 +44,16 @@ def _forward(net, ids):
         out["logits"] = net.logits_full(ids)
     if ROLE_WINDOW in net.roles:
         out["window"] = net.forward_window(ids, 0)
+    if ROLE_PREFILL in net.roles and ROLE_DENOISE not in net.roles:   # causal: cached pass = uncached pass
+        cache = KVCache(**net.cache_layout())
+        a, _ = net.prefill(prompt, cache)
+        b, _ = net.prefill(tail, cache)
+        out["prefill"] = torch.cat([a, b], 1)
+    if ROLE_DRAFT in net.roles:   # a DFlash draft: the target's embeddings / LM head and features are inputs
+        g = torch.Generator().manual_seed(2)
+        emb = torch.randn(net.config.vocab_size, net.config.hidden_size, generator=g)
+        feats = torch.randn(ids.shape[0], 5, net.fc.in_features, generator=g)
+        out["draft"] = net.draft(net.embed(tail, emb), feats, KVCache(**net.cache_layout()), emb)
     return out
 
 
@@ -62,7 +72,8 @@ def test_contract(model_type, tmp_path):
     assert len(spec.layer_geometry(raw)) == len(net.layers)
     # roles: declared ⊆ known, and each declared role's method exists
     assert net.roles and set(net.roles) <= set(ROLES)
-    methods = {ROLE_PREFILL: "prefill", ROLE_DENOISE: "denoise", ROLE_LOGITS: "logits_full", ROLE_WINDOW: "forward_window"}
+    methods = {ROLE_PREFILL: "prefill", ROLE_DENOISE: "denoise", ROLE_LOGITS: "logits_full", ROLE_WINDOW: "forward_window",
+               ROLE_DRAFT: "draft"}
     for role in net.roles:
         assert callable(getattr(net, methods[role], None)), role
     vocab = spec.parse_config(raw).vocab_size

@@ -31,6 +31,9 @@ REGISTRY: dict[str, ArchEntry] = {
     "Fast_dLLM_Qwen": ArchEntry("localdiff.arch.block", "localdiff.arch.block_spec", "block"),
     "a2d-qwen3-bd3lm": ArchEntry("localdiff.arch.block", "localdiff.arch.block_spec", "block"),
     "refusion": ArchEntry("localdiff.arch.refusion", "localdiff.arch.refusion_spec", "slots"),
+    "qwen3": ArchEntry("localdiff.arch.causal", "localdiff.arch.causal_spec", "causal"),
+    "llama": ArchEntry("localdiff.arch.causal", "localdiff.arch.causal_spec", "causal"),
+    "dflash": ArchEntry("localdiff.arch.dflash", "localdiff.arch.dflash_spec", "drafts"),
 }
 
 #: (model_type, architecture) → registry key, for checkpoints whose model_type names another architecture:
@@ -38,6 +41,9 @@ REGISTRY: dict[str, ArchEntry] = {
 ALIASES: dict[tuple[str, str | None], str] = {
     ("llada", "LLaDAMoEModelLM"): "lladamoe",
     ("dream", None): "Dream",
+    ("qwen3", "DFlashDraftModel"): "dflash",   # DFlash drafts ship a Qwen3 config.json
+    ("llama", "DFlashDraftModel"): "dflash",
+    ("qwen3", "DFlash2DraftModel"): "dflash",  # refused by its spec with a clear message
 }
 
 #: (model_type, config.json key) → registry key, for checkpoints that share another architecture's model_type and

@@ -25,6 +25,9 @@ Forward roles (an architecture implements the methods of the roles it lists in `
 * Optional on both: a model with ``selects_rows = True`` also takes ``rows=(a, b)`` (the LM head only on positions
   a..b-1) and ``select=BoolTensor[B, b-a]`` (only on the selected rows; the others return 0), so the masked loop
   computes no vocabulary-sized work for committed positions (``localdiff.arch.masked.MaskedLM``).
+* ``ROLE_DRAFT`` — ``draft(block_embeds, features, cache, head_weight, feature_ids=None) -> FloatTensor[B, n, V]``:
+  a DFlash draft pass (``localdiff.arch.dflash``): a block of the target's embeddings attends, non-causally, to the
+  cached and new context features of the target; the target's LM head gives the logits.
 """
 from __future__ import annotations
 
@@ -36,10 +39,11 @@ ROLE_PREFILL = "prefill"
 ROLE_DENOISE = "denoise"
 ROLE_LOGITS = "logits"
 ROLE_WINDOW = "window"
-ROLES = (ROLE_PREFILL, ROLE_DENOISE, ROLE_LOGITS, ROLE_WINDOW)
+ROLE_DRAFT = "draft"
+ROLES = (ROLE_PREFILL, ROLE_DENOISE, ROLE_LOGITS, ROLE_WINDOW, ROLE_DRAFT)
 
 #: decoding families (DESIGN.md): which generic loop and decoder policies apply
-FAMILIES = ("canvas", "masked", "block", "slots", "drafts", "autoregressive")
+FAMILIES = ("canvas", "masked", "block", "slots", "drafts", "autoregressive", "causal")
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from pathlib import Path
 from localdiff.errors import LocaldiffError, UsageError
 
 SECTIONS = ("ref", "eval", "sweep", "history", "memory", "profile", "serve", "masked", "block", "scale",
-            "approx", "gguf", "slots", "nap")
+            "approx", "gguf", "slots", "nap", "dflash")
 # (quick, full) sizes
 SIZES = {
     "ref_seeds": (3, 5), "ref_reps": (3, 5), "ref_canvases": (2, 4),

@@ -44,6 +44,8 @@ def _add_sampler(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, help="random seed (reproducible output)")
     g.add_argument("--device", help="cpu, cuda or cuda:N (default: CUDA when available)")
     g.add_argument("--quant", choices=["int8", "none"], help="weight quantization at load")
+    g.add_argument("--draft", metavar="MODEL", help="DFlash draft for a Qwen3 / Llama target: speculative decoding, "
+                                                     "same output (alias, org/repo or folder; 'auto' = the catalog's)")
     g.add_argument("--gpu-mem", metavar="SIZE", help="CUDA memory budget for the memory plan, e.g. 24GiB "
                                                      "(default: free memory measured at load)")
     g.add_argument("--kv-budget", metavar="SIZE", help="device bytes for the KV cache, e.g. 2GiB; older blocks of "

@@ -147,12 +147,12 @@ def _size(text, flag):
     return n
 
 
-def _load(name: str, device, quant, gpu_mem=None, dtype=None, threads=None):
+def _load(name: str, device, quant, gpu_mem=None, dtype=None, threads=None, draft=None):
     try:
         from localdiff import load
     except ImportError as e:  # pragma: no cover — engine missing from a broken install
         raise LocaldiffError(f"the generation engine is not available: {e}") from None
-    return load(name, device=device, quant=quant, gpu_mem=gpu_mem, dtype=dtype, threads=threads)
+    return load(name, device=device, quant=quant, gpu_mem=gpu_mem, dtype=dtype, threads=threads, draft=draft)
 
 
 def run_gen(args) -> int:
@@ -166,7 +166,8 @@ def run_gen(args) -> int:
     seed = cfg.seed if cfg.seed is not None else random.SystemRandom().randrange(2**31)
     gpu_mem = _size(getattr(args, "gpu_mem", None), "--gpu-mem")
     kv_budget = _size(getattr(args, "kv_budget", None), "--kv-budget")
-    model = _load(cfg.default_model, cfg.device, cfg.quant, gpu_mem, getattr(args, "dtype", None), cfg.threads)
+    model = _load(cfg.default_model, cfg.device, cfg.quant, gpu_mem, getattr(args, "dtype", None), cfg.threads,
+                  getattr(args, "draft", None))
     cache = model.new_cache(device_budget_bytes=kv_budget) if kv_budget is not None else None
     overrides = model.applicable(overrides, keep=flag_names(_flags(args)))   # saved settings: this decoder's only
     used = model.sampler_options(_typed=flag_names(_flags(args)), **overrides)
@@ -218,7 +219,7 @@ def run_gen(args) -> int:
         s = done.stats
         sys.stderr.write(f"stats: {s.new_tokens} new tokens, {s.canvases} canvas(es), {s.forwards} forwards, "
                          f"TPF {s.tokens_per_forward:.2f}, {s.seconds:.2f} s, prefill {s.prefill_tokens_computed} "
-                         f"computed / {s.prefill_tokens_reused} reused, seed {seed}\n")
+                         f"computed / {s.prefill_tokens_reused} reused, seed {seed}{_tau(s)}\n")
         if s.cache:        # the canvas family's block cache, a masked model's prefix / dual K/V tiers
             sys.stderr.write("kv cache: " + ", ".join(f"{k}={v}" for k, v in sorted(s.cache.items())) + "\n")
         if getattr(model, "precision", None) is not None:
@@ -234,7 +235,7 @@ def run_gen(args) -> int:
         canv = f"{s.canvases} canvas" + ("" if s.canvases == 1 else "es")
         sys.stderr.write(f"[{s.new_tokens} tokens, {canv}, {s.forwards} forwards, "
                          f"{s.tokens_per_forward:.2f} tokens/forward, {s.tokens_per_second:.1f} tokens/s, "
-                         f"seed {seed}]\n")
+                         f"seed {seed}{_tau(s)}]\n")
     return 0
 
 
@@ -245,6 +246,12 @@ def backend_line(model) -> str:
     import torch
 
     return f"backend: torch {torch.__version__}, {model.device}, {str(model.dtype).replace('torch.', '')}"
+
+
+def _tau(s) -> str:
+    """The DFlash part of a stats line: acceptance length τ over the drafted blocks ("" without a draft)."""
+    n = len(getattr(s, "acceptance_lengths", None) or ())
+    return f", DFlash τ {s.acceptance_length:.2f} over {n} drafted block{'s' if n != 1 else ''}" if n else ""
 
 
 def _text_filter(args, out):
@@ -291,5 +298,6 @@ def _json_result(model, text: str, done, seed: int, sampler: dict, interrupted: 
         "finish_reason": "cancelled" if interrupted else (done.finish_reason if done is not None else None),
         "device": str(getattr(model, "device", "")),
         "quant": getattr(model, "quant", None),
+        "draft": getattr(model, "draft_name", None),
         "stats": stats,
     }

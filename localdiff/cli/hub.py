@@ -298,12 +298,19 @@ def run_chat_cmd(args) -> int:
         raise LocaldiffError(f"`localdiff chat` is not available in this build ({e})") from None
     loader, model, default_model = None, args.model, cfg.default_model
     if getattr(args, "endpoint", None):
+        if getattr(args, "draft", None):
+            raise UsageError("--draft applies to local models, not to --endpoint")
         from localdiff.backends.remote import base_url
         from localdiff.cli.remote import _api_key, remote_loader
 
         base_url(args.endpoint)  # a bad URL is a usage error before the UI starts
         loader = remote_loader(args.endpoint, _api_key(args))
         model = args.model or ""  # "" = the server's first model
+    elif getattr(args, "draft", None):
+        import localdiff
+
+        loader = lambda name, device=None, quant=None: localdiff.load(  # noqa: E731
+            name, device=device, quant=quant, draft=args.draft)
     # -m wins; without it a resumed conversation keeps its own model, else the configured default model
     return int(run_chat(model=model, default_model=default_model, resume=args.resume, list_only=args.list_only,
                         device=cfg.device, quant=cfg.quant, sampler_options=options, loader=loader,

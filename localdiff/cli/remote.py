@@ -47,6 +47,8 @@ def run_serve(args) -> int:
         raise UsageError(f"--max-queue must be ≥ 1 (got {args.max_queue})")
     if args.keep_alive < 0:
         raise UsageError(f"--keep-alive must be ≥ 0 seconds (got {args.keep_alive})")
+    if getattr(args, "draft", None):
+        raise UsageError("--draft: localdiff serve does not run DFlash drafts yet (gen and chat do)")
     cfg = with_flags(load_user_config(), model=args.model, device=args.device, quant=args.quant)
     sampler = sampler_overrides(_flags(args), cfg)
     max_body = _size(args.max_body, "--max-body")
@@ -62,7 +64,7 @@ def run_gen_remote(args) -> int:
     from localdiff.safetext import json_dumps
 
     prompt = assemble_prompt(args)
-    for flag in ("device", "quant", "gpu_mem", "kv_budget"):
+    for flag in ("device", "quant", "gpu_mem", "kv_budget", "draft"):
         if getattr(args, flag, None) is not None:
             raise UsageError(f"--{flag.replace('_', '-')} applies to local models, not to --endpoint")
     client = RemoteClient(args.endpoint, _api_key(args))

@@ -16,6 +16,7 @@ from __future__ import annotations
 from localdiff.decoding.options_block import FastDLLMv2Options, SDAROptions
 from localdiff.decoding.options_canvas import CanvasEBOptions
 from localdiff.decoding.options_llada2 import LLaDA2Options
+from localdiff.decoding.options_causal import CausalOptions
 from localdiff.decoding.options_masked import DreamOptions, LLaDAOptions
 from localdiff.decoding.options_slots import RefusionOptions
 from localdiff.decoding.options_nap import NAPOptions
@@ -24,7 +25,7 @@ from localdiff.decoding.schema import ALIASES, POLICIES, Options, OptionSpec, op
 __all__ = ["CanvasEBOptions", "DreamOptions", "LLaDAOptions", "SDAROptions", "FastDLLMv2Options", "Options",
            "OptionSpec", "opt", "POLICIES", "FAMILY_POLICY", "MODEL_POLICY", "ALIASES", "unknown_option"]
 __all__ += ["LLaDA2Options"]
-__all__ += ["RefusionOptions"]
+__all__ += ["RefusionOptions", "CausalOptions"]
 
 
 #: every decoder policy's options by policy name
@@ -32,12 +33,14 @@ POLICIES.update({c.POLICY: c for c in (CanvasEBOptions, LLaDAOptions, DreamOptio
 POLICIES.update({c.POLICY: c for c in (SDAROptions, FastDLLMv2Options)})
 POLICIES.update({c.POLICY: c for c in (LLaDA2Options,)})
 POLICIES[NAPOptions.POLICY] = NAPOptions
+POLICIES[CausalOptions.POLICY] = CausalOptions
 
 #: the decoder policy each model family runs by default (localdiff.arch registry families)
 FAMILY_POLICY: dict[str, str] = {"canvas": CanvasEBOptions.POLICY, "masked": LLaDAOptions.POLICY}
 FAMILY_POLICY["block"] = SDAROptions.POLICY
 POLICIES[RefusionOptions.POLICY] = RefusionOptions
 FAMILY_POLICY["slots"] = RefusionOptions.POLICY
+FAMILY_POLICY["causal"] = CausalOptions.POLICY
 
 #: model_types (lower case) whose decoder differs from their family's default: Dream / DiffuCoder run Dream's
 MODEL_POLICY: dict[str, str] = {"dream": DreamOptions.POLICY}

@@ -32,6 +32,7 @@ RUNNERS: dict[str, str] = {
     "masked": "localdiff.engine.masked",
     "block": "localdiff.engine.block",
     "slots": "localdiff.engine.slots",
+    "causal": "localdiff.engine.causal",
 }
 
 

@@ -5,9 +5,11 @@ A catalog file holds ``[[models]]`` tables with these keys:
 - ``alias`` (str, required) and ``aliases`` (list of extra names);
 - either ``embedded = true`` with ``path`` (relative to the ``models/`` data folder), or ``repo`` ("org/name") with
   ``revision`` (branch, tag or commit; default "main"), ``allow_patterns`` / ``ignore_patterns`` (fnmatch globs);
-- optional ``gguf_repo`` / ``gguf_revision`` (a repo of GGUF files: ``<alias>-<quant>`` names one), ``description``, ``model_type``, ``approx_size_bytes``, ``approx_params``, ``active_params``,
-  ``offline_config`` (path under ``models/`` of a stand-in config.json used before a pull) and a ``[models.sampler]``
-  table of recommended sampler options.
+- optional ``gguf_repo`` / ``gguf_revision`` (a repo of GGUF files: ``<alias>-<quant>`` names one),
+  ``description``, ``model_type``, ``approx_size_bytes``, ``approx_params``, ``active_params``,
+  ``offline_config`` (path under ``models/`` of a stand-in config.json used before a pull), ``draft`` (the alias of
+  the DFlash draft paired with a causal target: ``gen --draft auto``) and a ``[models.sampler]`` table of
+  recommended sampler options.
 """
 from __future__ import annotations
 
@@ -57,6 +59,7 @@ class CatalogEntry:
         source: the catalog file this entry came from.
         gguf_repo / gguf_revision: a Hub repo of GGUF files of this model: ``<alias>-<quant>`` pulls one of them
             (``localdiff.hub.gguf_names``).
+        draft: the catalog alias of the DFlash draft paired with this (causal) target, or None.
     """
 
     alias: str
@@ -79,6 +82,7 @@ class CatalogEntry:
     source: Path | None = None
     gguf_repo: str | None = None
     gguf_revision: str = "main"
+    draft: str | None = None
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -123,6 +127,7 @@ def _parse_entry(raw: dict, source: Path, root: Path) -> CatalogEntry:
         source=source,
         gguf_repo=raw.get("gguf_repo"),
         gguf_revision=str(raw.get("gguf_revision", "main")),
+        draft=raw.get("draft"),
     )
 
 

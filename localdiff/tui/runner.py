@@ -8,7 +8,7 @@ Canvas texts and the final result are posted as ordinary messages, so none is ev
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from textual.message import Message
@@ -38,6 +38,7 @@ class CanvasFrame:
         answer_tokens: answer tokens so far: finished canvases (up to EOS) plus the positions accepted in this canvas.
         slots: slots family (ReFusion): this round in words, e.g. "slots 2,5 → infill" (see :func:`slots_note`);
             "" otherwise.
+        drafted: a DFlash drafted block (the last token + the drafts; NEW = accepted, NOISY = rejected).
     """
 
     canvas_index: int
@@ -50,6 +51,7 @@ class CanvasFrame:
     forwards: int = 0
     answer_tokens: int = 0
     slots: str = ""
+    drafted: bool = False
 
     def count(self, state: str) -> int:
         """Number of positions in ``state``."""
@@ -118,7 +120,8 @@ def frame_from_step(ev: StepEvent, token_text: TokenText, prev_accepted: list[bo
     conf = [float(c) for c in ev.confidence[0].tolist()]
     tokens = [MASK_TEXT if st == MASK else token_text(i) for i, st in zip(ids, states)]
     return CanvasFrame(ev.canvas_index, ev.step, ev.max_steps, tokens, states, conf,
-                       slots=slots_note(getattr(ev, "slots", None)))
+                       slots=slots_note(getattr(ev, "slots", None)),
+                       drafted=bool(getattr(ev, "drafted", False)))
 
 
 def frame_from_done(ev: CanvasDone, token_text: TokenText, last: CanvasFrame | None) -> CanvasFrame:
@@ -235,7 +238,10 @@ def run_generation(model, cache, job: GenerationJob, slot: FrameSlot, post: Call
                 else:
                     eos = set(getattr(model, "eos_token_ids", None) or [])   # (a remote model learns them late)
                     done_tokens += _tokens_to_eos(ev.token_ids[0].tolist(), eos)
-                    final = frame_from_done(ev, token_text, last)
+                    if last is not None and last.drafted and last.canvas_index == ev.canvas_index:
+                        final = replace(last, final=True)   # keep the drafted block and what was accepted
+                    else:
+                        final = frame_from_done(ev, token_text, last)
                     final.forwards, final.answer_tokens = forwards, done_tokens
                     post(CanvasText(ev.canvas_index, ev.text, final))
             elif isinstance(ev, Done):

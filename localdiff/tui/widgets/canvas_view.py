@@ -68,6 +68,12 @@ class CanvasView(Widget):
         """Draw ``frame`` (call on the UI thread)."""
         self.frame = frame
         self.frames_drawn += 1
+        if frame.drafted:   # DFlash: the drafted block; the last token and the accepted drafts are NEW
+            n, acc = len(frame.states) - 1, frame.count(NEW) - 1
+            self.border_title = f"drafted block {frame.canvas_index} · accepted {acc}/{n}"
+            self.border_subtitle = "underline accepted · dim rejected"
+            self.refresh(layout=True)
+            return
         state = "done" if frame.final else f"step {frame.step}/{frame.max_steps}"
         if frame.slots and not frame.final:     # ReFusion: a step is a plan-and-fill round over slots
             state = f"round {frame.step} · {frame.slots}"

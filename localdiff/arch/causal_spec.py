@@ -1,0 +1,129 @@
+"""Autoregressive causal LMs (torch-free spec): Qwen3 (``model_type: "qwen3"``, ``Qwen3ForCausalLM``) and Llama
+(``"llama"``, ``LlamaForCausalLM``: Llama 2 / 3 / 3.1 / 3.2, SmolLM2), parsed into one :class:`CausalConfig`.
+
+They are the targets of DFlash speculative decoding (arXiv 2602.06036) and plain AR models in their own right. Keys
+as transformers 5.23.0 ``models/{qwen3,llama}/configuration_*.py``; tensor names as :mod:`localdiff.arch.masked_spec`
+(one dense stack, :func:`localdiff.arch.masked_spec.config_tensor_shapes`), the checkpoint's ``model.`` prefix added by
+:mod:`localdiff.arch.causal`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from localdiff.arch.base import LayerGeom, Tensorish
+from localdiff.arch.base import parameter_counts as _counts
+from localdiff.arch.masked_spec import _int, _rope, config_tensor_shapes as stack_shapes
+
+MODEL_TYPE = "qwen3"
+MODEL_TYPES = ("qwen3", "llama")
+FAMILY = "causal"
+ARCHITECTURE = "Qwen3ForCausalLM"
+_ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}
+
+
+@dataclass(frozen=True)
+class CausalConfig:
+    """Hyper-parameters of a Qwen3 / Llama checkpoint (the attributes :class:`localdiff.arch.dense.DenseStack`
+    reads, plus the special ids). ``eos_token_id`` is a tuple (Llama 3 lists several)."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rope_parameters: dict
+    eos_token_id: tuple
+    pad_token_id: int | None
+    bos_token_id: int | None
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 32768
+    tie_word_embeddings: bool = False
+    qk_norm: bool = False
+    qkv_bias: bool = False
+    rope_fp32: bool = False
+    clip_qkv: float | None = None
+    shared_expert_intermediate_size: int = 0
+    mask_token_id: int | None = None
+    raw: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def embedding_rows(self) -> int:
+        return self.vocab_size
+
+    def is_moe_layer(self, i: int) -> bool:
+        """Never: Qwen3 / Llama are dense."""
+        return False
+
+
+def _ids(raw: dict, key: str):
+    v = raw.get(key)
+    if v is None:
+        return ()
+    return tuple(int(e) for e in v) if isinstance(v, (list, tuple)) else (int(v),)
+
+
+def parse_config(raw: dict) -> CausalConfig:
+    """The :class:`CausalConfig` of a Qwen3 / Llama config.json dict.
+
+    Raises:
+        ValueError: a missing field, an unsupported option (sliding windows, attention / MLP biases, an unsupported
+            rope type: each named), or inconsistent head counts.
+    """
+    mt = raw.get("model_type")
+    if mt not in MODEL_TYPES:
+        raise ValueError(f"model_type {mt!r} is not a causal type ({', '.join(MODEL_TYPES)})")
+    if raw.get("use_sliding_window"):
+        raise ValueError("field 'use_sliding_window' = true is not supported")
+    for key in ("attention_bias", "mlp_bias"):
+        if raw.get(key):
+            raise ValueError(f"field '{key}' = true is not supported (Qwen3 / Llama checkpoints have none)")
+    h, heads = _int(raw, "hidden_size"), _int(raw, "num_attention_heads")
+    kv = _int(raw, "num_key_value_heads", heads)
+    head_dim = int(raw.get("head_dim") or h // heads)
+    vocab = _int(raw, "vocab_size")
+    if heads <= 0 or kv <= 0 or heads % kv:
+        raise ValueError(f"num_attention_heads ({heads}) must be a positive multiple of the key/value heads ({kv})")
+    if h <= 0 or head_dim <= 0 or _int(raw, "num_hidden_layers") <= 0:
+        raise ValueError("hidden size, head dim and layer count must be positive")
+    pad = raw.get("pad_token_id")
+    bos = raw.get("bos_token_id")
+    return CausalConfig(
+        model_type=mt, vocab_size=vocab, hidden_size=h, intermediate_size=_int(raw, "intermediate_size"),
+        num_hidden_layers=_int(raw, "num_hidden_layers"), num_attention_heads=heads, num_key_value_heads=kv,
+        head_dim=head_dim, rope_parameters=_rope(raw, 10000.0 if mt == "llama" else None),
+        eos_token_id=_ids(raw, "eos_token_id"), pad_token_id=None if pad is None else int(pad),
+        bos_token_id=None if bos is None else int(bos),
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        max_position_embeddings=_int(raw, "max_position_embeddings", 32768 if mt == "qwen3" else 2048),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)), qk_norm=mt == "qwen3", raw=raw)
+
+
+def layer_geometry(raw: dict) -> list[LayerGeom]:
+    """One full-attention :class:`LayerGeom` per layer."""
+    c = parse_config(raw)
+    return [LayerGeom("full_attention", c.head_dim, c.num_key_value_heads, True, None)] * c.num_hidden_layers
+
+
+def tensor_shapes(raw: dict, include_buffers: bool = True) -> list[Tensorish]:
+    """Every weight tensor (our names, :func:`localdiff.arch.masked_spec.config_tensor_shapes`)."""
+    return stack_shapes(parse_config(raw), include_buffers)
+
+
+def parameter_counts(raw: dict) -> dict:
+    """``total``, ``active_per_token`` (= total: dense) and ``by_component``."""
+    return _counts(tensor_shapes(raw, include_buffers=False))
+
+
+def summary_fields(raw: dict) -> dict:
+    """``show``'s family fields: the special ids and whether the LM head is tied."""
+    c = parse_config(raw)
+    return {"eos_token_id": list(c.eos_token_id), "pad_token_id": c.pad_token_id,
+            "tie_word_embeddings": c.tie_word_embeddings}
+
+
+def architecture_name(raw: dict) -> str:
+    """The upstream class name of a config."""
+    return _ARCHITECTURES.get(raw.get("model_type"), ARCHITECTURE)

@@ -1,0 +1,136 @@
+"""The causal family's loop: autoregressive decoding over an exact KV cache, plain or with DFlash drafts
+(z-lab/dflash ``dflash_generate``; arXiv 2602.06036). Batch 1.
+
+prefill the prompt (target, K/V cached, logits of the last position) → first token; then per step:
+block = [last token, mask × (n − 1)] (n = min(block_size, what is left)) → one draft pass over it, conditioned on
+the context features of the positions the draft has not seen yet → drafted block → one target forward over the
+block with its cache → the policy (:class:`localdiff.decoding.dflash.DFlash`) accepts a prefix (+1 token from the
+target) → the target cache is cropped to the accepted tokens, the next context features are the block's first
+``produced`` rows. Without a draft (``draft=None``) the block is the last token alone: plain AR decoding, one
+target forward per token.
+
+The token after the accepted ones is not in the target cache; it opens the next block (as upstream). Stopping: the
+first EOS among the new tokens ends the answer (kept); ``max_new_tokens`` caps it. Events per step: with a draft, a
+StepEvent whose canvas is the drafted block (accepted = the last token and the accepted drafts, renoised = the
+rejected drafts, confidence = the draft's top-1 probability), then a CanvasDone with the new tokens and their text.
+Stats: ``forwards`` = target forwards (prefill included), ``canvases`` = steps, ``acceptance_lengths`` = tokens each
+step produced (upstream's list), ``acceptance_length`` τ = their mean, ``draft_forwards``.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from localdiff.decoding.dflash import DFlash, pick
+from localdiff.decoding.loop import count_tokens, strip_generated
+from localdiff.events import CanvasDone, Done, GenerationStats, StepEvent
+
+
+class _Text:
+    """Incremental detokenization: each step's text is decode(all ids) minus what was already given; a text ending
+    in U+FFFD (an incomplete UTF-8 sequence) is held back until later tokens complete it."""
+
+    def __init__(self, decode, eos):
+        self.decode, self.eos, self.ids, self.given = decode, eos, [], ""
+
+    def add(self, ids: list[int]) -> str:
+        """The text the new ``ids`` add (EOS tokens are not text)."""
+        if self.decode is None:
+            return ""
+        self.ids += [t for t in ids if t not in self.eos]
+        text = self.decode(self.ids)
+        if text.endswith("\ufffd") or not text.startswith(self.given):
+            return ""
+        new, self.given = text[len(self.given):], text
+        return new
+
+
+def run(target, cache, prompt_ids: torch.Tensor, max_new_tokens: int, eos_ids: list[int], options, generator,
+        draft=None, draft_cache=None, block_size: int | None = None, emit_steps: bool = True, decode=None,
+        stats: GenerationStats | None = None):
+    """Generate after ``prompt_ids`` LongTensor[1, P]; yields StepEvent (with a draft and ``emit_steps``),
+    CanvasDone per step, then Done (token ids: the new tokens, EOS kept).
+
+    Args:
+        target: a :class:`localdiff.arch.causal.CausalLM` (``prefill`` with ``layers``, ``embed_tokens``,
+            ``head_weight()``); cache: its empty block KV cache.
+        options: CausalOptions; generator: torch.Generator.
+        draft / draft_cache: a :class:`localdiff.arch.dflash.DFlashDraft` and its empty cache, or None (plain AR).
+        block_size: tokens per block (default: the draft's); 1 = plain AR even with a draft.
+    """
+    st = stats or GenerationStats()
+    t0 = time.perf_counter()
+    p = prompt_ids.shape[1]
+    max_length = p + max_new_tokens
+    bs = 1 if draft is None else int(block_size or draft.block_size)
+    layers = draft.target_layer_ids if bs > 1 else None
+    policy = DFlash(options, generator)
+    eos = set(eos_ids or ())
+    text = _Text(decode, eos)
+    tp = time.perf_counter()
+    logits, feats = target.prefill(prompt_ids, cache, layers=layers, last_only=True)
+    st.prefill_seconds += time.perf_counter() - tp
+    st.prefill_tokens_computed += p
+    st.forwards += 1
+    last = int(pick(logits[:, -1], options, generator)[0])
+    out = [last]
+    ctx_ids = prompt_ids
+    yield CanvasDone(0, torch.tensor([[last]]), text.add([last]), 1, torch.tensor([last in eos]))
+    start, step, reason = p, 0, "length"
+    stopped = last in eos
+    dev = prompt_ids.device
+    while start + 1 < max_length and not stopped:
+        n = min(bs, max_length - start)
+        block = torch.full((1, n), draft.mask_token_id if n > 1 else 0, dtype=torch.long, device=dev)
+        block[0, 0] = last
+        conf = None
+        if n > 1:
+            w = target.embed_tokens.weight
+            dl = draft.draft(draft.embed(block, w), feats, draft_cache, target.head_weight(), feature_ids=ctx_ids)
+            st.draft_forwards += 1
+            block[:, 1:] = policy.propose(dl[:, 1:])
+            if emit_steps:
+                conf = torch.softmax(dl[0, 1:], -1).max(-1).values
+        tl, new_feats = target.prefill(block, cache, layers=layers if n > 1 else None)
+        st.forwards += 1
+        acc, bonus = policy.verify(block, tl)
+        new = block[0, 1:acc + 1].tolist() + [bonus]
+        produced = min(acc + 1, max_length - start - 1)
+        for k, t in enumerate(new[:produced]):
+            if t in eos:
+                produced, stopped, reason = k + 1, True, "eos"
+                break
+        new = new[:produced]
+        out += new
+        start += produced
+        cache.truncate(start)
+        if bs > 1:
+            st.acceptance_lengths.append(produced)
+        if n > 1:
+            feats, ctx_ids = new_feats[:, :produced], block[:, :produced]
+        last = new[-1]
+        step += 1
+        if emit_steps and n > 1:
+            yield _event(step, block, acc, conf)
+        yield CanvasDone(step, torch.tensor([new]), text.add(new), 1, torch.tensor([stopped]))
+    if last in eos:
+        reason = "eos"
+    st.canvases = step + 1
+    st.acceptance_length = sum(st.acceptance_lengths) / max(len(st.acceptance_lengths), 1)
+    st.cache = cache.stats() if hasattr(cache, "stats") else {}
+    count_tokens(st, [out], time.perf_counter() - t0)
+    yield Done(decode(strip_generated(out, eos_ids, None)) if decode else "", out, st, reason)
+
+
+def _event(step: int, block: torch.Tensor, acc: int, conf: torch.Tensor | None) -> StepEvent:
+    """The StepEvent of one drafted block [1, n]: accepted = positions 0..acc, renoised = the rejected drafts."""
+    n = block.shape[1]
+    accepted = (torch.arange(n) <= acc)[None]
+    rejected = ~accepted
+    c = torch.ones(1, n)
+    if conf is not None:
+        c[0, 1:] = conf.float().cpu()
+    none = torch.zeros(1, n, dtype=torch.bool)
+    return StepEvent(step, 1, 1, block.cpu().clone(), block.cpu().clone(), accepted, rejected, none, c,
+                     torch.zeros(1, n), drafted=True)

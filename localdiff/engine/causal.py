@@ -1,0 +1,88 @@
+"""Runner of the causal family (Qwen3 / Llama): exact KV cache, plain AR decoding or DFlash speculative decoding
+when a draft is attached (:func:`attach_draft`; ``localdiff.load(..., draft=...)``, ``gen --draft``), through
+:mod:`localdiff.decoding.causal_loop` and the :class:`localdiff.decoding.dflash.DFlash` policy."""
+from __future__ import annotations
+
+from localdiff.cache.kv import KVCache
+from localdiff.decoding import causal_loop
+from localdiff.errors import CheckpointError, UsageError
+
+#: room kept after the cached run (tokens): a drafted block is appended without reallocating
+_BLOCK_ROOM = 64
+
+
+def prepare(model) -> None:
+    """No draft until :func:`attach_draft`."""
+    model.draft = getattr(model, "draft", None)
+
+
+def attach_draft(model, draft_net, where: str = "draft") -> None:
+    """Pair a loaded DFlash draft (``localdiff.arch.dflash.DFlashDraft``) with the target ``model``.
+
+    Raises:
+        CheckpointError: the draft does not fit the target (vocabulary, hidden size, target layer ids, mask id).
+    """
+    c, t = draft_net.config, model.config
+    if c.vocab_size != t.vocab_size or c.hidden_size != t.hidden_size:
+        raise CheckpointError(f"{where}: draft (vocab {c.vocab_size}, hidden {c.hidden_size}) does not fit the target "
+                              f"(vocab {t.vocab_size}, hidden {t.hidden_size})")
+    if max(c.target_layer_ids) >= t.num_hidden_layers:
+        raise CheckpointError(f"{where}: draft reads target layers {list(c.target_layer_ids)}, the target has "
+                              f"{t.num_hidden_layers}")
+    model.draft = draft_net
+
+
+def load_draft(model, name, resolve, dtype=None) -> None:
+    """Load the DFlash draft ``name`` (catalog alias, "org/repo[@rev]", folder; "auto" = the target's catalog
+    pairing, ``draft = ...`` in models/*.toml) through ``resolve`` (name → (path, label)) and attach it.
+
+    Raises:
+        UsageError: a target that is not causal, "auto" without a pairing, a checkpoint that is not a draft.
+        ModelNotFoundError / CheckpointError: from resolving and loading.
+    """
+    from localdiff.loader import load_model
+
+    if model.family != "causal":
+        raise UsageError(f"--draft: DFlash drafts pair with causal targets (Qwen3, Llama); {model.name} is a "
+                         f"{model.family} model")
+    if name == "auto":
+        from localdiff.hub import catalog
+
+        entry = catalog.lookup(str(model.name)) or catalog.entry_for_repo(str(model.name).split("@", 1)[0])
+        if entry is None or not entry.draft:
+            raise UsageError(f"--draft auto: the catalog pairs no draft with {model.name}")
+        name = entry.draft
+    path, label = resolve(name)
+    net, _ = load_model(path, model.device, dtype)
+    if set(net.roles) != {"draft"}:
+        raise UsageError(f"--draft: {label} is not a DFlash draft model")
+    attach_draft(model, net, str(path))
+    model.draft_name = label
+
+
+def new_cache(model, device_budget_bytes: int | None = None) -> KVCache:
+    """A fresh target KV cache (full attention, blocks of 64 tokens). Raises UsageError for a negative budget."""
+    return KVCache(**model.net.cache_layout(_BLOCK_ROOM), device_budget_bytes=device_budget_bytes)
+
+
+def stream(model, req):
+    """Prefill the prompt and decode (with the draft when one is attached); yields the loop's events. A cache
+    passed in is reset first (no prefix reuse across turns yet).
+
+    Raises:
+        UsageError: a batch of several prompts, or ``block_size`` without a draft.
+    """
+    if len(req.rows) != 1:
+        raise UsageError("causal models decode one prompt at a time (batch of "
+                         f"{len(req.rows)} given)")
+    opts = req.options
+    if opts.block_size is not None and model.draft is None:
+        raise UsageError(f"block_size: needs a DFlash draft (--draft) (got {opts.block_size})")
+    cache = req.cache if req.cache is not None else new_cache(model)
+    cache.reset()
+    draft_cache = None
+    if model.draft is not None:
+        draft_cache = KVCache(**model.draft.cache_layout(_BLOCK_ROOM))
+    yield from causal_loop.run(model.net, cache, req.ids, req.max_new_tokens, model.eos_token_ids, opts,
+                               req.generator, model.draft, draft_cache, opts.block_size, req.emit_steps, req.decode,
+                               req.stats)

@@ -1,0 +1,57 @@
+"""``localdiff bench``'s command line: the section names and the argument parser (``localdiff/bench/run.py`` runs them)."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from localdiff.errors import UsageError
+
+SECTIONS = ("ref", "eval", "sweep", "history", "memory", "profile", "serve", "masked", "block", "scale",
+            "approx", "gguf", "slots", "nap", "dflash")
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one-line usage errors (exit 2) instead of usage dumps
+        raise UsageError(f"localdiff bench: {message} (see `localdiff bench --help`)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="localdiff bench", description="localdiff bench: speed and quality side by side with the reference (transformers), in one run.")
+    p.add_argument("--quick", action="store_true", help="a smaller run of every section (≈ 2 min on 2 cores)")
+    p.add_argument("--eval", action="store_true", help="only the embedded model's eval (accuracy per family + TPF)")
+    p.add_argument("--only", help=f"comma-separated sections to run ({','.join(SECTIONS)})")
+    p.add_argument("--model", default="tiny", help="the embedded model (alias or folder; default tiny)")
+    p.add_argument("--eval-file", type=Path, help="held-out items (default: <model folder>/eval.jsonl)")
+    p.add_argument("--per-family", type=int, help="eval items per family (default: quick 3, full all)")
+    p.add_argument("--max-new-tokens", type=int,
+                   help="eval: max new tokens per item (default: the longest answer's canvases + one canvas)")
+    p.add_argument("--random-model", type=Path,
+                   help="checkpoint folder to use as the random model of the reference comparison "
+                        "(default: build the wider tiny-random DiffusionGemma in a temp dir)")
+    p.add_argument("--random-steps", type=int, default=4,
+                   help="denoising steps per canvas on the random model (random weights are chaotic past ~8)")
+    p.add_argument("--ref-on", choices=["both", "embedded", "random"], default="both",
+                   help="models of the reference comparison (default both)")
+    p.add_argument("--ld-dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="localdiff's dtype in the reference comparison (the reference runs fp32; default float32)")
+    p.add_argument("--seeds", type=int, help="seeds per model in the reference comparison")
+    p.add_argument("--reps", type=int, help="repetitions per seed in the reference comparison")
+    p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads for the whole run (default 2)")
+    p.add_argument("--batch-size", type=int, default=16, help="eval batch size (default 16)")
+    p.add_argument("--history", help="comma-separated history lengths (default: quick 256,1024; full up to 8192)")
+    p.add_argument("--out", type=Path, help="results JSON (default bench-results/bench-<time>.json)")
+    p.add_argument("--md", type=Path, help="also write the Markdown report here")
+    p.add_argument("--readme", type=Path, help="replace the bench section of this README (between markers)")
+    p.add_argument("--no-plot", action="store_true", help="skip the PNG plot of the sweep")
+    return p
+
+
+def _sections(args) -> list[str]:
+    if args.only:
+        names = [s.strip() for s in args.only.split(",") if s.strip()]
+        bad = [s for s in names if s not in SECTIONS]
+        if bad:
+            raise UsageError(f"unknown section {bad[0]!r} (choose from {', '.join(SECTIONS)})")
+        return names
+    return ["eval"] if args.eval else list(SECTIONS)
+
+

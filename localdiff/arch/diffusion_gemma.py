@@ -235,7 +235,11 @@ class DiffusionGemma(nn.Module):
         w = self.lm_head.weight if self.lm_head is not None else self.embed_tokens.weight
         y = nn.functional.linear(h, w).float()            # a fresh tensor: soft-cap in place (same ops, no copies)
         cap = self.config.final_logit_softcapping
-        return y if cap is None else y.div_(cap).tanh_().mul_(cap)
+        if cap is None:
+            return y
+        if y.requires_grad:                                 # training (the recipe): autograd needs tanh's output
+            return torch.tanh(y / cap) * cap
+        return y.div_(cap).tanh_().mul_(cap)
 
     # -- the two roles ------------------------------------------------------------------------------------------
     @torch.inference_mode()

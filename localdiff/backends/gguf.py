@@ -242,6 +242,7 @@ class GGUFTokenizer(Tokenizer):
         self.eos_token_ids, self.pad_token_id = list(eos_ids), pad_id
         self.vocab_size = net.n_vocab
         self._env = None
+        self._template = None   # compiled chat template (localdiff.tokenizer.Tokenizer.apply_chat_template)
 
     def _text(self, i):
         if i is None:

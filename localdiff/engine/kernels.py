@@ -11,6 +11,8 @@ def describe(net: nn.Module) -> dict[str, str]:
     from localdiff.arch.layers import MoEExperts
     from localdiff.quantize.int8 import Int8Experts, Int8Linear
 
+    if not isinstance(net, nn.Module):        # a backend (GGUF: llama.cpp) — gen -v's backend line says which
+        return {"backend": str(getattr(net, "backend", type(net).__name__))}
     p = next(net.parameters())
     dtype, cpu = str(p.dtype).removeprefix("torch."), p.device.type == "cpu"
     out = {"dtype": dtype, "device": p.device.type}

@@ -102,6 +102,8 @@ class GGUFNet:
         self.threads = int(threads) if threads else max(1, (torch.get_num_threads()))
         mp = lib.llama_model_default_params()
         mp.n_gpu_layers = 0
+        if hasattr(mp, "use_extra_bufts"):   # no AMX / repacked weight buffers: with a native build on an AMX CPU
+            mp.use_extra_bufts = False       # (llama-cpp-python 0.3.36) the non-causal Q8_0 pass segfaults in them
         _LOG_TAIL.clear()
         self.model = lib.llama_model_load_from_file(str(path).encode(), mp)
         if not self.model:

@@ -168,8 +168,10 @@ def read_header(path) -> GGUFHeader:
         raise CheckpointError(f"{path}: cannot read ({e.strerror or e})") from None
     with f:
         r = _Reader(f, path, size)
-        if size < 24 or f.read(4) != MAGIC:
+        if f.read(4) != MAGIC:
             raise CheckpointError(f"{path}: not a GGUF file (no 'GGUF' magic)")
+        if size < 24:
+            raise CheckpointError(f"{path}: truncated GGUF file ({size} bytes, shorter than its header)")
         version = r.scalar(4)
         if version not in (2, 3):
             raise CheckpointError(f"{path}: GGUF version {version} is not supported (2 or 3)")

@@ -1,18 +1,20 @@
 """From a submitted job to text pieces for a response: waiting for the start, stop strings, cancellation.
 
-Both API shapes (OpenAI, Ollama) use :func:`start_job` then iterate :func:`pieces` (a list of parts per hand-off
-from the worker, written out together); whatever ends the iteration early (a stop string, the client going away,
-the response being cancelled) sets the job's cancel flag, so the worker stops the generation within one denoising
-step.
+Both API shapes (OpenAI, Ollama) submit a job and iterate :func:`pieces` (a list of parts per hand-off from the
+worker, written out together; ``localdiff.serve.asgi``); whatever ends the iteration early (a stop string, the
+client going away, the response being cancelled) sets the job's cancel flag, so the worker stops the generation
+within one denoising step.
 """
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 
 from localdiff.serve.errors import ApiError
-from localdiff.serve.options import GenRequest
 from localdiff.serve.worker import Job, ModelWorker
+
+
+class ClientGone(Exception):
+    """The client disconnected (its job is cancelled); nothing more is sent."""
 
 
 @dataclass
@@ -76,26 +78,6 @@ class StopMatcher:
         return out
 
 
-async def start_job(worker: ModelWorker, req: GenRequest) -> Job:
-    """Submit ``req`` and wait until the engine accepted it (it polled before its first step) or refused it.
-
-    Raises:
-        ApiError: queue full (503), or the engine's 4xx for the prompt / options / model. The wait is
-        cancelled (and the job with it) when the caller is cancelled.
-    """
-    job = Job(req, asyncio.get_running_loop())
-    worker.submit(job)
-    try:
-        first = await job.batch()
-    except BaseException:
-        job.cancel.set()
-        raise
-    if first[0][0] == "error":
-        raise first[0][1]
-    job.held = first          # read again by pieces()
-    return job
-
-
 async def pieces(job: Job):
     """Yield the response's parts in order, one list per hand-off from the worker (so each list can go out in one
     write): ("event", dict) canvas events (``localdiff.wire``; only when the request asked for them), ("text", str)
@@ -103,6 +85,7 @@ async def pieces(job: Job):
 
     Raises:
         ApiError: the generation failed after it started (an engine error mid-way), after the parts before it.
+        ClientGone: the client disconnected (a ``("gone",)`` event from the disconnect watcher).
     """
     stop = StopMatcher(job.req.stop)
     try:
@@ -129,6 +112,8 @@ async def pieces(job: Job):
                 elif kind == "error":
                     err = item[1]
                     break
+                elif kind == "gone":
+                    raise ClientGone()
             if out:
                 yield out
             if err is not None:
@@ -157,11 +142,10 @@ def _finish(job: Job, stop: StopMatcher, done, used) -> list:
 
 
 def _result(text: str, reason: str, done_used, job: Job) -> Result:
-    if done_used is None:  # ended early by a stop string: count the prompt and what was kept (tokenizer only)
+    if done_used is None:  # ended early by a stop string: the prompt as counted by the worker, what was kept
         tok = getattr(job.model, "tokenizer", None)
         n = len(tok.encode(text)) if tok is not None and text else 0
-        n_prompt = len(job.model.encode_prompt(job.req.prompt, job.req.chat)[0]) if tok is not None else 0
-        return Result(text, reason, n_prompt, n, {"steps_run": job.steps}, job.seed, {})
+        return Result(text, reason, job.prompt_tokens, n, {"steps_run": job.steps}, job.seed, {})
     done, used = done_used
     ids = done.token_ids[0] if done.token_ids and isinstance(done.token_ids[0], list) else done.token_ids
     stats = done.stats.as_dict()

@@ -48,7 +48,8 @@ class Job:
     finished: threading.Event = field(default_factory=threading.Event)
     model: object = None      # the Model that runs it (set when it starts)
     seed: int | None = None   # the seed actually used
-    held: list = field(default_factory=list)   # events already taken off the queue by start_job (jobs.py)
+    prompt_tokens: int = 0    # the prompt's length in tokens, counted once when the job starts (for ``usage``)
+    held: list = field(default_factory=list)   # events already taken off the queue by the handler (asgi.py)
     _pending: list = field(default_factory=list)
     _scheduled: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -223,8 +224,10 @@ class ModelWorker:
                 job.steps += 1
                 return job.cancel.is_set()
 
-            stream = model.stream(req.prompt, max_new_tokens=req.max_new_tokens, seed=seed, chat=req.chat,
-                                  emit_steps=req.events == "steps", cancel=cancel, **sampler)
+            ids = model.encode_prompt(req.prompt, req.chat)[0]   # rendered and tokenized once per request
+            job.prompt_tokens = len(ids)
+            stream = model.stream(ids, max_new_tokens=req.max_new_tokens, seed=seed, emit_steps=req.events == "steps",
+                                  cancel=cancel, **sampler)
             for ev in stream:
                 if isinstance(ev, StepEvent):
                     job.post(("step", wire.step(ev)))

@@ -1,0 +1,212 @@
+"""The generation routes of ``localdiff serve`` as one plain ASGI callable (no Starlette on the hot path).
+
+``POST /v1/chat/completions``, ``/v1/completions``, ``/api/chat`` and ``/api/generate`` are served here, straight
+on uvicorn's ``receive`` / ``send``; every other request (``/health``, the model lists, 404 / 405, lifespan) goes to
+the Starlette app of :mod:`localdiff.serve.app`. Why: on the embedded model's ~20 ms answers, Starlette's
+``StreamingResponse`` (an anyio task group per response, its middleware stack and exception wrappers) cost more
+event-loop CPU per request than parsing and writing the response itself (profiled with ``cProfile`` on the loop
+thread's CPU clock, ``localdiff bench --only serve``); the behaviour seen by clients is the same.
+
+One request: check the API key, read at most ``max_body`` bytes of JSON, parse it (``openai_api`` /
+``ollama_api``), submit a :class:`~localdiff.serve.worker.Job`, then relay its parts (one ``send`` per hand-off from
+the model thread, :func:`localdiff.serve.jobs.pieces`). A watcher task waits on ``receive()`` for the client's
+disconnect: it sets the job's cancel flag at once (the engine stops before its next denoising step) and wakes the
+handler, whether the job is still queued or streaming.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+
+from localdiff.serve import ollama_api, openai_api
+from localdiff.serve.errors import ApiError, bad_request
+from localdiff.serve.jobs import ClientGone, collect, pieces
+from localdiff.serve.worker import Job
+
+log = logging.getLogger("localdiff.serve")
+
+_JSON = (b"content-type", b"application/json")
+_SSE = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+_NDJSON = [(b"content-type", b"application/x-ndjson")]
+
+
+def dumps(obj) -> str:
+    """Compact JSON text (UTF-8 kept as is, no spaces after separators)."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def check_key(api_key: str | None, authorization: str, x_api_key: str) -> None:
+    """Accept ``Authorization: Bearer KEY`` (or ``x-api-key: KEY``) equal to ``api_key`` (constant-time compare);
+    no check when ``api_key`` is None. Raises ApiError(401)."""
+    if api_key is None:
+        return
+    given = authorization[7:].strip() if authorization.lower().startswith("bearer ") else x_api_key
+    if not given or not hmac.compare_digest(given.encode(), api_key.encode()):
+        raise ApiError(401, "missing or wrong API key (send 'Authorization: Bearer KEY')",
+                       type="authentication_error", code="invalid_api_key")
+
+
+def parse_json(raw: bytes) -> dict:
+    """A request body → a JSON object. Raises ApiError(400): empty, not UTF-8 / JSON, or not an object."""
+    if not raw.strip():
+        raise bad_request("empty request body: send a JSON object")
+    try:
+        body = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise bad_request(f"request body is not valid JSON ({type(e).__name__}: {str(e)[:80]})") from None
+    if not isinstance(body, dict):
+        raise bad_request("request body must be a JSON object")
+    return body
+
+
+def too_large(limit: int) -> ApiError:
+    """The 413 for a body over ``limit`` bytes."""
+    return ApiError(413, f"request body over {limit} bytes", code="request_too_large")
+
+
+async def _read_body(receive, declared: str, limit: int) -> bytes:
+    """The request body, at most ``limit`` bytes (ApiError 413; checked on Content-Length first).
+    Raises ClientGone when the client disconnects while sending it."""
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large(limit)
+    chunks, size = [], 0
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            raise ClientGone()
+        chunk = msg.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise too_large(limit)
+        chunks.append(chunk)
+        if not msg.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _watch(receive, job: Job) -> None:
+    """Wait for the client to go away; then cancel ``job`` and wake its handler (a ``("gone",)`` event)."""
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            job.cancel.set()
+            job.events.put_nowait(("gone",))
+            return
+
+
+async def _send_json(send, status: int, body: dict, headers: dict | None = None) -> None:
+    data = dumps(body).encode()
+    hdrs = [_JSON, (b"content-length", str(len(data)).encode())]
+    hdrs += [(k.lower().encode(), str(v).encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": hdrs})
+    await send({"type": "http.response.body", "body": data})
+
+
+def _openai_lines(shape: openai_api.Shape, req, batch: list, role: bool) -> str:
+    parts = [shape.chunk(first=True)] if role else []
+    for kind, value in batch:
+        if kind == "text":
+            parts.append(shape.chunk(value))
+        elif kind == "event":
+            parts.append(shape.event(value))
+        else:
+            parts.append(shape.chunk(finish_reason=value.finish_reason))
+            if req.include_usage:
+                parts.append(shape.usage_chunk(value))
+    out = "".join("data: " + dumps(p) + "\n\n" for p in parts)
+    return out + "data: [DONE]\n\n" if batch and batch[-1][0] == "end" else out
+
+
+def _ollama_lines(shape: ollama_api.Shape, batch: list) -> str:
+    parts = []
+    for kind, value in batch:
+        if kind == "text":
+            parts.append(shape.piece(value))
+        elif kind == "event":
+            parts.append(shape.event(value))
+        else:
+            parts.append(shape.final(value, streamed=True))
+    return "".join(dumps(p) + "\n" for p in parts)
+
+
+class GenerationRoutes:
+    """The ASGI app of ``localdiff serve``: the four generation routes here, the rest to ``fallback``.
+
+    Args:
+        worker: the :class:`~localdiff.serve.worker.ModelWorker` that runs every generation.
+        settings: ``api_key`` / ``max_body`` (``localdiff.serve.app.ServerSettings``).
+        fallback: the ASGI app for every other request (Starlette).
+    """
+
+    ROUTES = {"/v1/chat/completions": (openai_api.parse_chat, True, False),
+              "/v1/completions": (openai_api.parse_completion, False, False),
+              "/api/chat": (ollama_api.parse_chat, True, True),
+              "/api/generate": (ollama_api.parse_generate, False, True)}   # path → (parser, chat, ollama shape)
+
+    def __init__(self, worker, settings, fallback) -> None:
+        self.worker, self.settings, self.fallback = worker, settings, fallback
+
+    async def __call__(self, scope, receive, send) -> None:
+        """ASGI entry point."""
+        if scope["type"] == "http" and scope["method"] == "POST":
+            route = self.ROUTES.get(scope["path"])
+            if route is not None:
+                return await self._serve(route, scope, receive, send)
+        return await self.fallback(scope, receive, send)
+
+    async def _serve(self, route, scope, receive, send) -> None:
+        parse, chat, ollama = route
+        job = watcher = None
+        started = False
+        try:
+            headers = {k: v for k, v in scope["headers"] if k in (b"authorization", b"x-api-key",
+                                                                   b"content-length")}
+            check_key(self.settings.api_key, headers.get(b"authorization", b"").decode("latin-1"),
+                      headers.get(b"x-api-key", b"").decode("latin-1"))
+            raw = await _read_body(receive, headers.get(b"content-length", b"").decode("latin-1"),
+                                   self.settings.max_body)
+            req = parse(parse_json(raw))
+            job = Job(req, asyncio.get_running_loop())
+            self.worker.submit(job)
+            watcher = asyncio.ensure_future(_watch(receive, job))
+            first = await job.batch()
+            if first[0][0] == "gone":
+                raise ClientGone()
+            if first[0][0] == "error":
+                raise first[0][1]
+            job.held = first                      # read again by pieces()
+            name = job.model.name
+            shape = ollama_api.Shape(name, chat) if ollama else openai_api.Shape(name, chat)
+            if not req.stream:
+                result = await collect(job)
+                body = shape.final(result, streamed=False) if ollama else shape.full(result)
+                return await _send_json(send, 200, body)
+            await send({"type": "http.response.start", "status": 200, "headers": _NDJSON if ollama else _SSE})
+            started = True
+            role = chat and not ollama            # the role chunk goes out with the first parts (one write)
+            try:
+                async for batch in pieces(job):
+                    text = _ollama_lines(shape, batch) if ollama else _openai_lines(shape, req, batch, role)
+                    role = False
+                    await send({"type": "http.response.body", "body": text.encode(), "more_body": True})
+            except ApiError as err:               # failed mid-stream: the error as the stream's last part
+                text = dumps(err.ollama_body()) + "\n" if ollama else ("data: " + dumps(err.openai_body())
+                                                                       + "\n\ndata: [DONE]\n\n")
+                await send({"type": "http.response.body", "body": text.encode(), "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+        except ClientGone:
+            if not started:
+                await _send_json(send, 499, {"error": "client closed the request"})
+        except ApiError as err:
+            await _send_json(send, err.status, err.ollama_body() if ollama else err.openai_body(), err.headers)
+        except Exception as exc:  # noqa: BLE001 — one log line and a JSON 500, never a traceback
+            log.error("internal error on POST %s: %s: %s", scope["path"], type(exc).__name__, exc)
+            if not started:
+                err = ApiError(500, f"internal error: {type(exc).__name__}", type="server_error")
+                await _send_json(send, 500, err.ollama_body() if ollama else err.openai_body())
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+            if job is not None:
+                job.cancel.set()   # no-op after the end; stops the engine when the response is abandoned

@@ -81,10 +81,11 @@ def _served(conn, prompt, seed, max_new, opts, events, model_name) -> tuple[floa
             break
         if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
             continue
-        if first is None and b'"content":"' in line and b'"content":""' not in line:
+        chunk = json.loads(line[6:])
+        if first is None and any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or ()):
             first = time.perf_counter() - t0
-        if b'"usage":' in line:
-            n = json.loads(line[6:])["usage"]["completion_tokens"]
+        if chunk.get("usage"):
+            n = chunk["usage"]["completion_tokens"]
     total = time.perf_counter() - t0
     return (first if first is not None else total), total, n
 

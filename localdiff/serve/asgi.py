@@ -189,7 +189,10 @@ class GenerationRoutes:
                 async for batch in pieces(job):
                     text = _ollama_lines(shape, batch) if ollama else _openai_lines(shape, req, batch, role)
                     role = False
-                    await send({"type": "http.response.body", "body": text.encode(), "more_body": True})
+                    end = batch[-1][0] == "end"   # the last part and the end of the chunked body: one write
+                    await send({"type": "http.response.body", "body": text.encode(), "more_body": not end})
+                    if end:
+                        return
             except ApiError as err:               # failed mid-stream: the error as the stream's last part
                 text = dumps(err.ollama_body()) + "\n" if ollama else ("data: " + dumps(err.openai_body())
                                                                        + "\n\ndata: [DONE]\n\n")

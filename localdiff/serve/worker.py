@@ -9,8 +9,10 @@ A job's events go to an ``asyncio.Queue`` on the server's loop: ``("start", mode
 options passed the engine's checks (streamed requests only; ``begin`` is the canvas-events header or None),
 ``("step", dict)`` per denoising step (when the request asked for ``events: "steps"``), ``("delta", text, canvas)``
 per finished canvas (``canvas``: its wire dict when events were asked for, else None), ``("done", Done, used)`` at
-the end, or ``("error", ApiError)`` instead. Events posted while the loop has not yet run the previous hand-off
-travel together (one ``call_soon_threadsafe`` per burst, :meth:`Job.post`).
+the end, or ``("error", ApiError)`` instead. One hand-off (one ``call_soon_threadsafe``, one wake-up of the loop)
+per burst: what the engine yields between two denoising steps travels together — the worker wakes the loop before
+the next step, when the last canvas is followed by Done at once, or at the end (:meth:`Job.post`, :meth:`Job.wake`);
+``start`` rides with the first burst.
 
 Cancellation (client gone, stop string hit): the engine polls the job's ``cancel`` flag before every denoising step
 (``Model.stream(cancel=...)``), so at most the step already running finishes; no step events are needed for it.
@@ -54,12 +56,21 @@ class Job:
     _scheduled: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def post(self, item: tuple) -> None:
+    def post(self, item: tuple, wake: bool = True) -> None:
         """Hand an event to the HTTP side (thread-safe). Wakes the loop once per burst: while a hand-off is
-        scheduled and not yet run, later events join it."""
+        scheduled and not yet run, later events join it; with ``wake=False`` the event waits for the next
+        :meth:`wake` (the worker wakes the loop before each denoising step and at the end, so everything the engine
+        yields between two steps travels in one hand-off)."""
         with self._lock:
             self._pending.append(item)
-            if self._scheduled:
+        if wake:
+            self.wake()
+
+    def wake(self) -> None:
+        """Schedule one hand-off of the pending events to the loop (no-op when none are pending or one is
+        already scheduled)."""
+        with self._lock:
+            if self._scheduled or not self._pending:
                 return
             self._scheduled = True
         try:
@@ -107,6 +118,7 @@ class ModelWorker:
         self._q: queue.Queue = queue.Queue(maxsize=max_queue)
         self._thread = threading.Thread(target=self._run, name="localdiff-model", daemon=True)
         self._stop = False
+        self._applicable: tuple = (None, {})   # (model, its share of ``defaults``)
         self.threads = torch.get_num_threads()   # applied in the worker thread (see the module docstring)
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
@@ -207,20 +219,30 @@ class ModelWorker:
         log.info("model %s ready", name)
         return model
 
+    def _defaults_for(self, model) -> dict:
+        """The server-wide sampler defaults that apply to ``model``'s decoder (computed once per loaded model)."""
+        if not self.defaults:
+            return {}
+        if self._applicable[0] is not model:
+            self._applicable = (model, model.applicable(self.defaults))
+        return self._applicable[1]
+
     def _generate(self, job: Job) -> None:
         req = job.req
         stream = None
         try:
             model = self._ensure(req.model)
-            sampler = {**model.applicable(self.defaults), **req.sampler}   # server-wide defaults: this decoder's
+            sampler = {**self._defaults_for(model), **req.sampler}
             seed = req.seed if req.seed is not None else random.randrange(2**63)  # known even if stopped early
             wire = EventEncoder(model) if req.events != "none" else None
 
             def cancel() -> bool:  # the engine calls it before every step; the first call: the request is valid
                 if job.steps == 0:
                     job.model, job.seed = model, seed
-                    if req.stream:
-                        job.post(("start", model, wire.begin() if wire else None))
+                    if req.stream:   # rides with the first burst of the answer (one wake-up less per request)
+                        job.post(("start", model, wire.begin() if wire else None), wake=False)
+                else:
+                    job.wake()       # what the last step yielded goes out while the next one runs
                 job.steps += 1
                 return job.cancel.is_set()
 
@@ -230,9 +252,10 @@ class ModelWorker:
                                   cancel=cancel, **sampler)
             for ev in stream:
                 if isinstance(ev, StepEvent):
-                    job.post(("step", wire.step(ev)))
+                    job.post(("step", wire.step(ev)), wake=False)
                 elif isinstance(ev, CanvasDone):
-                    job.post(("delta", ev.text, wire.canvas(ev) if wire else None))
+                    last = bool(ev.finished.all())   # then Done follows at once and wakes the loop with it
+                    job.post(("delta", ev.text, wire.canvas(ev) if wire else None), wake=not last)
                 elif isinstance(ev, Done):
                     job.post(("done", ev, {"seed": getattr(ev, "seed", seed),
                                            "sampler": getattr(ev, "options", None) or {}}))

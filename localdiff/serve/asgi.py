@@ -23,6 +23,7 @@ import logging
 from localdiff.serve import ollama_api, openai_api
 from localdiff.serve.errors import ApiError, bad_request
 from localdiff.serve.jobs import ClientGone, collect, pieces
+from localdiff.serve.openai_api import dumps
 from localdiff.serve.worker import Job
 
 log = logging.getLogger("localdiff.serve")
@@ -30,11 +31,6 @@ log = logging.getLogger("localdiff.serve")
 _JSON = (b"content-type", b"application/json")
 _SSE = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
 _NDJSON = [(b"content-type", b"application/x-ndjson")]
-
-
-def dumps(obj) -> str:
-    """Compact JSON text (UTF-8 kept as is, no spaces after separators)."""
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
 def check_key(api_key: str | None, authorization: str, x_api_key: str) -> None:
@@ -107,14 +103,14 @@ def _openai_lines(shape: openai_api.Shape, req, batch: list, role: bool) -> str:
     parts = [shape.chunk(first=True)] if role else []
     for kind, value in batch:
         if kind == "text":
-            parts.append(shape.chunk(value))
+            parts.append(shape.text_line(value))
         elif kind == "event":
             parts.append(shape.event(value))
         else:
             parts.append(shape.chunk(finish_reason=value.finish_reason))
             if req.include_usage:
                 parts.append(shape.usage_chunk(value))
-    out = "".join("data: " + dumps(p) + "\n\n" for p in parts)
+    out = "".join(p if isinstance(p, str) else "data: " + dumps(p) + "\n\n" for p in parts)
     return out + "data: [DONE]\n\n" if batch and batch[-1][0] == "end" else out
 
 

@@ -26,6 +26,14 @@ _NEUTRAL = {"top_p": 1, "presence_penalty": 0, "frequency_penalty": 0, "logprobs
             "parallel_tool_calls": None, "tool_choice": "none", "response_format": {"type": "text"}}
 
 
+_MARK = "\x00text\x00"   # stands for the text in a chunk template (no model text is this exact JSON string)
+
+
+def dumps(obj) -> str:
+    """Compact JSON text (UTF-8 kept as is, no spaces after separators): what the server sends."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
 def _check_fields(body: dict, allowed: set) -> None:
     for key, value in body.items():
         if key in allowed:
@@ -128,6 +136,7 @@ class Shape:
         self.model, self.chat = model, chat
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
+        self._text = dumps(self.chunk(_MARK)).split(dumps(_MARK))   # [before, after] the text of a text chunk
 
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
@@ -161,6 +170,11 @@ class Shape:
             body = self._head("text_completion")
         body["choices"] = [choice]
         return body
+
+    def text_line(self, text: str) -> str:
+        """The SSE line of a text chunk (``data: {...}`` and the blank line): ``dumps(self.chunk(text))`` from a
+        template made once per request, so only the text is encoded per chunk."""
+        return "data: " + self._text[0] + dumps(text) + self._text[1] + "\n\n"
 
     def event(self, payload: dict) -> dict:
         """A chunk carrying one of localdiff's canvas events (``localdiff.wire``) under the ``localdiff`` key, with

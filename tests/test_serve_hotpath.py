@@ -1,0 +1,133 @@
+"""``localdiff serve``'s hot path (``localdiff/serve/asgi.py``, the worker's hand-offs): chunk templates equal the
+dict chunks, one hand-off per burst, the prompt counted once per request (a stop string included), a client that
+leaves while queued cancels its job before it starts, chunked uploads over the limit are a 413. 127.0.0.1 only."""
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import httpx
+import pytest
+from servehelpers import Running
+
+from localdiff.serve.openai_api import Shape, dumps
+from localdiff.serve.options import GenRequest
+from localdiff.serve.worker import Job
+
+LONG = {"max_denoising_steps": 20000, "confidence_threshold": 1e-12}  # a canvas that runs all its 20000 steps
+ASK = [{"role": "user", "content": "What is 27 + 58?"}]
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Running()
+    yield s
+    s.stop()
+
+
+@pytest.mark.parametrize("chat", [True, False])
+@pytest.mark.parametrize("text", ["27 + 58 = 85.", "", 'q"uo\\te\n\t\x00\x1b[31m\u2028é中', "\x00text\x00"])
+def test_text_line_template_is_the_dict_chunk(chat, text):
+    shape = Shape("tiny", chat)
+    assert shape.text_line(text) == "data: " + dumps(shape.chunk(text)) + "\n\n"
+
+
+class _Loop:
+    """Records call_soon_threadsafe calls (the worker's wake-ups of the event loop)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def call_soon_threadsafe(self, fn):
+        self.calls.append(fn)
+
+
+def test_one_hand_off_per_burst():
+    loop = _Loop()
+    job = Job(GenRequest(model="", prompt="x"), loop, events=asyncio.Queue())
+    job.post(("start", None, None), wake=False)
+    job.post(("delta", "a", None), wake=False)
+    assert loop.calls == [] and job.events.empty()          # nothing handed over yet
+    job.wake()
+    job.post(("done", None, {}))                             # joins the scheduled hand-off
+    job.wake()
+    assert len(loop.calls) == 1
+    loop.calls.pop()()                                        # the loop runs the hand-off: all three, in order
+    assert [job.events.get_nowait()[0] for _ in range(3)] == ["start", "delta", "done"]
+    job.wake()                                                # nothing pending: no wake-up
+    assert loop.calls == []
+
+
+def test_prompt_rendered_once_per_request_even_with_a_stop_string(server):
+    tok = server.worker.model.tokenizer
+    calls = []
+    real = tok.apply_chat_template
+
+    def counting(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    tok.apply_chat_template = counting
+    try:
+        full = httpx.post(server.url + "/v1/chat/completions", json={"messages": ASK, "seed": 0}, timeout=60).json()
+        assert len(calls) == 1
+        cut = httpx.post(server.url + "/v1/chat/completions", json={"messages": ASK, "seed": 0, "stop": ["58"]},
+                         timeout=60).json()
+        assert len(calls) == 2                                # once more for the second request, not twice
+    finally:
+        del tok.apply_chat_template
+    assert cut["choices"][0]["message"]["content"] == "27 + " and cut["choices"][0]["finish_reason"] == "stop"
+    assert cut["usage"]["prompt_tokens"] == full["usage"]["prompt_tokens"] > 0
+
+
+def _raw_post(port: int, body: bytes) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    return s
+
+
+def test_client_gone_while_queued_cancels_before_start(server):
+    w = server.worker
+    long_body = dumps({"messages": ASK, "stream": True, "max_tokens": 32, "localdiff": LONG}).encode()
+    first = _raw_post(server.port, long_body)
+    t0 = time.monotonic()
+    while w.current is None or w.current.req.sampler.get("max_denoising_steps") != 20000:   # (not the last job)
+        assert time.monotonic() - t0 < 30
+        time.sleep(0.01)
+    running = w.current
+    queued = _raw_post(server.port, dumps({"messages": ASK, "seed": 0}).encode())
+    while w.queued < 1:
+        assert time.monotonic() - t0 < 30
+        time.sleep(0.01)
+    waiting = w._q.queue[0]
+    assert waiting.req.seed == 0 and not waiting.req.stream
+    queued.close()                                            # leaves while queued
+    while not waiting.cancel.is_set():
+        assert time.monotonic() - t0 < 30, "the server did not notice the queued client leave"
+        time.sleep(0.01)
+    assert not running.cancel.is_set()                        # the running generation is not disturbed
+    first.close()
+    assert running.finished.wait(30) and waiting.finished.wait(30)
+    assert waiting.steps == 0                                 # never ran a denoising step
+    r = httpx.post(server.url + "/v1/chat/completions", json={"messages": ASK, "seed": 0}, timeout=60)
+    assert r.json()["choices"][0]["message"]["content"] == "27 + 58 = 85."
+
+
+def test_chunked_upload_over_the_limit_is_413():
+    s = Running(model=None, max_body=4096)
+    try:
+        def parts():                                          # no Content-Length: the limit is counted as it comes
+            yield b'{"messages": [{"role": "user", "content": "'
+            for _ in range(10):
+                yield b"x" * 1024
+            yield b'"}]}'
+
+        r = httpx.post(s.url + "/v1/chat/completions", content=parts(), timeout=30)
+        assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+        r = httpx.post(s.url + "/api/chat", content=parts(), timeout=30)
+        assert r.status_code == 413 and isinstance(r.json()["error"], str)    # Ollama's shape
+        assert s.worker.model is None                         # nothing was loaded for them
+    finally:
+        s.stop()

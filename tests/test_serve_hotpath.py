@@ -131,3 +131,19 @@ def test_chunked_upload_over_the_limit_is_413():
         assert s.worker.model is None                         # nothing was loaded for them
     finally:
         s.stop()
+
+
+def test_bench_client_reads_the_stream(server):
+    """The serve bench's minimal client: first content seen before the end, the token count from ``usage``."""
+    from localdiff.bench.serve import _Client, _served
+
+    want = httpx.post(server.url + "/v1/chat/completions", json={"messages": ASK, "seed": 0}, timeout=60).json()
+    client = _Client(server.port)
+    try:
+        for _ in range(2):                                    # the kept-alive connection serves the next request
+            first, total, n = _served(client, ASK[0]["content"], 0, None, {}, "none", "tiny")
+            assert 0 < first <= total and n == want["usage"]["completion_tokens"] > 0
+        first, total, n = _served(client, ASK[0]["content"], 0, None, {}, "steps", "tiny")   # with events
+        assert 0 < first <= total and n == want["usage"]["completion_tokens"]
+    finally:
+        client.close()

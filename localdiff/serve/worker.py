@@ -11,8 +11,8 @@ options passed the engine's checks (streamed requests only; ``begin`` is the can
 per finished canvas (``canvas``: its wire dict when events were asked for, else None), ``("done", Done, used)`` at
 the end, or ``("error", ApiError)`` instead. One hand-off (one ``call_soon_threadsafe``, one wake-up of the loop)
 per burst: what the engine yields between two denoising steps travels together — the worker wakes the loop before
-the next step, when the last canvas is followed by Done at once, or at the end (:meth:`Job.post`, :meth:`Job.wake`);
-``start`` rides with the first burst.
+the next step, or after the end once the job is cleaned up (the last canvas and Done travel together;
+:meth:`Job.post`, :meth:`Job.wake`); ``start`` rides with the first burst.
 
 Cancellation (client gone, stop string hit): the engine polls the job's ``cancel`` flag before every denoising step
 (``Model.stream(cancel=...)``), so at most the step already running finishes; no step events are needed for it.
@@ -181,8 +181,9 @@ class ModelWorker:
                 self._ensure(item[1], quiet=True)
                 continue
             if item.cancel.is_set():
-                item.post(("error", ApiError(499, "cancelled before it started", code="cancelled")))
+                item.post(("error", ApiError(499, "cancelled before it started", code="cancelled")), wake=False)
                 item.finished.set()
+                item.wake()
                 continue
             self.current = item
             try:
@@ -191,6 +192,7 @@ class ModelWorker:
                 self.current = None
                 self.last_used = time.monotonic()
                 item.finished.set()
+                item.wake()   # the last burst, once this thread is about to wait (the loop need not wait for it)
 
     def _maybe_unload(self) -> None:
         if (self.model is not None and self.keep_alive is not None
@@ -254,20 +256,20 @@ class ModelWorker:
                 if isinstance(ev, StepEvent):
                     job.post(("step", wire.step(ev)), wake=False)
                 elif isinstance(ev, CanvasDone):
-                    last = bool(ev.finished.all())   # then Done follows at once and wakes the loop with it
+                    last = bool(ev.finished.all())   # then Done follows at once; the end wakes the loop
                     job.post(("delta", ev.text, wire.canvas(ev) if wire else None), wake=not last)
                 elif isinstance(ev, Done):
                     job.post(("done", ev, {"seed": getattr(ev, "seed", seed),
-                                           "sampler": getattr(ev, "options", None) or {}}))
+                                           "sampler": getattr(ev, "options", None) or {}}), wake=False)
                     return
                 if job.cancel.is_set():
                     break
-            job.post(("error", ApiError(499, "cancelled", code="cancelled")))
+            job.post(("error", ApiError(499, "cancelled", code="cancelled")), wake=False)
         except Exception as exc:  # noqa: BLE001 — every failure becomes one JSON error and one log line
             err = from_engine(exc)
             if err.status >= 500:
                 log.error("generation failed: %s: %s", type(exc).__name__, exc)
-            job.post(("error", err))
+            job.post(("error", err), wake=False)
         finally:
             if stream is not None:
                 stream.close()

@@ -147,3 +147,12 @@ def test_bench_client_reads_the_stream(server):
         assert 0 < first <= total and n == want["usage"]["completion_tokens"]
     finally:
         client.close()
+
+
+def test_prompt_over_the_context_is_a_400_naming_it(server):
+    long = [{"role": "user", "content": "1 + 2 " * 600}]
+    r = httpx.post(server.url + "/v1/chat/completions", json={"messages": long}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    assert "context" in r.json()["error"]["message"]
+    r = httpx.post(server.url + "/api/chat", json={"messages": long, "stream": True}, timeout=60)
+    assert r.status_code == 400 and "context" in r.json()["error"]     # a stream is refused before it starts

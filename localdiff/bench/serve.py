@@ -145,6 +145,7 @@ def _summary(rows: list[tuple], cpu: list[dict]) -> dict:
            "tokens_per_s": _stats([r[2] / r[1] for r in rows if r[1] > 0]),
            "tokens": [r[2] for r in rows]}
     out["cpu_ms"] = {k: statistics.median(c[k] for c in cpu) for k in cpu[0]} if cpu else {}
+    out["cpu_total_ms"] = _stats([sum(c.values()) for c in cpu]) if cpu else {}
     return out
 
 
@@ -176,8 +177,9 @@ def measure(model, prompt: str, seeds=(0, 1, 2), reps: int = 10, max_new_tokens:
     Returns:
         {"prompt", "seeds", "reps", "load_before", "load_after", "rows": [{"workload", "in_process", "served",
         "ttfb_overhead_ms", "tokens_per_s_overhead", "same_tokens"}]}; per path: TTFB ms and tokens/s as
-        median/min/max, the token counts, and median CPU ms per request per thread ("model" for in-process;
-        "client", "loop", "model" when served). Overheads are of the medians (served ÷ in-process − 1).
+        median/min/max, the token counts, median CPU ms per request per thread ("client", "loop", "model"; on the
+        in-process path the caller only waits and the loop idles) and their per-request sum ("cpu_total_ms").
+        Overheads are of the medians: tokens/s (1 − served ÷ in-process) and CPU (served ÷ in-process − 1).
     Raises:
         LocaldiffError: starlette / uvicorn missing (the section is then reported as skipped); RuntimeError when
         the two paths return different token counts for the same seed.
@@ -198,12 +200,10 @@ def measure(model, prompt: str, seeds=(0, 1, 2), reps: int = 10, max_new_tokens:
         c0 = clocks.read()
         if which == "in_process":
             r = worker.call(lambda: _inproc(model, prompt, seed, max_new_tokens, opts, events))
-            keys = ("model",)
         else:
             r = _served(conn, prompt, seed, max_new_tokens, opts, events, model.name)
-            keys = ("client", "loop", "model")
-        c1 = clocks.read()
-        return r, {k: (c1[k] - c0[k]) * 1000 for k in keys}
+        c1 = clocks.read()   # all three threads on both paths (in-process: the caller waits, the loop idles)
+        return r, {k: (c1[k] - c0[k]) * 1000 for k in c0}
 
     try:
         for name, (opts, events) in WORKLOADS.items():
@@ -227,11 +227,14 @@ def measure(model, prompt: str, seeds=(0, 1, 2), reps: int = 10, max_new_tokens:
             row = {"workload": name, "in_process": ia, "served": sb,
                    "ttfb_overhead_ms": sb["ttfb_ms"]["median"] - ia["ttfb_ms"]["median"],
                    "tokens_per_s_overhead": 1 - sb["tokens_per_s"]["median"] / ia["tokens_per_s"]["median"],
+                   "cpu_overhead": sb["cpu_total_ms"]["median"] / ia["cpu_total_ms"]["median"] - 1,
                    "same_tokens": True}
             log(f"serve: {name}: TTFB {ia['ttfb_ms']['median']:.1f} → {sb['ttfb_ms']['median']:.1f} ms, tokens/s "
                 f"{ia['tokens_per_s']['median']:.1f} → {sb['tokens_per_s']['median']:.1f} "
-                f"({100 * row['tokens_per_s_overhead']:+.1f} % overhead); CPU ms/request in-process "
-                f"{ia['cpu_ms']['model']:.2f}, served " + ", ".join(f"{k} {v:.2f}" for k, v in sb["cpu_ms"].items()))
+                f"({100 * row['tokens_per_s_overhead']:+.1f} % overhead); CPU ms/request (client, loop, model) "
+                f"in-process " + ", ".join(f"{v:.2f}" for v in ia["cpu_ms"].values()) + ", served "
+                + ", ".join(f"{v:.2f}" for v in sb["cpu_ms"].values())
+                + f" ({100 * row['cpu_overhead']:+.1f} % CPU)")
             rows.append(row)
     finally:
         conn.close()
@@ -260,12 +263,16 @@ def render_md(sec: dict) -> list[str]:
            f"Prompt {sec['prompt']!r}, seeds {sec['seeds']}, {sec['reps']} runs per seed and path after "
            f"{sec.get('warmup', 0)} warm-up runs, ABBA order; streamed `/v1/chat/completions` on 127.0.0.1 "
            "(a minimal kept-alive HTTP client) vs `Model.stream` in the server's model thread. TTFB = first answer text. "
-           "Medians [min–max]. CPU = median ms per request per thread (served: client + event loop + model "
-           f"thread). Load average {lb[0]:.1f} before, {la[0]:.1f} after. Event loop / HTTP parser: "
+           "Medians [min–max]. CPU = median ms per request per thread, client + event loop + model thread "
+           "(in-process the caller only waits and the loop idles); CPU overhead = of the per-request sums. "
+           f"Load average {lb[0]:.1f} before, {la[0]:.1f} after. Event loop / HTTP parser: "
            f"{sec.get('stack', {}).get('loop', '?')} / {sec.get('stack', {}).get('http', '?')}.", "",
            "| workload | TTFB in-process ms | TTFB served ms | tokens/s in-process | tokens/s served | overhead "
-           "(tokens/s) | CPU in-process ms | CPU served ms (client + loop + model) | same tokens |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+           "(tokens/s) | CPU in-process ms | CPU served ms | overhead (CPU) | same tokens |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+
+    def cpu(c):
+        return f"{c.get('client', 0):.2f} + {c.get('loop', 0):.2f} + {c.get('model', 0):.2f}"
 
     def rng(s, f="{:.1f}"):
         return f"{f.format(s['median'])} [{f.format(s['min'])}–{f.format(s['max'])}]"
@@ -275,7 +282,6 @@ def render_md(sec: dict) -> list[str]:
         cs = b.get("cpu_ms", {})
         out.append(f"| {r['workload']} | {rng(a['ttfb_ms'])} | {rng(b['ttfb_ms'])} | {rng(a['tokens_per_s'])} | "
                    f"{rng(b['tokens_per_s'])} | {100 * r['tokens_per_s_overhead']:+.1f} % | "
-                   f"{a.get('cpu_ms', {}).get('model', 0):.2f} | "
-                   f"{cs.get('client', 0):.2f} + {cs.get('loop', 0):.2f} + {cs.get('model', 0):.2f} | "
+                   f"{cpu(a.get('cpu_ms', {}))} | {cpu(cs)} | {100 * r.get('cpu_overhead', float('nan')):+.1f} % | "
                    f"{'yes' if r['same_tokens'] else 'no'} |")
     return out + [""]

@@ -1,4 +1,5 @@
-"""``localdiff serve``: an OpenAI- and Ollama-compatible HTTP API on this machine (Starlette + uvicorn).
+"""``localdiff serve``: an OpenAI- and Ollama-compatible HTTP API on this machine (uvicorn; the generation routes as
+plain ASGI, the rest Starlette).
 
 :func:`serve` runs the server until interrupted; :func:`check_binding` is the refusal to listen beyond this
 machine without an API key. The app itself is :func:`localdiff.serve.app.build_app`.

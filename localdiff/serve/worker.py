@@ -12,7 +12,8 @@ per finished canvas (``canvas``: its wire dict when events were asked for, else 
 the end, or ``("error", ApiError)`` instead. One hand-off (one ``call_soon_threadsafe``, one wake-up of the loop)
 per burst: what the engine yields between two denoising steps travels together — the worker wakes the loop before
 the next step, or after the end once the job is cleaned up (the last canvas and Done travel together;
-:meth:`Job.post`, :meth:`Job.wake`); ``start`` rides with the first burst.
+:meth:`Job.post`, :meth:`Job.wake`); ``start`` rides with the first burst. The HTTP side adds ``("gone",)`` itself
+when the client disconnects (``localdiff.serve.asgi``).
 
 Cancellation (client gone, stop string hit): the engine polls the job's ``cancel`` flag before every denoising step
 (``Model.stream(cancel=...)``), so at most the step already running finishes; no step events are needed for it.

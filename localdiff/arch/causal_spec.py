@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from localdiff.arch.base import LayerGeom, Tensorish
 from localdiff.arch.base import parameter_counts as _counts
 from localdiff.arch.masked_spec import config_tensor_shapes as stack_shapes
-from localdiff.arch.spec_parts import DenseOnly, _int, _rope, check_heads, full_attention_geometry, id_tuple
+from localdiff.arch.spec_parts import DenseOnly, StackShape, _int, _rope, check_heads, full_attention_geometry, id_tuple
 
 MODEL_TYPE = "qwen3"
 MODEL_TYPES = ("qwen3", "llama")
@@ -23,19 +23,11 @@ _ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}
 
 
 @dataclass(frozen=True)
-class CausalConfig(DenseOnly):
+class CausalConfig(StackShape, DenseOnly):
     """Hyper-parameters of a Qwen3 / Llama checkpoint (the attributes :class:`localdiff.arch.dense.DenseStack`
     reads, plus the special ids). ``eos_token_id`` is a tuple (Llama 3 lists several)."""
 
     model_type: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rope_parameters: dict
     eos_token_id: tuple
     pad_token_id: int | None
     bos_token_id: int | None

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from localdiff.arch.base import LayerGeom, Tensorish
 from localdiff.arch.base import parameter_counts as _counts
 from localdiff.arch.masked_spec import config_tensor_shapes as stack_shapes
-from localdiff.arch.spec_parts import DenseOnly, _int, _rope, check_heads, full_attention_geometry
+from localdiff.arch.spec_parts import DenseOnly, StackShape, _int, _rope, check_heads, full_attention_geometry
 
 MODEL_TYPE = "dflash"
 MODEL_TYPES = ("dflash",)
@@ -31,20 +31,12 @@ def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> lis
 
 
 @dataclass(frozen=True)
-class DFlashConfig(DenseOnly):
+class DFlashConfig(StackShape, DenseOnly):
     """A draft's hyper-parameters: the Qwen3 layer shape (attributes of :class:`localdiff.arch.dense.DecoderLayer`),
     ``block_size`` (tokens per drafted block, the last accepted token included), ``target_layer_ids``,
     ``mask_token_id``, ``target_hidden_size`` (= hidden_size, as upstream: the fc input is k·hidden_size), and the optional scalars
     ``input_embedding_scale``, ``output_multiplier``, ``final_logit_softcapping`` (None = off)."""
 
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rope_parameters: dict
     block_size: int
     target_layer_ids: tuple
     mask_token_id: int

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from localdiff.arch.base import LayerGeom, Tensorish
 from localdiff.arch.masked_spec import config_tensor_shapes
-from localdiff.arch.spec_parts import (_int, _refuse, _rope, check_heads, check_mask_id, check_top_k,
+from localdiff.arch.spec_parts import (StackShape, _int, _refuse, _rope, check_heads, check_mask_id, check_top_k,
                                        full_attention_geometry, id_tuple, moe_parameter_counts)
 
 MODEL_TYPE = "llada2_moe"
@@ -34,7 +34,7 @@ MASK_ID, EOS_ID = 156895, 156892
 
 
 @dataclass(frozen=True)
-class LLaDA2Config:
+class LLaDA2Config(StackShape):
     """Hyper-parameters of a LLaDA2.x checkpoint, in the attribute names :mod:`localdiff.arch.dense` reads.
 
     Router (``moe_router``): ``"sigmoid_group"`` — see :class:`localdiff.arch.moe.SparseMoE`; ``n_group`` /
@@ -43,14 +43,6 @@ class LLaDA2Config:
     ``o_bias``: the attention output projection has a bias (``use_bias``).
     """
 
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rope_parameters: dict
     mask_token_id: int
     eos_token_id: tuple
     pad_token_id: int | None

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from localdiff.arch.base import LayerGeom, Tensorish
-from localdiff.arch.spec_parts import (_int, _refuse, _rope, check_heads, check_mask_id, check_top_k,
+from localdiff.arch.spec_parts import (StackShape, _int, _refuse, _rope, check_heads, check_mask_id, check_top_k,
                                        full_attention_geometry, id_tuple, moe_parameter_counts)
 
 MODEL_TYPE = "llada"
@@ -35,7 +35,7 @@ DEFAULT_IDS = {"llada": (126336, 126081, 126081, 126080), "lladamoe": (156895, 1
 
 
 @dataclass(frozen=True)
-class MaskedConfig:
+class MaskedConfig(StackShape):
     """Hyper-parameters of a masked-diffusion checkpoint (every layout normalised to Llama/Qwen names).
 
     ``vocab_size``: logits width (token ids); ``embedding_rows``: rows of the embedding / LM head matrices (LLaDA's
@@ -44,15 +44,7 @@ class MaskedConfig:
     """
 
     model_type: str
-    vocab_size: int
     embedding_rows: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rope_parameters: dict
     mask_token_id: int
     eos_token_id: tuple
     pad_token_id: int | None

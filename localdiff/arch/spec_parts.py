@@ -7,6 +7,8 @@ Errors are ``ValueError`` with the config.json field named, one line (the loader
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from localdiff.arch.base import LayerGeom, Tensorish
 from localdiff.arch.base import parameter_counts as _counts
 
@@ -106,6 +108,23 @@ def moe_parameter_counts(c, tensors: list[Tensorish]) -> dict:
     moe_layers = sum(c.is_moe_layer(i) for i in range(c.num_hidden_layers))
     inactive = moe_layers * (c.num_experts - c.num_experts_per_tok) * 3 * c.hidden_size * c.moe_intermediate_size
     return _counts(tensors, inactive)
+
+
+@dataclass(frozen=True)
+class StackShape:
+    """The shape of a Llama-shaped decoder stack, the leading fields of every such config here (what
+    :class:`localdiff.arch.dense.DenseStack` sizes its layers by): ``vocab_size`` (logits width),
+    ``hidden_size``, ``intermediate_size`` (dense MLP; 0 when every layer is MoE), ``num_hidden_layers``,
+    ``num_attention_heads``, ``num_key_value_heads`` (GQA), ``head_dim``, ``rope_parameters`` (:func:`_rope`)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rope_parameters: dict
 
 
 class DenseOnly:

@@ -163,7 +163,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _check_environment() -> None:
+    """Every subcommand refuses an unknown ``LOCALDIFF_*`` variable as ``gen`` does (``config.check_environment``)."""
+    from localdiff.config import check_environment
+
+    check_environment()
+
+
 def _dispatch(args, argv) -> int:
+    _check_environment()
     cmd = args.command
     if cmd == "gen":
         if getattr(args, "endpoint", None):
@@ -205,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         parser = build_parser()
         argv = _join_negative_sizes(argv)
         if argv and argv[0] == "bench":  # bench parses its own flags (argparse REMAINDER rejects leading flags)
+            _check_environment()
             try:
                 from localdiff.bench.run import main as bench_main
             except ImportError as e:

@@ -220,9 +220,12 @@ def main(argv: list[str] | None = None) -> int:
                 raise LocaldiffError(f"`localdiff bench` is not available in this build ({e})") from None
             return int(bench_main(argv[1:]) or 0)
         try:
-            args = parser.parse_args(argv)
+            args, extra = parser.parse_known_args(argv)
         except SystemExit as e:  # --help / --version from argparse
             return int(e.code or 0)
+        if extra:   # argparse would name the top-level parser; name the subcommand whose flags these are not
+            prog = f"localdiff {args.command}" if getattr(args, "command", None) else "localdiff"
+            raise UsageError(f"{prog}: unrecognized arguments: {' '.join(extra)} (see `{prog} --help`)")
         if args.version:
             from localdiff import __version__
 

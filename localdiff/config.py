@@ -58,7 +58,8 @@ _TOP_KEYS: dict[str, type] = {
 _ENV_OTHER = ("LOCALDIFF_CONFIG", "LOCALDIFF_DATA_DIR", "LOCALDIFF_DEBUG", "LOCALDIFF_NO_BNB",  # read elsewhere
               "LOCALDIFF_API_KEY", "LOCALDIFF_DTYPE",
               "LOCALDIFF_LLAMA_CPP_SDIST", "LOCALDIFF_BENCH_CACHE", "LOCALDIFF_BENCH_TINY_MDM",  # bench gguf section
-              "LOCALDIFF_REQUIRE_GGUF")                                                      # .ci/run: no GGUF skips
+              "LOCALDIFF_REQUIRE_GGUF",                                                      # .ci/run: no GGUF skips
+              "LOCALDIFF_INT8_KERNEL")                                                       # quantize/int8.py
 _ENV_TOP = {"LOCALDIFF_MODEL": "default_model", "LOCALDIFF_DEVICE": "device", "LOCALDIFF_QUANT": "quant",
             "LOCALDIFF_MAX_NEW_TOKENS": "max_new_tokens", "LOCALDIFF_SEED": "seed",
             "LOCALDIFF_THREADS": "threads"}
@@ -179,6 +180,30 @@ def _read_file(path: Path) -> dict:
         raise UsageError(f"config file {path} is not valid TOML: {e}") from None
 
 
+def known_environment() -> set[str]:
+    """Every ``LOCALDIFF_*`` variable some part of localdiff reads: the settings, the decoder options' (the option
+    schema's ``env``) and the others (:data:`_ENV_OTHER`)."""
+    return {*_ENV_TOP, *_ENV_OTHER, *(spec.env for spec in all_specs())}
+
+
+def check_environment(env: Mapping[str, str] | None = None) -> None:
+    """Refuse a ``LOCALDIFF_*`` variable that nothing reads (a typo would otherwise be ignored silently), with the
+    nearest known name. Every subcommand runs it (``localdiff.cli.dispatch``).
+
+    Raises:
+        UsageError: ``unknown environment variable LOCALDIFF_X (did you mean LOCALDIFF_Y?); unset it or use a known
+            LOCALDIFF_* name`` for the first unknown one (sorted).
+    """
+    env = os.environ if env is None else env
+    known_env = known_environment()
+    for var in sorted(v for v in env if v.startswith("LOCALDIFF_") and v not in known_env):
+        tail = var[len("LOCALDIFF_"):]
+        near = [k for k in sorted(known_env) if tail and k.endswith("_" + tail)]
+        near = near or difflib.get_close_matches(var, sorted(known_env), n=1)
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        raise UsageError(f"unknown environment variable {var}{hint}; unset it or use a known LOCALDIFF_* name")
+
+
 def load_user_config(env: Mapping[str, str] | None = None, path: Path | None = None) -> Config:
     """Read the config file, then apply ``LOCALDIFF_*`` environment variables on top.
 
@@ -213,13 +238,7 @@ def load_user_config(env: Mapping[str, str] | None = None, path: Path | None = N
             origins[key] = "file"
         else:
             raise _unknown(key, [*_TOP_KEYS, "sampler"], where)
-    known_env = {*_ENV_TOP, *_ENV_OTHER, *(spec.env for spec in all_specs())}
-    for var in sorted(v for v in env if v.startswith("LOCALDIFF_") and v not in known_env):
-        tail = var[len("LOCALDIFF_"):]
-        near = [k for k in sorted(known_env) if tail and k.endswith("_" + tail)]
-        near = near or difflib.get_close_matches(var, sorted(known_env), n=1)
-        hint = f" (did you mean {near[0]}?)" if near else ""
-        raise UsageError(f"unknown environment variable {var}{hint}; unset it or use a known LOCALDIFF_* name")
+    check_environment(env)
     for var, key in _ENV_TOP.items():
         if env.get(var, "") != "":
             top[key] = coerce(key, env[var], _TOP_KEYS[key], var)

@@ -39,3 +39,15 @@ def tiny():
     import localdiff
 
     return localdiff.load("tiny", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op torch thread for a test module (``pytestmark = pytest.mark.usefixtures("one_thread")``), restored
+    after it: baby models' tensors are tiny, and one thread is ~100x faster than two on a busy machine."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

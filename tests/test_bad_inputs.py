@@ -125,6 +125,8 @@ CASES = [
     ("unknown device", ["gen", "-m", "{ckpt}", "--device", "tpu", "-p", "x"], None, {}, 2, "device"),
     ("unknown quant", ["gen", "--quant", "int3", "-p", "x"], None, {}, 2, "invalid choice: 'int3'"),
     ("unknown flag", ["gen", "--frobnicate", "-p", "x"], None, {}, 2, "unrecognized arguments"),
+    ("unknown flag of list", ["list", "--frob"], None, {}, 2,
+     "localdiff list: unrecognized arguments: --frob (see `localdiff list --help`)"),
     ("unknown command", ["frob"], None, {}, 2, "invalid choice: 'frob'"),
     ("unknown env variable", ["gen", "-p", "x"], None, {"LOCALDIFF_ENTROPYBOUND": "4"}, 2,
      "unknown environment variable LOCALDIFF_ENTROPYBOUND"),

@@ -11,22 +11,14 @@ import torch
 
 from block_ref import EOS, MASK, VOCAB, ref_logits, upstream_config, write_upstream
 from localdiff.cli import main
+from wordlevel import save_wordlevel_tokenizer
+
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _tokenizer(folder):
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.save(str(folder / "tokenizer.json"))
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    save_wordlevel_tokenizer(folder, VOCAB)
 
 
 def test_gen_equals_upstream_sdar_and_honours_the_kv_budget(tmp_path, capsys):

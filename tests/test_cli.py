@@ -21,16 +21,22 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def endless_ckpt(tmp_path_factory, ckpt):
-    """The same weights; EOS outside the vocabulary and 48 steps, so a generation runs until interrupted."""
+    """The same weights; EOS outside the vocabulary, 48 steps and a context of 64Ki positions, so a generation of
+    ``ENDLESS_TOKENS`` runs until interrupted (7,500 canvases of up to 48 forwards; 1,000 tokens took 100 s here)."""
     import shutil
 
     dst = tmp_path_factory.mktemp("ckpt") / "endless"
     shutil.copytree(ckpt, dst)
     gen_cfg = json.loads((dst / "generation_config.json").read_text())
-    vocab = json.loads((dst / "config.json").read_text())["text_config"]["vocab_size"]
-    gen_cfg.update(eos_token_id=[vocab], max_denoising_steps=48)
+    config = json.loads((dst / "config.json").read_text())
+    gen_cfg.update(eos_token_id=[config["text_config"]["vocab_size"]], max_denoising_steps=48)
     (dst / "generation_config.json").write_text(json.dumps(gen_cfg))
+    config["text_config"]["max_position_embeddings"] = 65536
+    (dst / "config.json").write_text(json.dumps(config))
     return dst
+
+
+ENDLESS_TOKENS = 60000
 
 
 def cli_env(tmp_path: Path, **extra) -> dict:
@@ -91,8 +97,10 @@ def test_gen_piped_stdin_prepended_json_and_clean_streams(tmp_path, ckpt):
 
 
 def test_gen_sigint_flushes_final_canvases_and_exits_130(tmp_path, endless_ckpt):
+    """Ctrl-C once the first canvas is on stdout: the final canvases are flushed, one line ``interrupted``, exit 130.
+    The generation is far too long to end on its own first (``endless_ckpt``), however loaded the machine."""
     proc = subprocess.Popen([sys.executable, "-m", "localdiff", "gen", "-m", str(endless_ckpt), "-p", "hello",
-                             "-n", "1000", "--seed", "0"], env=cli_env(tmp_path), cwd=ROOT,
+                             "-n", str(ENDLESS_TOKENS), "--seed", "0"], env=cli_env(tmp_path), cwd=ROOT,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     fd = proc.stdout.fileno()
     fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
@@ -104,6 +112,7 @@ def test_gen_sigint_flushes_final_canvases_and_exits_130(tmp_path, endless_ckpt)
         except BlockingIOError:
             time.sleep(0.05)
     assert got, "no canvas was written before the deadline"
+    assert proc.poll() is None, f"the generation ended (exit {proc.returncode}) before it could be interrupted"
     proc.send_signal(signal.SIGINT)
     rest, err = proc.communicate(timeout=60)
     assert proc.returncode == 130

@@ -201,17 +201,15 @@ def test_chat_shows_each_drafted_block_and_how_much_was_accepted(pairs):
 def test_cli_gen_draft_json_equals_the_target_alone_and_reports_tau(pairs, capsys):
     from localdiff.cli import main
 
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    from wordlevel import save_wordlevel_tokenizer
 
     target, draft, _, _ = pairs["forced"]
-    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     target = target.parent / "with-tokenizer"
     if not target.exists():
         import shutil
 
         shutil.copytree(pairs["forced"][0], target)
-        tok.save(str(target / "tokenizer.json"))
+        save_wordlevel_tokenizer(target, VOCAB)
     ids = " ".join(f"t{i}" for i in PROMPTS[5][0].tolist())
     base = ["gen", "-m", str(target), "--raw", "-n", "16", "--temperature", "0", "--json", "-p", ids]
     assert main(base) == 0

@@ -131,14 +131,11 @@ def test_cli_gen_with_token_editing_equals_the_hub_llada21_generate(tmp_path, ca
     bad values and another decoder's options are one line and a non-zero exit."""
     import json
 
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
     from llada2_ref import write_checkpoint
     from localdiff.cli import main
+    from wordlevel import save_wordlevel_tokenizer
     folder = write_checkpoint(tmp_path / "llada2", seed=11)
-    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(TINY["vocab_size"])}, unk_token="t0"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.save(str(folder / "tokenizer.json"))
+    save_wordlevel_tokenizer(folder, TINY["vocab_size"])
     argv = ["gen", "-m", str(folder), "--raw", "-p", "t5 t6 t7 t8 t9 t10", "-n", "10", "--json", "--temperature",
             "0", "--threshold", "0.3", "--editing-threshold", "0.2", "--max-post-steps", "3"]
     assert main(argv) == 0

@@ -20,13 +20,7 @@ PROMPTS = [torch.randint(3, 36, (int(n),), generator=torch.Generator().manual_se
            for i, n in enumerate(torch.randint(2, 10, (20,), generator=torch.Generator().manual_seed(7)))]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """The fake model's tensors are tiny: one intra-op thread is ~100x faster than two on a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture

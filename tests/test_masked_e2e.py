@@ -11,26 +11,17 @@ import torch
 import upstream_masked as up
 from localdiff.cli import main
 from masked_ref import EOS, MASK, VOCAB, write_upstream
+from wordlevel import save_wordlevel_tokenizer
+
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _checkpoint(family, folder):
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
     folder.mkdir()
     write_upstream(family, folder)
-    vocab = {f"t{i}": i for i in range(VOCAB)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.save(str(folder / "tokenizer.json"))
+    save_wordlevel_tokenizer(folder, VOCAB)
     return folder
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("family", ["llada", "dream"])

@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from tuihelpers import wait_for
+from tuihelpers import make_app, send, wait_for
 import torch
 
 import localdiff
@@ -23,22 +23,6 @@ PROMPT = "What is 12 + 34?"
 
 
 # ---------------------------------------------------------------------------------------------- Pilot, real engine
-
-
-def make_app(model, tmp_path, **kw):
-    kw.setdefault("settings", ChatSettings(seed=kw.pop("seed", 0)))
-    return ChatApp("tiny", store=ChatStore(tmp_path / "h.sqlite3"), loader=lambda name, **_: model, **kw)
-
-
-async def send(pilot, app, text):
-    await wait_for(pilot, lambda: app.model is not None and not app.generating)
-    done = app.finished_count
-    await pilot.press(*text)
-    assert app.prompt.text == text
-    await pilot.press("enter")
-    await wait_for(pilot, lambda: app.finished_count > done)
-    assert not app.generating and app.prompt.text == ""
-    return app.last_finish
 
 
 def test_token_cells_keep_leading_spaces_and_show_control_tokens(tiny):

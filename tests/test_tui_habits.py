@@ -6,7 +6,7 @@ import asyncio
 import threading
 
 import pytest
-from tuihelpers import wait_for
+from tuihelpers import hold_first_step, make_app, send, wait_for
 from textual import events
 
 from localdiff.config import load_user_config
@@ -20,19 +20,6 @@ THREE = [("What is 41 + 93?", "134"), ("Reverse the letters: d r a g o n", "n o 
          ("Sort these words: elk cat gnu", "cat elk gnu")]
 
 
-def make_app(model, tmp_path, **kw):
-    kw.setdefault("settings", ChatSettings(seed=kw.pop("seed", 0)))
-    return ChatApp("tiny", store=ChatStore(tmp_path / "h.sqlite3"), loader=lambda name, **_: model, **kw)
-
-
-async def send(pilot, app, text):
-    await wait_for(pilot, lambda: app.model is not None and not app.generating)
-    done = app.finished_count
-    await pilot.press(*text, "enter")
-    await wait_for(pilot, lambda: app.finished_count > done)
-    return app.last_finish
-
-
 async def command(pilot, app, text):
     await pilot.press(*text, "enter")
     await pilot.pause()
@@ -40,18 +27,6 @@ async def command(pilot, app, text):
 
 def notes(app):
     return [str(w.render()) for w in app.transcript.query(".note")]
-
-
-def hold_first_step(app):
-    """A step hook that parks the worker after the first denoising step until released (or cancelled)."""
-    paused, release = threading.Event(), threading.Event()
-
-    def hook(ev):
-        if not paused.is_set():
-            paused.set()
-            while not release.wait(0.05) and not app.cancel_event.is_set():
-                pass
-    return hook, paused, release
 
 
 # ------------------------------------------------------------------------------------------------ 1, 6: the CLI

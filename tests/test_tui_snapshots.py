@@ -8,21 +8,14 @@ import threading
 import time
 
 import pytest
-from tuihelpers import wait_for
+from tuihelpers import hold_first_step, make_app, send, wait_for
 
 import localdiff
-from localdiff.tui.app import ChatApp
 from localdiff.tui.settings import ChatSettings
-from localdiff.tui.store import ChatStore
 
 SIZE = (80, 24)
 
 
-
-
-def make_app(model, tmp_path, settings):
-    app = ChatApp("tiny", store=ChatStore(tmp_path / "h.sqlite3"), loader=lambda name, **_: model, settings=settings)
-    return app
 
 
 async def steady(pilot, app):
@@ -35,15 +28,9 @@ async def steady(pilot, app):
     app.status.set_state(app.status.state)
 
 
-async def send(pilot, app, text):
-    done = app.finished_count
-    await pilot.press(*text, "enter")
-    await wait_for(pilot, lambda: app.finished_count > done)
-
-
 def test_canvas_panel_mid_generation(snap_compare, tiny, tmp_path):
     settings = ChatSettings(seed=7, sampler={"max_denoising_steps": 8})
-    app = make_app(tiny, tmp_path, settings)
+    app = make_app(tiny, tmp_path, settings=settings)
     paused, release = threading.Event(), threading.Event()
     pause_at = {"step": None}
 
@@ -70,7 +57,7 @@ def test_canvas_panel_mid_generation(snap_compare, tiny, tmp_path):
 
 
 def test_finished_two_turn_chat(snap_compare, tiny, tmp_path):
-    app = make_app(tiny, tmp_path, ChatSettings(seed=1))
+    app = make_app(tiny, tmp_path, settings=ChatSettings(seed=1))
 
     async def run_before(pilot):
         await steady(pilot, app)
@@ -85,7 +72,7 @@ def test_finished_two_turn_chat(snap_compare, tiny, tmp_path):
 
 
 def test_light_theme_after_one_answer(snap_compare, tiny, tmp_path):
-    app = make_app(tiny, tmp_path, ChatSettings(seed=0))
+    app = make_app(tiny, tmp_path, settings=ChatSettings(seed=0))
 
     async def run_before(pilot):
         await steady(pilot, app)
@@ -103,7 +90,7 @@ def test_light_theme_after_one_answer(snap_compare, tiny, tmp_path):
 def test_three_turns_on_a_single_turn_model(snap_compare, tiny, tmp_path, size):
     """#23: the start-up line, three answered turns, user text verbatim (a `#` stays a `#`), the canvas panel
     pinned; at 40x12 the prompt box stays on screen (the canvas panel and the footer give way)."""
-    app = make_app(tiny, tmp_path, ChatSettings(seed=1))
+    app = make_app(tiny, tmp_path, settings=ChatSettings(seed=1))
 
     async def run_before(pilot):
         await steady(pilot, app)
@@ -122,14 +109,8 @@ def test_three_turns_on_a_single_turn_model(snap_compare, tiny, tmp_path, size):
 def test_mid_generation_at_40x12(snap_compare, tiny, tmp_path):
     """#23 item 3: while answering at 40x12 the canvas panel shrinks and the prompt stays visible (the live
     figures' elapsed time is pinned by ``steady``)."""
-    app = make_app(tiny, tmp_path, ChatSettings(seed=7, sampler={"max_denoising_steps": 8}))
-    paused, release = threading.Event(), threading.Event()
-
-    def hook(ev):
-        if not paused.is_set():
-            paused.set()
-            while not release.wait(0.05) and not app.cancel_event.is_set():
-                pass
+    app = make_app(tiny, tmp_path, settings=ChatSettings(seed=7, sampler={"max_denoising_steps": 8}))
+    hook, paused, release = hold_first_step(app)
 
     async def run_before(pilot):
         await steady(pilot, app)

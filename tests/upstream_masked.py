@@ -25,11 +25,17 @@ def get_num_transfer_tokens(mask_index, steps):
     return num
 
 
+def _canvas(prompt, gen_length, mask_id):
+    """The prompt followed by ``gen_length`` mask ids: LongTensor [B, P + gen_length]."""
+    x = torch.full((prompt.shape[0], prompt.shape[1] + gen_length), mask_id, dtype=torch.long)
+    x[:, :prompt.shape[1]] = prompt.clone()
+    return x
+
+
 def llada_generate(model, prompt, steps, gen_length, block_length, cfg_scale=0.0, remasking="low_confidence",
                    mask_id=36):
     """LLaDA ``generate`` at temperature 0 (Gumbel noise^0 = 1: argmax of exp(logits64)); ``model(x)`` → logits."""
-    x = torch.full((prompt.shape[0], prompt.shape[1] + gen_length), mask_id, dtype=torch.long)
-    x[:, :prompt.shape[1]] = prompt.clone()
+    x = _canvas(prompt, gen_length, mask_id)
     prompt_index = x != mask_id
     assert gen_length % block_length == 0
     num_blocks = gen_length // block_length
@@ -66,13 +72,18 @@ def llada_generate(model, prompt, steps, gen_length, block_length, cfg_scale=0.0
     return x
 
 
-def get_transfer_index(logits, mask_index, x, num_transfer_tokens, threshold=None):
-    """Fast-dLLM ``get_transfer_index`` at temperature 0, low_confidence."""
+def _low_confidence(logits, mask_index, x):
+    """Fast-dLLM's shared start of both transfer rules at temperature 0: the argmax x0 (kept tokens where not
+    masked) and its float64 softmax probability as confidence (−inf where not masked)."""
     x0 = torch.argmax(logits, dim=-1)
     p = F.softmax(logits.to(torch.float64), dim=-1)
     x0_p = torch.squeeze(torch.gather(p, dim=-1, index=torch.unsqueeze(x0, -1)), -1)
-    x0 = torch.where(mask_index, x0, x)
-    confidence = torch.where(mask_index, x0_p, -np.inf)
+    return torch.where(mask_index, x0, x), torch.where(mask_index, x0_p, -np.inf)
+
+
+def get_transfer_index(logits, mask_index, x, num_transfer_tokens, threshold=None):
+    """Fast-dLLM ``get_transfer_index`` at temperature 0, low_confidence."""
+    x0, confidence = _low_confidence(logits, mask_index, x)
     transfer_index = torch.zeros_like(x0, dtype=torch.bool)
     if threshold is not None:
         num_transfer_tokens = mask_index.sum(dim=1, keepdim=True)
@@ -88,11 +99,7 @@ def get_transfer_index(logits, mask_index, x, num_transfer_tokens, threshold=Non
 
 def get_transfer_index_dynamic(logits, mask_index, x, factor):
     """Fast-dLLM ``get_transfer_index_dynamic`` at temperature 0, low_confidence."""
-    x0 = torch.argmax(logits, dim=-1)
-    p = F.softmax(logits.to(torch.float64), dim=-1)
-    x0_p = torch.squeeze(torch.gather(p, dim=-1, index=torch.unsqueeze(x0, -1)), -1)
-    x0 = torch.where(mask_index, x0, x)
-    confidence = torch.where(mask_index, x0_p, -np.inf)
+    x0, confidence = _low_confidence(logits, mask_index, x)
     transfer_index = torch.zeros_like(x0, dtype=torch.bool)
     num_transfer_tokens = mask_index.sum(dim=1, keepdim=True)
     for j in range(confidence.shape[0]):
@@ -116,17 +123,21 @@ def _pick(logits, mask_index, x, ntt, threshold, factor):
     return get_transfer_index_dynamic(logits, mask_index, x, factor)
 
 
+def _blocks(x, prompt_len, steps, gen_length, block_length, mask_id):
+    """Fast-dLLM's walk over the blocks: (start, end, tokens to transfer per step [B, steps per block]) of each,
+    the counts taken from the block's masks when it starts."""
+    num_blocks = gen_length // block_length
+    for num_block in range(num_blocks):
+        start = prompt_len + num_block * block_length
+        yield start, start + block_length, get_num_transfer_tokens(x[:, start:start + block_length] == mask_id,
+                                                                   steps // num_blocks)
+
+
 def fastdllm_generate(model, prompt, steps, gen_length, block_length, mask_id=36, threshold=None, factor=None):
     """Fast-dLLM ``generate`` (no cache). Returns (x, nfe)."""
-    x = torch.full((prompt.shape[0], prompt.shape[1] + gen_length), mask_id, dtype=torch.long)
-    x[:, :prompt.shape[1]] = prompt.clone()
-    num_blocks = gen_length // block_length
-    steps_per_block = steps // num_blocks
+    x = _canvas(prompt, gen_length, mask_id)
     nfe = 0
-    for num_block in range(num_blocks):
-        start = prompt.shape[1] + num_block * block_length
-        end = start + block_length
-        ntt = get_num_transfer_tokens(x[:, start:end] == mask_id, steps_per_block)
+    for start, end, ntt in _blocks(x, prompt.shape[1], steps, gen_length, block_length, mask_id):
         i = 0
         while True:
             nfe += 1
@@ -144,64 +155,41 @@ def fastdllm_generate(model, prompt, steps, gen_length, block_length, mask_id=36
 
 def fastdllm_prefix_cache(net, prompt, steps, gen_length, block_length, mask_id=36, threshold=None, factor=None):
     """Fast-dLLM ``generate_with_prefix_cache``; past_key_values[:, :, :start] → ``forward_window``'s kv."""
-    x = torch.full((prompt.shape[0], prompt.shape[1] + gen_length), mask_id, dtype=torch.long)
-    x[:, :prompt.shape[1]] = prompt.clone()
-    num_blocks = gen_length // block_length
-    steps_per_block = steps // num_blocks
-    nfe = 0
-    for num_block in range(num_blocks):
-        start = prompt.shape[1] + num_block * block_length
-        end = start + block_length
-        ntt = get_num_transfer_tokens(x[:, start:end] == mask_id, steps_per_block)
-        logits, past_key_values = net.forward_window(x, 0, None, None, return_kv=True)
-        mask_index = x == mask_id
-        mask_index[:, end:] = 0
-        x0, transfer_index = _pick(logits, mask_index, x, ntt[:, 0], threshold, factor)
-        x[transfer_index] = x0[transfer_index]
-        past_key_values = [tuple(t[:, :, :start] for t in layer) for layer in past_key_values]
-        nfe += 1
-        i = 1
-        while True:
-            if (x[:, start:end] == mask_id).sum() == 0:
-                break
-            nfe += 1
-            mask_index = x[:, start:] == mask_id
-            mask_index[:, block_length:] = 0
-            logits = net.forward_window(x[:, start:], start, past_key_values)
-            x0, transfer_index = _pick(logits, mask_index, x[:, start:], ntt[:, i] if i < ntt.shape[1] else None,
-                                       threshold, factor)
-            x[:, start:][transfer_index] = x0[transfer_index]
-            i += 1
-    return x, nfe
+    return _fastdllm_cached(net, prompt, steps, gen_length, block_length, mask_id, threshold, factor, dual=False)
 
 
 def fastdllm_dual_cache(net, prompt, steps, gen_length, block_length, mask_id=36, threshold=None, factor=None):
     """Fast-dLLM ``generate_with_dual_cache``; replace_position = the block window of ``forward_window``."""
-    x = torch.full((prompt.shape[0], prompt.shape[1] + gen_length), mask_id, dtype=torch.long)
-    x[:, :prompt.shape[1]] = prompt.clone()
-    num_blocks = gen_length // block_length
-    steps_per_block = steps // num_blocks
+    return _fastdllm_cached(net, prompt, steps, gen_length, block_length, mask_id, threshold, factor, dual=True)
+
+
+def _fastdllm_cached(net, prompt, steps, gen_length, block_length, mask_id, threshold, factor, dual):
+    """The two cached loops: per block one full forward that also returns the K/V, then forwards of the window —
+    the block and everything after it over the prefix's K/V (prefix cache), or the block alone over the whole
+    sequence's K/V (dual cache). Returns (x, nfe)."""
+    x = _canvas(prompt, gen_length, mask_id)
     nfe = 0
-    for num_block in range(num_blocks):
-        start = prompt.shape[1] + num_block * block_length
-        end = start + block_length
-        ntt = get_num_transfer_tokens(x[:, start:end] == mask_id, steps_per_block)
+    for start, end, ntt in _blocks(x, prompt.shape[1], steps, gen_length, block_length, mask_id):
+        stop = end if dual else x.shape[1]
         logits, past_key_values = net.forward_window(x, 0, None, None, return_kv=True)
         mask_index = x == mask_id
         mask_index[:, end:] = 0
         x0, transfer_index = _pick(logits, mask_index, x, ntt[:, 0], threshold, factor)
         x[transfer_index] = x0[transfer_index]
+        if not dual:
+            past_key_values = [tuple(t[:, :, :start] for t in layer) for layer in past_key_values]
         nfe += 1
         i = 1
         while True:
             if (x[:, start:end] == mask_id).sum() == 0:
                 break
             nfe += 1
-            mask_index = x[:, start:end] == mask_id
-            logits = net.forward_window(x[:, start:end], start, past_key_values)
-            x0, transfer_index = _pick(logits, mask_index, x[:, start:end], ntt[:, i] if i < ntt.shape[1] else None,
+            mask_index = x[:, start:stop] == mask_id
+            mask_index[:, block_length:] = 0
+            logits = net.forward_window(x[:, start:stop], start, past_key_values)
+            x0, transfer_index = _pick(logits, mask_index, x[:, start:stop], ntt[:, i] if i < ntt.shape[1] else None,
                                        threshold, factor)
-            x[:, start:end][transfer_index] = x0[transfer_index]
+            x[:, start:stop][transfer_index] = x0[transfer_index]
             i += 1
     return x, nfe
 

@@ -31,8 +31,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from localdiff.arch.base import LayerGeom, Tensorish
-from localdiff.arch.base import parameter_counts as _counts
-from localdiff.arch.masked_spec import MaskedConfig, _int, _rope, config_tensor_shapes
+from localdiff.arch.masked_spec import MaskedConfig, config_tensor_shapes
+from localdiff.arch.spec_parts import (_int, _rope, check_heads, check_mask_id, check_top_k, full_attention_geometry,
+                                       id_tuple, moe_parameter_counts)
 
 MODEL_TYPE = "sdar"
 #: every config.json model_type (registry key) this spec parses
@@ -74,8 +75,7 @@ def canonical_type(raw: dict) -> str:
 def _moe(raw: dict, n: int) -> dict:
     """Qwen3-MoE keys: layer i is sparse unless in ``mlp_only_layers`` or not a multiple of ``decoder_sparse_step``."""
     e, k = _int(raw, "num_experts"), _int(raw, "num_experts_per_tok")
-    if not 0 < k <= e:
-        raise ValueError(f"field 'num_experts_per_tok' ({k}) must be in 1..num_experts ({e})")
+    check_top_k(k, e)
     step = _int(raw, "decoder_sparse_step", 1)
     only = set(raw.get("mlp_only_layers") or [])
     layers = tuple(i not in only and step > 0 and (i + 1) % step == 0 for i in range(n))
@@ -113,22 +113,14 @@ def parse_config(raw: dict) -> BlockConfig:
     if mask is None:
         raise ValueError("missing field 'mask_token_id'")
     mask = int(mask)
-    eos = raw.get("eos_token_id", eos_d if eos_d < vocab else None)
-    eos = tuple(int(e) for e in eos) if isinstance(eos, (list, tuple)) else ((int(eos),) if eos is not None else ())
+    eos = id_tuple(raw.get("eos_token_id", eos_d if eos_d < vocab else None))
     pad = raw.get("pad_token_id", pad_d if pad_d < vocab else None)
     bos = raw.get("bos_token_id", bos_d if bos_d < vocab else None)
     block = _int(raw, _BLOCK_KEY.get(mt, "block_size"), block_d)
     if block < 1:
         raise ValueError(f"field '{_BLOCK_KEY.get(mt, 'block_size')}' must be ≥ 1 (got {block})")
-    if pad is not None and int(pad) == mask:
-        raise ValueError(f"field 'mask_token_id' ({mask}) equals 'pad_token_id': padding would read as masks")
-    if not 0 <= mask < vocab:
-        raise ValueError(f"field 'mask_token_id' ({mask}) is outside the vocabulary (vocab_size {vocab})")
-    kv = fields["num_key_value_heads"]
-    if heads <= 0 or kv <= 0 or heads % kv:
-        raise ValueError(f"num_attention_heads ({heads}) must be a positive multiple of the key/value heads ({kv})")
-    if h <= 0 or fields["head_dim"] <= 0 or n <= 0:
-        raise ValueError("hidden size, head dim and layer count must be positive")
+    check_mask_id(mask, pad, vocab)
+    check_heads(h, heads, fields["num_key_value_heads"], fields["head_dim"], n)
     return BlockConfig(model_type=mt, mask_token_id=mask, eos_token_id=eos,
                        pad_token_id=None if pad is None else int(pad), bos_token_id=None if bos is None else int(bos),
                        raw=raw, block_size=block, token_shift=qwen2, **fields)
@@ -137,8 +129,7 @@ def parse_config(raw: dict) -> BlockConfig:
 # -- the spec contract (localdiff.arch.base.ArchSpec) -------------------------------------------------------------
 def layer_geometry(raw: dict) -> list[LayerGeom]:
     """One full-attention :class:`LayerGeom` per layer (keys and values separate, no windows)."""
-    c = parse_config(raw)
-    return [LayerGeom("full_attention", c.head_dim, c.num_key_value_heads, True, None)] * c.num_hidden_layers
+    return full_attention_geometry(parse_config(raw))
 
 
 def tensor_shapes(raw: dict, include_buffers: bool = True) -> list[Tensorish]:
@@ -148,10 +139,7 @@ def tensor_shapes(raw: dict, include_buffers: bool = True) -> list[Tensorish]:
 
 def parameter_counts(raw: dict) -> dict:
     """``total``, ``active_per_token`` (minus the routed experts a token does not use) and ``by_component``."""
-    c = parse_config(raw)
-    moe_layers = sum(c.is_moe_layer(i) for i in range(c.num_hidden_layers))
-    inactive = moe_layers * (c.num_experts - c.num_experts_per_tok) * 3 * c.hidden_size * c.moe_intermediate_size
-    return _counts(tensor_shapes(raw, include_buffers=False), inactive)
+    return moe_parameter_counts(parse_config(raw), tensor_shapes(raw, include_buffers=False))
 
 
 def summary_fields(raw: dict) -> dict:

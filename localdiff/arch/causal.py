@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from localdiff.arch.base import ROLE_LOGITS, ROLE_PREFILL
 from localdiff.arch.causal_spec import CausalConfig
 from localdiff.arch.dense import DenseStack, rope_cos_sin
+from localdiff.arch.masked import checkpoint_names, keeps_checkpoint_dtype  # noqa: F401  (the same Llama layout)
 
 
 class CausalLM(DenseStack):
@@ -117,18 +118,6 @@ class CausalLM(DenseStack):
             outs[last] = h
         feats = torch.cat([outs[i] for i in layers], -1) if layers else None
         return h, feats
-
-
-def checkpoint_names(local: str) -> list[str]:
-    """Checkpoint tensor names of our ``local`` name: ``model.<local>``; the LM head is ``lm_head.weight``."""
-    if local.startswith("lm_head."):
-        return [local]
-    return ["model." + local]
-
-
-def keeps_checkpoint_dtype(local: str) -> bool:
-    """No tensor keeps the checkpoint dtype when ``dtype=`` asks for another."""
-    return False
 
 
 MODEL_CLASS = CausalLM

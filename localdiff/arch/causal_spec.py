@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 from localdiff.arch.base import LayerGeom, Tensorish
 from localdiff.arch.base import parameter_counts as _counts
-from localdiff.arch.masked_spec import _int, _rope, config_tensor_shapes as stack_shapes
+from localdiff.arch.masked_spec import config_tensor_shapes as stack_shapes
+from localdiff.arch.spec_parts import DenseOnly, StackShape, _int, _rope, check_heads, full_attention_geometry, id_tuple
 
 MODEL_TYPE = "qwen3"
 MODEL_TYPES = ("qwen3", "llama")
@@ -22,19 +23,11 @@ _ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}
 
 
 @dataclass(frozen=True)
-class CausalConfig:
+class CausalConfig(StackShape, DenseOnly):
     """Hyper-parameters of a Qwen3 / Llama checkpoint (the attributes :class:`localdiff.arch.dense.DenseStack`
     reads, plus the special ids). ``eos_token_id`` is a tuple (Llama 3 lists several)."""
 
     model_type: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rope_parameters: dict
     eos_token_id: tuple
     pad_token_id: int | None
     bos_token_id: int | None
@@ -48,21 +41,6 @@ class CausalConfig:
     shared_expert_intermediate_size: int = 0
     mask_token_id: int | None = None
     raw: dict = field(default_factory=dict, compare=False, repr=False)
-
-    @property
-    def embedding_rows(self) -> int:
-        return self.vocab_size
-
-    def is_moe_layer(self, i: int) -> bool:
-        """Never: Qwen3 / Llama are dense."""
-        return False
-
-
-def _ids(raw: dict, key: str):
-    v = raw.get(key)
-    if v is None:
-        return ()
-    return tuple(int(e) for e in v) if isinstance(v, (list, tuple)) else (int(v),)
 
 
 def parse_config(raw: dict) -> CausalConfig:
@@ -82,19 +60,16 @@ def parse_config(raw: dict) -> CausalConfig:
             raise ValueError(f"field '{key}' = true is not supported (Qwen3 / Llama checkpoints have none)")
     h, heads = _int(raw, "hidden_size"), _int(raw, "num_attention_heads")
     kv = _int(raw, "num_key_value_heads", heads)
-    head_dim = int(raw.get("head_dim") or h // heads)
+    head_dim = int(raw.get("head_dim") or h // max(heads, 1))
     vocab = _int(raw, "vocab_size")
-    if heads <= 0 or kv <= 0 or heads % kv:
-        raise ValueError(f"num_attention_heads ({heads}) must be a positive multiple of the key/value heads ({kv})")
-    if h <= 0 or head_dim <= 0 or _int(raw, "num_hidden_layers") <= 0:
-        raise ValueError("hidden size, head dim and layer count must be positive")
+    check_heads(h, heads, kv, head_dim, _int(raw, "num_hidden_layers"))
     pad = raw.get("pad_token_id")
     bos = raw.get("bos_token_id")
     return CausalConfig(
         model_type=mt, vocab_size=vocab, hidden_size=h, intermediate_size=_int(raw, "intermediate_size"),
         num_hidden_layers=_int(raw, "num_hidden_layers"), num_attention_heads=heads, num_key_value_heads=kv,
         head_dim=head_dim, rope_parameters=_rope(raw, 10000.0 if mt == "llama" else None),
-        eos_token_id=_ids(raw, "eos_token_id"), pad_token_id=None if pad is None else int(pad),
+        eos_token_id=id_tuple(raw.get("eos_token_id")), pad_token_id=None if pad is None else int(pad),
         bos_token_id=None if bos is None else int(bos),
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
         max_position_embeddings=_int(raw, "max_position_embeddings", 32768 if mt == "qwen3" else 2048),
@@ -103,8 +78,7 @@ def parse_config(raw: dict) -> CausalConfig:
 
 def layer_geometry(raw: dict) -> list[LayerGeom]:
     """One full-attention :class:`LayerGeom` per layer."""
-    c = parse_config(raw)
-    return [LayerGeom("full_attention", c.head_dim, c.num_key_value_heads, True, None)] * c.num_hidden_layers
+    return full_attention_geometry(parse_config(raw))
 
 
 def tensor_shapes(raw: dict, include_buffers: bool = True) -> list[Tensorish]:

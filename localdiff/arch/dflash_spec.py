@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 from localdiff.arch.base import LayerGeom, Tensorish
 from localdiff.arch.base import parameter_counts as _counts
-from localdiff.arch.masked_spec import _int, _rope, config_tensor_shapes as stack_shapes
+from localdiff.arch.masked_spec import config_tensor_shapes as stack_shapes
+from localdiff.arch.spec_parts import DenseOnly, StackShape, _int, _rope, check_heads, full_attention_geometry
 
 MODEL_TYPE = "dflash"
 MODEL_TYPES = ("dflash",)
@@ -30,20 +31,12 @@ def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> lis
 
 
 @dataclass(frozen=True)
-class DFlashConfig:
+class DFlashConfig(StackShape, DenseOnly):
     """A draft's hyper-parameters: the Qwen3 layer shape (attributes of :class:`localdiff.arch.dense.DecoderLayer`),
     ``block_size`` (tokens per drafted block, the last accepted token included), ``target_layer_ids``,
     ``mask_token_id``, ``target_hidden_size`` (= hidden_size, as upstream: the fc input is k·hidden_size), and the optional scalars
     ``input_embedding_scale``, ``output_multiplier``, ``final_logit_softcapping`` (None = off)."""
 
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rope_parameters: dict
     block_size: int
     target_layer_ids: tuple
     mask_token_id: int
@@ -64,13 +57,6 @@ class DFlashConfig:
     pad_token_id: int | None = None
     raw: dict = field(default_factory=dict, compare=False, repr=False)
 
-    @property
-    def embedding_rows(self) -> int:
-        return self.vocab_size
-
-    def is_moe_layer(self, i: int) -> bool:
-        return False
-
 
 def _value(raw: dict, name: str, default=None):
     """``dflash_config[name]``, else the top-level key, else ``default`` (z-lab/dflash ``_draft_value``)."""
@@ -83,7 +69,8 @@ def parse_config(raw: dict) -> DFlashConfig:
 
     Raises:
         ValueError: a missing field (``mask_token_id`` included), sliding-window or causal draft layers, the
-            DFlash2 variant (convolutions + candidate selector), or target layer ids out of range.
+            DFlash2 variant (convolutions + candidate selector), inconsistent head counts, or target layer ids out
+            of range.
     """
     if "DFlash2DraftModel" in (raw.get("architectures") or []):
         raise ValueError("DFlash2 drafts (DFlash2DraftModel) are not supported; DFlashDraftModel is")
@@ -92,7 +79,9 @@ def parse_config(raw: dict) -> DFlashConfig:
     if raw.get("attention_bias"):
         raise ValueError("field 'attention_bias' = true is not supported")
     h, heads = _int(raw, "hidden_size"), _int(raw, "num_attention_heads")
-    n = _int(raw, "num_hidden_layers")
+    n, kv = _int(raw, "num_hidden_layers"), _int(raw, "num_key_value_heads", heads)
+    head_dim = int(raw.get("head_dim") or h // max(heads, 1))
+    check_heads(h, heads, kv, head_dim, n)
     n_target = _int(raw, "num_target_layers", 0)
     ids = _value(raw, "target_layer_ids")
     if ids is None:
@@ -114,8 +103,7 @@ def parse_config(raw: dict) -> DFlashConfig:
         raise ValueError(f"field 'block_size' must be ≥ 1 (got {block})")
     return DFlashConfig(
         vocab_size=vocab, hidden_size=h, intermediate_size=_int(raw, "intermediate_size"), num_hidden_layers=n,
-        num_attention_heads=heads, num_key_value_heads=_int(raw, "num_key_value_heads", heads),
-        head_dim=int(raw.get("head_dim") or h // heads), rope_parameters=_rope(raw),
+        num_attention_heads=heads, num_key_value_heads=kv, head_dim=head_dim, rope_parameters=_rope(raw),
         block_size=block, target_layer_ids=ids, mask_token_id=int(mask),
         target_hidden_size=h,
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
@@ -127,8 +115,7 @@ def parse_config(raw: dict) -> DFlashConfig:
 
 def layer_geometry(raw: dict) -> list[LayerGeom]:
     """One full-attention layer geometry per draft layer (its cache holds the context's K/V)."""
-    c = parse_config(raw)
-    return [LayerGeom("full_attention", c.head_dim, c.num_key_value_heads, True, None)] * c.num_hidden_layers
+    return full_attention_geometry(parse_config(raw))
 
 
 def tensor_shapes(raw: dict, include_buffers: bool = True) -> list[Tensorish]:

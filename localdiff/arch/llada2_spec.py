@@ -23,8 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from localdiff.arch.base import LayerGeom, Tensorish
-from localdiff.arch.base import parameter_counts as _counts
-from localdiff.arch.masked_spec import _int, _refuse, _rope
+from localdiff.arch.masked_spec import config_tensor_shapes
+from localdiff.arch.spec_parts import (StackShape, _int, _refuse, _rope, check_heads, check_mask_id, check_top_k,
+                                       full_attention_geometry, id_tuple, moe_parameter_counts)
 
 MODEL_TYPE = "llada2_moe"
 FAMILY = "block"
@@ -33,7 +34,7 @@ MASK_ID, EOS_ID = 156895, 156892
 
 
 @dataclass(frozen=True)
-class LLaDA2Config:
+class LLaDA2Config(StackShape):
     """Hyper-parameters of a LLaDA2.x checkpoint, in the attribute names :mod:`localdiff.arch.dense` reads.
 
     Router (``moe_router``): ``"sigmoid_group"`` — see :class:`localdiff.arch.moe.SparseMoE`; ``n_group`` /
@@ -42,14 +43,6 @@ class LLaDA2Config:
     ``o_bias``: the attention output projection has a bias (``use_bias``).
     """
 
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rope_parameters: dict
     mask_token_id: int
     eos_token_id: tuple
     pad_token_id: int | None
@@ -114,8 +107,7 @@ def parse_config(raw: dict) -> LLaDA2Config:
     vocab = _int(raw, "vocab_size")
     e, k = _int(raw, "num_experts"), _int(raw, "num_experts_per_tok")
     groups, topk_groups = _int(raw, "n_group", 8), _int(raw, "topk_group", 4)
-    if not 0 < k <= e:
-        raise ValueError(f"field 'num_experts_per_tok' ({k}) must be in 1..num_experts ({e})")
+    check_top_k(k, e)
     if groups <= 0 or e % groups or not 0 < topk_groups <= groups:
         raise ValueError(f"fields 'n_group' ({groups}) / 'topk_group' ({topk_groups}) must divide the {e} experts "
                          "into groups and pick 1..n_group of them")
@@ -130,18 +122,11 @@ def parse_config(raw: dict) -> LLaDA2Config:
     inter = int(raw.get("intermediate_size") or 0)
     if first_dense > 0 and inter <= 0:
         raise ValueError("missing field 'intermediate_size' (first_k_dense_replace > 0 needs the dense MLP size)")
-    if heads <= 0 or kv <= 0 or heads % kv:
-        raise ValueError(f"num_attention_heads ({heads}) must be a positive multiple of the key/value heads ({kv})")
-    if h <= 0 or head_dim <= 0 or n <= 0:
-        raise ValueError("hidden size, head dim and layer count must be positive")
+    check_heads(h, heads, kv, head_dim, n)
     mask = int(raw.get("mask_token_id", MASK_ID))
-    if not 0 <= mask < vocab:
-        raise ValueError(f"field 'mask_token_id' ({mask}) is outside the vocabulary (vocab_size {vocab})")
-    eos = raw.get("eos_token_id", EOS_ID if EOS_ID < vocab else None)
-    eos = tuple(int(x) for x in eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (int(eos),))
+    eos = id_tuple(raw.get("eos_token_id", EOS_ID if EOS_ID < vocab else None))
     pad = raw.get("pad_token_id")
-    if pad is not None and int(pad) == mask:
-        raise ValueError(f"field 'mask_token_id' ({mask}) equals 'pad_token_id': padding would read as masks")
+    check_mask_id(mask, pad, vocab)
     rope = _rope(raw, 10000.0)
     rope.setdefault("partial_rotary_factor", 0.5)
     return LLaDA2Config(
@@ -160,58 +145,36 @@ def parse_config(raw: dict) -> LLaDA2Config:
 # -- the spec contract (localdiff.arch.base.ArchSpec) -------------------------------------------------------------
 def layer_geometry(raw: dict) -> list[LayerGeom]:
     """One full-attention :class:`LayerGeom` per layer."""
-    c = parse_config(raw)
-    return [LayerGeom("full_attention", c.head_dim, c.num_key_value_heads, True, None)] * c.num_hidden_layers
+    return full_attention_geometry(parse_config(raw))
 
 
-def _swiglu(component: str, i: int, prefix: str, h: int, inter: int) -> list[Tensorish]:
-    return [Tensorish(component, i, f"{prefix}gate_proj.weight", (inter, h)),
-            Tensorish(component, i, f"{prefix}up_proj.weight", (inter, h)),
-            Tensorish(component, i, f"{prefix}down_proj.weight", (h, inter))]
+def _fused_attention(c: LLaDA2Config, i: int, p: str) -> list[Tensorish]:
+    """Layer i's fused ``query_key_value`` and ``dense`` (+ biases when ``qkv_bias`` / ``o_bias``) and the per-head
+    ``query_layernorm`` / ``key_layernorm`` when ``qk_norm``."""
+    h, d = c.hidden_size, c.head_dim
+    qkv = (c.num_attention_heads + 2 * c.num_key_value_heads) * d
+    out = [Tensorish("attention", i, f"{p}self_attn.query_key_value.weight", (qkv, h))]
+    if c.qkv_bias:
+        out.append(Tensorish("attention", i, f"{p}self_attn.query_key_value.bias", (qkv,)))
+    out.append(Tensorish("attention", i, f"{p}self_attn.dense.weight", (h, c.num_attention_heads * d)))
+    if c.o_bias:
+        out.append(Tensorish("attention", i, f"{p}self_attn.dense.bias", (h,)))
+    if c.qk_norm:
+        out += [Tensorish("attention_norms", i, f"{p}self_attn.{n}.weight", (d,))
+                for n in ("query_layernorm", "key_layernorm")]
+    return out
 
 
 def tensor_shapes(raw: dict, include_buffers: bool = True) -> list[Tensorish]:
     """Every weight tensor the config implies, with our names (module docstring). Components: ``embeddings``,
     ``lm_head``, ``attention``, ``attention_norms``, ``dense_mlp``, ``router`` (gate + ``expert_bias`` buffer),
     ``experts``, ``shared_expert``, ``norms``."""
-    c = parse_config(raw)
-    h, d = c.hidden_size, c.head_dim
-    qkv = (c.num_attention_heads + 2 * c.num_key_value_heads) * d
-    out = [Tensorish("embeddings", None, "embed_tokens.weight", (c.vocab_size, h))]
-    for i in range(c.num_hidden_layers):
-        p = f"layers.{i}."
-        out.append(Tensorish("attention", i, f"{p}self_attn.query_key_value.weight", (qkv, h)))
-        if c.qkv_bias:
-            out.append(Tensorish("attention", i, f"{p}self_attn.query_key_value.bias", (qkv,)))
-        out.append(Tensorish("attention", i, f"{p}self_attn.dense.weight", (h, c.num_attention_heads * d)))
-        if c.o_bias:
-            out.append(Tensorish("attention", i, f"{p}self_attn.dense.bias", (h,)))
-        if c.qk_norm:
-            out += [Tensorish("attention_norms", i, f"{p}self_attn.{n}.weight", (d,))
-                    for n in ("query_layernorm", "key_layernorm")]
-        if c.is_moe_layer(i):
-            out.append(Tensorish("router", i, f"{p}mlp.gate.weight", (c.num_experts, h)))
-            if include_buffers:
-                out.append(Tensorish("router", i, f"{p}mlp.expert_bias", (c.num_experts,), buffer=True))
-            for e in range(c.num_experts):
-                out += _swiglu("experts", i, f"{p}mlp.experts.{e}.", h, c.moe_intermediate_size)
-            if c.shared_expert_intermediate_size:
-                out += _swiglu("shared_expert", i, f"{p}shared_expert.", h, c.shared_expert_intermediate_size)
-        else:
-            out += _swiglu("dense_mlp", i, f"{p}mlp.", h, c.intermediate_size)
-        out += [Tensorish("norms", i, f"{p}{n}.weight", (h,)) for n in ("input_layernorm", "post_attention_layernorm")]
-    out.append(Tensorish("norms", None, "norm.weight", (h,)))
-    if not c.tie_word_embeddings:
-        out.append(Tensorish("lm_head", None, "lm_head.weight", (c.vocab_size, h)))
-    return out
+    return config_tensor_shapes(parse_config(raw), include_buffers, attention=_fused_attention)
 
 
 def parameter_counts(raw: dict) -> dict:
     """``total``, ``active_per_token`` (total minus the routed experts a token does not use) and ``by_component``."""
-    c = parse_config(raw)
-    moe = sum(c.is_moe_layer(i) for i in range(c.num_hidden_layers))
-    inactive = moe * (c.num_experts - c.num_experts_per_tok) * 3 * c.hidden_size * c.moe_intermediate_size
-    return _counts(tensor_shapes(raw, include_buffers=False), inactive)
+    return moe_parameter_counts(parse_config(raw), tensor_shapes(raw, include_buffers=False))
 
 
 def summary_fields(raw: dict) -> dict:

@@ -19,7 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from localdiff.arch.base import LayerGeom, Tensorish
-from localdiff.arch.base import parameter_counts as _counts
+from localdiff.arch.spec_parts import (StackShape, _int, _refuse, _rope, check_heads, check_mask_id, check_top_k,
+                                       full_attention_geometry, id_tuple, moe_parameter_counts)
 
 MODEL_TYPE = "llada"
 #: every config.json model_type this spec parses (after alias resolution in localdiff.arch)
@@ -34,7 +35,7 @@ DEFAULT_IDS = {"llada": (126336, 126081, 126081, 126080), "lladamoe": (156895, 1
 
 
 @dataclass(frozen=True)
-class MaskedConfig:
+class MaskedConfig(StackShape):
     """Hyper-parameters of a masked-diffusion checkpoint (every layout normalised to Llama/Qwen names).
 
     ``vocab_size``: logits width (token ids); ``embedding_rows``: rows of the embedding / LM head matrices (LLaDA's
@@ -43,15 +44,7 @@ class MaskedConfig:
     """
 
     model_type: str
-    vocab_size: int
     embedding_rows: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rope_parameters: dict
     mask_token_id: int
     eos_token_id: tuple
     pad_token_id: int | None
@@ -79,29 +72,6 @@ class MaskedConfig:
 
 
 # -- parsing ------------------------------------------------------------------------------------------------------
-def _req(raw: dict, key: str):
-    v = raw.get(key)
-    if v is None:
-        raise ValueError(f"missing field '{key}'")
-    return v
-
-
-def _int(raw: dict, key: str, default=None) -> int:
-    v = raw.get(key, default) if default is not None else _req(raw, key)
-    if v is None:
-        v = default
-    try:
-        return int(v)
-    except (TypeError, ValueError):
-        raise ValueError(f"field '{key}' must be an integer (got {v!r})") from None
-
-
-def _refuse(raw: dict, key: str, ok) -> None:
-    """ValueError naming ``key`` when its value is not one of ``ok`` (a tuple; absent keys pass)."""
-    if key in raw and raw[key] not in ok:
-        raise ValueError(f"field '{key}' = {raw[key]!r} is not supported (supported: {', '.join(map(repr, ok))})")
-
-
 def canonical_type(raw: dict) -> str:
     """The spec's model_type of a config dict: LLaDA-MoE's Hub config says "llada" with architecture
     ``LLaDAMoEModelLM``; "dream" (lower case) is accepted for "Dream"."""
@@ -119,30 +89,9 @@ def _ids(raw: dict, mt: str, vocab: int) -> tuple:
     mask = raw.get("mask_token_id", mask_d)
     if mask is None:
         raise ValueError("missing field 'mask_token_id'")
-    eos = raw.get("eos_token_id", eos_d)
-    eos = tuple(int(e) for e in eos) if isinstance(eos, (list, tuple)) else ((int(eos),) if eos is not None else ())
+    eos = id_tuple(raw.get("eos_token_id", eos_d))
     pad = raw.get("pad_token_id", pad_d)
     return int(mask), eos, (None if pad is None else int(pad)), raw.get("bos_token_id", bos_d)
-
-
-def _rope(raw: dict, theta_default: float | None = None) -> dict:
-    """Our rope dict from transformers 5 ``rope_parameters`` or the older ``rope_theta`` + ``rope_scaling``."""
-    rp = dict(raw.get("rope_parameters") or {})
-    if not rp:
-        theta = raw.get("rope_theta", theta_default)
-        if theta is None:
-            raise ValueError("missing field 'rope_theta'")
-        rp = {"rope_type": "default", "rope_theta": float(theta)}
-        scaling = raw.get("rope_scaling") or {}
-        rp.update({k: v for k, v in scaling.items() if k != "type"})
-        if "type" in scaling and "rope_type" not in scaling:
-            rp["rope_type"] = scaling["type"]
-    prf = raw.get("partial_rotary_factor")
-    if prf is not None and float(prf) > 0 and "partial_rotary_factor" not in rp:
-        rp["partial_rotary_factor"] = float(prf)
-    if rp.get("rope_type", "default") not in ("default", "linear", "llama3"):
-        raise ValueError(f"field 'rope_scaling' type {rp['rope_type']!r} is not supported (default, linear, llama3)")
-    return rp
 
 
 def _llada(raw: dict) -> dict:
@@ -166,7 +115,7 @@ def _llada(raw: dict) -> dict:
         raise ValueError(f"field 'embedding_size' ({rows}) is smaller than 'vocab_size' ({vocab})")
     return dict(vocab_size=vocab, embedding_rows=rows, hidden_size=d, intermediate_size=int(inter),
                 num_hidden_layers=_int(raw, "n_layers"), num_attention_heads=heads, num_key_value_heads=kv,
-                head_dim=d // heads, rope_parameters=_rope(raw, 10000.0), rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5)),
+                head_dim=d // max(heads, 1), rope_parameters=_rope(raw, 10000.0), rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5)),
                 rope_fp32=bool(raw.get("rope_full_precision", True)),
                 max_position_embeddings=_int(raw, "max_sequence_length", 1024),
                 tie_word_embeddings=bool(raw.get("weight_tying", True)), qkv_bias=bool(raw.get("include_qkv_bias")))
@@ -181,7 +130,7 @@ def _hf(raw: dict, mt: str) -> dict:
     vocab = _int(raw, "vocab_size")
     out = dict(vocab_size=vocab, embedding_rows=vocab, hidden_size=h, num_hidden_layers=_int(raw, "num_hidden_layers"),
                num_attention_heads=heads, num_key_value_heads=_int(raw, "num_key_value_heads", heads),
-               head_dim=int(head_dim or h // heads), rope_parameters=_rope(raw, 10000.0 if mt == "Dream" else None),
+               head_dim=int(head_dim or h // max(heads, 1)), rope_parameters=_rope(raw, 10000.0 if mt == "Dream" else None),
                rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5 if mt == "lladamoe" else 1e-6)),
                max_position_embeddings=_int(raw, "max_position_embeddings", 4096 if mt == "lladamoe" else 32768),
                tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)))
@@ -198,8 +147,7 @@ def _hf(raw: dict, mt: str) -> dict:
             raise ValueError(f"field 'moe_layer_freq' has {len(freq)} entries, num_hidden_layers is {n}")
         shared = raw.get("shared_expert_intermediate_size")
         k = _int(raw, "num_experts_per_tok")
-        if not 0 < k <= e:
-            raise ValueError(f"field 'num_experts_per_tok' ({k}) must be in 1..num_experts ({e})")
+        check_top_k(k, e)
         out.update(intermediate_size=max(0, int(raw.get("dense_intermediate_size") or 0)),
                    qkv_bias=bool(raw.get("attention_bias")), qk_norm=bool(raw.get("qk_layernorm")),
                    clip_qkv=raw.get("clip_qkv"), num_experts=e, num_experts_per_tok=k,
@@ -226,15 +174,9 @@ def parse_config(raw: dict) -> MaskedConfig:
         raise ValueError(f"model_type {raw.get('model_type')!r} is not a masked-diffusion type ({', '.join(MODEL_TYPES)})")
     fields = _llada(raw) if mt == "llada" else _hf(raw, mt)
     mask, eos, pad, bos = _ids(raw, mt, fields["vocab_size"])
-    if pad is not None and mask == pad:
-        raise ValueError(f"field 'mask_token_id' ({mask}) equals 'pad_token_id': padding would read as masks")
-    if not 0 <= mask < fields["vocab_size"]:
-        raise ValueError(f"field 'mask_token_id' ({mask}) is outside the vocabulary (vocab_size {fields['vocab_size']})")
-    h, heads, kv = fields["hidden_size"], fields["num_attention_heads"], fields["num_key_value_heads"]
-    if heads <= 0 or kv <= 0 or heads % kv:
-        raise ValueError(f"num_attention_heads ({heads}) must be a positive multiple of the key/value heads ({kv})")
-    if h <= 0 or fields["head_dim"] <= 0 or fields["num_hidden_layers"] <= 0:
-        raise ValueError("hidden size, head dim and layer count must be positive")
+    check_mask_id(mask, pad, fields["vocab_size"])
+    check_heads(fields["hidden_size"], fields["num_attention_heads"], fields["num_key_value_heads"],
+                fields["head_dim"], fields["num_hidden_layers"])
     return MaskedConfig(model_type=mt, mask_token_id=mask, eos_token_id=eos, pad_token_id=pad,
                         bos_token_id=None if bos is None else int(bos), raw=raw, **fields)
 
@@ -242,8 +184,7 @@ def parse_config(raw: dict) -> MaskedConfig:
 # -- the spec contract (localdiff.arch.base.ArchSpec) -------------------------------------------------------------
 def layer_geometry(raw: dict) -> list[LayerGeom]:
     """One full-attention :class:`LayerGeom` per layer (no sliding windows, keys and values separate)."""
-    c = parse_config(raw)
-    return [LayerGeom("full_attention", c.head_dim, c.num_key_value_heads, True, None)] * c.num_hidden_layers
+    return full_attention_geometry(parse_config(raw))
 
 
 def tensor_shapes(raw: dict, include_buffers: bool = True) -> list[Tensorish]:
@@ -253,21 +194,17 @@ def tensor_shapes(raw: dict, include_buffers: bool = True) -> list[Tensorish]:
     return config_tensor_shapes(parse_config(raw), include_buffers)
 
 
-def config_tensor_shapes(c, include_buffers: bool = True) -> list[Tensorish]:
+def config_tensor_shapes(c, include_buffers: bool = True, attention=None) -> list[Tensorish]:
     """:func:`tensor_shapes` of a parsed config (any config with :class:`MaskedConfig`'s attributes: the block
-    family's :class:`localdiff.arch.block_spec.BlockConfig` shares the dense / MoE layout)."""
-    h, d = c.hidden_size, c.head_dim
+    family's :class:`localdiff.arch.block_spec.BlockConfig`, LLaDA2's config and the dense Qwen3 / Llama ones share
+    the dense / MoE layout). ``attention(c, i, prefix) -> list[Tensorish]``: layer i's attention tensors
+    (default :func:`qkv_attention_shapes`; LLaDA2 fuses q/k/v)."""
+    attention = attention or qkv_attention_shapes
+    h = c.hidden_size
     out = [Tensorish("embeddings", None, "embed_tokens.weight", (c.embedding_rows, h))]
     for i in range(c.num_hidden_layers):
         p = f"layers.{i}."
-        for name, o, k in (("q_proj", c.num_attention_heads * d, h), ("k_proj", c.num_key_value_heads * d, h),
-                           ("v_proj", c.num_key_value_heads * d, h)):
-            out.append(Tensorish("attention", i, f"{p}self_attn.{name}.weight", (o, k)))
-            if c.qkv_bias:
-                out.append(Tensorish("attention", i, f"{p}self_attn.{name}.bias", (o,)))
-        out.append(Tensorish("attention", i, f"{p}self_attn.o_proj.weight", (h, c.num_attention_heads * d)))
-        if c.qk_norm:
-            out += [Tensorish("attention_norms", i, f"{p}self_attn.{n}.weight", (d,)) for n in ("q_norm", "k_norm")]
+        out += attention(c, i, p)
         if c.is_moe_layer(i):
             out.append(Tensorish("router", i, f"{p}mlp.gate.weight", (c.num_experts, h)))
             if c.expert_bias and include_buffers:
@@ -284,6 +221,22 @@ def config_tensor_shapes(c, include_buffers: bool = True) -> list[Tensorish]:
     return out
 
 
+def qkv_attention_shapes(c, i: int, p: str) -> list[Tensorish]:
+    """Layer i's separate ``q_proj`` / ``k_proj`` / ``v_proj`` (+ biases when ``qkv_bias``), ``o_proj`` and the
+    per-head ``q_norm`` / ``k_norm`` when ``qk_norm``; ``p`` is the layer's name prefix."""
+    h, d = c.hidden_size, c.head_dim
+    out = []
+    for name, o in (("q_proj", c.num_attention_heads * d), ("k_proj", c.num_key_value_heads * d),
+                    ("v_proj", c.num_key_value_heads * d)):
+        out.append(Tensorish("attention", i, f"{p}self_attn.{name}.weight", (o, h)))
+        if c.qkv_bias:
+            out.append(Tensorish("attention", i, f"{p}self_attn.{name}.bias", (o,)))
+    out.append(Tensorish("attention", i, f"{p}self_attn.o_proj.weight", (h, c.num_attention_heads * d)))
+    if c.qk_norm:
+        out += [Tensorish("attention_norms", i, f"{p}self_attn.{n}.weight", (d,)) for n in ("q_norm", "k_norm")]
+    return out
+
+
 def _swiglu(component: str, i: int, prefix: str, h: int, inter: int, copies: int) -> list[Tensorish]:
     out = []
     for e in range(copies):
@@ -296,10 +249,7 @@ def _swiglu(component: str, i: int, prefix: str, h: int, inter: int, copies: int
 
 def parameter_counts(raw: dict) -> dict:
     """``total``, ``active_per_token`` (total minus the routed experts a token does not use) and ``by_component``."""
-    c = parse_config(raw)
-    moe_layers = sum(c.is_moe_layer(i) for i in range(c.num_hidden_layers))
-    inactive = moe_layers * (c.num_experts - c.num_experts_per_tok) * 3 * c.hidden_size * c.moe_intermediate_size
-    return _counts(tensor_shapes(raw, include_buffers=False), inactive)
+    return moe_parameter_counts(parse_config(raw), tensor_shapes(raw, include_buffers=False))
 
 
 def text_fields(raw: dict) -> dict:

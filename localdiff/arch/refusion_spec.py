@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from localdiff.arch.base import LayerGeom, Tensorish
 from localdiff.arch.base import parameter_counts as _counts
-from localdiff.arch.masked_spec import MaskedConfig, _int, _rope, _swiglu
+from localdiff.arch.masked_spec import MaskedConfig, config_tensor_shapes
+from localdiff.arch.spec_parts import _int, _rope, check_heads, check_mask_id, full_attention_geometry, id_tuple
 
 MODEL_TYPE = "refusion"
 #: the registry key and the config.json model_types this spec parses
@@ -48,20 +49,15 @@ def parse_config(raw: dict) -> MaskedConfig:
         raise ValueError("field 'use_sliding_window' = true is not supported (ReFusion attends to all tokens)")
     h, heads, vocab = _int(raw, "hidden_size"), _int(raw, "num_attention_heads"), _int(raw, "vocab_size")
     kv = _int(raw, "num_key_value_heads", heads)
-    if heads <= 0 or kv <= 0 or heads % kv:
-        raise ValueError(f"num_attention_heads ({heads}) must be a positive multiple of the key/value heads ({kv})")
-    mask = _opt_id(raw, "mask_token_id", MASK_ID, vocab)
-    if mask is None or not 0 <= mask < vocab:
-        raise ValueError(f"field 'mask_token_id' ({mask}) is missing or outside the vocabulary (vocab_size {vocab})")
-    eos = _opt_id(raw, "eos_token_id", EOS_ID, vocab)
-    eos = () if eos is None else (eos if isinstance(eos, tuple) else (eos,))
-    pad = _opt_id(raw, "pad_token_id", PAD_ID, vocab)
-    if pad == mask:
-        raise ValueError(f"field 'mask_token_id' ({mask}) equals 'pad_token_id'")
-    head_dim = int(raw.get("head_dim") or h // heads)
+    head_dim = int(raw.get("head_dim") or h // max(heads, 1))
     layers = _int(raw, "num_hidden_layers")
-    if h <= 0 or head_dim <= 0 or layers <= 0:
-        raise ValueError("hidden size, head dim and layer count must be positive")
+    check_heads(h, heads, kv, head_dim, layers)
+    mask = _opt_id(raw, "mask_token_id", MASK_ID, vocab)
+    if mask is None:
+        raise ValueError("missing field 'mask_token_id'")
+    eos = id_tuple(_opt_id(raw, "eos_token_id", EOS_ID, vocab))
+    pad = _opt_id(raw, "pad_token_id", PAD_ID, vocab)
+    check_mask_id(mask, pad, vocab)
     return MaskedConfig(
         model_type=MODEL_TYPE, vocab_size=vocab, embedding_rows=vocab, qk_norm=True, hidden_size=h, intermediate_size=_int(raw, "intermediate_size"), num_hidden_layers=layers,
         num_attention_heads=heads, num_key_value_heads=kv, head_dim=head_dim, rope_parameters=_rope(raw),
@@ -75,31 +71,13 @@ def parse_config(raw: dict) -> MaskedConfig:
 # -- the spec contract (localdiff.arch.base.ArchSpec) -------------------------------------------------------------
 def layer_geometry(raw: dict) -> list[LayerGeom]:
     """One full-attention :class:`LayerGeom` per layer."""
-    c = parse_config(raw)
-    return [LayerGeom("full_attention", c.head_dim, c.num_key_value_heads, True, None)] * c.num_hidden_layers
+    return full_attention_geometry(parse_config(raw))
 
 
 def tensor_shapes(raw: dict, include_buffers: bool = True) -> list[Tensorish]:
     """Every weight tensor, our names. Components: ``embeddings``, ``attention``, ``attention_norms``,
     ``dense_mlp``, ``norms``, ``lm_head`` (untied only)."""
-    c = parse_config(raw)
-    h, d = c.hidden_size, c.head_dim
-    out = [Tensorish("embeddings", None, "embed_tokens.weight", (c.vocab_size, h))]
-    for i in range(c.num_hidden_layers):
-        p = f"layers.{i}."
-        for name, o in (("q_proj", c.num_attention_heads * d), ("k_proj", c.num_key_value_heads * d),
-                        ("v_proj", c.num_key_value_heads * d)):
-            out.append(Tensorish("attention", i, f"{p}self_attn.{name}.weight", (o, h)))
-            if c.qkv_bias:
-                out.append(Tensorish("attention", i, f"{p}self_attn.{name}.bias", (o,)))
-        out.append(Tensorish("attention", i, f"{p}self_attn.o_proj.weight", (h, c.num_attention_heads * d)))
-        out += [Tensorish("attention_norms", i, f"{p}self_attn.{n}.weight", (d,)) for n in ("q_norm", "k_norm")]
-        out += _swiglu("dense_mlp", i, f"{p}mlp.", h, c.intermediate_size, 1)
-        out += [Tensorish("norms", i, f"{p}{n}.weight", (h,)) for n in ("input_layernorm", "post_attention_layernorm")]
-    out.append(Tensorish("norms", None, "norm.weight", (h,)))
-    if not c.tie_word_embeddings:
-        out.append(Tensorish("lm_head", None, "lm_head.weight", (c.vocab_size, h)))
-    return out
+    return config_tensor_shapes(parse_config(raw), include_buffers)
 
 
 def parameter_counts(raw: dict) -> dict:

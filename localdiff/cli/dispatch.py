@@ -163,7 +163,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _check_environment() -> None:
+    """Every subcommand refuses an unknown ``LOCALDIFF_*`` variable as ``gen`` does (``config.check_environment``)."""
+    from localdiff.config import check_environment
+
+    check_environment()
+
+
 def _dispatch(args, argv) -> int:
+    _check_environment()
     cmd = args.command
     if cmd == "gen":
         if getattr(args, "endpoint", None):
@@ -205,15 +213,19 @@ def main(argv: list[str] | None = None) -> int:
         parser = build_parser()
         argv = _join_negative_sizes(argv)
         if argv and argv[0] == "bench":  # bench parses its own flags (argparse REMAINDER rejects leading flags)
+            _check_environment()
             try:
                 from localdiff.bench.run import main as bench_main
             except ImportError as e:
                 raise LocaldiffError(f"`localdiff bench` is not available in this build ({e})") from None
             return int(bench_main(argv[1:]) or 0)
         try:
-            args = parser.parse_args(argv)
+            args, extra = parser.parse_known_args(argv)
         except SystemExit as e:  # --help / --version from argparse
             return int(e.code or 0)
+        if extra:   # argparse would name the top-level parser; name the subcommand whose flags these are not
+            prog = f"localdiff {args.command}" if getattr(args, "command", None) else "localdiff"
+            raise UsageError(f"{prog}: unrecognized arguments: {' '.join(extra)} (see `{prog} --help`)")
         if args.version:
             from localdiff import __version__
 

@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import torch
 
-from localdiff.decoding.acceptance import token_entropy
-from localdiff.decoding.draws import categorical
 from localdiff.decoding.editing import EditingConfig, block_finished, edit_positions
 from localdiff.decoding.options import LLaDA2Options, SDAROptions
 from localdiff.decoding.sdar import SDAR, transfer_schedule
@@ -78,12 +76,7 @@ class LLaDA2(SDAR):
 
     def advance(self, a) -> dict:
         """Commit masks, edit committed tokens, stop rows; returns the StepEvent fields (device tensors)."""
-        v = a.probs.shape[-1]
-        if self.o.temperature > 0:
-            x0 = categorical(a.probs.reshape(-1, v), self.gen).view(self.b, self.c)
-            conf = a.probs.gather(-1, x0[..., None]).squeeze(-1)
-        else:
-            conf, x0 = a.probs.max(-1)
+        x0, conf = self._draw(a)
         live = ~self.done[:, None]
         commit = self._select(conf, a.masked, a.k) & live
         edits = edit_positions(self.canvas, ~a.masked & ~self.prompt & live, x0, conf, self.editing)
@@ -97,9 +90,7 @@ class LLaDA2(SDAR):
         if self.options.eos_early_stop and self.eos is not None:
             now |= self._eos_stop(x0, changed, left)
         self.done = self.done | now
-        return {"canvas_ids": self.canvas, "argmax_ids": torch.where(a.masked, x0, self.canvas), "accepted": ~left,
-                "renoised": left, "reopened": edits, "confidence": torch.where(a.masked, conf, 1.0),
-                "entropy": token_entropy(torch.log(a.probs.clamp_min(1e-30))), "locked": None}
+        return self._event(a, x0, conf, left, edits)
 
     def _eos_stop(self, x0: torch.Tensor, changed: torch.Tensor, left: torch.Tensor) -> torch.Tensor:
         """BoolTensor[B]: this step committed an EOS and no generated position before the block's first generated

@@ -110,19 +110,29 @@ class SDAR:
 
     def advance(self, a: Assessment) -> dict:
         """Pick tokens and commit the step's positions; returns the StepEvent fields (device tensors)."""
-        v = a.probs.shape[-1]
-        if self.o.temperature > 0:
-            x0 = categorical(a.probs.reshape(-1, v), self.gen).view(self.b, self.c)
-            conf = a.probs.gather(-1, x0[..., None]).squeeze(-1)
-        else:
-            conf, x0 = a.probs.max(-1)
+        x0, conf = self._draw(a)
         commit = self._select(conf, a.masked, a.k)
         self.canvas = torch.where(commit, x0, self.canvas)
         self.argmax = self.canvas
         left = self.canvas == self.mask_id
         self.done = ~left.any(-1)
+        return self._event(a, x0, conf, left, torch.zeros_like(left))
+
+    def _draw(self, a: Assessment) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x0 LongTensor[B, C], its probability FloatTensor[B, C]): a categorical draw from ``a.probs`` at
+        temperature > 0 (this decoder's generator), else the argmax."""
+        if self.o.temperature > 0:
+            x0 = categorical(a.probs.reshape(-1, a.probs.shape[-1]), self.gen).view(self.b, self.c)
+            return x0, a.probs.gather(-1, x0[..., None]).squeeze(-1)
+        conf, x0 = a.probs.max(-1)
+        return x0, conf
+
+    def _event(self, a: Assessment, x0: torch.Tensor, conf: torch.Tensor, left: torch.Tensor,
+               reopened: torch.Tensor) -> dict:
+        """The StepEvent fields after a step: ``left`` (BoolTensor[B, C]) the masks still open, ``reopened`` the
+        committed positions this step changed (token editing; none here)."""
         return {"canvas_ids": self.canvas, "argmax_ids": torch.where(a.masked, x0, self.canvas), "accepted": ~left,
-                "renoised": left, "reopened": torch.zeros_like(left), "confidence": torch.where(a.masked, conf, 1.0),
+                "renoised": left, "reopened": reopened, "confidence": torch.where(a.masked, conf, 1.0),
                 "entropy": token_entropy(torch.log(a.probs.clamp_min(1e-30))), "locked": None}
 
     def _select(self, conf: torch.Tensor, masked: torch.Tensor, k: int) -> torch.Tensor:

@@ -265,7 +265,8 @@ class DiffusionGemma(nn.Module):
         Args:
             canvas_ids: LongTensor[B, C].
             cache: the KV cache filled by :meth:`prefill`.
-            self_conditioning_logits: FloatTensor[B, C, V] of the previous step (temperature-scaled), or None.
+            self_conditioning_logits: FloatTensor[B, C, V] of the previous step (temperature-scaled), or its
+                softmax as :class:`localdiff.arch.soft_embedding.Probabilities`, or None.
             prefill_ids / prefill_mask: LongTensor[B, T] and its Bool[B, T] padding mask (None = all real), or None.
         Returns:
             FloatTensor[B, C, V] fp32 logits (soft-capped).

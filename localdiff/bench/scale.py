@@ -52,7 +52,12 @@ def build(folder: Path, text: dict, seed: int = 0) -> Path:
 
     cfg = DiffusionGemmaConfig(text_config=dict(text), vision_config=dict(WIDE_VISION), canvas_length=CANVAS)
     torch.manual_seed(seed)
-    net = DiffusionGemmaForBlockDiffusion(cfg).eval().to(torch.bfloat16)
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)     # initialised in bf16: no fp32 copy (1B: 8.1 → ~2.5 GiB peak)
+    try:
+        net = DiffusionGemmaForBlockDiffusion(cfg).eval()
+    finally:
+        torch.set_default_dtype(old)
     net.save_pretrained(folder)
     del net
     gc.collect()
@@ -80,6 +85,15 @@ def flops_per_step(text: dict, canvas: int = CANVAS, history: int = PROMPT, voca
     out["self-conditioning product"] = v * h
     out["LM head"] = v * h
     return {k: 2 * n * canvas for k, n in out.items()}
+
+
+def _reset_peak_rss() -> None:
+    """Reset this process's VmHWM to the current RSS (Linux ``/proc/self/clear_refs`` "5"), so the peak of each
+    group of sides is its own; silently nothing elsewhere."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
 
 
 def _peak_rss() -> int | None:
@@ -179,7 +193,7 @@ def _interleaved(sides: list[_Side], ids, reps: int, log, label: str) -> dict:
             runs[s.key].append(s.run(ids, r))
         log(f"  [scale {label}] repetition {r + 1}/{reps}: " + ", ".join(
             f"{k} {1e3 * v[-1]['seconds'] / max(v[-1]['forwards'], 1):.0f} ms/step" for k, v in runs.items()))
-    out = {}
+    out = {"__per_rep__": [{k: v[r]["tokens"] / v[r]["seconds"] for k, v in runs.items()} for r in range(reps)]}
     for s in sides:
         rs = runs[s.key]
         out[s.key] = {"dtype": s.dtype, "weight_bytes": s.weight_bytes, "forwards": [x["forwards"] for x in rs],
@@ -227,15 +241,25 @@ def measure(quick: bool, steps: int = 4, reps: int | None = None, sizes: list[st
             keys = ["localdiff default", "localdiff float32", "reference bfloat16", "reference float32"]
             groups = [keys] if name != "1B" else [[keys[0], keys[2]], [keys[1], keys[3]]]
             runs: dict = {}
+            per_rep: list[dict] = [{} for _ in range(reps)]
+            group_peaks = []
             for group in groups:
+                gc.collect()
+                _reset_peak_rss()
                 sides = [_Side(k, path, steps) for k in group]
-                runs.update(_interleaved(sides, ids, reps, log, name))
+                got = _interleaved(sides, ids, reps, log, name)
+                for r, tps in enumerate(got.pop("__per_rep__")):
+                    per_rep[r].update(tps)
+                runs.update(got)
+                group_peaks.append({"sides": group, "peak_rss_bytes": _peak_rss()})
                 del sides
                 gc.collect()
-        res["sizes"].append(_summarize(name, text, runs, peak))
+        res["sizes"].append(_summarize(name, text, runs, peak, per_rep))
+        res["sizes"][-1]["group_peak_rss"] = group_peaks
     peak2 = {"float32": _gemm_peak(torch.float32), "bfloat16": _gemm_peak(torch.bfloat16)}
     res["peak_gflops"] = {k: max(peak[k], peak2[k]) for k in peak}
-    res["peak_rss_bytes"] = _peak_rss()
+    res["peak_rss_bytes"] = max([_peak_rss() or 0] + [g["peak_rss_bytes"] or 0 for s in res["sizes"]
+                                                       for g in s["group_peak_rss"]])
     for s in res["sizes"]:   # fractions against the larger of the two peak measurements
         for r in s["runs"].values():
             r["fraction_of_peak"] = s["flops_per_step"] / (r["ms_per_step"]["median"] / 1e3) / \
@@ -243,7 +267,7 @@ def measure(quick: bool, steps: int = 4, reps: int | None = None, sizes: list[st
     return res
 
 
-def _summarize(name: str, text: dict, runs: dict, peak: dict) -> dict:
+def _summarize(name: str, text: dict, runs: dict, peak: dict, per_rep: list[dict] | None = None) -> dict:
     from localdiff.arch.diffusion_gemma_spec import parameter_counts
 
     fl = flops_per_step(text)
@@ -258,6 +282,8 @@ def _summarize(name: str, text: dict, runs: dict, peak: dict) -> dict:
             "vocab_share_real_vocab": (real["LM head"] + real["self-conditioning product"]) / sum(real.values()),
             "runs": runs, "best": {"localdiff": best_ld, "reference": best_ref},
             "ratio_best": tps[best_ld] / tps[best_ref],
+            # the same two configurations' ratio within each repetition (interleaved neighbours: load shared)
+            "ratio_best_per_rep": _spread([r[best_ld] / r[best_ref] for r in per_rep or []]) if per_rep else None,
             "ratio_same_dtype": {d: tps[ld] / tps[f"reference {d}"] for d in ("bfloat16", "float32")
                                  for ld in [next((k for k in tps if k.startswith("localdiff")
                                                   and runs[k]["dtype"] == d), None)] if ld}}
@@ -279,8 +305,12 @@ def render_md(sec: dict) -> list[str]:
                     f"{s['flops_per_step'] / 1e9:.1f} GFLOP per step ({s['flops_per_step_real_vocab'] / 1e9:.1f} at "
                     f"vocab 262,144, where at this hidden size the LM head + self-conditioning product are "
                     f"{s['vocab_share_real_vocab']:.0%}); best localdiff ÷ best reference tokens/s: "
-                    f"**{s['ratio_best']:.2f}×** ({s['best']['localdiff']} vs {s['best']['reference']}); same dtype: "
-                    + ", ".join(f"{d} {r:.2f}×" for d, r in s["ratio_same_dtype"].items()), "",
+                    f"**{s['ratio_best']:.2f}×** ({s['best']['localdiff']} vs {s['best']['reference']}"
+                    + (f"; per repetition median {pr['median']:.2f}×, range {pr['min']:.2f}–{pr['max']:.2f}×"
+                       if (pr := s.get("ratio_best_per_rep")) else "") + "); same dtype: "
+                    + ", ".join(f"{d} {r:.2f}×" for d, r in s["ratio_same_dtype"].items()) + ". Peak RSS: "
+                    + "; ".join(f"{' + '.join(g['sides'])} {(g['peak_rss_bytes'] or 0) / 2**30:.1f} GiB"
+                                for g in s.get("group_peak_rss", [])), "",
                 "| configuration | dtype | ms/step | tokens/s | forwards | fraction of GEMM peak | weights (MiB) |",
                 "|---|---|---:|---:|---:|---:|---:|"]
         for k, r in s["runs"].items():

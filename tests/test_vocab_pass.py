@@ -54,7 +54,7 @@ def test_fast_path_gives_the_exact_tokens_in_fp32(opts, monkeypatch):
     prompts = ["What is 12 + 30?", "Spell cat backwards.", "Name a colour."]
     kw = dict(max_new_tokens=2 * m.config.canvas_length, seed=3, **opts)
     exact = m.generate(prompts, **kw)
-    monkeypatch.setattr(canvas, "CanvasEB", functools.partial(canvas_eb.CanvasEB, fast=True))
+    monkeypatch.setattr(canvas, "policy_class", lambda _o: functools.partial(canvas_eb.CanvasEB, fast=True))
     fast = m.generate(prompts, **kw)
     assert fast.token_ids == exact.token_ids
     assert fast.stats.forwards == exact.stats.forwards
@@ -70,3 +70,43 @@ def test_bf16_runs_the_fast_path():
     m = localdiff.load("tiny", dtype="bfloat16")
     out = m.generate("What is 12 + 30?", max_new_tokens=m.config.canvas_length, seed=0)
     assert out.stats.forwards >= 1 and len(out.token_ids) >= 1
+
+
+def test_head_rows_logits_are_the_full_logits_rows():
+    m = localdiff.load("tiny", dtype="float32")
+    c, v = m.config.canvas_length, m.config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    ids, canvas = torch.randint(3, v, (2, 9), generator=g), torch.randint(0, v, (2, c), generator=g)
+    sc = torch.randn(2, c, v, generator=g)
+    rows = torch.rand(2, c, generator=g) < 0.3
+    cache = m.new_cache()
+    m.prefill(ids, cache)
+    full = m.denoise(canvas, cache, sc)
+    part = m.net.denoise(canvas, cache, sc, head_rows=rows)
+    assert part.shape == (int(rows.sum()), v) and torch.equal(part, full[rows])
+
+
+def test_reuse_locked_is_opt_in_and_needs_a_lock():
+    from localdiff.decoding.canvas_reuse import CanvasEBReuse
+
+    m = localdiff.load("tiny", dtype="float32")
+    with pytest.raises(localdiff.errors.UsageError, match="reuse_locked"):
+        m.generate("What is 12 + 30?", reuse_locked=True)
+    with pytest.raises(localdiff.errors.UsageError, match="reuse_locked"):
+        m.generate("What is 12 + 30?", reuse_locked=True, threshold=0.9, correction=True)
+    assert m.sampler_options()["reuse_locked"] is False
+    seen = []
+    orig = CanvasEBReuse.head_rows
+
+    def spy(self):
+        r = orig(self)
+        seen.append(None if r is None else int(r.sum()))
+        return r
+
+    CanvasEBReuse.head_rows = spy
+    try:
+        out = m.generate(["What is 12 + 30?", "What is 7 + 5?"], threshold=0.9, reuse_locked=True, seed=0)
+    finally:
+        CanvasEBReuse.head_rows = orig
+    assert out.stats.forwards >= 2 and all(len(t) for t in out.token_ids)
+    assert any(n is not None and n < 2 * m.config.canvas_length for n in seen)   # fewer head rows than positions

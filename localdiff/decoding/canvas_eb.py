@@ -134,8 +134,7 @@ class CanvasEB:
             read = acc
         # the draft is read only where accepted (and not kept locked): the other positions' random numbers are
         # drawn in order but not transformed (same tokens and generator state as the full draw)
-        draft = categorical(probs.view(-1, self.v), self.gen, read.reshape(-1),
-                            valid=a.probs is not None).view(self.b, self.c)
+        draft = self._draw(probs, read, a.probs is not None)
         if locked is not None:
             accepted_canvas = torch.where(acc, torch.where(old_lock, canvas, draft), canvas)
         else:
@@ -150,6 +149,11 @@ class CanvasEB:
         return {"canvas_ids": new_canvas, "argmax_ids": argmax, "accepted": acc, "renoised": renoised,
                 "reopened": torch.zeros_like(acc) if reopened is None else reopened, "confidence": conf,
                 "entropy": ent, "locked": locked}
+
+    def _draw(self, probs: torch.Tensor, read: torch.Tensor, valid: bool) -> torch.Tensor:
+        """The draft LongTensor[B, C]: one categorical draw per position from ``probs`` FloatTensor[B, C, V], read
+        only where ``read`` BoolTensor[B, C] (see :func:`localdiff.decoding.draws.categorical`)."""
+        return categorical(probs.view(-1, self.v), self.gen, read.reshape(-1), valid=valid).view(self.b, self.c)
 
     def _carry_exact(self, a: Assessment, new_canvas: torch.Tensor) -> tuple:
         """Rows already stopped keep their canvas, argmax and self-conditioning; the stopper's verdict; the next

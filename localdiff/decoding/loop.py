@@ -61,7 +61,10 @@ def run(net, policy, cache, batch: int, max_new_tokens: int, eos_ids: list[int],
             forwards += ~(policy.done | finished)
             steps_used += 1
             canvas, sc = policy.model_inputs()
-            if pending is None:
+            rows = policy.head_rows() if hasattr(policy, "head_rows") else None
+            if rows is not None:       # the policy reads only these positions' logits: FloatTensor[N, V]
+                logits = net.denoise(canvas, cache, sc, head_rows=rows)
+            elif pending is None:
                 logits = net.denoise(canvas, cache, sc)
             else:
                 logits = _fused_stage(net, canvas, cache, sc, pending, st)

@@ -45,8 +45,8 @@ def test_soft_embedding_from_probabilities():
 
 @pytest.mark.parametrize("opts", [{}, {"threshold": 0.5}])
 def test_fast_path_gives_the_exact_tokens_in_fp32(opts, monkeypatch):
-    """Forced on an fp32 model, the fast path (rows that stop early keep their canvas, batch of three) gives the
-    exact path's tokens on the embedded model."""
+    """Forced on an fp32 model and drawing from the reference's random stream, the fast path (rows that stop early
+    keep their canvas, batch of three) gives the exact path's tokens on the embedded model."""
     from localdiff.decoding import canvas_eb
     from localdiff.engine import canvas
 
@@ -55,6 +55,8 @@ def test_fast_path_gives_the_exact_tokens_in_fp32(opts, monkeypatch):
     kw = dict(max_new_tokens=2 * m.config.canvas_length, seed=3, **opts)
     exact = m.generate(prompts, **kw)
     monkeypatch.setattr(canvas, "policy_class", lambda _o: functools.partial(canvas_eb.CanvasEB, fast=True))
+    draw = canvas_eb.CanvasEB._draw
+    monkeypatch.setattr(canvas_eb.CanvasEB, "_draw", lambda self, p, read, valid: draw(self, p, read, False))
     fast = m.generate(prompts, **kw)
     assert fast.token_ids == exact.token_ids
     assert fast.stats.forwards == exact.stats.forwards
@@ -110,3 +112,36 @@ def test_reuse_locked_is_opt_in_and_needs_a_lock():
         CanvasEBReuse.head_rows = orig
     assert out.stats.forwards >= 2 and all(len(t) for t in out.token_ids)
     assert any(n is not None and n < 2 * m.config.canvas_length for n in seen)   # fewer head rows than positions
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fused_rms_norm_equals_the_formula_in_16_bits(dtype):
+    from localdiff.arch.layers import rms_norm
+
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(3, 37, 448, generator=g) * 5).to(dtype)
+    w = (torch.rand(448, generator=g) * 2).to(dtype)
+
+    def formula(x, w):
+        xf = x.float()
+        out = xf * torch.pow(xf.pow(2).mean(-1, keepdim=True) + 1e-6, -0.5)
+        return (out if w is None else out * w.float()).type_as(x)
+
+    for weight in (w, None):
+        assert torch.equal(rms_norm(x, weight, 1e-6), formula(x, weight))
+
+
+def test_draw_rows_draws_the_read_rows_only():
+    from localdiff.decoding.canvas_eb import draw_rows
+
+    g = torch.Generator().manual_seed(0)
+    probs = torch.softmax(torch.randn(6, 5000, generator=g), -1)
+    probs[2] = 0.0
+    probs[2, 4321] = 1.0                                             # a one-hot row draws its token
+    read = torch.tensor([False, True, True, False, False, True])
+    a, b = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
+    out = draw_rows(probs, read, a)
+    assert out[2] == 4321 and bool((out[~read] == 0).all())
+    assert torch.equal(out[read], torch.multinomial(probs[read], 1, generator=b).view(-1))
+    assert torch.equal(a.get_state(), b.get_state())                 # advanced by the three read rows only
+    assert torch.equal(draw_rows(probs, torch.zeros(6, dtype=torch.bool), a), torch.zeros(6, dtype=torch.long))

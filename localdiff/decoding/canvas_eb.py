@@ -152,7 +152,11 @@ class CanvasEB:
 
     def _draw(self, probs: torch.Tensor, read: torch.Tensor, valid: bool) -> torch.Tensor:
         """The draft LongTensor[B, C]: one categorical draw per position from ``probs`` FloatTensor[B, C, V], read
-        only where ``read`` BoolTensor[B, C] (see :func:`localdiff.decoding.draws.categorical`)."""
+        only where ``read`` BoolTensor[B, C]. Exact path: the reference's random stream (every position's numbers
+        drawn in order, :func:`localdiff.decoding.draws.categorical`). Fast path (``valid``): only the read
+        positions are drawn (:func:`draw_rows`), so the generator advances by those rows alone."""
+        if valid:
+            return draw_rows(probs.view(-1, self.v), read.reshape(-1), self.gen).view(self.b, self.c)
         return categorical(probs.view(-1, self.v), self.gen, read.reshape(-1), valid=valid).view(self.b, self.c)
 
     def _carry_exact(self, a: Assessment, new_canvas: torch.Tensor) -> tuple:
@@ -190,6 +194,17 @@ class CanvasEB:
 
     def all_done(self) -> bool:
         return self.n_done == self.b
+
+
+def draw_rows(probs: torch.Tensor, read: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One categorical draw for each row of ``probs`` FloatTensor[N, V] (a softmax: finite, rows sum to 1) where
+    ``read`` BoolTensor[N]; LongTensor[N] with 0 elsewhere. Random numbers are drawn for the read rows only (a
+    canvas of 256 positions reads a few per step; drawing all of them is ~2·N·V generator words)."""
+    out = torch.zeros(probs.shape[0], dtype=torch.long, device=probs.device)
+    idx = torch.nonzero(read).view(-1)
+    if idx.numel():
+        out[idx] = categorical(probs.index_select(0, idx), generator, valid=True).view(-1)
+    return out
 
 
 @functools.lru_cache(maxsize=32)

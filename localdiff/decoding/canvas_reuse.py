@@ -5,16 +5,15 @@ the vocabulary-sized sampler work only on the positions still free (``reuse_lock
 Not reference-exact (the reference recomputes every position's distribution every step; locking itself is ours,
 :mod:`localdiff.decoding.acceptance`): what it changes is measured by ``localdiff bench --only approx`` (the logit
 error of a locked position's reused distribution against the fresh one on random models, and the embedded eval's
-accuracy with and without it). The draws of free positions use a generator stream of the free rows only, so even
-where every reused distribution were equal the tokens differ from a run without it.
+accuracy with and without it). Draws take random numbers for the accepted positions only, as on the fast path
+without reuse.
 """
 from __future__ import annotations
 
 import torch
 
 from localdiff.arch.soft_embedding import Probabilities
-from localdiff.decoding.canvas_eb import Assessment, CanvasEB
-from localdiff.decoding.draws import categorical
+from localdiff.decoding.canvas_eb import Assessment, CanvasEB, draw_rows
 
 
 class CanvasEBReuse(CanvasEB):
@@ -50,7 +49,7 @@ class CanvasEBReuse(CanvasEB):
         if rows is None:
             return super()._draw(probs, read, valid)
         draft = torch.zeros(self.b, self.c, dtype=torch.long, device=probs.device)
-        draft[rows] = categorical(probs, self.gen, read[rows], valid=valid).view(-1)
+        draft[rows] = draw_rows(probs, read[rows], self.gen)
         return draft
 
     def _carry_fast(self, a: Assessment, new_canvas: torch.Tensor) -> tuple:

@@ -25,3 +25,5 @@ def test_flops_per_step_by_arithmetic():
     assert f["LM head"] == f["self-conditioning product"] == 2 * v * h * scale.CANVAS
     real = scale.flops_per_step(text, vocab=scale.REAL_VOCAB)
     assert real["LM head"] == 8 * f["LM head"] and real["experts"] == f["experts"]
+    pad = scale.expert_padding(text)
+    assert 1.0 < pad < text["num_experts"] / text["top_k_experts"]

@@ -87,6 +87,17 @@ def flops_per_step(text: dict, canvas: int = CANVAS, history: int = PROMPT, voca
     return {k: 2 * n * canvas for k, n in out.items()}
 
 
+def expert_padding(text: dict, canvas: int = CANVAS, samples: int = 16) -> float:
+    """How many expert rows the bf16 stream kernel (:func:`localdiff.arch.layers.stream_experts`) computes per row
+    routed: experts × the largest group ÷ (canvas × top-k), the mean over ``samples`` uniform random routings (what
+    a random model's router gives). The reference's grouped_mm computes the routed rows only (factor 1)."""
+    g = torch.Generator().manual_seed(0)
+    e, k = text["num_experts"], text["top_k_experts"]
+    f = [e * int(torch.bincount(torch.rand(canvas, e, generator=g).topk(k, -1).indices.reshape(-1),
+                                minlength=e).max()) / (canvas * k) for _ in range(samples)]
+    return sum(f) / len(f)
+
+
 def _reset_peak_rss() -> None:
     """Reset this process's VmHWM to the current RSS (Linux ``/proc/self/clear_refs`` "5"), so the peak of each
     group of sides is its own; silently nothing elsewhere."""
@@ -288,6 +299,9 @@ def _summarize(name: str, text: dict, runs: dict, peak: dict, per_rep: list[dict
     best_ref = max((k for k in tps if k.startswith("reference")), key=tps.get)
     return {"name": name, "text_config": text, "parameters": counts["total"], "active": counts["active_per_token"],
             "flops_per_step": sum(fl.values()), "flops_by_component": fl,
+            # what localdiff's bf16 default computes: the experts' zero-padded groups included
+            "expert_padding": (pad := expert_padding(text)),
+            "flops_per_step_localdiff_bf16": sum(fl.values()) + (pad - 1) * fl["experts"],
             "flops_per_step_real_vocab": sum(real.values()),
             "vocab_share_real_vocab": (real["LM head"] + real["self-conditioning product"]) / sum(real.values()),
             "runs": runs, "best": {"localdiff": best_ld, "reference": best_ref},
@@ -317,7 +331,10 @@ def render_md(sec: dict) -> list[str]:
         out += ["", f"**{s['name']}** ({s['parameters'] / 1e6:.0f}M parameters, {s['active'] / 1e6:.0f}M active): "
                     f"{s['flops_per_step'] / 1e9:.1f} GFLOP per step ({s['flops_per_step_real_vocab'] / 1e9:.1f} at "
                     f"vocab 262,144, where at this hidden size the LM head + self-conditioning product are "
-                    f"{s['vocab_share_real_vocab']:.0%}); best localdiff ÷ best reference tokens/s: "
+                    f"{s['vocab_share_real_vocab']:.0%}; the reference computes these, localdiff's bf16 experts "
+                    f"{s.get('expert_padding', 1):.2f}× the routed rows (zero-padded groups): "
+                    f"{s.get('flops_per_step_localdiff_bf16', s['flops_per_step']) / 1e9:.1f} GFLOP); "
+                    "best localdiff ÷ best reference tokens/s: "
                     f"**{s['ratio_best']:.2f}×** ({s['best']['localdiff']} vs {s['best']['reference']}"
                     + (f"; per repetition median {pr['median']:.2f}×, range {pr['min']:.2f}–{pr['max']:.2f}×"
                        if (pr := s.get("ratio_best_per_rep")) else "")

@@ -41,7 +41,7 @@ def test_canvas_tokens_same_with_skipped_draws(ref_small, opts, monkeypatch):
     kw = dict(max_new_tokens=2 * m.config.canvas_length, max_denoising_steps=6, entropy_bound=0.5, chat=False,
               **opts)
     fast = [m.generate([5, 6, 7 + s], seed=s, **kw).token_ids for s in range(3)]
-    full = lambda p, g, rows=None: draws.categorical(p, g)   # noqa: E731 — every row drawn and transformed
+    full = lambda p, g, rows=None, valid=False: draws.categorical(p, g)   # noqa: E731 — every row drawn, transformed
     monkeypatch.setattr(canvas_eb, "categorical", full)
     slow = [m.generate([5, 6, 7 + s], seed=s, **kw).token_ids for s in range(3)]
     assert fast == slow

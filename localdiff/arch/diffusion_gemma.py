@@ -255,7 +255,8 @@ class DiffusionGemma(nn.Module):
 
     @torch.inference_mode()
     def denoise(self, canvas_ids: torch.Tensor, cache, self_conditioning_logits: torch.Tensor | None = None,
-                prefill_ids: torch.Tensor | None = None, prefill_mask: torch.Tensor | None = None) -> torch.Tensor:
+                prefill_ids: torch.Tensor | None = None, prefill_mask: torch.Tensor | None = None,
+                head_rows: torch.Tensor | None = None) -> torch.Tensor:
         """Bidirectional decoder pass over a canvas that attends to the cached prefix.
 
         With ``prefill_ids`` it is a *fused* pass: those tokens are prefilled (causal encoder role, K/V appended to
@@ -265,14 +266,18 @@ class DiffusionGemma(nn.Module):
         Args:
             canvas_ids: LongTensor[B, C].
             cache: the KV cache filled by :meth:`prefill`.
-            self_conditioning_logits: FloatTensor[B, C, V] of the previous step (temperature-scaled), or None.
+            self_conditioning_logits: FloatTensor[B, C, V] of the previous step (temperature-scaled), or its
+                softmax as :class:`localdiff.arch.soft_embedding.Probabilities`, or None.
             prefill_ids / prefill_mask: LongTensor[B, T] and its Bool[B, T] padding mask (None = all real), or None.
+            head_rows: BoolTensor[B, C] or None: the LM head runs only at these positions (opt-in approximation
+                ``reuse_locked``, :mod:`localdiff.decoding.canvas_reuse`).
         Returns:
-            FloatTensor[B, C, V] fp32 logits (soft-capped).
+            FloatTensor[B, C, V] fp32 logits (soft-capped); with ``head_rows``, FloatTensor[N, V] of its N True
+            positions in row-major order.
         """
-        return self._forward(prefill_ids, prefill_mask, canvas_ids, self_conditioning_logits, cache)
+        return self._forward(prefill_ids, prefill_mask, canvas_ids, self_conditioning_logits, cache, head_rows)
 
-    def _forward(self, ids, ids_mask, canvas_ids, sc_logits, cache):
+    def _forward(self, ids, ids_mask, canvas_ids, sc_logits, cache, head_rows=None):
         """One pass: ``ids`` (n prefill rows, may be None) then ``canvas_ids`` (c canvas rows, may be None), as
         named stages: inputs (embeddings + self-conditioning) → per layer: attention over the cache (the fused
         stage when there are prefill rows, else the canvas stage), FFN and layer scalar → logits."""
@@ -305,7 +310,11 @@ class DiffusionGemma(nn.Module):
                 else:
                     a = self._attend_canvas(i, q, k, v, c, cache, masks, b, dev)
                 x = self._ffn_stage(layer, x, a, n, c)
-        return self.logits(norm(self.norm, x)) if c else None
+        if not c:
+            return None
+        if head_rows is not None:
+            x = x.reshape(-1, x.shape[-1])[head_rows.reshape(-1).to(x.device)]
+        return self.logits(norm(self.norm, x))
 
     # -- the stages of a pass -----------------------------------------------------------------------------------
     def _inputs(self, ids, canvas_ids, sc_logits) -> torch.Tensor:

@@ -9,20 +9,35 @@ error and eval accuracy per k: ``localdiff bench --only approx``. Never used unl
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
 
-def soft_embedding(sc_logits: torch.Tensor, weight: torch.Tensor, topk: int | None = None) -> torch.Tensor:
+class Probabilities(NamedTuple):
+    """Self-conditioning input given as the distribution itself instead of logits: ``probs`` Tensor[B, C, V] =
+    ``softmax(previous step's temperature-scaled logits)``, already computed by the sampler (the 16-bit fast path
+    of :class:`localdiff.decoding.canvas_eb.CanvasEB`), so the model skips its own softmax pass."""
+
+    probs: torch.Tensor
+
+
+def soft_embedding(sc_logits, weight: torch.Tensor, topk: int | None = None) -> torch.Tensor:
     """Soft embedding of self-conditioning logits.
 
     Args:
-        sc_logits: FloatTensor[B, C, V] (the previous step's temperature-scaled logits).
+        sc_logits: FloatTensor[B, C, V] (the previous step's temperature-scaled logits), or :class:`Probabilities`.
         weight: the embedding matrix Tensor[V, H] (its dtype is the compute dtype).
         topk: None = exact; k = only the k largest logits of each position (renormalised).
     Returns:
         Tensor[B, C, H] in weight's dtype (not yet multiplied by the embedding scale).
     """
+    if isinstance(sc_logits, Probabilities):
+        probs = sc_logits.probs
+        if topk is None or topk >= probs.shape[-1]:
+            return F.linear(probs.to(weight.dtype), weight.t())
+        sc_logits = probs.float().log()          # the top-k of the distribution renormalised, as below
     if topk is None or topk >= sc_logits.shape[-1]:
         probs = torch.softmax(sc_logits, dim=-1, dtype=torch.float32).to(weight.dtype)
         # F.linear(p, Eᵀ): the layout that is fast in bf16 on every CPU measured (torch.matmul(p, E) took 35 s per

@@ -52,7 +52,12 @@ def build(folder: Path, text: dict, seed: int = 0) -> Path:
 
     cfg = DiffusionGemmaConfig(text_config=dict(text), vision_config=dict(WIDE_VISION), canvas_length=CANVAS)
     torch.manual_seed(seed)
-    net = DiffusionGemmaForBlockDiffusion(cfg).eval().to(torch.bfloat16)
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)     # initialised in bf16: no fp32 copy (1B: 8.1 → ~2.5 GiB peak)
+    try:
+        net = DiffusionGemmaForBlockDiffusion(cfg).eval()
+    finally:
+        torch.set_default_dtype(old)
     net.save_pretrained(folder)
     del net
     gc.collect()
@@ -82,6 +87,26 @@ def flops_per_step(text: dict, canvas: int = CANVAS, history: int = PROMPT, voca
     return {k: 2 * n * canvas for k, n in out.items()}
 
 
+def expert_padding(text: dict, canvas: int = CANVAS, samples: int = 16) -> float:
+    """How many expert rows the bf16 stream kernel (:func:`localdiff.arch.layers.stream_experts`) computes per row
+    routed: experts × the largest group ÷ (canvas × top-k), the mean over ``samples`` uniform random routings (what
+    a random model's router gives). The reference's grouped_mm computes the routed rows only (factor 1)."""
+    g = torch.Generator().manual_seed(0)
+    e, k = text["num_experts"], text["top_k_experts"]
+    f = [e * int(torch.bincount(torch.rand(canvas, e, generator=g).topk(k, -1).indices.reshape(-1),
+                                minlength=e).max()) / (canvas * k) for _ in range(samples)]
+    return sum(f) / len(f)
+
+
+def _reset_peak_rss() -> None:
+    """Reset this process's VmHWM to the current RSS (Linux ``/proc/self/clear_refs`` "5"), so the peak of each
+    group of sides is its own; silently nothing elsewhere."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
 def _peak_rss() -> int | None:
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
@@ -93,14 +118,15 @@ def _peak_rss() -> int | None:
 
 
 def _gemm_peak(dtype) -> float:
-    """Best GFLOP/s of a 1024×2048×2048 GEMM (``dtype``) on this process's threads."""
+    """Best GFLOP/s of a 1024×2048×2048 GEMM (``dtype``) on this process's threads, by CPU time (a shared core's
+    time-slicing left out, as in the steps' CPU ms the fractions divide)."""
     a, b = torch.randn(1024, 2048).to(dtype), torch.randn(2048, 2048).to(dtype)
     torch.nn.functional.linear(a, b)
     best = float("inf")
     for _ in range(5):
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         torch.nn.functional.linear(a, b)
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, time.process_time() - t0)
     return 2 * 1024 * 2048 * 2048 / best / 1e9
 
 
@@ -142,7 +168,9 @@ class _Side:
         self.weight_bytes = sum(t.numel() * t.element_size() for t in {t.data_ptr(): t for t in params}.values())
 
     def run(self, ids: torch.Tensor, seed: int) -> dict:
-        t0 = time.perf_counter()
+        """One canvas: {"seconds" (wall), "cpu_seconds" (this process's CPU time: on a shared core it leaves out
+        the time other processes held it), "forwards", "tokens"}."""
+        c0, t0 = time.process_time(), time.perf_counter()
         if self.ref:
             self.counter.n = 0
             torch.manual_seed(seed)
@@ -151,10 +179,11 @@ class _Side:
             sec = time.perf_counter() - t0
             from localdiff.bench.ref import normalize
 
-            return {"seconds": sec, "forwards": self.counter.n,
+            return {"seconds": sec, "cpu_seconds": time.process_time() - c0, "forwards": self.counter.n,
                     "tokens": len(normalize(out.sequences[0, ids.shape[1]:].tolist(), self.eos, self.pad))}
         g = self.net.generate(ids[0].tolist(), chat=False, seed=seed, max_new_tokens=CANVAS, **self.opts)
-        return {"seconds": time.perf_counter() - t0, "forwards": g.stats.forwards, "tokens": len(g.token_ids)}
+        return {"seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0,
+                "forwards": g.stats.forwards, "tokens": len(g.token_ids)}
 
 
 def load_reference_dtype(path: Path, dtype: str):
@@ -179,12 +208,14 @@ def _interleaved(sides: list[_Side], ids, reps: int, log, label: str) -> dict:
             runs[s.key].append(s.run(ids, r))
         log(f"  [scale {label}] repetition {r + 1}/{reps}: " + ", ".join(
             f"{k} {1e3 * v[-1]['seconds'] / max(v[-1]['forwards'], 1):.0f} ms/step" for k, v in runs.items()))
-    out = {}
+    out = {"__per_rep__": [{k: v[r]["tokens"] / v[r]["seconds"] for k, v in runs.items()} for r in range(reps)]}
+    out["__per_rep_cpu__"] = [{k: v[r]["tokens"] / v[r]["cpu_seconds"] for k, v in runs.items()} for r in range(reps)]
     for s in sides:
         rs = runs[s.key]
         out[s.key] = {"dtype": s.dtype, "weight_bytes": s.weight_bytes, "forwards": [x["forwards"] for x in rs],
                       "tokens": [x["tokens"] for x in rs],
                       "ms_per_step": _spread([1e3 * x["seconds"] / max(x["forwards"], 1) for x in rs]),
+                      "cpu_ms_per_step": _spread([1e3 * x["cpu_seconds"] / max(x["forwards"], 1) for x in rs]),
                       "tokens_per_s": _spread([x["tokens"] / x["seconds"] for x in rs])}
         if not s.ref:
             out[s.key]["precision"], out[s.key]["kernels"] = s.precision, s.kernels
@@ -216,7 +247,8 @@ def measure(quick: bool, steps: int = 4, reps: int | None = None, sizes: list[st
     res = {"sizes": [], "canvas": CANVAS, "prompt_tokens": PROMPT, "steps": steps, "reps": reps,
            "precision_rule": choose_cpu_dtype("bfloat16", None).to_dict(),
            "notes": ["ms/step = wall time of one canvas generation ÷ decoder forwards (prefill and sampler "
-                     "included); random weights: every canvas runs the step cap"]}
+                     "included); CPU ms/step the same in this process's CPU time (what the fraction of GEMM peak "
+                     "divides); random weights: every canvas runs the step cap"]}
     gen = torch.Generator().manual_seed(0)
     for name in sizes:
         text = text_config(*SHAPES[name])
@@ -227,23 +259,36 @@ def measure(quick: bool, steps: int = 4, reps: int | None = None, sizes: list[st
             keys = ["localdiff default", "localdiff float32", "reference bfloat16", "reference float32"]
             groups = [keys] if name != "1B" else [[keys[0], keys[2]], [keys[1], keys[3]]]
             runs: dict = {}
+            per_rep: list[dict] = [{} for _ in range(reps)]
+            per_rep_cpu: list[dict] = [{} for _ in range(reps)]
+            group_peaks = []
             for group in groups:
+                gc.collect()
+                _reset_peak_rss()
                 sides = [_Side(k, path, steps) for k in group]
-                runs.update(_interleaved(sides, ids, reps, log, name))
+                got = _interleaved(sides, ids, reps, log, name)
+                for r, (tps, cps) in enumerate(zip(got.pop("__per_rep__"), got.pop("__per_rep_cpu__"))):
+                    per_rep[r].update(tps)
+                    per_rep_cpu[r].update(cps)
+                runs.update(got)
+                group_peaks.append({"sides": group, "peak_rss_bytes": _peak_rss()})
                 del sides
                 gc.collect()
-        res["sizes"].append(_summarize(name, text, runs, peak))
+        res["sizes"].append(_summarize(name, text, runs, peak, per_rep, per_rep_cpu))
+        res["sizes"][-1]["group_peak_rss"] = group_peaks
     peak2 = {"float32": _gemm_peak(torch.float32), "bfloat16": _gemm_peak(torch.bfloat16)}
     res["peak_gflops"] = {k: max(peak[k], peak2[k]) for k in peak}
-    res["peak_rss_bytes"] = _peak_rss()
+    res["peak_rss_bytes"] = max([_peak_rss() or 0] + [g["peak_rss_bytes"] or 0 for s in res["sizes"]
+                                                       for g in s["group_peak_rss"]])
     for s in res["sizes"]:   # fractions against the larger of the two peak measurements
         for r in s["runs"].values():
-            r["fraction_of_peak"] = s["flops_per_step"] / (r["ms_per_step"]["median"] / 1e3) / \
+            r["fraction_of_peak"] = s["flops_per_step"] / (r["cpu_ms_per_step"]["median"] / 1e3) / \
                 (res["peak_gflops"][r["dtype"]] * 1e9)
     return res
 
 
-def _summarize(name: str, text: dict, runs: dict, peak: dict) -> dict:
+def _summarize(name: str, text: dict, runs: dict, peak: dict, per_rep: list[dict] | None = None,
+               per_rep_cpu: list[dict] | None = None) -> dict:
     from localdiff.arch.diffusion_gemma_spec import parameter_counts
 
     fl = flops_per_step(text)
@@ -254,10 +299,18 @@ def _summarize(name: str, text: dict, runs: dict, peak: dict) -> dict:
     best_ref = max((k for k in tps if k.startswith("reference")), key=tps.get)
     return {"name": name, "text_config": text, "parameters": counts["total"], "active": counts["active_per_token"],
             "flops_per_step": sum(fl.values()), "flops_by_component": fl,
+            # what localdiff's bf16 default computes: the experts' zero-padded groups included
+            "expert_padding": (pad := expert_padding(text)),
+            "flops_per_step_localdiff_bf16": sum(fl.values()) + (pad - 1) * fl["experts"],
             "flops_per_step_real_vocab": sum(real.values()),
             "vocab_share_real_vocab": (real["LM head"] + real["self-conditioning product"]) / sum(real.values()),
             "runs": runs, "best": {"localdiff": best_ld, "reference": best_ref},
             "ratio_best": tps[best_ld] / tps[best_ref],
+            # the same two configurations' ratio within each repetition (interleaved neighbours: load shared)
+            "ratio_best_per_rep": _spread([r[best_ld] / r[best_ref] for r in per_rep or []]) if per_rep else None,
+            # the same ratio in tokens per CPU-second (robust to time-slicing on a shared core)
+            "ratio_best_cpu_per_rep": (_spread([r[best_ld] / r[best_ref] for r in per_rep_cpu])
+                                       if per_rep_cpu else None),
             "ratio_same_dtype": {d: tps[ld] / tps[f"reference {d}"] for d in ("bfloat16", "float32")
                                  for ld in [next((k for k in tps if k.startswith("localdiff")
                                                   and runs[k]["dtype"] == d), None)] if ld}}
@@ -278,14 +331,25 @@ def render_md(sec: dict) -> list[str]:
         out += ["", f"**{s['name']}** ({s['parameters'] / 1e6:.0f}M parameters, {s['active'] / 1e6:.0f}M active): "
                     f"{s['flops_per_step'] / 1e9:.1f} GFLOP per step ({s['flops_per_step_real_vocab'] / 1e9:.1f} at "
                     f"vocab 262,144, where at this hidden size the LM head + self-conditioning product are "
-                    f"{s['vocab_share_real_vocab']:.0%}); best localdiff ÷ best reference tokens/s: "
-                    f"**{s['ratio_best']:.2f}×** ({s['best']['localdiff']} vs {s['best']['reference']}); same dtype: "
-                    + ", ".join(f"{d} {r:.2f}×" for d, r in s["ratio_same_dtype"].items()), "",
-                "| configuration | dtype | ms/step | tokens/s | forwards | fraction of GEMM peak | weights (MiB) |",
-                "|---|---|---:|---:|---:|---:|---:|"]
+                    f"{s['vocab_share_real_vocab']:.0%}; the reference computes these, localdiff's bf16 experts "
+                    f"{s.get('expert_padding', 1):.2f}× the routed rows (zero-padded groups): "
+                    f"{s.get('flops_per_step_localdiff_bf16', s['flops_per_step']) / 1e9:.1f} GFLOP); "
+                    "best localdiff ÷ best reference tokens/s: "
+                    f"**{s['ratio_best']:.2f}×** ({s['best']['localdiff']} vs {s['best']['reference']}"
+                    + (f"; per repetition median {pr['median']:.2f}×, range {pr['min']:.2f}–{pr['max']:.2f}×"
+                       if (pr := s.get("ratio_best_per_rep")) else "")
+                    + (f"; by CPU time per repetition median {pc['median']:.2f}×, range {pc['min']:.2f}–"
+                       f"{pc['max']:.2f}×" if (pc := s.get("ratio_best_cpu_per_rep")) else "") + "); same dtype: "
+                    + ", ".join(f"{d} {r:.2f}×" for d, r in s["ratio_same_dtype"].items()) + ". Peak RSS: "
+                    + "; ".join(f"{' + '.join(g['sides'])} {(g['peak_rss_bytes'] or 0) / 2**30:.1f} GiB"
+                                for g in s.get("group_peak_rss", [])), "",
+                "| configuration | dtype | ms/step | CPU ms/step | tokens/s | forwards | fraction of GEMM peak | "
+                "weights (MiB) |", "|---|---|---:|---:|---:|---:|---:|---:|"]
         for k, r in s["runs"].items():
             ms, tp = r["ms_per_step"], r["tokens_per_s"]
+            cm = r.get("cpu_ms_per_step") or ms
             out.append(f"| {k} | {r['dtype']} | {ms['median']:.0f} ({ms['min']:.0f}–{ms['max']:.0f}) | "
+                       f"{cm['median']:.0f} ({cm['min']:.0f}–{cm['max']:.0f}) | "
                        f"{tp['median']:.1f} ({tp['min']:.1f}–{tp['max']:.1f}) | {sorted(set(r['forwards']))} | "
                        f"{r.get('fraction_of_peak', 0):.0%} | {r['weight_bytes'] / 2**20:.0f} |")
     return out

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from localdiff.arch.soft_embedding import Probabilities
 from localdiff.decoding.acceptance import AcceptanceConfig, accept, token_entropy
 from localdiff.decoding.canvas import init_canvas, renoise
 from localdiff.decoding.correction import CorrectionConfig, correct
@@ -22,18 +23,23 @@ from localdiff.decoding.draws import categorical
 from localdiff.decoding.options import CanvasEBOptions
 from localdiff.decoding.schedules import linear_temperature
 from localdiff.decoding.stopping import StableAndConfident
+from localdiff.decoding.vocab_pass import VocabPass
 
 
 @dataclass
 class Assessment:
     """What one step's logits say before any draw: ``proc`` (temperature-scaled logits FloatTensor[B, C, V]),
     ``argmax`` (LongTensor[B, C]), ``entropy`` (FloatTensor[B, C], nats), ``stop`` (BoolTensor[B] rows the stopper
-    ends now, or None when some row had already stopped: it is then evaluated after the step)."""
+    ends now, or None when some row had already stopped: it is then evaluated after the step). On the 16-bit fast
+    path ``proc`` is None and ``probs`` (softmax of it, FloatTensor[B, C, V]) and ``confidence`` (top-1
+    probability, FloatTensor[B, C]) come from :class:`localdiff.decoding.vocab_pass.VocabPass`."""
 
-    proc: torch.Tensor
+    proc: torch.Tensor | None
     argmax: torch.Tensor
     entropy: torch.Tensor
     stop: torch.Tensor | None
+    probs: torch.Tensor | None = None
+    confidence: torch.Tensor | None = None
 
 
 class CanvasEB:
@@ -43,13 +49,17 @@ class CanvasEB:
         options: :class:`localdiff.decoding.options.CanvasEBOptions`.
         batch / canvas_length / vocab_size / device: shapes of the canvases.
         generator: torch.Generator for every draw.
-        sc_dtype: dtype of the self-conditioning logits fed back to the model (the embedding's dtype).
+        sc_dtype: dtype of the self-conditioning logits fed back to the model (the embedding's dtype). fp32 is the
+            reference-exact path (the reference's ops in its order); any other dtype takes the fast path: the
+            vocabulary-sized work in few in-place passes (:mod:`localdiff.decoding.vocab_pass`) and the
+            self-conditioning input handed over as probabilities in ``sc_dtype`` (no second softmax in the model).
+        fast: force the fast path on (True) or off (False); None = by ``sc_dtype`` as above.
     """
 
     Options = CanvasEBOptions
 
     def __init__(self, options: CanvasEBOptions, batch: int, canvas_length: int, vocab_size: int, device,
-                 generator: torch.Generator, sc_dtype: torch.dtype):
+                 generator: torch.Generator, sc_dtype: torch.dtype, fast: bool | None = None):
         self.o, self.b, self.c, self.v, self.dev, self.gen = options, batch, canvas_length, vocab_size, device, generator
         self.sc_dtype = sc_dtype
         self.max_steps = options.max_denoising_steps
@@ -58,6 +68,8 @@ class CanvasEB:
                                         max_reopens=options.correction_max_reopens)
         self.stopper = StableAndConfident(options.stability_threshold, options.confidence_threshold)
         self.temps = _temperatures(self.max_steps, options.t_min, options.t_max)
+        self.vocab_pass = VocabPass() if (sc_dtype != torch.float32 if fast is None else fast) else None
+        self._p16: torch.Tensor | None = None
 
     # -- per canvas ---------------------------------------------------------------------------------------------
     def begin_block(self, start: torch.Tensor | None = None) -> None:
@@ -81,7 +93,11 @@ class CanvasEB:
     # -- per step -----------------------------------------------------------------------------------------------
     def assess(self, logits: torch.Tensor, step: int) -> Assessment:
         """Temperature, argmax, entropy and (while no row has stopped) the stopper's verdict; draws nothing.
-        ``step``: 1-based denoising step of this canvas."""
+        ``step``: 1-based denoising step of this canvas. On the fast path ``logits`` is overwritten."""
+        if self.vocab_pass is not None:
+            argmax, ent, conf, probs = self.vocab_pass.run(logits, self.temps[self.max_steps - step + 1])
+            stop = self.stopper(argmax, None, ent) if not self.n_done else None
+            return Assessment(None, argmax, ent, stop, probs, conf)
         proc = logits / self.temps[self.max_steps - step + 1]
         argmax = proc.argmax(-1)
         ent = token_entropy(proc)
@@ -95,8 +111,11 @@ class CanvasEB:
     def advance(self, a: Assessment) -> dict:
         """Draw, accept, lock / correct and renoise: the canvas for the next step. Returns the StepEvent fields
         (canvas, argmax, accepted, renoised, reopened, confidence, entropy, locked; device tensors)."""
-        probs = torch.softmax(a.proc, dim=-1, dtype=torch.float32)
-        conf = probs.max(-1).values
+        if a.probs is not None:
+            probs, conf = a.probs, a.confidence
+        else:
+            probs = torch.softmax(a.proc, dim=-1, dtype=torch.float32)
+            conf = probs.max(-1).values
         acc, new_lock = accept(a.entropy, conf, self.locked, self.acc_cfg)
         canvas, locked, reopened = self.canvas, self.locked, None
         if locked is not None:
@@ -115,28 +134,77 @@ class CanvasEB:
             read = acc
         # the draft is read only where accepted (and not kept locked): the other positions' random numbers are
         # drawn in order but not transformed (same tokens and generator state as the full draw)
-        draft = categorical(probs.view(-1, self.v), self.gen, read.reshape(-1)).view(self.b, self.c)
+        draft = self._draw(probs, read, a.probs is not None)
         if locked is not None:
             accepted_canvas = torch.where(acc, torch.where(old_lock, canvas, draft), canvas)
         else:
             accepted_canvas = torch.where(acc, draft, canvas)
         new_canvas, renoised = renoise(accepted_canvas, acc, self.v, self.gen)
-        argmax, proc, ent = a.argmax, a.proc, a.entropy
-        if self.n_done:   # rows already stopped keep their canvas, argmax and self-conditioning
-            argmax = torch.where(self.done[:, None], self.argmax, argmax)
-            new_canvas = torch.where(self.done[:, None], canvas, new_canvas)
-            proc = torch.where(self.done[:, None, None], self.sc.to(proc.dtype), proc)
-            ent = token_entropy(proc)
-        self.done |= self.stopper(argmax, proc, ent) if a.stop is None else a.stop
-        self.sc = proc.to(self.sc_dtype)
+        if a.proc is None:
+            argmax, ent, new_canvas = self._carry_fast(a, new_canvas)
+        else:
+            argmax, ent, new_canvas = self._carry_exact(a, new_canvas)
         self.canvas, self.argmax, self.locked = new_canvas, argmax, locked
         self.n_done = int(self.done.sum())
         return {"canvas_ids": new_canvas, "argmax_ids": argmax, "accepted": acc, "renoised": renoised,
                 "reopened": torch.zeros_like(acc) if reopened is None else reopened, "confidence": conf,
                 "entropy": ent, "locked": locked}
 
+    def _draw(self, probs: torch.Tensor, read: torch.Tensor, valid: bool) -> torch.Tensor:
+        """The draft LongTensor[B, C]: one categorical draw per position from ``probs`` FloatTensor[B, C, V], read
+        only where ``read`` BoolTensor[B, C]. Exact path: the reference's random stream (every position's numbers
+        drawn in order, :func:`localdiff.decoding.draws.categorical`). Fast path (``valid``): only the read
+        positions are drawn (:func:`draw_rows`), so the generator advances by those rows alone."""
+        if valid:
+            return draw_rows(probs.view(-1, self.v), read.reshape(-1), self.gen).view(self.b, self.c)
+        return categorical(probs.view(-1, self.v), self.gen, read.reshape(-1), valid=valid).view(self.b, self.c)
+
+    def _carry_exact(self, a: Assessment, new_canvas: torch.Tensor) -> tuple:
+        """Rows already stopped keep their canvas, argmax and self-conditioning; the stopper's verdict; the next
+        self-conditioning logits (the reference's ``proc`` in ``sc_dtype``). Returns (argmax, entropy, canvas)."""
+        argmax, proc, ent = a.argmax, a.proc, a.entropy
+        if self.n_done:
+            argmax = torch.where(self.done[:, None], self.argmax, argmax)
+            new_canvas = torch.where(self.done[:, None], self.canvas, new_canvas)
+            proc = torch.where(self.done[:, None, None], self.sc.to(proc.dtype), proc)
+            ent = token_entropy(proc)
+        self.done |= self.stopper(argmax, proc, ent) if a.stop is None else a.stop
+        self.sc = proc.to(self.sc_dtype)
+        return argmax, ent, new_canvas
+
+    def _carry_fast(self, a: Assessment, new_canvas: torch.Tensor) -> tuple:
+        """:meth:`_carry_exact` on the fast path: the self-conditioning input is ``a.probs`` rounded into a reused
+        ``sc_dtype`` buffer (rows already stopped keep theirs, and their argmax, canvas and entropy)."""
+        argmax, ent = a.argmax, a.entropy
+        p16 = self._p16
+        if p16 is None or p16.shape != a.probs.shape:
+            p16 = self._p16 = torch.empty(a.probs.shape, dtype=self.sc_dtype, device=a.probs.device)
+        if self.n_done:
+            keep = self.done[:, None]
+            argmax = torch.where(keep, self.argmax, argmax)
+            new_canvas = torch.where(keep, self.canvas, new_canvas)
+            ent = torch.where(keep, self.entropy, ent)
+            live = torch.nonzero(~self.done).view(-1)
+            p16[live] = a.probs[live].to(self.sc_dtype)
+        else:
+            p16.copy_(a.probs)
+        self.done |= self.stopper(argmax, None, ent) if a.stop is None else a.stop
+        self.sc, self.entropy = Probabilities(p16), ent
+        return argmax, ent, new_canvas
+
     def all_done(self) -> bool:
         return self.n_done == self.b
+
+
+def draw_rows(probs: torch.Tensor, read: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One categorical draw for each row of ``probs`` FloatTensor[N, V] (a softmax: finite, rows sum to 1) where
+    ``read`` BoolTensor[N]; LongTensor[N] with 0 elsewhere. Random numbers are drawn for the read rows only (a
+    canvas of 256 positions reads a few per step; drawing all of them is ~2·N·V generator words)."""
+    out = torch.zeros(probs.shape[0], dtype=torch.long, device=probs.device)
+    idx = torch.nonzero(read).view(-1)
+    if idx.numel():
+        out[idx] = categorical(probs.index_select(0, idx), generator, valid=True).view(-1)
+    return out
 
 
 @functools.lru_cache(maxsize=32)

@@ -144,14 +144,15 @@ def _self_check() -> bool:
         return False
 
 
-def categorical(probs: torch.Tensor, generator: torch.Generator | None, rows: torch.Tensor | None = None
-                ) -> torch.Tensor:
+def categorical(probs: torch.Tensor, generator: torch.Generator | None, rows: torch.Tensor | None = None,
+                valid: bool = False) -> torch.Tensor:
     """One draw per row of ``probs``: FloatTensor[N, V] (non-negative, finite) → LongTensor[N, 1].
 
     ``rows`` (BoolTensor[N] or None = all): the rows whose draw is read. The others' random numbers are still
     drawn in order — the generator ends in the same state and the read rows get the same tokens as a full draw —
     but never transformed (the exponential transform is most of the cost); their entries are 0 on the fast path
-    (torch's fallback draws every row).
+    (torch's fallback draws every row). ``valid``: the caller made ``probs`` as a softmax of finite values, so the
+    three vocabulary-sized validity passes are skipped.
 
     Equals ``torch.multinomial(probs, 1, generator=generator)`` token for token and leaves ``generator`` in the same
     state (see the module docstring); falls back to it for non-CPU, non-fp32 or non-contiguous tensors, fewer than
@@ -166,8 +167,8 @@ def categorical(probs: torch.Tensor, generator: torch.Generator | None, rows: to
         return torch.multinomial(probs, 1, generator=generator)
     if _fast_ok is None:
         _fast_ok = _self_check()
-    valid = (probs.max() < math.inf) & (probs.min() >= 0) & (probs.sum(-1) > 0).all()
-    if not _fast_ok or not bool(valid.item()):
+    if not _fast_ok or not (valid or bool(((probs.max() < math.inf) & (probs.min() >= 0)
+                                            & (probs.sum(-1) > 0).all()).item())):
         return torch.multinomial(probs, 1, generator=generator)
     if rows is not None and 2 * int(rows.sum()) > rows.numel():
         rows = None   # most rows are read: one vectorised pass over all is faster

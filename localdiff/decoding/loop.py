@@ -5,7 +5,9 @@ The loop owns what every such family shares — blocks, the scheduling of prefil
 to prefill ride along with the next block's first denoising step, one forward instead of two), sequence stopping on
 EOS / ``max_new_tokens``, events, stats, cancellation (closing the generator stops it between steps) and the token
 count. A decoder policy (e.g. :class:`localdiff.decoding.canvas_eb.CanvasEB`) owns corruption, acceptance and its
-own state through four calls: ``begin_block``, ``model_inputs``, ``assess`` (no draws) and ``advance`` (draws).
+own state through four calls: ``begin_block``, ``model_inputs``, ``assess`` (no draws) and ``advance`` (draws),
+and optionally ``head_rows`` (BoolTensor[B, C] or None: the positions whose logits the next forward computes; the
+model's ``denoise`` then takes ``head_rows`` and returns FloatTensor[N, V]; never on a block's first step).
 """
 from __future__ import annotations
 
@@ -61,7 +63,10 @@ def run(net, policy, cache, batch: int, max_new_tokens: int, eos_ids: list[int],
             forwards += ~(policy.done | finished)
             steps_used += 1
             canvas, sc = policy.model_inputs()
-            if pending is None:
+            rows = policy.head_rows() if hasattr(policy, "head_rows") else None
+            if rows is not None:       # the policy reads only these positions' logits: FloatTensor[N, V]
+                logits = net.denoise(canvas, cache, sc, head_rows=rows)
+            elif pending is None:
                 logits = net.denoise(canvas, cache, sc)
             else:
                 logits = _fused_stage(net, canvas, cache, sc, pending, st)

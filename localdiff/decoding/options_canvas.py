@@ -35,6 +35,8 @@ class CanvasEBOptions(Options):
                                   metavar="P")
     correction_max_reopens: int = opt(8, "at most this many reopened tokens per step", lo=0, hi=100_000,
                                       metavar="N")
+    reuse_locked: bool = opt(False, "approximation (needs --threshold): locked positions keep the distribution of "
+                             "the step that locked them (no LM head / sampler work for them; not reference-exact)")
 
     def check(self, typed: Mapping[str, str]) -> None:
         if self.t_max < self.t_min:
@@ -45,3 +47,6 @@ class CanvasEBOptions(Options):
                              f"(got {getattr(self, key)})")
         if self.t_min == 0 and self.t_max == 0:
             raise UsageError(f"{typed.get('t_max', 't_max')}: temperature must be > 0 at some step (got 0)")
+        if self.reuse_locked and (self.threshold is None or self.correction):
+            raise UsageError(f"{typed.get('reuse_locked', 'reuse_locked')}: needs a confidence lock (threshold) and "
+                             "no correction (reopening reads the locked positions' fresh distributions)")

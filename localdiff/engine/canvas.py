@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from localdiff.cache.kv import KVCache
 from localdiff.decoding import loop
-from localdiff.decoding.canvas_eb import CanvasEB
+from localdiff.decoding.canvas_reuse import policy_class
 from localdiff.errors import UsageError
 
 
@@ -39,7 +39,7 @@ def stream(model, req):
     elif getattr(cache, "seq_len", 0):
         raise UsageError("cache reuse works for a single prompt; pass cache=None for batches")
     cfg = model.config
-    policy = CanvasEB(req.options, ids.shape[0], cfg.canvas_length, cfg.vocab_size, model.device, req.generator,
+    policy = policy_class(req.options)(req.options, ids.shape[0], cfg.canvas_length, cfg.vocab_size, model.device, req.generator,
                       model.net.embed_tokens.weight.dtype)
     yield from loop.run(model.net, policy, cache, ids.shape[0], req.max_new_tokens, model.eos_token_ids,
                         model.pad_token_id, prefill_ids=todo, prefill_mask=todo_mask, start_canvas=req.start_canvas,

@@ -7,7 +7,8 @@ from torch import nn
 
 
 def describe(net: nn.Module) -> dict[str, str]:
-    """name → one-line description of the kernels ``net`` runs (keys: dtype, experts, int8, self_conditioning)."""
+    """name → one-line description of the kernels ``net`` runs (keys: dtype, device, experts, int8,
+    self_conditioning, sampler)."""
     from localdiff.arch.layers import MoEExperts
     from localdiff.quantize.int8 import Int8Experts, Int8Linear
 
@@ -21,7 +22,8 @@ def describe(net: nn.Module) -> dict[str, str]:
     if any(isinstance(m, Int8Experts) for m in experts):
         out["experts"] = "int8 weights, one int8 matmul per active expert"
     elif experts and cpu and dtype == "bfloat16" and experts[0].kernel == "stream":
-        out["experts"] = "stream (zero-padded W·Xᵀ torch.bmm over all experts; measured faster than grouped_mm in bf16)"
+        out["experts"] = ("stream (zero-padded W·Xᵀ torch.bmm over all experts, routing weight folded into the "
+                          "activation; measured faster than grouped_mm in bf16)")
     elif experts and cpu:
         out["experts"] = "torch._grouped_mm over expert-sorted rows (bit-identical to the per-expert loop)"
     elif experts:
@@ -30,5 +32,11 @@ def describe(net: nn.Module) -> dict[str, str]:
         out["int8"] = ("bf16 activations: _weight_int8pack_mm below 48 rows, dequantize to bf16 + GEMM above"
                        if dtype == "bfloat16" else "fp32 activations: dequantized fp32 GEMM (exact)")
     if hasattr(net, "self_conditioning"):
-        out["self_conditioning"] = f"softmax(fp32) then F.linear(p, Eᵀ) in {dtype}"
+        if dtype == "float32":
+            out["self_conditioning"] = "softmax(fp32) then F.linear(p, Eᵀ) in float32 (the reference's ops)"
+            out["sampler"] = "the reference's ops and random stream (reference-exact)"
+        else:
+            out["self_conditioning"] = f"the sampler's probabilities, F.linear(p, Eᵀ) in {dtype}"
+            out["sampler"] = ("vocab pass: 7 in-place fp32 passes into reused buffers (localdiff.decoding.vocab_pass); "
+                              "draws for accepted positions only")
     return out

@@ -1,0 +1,29 @@
+"""``localdiff bench --only scale`` on the smoke shape: four sides interleaved, per-repetition ratios, FLOPs by
+component, per-group peak memory, and the markdown renders."""
+from __future__ import annotations
+
+from localdiff.bench import scale
+
+
+def test_scale_section_smoke():
+    out = scale.measure(True, steps=1, reps=1, sizes=["smoke"], log=lambda *_: None)
+    s = out["sizes"][0]
+    assert set(s["runs"]) == {"localdiff default", "localdiff float32", "reference bfloat16", "reference float32"}
+    assert s["ratio_best_per_rep"]["n"] == 1 and s["ratio_best_per_rep"]["min"] > 0
+    assert s["flops_per_step"] == sum(s["flops_by_component"].values()) > 0
+    assert s["flops_per_step_real_vocab"] > s["flops_per_step"]
+    assert [g["sides"] for g in s["group_peak_rss"]] == [list(s["runs"])]
+    assert all(g["peak_rss_bytes"] > 0 for g in s["group_peak_rss"])
+    text = "\n".join(scale.render_md(out))
+    assert "per repetition median" in text and "Peak RSS" in text
+
+
+def test_flops_per_step_by_arithmetic():
+    text = scale.text_config(*scale.SHAPES["150M"])
+    f = scale.flops_per_step(text)
+    v, h = text["vocab_size"], text["hidden_size"]
+    assert f["LM head"] == f["self-conditioning product"] == 2 * v * h * scale.CANVAS
+    real = scale.flops_per_step(text, vocab=scale.REAL_VOCAB)
+    assert real["LM head"] == 8 * f["LM head"] and real["experts"] == f["experts"]
+    pad = scale.expert_padding(text)
+    assert 1.0 < pad < text["num_experts"] / text["top_k_experts"]

@@ -38,6 +38,7 @@ class BackendMissingError(LocaldiffError):
 
 
 _LIB = None
+GROW = 64
 _LOG_TAIL: list[str] = []
 
 
@@ -133,7 +134,7 @@ class GGUFNet:
             lib.llama_batch_free(self._batch)
             lib.llama_free(self.ctx)
             self.ctx = None
-        size = (n + 63) // 64 * 64
+        size = (n + GROW - 1) // GROW * GROW
         cp = lib.llama_context_default_params()
         cp.n_ctx = cp.n_batch = cp.n_ubatch = size
         cp.n_seq_max = 1

@@ -38,7 +38,7 @@ class BackendMissingError(LocaldiffError):
 
 
 _LIB = None
-GROW = 64
+GROW = 64          # contexts are sized to the sequence rounded up to this many tokens (never shrunk)
 _LOG_TAIL: list[str] = []
 
 

@@ -1,16 +1,18 @@
-"""llama.cpp's own diffusion sampling loop for the ``gguf`` bench section: ``examples/diffusion/diffusion.cpp``
-(``diffusion_generate``) from the llama.cpp that llama-cpp-python vendors in its sdist — the same llama.cpp our gguf
-backend calls — compiled unchanged with a small driver (``gguf_driver.cpp``) in place of ``diffusion-cli.cpp``'s
-argument parsing, and linked against the installed wheel's ``libllama`` / ``libggml``: both sides run the very
-same compute kernels on the same GGUF file, so the comparison is the sampling loop (C++ vs our Python decoders).
+"""llama.cpp's own diffusion sampling loop for the ``gguf`` bench section, from the llama.cpp that llama-cpp-python
+vendors in its sdist — the same llama.cpp our gguf backend calls:
 
-Why not the ``llama-diffusion-cli`` target itself: it needs libllama and llama-common built from source (156
-compile units; at ``nice 19`` on the one core a helper may use here that is well over an hour — measured: 10 units
-in 14 minutes). The driver does what the program does around the loop (see its header comment).
+* :func:`build_cli` / :func:`run_cli` — the ``llama-diffusion-cli`` program itself (``examples/diffusion``), built
+  by cmake from the vendored source with its own libllama / ggml / llama-common (the wheel's flags, ``GGML_NATIVE=OFF``,
+  Release) into the bench cache, once. The bench uses it. The first build compiles ~140 units (30-60 minutes on one
+  loaded core), so it is not part of CI's tests.
+* :func:`build` / :func:`run` — ``examples/diffusion/diffusion.cpp`` (``diffusion_generate``) compiled unchanged with
+  a small driver (``gguf_driver.cpp``) in place of ``diffusion-cli.cpp``'s argument parsing, linked against the
+  installed wheel's ``libllama`` / ``libggml`` (~15 s to build): token ids in and out, CPU time of the call. CI's
+  test of the loop's tokens against ours uses it; so can token-level comparisons.
 
-Build (once, cached under the user cache dir, keyed by the sdist version and the wheel's library): ``c++ -O2``
-at ``nice 19`` pinned to CPU 0, ~15 s. The sdist: ``$LOCALDIFF_LLAMA_CPP_SDIST`` (a ``.tar.gz`` or an unpacked
-folder), else ``pip download llama-cpp-python==<installed version> --no-binary :all: --no-deps``.
+Both cache under the user cache dir (``$LOCALDIFF_BENCH_CACHE`` overrides), keyed by the sdist version. The sdist:
+``$LOCALDIFF_LLAMA_CPP_SDIST`` (a ``.tar.gz`` or an unpacked folder), else ``pip download
+llama-cpp-python==<installed version> --no-binary :all: --no-deps``. Builds run at ``nice 19`` pinned to CPU 0.
 
 Timing: ``diffusion_generate`` logs ``total time: X ms`` (model load and tokenization excluded).
 """

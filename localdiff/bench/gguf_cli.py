@@ -203,10 +203,11 @@ def run_cli(exe: Path, gguf: Path, prompt: str, max_length: int, steps: int, thr
     r = subprocess.run(cmd, capture_output=True, text=True, errors="replace", stdin=subprocess.DEVNULL)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = 1e3 * (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
-    out = r.stdout + "\n" + r.stderr
-    m = re.search(r"total time:\s*([0-9.]+)\s*ms[^\n]*\n", r.stdout) or re.search(r"total time:\s*([0-9.]+)\s*ms", out)
+    out = r.stderr if "total time:" in r.stderr else r.stdout      # its log (timings, then the answer): stderr
+    m = re.search(r"total time:\s*([0-9.]+)\s*ms[^\n]*\n", out)
     if r.returncode != 0 or not m:
-        tail = (out.strip().splitlines() or ["?"])[-1]
+        tail = ((r.stderr + r.stdout).strip().splitlines() or ["?"])[-1]
         raise LocaldiffError(f"llama-diffusion-cli failed (exit {r.returncode}): {tail[:200]}")
-    text = r.stdout[m.end():] if m.string is r.stdout else ""
+    # after the timing line: LOG_INF("\n%s\n", answer), the log's "0.00.273.081 I " prefix on its first line
+    text = re.sub(r"^\s*\d+\.\d+\.\d+\.\d+ [A-Z] ", "", out[m.end():])
     return {"ms": float(m.group(1)), "cpu_ms": cpu, "text": text.strip()}

@@ -69,3 +69,20 @@ def test_without_cmake_the_program_build_is_skipped_with_one_line(monkeypatch, t
     with pytest.raises(gguf_cli.CliUnavailable) as e:
         gguf_cli.build_cli("0.3.36")
     assert str(e.value) == "no cmake on PATH: cannot build llama.cpp's llama-diffusion-cli"
+
+
+def test_the_program_s_timing_and_answer_are_read_from_its_log(tmp_path):
+    """``run_cli`` reads diffusion_generate's ``total time`` and the answer printed after it (llama-diffusion-cli's
+    stderr log, the "0.00.273.081 I " prefix removed); a log without the timing is one error line."""
+    from localdiff.bench import gguf_cli
+    from localdiff.errors import LocaldiffError
+
+    fake = tmp_path / "llama-diffusion-cli"
+    fake.write_text("#!/bin/sh\nprintf 'diffusion step: 3/3 [===] 100%%\\ntotal time: 12.50ms, time per step: 4.1ms\\n"
+                    "0.00.273.081 I \\n 41 + 93 = 134.\\n' >&2\n")
+    fake.chmod(0o755)
+    r = gguf_cli.run_cli(fake, tmp_path / "m.gguf", "What is 41 + 93?", 20, steps=20, threads=1, block_length=4)
+    assert (r["ms"], r["text"]) == (12.5, "41 + 93 = 134.")
+    fake.write_text("#!/bin/sh\necho 'diffusion step: 1/3' >&2\n")
+    with pytest.raises(LocaldiffError, match="llama-diffusion-cli failed"):
+        gguf_cli.run_cli(fake, tmp_path / "m.gguf", "x", 20, steps=20, threads=1)

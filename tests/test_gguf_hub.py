@@ -10,7 +10,7 @@ import pytest
 from hub_stand_in import StandInHub
 from localdiff.cli import main
 from localdiff.errors import HubError
-from localdiff.hub import catalog
+from localdiff.hub import catalog, gguf_names
 from localdiff.hub import models as hub
 from test_hub import cache  # noqa: F401  (the in-process cache fixture, pointed at our stand-in)
 
@@ -91,3 +91,11 @@ def test_a_catalog_alias_with_a_quant_tag(cache, stand_in, monkeypatch):  # noqa
     m = localdiff.load("tinyl:1m-q8_0", threads=1)
     assert m.backend == "gguf" and m.quant == "Q8_0"
     assert len(m.generate([5, 6, 7], max_new_tokens=4, steps=4).token_ids) <= 4
+
+
+def test_the_catalog_names_a_real_llada_gguf_repo():
+    """``llada:8b-q4_k_m`` resolves (offline) to the public GGUF repo of LLaDA-8B-Instruct and its Q4_K_M file."""
+    t = hub.parse_name("llada:8b-q4_k_m")
+    assert (t.kind, t.repo, t.quant) == ("repo", "mradermacher/LLaDA-8B-Instruct-GGUF", "Q4_K_M")
+    assert gguf_names.matches("LLaDA-8B-Instruct.Q4_K_M.gguf", t.quant)
+    assert not gguf_names.matches("LLaDA-8B-Instruct.Q4_K_S.gguf", t.quant)

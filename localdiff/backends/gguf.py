@@ -38,6 +38,7 @@ class BackendMissingError(LocaldiffError):
 
 
 _LIB = None
+GROW = 64          # contexts are sized to the sequence rounded up to this many tokens (never shrunk)
 _LOG_TAIL: list[str] = []
 
 
@@ -133,7 +134,7 @@ class GGUFNet:
             lib.llama_batch_free(self._batch)
             lib.llama_free(self.ctx)
             self.ctx = None
-        size = (n + 63) // 64 * 64
+        size = (n + GROW - 1) // GROW * GROW
         cp = lib.llama_context_default_params()
         cp.n_ctx = cp.n_batch = cp.n_ubatch = size
         cp.n_seq_max = 1
@@ -147,54 +148,75 @@ class GGUFNet:
             raise LocaldiffError(f"{self.path}: llama.cpp could not create a {size}-token context ({why})")
         lib.llama_set_causal_attn(ctx, False)
         self.ctx, self.n_ctx = ctx, size
-        self._batch = lib.llama_batch_init(size, 0, 1)
+        self._batch = b = lib.llama_batch_init(size, 0, 1)
         for i in range(size):            # one sequence, an output row for every position: set once
-            self._batch.n_seq_id[i] = 1
-            self._batch.seq_id[i][0] = 0
-            self._batch.logits[i] = 1
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = 0
+            b.logits[i] = 1
+        # zero-copy numpy views of the batch's token / position arrays: a pass writes ids with one vectorized copy
+        self._tok = np.ctypeslib.as_array(b.token, shape=(size,))
+        self._pos = np.ctypeslib.as_array(b.pos, shape=(size,))
+        self._pos[:] = np.arange(size, dtype=np.int32)
+        self._pos_plain = True           # positions = row index (no left padding): nothing to write per pass
         return ctx
 
-    def _row(self, ids: list[int], pos: list[int]) -> np.ndarray:
-        """One pass: token ids at positions ``pos`` → float32 [len(ids), V] logits (copied out of llama.cpp)."""
+    def _pass(self, ids: np.ndarray, pos: np.ndarray | None) -> np.ndarray:
+        """One llama.cpp pass: int64 ids [n] at positions ``pos`` (None = 0..n-1) → a float32 [n, V] numpy VIEW of
+        llama.cpp's logits buffer (valid until the next pass: copy what you keep)."""
         lib, n = self.lib, len(ids)
         ctx = self._context(n)
-        b = self._batch
-        b.n_tokens = n
-        ctypes.memmove(b.token, np.asarray(ids, dtype=np.int32).ctypes.data, 4 * n)
-        ctypes.memmove(b.pos, np.asarray(pos, dtype=np.int32).ctypes.data, 4 * n)
-        rc = lib.llama_decode(ctx, b)
+        if n and (int(ids.min()) < 0 or int(ids.max()) >= self.n_vocab):
+            raise UsageError(f"token id out of range [0, {self.n_vocab})")
+        self._tok[:n] = ids                       # int64 → int32, in place in the batch
+        if pos is not None:
+            self._pos[:n] = pos
+            self._pos_plain = False
+        elif not self._pos_plain:
+            self._pos[:n] = np.arange(n, dtype=np.int32)
+            self._pos_plain = True
+        self._batch.n_tokens = n
+        rc = lib.llama_decode(ctx, self._batch)
         if rc != 0:
             raise LocaldiffError(f"{self.path}: llama.cpp decode failed (code {rc})")
-        out = np.empty((n, self.n_vocab), dtype=np.float32)
-        ctypes.memmove(out.ctypes.data, lib.llama_get_logits(ctx), out.nbytes)
-        return out
+        ptr = ctypes.cast(lib.llama_get_logits(ctx), ctypes.POINTER(ctypes.c_float))
+        return np.ctypeslib.as_array(ptr, shape=(n, self.n_vocab))
 
-    def logits_full(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    #: logits_full takes ``rows`` / ``select`` (arch.base): only those rows are copied out of llama.cpp's buffer
+    #: (llama.cpp's encoder path still computes every row: it has no output selection for non-causal passes)
+    selects_rows = True
+
+    def logits_full(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                    rows: tuple[int, int] | None = None, select: torch.Tensor | None = None) -> torch.Tensor:
         """One bidirectional pass per row (llama.cpp).
 
         Args:
             input_ids: LongTensor[B, T]. attention_mask: Bool/LongTensor[B, T] (1 = real, 0 = left padding) or None.
+            rows: (a, b): return only positions a..b-1. select: BoolTensor[B, b − a]: rows outside it are returned
+                as 0 (the masked loop reads only still-masked positions), as :class:`localdiff.arch.masked.MaskedLM`.
         Returns:
-            FloatTensor[B, T, V] fp32 raw logits (rows of padding positions are zero).
+            FloatTensor[B, T, V] fp32 raw logits, or [B, b − a, V] with ``rows`` (padding positions' rows are 0).
         Raises:
             UsageError: a token id outside the vocabulary; LocaldiffError: llama.cpp failed.
         """
         b, t = input_ids.shape
-        ids = input_ids.tolist()
-        keep = None if attention_mask is None or bool(attention_mask.all()) else attention_mask.bool().tolist()
-        rows = []
-        for r in range(b):
-            pos = list(range(t)) if keep is None else [i for i in range(t) if keep[r][i]]
-            row = ids[r] if keep is None else [ids[r][i] for i in pos]
-            if min(row) < 0 or max(row) >= self.n_vocab:
-                raise UsageError(f"token id out of range [0, {self.n_vocab})")
-            logits = self._row(row, pos)
-            if keep is not None:
-                full = np.zeros((t, self.n_vocab), dtype=np.float32)
-                full[pos] = logits
-                logits = full
-            rows.append(logits)
-        return torch.from_numpy(rows[0][None] if b == 1 else np.stack(rows))
+        lo, hi = rows if rows is not None else (0, t)
+        ids = input_ids.numpy() if input_ids.device.type == "cpu" else input_ids.cpu().numpy()
+        keep = None if attention_mask is None or bool(attention_mask.all()) else attention_mask.bool().cpu().numpy()
+        if b == 1 and keep is None:
+            out = torch.from_numpy(self._pass(ids[0], None)[lo:hi].copy())[None]
+        else:
+            out = torch.zeros((b, hi - lo, self.n_vocab), dtype=torch.float32)
+            for r in range(b):
+                if keep is None:
+                    out[r] = torch.from_numpy(self._pass(ids[r], None)[lo:hi])
+                    continue
+                pos = np.flatnonzero(keep[r])              # real tokens keep their padded-row positions
+                logits = self._pass(ids[r][pos], pos.astype(np.int32))
+                inside = (pos >= lo) & (pos < hi)
+                out[r, torch.from_numpy(pos[inside] - lo)] = torch.from_numpy(logits[inside])
+        if select is not None and not bool(select.all()):
+            out.masked_fill_(~select.to(out.device)[..., None], 0.0)
+        return out
 
     def end_tokens(self) -> list[int]:
         """The ids llama.cpp treats as end of generation (``llama_vocab_is_eog``: EOS, EOT, EOM and the end-of-turn

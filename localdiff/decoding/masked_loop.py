@@ -83,10 +83,12 @@ def run(net, policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
     finished = torch.zeros(b, dtype=torch.bool, device=dev)
     commit = torch.zeros(b, g, dtype=torch.long, device=dev)   # global step at which each position was committed
     forwards, gstep, reason = 0, 0, "length"
+    mask_col = torch.tensor([mask_id], device=dev)            # the mask token's logit column, made once
     finals: list[torch.Tensor] = []
     for ci, (off, length, n_steps) in enumerate(block_plan(g, block_length, steps)):
         start, end = p + off, p + off + length
         active = ~finished
+        n_active = int(active.sum())                       # rows still decoding (fixed within a block)
         masked = (x[:, start:end] == mask_id) & active[:, None]
         policy.begin_block(masked, n_steps, start)
         kv, logits, used = None, None, 0
@@ -99,8 +101,8 @@ def run(net, policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
                 sel = masked if SKIP_COMMITTED else None
                 logits, kv = _block_logits(net, policy, x, amask, start, end, shift, cache, kv, i == 0, p, mask_id,
                                            store, sel)
-                logits = logits.index_fill(-1, torch.tensor([mask_id], device=dev), -torch.inf)   # never the mask
-                forwards += int(active.sum())
+                logits = logits.index_fill(-1, mask_col, -torch.inf)   # never the mask
+                forwards += n_active
                 used += 1
             gstep += 1
             xb = x[:, start:end]

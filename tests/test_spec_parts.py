@@ -42,3 +42,12 @@ def test_mask_id_equal_to_pad_or_outside_the_vocabulary(kind):
         spec.parse_config({**raw, "pad_token_id": mask})
     with pytest.raises(ValueError, match=r"'mask_token_id' \(9999\) is outside the vocabulary \(vocab_size 131\)"):
         spec.parse_config({**raw, "mask_token_id": 9999})
+
+
+def test_diffusion_gemma_zero_heads_without_head_dim_is_a_named_value_error():
+    raw = copy.deepcopy(BABY["diffusion_gemma"])
+    text = raw.get("text_config", raw)
+    text.pop("head_dim", None)
+    text["num_attention_heads"] = 0
+    with pytest.raises(ValueError, match="num_attention_heads"):
+        get_spec(raw).parse_config(raw)

@@ -27,6 +27,8 @@ def resolve_layers(t: dict) -> tuple[list[str], list[tuple[int, int]]]:
     """
     n = int(t["num_hidden_layers"])
     heads = int(t["num_attention_heads"])
+    if heads < 1:
+        raise ValueError(f"num_attention_heads must be >= 1, got {heads}")
     head_dim = int(t.get("head_dim") or int(t["hidden_size"]) // heads)
     kv = int(t.get("num_key_value_heads") or heads)
     types = list(t.get("layer_types") or ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(n)])

@@ -15,7 +15,8 @@ from localdiff.decoding import nap
 from localdiff.engine import Model
 from localdiff.errors import LocaldiffError, UsageError
 from localdiff.events import Done, StepEvent
-from test_masked_decoders import _one_thread  # noqa: F401  (autouse: one intra-op thread for the tiny fake model)
+
+pytestmark = pytest.mark.usefixtures("one_thread")   # one intra-op thread for the tiny fake model
 
 MASK, EOS = 36, 2
 

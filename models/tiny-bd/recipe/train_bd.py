@@ -58,13 +58,34 @@ def build_config(vocab_size: int, micro: bool = False) -> dict:
             "hidden_act": "silu", "torch_dtype": "float32"}
 
 
-def batch(data: Data, n: int, rng: random.Random):
-    """(ids [B, L], key mask [B, L], answer mask [B, L]): r pads, prompt, answer region, right padding."""
+def batches(data: Data, n: int, rng: random.Random, fill: int | None = 1, pool: int = 4):
+    """Endless batches of :func:`batch`: ``pool`` batches' rows are drawn, sorted by length and cut into ``pool``
+    batches served in random order (less padding; the same rows, so the same data distribution)."""
+    while True:
+        rows = sorted(sample_rows(data, n * pool, rng, fill), key=lambda r: len(r[0]) + len(r[1]))
+        chunks = [rows[i * n:(i + 1) * n] for i in range(pool)]
+        rng.shuffle(chunks)
+        yield from (batch(c) for c in chunks)
+
+
+def sample_rows(data: Data, n: int, rng: random.Random, fill: int | None = 1) -> list[tuple[list[int], list[int]]]:
+    """``n`` (prompt ids, answer-region ids) pairs: r ~ U{0..B-1} pads then the prompt; the answer region is the
+    answer and ``<end_of_turn>``, filled with ``<end_of_turn>`` up to the end of its block and then ``fill`` more
+    blocks (the decoder stops at the first EOS of a finished block, so later fill is never decoded); ``fill=None``:
+    to G tokens (the first tiny-bd's region)."""
     rows = []
     while len(rows) < n:
         p, a = data.encode(tasks.sample(rng))
         if len(a) <= data.gen:
-            rows.append(([PAD] * rng.randrange(BLOCK) + p, a + [data.eot] * (data.gen - len(a))))
+            p = [PAD] * rng.randrange(BLOCK) + p
+            g = data.gen if fill is None else -(-(len(p) + len(a)) // BLOCK) * BLOCK + fill * BLOCK - len(p)
+            rows.append((p, a + [data.eot] * (g - len(a))))
+    return rows
+
+
+def batch(rows: list[tuple[list[int], list[int]]]):
+    """(ids [B, L], key mask [B, L], answer mask [B, L]) of :func:`sample_rows`' rows, right-padded."""
+    n = len(rows)
     width = max(len(p) + len(a) for p, a in rows)
     ids = torch.full((n, width), PAD)
     keys = torch.zeros(n, width, dtype=torch.bool)
@@ -89,13 +110,35 @@ def bd_mask(keys: torch.Tensor) -> torch.Tensor:
     return m | torch.eye(2 * n, dtype=torch.bool)[None, None]
 
 
-def bd_loss(net, ids, keys, ans, gen: torch.Generator, eps: float = 1e-3) -> torch.Tensor:
-    """The block-diffusion loss (module docstring); fp32 scalar."""
+def corrupt(ids, ans, masked, edit_blocks: float, edit_max: float, gen: torch.Generator):
+    """LLaDA2.1-style token-to-token noise (arXiv 2602.08676: the model learns to re-decide visible tokens as well as
+    masks). A fraction ``edit_blocks`` of the blocks are edit blocks; in each, every visible (not masked) answer
+    token is replaced with probability u ~ U(0, edit_max) (one u per block) by a token drawn from the batch's answer
+    tokens (the empirical distribution: plausible wrong tokens, as a draft's errors are). Returns (noisy ids [B, L],
+    BoolTensor[B, L] of the visible answer positions of edit blocks, corrupted or not: their loss targets the
+    original token, so the model learns both to keep right tokens and to replace wrong ones)."""
+    b, n = ids.shape
+    nb = (n + BLOCK - 1) // BLOCK
+    per_block = lambda x: x.repeat_interleave(BLOCK, 1)[:, :n]  # noqa: E731
+    edit = per_block(torch.rand(b, nb, generator=gen) < edit_blocks) & ans & ~masked
+    u = per_block(edit_max * torch.rand(b, nb, generator=gen))
+    swap = edit & (torch.rand(ids.shape, generator=gen) < u)
+    pool = ids[ans]
+    repl = pool[torch.randint(len(pool), ids.shape, generator=gen)]
+    return torch.where(swap, repl, ids), edit
+
+
+def bd_loss(net, ids, keys, ans, gen: torch.Generator, eps: float = 1e-3, edit_blocks: float = 0.0,
+            edit_max: float = 0.4) -> torch.Tensor:
+    """The block-diffusion loss (module docstring) plus, with ``edit_blocks`` > 0, the token-to-token term: CE
+    (weight 1) at the visible answer positions of edit blocks (:func:`corrupt`); fp32 scalar."""
     b, n = ids.shape
     nb = (n + BLOCK - 1) // BLOCK
     t = ((1 - eps) * torch.rand(b, nb, generator=gen) + eps).repeat_interleave(BLOCK, 1)[:, :n]
     masked = (torch.rand(ids.shape, generator=gen) < t) & ans
-    noisy = torch.where(masked, torch.full_like(ids, MASK), ids)
+    noisy, edit = (corrupt(ids, ans, masked, edit_blocks, edit_max, gen) if edit_blocks > 0
+                   else (ids, torch.zeros_like(masked)))
+    noisy = torch.where(masked, torch.full_like(ids, MASK), noisy)
     x = net.embed_tokens(torch.cat([noisy, ids], 1))
     cos, sin = rope_cos_sin(net._inv_freq, 0, n, x.device)
     cos, sin = torch.cat([cos, cos]), torch.cat([sin, sin])
@@ -104,9 +147,11 @@ def bd_loss(net, ids, keys, ans, gen: torch.Generator, eps: float = 1e-3) -> tor
         att = layer.self_attn
         q, k, v = att.qkv(layer.input_layernorm(x), cos, sin)
         x = layer.ffn(x + att.attend(q, k, v, mask))
-    h = net.norm(x[:, :n])[masked]
-    ce = F.cross_entropy(F.linear(h, net.head_weight()).float(), ids[masked], reduction="none")
-    return (ce / t[masked]).sum() / ans.sum()
+    rows = masked | edit
+    h = net.norm(x[:, :n])[rows]
+    ce = F.cross_entropy(F.linear(h, net.head_weight()).float(), ids[rows], reduction="none")
+    weight = torch.where(masked[rows], 1 / t[rows], 1.0)
+    return (ce * weight).sum() / ans.sum()
 
 
 def save(net, config: dict, out: Path, mod) -> None:
@@ -134,6 +179,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--fill", type=int, default=1, help="EOS fill blocks after the answer's block (-1: to --gen)")
+    ap.add_argument("--edit-blocks", type=float, default=0.5, help="token-to-token: fraction of edit blocks (0: off)")
+    ap.add_argument("--edit-max", type=float, default=0.4, help="token-to-token: max corruption rate per block")
     ap.add_argument("--micro", action="store_true")
     ap.add_argument("--log-every", type=int, default=50)
     ap.add_argument("--ckpt-every", type=float, default=5.0)
@@ -155,10 +203,11 @@ def main() -> None:
     rng = random.Random(a.seed)
     gen = torch.Generator().manual_seed(a.seed)
     run = Run(a, net, "seqs/s")
+    stream = batches(data, a.batch, rng, None if a.fill < 0 else a.fill)
     while run.next_lr() is not None:
-        ids, keys, ans = batch(data, a.batch, rng)
+        ids, keys, ans = next(stream)
         with torch.enable_grad():
-            run.update(bd_loss(net, ids, keys, ans, gen), a.batch)
+            run.update(bd_loss(net, ids, keys, ans, gen, edit_blocks=a.edit_blocks, edit_max=a.edit_max), a.batch)
         if run.checkpoint_due():
             save(net, config, a.out, mod)
     run.done()

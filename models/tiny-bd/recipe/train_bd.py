@@ -19,16 +19,13 @@ Reuses tiny-mdm's data encoding and the tiny recipe's ``Run`` bookkeeping (lr sc
 """
 from __future__ import annotations
 
-import argparse
 import json
 import random
-import shutil
 import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
 HERE = Path(__file__).resolve().parent
@@ -36,10 +33,10 @@ MODELS = HERE.parents[1]
 sys.path.insert(0, str(MODELS / "tiny" / "recipe"))
 sys.path.insert(0, str(MODELS / "tiny-mdm" / "recipe"))
 import tasks  # noqa: E402
-from train import Run  # noqa: E402
-from train_mdm import BOS, EOS, MASK, PAD, TOKENIZER_FILES, Data  # noqa: E402
+import recipe_main  # noqa: E402  (the shared command line and training loop)
+import train_mdm  # noqa: E402
+from train_mdm import BOS, EOS, MASK, PAD, Data  # noqa: E402
 
-from localdiff.arch import get_arch, get_spec  # noqa: E402
 from localdiff.arch.dense import rope_cos_sin  # noqa: E402
 
 BLOCK = 4
@@ -155,13 +152,9 @@ def bd_loss(net, ids, keys, ans, gen: torch.Generator, eps: float = 1e-3, edit_b
 
 
 def save(net, config: dict, out: Path, mod) -> None:
-    """Weights under SDAR's names + config.json + tokenizer + generation_config.json into ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
-    state = {mod.checkpoint_names(k)[0]: v.detach().contiguous() for k, v in net.state_dict().items()}
-    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    for f in TOKENIZER_FILES:
-        shutil.copy(TINY / f, out / f)
+    """tiny-mdm's writer (weights under the upstream names — SDAR's here —, config.json, tokenizer), then SDAR's
+    generation_config.json."""
+    train_mdm.save(net, config, out, mod)
     eot = Tokenizer.from_file(str(TINY / "tokenizer.json")).token_to_id("<end_of_turn>")
     gc = {"eos_token_id": [EOS, eot], "pad_token_id": PAD, "bos_token_id": BOS, "mask_token_id": MASK,
           "max_new_tokens": 32, "steps": BLOCK, "temperature": 0.0, "remasking_strategy": "low_confidence_dynamic",
@@ -169,49 +162,22 @@ def save(net, config: dict, out: Path, mod) -> None:
     (out / "generation_config.json").write_text(json.dumps(gc, indent=2) + "\n")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--minutes", type=float, default=25.0)
-    ap.add_argument("--steps", type=int, default=None)
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--gen", type=int, default=32, help="answer region G (tokens)")
-    ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--warmup", type=int, default=100)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=2)
+def extra_args(ap) -> None:
+    """train_bd's own flags."""
     ap.add_argument("--fill", type=int, default=1, help="EOS fill blocks after the answer's block (-1: to --gen)")
     ap.add_argument("--edit-blocks", type=float, default=0.5, help="token-to-token: fraction of edit blocks (0: off)")
     ap.add_argument("--edit-max", type=float, default=0.4, help="token-to-token: max corruption rate per block")
-    ap.add_argument("--micro", action="store_true")
-    ap.add_argument("--log-every", type=int, default=50)
-    ap.add_argument("--ckpt-every", type=float, default=5.0)
-    ap.add_argument("--out", type=Path, required=True)
-    a = ap.parse_args()
-    torch.set_num_threads(a.threads)
-    torch.manual_seed(a.seed)
-    tok = Tokenizer.from_file(str(TINY / "tokenizer.json"))
-    config = build_config(tok.get_vocab_size(), a.micro)
-    mod, spec = get_arch(config), get_spec(config)
-    net = mod.MODEL_CLASS(spec.parse_config(config)).train()
-    with torch.no_grad():
-        for name, p in net.named_parameters():
-            if p.dim() >= 2:
-                torch.nn.init.normal_(p, std=0.02)
-            else:
-                p.fill_(1.0)
+
+
+def main() -> None:
+    a = recipe_main.parse_args(__doc__, minutes=25.0, ckpt_every=5.0, extra=extra_args)
+    tok, config, mod, net = recipe_main.setup(a, build_config)
     data = Data(tok, (TINY / "chat_template.jinja").read_text(), a.gen, a.seed)
-    rng = random.Random(a.seed)
+    stream = batches(data, a.batch, random.Random(a.seed), None if a.fill < 0 else a.fill)
     gen = torch.Generator().manual_seed(a.seed)
-    run = Run(a, net, "seqs/s")
-    stream = batches(data, a.batch, rng, None if a.fill < 0 else a.fill)
-    while run.next_lr() is not None:
-        ids, keys, ans = next(stream)
-        with torch.enable_grad():
-            run.update(bd_loss(net, ids, keys, ans, gen, edit_blocks=a.edit_blocks, edit_max=a.edit_max), a.batch)
-        if run.checkpoint_due():
-            save(net, config, a.out, mod)
-    run.done()
-    save(net.eval(), config, a.out, mod)
+    recipe_main.train(a, net, lambda: next(stream),
+                      lambda b: bd_loss(net, *b, gen, edit_blocks=a.edit_blocks, edit_max=a.edit_max),
+                      lambda n: save(n, config, a.out, mod))
 
 
 if __name__ == "__main__":

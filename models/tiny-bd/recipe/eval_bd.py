@@ -27,6 +27,24 @@ SETTINGS = [("one token per step", {"remasking_strategy": "low_confidence_static
             ("whole block in one step", {"remasking_strategy": "low_confidence_static", "steps": 1})]
 
 
+def run_settings(m, items: list[dict], settings, batch_size: int, out: Path | None, width: int = 26,
+                 **common) -> list[dict]:
+    """Evaluate ``m`` on ``items`` under each (name, options) of ``settings`` (``common`` options first, the
+    setting's over them); prints one line per setting and writes the rows as JSON to ``out`` when given.
+    Returns rows {setting, options, accuracy, correct, n, tpf (tokens per forward), seconds, per_family}."""
+    rows = []
+    for name, opts in settings:
+        r = evaluate(m, items, seed=0, batch_size=batch_size, **{**common, **opts})
+        rows.append({"setting": name, "options": opts, "accuracy": r["accuracy"], "correct": r["correct"],
+                     "n": r["n"], "tpf": r["tpf"], "seconds": r["seconds"],
+                     "per_family": {f: v["accuracy"] for f, v in r["per_family"].items()}})
+        print(f"{name:{width}s} accuracy {r['accuracy']:.3f} ({r['correct']}/{r['n']})  TPF {r['tpf']:.2f}  "
+              f"{r['seconds']:.0f} s", flush=True)
+    if out:
+        out.write_text(json.dumps(rows, indent=1))
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ckpt", required=True)
@@ -38,17 +56,7 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     m = localdiff.load(a.ckpt)
     items = load_items(HERE.parents[1] / "tiny" / "eval.jsonl", a.per_family)
-    rows = []
-    for name, opts in SETTINGS:
-        r = evaluate(m, items, seed=0, batch_size=a.batch_size, max_new_tokens=32, temperature=0.0,
-                     **{"steps": 4, **opts})
-        rows.append({"setting": name, "options": opts, "accuracy": r["accuracy"], "correct": r["correct"],
-                     "n": r["n"], "tpf": r["tpf"], "seconds": r["seconds"],
-                     "per_family": {f: v["accuracy"] for f, v in r["per_family"].items()}})
-        print(f"{name:26s} accuracy {r['accuracy']:.3f} ({r['correct']}/{r['n']})  TPF {r['tpf']:.2f}  "
-              f"{r['seconds']:.0f} s", flush=True)
-    if a.out:
-        a.out.write_text(json.dumps(rows, indent=1))
+    run_settings(m, items, SETTINGS, a.batch_size, a.out, max_new_tokens=32, temperature=0.0, steps=4)
 
 
 if __name__ == "__main__":

@@ -11,14 +11,15 @@ model that never saw a corrupted token — the honest case for applying it to ot
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
 
 import localdiff
-from localdiff.bench.eval_tasks import evaluate, load_items
+from localdiff.bench.eval_tasks import load_items
 from localdiff.decoding.options import POLICIES
+
+from eval_bd import run_settings  # noqa: E402  (this folder: the shared evaluation loop)
 
 HERE = Path(__file__).resolve().parent
 ONE = {"threshold": 1.0}                 # nothing exceeds 1: the step's quota of one token (steps = block size)
@@ -50,21 +51,15 @@ def main() -> None:
     m = localdiff.load(a.ckpt, dtype=torch.float32)
     m.options_cls = POLICIES["llada2"]   # LLaDA2's decoder on this block model (its own default is SDAR's)
     items = load_items(HERE.parents[1] / "tiny" / "eval.jsonl", a.per_family)
-    rows = []
+    settings = []
     for name, opts in SETTINGS:
         if a.quick and name not in QUICK:
             continue
         opts = {**opts, "temperature": 0.0}
         if "editing_threshold" in opts:
             opts["max_post_steps"] = a.max_post_steps
-        r = evaluate(m, items, seed=0, batch_size=16, **opts)
-        rows.append({"setting": name, "options": opts, "accuracy": r["accuracy"], "correct": r["correct"],
-                     "n": r["n"], "tpf": r["tpf"], "seconds": r["seconds"],
-                     "per_family": {f: v["accuracy"] for f, v in r["per_family"].items()}})
-        print(f"{name:34s} accuracy {r['accuracy']:.3f} ({r['correct']}/{r['n']})  TPF {r['tpf']:.2f}  "
-              f"{r['seconds']:.0f} s", flush=True)
-    if a.out:
-        a.out.write_text(json.dumps(rows, indent=1))
+        settings.append((name, opts))
+    run_settings(m, items, settings, 16, a.out, width=34)
 
 
 if __name__ == "__main__":

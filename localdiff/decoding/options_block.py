@@ -10,24 +10,13 @@ from localdiff.errors import UsageError
 
 
 @dataclass(frozen=True)
-class SDAROptions(Options):
-    """SDAR's block decoder (JetAstra/SDAR ``generate.py`` ``block_diffusion_generate``, arXiv 2510.06303): per block,
-    ``steps`` denoising steps with the schedule ``get_num_transfer_tokens(block, steps)``; each step commits the
-    ``k`` most confident masked positions (``low_confidence_static``), or every masked position above
-    ``confidence_threshold`` when at least ``k`` are (``low_confidence_dynamic``); ``sequential`` commits the first
-    ``k`` masks. Sampling: temperature, top-k, top-p (temperature 0 = the top token, its probability = confidence)."""
+class BlockSampling(Options):
+    """Sampling options shared by SDAR's and LLaDA2's block decoders (their upstream ``generate`` functions take the
+    same three): temperature 0 = the top token, its probability = the confidence; else top-k / top-p filtered
+    sampling. Errors: :class:`UsageError` for top-k / top-p given at temperature 0."""
 
-    POLICY: ClassVar[str] = "sdar"
-
-    steps: int | None = opt(None, "denoising steps per block (default: the block size, one token per step)",
-                            kind=int, lo=1, hi=100_000, optional=True, metavar="N", aliases=("denoising_steps",))
-    remasking_strategy: str = opt("low_confidence_dynamic", "which predictions to commit each step",
-                                  choices=("low_confidence_dynamic", "low_confidence_static", "sequential"),
-                                  aliases=("remasking",))
-    confidence_threshold: float = opt(0.85, "low_confidence_dynamic: commit every masked position whose "
-                                      "confidence exceeds this (when at least the step's quota do)", lo=0, hi=1,
-                                      metavar="X")
-    temperature: float = opt(0.0, "sampling temperature (0 = the top token)", lo=0, metavar="T")
+    temperature: float = opt(0.0, "sampling temperature (0 = the top token, its probability = confidence)", lo=0,
+                             metavar="T")
     top_k: int | None = opt(None, "sample among the k most likely tokens", kind=int, lo=1, hi=1_000_000_000,
                             optional=True, metavar="K")
     top_p: float | None = opt(None, "nucleus sampling mass", kind=float, lo=0, hi=1, lo_open=True, optional=True,
@@ -38,6 +27,30 @@ class SDAROptions(Options):
                 "top_k" in typed or "top_p" in typed):
             key = "top_k" if "top_k" in typed else "top_p"
             raise UsageError(f"{typed[key]}: top-k / top-p sampling needs temperature > 0 (got temperature 0)")
+
+
+@dataclass(frozen=True)
+class SDAROptions(BlockSampling):
+    """SDAR's block decoder (JetAstra/SDAR ``generate.py`` ``block_diffusion_generate``, arXiv 2510.06303): per block,
+    ``steps`` denoising steps with the schedule ``get_num_transfer_tokens(block, steps)``; each step commits the
+    ``k`` most confident masked positions (``low_confidence_static``), or every masked position above
+    ``confidence_threshold`` when at least ``k`` are (``low_confidence_dynamic``); ``sequential`` commits the first
+    ``k`` masks; ``entropy_bounded`` commits the lowest-entropy masks while their entropies sum below
+    ``eb_threshold`` (at least one). Sampling: :class:`BlockSampling`."""
+
+    POLICY: ClassVar[str] = "sdar"
+
+    steps: int | None = opt(None, "denoising steps per block (default: the block size, one token per step)",
+                            kind=int, lo=1, hi=100_000, optional=True, metavar="N", aliases=("denoising_steps",))
+    remasking_strategy: str = opt("low_confidence_dynamic", "which predictions to commit each step",
+                                  choices=("low_confidence_dynamic", "low_confidence_static", "sequential",
+                                           "entropy_bounded"),
+                                  aliases=("remasking",))
+    confidence_threshold: float = opt(0.85, "low_confidence_dynamic: commit every masked position whose "
+                                      "confidence exceeds this (when at least the step's quota do)", lo=0, hi=1,
+                                      metavar="X")
+    eb_threshold: float = opt(0.35, "entropy_bounded: commit the lowest-entropy masked positions while their "
+                              "entropies (nats) sum below this (at least one per step)", lo=0, metavar="G")
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import torch
 
-from localdiff.decoding.acceptance import token_entropy
 from localdiff.decoding.draws import categorical
 from localdiff.decoding.editing import EditingConfig, block_finished, edit_positions
 from localdiff.decoding.options import LLaDA2Options, SDAROptions
@@ -99,7 +98,7 @@ class LLaDA2(SDAR):
         self.done = self.done | now
         return {"canvas_ids": self.canvas, "argmax_ids": torch.where(a.masked, x0, self.canvas), "accepted": ~left,
                 "renoised": left, "reopened": edits, "confidence": torch.where(a.masked, conf, 1.0),
-                "entropy": token_entropy(torch.log(a.probs.clamp_min(1e-30))), "locked": None}
+                "entropy": a.entropy, "locked": None}
 
     def _eos_stop(self, x0: torch.Tensor, changed: torch.Tensor, left: torch.Tensor) -> torch.Tensor:
         """BoolTensor[B]: this step committed an EOS and no generated position before the block's first generated

@@ -59,7 +59,8 @@ class FastDLLMv2Options(Options):
     2509.26328): blocks of the model's ``bd_size``, each decoded sub-block by sub-block (``small_block_size``
     tokens, left to right); per step the masked positions of the sub-block whose confidence exceeds ``threshold``
     are committed, and always the most confident one; logits are token-shifted; a block's first token is decoded
-    autoregressively from the previous block's last logits. Sampling: temperature 0 = the top token; else top-p."""
+    autoregressively from the previous block's last logits. Sampling: temperature 0 = the top token; else top-p.
+    ``use_block_cache``: upstream's sub-block cache (``block_past_key_values``, :mod:`localdiff.decoding.fastdllm_v2`)."""
 
     POLICY: ClassVar[str] = "fast_dllm_v2"
 
@@ -70,3 +71,6 @@ class FastDLLMv2Options(Options):
                                 metavar="N")
     temperature: float = opt(0.0, "sampling temperature (0 = the top token)", lo=0, metavar="T")
     top_p: float = opt(0.95, "nucleus sampling mass (temperature > 0)", lo=0, hi=1, lo_open=True, metavar="P")
+    use_block_cache: bool = opt(False, "Fast-dLLM v2's sub-block cache: once a sub-block's first token is known, "
+                                "steps run only the sub-block over the block's cached K/V (approximate unless "
+                                "small_block_size = the block size)")

@@ -19,15 +19,19 @@ from localdiff.bench.eval_tasks import evaluate, load_items
 HERE = Path(__file__).resolve().parent
 SETTINGS = [("one token per step", {"remasking_strategy": "low_confidence_static", "steps": 4}),
             ("threshold 0.9", {"remasking_strategy": "low_confidence_dynamic", "confidence_threshold": 0.9}),
+            ("threshold 0.85 (sdar:1.7b's)", {"remasking_strategy": "low_confidence_dynamic",
+                                               "confidence_threshold": 0.85}),
             ("threshold 0.8", {"remasking_strategy": "low_confidence_dynamic", "confidence_threshold": 0.8}),
             ("threshold 0.7", {"remasking_strategy": "low_confidence_dynamic", "confidence_threshold": 0.7}),
             ("threshold 0.5", {"remasking_strategy": "low_confidence_dynamic", "confidence_threshold": 0.5}),
             ("threshold 0.3", {"remasking_strategy": "low_confidence_dynamic", "confidence_threshold": 0.3}),
             ("threshold 0.1", {"remasking_strategy": "low_confidence_dynamic", "confidence_threshold": 0.1}),
-            ("whole block in one step", {"remasking_strategy": "low_confidence_static", "steps": 1})]
+            ("whole block in one step", {"remasking_strategy": "low_confidence_static", "steps": 1}),
+            ("entropy_bounded 0.35", {"remasking_strategy": "entropy_bounded", "eb_threshold": 0.35}),
+            ("entropy_bounded 1.0", {"remasking_strategy": "entropy_bounded", "eb_threshold": 1.0})]
 
 
-def run_settings(m, items: list[dict], settings, batch_size: int, out: Path | None, width: int = 26,
+def run_settings(m, items: list[dict], settings, batch_size: int, out: Path | None, width: int = 30,
                  **common) -> list[dict]:
     """Evaluate ``m`` on ``items`` under each (name, options) of ``settings`` (``common`` options first, the
     setting's over them); prints one line per setting and writes the rows as JSON to ``out`` when given.

@@ -38,7 +38,7 @@ def test_tokens_per_second_rows_and_int8_pass(monkeypatch):
     for prec in ("bfloat16", "int8"):
         rows = res["tokens_per_second"][prec]["rows"]
         assert rows["ar"]["tokens_per_forward"] == 1.0 and rows["static"]["tokens_per_forward"] == 1.0
-        assert rows["forced"]["tokens_per_forward"] == 4.0 and rows["ar"]["new_tokens"] == 32
+        assert rows["forced"]["tokens_per_forward"] == 4.0 and rows["ar"]["new_tokens"] == 8
         assert rows["static"]["prefill_tokens_reused"] == 512          # the prompt came from the reused cache
     assert set(res["int8"]["512"]["ms"]) == {"localdiff_block", "localdiff_1tok", "transformers_block",
                                              "transformers_1tok"}

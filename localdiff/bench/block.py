@@ -161,15 +161,15 @@ def measure(quick: bool, log=print, config: dict | None = None, dtype=None, tps:
         return res
     from localdiff.bench.block_tps import measure_tps, tiny_bd_tpf
 
-    reps = 2 if quick else 3
+    reps, new = (1, 8) if quick else (2, 16)
     res["tiny_bd"] = tiny_bd_tpf(3 if quick else 20, log)
-    res["tokens_per_second"] = {res["dtype"]: measure_tps(net, dtype, 512, reps, log, res["tiny_bd"])}
+    res["tokens_per_second"] = {res["dtype"]: measure_tps(net, dtype, 512, reps, log, res["tiny_bd"], new)}
     if dtype == torch.bfloat16:
         from localdiff.quantize.int8 import quantize_model
 
         quantize_model(net)                      # in place: int8 weights, bf16 activations; ref keeps bf16
         res["int8"] = {str(h): step_times(net, ref, h, 3 if quick else 5, dtype, log) for h in hist}
-        res["tokens_per_second"]["int8"] = measure_tps(net, dtype, 512, reps, log, res["tiny_bd"])
+        res["tokens_per_second"]["int8"] = measure_tps(net, dtype, 512, reps, log, res["tiny_bd"], new)
     return res
 
 

@@ -3,8 +3,8 @@ block``, issue #16's "tokens/s at the recommended settings above the same model'
 
 On the random SDAR-1.7B-shaped model of :mod:`localdiff.bench.block`, end to end through ``Model.generate`` (the
 block runner, the exact block KV cache, the decoder, sampling over the 151,936-token vocabulary), after a
-``history``-token prompt held in a reused cache (so the timing is decoding, not the prompt's prefill), 32 new
-tokens, no EOS (every run decodes all 32):
+``history``-token prompt held in a reused cache (so the timing is decoding, not the prompt's prefill), ``new``
+tokens (16; ``--quick`` 8), no EOS (every run decodes all of them):
 
 * **AR**: the same weights with ``block_size`` 1 — a block of one token is autoregressive decoding (each forward
   prefills the previous token and predicts the next), the recommended sampler;
@@ -31,11 +31,10 @@ RECOMMENDED = {"steps": 4, "remasking_strategy": "low_confidence_dynamic", "conf
 SETTINGS = {"static": {"remasking_strategy": "low_confidence_static", "steps": 4, "temperature": 0.0},
             "recommended": RECOMMENDED,
             "forced": dict(RECOMMENDED, confidence_threshold=0.0)}
-NEW_TOKENS = 32
 
 
-def _model(net, dtype, block_size: int | None = None):
-    """An engine Model around ``net`` (no tokenizer, no EOS: every generation runs to NEW_TOKENS); with
+def _model(net, dtype, new: int, block_size: int | None = None):
+    """An engine Model around ``net`` (no tokenizer, no EOS: every generation runs to ``new`` tokens); with
     ``block_size`` a view of the same weights with another block size (1 = autoregressive)."""
     from localdiff.engine import Model
 
@@ -43,17 +42,17 @@ def _model(net, dtype, block_size: int | None = None):
         net = copy.copy(net)                             # shares every module and weight; only .config differs
         net.config = dataclasses.replace(net.config, block_size=block_size)
     return Model(net, net.config, None, None, "bench-sdar-1.7b-shaped", "cpu", dtype, None,
-                 {"eos_token_id": [], "max_new_tokens": NEW_TOKENS})
+                 {"eos_token_id": [], "max_new_tokens": new})
 
 
-def decode_rate(m, prompt: list[int], opts: dict, reps: int) -> dict:
+def decode_rate(m, prompt: list[int], opts: dict, reps: int, new: int) -> dict:
     """Median / range tokens/s, TPF and ms per forward of ``reps`` generations after ``prompt`` (a warm-up
     generation first fills the reused cache with the prompt's whole blocks)."""
     cache = m.new_cache()
-    m.generate(prompt, max_new_tokens=NEW_TOKENS, chat=False, cache=cache, seed=0, **opts)
+    m.generate(prompt, max_new_tokens=new, chat=False, cache=cache, seed=0, **opts)
     tps, tpf, msf = [], [], []
     for r in range(reps):
-        g = m.generate(prompt, max_new_tokens=NEW_TOKENS, chat=False, cache=cache, seed=r + 1, **opts)
+        g = m.generate(prompt, max_new_tokens=new, chat=False, cache=cache, seed=r + 1, **opts)
         st = g.stats
         tps.append(st.tokens_per_second)
         tpf.append(st.tokens_per_forward)
@@ -86,7 +85,7 @@ def tiny_bd_tpf(per_family: int, log=print) -> dict | None:
     return out
 
 
-def measure_tps(net, dtype, history: int, reps: int, log=print, tiny: dict | None = None) -> dict:
+def measure_tps(net, dtype, history: int, reps: int, log=print, tiny: dict | None = None, new: int = 16) -> dict:
     """The section's tokens/s part (module docstring) for ``net`` as it is (bf16, or int8 after quantization)."""
     import torch
 
@@ -94,12 +93,12 @@ def measure_tps(net, dtype, history: int, reps: int, log=print, tiny: dict | Non
     high = min(net.config.vocab_size, net.config.mask_token_id) - 1     # any token below the specials
     prompt = torch.randint(0, high, (history,), generator=g).tolist()
     t0 = time.perf_counter()
-    rows = {"ar": decode_rate(_model(net, dtype, block_size=1), prompt, RECOMMENDED, reps)}
-    block = _model(net, dtype)
+    rows = {"ar": decode_rate(_model(net, dtype, new, block_size=1), prompt, RECOMMENDED, reps, new)}
+    block = _model(net, dtype, new)
     for name, opts in SETTINGS.items():
-        rows[name] = decode_rate(block, prompt, opts, reps)
+        rows[name] = decode_rate(block, prompt, opts, reps, new)
     ar = rows["ar"]["tokens_per_second"]
-    res = {"history": history, "new_tokens": NEW_TOKENS, "reps": reps, "rows": rows,
+    res = {"history": history, "new_tokens": new, "reps": reps, "rows": rows,
            "over_ar": {k: v["tokens_per_second"] / ar for k, v in rows.items() if k != "ar"}}
     if tiny:
         tpf = tiny["threshold 0.85"]["tpf"]

@@ -36,9 +36,9 @@ import torch
 
 from localdiff.decoding.dream import top_p_logits
 from localdiff.decoding.draws import categorical
-from localdiff.decoding.loop import count_tokens, strip_generated
+from localdiff.decoding.loop import done_event, strip_generated
 from localdiff.decoding.stopping import finalize_canvas
-from localdiff.events import CanvasDone, Done, GenerationStats, StepEvent
+from localdiff.events import CanvasDone, GenerationStats, StepEvent
 
 
 def _pick(logits: torch.Tensor, o, gen, mask_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -152,14 +152,7 @@ def run(net, options, cache, max_new_tokens: int, eos_ids: list[int], pad_id: in
         forwards += ~finished
         st.prefill_seconds += time.perf_counter() - tp
         st.prefill_tokens_computed += blk
-    out = torch.cat(generated, dim=1)
-    rows = [strip_generated(out[r], eos_ids, pad_id, keep_eos=True)[:max_new_tokens] for r in range(b)]
-    st.forwards = int(forwards.sum())
-    count_tokens(st, rows, time.perf_counter() - t0)
-    if hasattr(cache, "stats"):
-        st.cache = cache.stats()
-    texts = [decode(strip_generated(r, eos_ids, pad_id)) if decode else "" for r in rows]
-    yield Done(texts[0] if b == 1 else texts, rows if b > 1 else rows[0], st, reason)
+    yield done_event(generated, b, max_new_tokens, eos_ids, pad_id, forwards, st, t0, cache, decode, reason)
 
 
 def _stopped(canvas: torch.Tensor, skip: int, mask_id: int, eos_t) -> torch.Tensor:

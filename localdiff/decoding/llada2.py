@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import torch
 
-from localdiff.decoding.draws import categorical
 from localdiff.decoding.editing import EditingConfig, block_finished, edit_positions
 from localdiff.decoding.options import LLaDA2Options, SDAROptions
 from localdiff.decoding.sdar import SDAR, transfer_schedule
@@ -77,12 +76,7 @@ class LLaDA2(SDAR):
 
     def advance(self, a) -> dict:
         """Commit masks, edit committed tokens, stop rows; returns the StepEvent fields (device tensors)."""
-        v = a.probs.shape[-1]
-        if self.o.temperature > 0:
-            x0 = categorical(a.probs.reshape(-1, v), self.gen).view(self.b, self.c)
-            conf = a.probs.gather(-1, x0[..., None]).squeeze(-1)
-        else:
-            conf, x0 = a.probs.max(-1)
+        x0, conf = self.draw(a)
         live = ~self.done[:, None]
         commit = self._select(conf, a.masked, a.k) & live
         edits = edit_positions(self.canvas, ~a.masked & ~self.prompt & live, x0, conf, self.editing)

@@ -128,12 +128,7 @@ class SDAR:
 
     def advance(self, a: Assessment) -> dict:
         """Pick tokens and commit the step's positions; returns the StepEvent fields (device tensors)."""
-        v = a.probs.shape[-1]
-        if self.o.temperature > 0:
-            x0 = categorical(a.probs.reshape(-1, v), self.gen).view(self.b, self.c)
-            conf = a.probs.gather(-1, x0[..., None]).squeeze(-1)
-        else:
-            conf, x0 = a.probs.max(-1)
+        x0, conf = self.draw(a)
         commit = a.eb if a.eb is not None else self._select(conf, a.masked, a.k)
         self.canvas = torch.where(commit, x0, self.canvas)
         self.argmax = self.canvas
@@ -142,6 +137,15 @@ class SDAR:
         return {"canvas_ids": self.canvas, "argmax_ids": torch.where(a.masked, x0, self.canvas), "accepted": ~left,
                 "renoised": left, "reopened": torch.zeros_like(left), "confidence": torch.where(a.masked, conf, 1.0),
                 "entropy": a.entropy, "locked": None}
+
+    def draw(self, a: Assessment) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tokens LongTensor[B, C], their probabilities FloatTensor[B, C]): sampled from ``a.probs`` (temperature
+        > 0, the policy's generator), else the top token and its probability."""
+        if self.o.temperature > 0:
+            x0 = categorical(a.probs.reshape(-1, a.probs.shape[-1]), self.gen).view(self.b, self.c)
+            return x0, a.probs.gather(-1, x0[..., None]).squeeze(-1)
+        conf, x0 = a.probs.max(-1)
+        return x0, conf
 
     def _select(self, conf: torch.Tensor, masked: torch.Tensor, k: int) -> torch.Tensor:
         """BoolTensor[B, C] positions to commit: only masked ones, at most the masks left (module docstring)."""

@@ -12,9 +12,15 @@ block's noisy rows and to the clean rows of earlier blocks; a clean row attends 
 inference the clean earlier blocks are exactly the KV cache. Loss = Σ over masked tokens of CE / t, divided by the
 number of answer tokens (MDLM's weighting, as SDAR's fused diffusion cross-entropy).
 
+Token-to-token noise (LLaDA2.1, arXiv 2602.08676, whose training mixes mask-to-token and token-to-token examples so
+that committed tokens can be re-decided; its rates are not published, ours are ``--edit-blocks`` 0.5 and
+``--edit-max`` 0.4): in edit blocks some visible answer tokens are replaced by other answer tokens and every
+visible answer position of the block adds CE (weight 1) against the original token (:func:`corrupt`). The answer
+region ends one ``<end_of_turn>`` block after the answer's block (``--fill``); batches are length-bucketed.
+
 Reuses tiny-mdm's data encoding and the tiny recipe's ``Run`` bookkeeping (lr schedule, AdamW, EMA, logs).
 
-    python train_bd.py --minutes 25 --threads 1 --out /tmp/tiny_bd        # the shipped model
+    python train_bd.py --minutes 49 --threads 1 --out /tmp/tiny_bd        # the shipped model
     python train_bd.py --steps 3 --micro --out /tmp/x                     # smoke test
 """
 from __future__ import annotations

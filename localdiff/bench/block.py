@@ -190,7 +190,8 @@ def render_md(sec: dict) -> list[str]:
     for h, r in sec.get("int8", {}).items():
         ms, rg = r["ms"], r["range_ms"]
         lines.append(f"| {h}, localdiff int8 (bf16 act.) vs transformers bf16 | {ms['localdiff_block']:.0f} "
-                     f"({rg['localdiff_block'][0]:.0f}–{rg['localdiff_block'][1]:.0f}) | {ms['localdiff_1tok']:.0f} | "
+                     f"({rg['localdiff_block'][0]:.0f}–{rg['localdiff_block'][1]:.0f}) | "
+                     f"{ms['localdiff_1tok']:.0f} | "
                      f"{r['block_over_1tok']['localdiff']:.2f}× | {ms['transformers_block']:.0f} | "
                      f"{ms['transformers_1tok']:.0f} | {r['block_over_1tok']['transformers']:.2f}× | "
                      f"**{r['localdiff_speedup']['block']:.2f}×** |")

@@ -60,7 +60,8 @@ class FastDLLMv2Options(Options):
     tokens, left to right); per step the masked positions of the sub-block whose confidence exceeds ``threshold``
     are committed, and always the most confident one; logits are token-shifted; a block's first token is decoded
     autoregressively from the previous block's last logits. Sampling: temperature 0 = the top token; else top-p.
-    ``use_block_cache``: upstream's sub-block cache (``block_past_key_values``, :mod:`localdiff.decoding.fastdllm_v2`)."""
+    ``use_block_cache``: upstream's sub-block cache (``block_past_key_values``,
+    :mod:`localdiff.decoding.fastdllm_v2`)."""
 
     POLICY: ClassVar[str] = "fast_dllm_v2"
 

@@ -18,7 +18,8 @@ that committed tokens can be re-decided; its rates are not published, ours are `
 visible answer position of the block adds CE (weight 1) against the original token (:func:`corrupt`). The answer
 region ends one ``<end_of_turn>`` block after the answer's block (``--fill``); batches are length-bucketed.
 
-Reuses tiny-mdm's data encoding and writer, and the shared command line and loop (``models/tiny/recipe/recipe_main.py``).
+Reuses tiny-mdm's data encoding and writer, and the shared command line and loop
+(``models/tiny/recipe/recipe_main.py``).
 
     python train_bd.py --minutes 49 --threads 1 --out /tmp/tiny_bd        # the shipped model
     python train_bd.py --steps 3 --micro --out /tmp/x                     # smoke test

@@ -32,7 +32,7 @@ def _prompt(n, seed):
     return torch.randint(0, EOS - 2, (n,), generator=g).tolist()
 
 
-def _upstream(ref, prompt, steps, strategy, n_new, tau=0.85):
+def _upstream(ref, prompt, steps, strategy, n_new, tau=0.85, eb=None):
     from upstream_sdar import sdar_generate
 
     def logits_fn(ids):   # a model that never predicts the mask token (ours never commits it: see decoding/sdar.py)
@@ -41,7 +41,7 @@ def _upstream(ref, prompt, steps, strategy, n_new, tau=0.85):
         return out
 
     x = sdar_generate(logits_fn, torch.tensor([prompt]), MASK, n_new, B, steps,
-                      strategy, tau, stopping_criteria_idx=[EOS])
+                      strategy, tau, stopping_criteria_idx=[EOS], eb_threshold=eb)
     return x
 
 
@@ -71,6 +71,46 @@ def test_we_never_overwrite_the_prompt_where_upstream_does(sdar):
     g = m.generate(prompt, max_new_tokens=8, steps=2, remasking_strategy="low_confidence_static", cache=cache)
     assert cache.token_ids[0][:7] == prompt
     assert len(g.token_ids) <= 8
+
+
+@pytest.mark.parametrize("plen", [9, 7, 8, 12, 5])
+def test_entropy_bounded_equals_upstream(sdar, plen):
+    """SDAR's ``entropy_bounded`` (one to several masks per step: the bound is a few times one position's entropy on
+    this random model) equals the transcription of upstream's branch (its slips mended: tests/upstream_sdar.py),
+    temperature 0, steps = B (upstream's ``steps + 1`` forwards then never leave masks behind)."""
+    ref, m = sdar
+    tpf = []
+    for seed, eb in [(0, 4.0), (1, 9.0), (2, 14.0)]:
+        prompt = _prompt(plen, seed)
+        x = _upstream(ref, prompt, B, "entropy_bounded", 14, eb=eb)
+        up = strip_generated(x[0, plen:], [EOS], m.pad_token_id, keep_eos=True)[:14]
+        g = m.generate(prompt, max_new_tokens=14, remasking_strategy="entropy_bounded", eb_threshold=eb,
+                       temperature=0)
+        assert g.token_ids == up, (seed, eb, g.token_ids, up)
+        tpf.append(len(g.token_ids) / g.stats.forwards)
+    assert min(tpf) < 1.2 and max(tpf) > 1.5, tpf      # the bound really changes how many commit per step
+
+
+def test_entropy_bounded_choice():
+    """Lowest entropies first while the running sum stays below the bound; at least one; never a visible token."""
+    from localdiff.decoding.sdar import entropy_bounded
+
+    ent = torch.tensor([[0.3, 0.1, 2.0, 0.2], [5.0, 4.0, 0.0, 0.0]])
+    masked = torch.tensor([[True, True, True, True], [True, True, False, False]])
+    got = entropy_bounded(ent, masked, 0.61)      # row 0: sums 0.1, 0.3, 0.6 < 0.61 (not 2.6); row 1: one
+    assert got.tolist() == [[True, True, False, True], [False, True, False, False]]
+    assert entropy_bounded(ent, torch.zeros_like(masked), 10.0).sum() == 0
+    with pytest.raises(UsageError, match="eb_threshold"):
+        SDAROptions.build({"eb_threshold": -1})
+
+
+def test_entropy_bounded_last_step_commits_the_rest(sdar):
+    """steps 2 < B with a tiny bound (one mask per step): the second step commits every mask left, so each block
+    takes 2 forwards and no mask reaches the answer (upstream would stop after steps + 1 forwards, masks left)."""
+    _, m = sdar
+    g = m.generate(_prompt(8, 3), max_new_tokens=8, steps=2, remasking_strategy="entropy_bounded",
+                   eb_threshold=1e-3, temperature=0)
+    assert MASK not in g.token_ids and g.stats.forwards <= 4
 
 
 def _uncached(net, ids, mask, opts, n_new, eos, pad):

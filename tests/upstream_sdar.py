@@ -5,7 +5,12 @@ The K/V cache of upstream (prefill of the prompt's whole blocks, ``store_kv`` of
 the same math without a cache: each denoising forward runs ``logits_fn`` over everything up to the current block
 under the block-causal mask and keeps the block's rows. Everything else is upstream's step logic, including its
 ``topk`` over the whole block with ``-inf`` at non-masked positions (which can overwrite prompt tokens when the
-step quota exceeds the masks left)."""
+step quota exceeds the masks left).
+
+``entropy_bounded`` (upstream commit 1c06c39) is transcribed with its two slips mended, as localdiff/decoding/sdar.py
+states: ``transfer_index`` is created (upstream's branch never does: UnboundLocalError), and the entropy is each
+position's over the vocabulary, from ``probs`` (upstream takes it of ``x0_p``, [batch, block], summed over the
+block). Upstream's ``torch.sort`` is made stable (ties: the earlier position)."""
 from __future__ import annotations
 
 import torch
@@ -20,7 +25,8 @@ def get_num_transfer_tokens(block_length, steps):
 
 def sdar_generate(logits_fn, prompt: torch.Tensor, mask_id: int, gen_length: int, block_length: int,
                   denoising_steps: int, remasking_strategy: str = "low_confidence_dynamic",
-                  confidence_threshold: float = 0.85, stopping_criteria_idx=None) -> torch.Tensor:
+                  confidence_threshold: float = 0.85, stopping_criteria_idx=None,
+                  eb_threshold: float | None = None) -> torch.Tensor:
     """``logits_fn(ids [1, T]) -> logits [1, T, V]`` (block-causal, uncached); returns x [1, num_blocks·B]."""
     p = prompt.shape[1]
     num_blocks = (p + gen_length + block_length - 1) // block_length
@@ -54,6 +60,15 @@ def sdar_generate(logits_fn, prompt: torch.Tensor, mask_id: int, gen_length: int
                 else:
                     _, idx = torch.topk(confidence[0], int(ntt[step]))
                     transfer[0, idx] = True
+            elif remasking_strategy == "entropy_bounded":
+                eps = 1e-12
+                ent = -(probs.clamp_min(eps) * probs.clamp_min(eps).log()).sum(dim=-1)
+                ent = torch.where(mask_index, ent, torch.inf)
+                ent_sorted, order = torch.sort(ent, dim=1, descending=False, stable=True)
+                cumsum = torch.cumsum(ent_sorted, dim=1)
+                k = torch.searchsorted(cumsum[0], torch.tensor(eb_threshold), right=False).item()
+                k = max(1, min(k, int(mask_index[0].sum().item())))
+                transfer[0, order[0, :k]] = True
             else:
                 raise ValueError(remasking_strategy)
             cur_x[transfer] = x0[transfer]

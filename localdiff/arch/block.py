@@ -10,6 +10,10 @@ the exact block KV cache, the way DiffusionGemma's canvases work (:mod:`localdif
   to everything before it and to itself; the cache is only read. With ``prefill_ids`` it is the *fused* pass: those
   tokens are prefilled in the same forward (rows of both kinds run through the linear layers together; attention
   runs per kind over exactly the keys its own pass reads). No self-conditioning: the argument must be None.
+* ``denoise_capture(canvas_ids, cache)`` / ``denoise_sub(sub_ids, cache, block_kv, offset)`` — Fast-dLLM v2's
+  sub-block cache (``use_block_cache``): the first is ``denoise`` that also returns the block's own K/V per layer;
+  the second runs only a sub-block's tokens (at block offset ``offset``), writes their K/V over the block's in
+  place and attends to the cache and the whole (partly stale) block.
 * ``logits_full(input_ids, attention_mask=None)`` — one uncached pass with the block-causal mask over the whole
   sequence (the reference the cached path is tested against).
 
@@ -90,8 +94,40 @@ class BlockLM(DenseStack):
             raise ValueError("block-diffusion models take no self-conditioning logits")
         return self._forward(prefill_ids, prefill_mask, canvas_ids, cache)
 
+    @torch.inference_mode()
+    def denoise_capture(self, canvas_ids: torch.Tensor, cache) -> tuple[torch.Tensor, list]:
+        """``denoise(canvas_ids, cache)`` (logits FloatTensor[B, C, V]) and the block's K/V: a list over layers of
+        [k, v] Tensors[B, kv_heads, C, head_dim] (upstream ``block_past_key_values``, Fast-dLLM v2 ``modeling.py``)."""
+        block_kv: list = []
+        return self._forward(None, None, canvas_ids, cache, block_kv=block_kv), block_kv
+
+    @torch.inference_mode()
+    def denoise_sub(self, sub_ids: torch.Tensor, cache, block_kv: list, offset: int) -> torch.Tensor:
+        """Fast-dLLM v2's sub-block pass (``use_block_cache``, ``replace_position = offset``): LongTensor[B, n] of the
+        current block's positions ``offset .. offset + n - 1``; per layer their K/V overwrite ``block_kv``'s (in
+        place, as upstream's) and their queries attend to every cached key and the whole block's K/V. Returns
+        FloatTensor[B, n, V] raw logits. Approximate where the rest of the block changed since ``block_kv`` was
+        computed; exact when the sub-block is the whole block."""
+        x = self.embed_tokens(sub_ids)
+        b, n = sub_ids.shape
+        cos, sin = rope_cos_sin(self._inv_freq, cache.seq_len + offset, n, x.device)
+        masks: dict = {}
+        for i, layer in enumerate(self.layers):
+            att = layer.self_attn
+            q, k, v = att.qkv(layer.input_layernorm(x), cos, sin)
+            bk, bv = block_kv[i]
+            bk[:, :, offset:offset + n] = k
+            bv[:, :, offset:offset + n] = v
+            past_n = cache.visible_len(i)
+            if past_n not in masks:
+                masks[past_n] = self._masks(b, 0, bk.shape[2], cache.seq_len, past_n, cache.past_mask(i), None,
+                                            x.device)[1]
+            kk, vv = cache.with_canvas(i, bk, bv)
+            x = layer.ffn(x + att.attend(q, kk, vv, masks[past_n]))
+        return self._logits(self.norm(x))
+
     # -- one pass -------------------------------------------------------------------------------------------------
-    def _forward(self, ids, ids_mask, canvas_ids, cache, last_logits: bool = False):
+    def _forward(self, ids, ids_mask, canvas_ids, cache, last_logits: bool = False, block_kv: list | None = None):
         n = 0 if ids is None else ids.shape[1]
         c = 0 if canvas_ids is None else canvas_ids.shape[1]
         rows = [t for t in (ids if n else None, canvas_ids if c else None) if t is not None]
@@ -126,6 +162,8 @@ class BlockLM(DenseStack):
                     if i == last and c:            # only the canvas rows go on
                         x, n = x[:, n:], 0
                 else:
+                    if block_kv is not None:
+                        block_kv.append([k.clone(), v.clone()])
                     kk, vv = cache.with_canvas(i, k, v)
                     a = att.attend(q, kk, vv, m_can)
                 x = layer.ffn(x + a)

@@ -17,6 +17,13 @@ are interleaved within each repetition (drift hits all alike). Reported: medians
 block / 1-token (target ≤ 1.3× for localdiff: memory-bound, as reading the weights once should be) and localdiff
 vs transformers per step (target ≥ 2× the transformers block-step rate), and the break-even tokens per forward
 (block step ÷ 1-token step: a block decoder beats AR decoding of the same model above it).
+
+Then tokens/s end to end (:mod:`localdiff.bench.block_tps`: AR vs static / recommended / forced block decoding, and
+a projection from the trained tiny-bd's TPF). When bf16 is the precision, the model is then quantized to int8
+weights (bf16 activations, the kernel chosen per shape: :mod:`localdiff.quantize.int8`) and the step timings and
+tokens/s are measured again, against the same transformers bf16 model: both bf16-vs-bf16 and localdiff's fastest
+vs transformers' fastest measured here (transformers in fp32 is not run: bf16 is its faster precision wherever the
+probe picks bf16).
 """
 from __future__ import annotations
 
@@ -135,9 +142,9 @@ def step_times(net, ref, history: int, reps: int, dtype, log=print) -> dict:
     return out
 
 
-def measure(quick: bool, log=print, config: dict | None = None, dtype=None) -> dict:
+def measure(quick: bool, log=print, config: dict | None = None, dtype=None, tps: bool = True) -> dict:
     """The section's result dict (module docstring). ``config`` replaces the SDAR-1.7B shape (tests); ``dtype``
-    forces a precision instead of the fastest one."""
+    forces a precision instead of the fastest one; ``tps`` False skips the tokens/s and int8 parts."""
     import torch
 
     fast, gemm = fastest_dtype(log)
@@ -150,6 +157,19 @@ def measure(quick: bool, log=print, config: dict | None = None, dtype=None) -> d
     hist = (512,) if quick else (512, 4096)
     res = {"config": cfg, "dtype": str(dtype).split(".")[-1], "gemm_ms": gemm, "threads": torch.get_num_threads(),
            "history": {str(h): step_times(net, ref, h, 3 if quick else 5, dtype, log) for h in hist}}
+    if not tps:
+        return res
+    from localdiff.bench.block_tps import measure_tps, tiny_bd_tpf
+
+    reps, new = (1, 8) if quick else (2, 16)
+    res["tiny_bd"] = tiny_bd_tpf(3 if quick else 20, log)
+    res["tokens_per_second"] = {res["dtype"]: measure_tps(net, dtype, 512, reps, log, res["tiny_bd"], new)}
+    if dtype == torch.bfloat16:
+        from localdiff.quantize.int8 import quantize_model
+
+        quantize_model(net)                      # in place: int8 weights, bf16 activations; ref keeps bf16
+        res["int8"] = {str(h): step_times(net, ref, h, 3 if quick else 5, dtype, log) for h in hist}
+        res["tokens_per_second"]["int8"] = measure_tps(net, dtype, 512, reps, log, res["tiny_bd"], new)
     return res
 
 
@@ -167,5 +187,15 @@ def render_md(sec: dict) -> list[str]:
                      f"{r['block_over_1tok']['localdiff']:.2f}× | {cell['transformers_block']} | "
                      f"{cell['transformers_1tok']} | {r['block_over_1tok']['transformers']:.2f}× | "
                      f"**{r['localdiff_speedup']['block']:.2f}×** |")
+    for h, r in sec.get("int8", {}).items():
+        ms, rg = r["ms"], r["range_ms"]
+        lines.append(f"| {h}, localdiff int8 (bf16 act.) vs transformers bf16 | {ms['localdiff_block']:.0f} "
+                     f"({rg['localdiff_block'][0]:.0f}–{rg['localdiff_block'][1]:.0f}) | "
+                     f"{ms['localdiff_1tok']:.0f} | "
+                     f"{r['block_over_1tok']['localdiff']:.2f}× | {ms['transformers_block']:.0f} | "
+                     f"{ms['transformers_1tok']:.0f} | {r['block_over_1tok']['transformers']:.2f}× | "
+                     f"**{r['localdiff_speedup']['block']:.2f}×** |")
     lines.append("")
-    return lines
+    from localdiff.bench.block_tps import render_tps
+
+    return lines + render_tps(sec)

@@ -185,12 +185,6 @@ def render(res: dict) -> str:
             lines += [f"- {name}: skipped ({sec['skipped']})", ""]
             continue
         lines += fn(sec) + [""]
-    for name, sec in res["sections"].items():    # sections in their own file: localdiff/bench/<name>.render_md
-        if name not in render_fns:
-            import importlib
-
-            lines += ([f"- {name}: skipped ({sec['skipped']})"] if "skipped" in sec else
-                      importlib.import_module(f"localdiff.bench.{name}").render_md(sec)) + [""]
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -15,10 +15,17 @@ What differs from the generic loop (:mod:`localdiff.decoding.loop`):
   confidence (the sampled token's probability) exceeds ``threshold`` and always the most confident one;
 * a row stops once an EOS is committed with no mask before it (upstream's ``stop_token`` check).
 
-Not implemented: upstream's optional sub-block cache (``use_block_cache``: an approximate cache of the block's own
-K/V between steps; off by default in upstream ``generate``). Where we differ from upstream: a prompt of exactly one
-block is prefilled (upstream's ``input_ids.shape[1] > block_size`` test skips it and then decodes without the
-prompt); batches run row-wise (upstream is batch 1).
+* **sub-block cache** (``use_block_cache``, off by default as upstream): a step whose sub-block starts with a mask
+  (or the block's first step) runs the whole block and keeps its K/V (upstream ``block_past_key_values``); any
+  other step runs only the sub-block's tokens, writes their K/V over the kept ones (``replace_position``) and attends
+  to the prefix cache and the whole kept block — the K/V of the block's other positions are from that last full
+  pass, so this is approximate, except with ``small_block_size`` = the block size (then every pass after the first
+  rewrites the whole block: exact). The sub-block's own logits are shifted inside the sub-block, as upstream (its
+  first row predicts itself, but that position is never a mask on this path). For a batch the full pass runs when
+  any row's sub-block starts with a mask (upstream's ``.any()``).
+
+Where we differ from upstream: a prompt of exactly one block is prefilled (upstream's ``input_ids.shape[1] >
+block_size`` test skips it and then decodes without the prompt); batches run row-wise (upstream is batch 1).
 """
 from __future__ import annotations
 
@@ -29,9 +36,9 @@ import torch
 
 from localdiff.decoding.dream import top_p_logits
 from localdiff.decoding.draws import categorical
-from localdiff.decoding.loop import count_tokens, strip_generated
+from localdiff.decoding.loop import done_event, strip_generated
 from localdiff.decoding.stopping import finalize_canvas
-from localdiff.events import CanvasDone, Done, GenerationStats, StepEvent
+from localdiff.events import CanvasDone, GenerationStats, StepEvent
 
 
 def _pick(logits: torch.Tensor, o, gen, mask_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,7 +57,7 @@ def _pick(logits: torch.Tensor, o, gen, mask_id: int) -> tuple[torch.Tensor, tor
 
 def run(net, options, cache, max_new_tokens: int, eos_ids: list[int], pad_id: int | None, mask_id: int,
         prefill_ids, prefill_mask, tail_ids, generator=None, emit_steps: bool = True, decode=None,
-        stats: GenerationStats | None = None):
+        stats: GenerationStats | None = None, cancel=None):
     """Generate after a prompt; yields StepEvent (when ``emit_steps``), CanvasDone per block, then Done.
 
     Args:
@@ -60,6 +67,8 @@ def run(net, options, cache, max_new_tokens: int, eos_ids: list[int], pad_id: in
             still to prefill, maybe empty) with its padding mask Bool[B, T'] or None; ``tail_ids`` LongTensor[B, t]:
             the prompt tokens sharing the first block (t may be 0).
         max_new_tokens / eos_ids / pad_id / mask_id: as the generic loop.
+        cancel: ``cancel() -> bool`` polled before every denoising forward; True ends the generator there (no Done),
+            as in :func:`localdiff.decoding.loop.run`.
     Raises:
         ValueError: ``small_block_size`` does not divide the block size.
     """
@@ -91,17 +100,26 @@ def run(net, options, cache, max_new_tokens: int, eos_ids: list[int], pad_id: in
                 raise ValueError("a block without prompt tokens needs the previous row's logits")
             canvas[:, 0] = _pick(last[:, None], options, generator, mask_id)[0][:, 0]
         stop = torch.zeros(b, dtype=torch.bool, device=dev)
-        steps = 0
+        steps, block_kv = 0, None
         for s0 in range(0, blk, sbs):
             while True:
                 masked = canvas == mask_id
                 sub = masked[:, s0:s0 + sbs] & ~stop[:, None]
                 if not bool(sub.any()):
                     break
+                if cancel is not None and cancel():
+                    return
                 forwards += ~(stop | finished)
                 steps += 1
-                logits = net.denoise(canvas, cache)
-                shifted = torch.cat([logits[:, :1], logits[:, :-1]], 1)[:, s0:s0 + sbs]
+                if block_kv is not None and not bool((canvas[:, s0] == mask_id).any()):
+                    logits = net.denoise_sub(canvas[:, s0:s0 + sbs], cache, block_kv, s0)
+                    shifted = torch.cat([logits[:, :1], logits[:, :-1]], 1)
+                else:
+                    if options.use_block_cache:
+                        logits, block_kv = net.denoise_capture(canvas, cache)
+                    else:
+                        logits = net.denoise(canvas, cache)
+                    shifted = torch.cat([logits[:, :1], logits[:, :-1]], 1)[:, s0:s0 + sbs]
                 x1, p1 = _pick(shifted, options, generator, mask_id)
                 conf = torch.where(sub, p1, torch.tensor(-torch.inf, device=dev))
                 commit = conf > options.threshold
@@ -134,14 +152,7 @@ def run(net, options, cache, max_new_tokens: int, eos_ids: list[int], pad_id: in
         forwards += ~finished
         st.prefill_seconds += time.perf_counter() - tp
         st.prefill_tokens_computed += blk
-    out = torch.cat(generated, dim=1)
-    rows = [strip_generated(out[r], eos_ids, pad_id, keep_eos=True)[:max_new_tokens] for r in range(b)]
-    st.forwards = int(forwards.sum())
-    count_tokens(st, rows, time.perf_counter() - t0)
-    if hasattr(cache, "stats"):
-        st.cache = cache.stats()
-    texts = [decode(strip_generated(r, eos_ids, pad_id)) if decode else "" for r in rows]
-    yield Done(texts[0] if b == 1 else texts, rows if b > 1 else rows[0], st, reason)
+    yield done_event(generated, b, max_new_tokens, eos_ids, pad_id, forwards, st, t0, cache, decode, reason)
 
 
 def _stopped(canvas: torch.Tensor, skip: int, mask_id: int, eos_t) -> torch.Tensor:

@@ -76,7 +76,7 @@ class LLaDA2(SDAR):
 
     def advance(self, a) -> dict:
         """Commit masks, edit committed tokens, stop rows; returns the StepEvent fields (device tensors)."""
-        x0, conf = self._draw(a)
+        x0, conf = self.draw(a)
         live = ~self.done[:, None]
         commit = self._select(conf, a.masked, a.k) & live
         edits = edit_positions(self.canvas, ~a.masked & ~self.prompt & live, x0, conf, self.editing)

@@ -95,6 +95,14 @@ def run(net, policy, cache, batch: int, max_new_tokens: int, eos_ids: list[int],
         if last_block:
             break
         pending = (torch.cat([start_canvas[:, :skip].to(final.device), final], 1) if skip else final, None)
+    yield done_event(generated, batch, max_new_tokens, eos_ids, pad_id, forwards, st, t0, cache, decode, reason)
+
+
+def done_event(generated: list, batch: int, max_new_tokens: int, eos_ids, pad_id, forwards: torch.Tensor,
+               st: GenerationStats, t0: float, cache, decode, reason: str) -> Done:
+    """The generation's Done event from its blocks (LongTensors[B, C] in order; pad / EOS handling as
+    :func:`strip_generated`): per-row tokens (at most ``max_new_tokens``), texts, ``st`` completed (forwards
+    from LongTensor[B] ``forwards``, tokens, seconds since ``t0`` (perf_counter), cache accounting)."""
     out = torch.cat(generated, dim=1) if generated else torch.zeros(batch, 0, dtype=torch.long)
     rows = [strip_generated(out[r], eos_ids, pad_id, keep_eos=True)[:max_new_tokens] for r in range(batch)]
     st.forwards = int(forwards.sum())
@@ -102,7 +110,7 @@ def run(net, policy, cache, batch: int, max_new_tokens: int, eos_ids: list[int],
     if hasattr(cache, "stats"):
         st.cache = cache.stats()
     texts = [decode(strip_generated(r, eos_ids, pad_id)) if decode else "" for r in rows]
-    yield Done(texts[0] if batch == 1 else texts, rows if batch > 1 else rows[0], st, reason)
+    return Done(texts[0] if batch == 1 else texts, rows if batch > 1 else rows[0], st, reason)
 
 
 def _fused_stage(net, canvas, cache, sc, pending, st: GenerationStats):

@@ -10,24 +10,13 @@ from localdiff.errors import UsageError
 
 
 @dataclass(frozen=True)
-class SDAROptions(Options):
-    """SDAR's block decoder (JetAstra/SDAR ``generate.py`` ``block_diffusion_generate``, arXiv 2510.06303): per block,
-    ``steps`` denoising steps with the schedule ``get_num_transfer_tokens(block, steps)``; each step commits the
-    ``k`` most confident masked positions (``low_confidence_static``), or every masked position above
-    ``confidence_threshold`` when at least ``k`` are (``low_confidence_dynamic``); ``sequential`` commits the first
-    ``k`` masks. Sampling: temperature, top-k, top-p (temperature 0 = the top token, its probability = confidence)."""
+class BlockSampling(Options):
+    """Sampling options shared by SDAR's and LLaDA2's block decoders (their upstream ``generate`` functions take the
+    same three): temperature 0 = the top token, its probability = the confidence; else top-k / top-p filtered
+    sampling. Errors: :class:`UsageError` for top-k / top-p given at temperature 0."""
 
-    POLICY: ClassVar[str] = "sdar"
-
-    steps: int | None = opt(None, "denoising steps per block (default: the block size, one token per step)",
-                            kind=int, lo=1, hi=100_000, optional=True, metavar="N", aliases=("denoising_steps",))
-    remasking_strategy: str = opt("low_confidence_dynamic", "which predictions to commit each step",
-                                  choices=("low_confidence_dynamic", "low_confidence_static", "sequential"),
-                                  aliases=("remasking",))
-    confidence_threshold: float = opt(0.85, "low_confidence_dynamic: commit every masked position whose "
-                                      "confidence exceeds this (when at least the step's quota do)", lo=0, hi=1,
-                                      metavar="X")
-    temperature: float = opt(0.0, "sampling temperature (0 = the top token)", lo=0, metavar="T")
+    temperature: float = opt(0.0, "sampling temperature (0 = the top token, its probability = confidence)", lo=0,
+                             metavar="T")
     top_k: int | None = opt(None, "sample among the k most likely tokens", kind=int, lo=1, hi=1_000_000_000,
                             optional=True, metavar="K")
     top_p: float | None = opt(None, "nucleus sampling mass", kind=float, lo=0, hi=1, lo_open=True, optional=True,
@@ -41,12 +30,38 @@ class SDAROptions(Options):
 
 
 @dataclass(frozen=True)
+class SDAROptions(BlockSampling):
+    """SDAR's block decoder (JetAstra/SDAR ``generate.py`` ``block_diffusion_generate``, arXiv 2510.06303): per block,
+    ``steps`` denoising steps with the schedule ``get_num_transfer_tokens(block, steps)``; each step commits the
+    ``k`` most confident masked positions (``low_confidence_static``), or every masked position above
+    ``confidence_threshold`` when at least ``k`` are (``low_confidence_dynamic``); ``sequential`` commits the first
+    ``k`` masks; ``entropy_bounded`` commits the lowest-entropy masks while their entropies sum below
+    ``eb_threshold`` (at least one). Sampling: :class:`BlockSampling`."""
+
+    POLICY: ClassVar[str] = "sdar"
+
+    steps: int | None = opt(None, "denoising steps per block (default: the block size, one token per step)",
+                            kind=int, lo=1, hi=100_000, optional=True, metavar="N", aliases=("denoising_steps",))
+    remasking_strategy: str = opt("low_confidence_dynamic", "which predictions to commit each step",
+                                  choices=("low_confidence_dynamic", "low_confidence_static", "sequential",
+                                           "entropy_bounded"),
+                                  aliases=("remasking",))
+    confidence_threshold: float = opt(0.85, "low_confidence_dynamic: commit every masked position whose "
+                                      "confidence exceeds this (when at least the step's quota do)", lo=0, hi=1,
+                                      metavar="X")
+    eb_threshold: float = opt(0.35, "entropy_bounded: commit the lowest-entropy masked positions while their "
+                              "entropies (nats) sum below this (at least one per step)", lo=0, metavar="G")
+
+
+@dataclass(frozen=True)
 class FastDLLMv2Options(Options):
     """Fast-dLLM v2's decoder (``Efficient-Large-Model/Fast_dLLM_v2_*`` ``modeling.py`` ``generate``, arXiv
     2509.26328): blocks of the model's ``bd_size``, each decoded sub-block by sub-block (``small_block_size``
     tokens, left to right); per step the masked positions of the sub-block whose confidence exceeds ``threshold``
     are committed, and always the most confident one; logits are token-shifted; a block's first token is decoded
-    autoregressively from the previous block's last logits. Sampling: temperature 0 = the top token; else top-p."""
+    autoregressively from the previous block's last logits. Sampling: temperature 0 = the top token; else top-p.
+    ``use_block_cache``: upstream's sub-block cache (``block_past_key_values``,
+    :mod:`localdiff.decoding.fastdllm_v2`)."""
 
     POLICY: ClassVar[str] = "fast_dllm_v2"
 
@@ -57,3 +72,6 @@ class FastDLLMv2Options(Options):
                                 metavar="N")
     temperature: float = opt(0.0, "sampling temperature (0 = the top token)", lo=0, metavar="T")
     top_p: float = opt(0.95, "nucleus sampling mass (temperature > 0)", lo=0, hi=1, lo_open=True, metavar="P")
+    use_block_cache: bool = opt(False, "Fast-dLLM v2's sub-block cache: once a sub-block's first token is known, "
+                                "steps run only the sub-block over the block's cached K/V (approximate unless "
+                                "small_block_size = the block size)")

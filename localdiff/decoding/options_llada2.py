@@ -9,20 +9,21 @@ eos_early_stop True: the catalog's ``llada2.1:mini`` sampler). The block length 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Mapping
+from typing import ClassVar
 
-from localdiff.decoding.schema import Options, opt
-from localdiff.errors import UsageError
+from localdiff.decoding.options_block import BlockSampling
+from localdiff.decoding.schema import opt
 
 
 @dataclass(frozen=True)
-class LLaDA2Options(Options):
+class LLaDA2Options(BlockSampling):
     """LLaDA2.x's block decoder (:mod:`localdiff.decoding.llada2`): per block, the step schedule
     ``get_num_transfer_tokens(block, steps)`` with ``steps = min(steps, max_new_tokens // minimal_topk)``; each step
     commits every masked position whose confidence exceeds ``threshold`` when at least the step's quota do, else the
     quota's most confident; with ``editing_threshold``, already committed (non-prompt) tokens of the block are
     replaced when the model's top token differs and its probability exceeds it, for at most ``max_post_steps`` extra
-    steps once the block has no masks left (LLaDA2.1 token editing, arXiv 2602.08676)."""
+    steps once the block has no masks left (LLaDA2.1 token editing, arXiv 2602.08676). Sampling:
+    :class:`BlockSampling`."""
 
     POLICY: ClassVar[str] = "llada2"
 
@@ -40,15 +41,3 @@ class LLaDA2Options(Options):
                               hi=10_000, metavar="N")
     eos_early_stop: bool = opt(False, "stop as soon as an EOS is committed and every generated position before it "
                                "is filled (mid-block)")
-    temperature: float = opt(0.0, "sampling temperature (0 = the top token, its probability = confidence)", lo=0,
-                             metavar="T")
-    top_k: int | None = opt(None, "sample among the k most likely tokens", kind=int, lo=1, hi=1_000_000_000,
-                            optional=True, metavar="K")
-    top_p: float | None = opt(None, "nucleus sampling mass", kind=float, lo=0, hi=1, lo_open=True, optional=True,
-                              metavar="P")
-
-    def check(self, typed: Mapping[str, str]) -> None:
-        if self.temperature == 0 and (self.top_k is not None or self.top_p not in (None, 1.0)) and (
-                "top_k" in typed or "top_p" in typed):
-            key = "top_k" if "top_k" in typed else "top_p"
-            raise UsageError(f"{typed[key]}: top-k / top-p sampling needs temperature > 0 (got temperature 0)")

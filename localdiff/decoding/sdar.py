@@ -10,7 +10,12 @@ steps)`` (``B // steps`` per step, the first ``B % steps`` steps one more). Each
 * ``low_confidence_static``: the ``k`` most confident;
 * ``low_confidence_dynamic``: every one with confidence > ``confidence_threshold`` when at least ``k`` are, else the
   ``k`` most confident;
-* ``sequential``: the first ``k``.
+* ``sequential``: the first ``k``;
+* ``entropy_bounded`` (upstream commit 1c06c39; after the EB-Sampler, Ben-Hamu et al., arXiv 2505.24857): the masked
+  positions sorted by the entropy of their sampling distribution, ascending (ties: the earlier position), and the
+  longest prefix whose cumulative entropy stays below ``eb_threshold`` (nats; upstream's ``searchsorted(cumsum,
+  eb_threshold, right=False)``), at least one; the quota ``k`` is not used, except that the block's last step
+  (``steps``) commits every mask left.
 
 Where we differ from upstream, on purpose: upstream takes ``topk(confidence, k)`` over the whole block with
 ``-inf`` at non-masked positions, so when ``k`` exceeds the masks left — the first block, whose prompt tail already
@@ -20,7 +25,11 @@ ever committed, the prompt is never touched, and every other case (every later b
 ending on a block boundary) commits exactly upstream's positions. A row whose block is complete commits nothing
 (upstream's batch-1 loop has no such rows). The mask token is never a prediction (its logit is set to −inf):
 upstream can "commit" the mask id, leaving the position masked after its last scheduled step (and then fails on
-the schedule's index).
+the schedule's index). ``entropy_bounded`` as upstream wrote it cannot run: its branch never creates
+``transfer_index`` (an UnboundLocalError at the first step), and it takes the "entropy" of ``x0_p`` — the sampled
+tokens' probabilities, [batch, block] — summed over the block, one value shared by every position. We compute what
+the names and the EB-Sampler say: each masked position's entropy −Σ_v p log p over the vocabulary; and where
+upstream stops after ``steps + 1`` forwards with masks possibly left, our last step commits them.
 
 Upstream's extra forward over a completed block (``store_kv=True``) is our fused prefill: the loop prefills the
 block together with the next block's first step.
@@ -47,12 +56,15 @@ def transfer_schedule(block: int, steps: int) -> list[int]:
 class Assessment:
     """One step's logits before any draw: ``probs`` (FloatTensor[B, C, V] after temperature / top-k / top-p),
     ``argmax`` (LongTensor[B, C]: the canvas with every mask set to its top token — the block if it ended now),
-    ``masked`` (BoolTensor[B, C]) and ``k`` (this step's quota)."""
+    ``masked`` (BoolTensor[B, C]), ``k`` (this step's quota), ``entropy`` (FloatTensor[B, C], nats, of ``probs``) and
+    ``eb`` (``entropy_bounded`` only: BoolTensor[B, C], the positions it commits; None otherwise)."""
 
     probs: torch.Tensor
     argmax: torch.Tensor
     masked: torch.Tensor
     k: int
+    entropy: torch.Tensor
+    eb: torch.Tensor | None = None
 
 
 class SDAR:
@@ -99,33 +111,30 @@ class SDAR:
         probs = torch.softmax(x, dim=-1)
         masked = self.canvas == self.mask_id
         argmax = torch.where(masked, probs.argmax(-1), self.canvas)
-        return Assessment(probs, argmax, masked, self.schedule[min(step, self.max_steps) - 1])
+        entropy = token_entropy(torch.log(probs.clamp_min(1e-30)))
+        eb = None
+        if o.remasking_strategy == "entropy_bounded":
+            eb = masked if step >= self.max_steps else entropy_bounded(entropy, masked, o.eb_threshold)
+        return Assessment(probs, argmax, masked, self.schedule[min(step, self.max_steps) - 1], entropy, eb)
 
     def ends_block(self, a: Assessment, step: int) -> bool:
         """True when this step completes the block whatever the draws: temperature 0 and every row's masks fit in
         the step's quota (or it is the last step)."""
         if self.o.temperature > 0:
             return False
+        if a.eb is not None:                            # its positions do not depend on the draws
+            return bool((a.eb == a.masked).all())
         return step == self.max_steps or bool((a.masked.sum(-1) <= a.k).all())
 
     def advance(self, a: Assessment) -> dict:
         """Pick tokens and commit the step's positions; returns the StepEvent fields (device tensors)."""
-        x0, conf = self._draw(a)
-        commit = self._select(conf, a.masked, a.k)
+        x0, conf = self.draw(a)
+        commit = a.eb if a.eb is not None else self._select(conf, a.masked, a.k)
         self.canvas = torch.where(commit, x0, self.canvas)
         self.argmax = self.canvas
         left = self.canvas == self.mask_id
         self.done = ~left.any(-1)
         return self._event(a, x0, conf, left, torch.zeros_like(left))
-
-    def _draw(self, a: Assessment) -> tuple[torch.Tensor, torch.Tensor]:
-        """(x0 LongTensor[B, C], its probability FloatTensor[B, C]): a categorical draw from ``a.probs`` at
-        temperature > 0 (this decoder's generator), else the argmax."""
-        if self.o.temperature > 0:
-            x0 = categorical(a.probs.reshape(-1, a.probs.shape[-1]), self.gen).view(self.b, self.c)
-            return x0, a.probs.gather(-1, x0[..., None]).squeeze(-1)
-        conf, x0 = a.probs.max(-1)
-        return x0, conf
 
     def _event(self, a: Assessment, x0: torch.Tensor, conf: torch.Tensor, left: torch.Tensor,
                reopened: torch.Tensor) -> dict:
@@ -133,7 +142,16 @@ class SDAR:
         committed positions this step changed (token editing; none here)."""
         return {"canvas_ids": self.canvas, "argmax_ids": torch.where(a.masked, x0, self.canvas), "accepted": ~left,
                 "renoised": left, "reopened": reopened, "confidence": torch.where(a.masked, conf, 1.0),
-                "entropy": token_entropy(torch.log(a.probs.clamp_min(1e-30))), "locked": None}
+                "entropy": a.entropy, "locked": None}
+
+    def draw(self, a: Assessment) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tokens LongTensor[B, C], their probabilities FloatTensor[B, C]): sampled from ``a.probs`` (temperature
+        > 0, the policy's generator), else the top token and its probability."""
+        if self.o.temperature > 0:
+            x0 = categorical(a.probs.reshape(-1, a.probs.shape[-1]), self.gen).view(self.b, self.c)
+            return x0, a.probs.gather(-1, x0[..., None]).squeeze(-1)
+        conf, x0 = a.probs.max(-1)
+        return x0, conf
 
     def _select(self, conf: torch.Tensor, masked: torch.Tensor, k: int) -> torch.Tensor:
         """BoolTensor[B, C] positions to commit: only masked ones, at most the masks left (module docstring)."""
@@ -153,6 +171,18 @@ class SDAR:
 
     def all_done(self) -> bool:
         return bool(self.done.all())
+
+
+def entropy_bounded(entropy: torch.Tensor, masked: torch.Tensor, bound: float) -> torch.Tensor:
+    """SDAR's ``entropy_bounded`` choice (module docstring): BoolTensor[B, C] of the masked positions whose
+    ascending-entropy prefix sum stays below ``bound`` (nats), at least one per row with a mask; ``entropy``
+    FloatTensor[B, C] (nats), ``masked`` BoolTensor[B, C]."""
+    e = torch.where(masked, entropy, torch.tensor(torch.inf, device=entropy.device))
+    ordered, order = torch.sort(e, dim=-1, stable=True)
+    take = torch.cumsum(ordered, dim=-1) < bound
+    take[:, 0] = True                                   # at least one (upstream's max(1, ...))
+    take &= torch.isfinite(ordered)                     # never past the masks left
+    return torch.zeros_like(masked).scatter_(-1, order, take)
 
 
 def _first_k_of(order: torch.Tensor, kk: torch.Tensor, c: int) -> torch.Tensor:

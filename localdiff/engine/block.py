@@ -99,7 +99,7 @@ def stream(model, req):
     if v2:
         yield from fastdllm_v2.run(net, options, cache, req.max_new_tokens, model.eos_token_ids, model.pad_token_id,
                                    model.mask_token_id, todo, todo_mask, ids[:, whole:], req.generator,
-                                   req.emit_steps, req.decode, req.stats)
+                                   req.emit_steps, req.decode, req.stats, cancel=req.cancel)
         return
     first = torch.full((ids.shape[0], blk), model.mask_token_id, dtype=torch.long, device=ids.device)
     first[:, :tail] = ids[:, whole:]

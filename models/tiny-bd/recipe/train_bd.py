@@ -12,23 +12,27 @@ block's noisy rows and to the clean rows of earlier blocks; a clean row attends 
 inference the clean earlier blocks are exactly the KV cache. Loss = Σ over masked tokens of CE / t, divided by the
 number of answer tokens (MDLM's weighting, as SDAR's fused diffusion cross-entropy).
 
-Reuses tiny-mdm's data encoding and the tiny recipe's ``Run`` bookkeeping (lr schedule, AdamW, EMA, logs).
+Token-to-token noise (LLaDA2.1, arXiv 2602.08676, whose training mixes mask-to-token and token-to-token examples so
+that committed tokens can be re-decided; its rates are not published, ours are ``--edit-blocks`` 0.5 and
+``--edit-max`` 0.4): in edit blocks some visible answer tokens are replaced by other answer tokens and every
+visible answer position of the block adds CE (weight 1) against the original token (:func:`corrupt`). The answer
+region ends one ``<end_of_turn>`` block after the answer's block (``--fill``); batches are length-bucketed.
 
-    python train_bd.py --minutes 25 --threads 1 --out /tmp/tiny_bd        # the shipped model
+Reuses tiny-mdm's data encoding and writer, and the shared command line and loop
+(``models/tiny/recipe/recipe_main.py``).
+
+    python train_bd.py --minutes 49 --threads 1 --out /tmp/tiny_bd        # the shipped model
     python train_bd.py --steps 3 --micro --out /tmp/x                     # smoke test
 """
 from __future__ import annotations
 
-import argparse
 import json
 import random
-import shutil
 import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
 HERE = Path(__file__).resolve().parent
@@ -36,10 +40,10 @@ MODELS = HERE.parents[1]
 sys.path.insert(0, str(MODELS / "tiny" / "recipe"))
 sys.path.insert(0, str(MODELS / "tiny-mdm" / "recipe"))
 import tasks  # noqa: E402
-from train import Run  # noqa: E402
-from train_mdm import BOS, EOS, MASK, PAD, TOKENIZER_FILES, Data  # noqa: E402
+import recipe_main  # noqa: E402  (the shared command line and training loop)
+import train_mdm  # noqa: E402
+from train_mdm import BOS, EOS, MASK, PAD, Data  # noqa: E402
 
-from localdiff.arch import get_arch, get_spec  # noqa: E402
 from localdiff.arch.dense import rope_cos_sin  # noqa: E402
 
 BLOCK = 4
@@ -58,13 +62,34 @@ def build_config(vocab_size: int, micro: bool = False) -> dict:
             "hidden_act": "silu", "torch_dtype": "float32"}
 
 
-def batch(data: Data, n: int, rng: random.Random):
-    """(ids [B, L], key mask [B, L], answer mask [B, L]): r pads, prompt, answer region, right padding."""
+def batches(data: Data, n: int, rng: random.Random, fill: int | None = 1, pool: int = 4):
+    """Endless batches of :func:`batch`: ``pool`` batches' rows are drawn, sorted by length and cut into ``pool``
+    batches served in random order (less padding; the same rows, so the same data distribution)."""
+    while True:
+        rows = sorted(sample_rows(data, n * pool, rng, fill), key=lambda r: len(r[0]) + len(r[1]))
+        chunks = [rows[i * n:(i + 1) * n] for i in range(pool)]
+        rng.shuffle(chunks)
+        yield from (batch(c) for c in chunks)
+
+
+def sample_rows(data: Data, n: int, rng: random.Random, fill: int | None = 1) -> list[tuple[list[int], list[int]]]:
+    """``n`` (prompt ids, answer-region ids) pairs: r ~ U{0..B-1} pads then the prompt; the answer region is the
+    answer and ``<end_of_turn>``, filled with ``<end_of_turn>`` up to the end of its block and then ``fill`` more
+    blocks (the decoder stops at the first EOS of a finished block, so later fill is never decoded); ``fill=None``:
+    to G tokens (the first tiny-bd's region)."""
     rows = []
     while len(rows) < n:
         p, a = data.encode(tasks.sample(rng))
         if len(a) <= data.gen:
-            rows.append(([PAD] * rng.randrange(BLOCK) + p, a + [data.eot] * (data.gen - len(a))))
+            p = [PAD] * rng.randrange(BLOCK) + p
+            g = data.gen if fill is None else -(-(len(p) + len(a)) // BLOCK) * BLOCK + fill * BLOCK - len(p)
+            rows.append((p, a + [data.eot] * (g - len(a))))
+    return rows
+
+
+def batch(rows: list[tuple[list[int], list[int]]]):
+    """(ids [B, L], key mask [B, L], answer mask [B, L]) of :func:`sample_rows`' rows, right-padded."""
+    n = len(rows)
     width = max(len(p) + len(a) for p, a in rows)
     ids = torch.full((n, width), PAD)
     keys = torch.zeros(n, width, dtype=torch.bool)
@@ -89,13 +114,35 @@ def bd_mask(keys: torch.Tensor) -> torch.Tensor:
     return m | torch.eye(2 * n, dtype=torch.bool)[None, None]
 
 
-def bd_loss(net, ids, keys, ans, gen: torch.Generator, eps: float = 1e-3) -> torch.Tensor:
-    """The block-diffusion loss (module docstring); fp32 scalar."""
+def corrupt(ids, ans, masked, edit_blocks: float, edit_max: float, gen: torch.Generator):
+    """LLaDA2.1-style token-to-token noise (arXiv 2602.08676: the model learns to re-decide visible tokens as well as
+    masks). A fraction ``edit_blocks`` of the blocks are edit blocks; in each, every visible (not masked) answer
+    token is replaced with probability u ~ U(0, edit_max) (one u per block) by a token drawn from the batch's answer
+    tokens (the empirical distribution: plausible wrong tokens, as a draft's errors are). Returns (noisy ids [B, L],
+    BoolTensor[B, L] of the visible answer positions of edit blocks, corrupted or not: their loss targets the
+    original token, so the model learns both to keep right tokens and to replace wrong ones)."""
+    b, n = ids.shape
+    nb = (n + BLOCK - 1) // BLOCK
+    per_block = lambda x: x.repeat_interleave(BLOCK, 1)[:, :n]  # noqa: E731
+    edit = per_block(torch.rand(b, nb, generator=gen) < edit_blocks) & ans & ~masked
+    u = per_block(edit_max * torch.rand(b, nb, generator=gen))
+    swap = edit & (torch.rand(ids.shape, generator=gen) < u)
+    pool = ids[ans]
+    repl = pool[torch.randint(len(pool), ids.shape, generator=gen)]
+    return torch.where(swap, repl, ids), edit
+
+
+def bd_loss(net, ids, keys, ans, gen: torch.Generator, eps: float = 1e-3, edit_blocks: float = 0.0,
+            edit_max: float = 0.4) -> torch.Tensor:
+    """The block-diffusion loss (module docstring) plus, with ``edit_blocks`` > 0, the token-to-token term: CE
+    (weight 1) at the visible answer positions of edit blocks (:func:`corrupt`); fp32 scalar."""
     b, n = ids.shape
     nb = (n + BLOCK - 1) // BLOCK
     t = ((1 - eps) * torch.rand(b, nb, generator=gen) + eps).repeat_interleave(BLOCK, 1)[:, :n]
     masked = (torch.rand(ids.shape, generator=gen) < t) & ans
-    noisy = torch.where(masked, torch.full_like(ids, MASK), ids)
+    noisy, edit = (corrupt(ids, ans, masked, edit_blocks, edit_max, gen) if edit_blocks > 0
+                   else (ids, torch.zeros_like(masked)))
+    noisy = torch.where(masked, torch.full_like(ids, MASK), noisy)
     x = net.embed_tokens(torch.cat([noisy, ids], 1))
     cos, sin = rope_cos_sin(net._inv_freq, 0, n, x.device)
     cos, sin = torch.cat([cos, cos]), torch.cat([sin, sin])
@@ -104,19 +151,17 @@ def bd_loss(net, ids, keys, ans, gen: torch.Generator, eps: float = 1e-3) -> tor
         att = layer.self_attn
         q, k, v = att.qkv(layer.input_layernorm(x), cos, sin)
         x = layer.ffn(x + att.attend(q, k, v, mask))
-    h = net.norm(x[:, :n])[masked]
-    ce = F.cross_entropy(F.linear(h, net.head_weight()).float(), ids[masked], reduction="none")
-    return (ce / t[masked]).sum() / ans.sum()
+    rows = masked | edit
+    h = net.norm(x[:, :n])[rows]
+    ce = F.cross_entropy(F.linear(h, net.head_weight()).float(), ids[rows], reduction="none")
+    weight = torch.where(masked[rows], 1 / t[rows], 1.0)
+    return (ce * weight).sum() / ans.sum()
 
 
 def save(net, config: dict, out: Path, mod) -> None:
-    """Weights under SDAR's names + config.json + tokenizer + generation_config.json into ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
-    state = {mod.checkpoint_names(k)[0]: v.detach().contiguous() for k, v in net.state_dict().items()}
-    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    for f in TOKENIZER_FILES:
-        shutil.copy(TINY / f, out / f)
+    """tiny-mdm's writer (weights under the upstream names — SDAR's here —, config.json, tokenizer), then SDAR's
+    generation_config.json."""
+    train_mdm.save(net, config, out, mod)
     eot = Tokenizer.from_file(str(TINY / "tokenizer.json")).token_to_id("<end_of_turn>")
     gc = {"eos_token_id": [EOS, eot], "pad_token_id": PAD, "bos_token_id": BOS, "mask_token_id": MASK,
           "max_new_tokens": 32, "steps": BLOCK, "temperature": 0.0, "remasking_strategy": "low_confidence_dynamic",
@@ -124,45 +169,22 @@ def save(net, config: dict, out: Path, mod) -> None:
     (out / "generation_config.json").write_text(json.dumps(gc, indent=2) + "\n")
 
 
+def extra_args(ap) -> None:
+    """train_bd's own flags."""
+    ap.add_argument("--fill", type=int, default=1, help="EOS fill blocks after the answer's block (-1: to --gen)")
+    ap.add_argument("--edit-blocks", type=float, default=0.5, help="token-to-token: fraction of edit blocks (0: off)")
+    ap.add_argument("--edit-max", type=float, default=0.4, help="token-to-token: max corruption rate per block")
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--minutes", type=float, default=25.0)
-    ap.add_argument("--steps", type=int, default=None)
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--gen", type=int, default=32, help="answer region G (tokens)")
-    ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--warmup", type=int, default=100)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--micro", action="store_true")
-    ap.add_argument("--log-every", type=int, default=50)
-    ap.add_argument("--ckpt-every", type=float, default=5.0)
-    ap.add_argument("--out", type=Path, required=True)
-    a = ap.parse_args()
-    torch.set_num_threads(a.threads)
-    torch.manual_seed(a.seed)
-    tok = Tokenizer.from_file(str(TINY / "tokenizer.json"))
-    config = build_config(tok.get_vocab_size(), a.micro)
-    mod, spec = get_arch(config), get_spec(config)
-    net = mod.MODEL_CLASS(spec.parse_config(config)).train()
-    with torch.no_grad():
-        for name, p in net.named_parameters():
-            if p.dim() >= 2:
-                torch.nn.init.normal_(p, std=0.02)
-            else:
-                p.fill_(1.0)
+    a = recipe_main.parse_args(__doc__, minutes=25.0, ckpt_every=5.0, extra=extra_args)
+    tok, config, mod, net = recipe_main.setup(a, build_config)
     data = Data(tok, (TINY / "chat_template.jinja").read_text(), a.gen, a.seed)
-    rng = random.Random(a.seed)
+    stream = batches(data, a.batch, random.Random(a.seed), None if a.fill < 0 else a.fill)
     gen = torch.Generator().manual_seed(a.seed)
-    run = Run(a, net, "seqs/s")
-    while run.next_lr() is not None:
-        ids, keys, ans = batch(data, a.batch, rng)
-        with torch.enable_grad():
-            run.update(bd_loss(net, ids, keys, ans, gen), a.batch)
-        if run.checkpoint_due():
-            save(net, config, a.out, mod)
-    run.done()
-    save(net.eval(), config, a.out, mod)
+    recipe_main.train(a, net, lambda: next(stream),
+                      lambda b: bd_loss(net, *b, gen, edit_blocks=a.edit_blocks, edit_max=a.edit_max),
+                      lambda n: save(n, config, a.out, mod))
 
 
 if __name__ == "__main__":

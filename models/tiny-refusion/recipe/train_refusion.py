@@ -19,7 +19,6 @@ on the exact answer + EOS only — the fill tells a fixed-length decoder where t
 """
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import sys
@@ -35,11 +34,10 @@ TINY = MODELS / "tiny"
 sys.path.insert(0, str(TINY / "recipe"))
 sys.path.insert(0, str(MODELS / "tiny-mdm" / "recipe"))
 import tasks  # noqa: E402,F401
-from train import Run  # noqa: E402  (stop rule, lr schedule, AdamW, EMA, logs)
+import recipe_main  # noqa: E402  (the shared command line and training loop)
 import train_mdm  # noqa: E402
 from train_mdm import Data  # noqa: E402  (the chat-template encoding of one task item)
 
-from localdiff.arch import get_arch, get_spec  # noqa: E402
 
 PAD, EOS, BOS, MASK = 0, 1, 2, 6        # the shared tokenizer's specials (<mask> is id 6)
 SLOT_SIZES = (4, 8, 16, 32)
@@ -122,43 +120,12 @@ def save(net, config: dict, out: Path, mod) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--minutes", type=float, default=20.0)
-    ap.add_argument("--steps", type=int, default=None)
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--gen", type=int, default=32, help="answer region G (tokens)")
-    ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--warmup", type=int, default=100)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--micro", action="store_true")
-    ap.add_argument("--log-every", type=int, default=50)
-    ap.add_argument("--ckpt-every", type=float, default=5.0)
-    ap.add_argument("--out", type=Path, required=True)
-    a = ap.parse_args()
-    torch.set_num_threads(a.threads)
-    torch.manual_seed(a.seed)
-    tok = Tokenizer.from_file(str(TINY / "tokenizer.json"))
-    config = build_config(tok.get_vocab_size(), a.micro)
-    mod, spec = get_arch(config), get_spec(config)
-    net = mod.MODEL_CLASS(spec.parse_config(config)).train()
-    with torch.no_grad():
-        for name, p in net.named_parameters():
-            if p.dim() >= 2:
-                torch.nn.init.normal_(p, std=0.02)
-            else:
-                p.fill_(1.0)
+    a = recipe_main.parse_args(__doc__, minutes=20.0, ckpt_every=5.0)
+    tok, config, mod, net = recipe_main.setup(a, build_config)
     data = Data(tok, (TINY / "chat_template.jinja").read_text(), a.gen, a.seed)
     rng = random.Random(a.seed + 1)
-    run = Run(a, net, "seqs/s")
-    while run.next_lr() is not None:
-        batch = refusion_batch(data, a.batch, rng)
-        with torch.enable_grad():
-            run.update(refusion_loss(net, batch), a.batch)
-        if run.checkpoint_due():
-            save(net, config, a.out, mod)
-    run.done()
-    save(net.eval(), config, a.out, mod)
+    recipe_main.train(a, net, lambda: refusion_batch(data, a.batch, rng), lambda b: refusion_loss(net, b),
+                      lambda n: save(n, config, a.out, mod))
 
 
 if __name__ == "__main__":

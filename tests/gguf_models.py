@@ -16,10 +16,26 @@ converter does). The vocabulary is a GPT-2 byte-level one: printable ASCII + new
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import torch
 from safetensors.torch import save_file
+
+#: CI sets LOCALDIFF_REQUIRE_GGUF=1: a missing gguf / llama_cpp is then a failure, not a skip
+REQUIRED = os.environ.get("LOCALDIFF_REQUIRE_GGUF") == "1"
+
+
+def need(module: str):
+    """Import ``module`` for a GGUF test, or skip it (fail under LOCALDIFF_REQUIRE_GGUF=1) naming the extra."""
+    import pytest
+
+    try:
+        return __import__(module)
+    except ImportError as e:
+        if REQUIRED:
+            pytest.fail(f"LOCALDIFF_REQUIRE_GGUF=1 but {module} is not importable ({e})")
+        pytest.skip(f"{module} not installed (pip install \"localdiff[gguf]\")")
 
 MASK, EOS, PAD = 126, 125, 124
 SPECIALS = {120: "<|user|>", 121: "<|assistant|>", 122: "<|bos|>", 123: "<|end|>", PAD: "<|pad|>", EOS: "<|eos|>",

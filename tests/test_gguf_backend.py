@@ -15,16 +15,7 @@ import torch
 
 from localdiff.cli import main
 
-REQUIRED = os.environ.get("LOCALDIFF_REQUIRE_GGUF") == "1"
-
-
-def _need(module: str):
-    try:
-        return __import__(module)
-    except ImportError as e:
-        if REQUIRED:
-            pytest.fail(f"LOCALDIFF_REQUIRE_GGUF=1 but {module} is not importable ({e})")
-        pytest.skip(f"{module} not installed (pip install \"localdiff[gguf]\")")
+from gguf_models import REQUIRED, need as _need
 
 
 FAMILIES = ["llada", "lladamoe", "dream"]

@@ -2,21 +2,10 @@
 loop reads only still-masked rows) and the bench's one-line skip when llama.cpp's program cannot be built."""
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-REQUIRED = os.environ.get("LOCALDIFF_REQUIRE_GGUF") == "1"
-
-
-def _need(module: str):
-    try:
-        return __import__(module)
-    except ImportError as e:
-        if REQUIRED:
-            pytest.fail(f"LOCALDIFF_REQUIRE_GGUF=1 but {module} is not importable ({e})")
-        pytest.skip(f"{module} not installed (pip install \"localdiff[gguf]\")")
+from gguf_models import REQUIRED, need as _need
 
 
 @pytest.fixture(scope="module")

@@ -170,8 +170,27 @@ def _check_environment() -> None:
     check_environment()
 
 
+def _check_text_arguments(args) -> None:
+    """A prompt or system text typed on the command line with bytes that are not UTF-8 (Python keeps them as lone
+    surrogates) is a usage error naming the argument, as for stdin and ``-f`` files.
+
+    Raises:
+        UsageError: ``-p``, the prompt words or ``--system`` is not valid UTF-8.
+    """
+    for attr, name in (("prompt", "-p"), ("prompt_words", "the prompt"), ("system", "--system")):
+        value = getattr(args, attr, None)
+        for text in value if isinstance(value, list) else [value]:
+            if isinstance(text, str):
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError as e:
+                    bad = text[e.start].encode("utf-8", "surrogateescape")[0]
+                    raise UsageError(f"{name} is not valid UTF-8 (byte 0x{bad:02x})") from None
+
+
 def _dispatch(args, argv) -> int:
     _check_environment()
+    _check_text_arguments(args)
     cmd = args.command
     if cmd == "gen":
         if getattr(args, "endpoint", None):

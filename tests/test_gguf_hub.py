@@ -19,14 +19,9 @@ REPO = "acme/tiny-llada-GGUF"
 
 @pytest.fixture(scope="module")
 def gguf_files(tmp_path_factory):
-    import os
+    import gguf_models as gm
 
-    if os.environ.get("LOCALDIFF_REQUIRE_GGUF") == "1":      # .ci/run: the gguf extra is installed, never skip
-        import gguf  # noqa: F401
-        import gguf_models as gm
-    else:
-        gm = pytest.importorskip("gguf_models")
-        pytest.importorskip("gguf")
+    gm.need("gguf")      # a skip naming the extra; a failure under LOCALDIFF_REQUIRE_GGUF=1 (.ci/run)
     out = {}
     for q8 in (False, True):
         _, path = gm.write_both("llada", tmp_path_factory.mktemp("q8" if q8 else "f32"), q8=q8, seed=1)

@@ -17,8 +17,9 @@ from localdiff.cache.kv import KVCache
 from localdiff.decoding import fastdllm_v2, loop
 from localdiff.decoding.llada2 import LLaDA2
 from localdiff.decoding.sdar import SDAR
+from localdiff.engine import masked
 from localdiff.engine.canvas import common_prefix
-from localdiff.errors import CheckpointError, UsageError
+from localdiff.errors import UsageError
 
 #: decoder policy name (``localdiff.decoding.options.POLICIES``) → its class ``(options, batch, block, mask_id,
 #: device, generator)`` with the loop's four calls; a block-family decoder adds one line here
@@ -34,12 +35,7 @@ def prepare(model) -> None:
     Raises:
         CheckpointError: no mask id, or pad id = mask id (padding would read as masks).
     """
-    model.mask_token_id = getattr(model.config, "mask_token_id", None)
-    if model.mask_token_id is None:
-        raise CheckpointError(f"{model.path}: config.json has no mask_token_id (a block-diffusion model needs it)")
-    if model.pad_token_id == model.mask_token_id:
-        raise CheckpointError(f"{model.path}: pad_token_id equals mask_token_id ({model.mask_token_id}); padding "
-                              "would read as masks")
+    masked.prepare(model, "block-diffusion")
 
 
 def new_cache(model, device_budget_bytes: int | None = None) -> KVCache:

@@ -15,15 +15,15 @@ from localdiff.errors import CheckpointError, UsageError
 POLICY_CLASSES = {"llada": LLaDA, "dream": Dream, "nap": NAP}
 
 
-def prepare(model) -> None:
-    """Sets ``model.mask_token_id``.
+def prepare(model, kind: str = "masked-diffusion") -> None:
+    """Sets ``model.mask_token_id`` (``kind`` names the family in the error; the block family's runner uses it too).
 
     Raises:
         CheckpointError: no mask_token_id in config.json, or pad id = mask id (padding would read as masks).
     """
     model.mask_token_id = getattr(model.config, "mask_token_id", None)
     if model.mask_token_id is None:
-        raise CheckpointError(f"{model.path}: config.json has no mask_token_id (a masked-diffusion model needs it)")
+        raise CheckpointError(f"{model.path}: config.json has no mask_token_id (a {kind} model needs it)")
     if model.pad_token_id == model.mask_token_id:
         raise CheckpointError(f"{model.path}: pad_token_id equals mask_token_id ({model.mask_token_id}); padding "
                               "would read as masks")

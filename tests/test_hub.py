@@ -414,3 +414,13 @@ def test_ctrl_c_mid_file_keeps_the_partial_and_exits_130(cache, stand_in, monkey
     monkeypatch.setattr(hub_pull, "make_progress", real)
     res = hub.pull(REPO, quiet=True)
     assert stand_in.stats.gets(REPO, WEIGHTS)[-1] == f"bytes={have}-" and not res["up_to_date"]
+
+
+def test_suggestions_are_near_names_only():
+    """A typo offers the near catalog name(s) only; a name near nothing offers nothing (was: an unrelated alias)."""
+    from localdiff.hub import catalog
+
+    assert catalog.suggest("lada:8b") == ["llada:8b"]
+    assert catalog.suggest("sdar1.7b") == ["sdar:1.7b"]
+    assert catalog.suggest("bad name!") == []
+    assert catalog.suggest("foo") == []

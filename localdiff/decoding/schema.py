@@ -181,6 +181,8 @@ class Options:
                 raise unknown_option(key, shown, cls)
             spec = known[name]
             if spec.pair_of and isinstance(v, str) and ":" in v:
+                if v.count(":") > 1:
+                    raise UsageError(f"{shown}: expected a value or a pair A:B (got {v!r})")
                 first, second = v.split(":", 1)
                 out[spec.pair_of] = known[spec.pair_of].coerce(second, shown)
                 if key in typed_in:

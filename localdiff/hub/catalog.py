@@ -180,10 +180,16 @@ def entry_for_repo(repo_id: str, root: Path | None = None) -> CatalogEntry | Non
 
 
 def suggest(name: str, extra: list[str] | tuple[str, ...] = (), n: int = 3) -> list[str]:
-    """Nearest catalog names (and ``extra`` names, e.g. pulled repos) to a mistyped ``name`` (difflib ratio ≥ 0.5)."""
+    """Nearest catalog names (and ``extra`` names, e.g. pulled repos) to a mistyped ``name``.
+
+    A name is offered when its difflib ratio is ≥ 0.6 and within 0.1 of the best one (so "lada:8b" offers
+    "llada:8b", not also "sdar:8b"; "bad name!" offers nothing), or when it starts with ``name``.
+    """
     pool = list(dict.fromkeys([*load_catalog().keys(), *extra]))
     lowered = {p.lower(): p for p in pool}
-    hits = difflib.get_close_matches(name.lower(), list(lowered), n=n, cutoff=0.5)
+    scored = sorted(((difflib.SequenceMatcher(None, name.lower(), p).ratio(), p) for p in lowered), reverse=True)
+    best = scored[0][0] if scored else 0.0
+    hits = [p for r, p in scored[:n] if r >= max(0.6, best - 0.1)]
     # Also offer names that contain the query as a prefix ("diffusion" → "diffusiongemma:26b-a4b").
     for p in pool:
         if len(hits) < n and name and p.lower().startswith(name.lower()) and p.lower() not in hits:

@@ -227,3 +227,5 @@ def test_gen_verbose_reports_cache_accounting(tmp_path, ckpt):
     fields = dict(kv.split("=") for kv in cache[len("kv cache: "):].split(", "))
     assert int(fields["budget_bytes"]) == 1024 and int(fields["device_bytes_peak"]) <= 1024
     assert int(fields["blocks_to_host"]) > 0
+    config = next(l for l in lines if l.startswith("config: "))     # LOCALDIFF_CONFIG names a file not made yet
+    assert config == f"config: {tmp_path / 'config.toml'} (not found: defaults; the chat's /set creates it)"

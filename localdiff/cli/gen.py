@@ -228,6 +228,7 @@ def run_gen(args) -> int:
         if callable(kernels):
             sys.stderr.write("kernels: " + ", ".join(f"{k}={v}" for k, v in kernels().items()) + "\n")
         sys.stderr.write(backend_line(model) + "\n")
+        sys.stderr.write(config_line() + "\n")
         if getattr(s, "arness", None):     # how left to right the decoding order was (masked family, issue #21)
             sys.stderr.write("arness: " + ", ".join(f"{k} {v:.3f}" for k, v in s.arness.items()) + "\n")
     elif done is not None and not args.quiet and _stderr_tty():
@@ -237,6 +238,15 @@ def run_gen(args) -> int:
                          f"{s.tokens_per_forward:.2f} tokens/forward, {s.tokens_per_second:.1f} tokens/s, "
                          f"seed {seed}{_tau(s)}]\n")
     return 0
+
+
+def config_line() -> str:
+    """"config: PATH" or "config: PATH (not found: defaults; created by the chat's /set)" — a mistyped
+    ``LOCALDIFF_CONFIG`` shows here instead of passing silently."""
+    from localdiff.config import config_path
+
+    path = config_path()
+    return f"config: {path}" + ("" if path.exists() else " (not found: defaults; the chat's /set creates it)")
 
 
 def backend_line(model) -> str:

@@ -424,3 +424,15 @@ def test_suggestions_are_near_names_only():
     assert catalog.suggest("sdar1.7b") == ["sdar:1.7b"]
     assert catalog.suggest("bad name!") == []
     assert catalog.suggest("foo") == []
+
+
+def test_pull_at_a_commit_is_listed_under_it_and_removable(cache, stand_in):
+    """A pull *at* a commit (a catalog pin, or org/repo@<40 hex>) writes no ref, as huggingface_hub does; the list
+    still shows its snapshot, and rm by the same name removes it."""
+    commit = stand_in.repos[REPO].revisions["main"]
+    res = hub.pull(f"{REPO}@{commit}", quiet=True)
+    storage = cache / "models--acme--tiny-diff"
+    assert res["commit"] == commit and not any(p.is_file() for p in (storage / "refs").rglob("*"))
+    assert f"{REPO}@{commit}" in [m["name"] for m in hub.list_models()]
+    hub.remove(f"{REPO}@{commit}")
+    assert f"{REPO}@{commit}" not in [m["name"] for m in hub.list_models()] and not storage.exists()

@@ -257,3 +257,16 @@ def repo_refs(storage: Path) -> dict[str, str]:
                 if commit:
                     out[rev] = commit
     return out
+
+
+def repo_revisions(storage: Path) -> dict[str, str]:
+    """revision → commit for everything pulled into a repo folder: its refs (:func:`repo_refs`) plus each snapshot
+    that no ref points to, under its own commit (a pull *at* a commit, e.g. a catalog-pinned revision, writes no ref)."""
+    out = repo_refs(storage)
+    snaps = storage / "snapshots"
+    if snaps.is_dir():
+        referenced = set(out.values())
+        for snap in snaps.iterdir():
+            if snap.is_dir() and COMMIT_RE.match(snap.name) and snap.name not in referenced:
+                out[snap.name] = snap.name
+    return out

@@ -21,7 +21,7 @@ from localdiff.hub import catalog, gguf_names
 from localdiff.hub.catalog import CatalogEntry
 from localdiff.errors import CheckpointError, ModelNotFoundError, UsageError
 from localdiff.hub.guard import changed_files
-from localdiff.hub.hf_cache import (cached_repos, hub_cache_dir, read_ref, remove_snapshot, repo_id_from_folder, repo_refs, snapshot_status, storage_folder)
+from localdiff.hub.hf_cache import (cached_repos, hub_cache_dir, read_ref, remove_snapshot, repo_id_from_folder, repo_revisions, snapshot_status, storage_folder)
 
 _REPO_RE = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.\-]*/[\w.\-]+)(?:@(?P<rev>[\w.\-/]+))?$")
 
@@ -248,7 +248,7 @@ def list_models(cache_dir: Path | None = None) -> list[dict]:
                         "path": str(e.embedded_path), "backend": "torch", "embedded": True, "description": e.description})
     for storage in cached_repos(cache_dir):
         repo = repo_id_from_folder(storage)
-        for rev, commit in sorted(repo_refs(storage).items()):
+        for rev, commit in sorted(repo_revisions(storage).items()):
             entry = catalog.entry_for_repo(repo)
             allow = entry.allow_patterns if entry else catalog.DEFAULT_ALLOW_PATTERNS
             ignore = entry.ignore_patterns if entry else catalog.DEFAULT_IGNORE_PATTERNS

@@ -97,17 +97,28 @@ class StandInHub:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server.server_address[1]}"
 
-    def add_repo(self, repo_id: str, files: dict, revision: str = "main", gated: bool = False) -> str:
-        """Add (or move) ``revision`` of ``repo_id`` to a commit holding ``files``; returns the commit sha."""
+    def add_repo(self, repo_id: str, files: dict, revision: str = "main", gated: bool = False,
+                 commit: str | None = None) -> str:
+        """Add (or move) ``revision`` of ``repo_id`` to a commit holding ``files``; returns the commit sha.
+
+        ``commit`` names that commit (40 hex) instead of one derived from the files: a repo the catalog pins."""
         h = hashlib.sha1(repo_id.encode())
         for k in sorted(files):
             h.update(k.encode() + b"\0" + hashlib.sha1(files[k]).digest())
-        commit = h.hexdigest()
+        commit = commit or h.hexdigest()
         repo = self.repos.setdefault(repo_id, Repo())
         repo.gated = gated
         repo.commits[commit] = dict(files)
         repo.revisions[revision] = commit
         return commit
+
+    def add_as_catalog(self, repo_id: str, files: dict) -> str:
+        """Add ``repo_id`` as the catalog pulls it: ``main`` at the commit its entry pins, when it pins one."""
+        from localdiff.hub.catalog import entry_for_repo
+
+        e = entry_for_repo(repo_id)
+        pinned = e.revision if e is not None and re.fullmatch(r"[0-9a-f]{40}", e.revision) else None
+        return self.add_repo(repo_id, files, commit=pinned)
 
     def __enter__(self) -> "StandInHub":
         self.thread.start()

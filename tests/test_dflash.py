@@ -154,7 +154,7 @@ def stand_in(pairs):
     target, draft, _, _ = pairs["forced"]
     with StandInHub() as h:
         for repo, folder in (("Qwen/Qwen3-8B", target), ("z-lab/Qwen3-8B-DFlash-b16", draft)):
-            h.add_repo(repo, {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()})
+            h.add_as_catalog(repo, {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()})
         yield h
 
 

@@ -34,7 +34,7 @@ def stand_in():
         h.add_repo(REPO, tiny_checkpoint_files())
         h.add_repo("acme/gated", tiny_checkpoint_files(seed=1), gated=True)
         h.add_repo("acme/pickles", {"config.json": b"{}", "pytorch_model.bin": b"\x80\x04x"})
-        h.add_repo("google/diffusiongemma-26B-A4B-it", tiny_checkpoint_files(seed=2))
+        h.add_as_catalog("google/diffusiongemma-26B-A4B-it", tiny_checkpoint_files(seed=2))
         yield h
 
 

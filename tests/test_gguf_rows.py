@@ -75,3 +75,24 @@ def test_the_program_s_timing_and_answer_are_read_from_its_log(tmp_path):
     fake.write_text("#!/bin/sh\necho 'diffusion step: 1/3' >&2\n")
     with pytest.raises(LocaldiffError, match="llama-diffusion-cli failed"):
         gguf_cli.run_cli(fake, tmp_path / "m.gguf", "x", 20, steps=20, threads=1)
+
+
+def test_the_realistic_size_checkpoint_is_a_llada_the_converter_and_both_backends_read(tmp_path):
+    """``localdiff.bench.gguf_random`` (the bench's realistic-size model), at a small shape: the checkpoint loads
+    on the torch path with the shape asked for, converts, and llama.cpp's logits agree with torch's."""
+    _need("gguf")
+    _need("llama_cpp")
+    import localdiff
+    from localdiff.bench.gguf_convert import convert_llada
+    from localdiff.bench.gguf_random import random_llada
+    from localdiff.paths import models_dir
+
+    shape = {"d_model": 96, "n_layers": 2, "mlp_hidden_size": 200, "n_heads": 3}
+    folder, n = random_llada(models_dir() / "tiny-mdm", tmp_path / "r", shape, seed=1)
+    assert n == 2 * 365 * 96 + 96 + 2 * (4 * 96 * 96 + 3 * 96 * 200 + 2 * 96)
+    ref = localdiff.load(str(folder))
+    gg = localdiff.load(str(convert_llada(folder, tmp_path / "r.gguf")), threads=1)
+    assert (ref.config.hidden_size, ref.config.num_hidden_layers) == (96, 2)
+    ids = torch.tensor([ref.tokenizer.encode("<bos>7 + 5 =") + [6] * 9])
+    a, b = ref.net.logits_full(ids), gg.net.logits_full(ids)
+    assert ((a - b).abs().max() / a.abs().max()) <= 1e-3

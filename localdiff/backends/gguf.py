@@ -119,6 +119,9 @@ class GGUFNet:
         if self.n_vocab != config.vocab_size:
             raise CheckpointError(f"{path}: vocabulary of {self.n_vocab} tokens, the header lists {config.vocab_size}")
         self.ctx, self.n_ctx = None, 0
+        # llama_get_logits as its own ctypes function returning the address as an int (no cast per pass)
+        self._logits_addr = type(lib.llama_get_logits)(("llama_get_logits", lib.llama_cpp._lib))
+        self._logits_addr.argtypes, self._logits_addr.restype = [ctypes.c_void_p], ctypes.c_void_p
 
     @property
     def shift_logits(self) -> bool:
@@ -148,6 +151,7 @@ class GGUFNet:
             raise LocaldiffError(f"{self.path}: llama.cpp could not create a {size}-token context ({why})")
         lib.llama_set_causal_attn(ctx, False)
         self.ctx, self.n_ctx = ctx, size
+        self._view_addr, self._view = None, None          # the logits view (:meth:`_logits_view`)
         self._batch = b = lib.llama_batch_init(size, 0, 1)
         for i in range(size):            # one sequence, an output row for every position: set once
             b.n_seq_id[i] = 1
@@ -165,7 +169,7 @@ class GGUFNet:
         llama.cpp's logits buffer (valid until the next pass: copy what you keep)."""
         lib, n = self.lib, len(ids)
         ctx = self._context(n)
-        if n and (int(ids.min()) < 0 or int(ids.max()) >= self.n_vocab):
+        if n and int(ids.astype(np.int64, copy=False).view(np.uint64).max()) >= self.n_vocab:   # negative: huge
             raise UsageError(f"token id out of range [0, {self.n_vocab})")
         self._tok[:n] = ids                       # int64 → int32, in place in the batch
         if pos is not None:
@@ -178,8 +182,19 @@ class GGUFNet:
         rc = lib.llama_decode(ctx, self._batch)
         if rc != 0:
             raise LocaldiffError(f"{self.path}: llama.cpp decode failed (code {rc})")
-        ptr = ctypes.cast(lib.llama_get_logits(ctx), ctypes.POINTER(ctypes.c_float))
-        return np.ctypeslib.as_array(ptr, shape=(n, self.n_vocab))
+        return self._logits_view(n)
+
+    def _logits_view(self, n: int) -> np.ndarray:
+        """float32 [n, V] numpy view of llama.cpp's logits buffer. The view over the whole context is made once per
+        buffer address (llama.cpp moves the buffer only when it reallocates its outputs; only the first n rows, this
+        pass's outputs, are ever read): building a ctypes array type per pass cost more than the rest of the pass's
+        Python work."""
+        addr = self._logits_addr(self.ctx)
+        if addr != self._view_addr:
+            arr = (ctypes.c_float * (self.n_ctx * self.n_vocab)).from_address(addr)
+            self._view = np.frombuffer(arr, dtype=np.float32).reshape(self.n_ctx, self.n_vocab)
+            self._view_addr = addr
+        return self._view[:n]
 
     #: logits_full takes ``rows`` / ``select`` (arch.base): only those rows are copied out of llama.cpp's buffer
     #: (llama.cpp's encoder path still computes every row: it has no output selection for non-causal passes)
@@ -203,7 +218,11 @@ class GGUFNet:
         ids = input_ids.numpy() if input_ids.device.type == "cpu" else input_ids.cpu().numpy()
         keep = None if attention_mask is None or bool(attention_mask.all()) else attention_mask.bool().cpu().numpy()
         if b == 1 and keep is None:
-            out = torch.from_numpy(self._pass(ids[0], None)[lo:hi].copy())[None]
+            got = self._pass(ids[0], None)[lo:hi]
+            if select is None:
+                return torch.from_numpy(got.copy())[None]
+            # one numpy call: the selected rows copied out of llama.cpp's buffer, the rest 0
+            return torch.from_numpy(np.where(select.cpu().numpy()[0, :, None], got, np.float32(0)))[None]
         else:
             out = torch.zeros((b, hi - lo, self.n_vocab), dtype=torch.float32)
             for r in range(b):

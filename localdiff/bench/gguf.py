@@ -16,6 +16,9 @@ budget 32 tokens, the same threads, runs interleaved per prompt.
    with its timestep schedule over the whole answer, 32 steps) vs our Fast-dLLM threshold decoding (τ = 0.7 / 0.9,
    with llama.cpp's blocks B or one block of the answer, stopping at EOS; the fastest whose accuracy is no lower,
    else the most accurate): exact-match accuracy and tokens/s. Target: ≥ 2× at an accuracy no lower.
+3. **Realistic size** (full runs only): run 1's two settings on a random ~108M-parameter LLaDA with tiny-mdm's
+   tokenizer (:mod:`localdiff.bench.gguf_random`, same converter, F32), :data:`SIZE_PROMPTS` prompts: per forward,
+   where the forward dominates (tiny-mdm's ~4.5 ms forward makes fixed per-step costs count; real models do not).
 
 Tokens/s = 32 answer tokens per prompt / generation seconds (model load excluded on both sides: the program's own
 ``total time`` of ``diffusion_generate``). Totals, plus the median and range over prompts. CPU time is reported
@@ -74,13 +77,15 @@ LL_TIMESTEP = "llama.cpp loop, greedy, timestep schedule (no blocks)"
 LL_RUNS = {LL_GREEDY: dict(top_k=1), LL_TOPK: dict(top_k=40), LL_TIMESTEP: dict(top_k=1, timestep=True)}
 
 
-def _runs(m, gguf, exe, items, threads: int, cli: bool = False) -> dict:
+def _runs(m, gguf, exe, items, threads: int, cli: bool = False, only=None) -> dict:
     """Every run, interleaved per prompt (drift and other load hit all alike): name → :func:`_summary`. ``cli``: ``exe``
-    is ``llama-diffusion-cli`` (text in, text out) rather than the driver (token ids in and out)."""
+    is ``llama-diffusion-cli`` (text in, text out) rather than the driver (token ids in and out). ``only``: these
+    run names (None = all)."""
     from localdiff.bench import gguf_cli
     from localdiff.bench.eval_tasks import exact_match
 
     names = [OURS_SAME, *THRESHOLDS] + (list(LL_RUNS) if exe else [])
+    names = [k for k in names if only is None or k in only]
     acc = {k: {"secs": [], "cpu": [], "fw": 0, "extra": 0, "ok": 0} for k in names}
     m.generate(items[0]["prompt"], max_new_tokens=G, seed=0, steps=4)       # warm-up: the context is made once
     for it in items:
@@ -148,6 +153,8 @@ def measure(quick: bool, threads: int = 1, log=print) -> dict:
             res["llama_cpp_loop"] = f"skipped: {e}"
             log(f"gguf: llama.cpp's loop skipped ({e})")
         runs = _runs(m, gguf, exe, items, threads, cli)
+        if exe is not None and not quick:
+            res["realistic_size"] = _at_size(ckpt, Path(d), exe, items[:SIZE_PROMPTS], threads, cli, log)
     res["runs"] = runs
     for k, v in runs.items():
         log(f"gguf: {k}: {v['tokens_per_second']:.1f} tokens/s, accuracy {v['accuracy']:.2f}, "
@@ -178,6 +185,33 @@ def measure(quick: bool, threads: int = 1, log=print) -> dict:
     return res
 
 
+#: prompts of the realistic-size check (~190 ms per forward on one core: ~1 min per side)
+SIZE_PROMPTS = 3
+
+
+def _at_size(ckpt: Path, d: Path, exe, items, threads: int, cli: bool, log) -> dict:
+    """The same-algorithm comparison on a random ~108M-parameter LLaDA (:mod:`localdiff.bench.gguf_random`, F32
+    GGUF by the same converter): per-forward ratios where the forward, not the per-step Python work, dominates."""
+    import localdiff
+    from localdiff.bench.gguf_convert import convert_llada
+    from localdiff.bench.gguf_random import SHAPE, random_llada
+
+    folder, n_params = random_llada(ckpt, d / "random-llada")
+    gguf = convert_llada(folder, d / "random-llada-F32.gguf")
+    (folder / "model.safetensors").unlink()
+    m = localdiff.load(str(gguf), threads=threads)
+    runs = _runs(m, gguf, exe, items, threads, cli, only=(OURS_SAME, LL_GREEDY))
+    m.net.close()
+    same, greedy = runs[OURS_SAME], runs[LL_GREEDY]
+    out = {"shape": SHAPE, "parameters": n_params, "prompts": len(items), "runs": runs,
+           "per_forward_ratio": greedy["ms_per_forward"] / same["ms_per_forward"],
+           "cpu_per_forward_ratio": greedy["cpu_ms_per_forward"] / same["cpu_ms_per_forward"]}
+    log(f"gguf: realistic size ({n_params / 1e6:.0f}M random LLaDA, {len(items)} prompts): ours "
+        f"{same['ms_per_forward']:.1f} ms/forward, llama.cpp {greedy['ms_per_forward']:.1f} → per forward "
+        f"{out['per_forward_ratio']:.2f}× wall, {out['cpu_per_forward_ratio']:.2f}× CPU")
+    return out
+
+
 def render_md(sec: dict) -> list[str]:
     """Markdown lines of the section."""
     lines = ["## GGUF backend (llama.cpp) vs llama.cpp's own diffusion loop", ""]
@@ -199,6 +233,13 @@ def render_md(sec: dict) -> list[str]:
                   f"accuracy: {e['ours_setting']} / llama.cpp's best ({e.get('llama_cpp_setting', '?')}) **{e['tokens_per_second_ratio']:.2f}×** "
                   f"({e['cpu_tokens_per_second_ratio']:.2f}× CPU; accuracy {e['ours']['accuracy']:.2f} vs "
                   f"{e['llama_cpp_best']['accuracy']:.2f}; target ≥ 2×).", ""]
+    if "realistic_size" in sec:
+        z = sec["realistic_size"]
+        o, ll = z["runs"][OURS_SAME], z["runs"][LL_GREEDY]
+        lines += [f"Realistic size (random LLaDA, {z['parameters'] / 1e6:.0f}M parameters, {z['prompts']} prompts, "
+                  f"same algorithm): ours {o['ms_per_forward']:.1f} ms/forward ({o['cpu_ms_per_forward']:.1f} CPU), "
+                  f"llama.cpp {ll['ms_per_forward']:.1f} ({ll['cpu_ms_per_forward']:.1f} CPU) → per forward "
+                  f"**{z['per_forward_ratio']:.2f}×** wall, {z['cpu_per_forward_ratio']:.2f}× CPU.", ""]
     lines += [f"llama.cpp loop: {sec.get('llama_cpp_loop')}", ""]
     return lines
 

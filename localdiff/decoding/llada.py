@@ -20,37 +20,47 @@ from localdiff.decoding.options import LLaDAOptions
 def num_transfer_tokens(masked: torch.Tensor, steps: int) -> torch.Tensor:
     """LLaDA's ``get_num_transfer_tokens``: LongTensor[B, steps], per row masked // steps each step, the first
     masked % steps steps one more. ``masked``: BoolTensor[B, L]."""
-    n = masked.sum(dim=1, keepdim=True)
-    out = torch.zeros(masked.shape[0], steps, dtype=torch.int64, device=masked.device) + n // steps
-    rem = (n % steps).squeeze(1).tolist()
-    for i, r in enumerate(rem):
-        out[i, :r] += 1
-    return out
+    return torch.tensor(schedule_rows(masked.sum(dim=1).tolist(), steps), dtype=torch.int64, device=masked.device)
+
+
+def schedule_rows(counts: list[int], steps: int) -> list[list[int]]:
+    """:func:`num_transfer_tokens` in Python ints: per row with ``counts[j]`` masks, the k of each of ``steps``."""
+    return [[c // steps + (1 if s < c % steps else 0) for s in range(steps)] for c in counts]
 
 
 def predictions(logits: torch.Tensor, temperature: float, remasking: str, gen: torch.Generator,
-                masked: torch.Tensor):
+                masked: torch.Tensor, base: torch.Tensor | None = None):
     """LLaDA's per-position proposal and confidence (``generate.py``) at the ``masked`` positions: x0 = argmax of the
     logits, with Gumbel-max noise in float64 when ``temperature`` > 0 (``add_gumbel_noise``); confidence =
     softmax(logits, float64)[x0] (``low_confidence``) or uniform noise (``random``). Vocab-sized work runs on the
     masked rows only (the others are never read; their logits may not be computed); the noise is still drawn over
     the whole block, in upstream's shape and order.
 
-    Args: logits FloatTensor[B, L, V]; masked BoolTensor[B, L].
-    Returns: (x0 LongTensor[B, L], 0 where not masked; confidence FloatTensor[B, L], −inf where not masked).
+    Args: logits FloatTensor[B, L, V]; masked BoolTensor[B, L]; base LongTensor[B, L] or None: x0's values where
+        not masked (None = 0) — the block itself, so the caller needs no ``where`` (a step runs few, small ops: on the
+        CPU each costs more than its arithmetic).
+    Returns: (x0 LongTensor[B, L], ``base`` (0) where not masked; confidence FloatTensor[B, L], −inf where not
+        masked).
     """
     lm = logits[masked]
+    cm = None
     if temperature > 0:
         u = torch.rand(logits.shape, dtype=torch.float64, generator=gen, device=logits.device)[masked]
         x0m = (lm.to(torch.float64).exp() / (-torch.log(u)) ** temperature).argmax(-1)
+    elif remasking == "low_confidence":
+        # greedy: the float64 softmax's max is the probability at the logits' argmax, and its index that argmax
+        # (softmax is monotone; ties → the first index in both): one reduction instead of argmax + gather
+        cm, x0m = torch.softmax(lm, dim=-1, dtype=torch.float64).max(-1)
     else:
         x0m = lm.argmax(-1)
-    x0 = torch.zeros(masked.shape, dtype=torch.long, device=logits.device)
-    x0[masked] = x0m
+    if base is None:
+        base = torch.zeros(masked.shape, dtype=torch.long, device=logits.device)
+    x0 = base.masked_scatter(masked, x0m)            # row-major, as boolean indexing
     if remasking == "low_confidence":
-        p = torch.softmax(lm.to(torch.float64), dim=-1)
+        if cm is None:
+            cm = torch.softmax(lm, dim=-1, dtype=torch.float64).gather(-1, x0m[:, None]).squeeze(-1)
         conf = torch.full(masked.shape, -float("inf"), dtype=torch.float64, device=logits.device)
-        conf[masked] = p.gather(-1, x0m[:, None]).squeeze(-1)
+        conf.masked_scatter_(masked, cm)
     else:
         x0_p = torch.rand(masked.shape, generator=gen, device=logits.device)
         conf = torch.where(masked, x0_p, torch.tensor(-float("inf"), dtype=x0_p.dtype, device=x0_p.device))
@@ -83,7 +93,7 @@ class LLaDA:
         """A new block: ``masked`` BoolTensor[B, L] (its masked positions), ``steps`` its step budget, ``offset`` its
         position in the sequence (unused here)."""
         self.steps = steps
-        self.schedule = num_transfer_tokens(masked, steps)
+        self.schedule = list(zip(*schedule_rows(masked.sum(dim=1).tolist(), steps)))   # per step: k of each row
 
     def step(self, logits: torch.Tensor, xb: torch.Tensor, masked: torch.Tensor, i: int):
         """One step on a block. ``logits`` FloatTensor[B, L, V] (position-aligned), ``xb`` LongTensor[B, L] the block,
@@ -92,8 +102,10 @@ class LLaDA:
         Returns:
             (x0 LongTensor[B, L] proposals (= ``xb`` where not masked), transfer BoolTensor[B, L] ⊆ masked).
         """
-        x0, conf = predictions(logits, self.o.temperature, self.o.remasking, self.gen, masked)
-        x0 = torch.where(masked, x0, xb)
-        k = self.schedule[:, i] if i < self.steps else masked.sum(1)
-        transfer = parallel.select(conf, masked, k, self.o.threshold, self.o.factor)
-        return x0, transfer & masked
+        x0, conf = predictions(logits, self.o.temperature, self.o.remasking, self.gen, masked, xb)
+        if self.parallel:
+            return x0, parallel.select(conf, masked, None, self.o.threshold, self.o.factor) & masked
+        # the schedule's k never exceeds the row's masks (its ks sum to the block's masks; past the budget k = the
+        # masks left), and confidence is −inf elsewhere: the top k are masked positions
+        k = self.schedule[i] if i < self.steps else masked.sum(1).tolist()
+        return x0, parallel.topk_transfer(conf, k)

@@ -83,13 +83,14 @@ def run(net, policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
     finished = torch.zeros(b, dtype=torch.bool, device=dev)
     commit = torch.zeros(b, g, dtype=torch.long, device=dev)   # global step at which each position was committed
     forwards, gstep, reason = 0, 0, "length"
-    mask_col = torch.tensor([mask_id], device=dev)            # the mask token's logit column, made once
     finals: list[torch.Tensor] = []
     for ci, (off, length, n_steps) in enumerate(block_plan(g, block_length, steps)):
         start, end = p + off, p + off + length
         active = ~finished
         n_active = int(active.sum())                       # rows still decoding (fixed within a block)
-        masked = (x[:, start:end] == mask_id) & active[:, None]
+        all_active = n_active == b
+        xv = x[:, start:end]                               # a view: commits write x through it
+        masked = xv == mask_id if all_active else (xv == mask_id) & active[:, None]
         policy.begin_block(masked, n_steps, start)
         kv, logits, used = None, None, 0
         i = 0
@@ -101,23 +102,23 @@ def run(net, policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
                 sel = masked if SKIP_COMMITTED else None
                 logits, kv = _block_logits(net, policy, x, amask, start, end, shift, cache, kv, i == 0, p, mask_id,
                                            store, sel)
-                logits = logits.index_fill(-1, mask_col, -torch.inf)   # never the mask
+                logits = _no_mask(logits, mask_id)
                 forwards += n_active
                 used += 1
             gstep += 1
-            xb = x[:, start:end]
+            xb = xv
             x0, transfer = policy.step(logits, xb, masked, i)
             transfer &= masked
             if bool(transfer.any()):
-                x[:, start:end] = torch.where(transfer, x0, xb)
-                commit[:, off:off + length][transfer] = gstep
+                torch.where(transfer, x0, xb, out=xv)        # xb is xv: elementwise, in place
+                commit[:, off:off + length].masked_fill_(transfer, gstep)
                 new_logits = None
             else:
                 new_logits = logits
             if emit_steps:
                 yield _event(ci, used, n_steps, x[:, start:end], logits, xb, masked, mask_id)
             logits = new_logits
-            masked = (x[:, start:end] == mask_id) & active[:, None]
+            masked = xv == mask_id if all_active else (xv == mask_id) & active[:, None]
             i += 1
         row0_done = bool(finished[0])
         final, finished = finalize_canvas(x[:, start:end], finished, eos_t, pad_id)
@@ -179,6 +180,15 @@ def _block_logits(net, policy, x, amask, start, end, shift, cache, kv, first, p,
     if cache == "prefix":
         return call(net.forward_window, (0, n), x[:, lo:], lo, kv.prefix(lo), amask), kv
     return call(net.forward_window, (0, n), x[:, lo:end], lo, kv, amask), kv      # dual
+
+
+def _no_mask(logits: torch.Tensor, mask_id: int) -> torch.Tensor:
+    """``logits`` with the mask token's column at −inf: in place (the pass's logits are the loop's own; one op
+    less per step), or a copy for an inference tensor outside inference mode (torch refuses to update those)."""
+    if logits.is_inference() and not torch.is_inference_mode_enabled():
+        return logits.index_fill(-1, torch.tensor([mask_id], device=logits.device), -torch.inf)
+    logits[..., mask_id] = -torch.inf
+    return logits
 
 
 class _OnDevice:

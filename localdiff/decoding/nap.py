@@ -165,8 +165,7 @@ class NAP:
             logits = logits.clone()
             rows = self.think_pos.nonzero().squeeze(1)[:, None]
             logits[:, rows, torch.tensor(self.eos_ids, device=logits.device)[None, :]] = -torch.inf
-        x0, conf = predictions(logits, self.o.temperature, "low_confidence", self.gen, masked)
-        x0 = torch.where(masked, x0, xb)
+        x0, conf = predictions(logits, self.o.temperature, "low_confidence", self.gen, masked, xb)
         transfer = torch.zeros_like(masked)
         for r in range(xb.shape[0]):
             if not bool(masked[r].any()):

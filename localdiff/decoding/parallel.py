@@ -15,10 +15,11 @@ from __future__ import annotations
 import torch
 
 
-def topk_transfer(confidence: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """The ``k[j]`` most confident positions of each row j (``k``: LongTensor[B]; ties as ``torch.topk``)."""
+def topk_transfer(confidence: torch.Tensor, k) -> torch.Tensor:
+    """The ``k[j]`` most confident positions of each row j (``k``: LongTensor[B] or a list of B ints; ties as
+    ``torch.topk``)."""
     out = torch.zeros_like(confidence, dtype=torch.bool)
-    for j, kj in enumerate(k.tolist()):
+    for j, kj in enumerate(k.tolist() if isinstance(k, torch.Tensor) else k):
         if kj > 0:
             out[j, torch.topk(confidence[j], k=kj).indices] = True
     return out
@@ -58,7 +59,8 @@ def factor_transfer(confidence: torch.Tensor, masked: torch.Tensor, factor: floa
 
 def select(confidence: torch.Tensor, masked: torch.Tensor, scheduled_k: torch.Tensor | None,
            threshold: float | None, factor: float | None) -> torch.Tensor:
-    """Dispatch: ``factor`` rule, else ``threshold`` rule, else the schedule's ``scheduled_k`` (LongTensor[B])."""
+    """Dispatch: ``factor`` rule, else ``threshold`` rule, else the schedule's ``scheduled_k`` (LongTensor[B] or a
+    list of B ints)."""
     if factor is not None:
         return factor_transfer(confidence, masked, factor)
     if threshold is not None:

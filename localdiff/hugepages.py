@@ -58,19 +58,24 @@ def advise(t: torch.Tensor) -> bool:
 
 
 def resident(t: torch.Tensor, dtype: torch.dtype | None = None, min_bytes: int = 4 << 20) -> torch.Tensor:
-    """``t`` (converted to ``dtype`` if given) as a contiguous CPU tensor in huge-page-advised anonymous memory.
+    """``t`` (converted to ``dtype`` if given) as a contiguous copy in this process's own memory, advised for huge
+    pages when it is ``min_bytes`` or more.
+
+    Every tensor is copied (when huge pages are available), small ones too: one tensor left as a view of the
+    checkpoint file would keep the whole file mapped, and every page the copies read would stay in the RSS.
 
     Args:
         t: a CPU tensor (typically a view of a memory-mapped safetensors file).
         dtype: target dtype, or None = t's.
-        min_bytes: smaller results are returned as ``t.to(dtype)`` (a huge page would be mostly empty).
+        min_bytes: smaller copies are not advised (a huge page would be mostly empty).
     Returns:
-        A tensor equal to ``t.to(dtype)``; a new copy when advised, else ``t.to(dtype)`` (which may be ``t``).
+        A tensor equal to ``t.to(dtype)``: a new copy where huge pages are available, else ``t.to(dtype)`` (which
+        may be ``t`` itself).
     """
     dtype = dtype or t.dtype
-    nbytes = t.numel() * torch.empty((), dtype=dtype).element_size()
-    if t.device.type != "cpu" or nbytes < min_bytes or not available():
+    if t.device.type != "cpu" or not available():
         return t.to(dtype)
     out = torch.empty(t.shape, dtype=dtype)
-    advise(out)
+    if out.numel() * out.element_size() >= min_bytes:
+        advise(out)
     return out.copy_(t)

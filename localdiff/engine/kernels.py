@@ -20,7 +20,7 @@ def describe(net: nn.Module) -> dict[str, str]:
     if cpu:
         from localdiff.hugepages import available
 
-        out["weights"] = ("tensors of 4 MiB and more copied out of the memory-mapped file into huge-page memory "
+        out["weights"] = ("copied out of the memory-mapped file, those of 4 MiB and more into huge pages "
                           "(localdiff.hugepages)" if available() else "memory-mapped from the checkpoint file")
     mods = list(net.modules())
     experts = [m for m in mods if isinstance(m, MoEExperts)]

@@ -2,7 +2,14 @@
 diffusion). Public API: :func:`load`, :class:`Model`, :class:`Generation`, and the events of ``Model.stream``."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+# large CPU tensors (a step's [C, V] logits: 32 MiB at canvas 256, vocab 32k) in transparent huge pages: torch reads
+# this once, at its first allocation of any size, so it is set when the package is imported (before any tensor of a
+# bench or a caller exists; it was read too late when set in load()); a fresh tensor then costs ~2.5x less in page
+# faults (issue #24). Process-wide: a reference model in the same process gets it too.
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 from localdiff.events import CanvasDone, Done, GenerationStats, StepEvent
 
@@ -58,11 +65,6 @@ def load(name="tiny", device=None, dtype=None, quant=None, gpu_mem=None, threads
     Raises:
         ModelNotFoundError, CheckpointError, UsageError (bad device / dtype / quant).
     """
-    import os
-
-    # large CPU tensors (a step's [C, V] logits: 32 MiB at canvas 256, vocab 32k) in transparent huge pages: torch
-    # reads this once, at its first large allocation; a fresh tensor then costs ~2.5x less in page faults (issue #24)
-    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     import torch
 
     from localdiff.engine import Model, read_generation_config

@@ -2,6 +2,8 @@
 component, per-group peak memory, and the markdown renders."""
 from __future__ import annotations
 
+import pytest
+
 from localdiff.bench import scale
 
 
@@ -14,8 +16,14 @@ def test_scale_section_smoke():
     assert s["flops_per_step_real_vocab"] > s["flops_per_step"]
     assert [g["sides"] for g in s["group_peak_rss"]] == [list(s["runs"])]
     assert all(g["peak_rss_bytes"] > 0 for g in s["group_peak_rss"])
+    ref = s["runs"]["reference float32"]["flops_check"]
+    assert ref["ratio"] == pytest.approx(1.0, rel=1e-9)           # the reference computes what the shapes say
+    assert s["runs"]["localdiff float32"]["flops_check"]["counted"]["LM head"] == ref["counted"]["LM head"]
+    if s["runs"]["localdiff default"]["dtype"] == "bfloat16":
+        roof = s["roofline"]
+        assert 0 < roof["reachable"] <= 1 and roof["components"]["experts"]["bound"] < 1
     text = "\n".join(scale.render_md(out))
-    assert "per repetition median" in text and "Peak RSS" in text
+    assert "per repetition median" in text and "Peak RSS" in text and "counted ÷ arithmetic" in text
 
 
 def test_flops_per_step_by_arithmetic():

@@ -123,6 +123,33 @@ def test_stream_experts_within_bf16_rounding():
     assert err_s <= 2 * err_g + 1e-3 and err_s < 0.05 * exact.abs().max()
 
 
+def test_stream_experts_padding_never_reaches_the_output(monkeypatch):
+    """The zero-padded groups are left uninitialised: filled with NaN instead, the result is bit-identical to a
+    zero-padded transcription of the same products (an output column depends on its own input column only)."""
+    import torch.nn.functional as F
+
+    from localdiff.arch.layers import gelu_tanh, stream_experts
+
+    g = torch.Generator().manual_seed(1)
+    e, h, i, n, k = 6, 48, 16, 23, 2
+    gate_up = (torch.randn(e, 2 * i, h, generator=g) * 0.1).bfloat16()
+    down = (torch.randn(e, h, i, generator=g) * 0.1).bfloat16()
+    flat = torch.randint(0, e - 1, (n * k,), generator=g)          # expert e - 1 gets no rows
+    order = torch.argsort(flat, stable=True)
+    xs = torch.randn(n, h, generator=g).bfloat16()[order // k]
+    w = torch.rand(n * k, generator=g)
+    want = []
+    for r in range(n * k):                                          # one row at a time, no padding at all
+        ex = int(flat[order[r]])
+        gate, up = F.linear(xs[r:r + 1], gate_up[ex]).chunk(2, -1)
+        want.append(F.linear(gelu_tanh(gate) * up * w[order][r].bfloat16(), down[ex]))
+    plain = torch.Tensor.new_empty
+    monkeypatch.setattr(torch.Tensor, "new_empty", lambda self, *a, **kw: plain(self, *a, **kw).fill_(float("nan")))
+    got = stream_experts(xs, flat, order, gate_up, down, w[order])
+    assert not got.isnan().any()
+    torch.testing.assert_close(got.float(), torch.cat(want).float(), rtol=0.02, atol=2e-3)
+
+
 def test_chat_template_compiled_once_per_text():
     m = localdiff.load("tiny")
     tok = m.tokenizer

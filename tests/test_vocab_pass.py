@@ -128,7 +128,18 @@ def test_fused_rms_norm_equals_the_formula_in_16_bits(dtype):
         return (out if w is None else out * w.float()).type_as(x)
 
     for weight in (w, None):
-        assert torch.equal(rms_norm(x, weight, 1e-6), formula(x, weight))
+        want = formula(x, weight)
+        assert torch.equal(rms_norm(x, weight, 1e-6), want)                   # the in-place inference path
+        assert torch.equal(torch.rms_norm(x, (448,), weight, 1e-6), want)     # = torch's kernel (autograd path)
+        with torch.inference_mode():
+            assert torch.equal(rms_norm(x, weight, 1e-6), want)
+        xg = x.clone().requires_grad_(True)
+        y = rms_norm(xg, weight, 1e-6)
+        assert torch.equal(y.detach(), want) and y.requires_grad
+        y.float().sum().backward()
+        assert xg.grad is not None
+    for x in (x[:, :, :128].reshape(3, 37, 2, 64), x[:, 1:]):               # per-head shape, a non-contiguous view
+        assert torch.equal(rms_norm(x, w[:x.shape[-1]], 1e-6), formula(x, w[:x.shape[-1]]))
 
 
 def test_draw_rows_draws_the_read_rows_only():

@@ -12,7 +12,10 @@ repetitions, interleaved (the order rotates every repetition). The 1B model's bf
 other (all four copies would not fit in this machine's memory), each pair interleaved.
 
 Also: FLOPs per canvas step from the shapes (at vocab 32,768 and at the real 262,144 for the head arithmetic), the
-fraction of this CPU's measured GEMM peak in the precision used, resident weight bytes and the process's peak RSS.
+fraction of this CPU's measured GEMM peak in the precision used, resident weight bytes and the process's peak RSS;
+the FLOPs every side actually executes, counted op by op by :mod:`localdiff.bench.scale_flops` (one more canvas per
+side, untimed; in full runs also for the 150M shape at the real vocabulary); and for a bf16 default the roofline
+of the step's components (:mod:`localdiff.bench.roofline`: what fraction of peak each reaches and could reach).
 """
 from __future__ import annotations
 
@@ -230,6 +233,7 @@ def run(ctx) -> dict:
 def measure(quick: bool, steps: int = 4, reps: int | None = None, sizes: list[str] | None = None, log=print) -> dict:
     """Run the section (module docstring). Returns {"sizes": [per size: config, parameters, FLOPs, runs, ratios],
     "peak_gflops", "notes"}. Raises LocaldiffError when transformers' DiffusionGemma is unavailable."""
+    from localdiff.bench import roofline, scale_flops
     from localdiff.bench.ref import transformers_available
     from localdiff.capability import choose_cpu_dtype
     from localdiff.errors import LocaldiffError
@@ -244,7 +248,8 @@ def measure(quick: bool, steps: int = 4, reps: int | None = None, sizes: list[st
     reps = reps or (2 if quick else 3)
     sizes = sizes or (["150M"] if quick else ["150M", "1B"])
     peak = {"float32": _gemm_peak(torch.float32), "bfloat16": _gemm_peak(torch.bfloat16)}
-    res = {"sizes": [], "canvas": CANVAS, "prompt_tokens": PROMPT, "steps": steps, "reps": reps,
+    bw = roofline.bandwidth()
+    res = {"bandwidth_gbs": bw / 1e9, "sizes": [], "canvas": CANVAS, "prompt_tokens": PROMPT, "steps": steps, "reps": reps,
            "precision_rule": choose_cpu_dtype("bfloat16", None).to_dict(),
            "notes": ["ms/step = wall time of one canvas generation ÷ decoder forwards (prefill and sampler "
                      "included); CPU ms/step the same in this process's CPU time (what the fraction of GEMM peak "
@@ -271,11 +276,22 @@ def measure(quick: bool, steps: int = 4, reps: int | None = None, sizes: list[st
                     per_rep[r].update(tps)
                     per_rep_cpu[r].update(cps)
                 runs.update(got)
+                for s in sides:   # untimed: one more canvas per side under the FLOP counter
+                    runs[s.key]["flops_check"] = scale_flops.cross_check(s, ids, text, flops_per_step(text), PROMPT)
                 group_peaks.append({"sides": group, "peak_rss_bytes": _peak_rss()})
                 del sides
                 gc.collect()
         res["sizes"].append(_summarize(name, text, runs, peak, per_rep, per_rep_cpu))
         res["sizes"][-1]["group_peak_rss"] = group_peaks
+        if runs["localdiff default"]["dtype"] == "bfloat16":
+            log(f"  [scale {name}] roofline: the step's components timed alone")
+            res["sizes"][-1]["roofline"] = roofline.analyse(
+                roofline.components(text, CANVAS, PROMPT), peak["bfloat16"] * 1e9, bw,
+                runs["localdiff default"]["cpu_ms_per_step"]["median"] / 1e3)
+    if not quick:
+        rv = text_config(*SHAPES["150M"], vocab=REAL_VOCAB)
+        res["flops_real_vocab"] = scale_flops.real_vocab("150M", rv, build, lambda k, p: _Side(k, p, steps), ids,
+                                                         PROMPT, flops_per_step(rv), log)
     peak2 = {"float32": _gemm_peak(torch.float32), "bfloat16": _gemm_peak(torch.bfloat16)}
     res["peak_gflops"] = {k: max(peak[k], peak2[k]) for k in peak}
     res["peak_rss_bytes"] = max([_peak_rss() or 0] + [g["peak_rss_bytes"] or 0 for s in res["sizes"]
@@ -318,6 +334,8 @@ def _summarize(name: str, text: dict, runs: dict, peak: dict, per_rep: list[dict
 
 def render_md(sec: dict) -> list[str]:
     """Markdown lines of the section."""
+    from localdiff.bench import roofline, scale_flops
+
     out = ["### Real model sizes: DiffusionGemma with the flagship's proportions (random weights, canvas "
            f"{sec['canvas']}, prompt {sec['prompt_tokens']}, {sec['steps']} steps per canvas, {sec['reps']} "
            "repetitions interleaved)", "",
@@ -332,7 +350,8 @@ def render_md(sec: dict) -> list[str]:
                     f"{s['flops_per_step'] / 1e9:.1f} GFLOP per step ({s['flops_per_step_real_vocab'] / 1e9:.1f} at "
                     f"vocab 262,144, where at this hidden size the LM head + self-conditioning product are "
                     f"{s['vocab_share_real_vocab']:.0%}; the reference computes these, localdiff's bf16 experts "
-                    f"{s.get('expert_padding', 1):.2f}× the routed rows (zero-padded groups): "
+                    f"~{s.get('expert_padding', 1):.2f}× the routed rows (zero-padded groups, estimated for a uniform "
+                    "routing; the counted FLOPs below are what this model's routing gave): "
                     f"{s.get('flops_per_step_localdiff_bf16', s['flops_per_step']) / 1e9:.1f} GFLOP); "
                     "best localdiff ÷ best reference tokens/s: "
                     f"**{s['ratio_best']:.2f}×** ({s['best']['localdiff']} vs {s['best']['reference']}"
@@ -352,4 +371,13 @@ def render_md(sec: dict) -> list[str]:
                        f"{cm['median']:.0f} ({cm['min']:.0f}–{cm['max']:.0f}) | "
                        f"{tp['median']:.1f} ({tp['min']:.1f}–{tp['max']:.1f}) | {sorted(set(r['forwards']))} | "
                        f"{r.get('fraction_of_peak', 0):.0%} | {r['weight_bytes'] / 2**20:.0f} |")
+        checks = {k: r["flops_check"] for k, r in s["runs"].items() if "flops_check" in r}
+        if checks:
+            out += [""] + scale_flops.render_md(checks, f"{s['name']}, vocab {s['text_config']['vocab_size']:,}")
+        if s.get("roofline"):
+            out += [""] + roofline.render_md(s["roofline"])
+    if sec.get("flops_real_vocab"):
+        rv = sec["flops_real_vocab"]
+        out += [""] + scale_flops.render_md({k: v for k, v in rv.items() if isinstance(v, dict)},
+                                            f"{rv['name']} at the real vocab {rv['vocab']:,} (not timed)")
     return out

@@ -7,7 +7,7 @@ from torch import nn
 
 
 def describe(net: nn.Module) -> dict[str, str]:
-    """name → one-line description of the kernels ``net`` runs (keys: dtype, device, experts, int8,
+    """name → one-line description of the kernels ``net`` runs (keys: dtype, device, weights (CPU), experts, int8,
     self_conditioning, sampler)."""
     from localdiff.arch.layers import MoEExperts
     from localdiff.quantize.int8 import Int8Experts, Int8Linear
@@ -17,6 +17,11 @@ def describe(net: nn.Module) -> dict[str, str]:
     p = next(net.parameters())
     dtype, cpu = str(p.dtype).removeprefix("torch."), p.device.type == "cpu"
     out = {"dtype": dtype, "device": p.device.type}
+    if cpu:
+        from localdiff.hugepages import available
+
+        out["weights"] = ("copied out of the memory-mapped file, those of 4 MiB and more into huge pages "
+                          "(localdiff.hugepages)" if available() else "memory-mapped from the checkpoint file")
     mods = list(net.modules())
     experts = [m for m in mods if isinstance(m, MoEExperts)]
     if any(isinstance(m, Int8Experts) for m in experts):

@@ -134,19 +134,31 @@ def test_chunked_upload_over_the_limit_is_413():
 
 
 def test_bench_client_reads_the_stream(server):
-    """The serve bench's minimal client: first content seen before the end, the token count from ``usage``."""
-    from localdiff.bench.serve import _Client, _served
+    """The serve bench's client: first content seen before the end, the token count from ``usage``, on one
+    kept-alive connection; and as the separate process the bench runs (one JSON line per request)."""
+    import json
+    import subprocess
+    import sys
+
+    from localdiff.bench import serve_client
+    from localdiff.bench.serve import _body
 
     want = httpx.post(server.url + "/v1/chat/completions", json={"messages": ASK, "seed": 0}, timeout=60).json()
-    client = _Client(server.port)
+    n_want = want["usage"]["completion_tokens"]
+    client = serve_client.Client(server.port)
     try:
-        for _ in range(2):                                    # the kept-alive connection serves the next request
-            first, total, n = _served(client, ASK[0]["content"], 0, None, {}, "none", "tiny")
-            assert 0 < first <= total and n == want["usage"]["completion_tokens"] > 0
-        first, total, n = _served(client, ASK[0]["content"], 0, None, {}, "steps", "tiny")   # with events
-        assert 0 < first <= total and n == want["usage"]["completion_tokens"]
+        for events in ("none", "none", "steps"):               # the kept-alive connection serves the next request
+            body = json.dumps(_body(ASK[0]["content"], 0, None, {}, events, "tiny")).encode()
+            out = serve_client.timed_post(client, "/v1/chat/completions", body)
+            assert 0 < out["first"] <= out["total"] and out["n"] == n_want > 0 and out["cpu_ms"] > 0
     finally:
         client.close()
+    line = json.dumps({"path": "/v1/chat/completions", "body": json.dumps(_body(ASK[0]["content"], 0, None, {},
+                                                                                  "none", "tiny"))})
+    proc = subprocess.run([sys.executable, serve_client.__file__, str(server.port)], input=line + "\n" + line + "\n",
+                          capture_output=True, text=True, timeout=60)
+    outs = [json.loads(x) for x in proc.stdout.splitlines()]
+    assert proc.returncode == 0 and len(outs) == 2 and all(o["n"] == n_want for o in outs)
 
 
 def test_prompt_over_the_context_is_a_400_naming_it(server):

@@ -54,24 +54,28 @@ class Job:
     prompt_tokens: int = 0    # the prompt's length in tokens, counted once when the job starts (for ``usage``)
     held: list = field(default_factory=list)   # events already taken off the queue by the handler (asgi.py)
     _pending: list = field(default_factory=list)
+    _leads: int = 0           # pending events that wait for a later one (``post(lead=True)``)
     _scheduled: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def post(self, item: tuple, wake: bool = True) -> None:
+    def post(self, item: tuple, wake: bool = True, lead: bool = False) -> None:
         """Hand an event to the HTTP side (thread-safe). Wakes the loop once per burst: while a hand-off is
         scheduled and not yet run, later events join it; with ``wake=False`` the event waits for the next
         :meth:`wake` (the worker wakes the loop before each denoising step and at the end, so everything the engine
-        yields between two steps travels in one hand-off)."""
+        yields between two steps travels in one hand-off). With ``lead=True`` (and no wake) it also waits for the
+        next event posted after it: a :meth:`wake` with only such events pending does nothing (the stream's
+        ``start`` rides with the first text, step event or error instead of costing a wake-up of its own)."""
         with self._lock:
             self._pending.append(item)
-        if wake:
+            self._leads += lead
+        if wake and not lead:
             self.wake()
 
     def wake(self) -> None:
-        """Schedule one hand-off of the pending events to the loop (no-op when none are pending or one is
-        already scheduled)."""
+        """Schedule one hand-off of the pending events to the loop (no-op when none are pending but ``lead``
+        ones, or one is already scheduled)."""
         with self._lock:
-            if self._scheduled or not self._pending:
+            if self._scheduled or len(self._pending) <= self._leads:
                 return
             self._scheduled = True
         try:
@@ -81,7 +85,7 @@ class Job:
 
     def _flush(self) -> None:  # on the loop
         with self._lock:
-            items, self._pending, self._scheduled = self._pending, [], False
+            items, self._pending, self._scheduled, self._leads = self._pending, [], False, 0
         for item in items:
             self.events.put_nowait(item)
 
@@ -242,8 +246,8 @@ class ModelWorker:
             def cancel() -> bool:  # the engine calls it before every step; the first call: the request is valid
                 if job.steps == 0:
                     job.model, job.seed = model, seed
-                    if req.stream:   # rides with the first burst of the answer (one wake-up less per request)
-                        job.post(("start", model, wire.begin() if wire else None), wake=False)
+                    if req.stream:   # rides with the first text / step event / error: no wake-up of its own
+                        job.post(("start", model, wire.begin() if wire else None), wake=False, lead=True)
                 else:
                     job.wake()       # what the last step yielded goes out while the next one runs
                 job.steps += 1

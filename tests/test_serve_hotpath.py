@@ -4,6 +4,7 @@ leaves while queued cancels its job before it starts, chunked uploads over the l
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import time
 
@@ -29,8 +30,13 @@ def server():
 @pytest.mark.parametrize("chat", [True, False])
 @pytest.mark.parametrize("text", ["27 + 58 = 85.", "", 'q"uo\\te\n\t\x00\x1b[31m\u2028é中', "\x00text\x00"])
 def test_text_line_template_is_the_dict_chunk(chat, text):
-    shape = Shape("tiny", chat)
+    shape = Shape("tiny" + text, chat)                       # odd model names too
     assert shape.text_line(text) == "data: " + dumps(shape.chunk(text)) + "\n\n"
+    assert shape.role_line() == "data: " + dumps(shape.chunk(first=True)) + "\n\n"
+    for reason in ("stop", "length"):
+        assert shape.finish_line(reason) == "data: " + dumps(shape.chunk(finish_reason=reason)) + "\n\n"
+    again = Shape("tiny" + text, chat)                        # the next response: its own id, same template
+    assert again.id != shape.id and again.text_line(text) == "data: " + dumps(again.chunk(text)) + "\n\n"
 
 
 class _Loop:
@@ -57,6 +63,16 @@ def test_one_hand_off_per_burst():
     assert [job.events.get_nowait()[0] for _ in range(3)] == ["start", "delta", "done"]
     job.wake()                                                # nothing pending: no wake-up
     assert loop.calls == []
+    job.post(("start", None, None), wake=False, lead=True)    # the stream's start waits for what follows it
+    job.wake()
+    assert loop.calls == []
+    job.post(("step", {}))                                    # ... and rides with it
+    assert len(loop.calls) == 1
+    loop.calls.pop()()
+    assert [job.events.get_nowait()[0] for _ in range(2)] == ["start", "step"]
+    job.post(("start", None, None), wake=False, lead=True)
+    job.wake(leads=True)                                      # after START_WAIT it goes alone
+    assert len(loop.calls) == 1
 
 
 def test_prompt_rendered_once_per_request_even_with_a_stop_string(server):
@@ -168,3 +184,26 @@ def test_prompt_over_the_context_is_a_400_naming_it(server):
     assert "context" in r.json()["error"]["message"]
     r = httpx.post(server.url + "/api/chat", json={"messages": long, "stream": True}, timeout=60)
     assert r.status_code == 400 and "context" in r.json()["error"]     # a stream is refused before it starts
+
+
+def test_access_line_per_request_after_its_response(server):
+    """uvicorn's access log is off (it writes before the first byte); the app writes the same line once the response
+    is complete, with the status sent: generation routes, the Starlette routes, errors."""
+    def lines():
+        return [r.getMessage() for r in server.logs.records if r.name == "localdiff.serve.access"]
+
+    before = len(lines())
+    assert httpx.post(server.url + "/v1/chat/completions", json={"messages": ASK, "seed": 0, "stream": True},
+                      timeout=60).status_code == 200
+    assert httpx.post(server.url + "/api/chat", json={"messages": ASK, "stream": False, "options": {"seed": 0}},
+                      timeout=60).status_code == 200
+    assert httpx.post(server.url + "/v1/chat/completions", content=b"{", timeout=60).status_code == 400
+    assert httpx.get(server.url + "/health?x=1", timeout=60).status_code == 200
+    assert httpx.get(server.url + "/nowhere", timeout=60).status_code == 404
+    got = lines()[before:]
+    assert len(got) == 5, got
+    want = ['"POST /v1/chat/completions HTTP/1.1" 200', '"POST /api/chat HTTP/1.1" 200',
+            '"POST /v1/chat/completions HTTP/1.1" 400', '"GET /health?x=1 HTTP/1.1" 200', '"GET /nowhere HTTP/1.1" 404']
+    for line, tail in zip(got, want):
+        assert line.startswith("127.0.0.1:") and line.endswith(tail), (line, tail)
+    assert not logging.getLogger("uvicorn.access").hasHandlers()    # uvicorn's own line is off (not twice)

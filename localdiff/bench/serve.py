@@ -33,8 +33,9 @@ import sys
 import threading
 import time
 
-WORKLOADS = {  # name → (extra sampler options, canvas events asked for): a typical short answer, one canvas run
-    "short answer (default sampler)": ({}, "none"),              # to its step cap, and the canvas-events extension
+WORKLOADS = {  # name → (extra sampler options, canvas events asked for): a typical short answer, canvases run
+    "short answer (default sampler)": ({}, "none"),              # to their step cap, and the canvas-events extension
+    "12 steps per canvas": ({"max_denoising_steps": 12, "confidence_threshold": 1e-12}, "none"),
     "48 steps per canvas": ({"max_denoising_steps": 48, "confidence_threshold": 1e-12}, "none"),
     "short answer, canvas events (steps)": ({}, "steps"),
 }
@@ -115,17 +116,18 @@ def _pin(tid: int, cpus: list[int]) -> None:
 
 
 class _Server:
-    """``localdiff serve``'s app and uvicorn config (:func:`localdiff.serve.uvicorn_config`: log level "info",
-    access log on) in this process on 127.0.0.1, its model worker around ``model``, the threads pinned as
-    ``layout`` says, and a client process (``serve_client.py``). The server's log lines go to /dev/null (their
-    formatting and write still happen)."""
+    """``localdiff serve``'s app and uvicorn config (:func:`localdiff.serve.uvicorn_config`, log level "info")
+    in this process on 127.0.0.1, its model worker around ``model``, the threads pinned as ``layout`` says, and a
+    client process (``serve_client.py``). The server's log lines (uvicorn's, and localdiff's at INFO in
+    ``localdiff serve``'s format, the access line of every request included) go to /dev/null: their formatting
+    and write still happen."""
 
     def __init__(self, model, stack: tuple[str, str], layout: dict) -> None:
         import logging
 
         import uvicorn
 
-        from localdiff.serve import uvicorn_config
+        from localdiff.serve import LOG_FORMAT, uvicorn_config
         from localdiff.serve.app import build_app
         from localdiff.serve.worker import ModelWorker
 
@@ -141,6 +143,12 @@ class _Server:
             for h in logging.getLogger(name).handlers:
                 if isinstance(h, logging.StreamHandler):
                     h.setStream(self.devnull)
+        self.log = logging.getLogger("localdiff.serve")
+        self.log_level, self.handler = (self.log.level, self.log.propagate), logging.StreamHandler(self.devnull)
+        self.handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        self.log.addHandler(self.handler)
+        self.log.setLevel(logging.INFO)
+        self.log.propagate = False                            # (not into the bench's own log)
         self.server = uvicorn.Server(config)
         self.worker.start()
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
@@ -179,6 +187,9 @@ class _Server:
             for h in logging.getLogger(name).handlers:
                 if isinstance(h, logging.StreamHandler) and h.stream is self.devnull:
                     h.setStream(sys.stderr)
+        self.log.removeHandler(self.handler)
+        self.log.setLevel(self.log_level[0])
+        self.log.propagate = self.log_level[1]
         self.devnull.close()
 
 

@@ -35,6 +35,8 @@ def test_text_line_template_is_the_dict_chunk(chat, text):
     assert shape.role_line() == "data: " + dumps(shape.chunk(first=True)) + "\n\n"
     for reason in ("stop", "length"):
         assert shape.finish_line(reason) == "data: " + dumps(shape.chunk(finish_reason=reason)) + "\n\n"
+    payload = {"type": "step", "text": text, "confidence": [0.5, 1e-7]}
+    assert shape.event_line(payload) == "data: " + dumps(shape.event(payload)) + "\n\n"
     again = Shape("tiny" + text, chat)                        # the next response: its own id, same template
     assert again.id != shape.id and again.text_line(text) == "data: " + dumps(again.chunk(text)) + "\n\n"
 

@@ -119,7 +119,7 @@ def _openai_lines(shape: openai_api.Shape, req, batch: list, role: bool) -> str:
         if kind == "text":
             parts.append(shape.text_line(value))
         elif kind == "event":
-            parts.append(shape.event(value))
+            parts.append(shape.event_line(value))
         else:
             parts.append(shape.finish_line(value.finish_reason))
             if req.include_usage:

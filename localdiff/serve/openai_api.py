@@ -135,13 +135,14 @@ def parse_completion(body: dict) -> GenRequest:
 
 
 @functools.lru_cache(maxsize=16)
-def _templates(model: str, chat: bool) -> tuple[str, str, str]:
-    """The SSE lines of a text chunk, the role chunk and a finish chunk of ``model`` as JSON text with marks for
-    the text, id, creation time and finish reason (made once per model and shape; each response fills them in)."""
+def _templates(model: str, chat: bool) -> tuple[str, ...]:
+    """The SSE lines of a text chunk, the role chunk, a finish chunk and a canvas-event chunk of ``model`` as JSON
+    text with marks for the text / event, id, creation time and finish reason (made once per model and shape; each
+    response fills them in)."""
     shape = Shape.__new__(Shape)
     shape.model, shape.chat, shape.id, shape.created = model, chat, _ID, _CREATED
     return tuple("data: " + dumps(c) + "\n\n" for c in (shape.chunk(_MARK), shape.chunk(first=True),
-                                                          shape.chunk(finish_reason=_REASON)))
+                                                          shape.chunk(finish_reason=_REASON), shape.event(_MARK)))
 
 
 class Shape:
@@ -155,9 +156,11 @@ class Shape:
         self.model, self.chat = model, chat
         self.id = ("chatcmpl-" if chat else "cmpl-") + _RUN + f"{next(_SEQ):012x}"
         self.created = int(time.time())
-        text, role, finish = (t.replace(dumps(_ID), dumps(self.id)).replace(dumps(_CREATED), str(self.created))
-                              for t in _templates(model, chat))
+        text, role, finish, event = (t.replace(dumps(_ID), dumps(self.id)).replace(dumps(_CREATED),
+                                                                                   str(self.created))
+                                     for t in _templates(model, chat))
         self._text, self._role, self._finish = text.split(dumps(_MARK)), role, finish.split(dumps(_REASON))
+        self._event = event.split(dumps(_MARK))
 
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
@@ -204,6 +207,10 @@ class Shape:
     def finish_line(self, reason: str) -> str:
         """The SSE line of the chunk with the finish reason (``self.chunk(finish_reason=reason)``)."""
         return self._finish[0] + dumps(reason) + self._finish[1]
+
+    def event_line(self, payload: dict) -> str:
+        """The SSE line of a canvas-event chunk (``dumps(self.event(payload))``): only the payload is encoded."""
+        return self._event[0] + dumps(payload) + self._event[1]
 
     def event(self, payload: dict) -> dict:
         """A chunk carrying one of localdiff's canvas events (``localdiff.wire``) under the ``localdiff`` key, with

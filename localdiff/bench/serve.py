@@ -310,10 +310,10 @@ def render_md(sec: dict) -> list[str]:
            f"Prompt {sec['prompt']!r}, seeds {sec['seeds']}, {sec['reps']} runs per seed and path after "
            f"{sec.get('warmup', 0)} warm-up runs, ABBA order. Served: a streamed `/v1/chat/completions` on 127.0.0.1 "
            "from a client process (a minimal kept-alive HTTP client) to `localdiff serve`'s app and uvicorn config "
-           "(access log on) in this process; in-process: `Model.stream` in the server's model thread (same thread, "
+           "(its access line per request written) in this process; in-process: `Model.stream` in the server's model thread (same thread, "
            "same torch threads). TTFB = first answer text. Overheads per ABBA pair: median [min–max]; TTFB "
            "served ÷ in-process − 1, tokens/s 1 − served ÷ in-process. CPU = median ms per request: client process + "
-           "event loop + model thread.", "",
+           "event loop + model thread. Load = load average before → after.", "",
            "| stack | layout (CPUs: model / loop / client) | load | workload | TTFB in-process ms | TTFB served ms | "
            "TTFB overhead | tokens/s in-process | tokens/s served | tokens/s overhead | CPU served ms | same tokens |",
            "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|:---:|"]

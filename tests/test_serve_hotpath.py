@@ -209,3 +209,34 @@ def test_access_line_per_request_after_its_response(server):
     for line, tail in zip(got, want):
         assert line.startswith("127.0.0.1:") and line.endswith(tail), (line, tail)
     assert not logging.getLogger("uvicorn.access").hasHandlers()    # uvicorn's own line is off (not twice)
+
+
+def test_serve_bench_layouts_and_report(server, monkeypatch):
+    """The serve bench: where each thread runs (the model on the bench's CPUs, the client and the second layout's
+    loop on the others), and one tiny measured pass on this process's CPUs rendered as a row per workload."""
+    import os
+
+    from localdiff.bench import serve as bench
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {1})
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    one, other = bench._layouts()
+    assert (one["model"], one["loop"], one["client"]) == ([1], [1], [0])
+    assert (other["model"], other["loop"], other["client"]) == ([1], [0], [0])
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    assert [(x["loop"], x["client"]) for x in bench._layouts()] == [([0], [0])]   # one CPU: all on it
+    monkeypatch.undo()
+    own = sorted(os.sched_getaffinity(0))
+    sec = bench.measure(server.worker.model, ASK[0]["content"], seeds=(0,), reps=2, warmup=0, log=lambda *a: None,
+                        stacks=[("asyncio", "h11")], layouts=[{"name": "here", "model": own, "loop": own,
+                                                                "client": own}])
+    rows = sec["runs"][0]["rows"]
+    assert [r["workload"] for r in rows] == list(bench.WORKLOADS) and all(r["same_tokens"] for r in rows)
+    for r in rows:
+        for k in ("ttfb", "tokens_per_s"):
+            p = r["pairs"][k]
+            assert p["min"] <= p["q1"] <= p["median"] <= p["q3"] <= p["max"]
+        assert r["served"]["cpu_ms"]["client"] > 0 and r["in_process"]["cpu_ms"]["client"] == 0
+    md = bench.render_md(sec)
+    assert sum(line.startswith("| asyncio + h11 | here") for line in md) == len(bench.WORKLOADS)

@@ -73,7 +73,7 @@ def _stats(values: list[float]) -> dict:
 
 def _spread(values: list[float]) -> dict:
     """Median, quartiles and range."""
-    q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+    q = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else [values[0]] * 3
     return {"median": statistics.median(values), "q1": q[0], "q3": q[2], "min": min(values), "max": max(values)}
 
 

@@ -11,7 +11,8 @@ One request: check the API key, read at most ``max_body`` bytes of JSON, parse i
 ``ollama_api``), submit a :class:`~localdiff.serve.worker.Job`, then relay its parts (one ``send`` per hand-off from
 the model thread, :func:`localdiff.serve.jobs.pieces`). A watcher task waits on ``receive()`` for the client's
 disconnect: it sets the job's cancel flag at once (the engine stops before its next denoising step) and wakes the
-handler, whether the job is still queued or streaming.
+handler, whether the job is still queued or streaming. Every request, Starlette's included, gets one access-log
+line once its response is complete (:func:`log_access`).
 """
 from __future__ import annotations
 

@@ -219,7 +219,8 @@ def test_serve_bench_layouts_and_report(server, monkeypatch):
     from localdiff.bench import serve as bench
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {1})
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "cpu_count", lambda: 3)
+    monkeypatch.setattr(bench, "_allowed", lambda own, cpu: cpu != 2)   # CPU 2: not in this cpuset
     one, other = bench._layouts()
     assert (one["model"], one["loop"], one["client"]) == ([1], [1], [0])
     assert (other["model"], other["loop"], other["client"]) == ([1], [0], [0])

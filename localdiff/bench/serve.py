@@ -104,11 +104,22 @@ def _layouts() -> list[dict]:
     core; its CPU comes straight out of the model's). "event loop on another core": the event loop runs on the
     other CPUs, as on a user's machine whose other cores are free."""
     own = sorted(os.sched_getaffinity(0))
-    others = [c for c in range(os.cpu_count() or 1) if c not in own]
+    others = [c for c in range(os.cpu_count() or 1) if c not in own and _allowed(own, c)]
     out = [{"name": "server on one core", "model": own, "loop": own, "client": others or own}]
     if others:
         out.append({"name": "event loop on another core", "model": own, "loop": others, "client": others})
     return out
+
+
+def _allowed(own: list[int], cpu: int) -> bool:
+    """Whether this thread may run on ``cpu`` (a cpuset may forbid CPUs that ``os.cpu_count`` counts)."""
+    try:
+        os.sched_setaffinity(0, {*own, cpu})
+        ok = cpu in os.sched_getaffinity(0)         # (Linux drops CPUs it cannot use without an error)
+    except OSError:
+        return False
+    os.sched_setaffinity(0, set(own))
+    return ok
 
 
 def _pin(tid: int, cpus: list[int]) -> None:

@@ -105,10 +105,10 @@ def _layouts() -> list[dict]:
     other CPUs, as on a user's machine whose other cores are free."""
     own = sorted(os.sched_getaffinity(0))
     others = [c for c in range(os.cpu_count() or 1) if c not in own and _allowed(own, c)]
-    out = [{"name": "server on one core", "model": own, "loop": own, "client": others or own}]
-    if others:
-        out.append({"name": "event loop on another core", "model": own, "loop": others, "client": others})
-    return out
+    if not others:   # (started without taskset, or one CPU): nothing to separate
+        return [{"name": "all on the same CPUs", "model": own, "loop": own, "client": own}]
+    return [{"name": "server on one core", "model": own, "loop": own, "client": others},
+            {"name": "event loop on another core", "model": own, "loop": others, "client": others}]
 
 
 def _allowed(own: list[int], cpu: int) -> bool:

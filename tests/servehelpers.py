@@ -9,6 +9,7 @@ import time
 import uvicorn
 
 import localdiff
+from localdiff.serve import uvicorn_config
 from localdiff.serve.app import ServerSettings, build_app
 from localdiff.serve.worker import ModelWorker
 
@@ -46,9 +47,11 @@ class Running:
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="info", timeout_graceful_shutdown=1))
-        for name in ("localdiff.serve", "uvicorn.error", "uvicorn.access"):  # after uvicorn's logging setup
+        self.server = uvicorn.Server(uvicorn_config(self.app, "info", timeout_graceful_shutdown=1))  # serve's own
+        for name in ("localdiff.serve", "uvicorn.error"):  # after uvicorn's logging setup (its access log is off)
             logging.getLogger(name).addHandler(self.logs)
+        self.log_level = logging.getLogger("localdiff.serve").level
+        logging.getLogger("localdiff.serve").setLevel(logging.INFO)        # as `localdiff serve` logs
         self.worker.start(preload=model)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
         self.thread.start()
@@ -70,5 +73,6 @@ class Running:
         self.thread.join(10)
         self.worker.stop()
         self.sock.close()
-        for name in ("localdiff.serve", "uvicorn.error", "uvicorn.access"):
+        for name in ("localdiff.serve", "uvicorn.error"):
             logging.getLogger(name).removeHandler(self.logs)
+        logging.getLogger("localdiff.serve").setLevel(self.log_level)

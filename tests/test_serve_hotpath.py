@@ -4,6 +4,7 @@ leaves while queued cancels its job before it starts, chunked uploads over the l
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import time
 
@@ -29,8 +30,15 @@ def server():
 @pytest.mark.parametrize("chat", [True, False])
 @pytest.mark.parametrize("text", ["27 + 58 = 85.", "", 'q"uo\\te\n\t\x00\x1b[31m\u2028é中', "\x00text\x00"])
 def test_text_line_template_is_the_dict_chunk(chat, text):
-    shape = Shape("tiny", chat)
+    shape = Shape("tiny" + text, chat)                       # odd model names too
     assert shape.text_line(text) == "data: " + dumps(shape.chunk(text)) + "\n\n"
+    assert shape.role_line() == "data: " + dumps(shape.chunk(first=True)) + "\n\n"
+    for reason in ("stop", "length"):
+        assert shape.finish_line(reason) == "data: " + dumps(shape.chunk(finish_reason=reason)) + "\n\n"
+    payload = {"type": "step", "text": text, "confidence": [0.5, 1e-7]}
+    assert shape.event_line(payload) == "data: " + dumps(shape.event(payload)) + "\n\n"
+    again = Shape("tiny" + text, chat)                        # the next response: its own id, same template
+    assert again.id != shape.id and again.text_line(text) == "data: " + dumps(again.chunk(text)) + "\n\n"
 
 
 class _Loop:
@@ -57,6 +65,16 @@ def test_one_hand_off_per_burst():
     assert [job.events.get_nowait()[0] for _ in range(3)] == ["start", "delta", "done"]
     job.wake()                                                # nothing pending: no wake-up
     assert loop.calls == []
+    job.post(("start", None, None), wake=False, lead=True)    # the stream's start waits for what follows it
+    job.wake()
+    assert loop.calls == []
+    job.post(("step", {}))                                    # ... and rides with it
+    assert len(loop.calls) == 1
+    loop.calls.pop()()
+    assert [job.events.get_nowait()[0] for _ in range(2)] == ["start", "step"]
+    job.post(("start", None, None), wake=False, lead=True)
+    job.wake(leads=True)                                      # after START_WAIT it goes alone
+    assert len(loop.calls) == 1
 
 
 def test_prompt_rendered_once_per_request_even_with_a_stop_string(server):
@@ -134,19 +152,31 @@ def test_chunked_upload_over_the_limit_is_413():
 
 
 def test_bench_client_reads_the_stream(server):
-    """The serve bench's minimal client: first content seen before the end, the token count from ``usage``."""
-    from localdiff.bench.serve import _Client, _served
+    """The serve bench's client: first content seen before the end, the token count from ``usage``, on one
+    kept-alive connection; and as the separate process the bench runs (one JSON line per request)."""
+    import json
+    import subprocess
+    import sys
+
+    from localdiff.bench import serve_client
+    from localdiff.bench.serve import _body
 
     want = httpx.post(server.url + "/v1/chat/completions", json={"messages": ASK, "seed": 0}, timeout=60).json()
-    client = _Client(server.port)
+    n_want = want["usage"]["completion_tokens"]
+    client = serve_client.Client(server.port)
     try:
-        for _ in range(2):                                    # the kept-alive connection serves the next request
-            first, total, n = _served(client, ASK[0]["content"], 0, None, {}, "none", "tiny")
-            assert 0 < first <= total and n == want["usage"]["completion_tokens"] > 0
-        first, total, n = _served(client, ASK[0]["content"], 0, None, {}, "steps", "tiny")   # with events
-        assert 0 < first <= total and n == want["usage"]["completion_tokens"]
+        for events in ("none", "none", "steps"):               # the kept-alive connection serves the next request
+            body = json.dumps(_body(ASK[0]["content"], 0, None, {}, events, "tiny")).encode()
+            out = serve_client.timed_post(client, "/v1/chat/completions", body)
+            assert 0 < out["first"] <= out["total"] and out["n"] == n_want > 0 and out["cpu_ms"] > 0
     finally:
         client.close()
+    line = json.dumps({"path": "/v1/chat/completions", "body": json.dumps(_body(ASK[0]["content"], 0, None, {},
+                                                                                  "none", "tiny"))})
+    proc = subprocess.run([sys.executable, serve_client.__file__, str(server.port)], input=line + "\n" + line + "\n",
+                          capture_output=True, text=True, timeout=60)
+    outs = [json.loads(x) for x in proc.stdout.splitlines()]
+    assert proc.returncode == 0 and len(outs) == 2 and all(o["n"] == n_want for o in outs)
 
 
 def test_prompt_over_the_context_is_a_400_naming_it(server):
@@ -156,3 +186,63 @@ def test_prompt_over_the_context_is_a_400_naming_it(server):
     assert "context" in r.json()["error"]["message"]
     r = httpx.post(server.url + "/api/chat", json={"messages": long, "stream": True}, timeout=60)
     assert r.status_code == 400 and "context" in r.json()["error"]     # a stream is refused before it starts
+
+
+def test_access_line_per_request_after_its_response(server):
+    """uvicorn's access log is off (it writes before the first byte); the app writes the same line once the response
+    is complete, with the status sent: generation routes, the Starlette routes, errors."""
+    def lines():
+        return [r.getMessage() for r in server.logs.records if r.name == "localdiff.serve.access"]
+
+    before = len(lines())
+    assert httpx.post(server.url + "/v1/chat/completions", json={"messages": ASK, "seed": 0, "stream": True},
+                      timeout=60).status_code == 200
+    assert httpx.post(server.url + "/api/chat", json={"messages": ASK, "stream": False, "options": {"seed": 0}},
+                      timeout=60).status_code == 200
+    assert httpx.post(server.url + "/v1/chat/completions", content=b"{", timeout=60).status_code == 400
+    assert httpx.get(server.url + "/health?x=1", timeout=60).status_code == 200
+    assert httpx.get(server.url + "/nowhere", timeout=60).status_code == 404
+    want = ['"POST /v1/chat/completions HTTP/1.1" 200', '"POST /api/chat HTTP/1.1" 200',
+            '"POST /v1/chat/completions HTTP/1.1" 400', '"GET /health?x=1 HTTP/1.1" 200', '"GET /nowhere HTTP/1.1" 404']
+    t0 = time.monotonic()                                     # (a line comes just after its response: wait a bit;
+    while True:                                               # an earlier test's last line may come in between)
+        got = [line for line in lines()[before:] if any(line.endswith(w) for w in want)]
+        if len(got) >= len(want) or time.monotonic() - t0 > 10:
+            break
+        time.sleep(0.02)
+    assert len(got) == len(want), got
+    for line, tail in zip(got, want):
+        assert line.startswith("127.0.0.1:") and line.endswith(tail), (line, tail)
+    assert not logging.getLogger("uvicorn.access").hasHandlers()    # uvicorn's own line is off (not twice)
+
+
+def test_serve_bench_layouts_and_report(server, monkeypatch):
+    """The serve bench: where each thread runs (the model on the bench's CPUs, the client and the second layout's
+    loop on the others), and one tiny measured pass on this process's CPUs rendered as a row per workload."""
+    import os
+
+    from localdiff.bench import serve as bench
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {1})
+    monkeypatch.setattr(os, "cpu_count", lambda: 3)
+    monkeypatch.setattr(bench, "_allowed", lambda own, cpu: cpu != 2)   # CPU 2: not in this cpuset
+    one, other = bench._layouts()
+    assert (one["model"], one["loop"], one["client"]) == ([1], [1], [0])
+    assert (other["model"], other["loop"], other["client"]) == ([1], [0], [0])
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    assert [(x["loop"], x["client"]) for x in bench._layouts()] == [([0], [0])]   # one CPU: all on it
+    monkeypatch.undo()
+    own = sorted(os.sched_getaffinity(0))
+    sec = bench.measure(server.worker.model, ASK[0]["content"], seeds=(0,), reps=2, warmup=0, log=lambda *a: None,
+                        stacks=[("asyncio", "h11")], layouts=[{"name": "here", "model": own, "loop": own,
+                                                                "client": own}])
+    rows = sec["runs"][0]["rows"]
+    assert [r["workload"] for r in rows] == list(bench.WORKLOADS) and all(r["same_tokens"] for r in rows)
+    for r in rows:
+        for k in ("ttfb", "tokens_per_s"):
+            p = r["pairs"][k]
+            assert p["min"] <= p["q1"] <= p["median"] <= p["q3"] <= p["max"]
+        assert r["served"]["cpu_ms"]["client"] > 0 and r["in_process"]["cpu_ms"]["client"] == 0
+    md = bench.render_md(sec)
+    assert sum(line.startswith("| asyncio + h11 | here") for line in md) == len(bench.WORKLOADS)

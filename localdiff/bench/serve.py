@@ -1,19 +1,26 @@
 """``localdiff bench --only serve``: the cost of going through ``localdiff serve`` instead of calling the engine.
 
 Same model object, same prompt, same seeds, run alternately (ABBA order): in-process ``Model.stream`` without step
-events (what ``localdiff gen`` does) vs a streamed ``POST /v1/chat/completions`` to a server on 127.0.0.1 in this
-process (uvicorn in a thread; its model worker runs the generations). The in-process runs execute *in the server's
-model thread* (``ModelWorker.call``), so both paths use the same thread, the same OpenMP team and the same torch
-thread count: only the HTTP path differs. The client is a minimal HTTP/1.1 client on one kept-alive socket
-(TCP_NODELAY, :class:`_Client`), reading the SSE events as they come (``http.client`` cost ~0.7 ms CPU per request
-here, this one ~0.25 ms: the bench is about the server).
+events (what ``localdiff gen`` does) vs a streamed ``POST /v1/chat/completions`` to ``localdiff serve``'s app on
+127.0.0.1 in this process, with the uvicorn config ``localdiff serve`` uses (:func:`localdiff.serve.uvicorn_config`;
+uvicorn in a thread, its model worker runs the generations). The in-process runs execute *in the server's model
+thread* (``ModelWorker.call``), so both paths use the same thread, the same OpenMP team and the same torch thread
+count: only the HTTP path differs. The client is a separate process, as a real client is (``serve_client.py``: a
+minimal HTTP/1.1 client on one kept-alive socket, TCP_NODELAY, reading the SSE events as they come).
+
+Pinning (:func:`_layouts`): the model thread runs on the CPUs this process was started on (``taskset -c 1``), the
+client process on the other CPUs. Two layouts: the event loop on the model's CPUs ("server on one core": its CPU
+comes straight out of the model's time) and the event loop on the other CPUs ("event loop on another core", as on a
+user's machine whose other cores are idle). Each HTTP stack is measured: asyncio + h11 (base install) and uvloop +
+httptools (the ``serve`` extra) when installed.
 
 Time to first byte (TTFB) = time until the first piece of answer text reaches the caller (in-process: the first
-finished canvas's text; served: the first content delta); tokens/s = generated tokens ÷ wall time of the whole
-request, with the same token count on both paths (in-process: the ids returned; served: ``usage.completion_tokens``;
-checked per run). CPU ms per request are per thread (``pthread_getcpuclockid``): the client, the server's event
-loop, the model thread — on a machine shared with other jobs they are steadier than wall times. The load average
-is recorded before and after.
+finished canvas's text; served: the first content delta seen by the client process); tokens/s = generated tokens ÷
+wall time of the whole request, with the same token count on both paths (in-process: the ids returned; served:
+``usage.completion_tokens``; checked per run). Overheads are per ABBA pair (same seed, back to back), reported as
+median and range. CPU ms per request are per thread (``pthread_getcpuclockid``; the client's is its own
+``thread_time``): on a machine shared with other jobs they are steadier than wall times. The load average is
+recorded before and after each stack × layout.
 """
 from __future__ import annotations
 
@@ -21,11 +28,14 @@ import json
 import os
 import socket
 import statistics
+import subprocess
+import sys
 import threading
 import time
 
-WORKLOADS = {  # name → (extra sampler options, canvas events asked for): a typical short answer, one canvas run
-    "short answer (default sampler)": ({}, "none"),              # to its step cap, and the canvas-events extension
+WORKLOADS = {  # name → (extra sampler options, canvas events asked for): a typical short answer, canvases run
+    "short answer (default sampler)": ({}, "none"),              # to their step cap, and the canvas-events extension
+    "12 steps per canvas": ({"max_denoising_steps": 12, "confidence_threshold": 1e-12}, "none"),
     "48 steps per canvas": ({"max_denoising_steps": 48, "confidence_threshold": 1e-12}, "none"),
     "short answer, canvas events (steps)": ({}, "steps"),
 }
@@ -56,88 +66,15 @@ def _inproc(model, prompt, seed, max_new, opts, events) -> tuple[float, float, i
     return (first if first is not None else total), total, n
 
 
-class _Client:
-    """A minimal HTTP/1.1 client on one kept-alive socket (TCP_NODELAY): sends a prepared POST and reads the chunked
-    SSE answer as it arrives. Lean on purpose (roughly what a compiled client costs): the bench measures the
-    server; the client's CPU is reported on its own."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.sock = None
-
-    def _connect(self):
-        self.sock = socket.create_connection(("127.0.0.1", self.port), timeout=300)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def close(self) -> None:
-        """Close the connection."""
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
-
-    def post_sse(self, path: str, body: bytes, t0: float) -> tuple[float | None, int]:
-        """POST ``body`` and read the stream: (seconds from ``t0`` to the first content delta, or None;
-        ``usage.completion_tokens``). Raises RuntimeError on a non-200 answer."""
-        if self.sock is None:
-            self._connect()
-        self.sock.sendall(b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                          b"Content-Length: %d\r\n\r\n" % (path.encode(), len(body)) + body)
-        buf, head = b"", None
-        while head is None:
-            data = self.sock.recv(65536)
-            if not data:
-                raise RuntimeError("the server closed the connection")
-            buf += data
-            if b"\r\n\r\n" in buf:
-                head, buf = buf.split(b"\r\n\r\n", 1)
-        if not head.startswith(b"HTTP/1.1 200"):
-            raise RuntimeError(f"server answered {head[:200]!r}")
-        first, n, sse, done = None, 0, b"", False
-        while not done:
-            while True:                       # whole chunks in buf → sse
-                end = buf.find(b"\r\n")
-                if end < 0:
-                    break
-                size = int(buf[:end], 16)
-                if size == 0:
-                    done = True
-                    break
-                if len(buf) < end + 2 + size + 2:
-                    break
-                sse += buf[end + 2:end + 2 + size]
-                buf = buf[end + 2 + size + 2:]
-            *events, sse = sse.split(b"\n\n")
-            for ev in events:
-                if not ev.startswith(b"data: {"):
-                    continue
-                chunk = json.loads(ev[6:])
-                if first is None and any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or ()):
-                    first = time.perf_counter() - t0
-                if chunk.get("usage"):
-                    n = chunk["usage"]["completion_tokens"]
-            if not done:
-                data = self.sock.recv(65536)
-                if not data:
-                    raise RuntimeError("the server closed the connection mid-answer")
-                buf += data
-        return first, n
-
-
-def _served(client: _Client, prompt, seed, max_new, opts, events, model_name) -> tuple[float, float, int]:
-    body = {"model": model_name, "messages": [{"role": "user", "content": prompt}], "seed": seed, "stream": True,
-            "max_tokens": max_new, "stream_options": {"include_usage": True}}
-    ext = {**opts, **({"events": events} if events != "none" else {})}
-    if ext:
-        body["localdiff"] = ext
-    data = json.dumps(body).encode()
-    t0 = time.perf_counter()
-    first, n = client.post_sse("/v1/chat/completions", data, t0)
-    total = time.perf_counter() - t0
-    return (first if first is not None else total), total, n
-
-
 def _stats(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+
+def _spread(values: list[float]) -> dict:
+    """Median, quartiles and range."""
+    q = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else [values[0]] * 3
+    return {"median": statistics.median(values), "q1": q[0], "q3": q[2], "min": min(values), "max": max(values)}
 
 
 def _summary(rows: list[tuple], cpu: list[dict]) -> dict:
@@ -149,37 +86,206 @@ def _summary(rows: list[tuple], cpu: list[dict]) -> dict:
     return out
 
 
-def _start_server(model):
-    import uvicorn
+def _stacks() -> list[tuple[str, str]]:
+    """The (event loop, HTTP parser) pairs to measure: asyncio + h11 always (the base install, what CI tests), and
+    uvloop + httptools when the ``serve`` extra is installed (what uvicorn's "auto" then picks)."""
+    from importlib.util import find_spec
 
-    from localdiff.serve.app import build_app
-    from localdiff.serve.worker import ModelWorker
+    out = [("asyncio", "h11")]
+    if find_spec("uvloop") and find_spec("httptools"):
+        out.append(("uvloop", "httptools"))
+    return out
 
-    worker = ModelWorker(lambda name: model, model.name, max_queue=4, keep_alive=None)
-    worker.model = model
-    # proto given explicitly: asyncio sets TCP_NODELAY only on IPPROTO_TCP sockets (else +40 ms per response on a
-    # kept-alive connection: Nagle against delayed ACKs)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(build_app(worker), log_level="warning", timeout_keep_alive=600))
-    worker.start()
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    return worker, server, thread, sock
+
+def _layouts() -> list[dict]:
+    """Where the threads run. The model thread always runs on the CPUs this process was given (``taskset``), the
+    in-process runs in that same thread. The client is another process (as a real client is), on the machine's
+    other CPUs when there are any. "server on one core": the event loop shares the model's CPUs (a server with one
+    core; its CPU comes straight out of the model's). "event loop on another core": the event loop runs on the
+    other CPUs, as on a user's machine whose other cores are free."""
+    own = sorted(os.sched_getaffinity(0))
+    others = [c for c in range(os.cpu_count() or 1) if c not in own and _allowed(own, c)]
+    if not others:   # (started without taskset, or one CPU): nothing to separate
+        return [{"name": "all on the same CPUs", "model": own, "loop": own, "client": own}]
+    return [{"name": "server on one core", "model": own, "loop": own, "client": others},
+            {"name": "event loop on another core", "model": own, "loop": others, "client": others}]
+
+
+def _allowed(own: list[int], cpu: int) -> bool:
+    """Whether this thread may run on ``cpu`` (a cpuset may forbid CPUs that ``os.cpu_count`` counts)."""
+    try:
+        os.sched_setaffinity(0, {*own, cpu})
+        ok = cpu in os.sched_getaffinity(0)         # (Linux drops CPUs it cannot use without an error)
+    except OSError:
+        return False
+    os.sched_setaffinity(0, set(own))
+    return ok
+
+
+def _pin(tid: int, cpus: list[int]) -> None:
+    os.sched_setaffinity(tid, set(cpus))
+
+
+class _Server:
+    """``localdiff serve``'s app and uvicorn config (:func:`localdiff.serve.uvicorn_config`, log level "info")
+    in this process on 127.0.0.1, its model worker around ``model``, the threads pinned as ``layout`` says, and a
+    client process (``serve_client.py``). The server's log lines (uvicorn's, and localdiff's at INFO in
+    ``localdiff serve``'s format, the access line of every request included) go to /dev/null: their formatting
+    and write still happen."""
+
+    def __init__(self, model, stack: tuple[str, str], layout: dict) -> None:
+        import logging
+
+        import uvicorn
+
+        from localdiff.serve import LOG_FORMAT, uvicorn_config
+        from localdiff.serve.app import build_app
+        from localdiff.serve.worker import ModelWorker
+
+        self.worker = ModelWorker(lambda name: model, model.name, max_queue=4, keep_alive=None)
+        self.worker.model = model
+        # proto given explicitly: asyncio sets TCP_NODELAY only on IPPROTO_TCP sockets (else +40 ms per response
+        # on a kept-alive connection: Nagle against delayed ACKs)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        self.sock.bind(("127.0.0.1", 0))
+        config = uvicorn_config(build_app(self.worker), loop=stack[0], http=stack[1], timeout_keep_alive=600)
+        self.devnull = open(os.devnull, "w")
+        for name in ("uvicorn", "uvicorn.access"):            # (uvicorn configured its logging just now)
+            for h in logging.getLogger(name).handlers:
+                if isinstance(h, logging.StreamHandler):
+                    h.setStream(self.devnull)
+        self.log = logging.getLogger("localdiff.serve")
+        self.log_level, self.handler = (self.log.level, self.log.propagate), logging.StreamHandler(self.devnull)
+        self.handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        self.log.addHandler(self.handler)
+        self.log.setLevel(logging.INFO)
+        self.log.propagate = False                            # (not into the bench's own log)
+        self.server = uvicorn.Server(config)
+        self.worker.start()
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.01)
+        _pin(self.worker._thread.native_id, layout["model"])
+        _pin(self.thread.native_id, layout["loop"])
+        client = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve_client.py")
+        self.client = subprocess.Popen([sys.executable, client, str(self.sock.getsockname()[1])],
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        _pin(self.client.pid, layout["client"])
+        self.clocks = _Clocks({"loop": self.thread, "model": self.worker._thread})
+
+    def post(self, body: dict) -> dict:
+        """One streamed request through the client process (its result line, see ``serve_client.py``)."""
+        self.client.stdin.write(json.dumps({"path": "/v1/chat/completions", "body": json.dumps(body)}) + "\n")
+        line = self.client.stdin.flush() or self.client.stdout.readline()
+        out = json.loads(line) if line else {"error": "the client process ended"}
+        if "error" in out:
+            raise RuntimeError(f"serve bench client: {out['error']}")
+        return out
+
+    def close(self) -> None:
+        """Stop the client, the server and the worker."""
+        import logging
+
+        if self.client.poll() is None:
+            self.client.stdin.close()
+            self.client.wait(10)
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.worker.stop()
+        self.sock.close()
+        for name in ("uvicorn", "uvicorn.access"):
+            for h in logging.getLogger(name).handlers:
+                if isinstance(h, logging.StreamHandler) and h.stream is self.devnull:
+                    h.setStream(sys.stderr)
+        self.log.removeHandler(self.handler)
+        self.log.setLevel(self.log_level[0])
+        self.log.propagate = self.log_level[1]
+        self.devnull.close()
+
+
+def _body(prompt, seed, max_new, opts, events, model_name) -> dict:
+    body = {"model": model_name, "messages": [{"role": "user", "content": prompt}], "seed": seed, "stream": True,
+            "max_tokens": max_new, "stream_options": {"include_usage": True}}
+    ext = {**opts, **({"events": events} if events != "none" else {})}
+    if ext:
+        body["localdiff"] = ext
+    return body
+
+
+def _pair_overheads(pairs: list[tuple]) -> dict:
+    """Per ABBA pair (same seed, back to back): TTFB served ÷ in-process − 1 and tokens/s 1 − served ÷ in-process
+    (fractions), each as median / quartiles / range."""
+    ttfb = [s[0] / i[0] - 1 for i, s in pairs]
+    tps = [1 - (s[2] / s[1]) / (i[2] / i[1]) for i, s in pairs]
+    return {"ttfb": _spread(ttfb), "tokens_per_s": _spread(tps)}
+
+
+def _measure_one(srv: _Server, model, prompt, seeds, reps, max_new_tokens, warmup, log) -> list[dict]:
+    def run(which, seed, opts, events):
+        c0 = srv.clocks.read()
+        if which == "in_process":
+            r = srv.worker.call(lambda: _inproc(model, prompt, seed, max_new_tokens, opts, events))
+            client = 0.0
+        else:
+            out = srv.post(_body(prompt, seed, max_new_tokens, opts, events, model.name))
+            r = (out["first"] if out["first"] is not None else out["total"], out["total"], out["n"])
+            client = out["cpu_ms"]
+        c1 = srv.clocks.read()   # in-process: the caller only waits and the loop idles
+        return r, {"client": client, **{k: (c1[k] - c0[k]) * 1000 for k in c0}}
+
+    rows = []
+    for name, (opts, events) in WORKLOADS.items():
+        for i in range(warmup):
+            run("served", i, opts, events)
+            run("in_process", i, opts, events)
+        got = {"in_process": ([], []), "served": ([], [])}
+        pairs = []
+        k = 0
+        for seed in seeds:
+            for _ in range(reps):
+                order = ("in_process", "served") if k % 4 in (0, 3) else ("served", "in_process")
+                k += 1
+                pair = {}
+                for which in order:
+                    r, cpu = run(which, seed, opts, events)
+                    got[which][0].append(r)
+                    got[which][1].append(cpu)
+                    pair[which] = r
+                pairs.append((pair["in_process"], pair["served"]))
+        ia, sb = _summary(*got["in_process"]), _summary(*got["served"])
+        if ia["tokens"] != sb["tokens"]:
+            raise RuntimeError(f"serve bench, {name}: token counts differ between the paths "
+                               f"({ia['tokens']} vs {sb['tokens']})")
+        row = {"workload": name, "in_process": ia, "served": sb, "pairs": _pair_overheads(pairs),
+               "ttfb_overhead_ms": sb["ttfb_ms"]["median"] - ia["ttfb_ms"]["median"],
+               "tokens_per_s_overhead": 1 - sb["tokens_per_s"]["median"] / ia["tokens_per_s"]["median"],
+               "cpu_overhead": sb["cpu_total_ms"]["median"] / ia["cpu_total_ms"]["median"] - 1,
+               "same_tokens": True}
+        po = row["pairs"]
+        log(f"serve: {name}: TTFB {ia['ttfb_ms']['median']:.1f} → {sb['ttfb_ms']['median']:.1f} ms "
+            f"({100 * po['ttfb']['median']:+.1f} %), tokens/s {ia['tokens_per_s']['median']:.1f} → "
+            f"{sb['tokens_per_s']['median']:.1f} ({100 * po['tokens_per_s']['median']:+.1f} % overhead, pairs "
+            f"{100 * po['tokens_per_s']['min']:+.1f}…{100 * po['tokens_per_s']['max']:+.1f}); CPU ms/request "
+            f"(client, loop, model) in-process " + ", ".join(f"{v:.2f}" for v in ia["cpu_ms"].values())
+            + ", served " + ", ".join(f"{v:.2f}" for v in sb["cpu_ms"].values()))
+        rows.append(row)
+    return rows
 
 
 def measure(model, prompt: str, seeds=(0, 1, 2), reps: int = 10, max_new_tokens: int | None = None, warmup: int = 3,
-            log=print) -> dict:
-    """Run each workload over ``seeds`` × ``reps`` per path, ABBA-alternating in-process and served.
+            log=print, stacks=None, layouts=None) -> dict:
+    """For each HTTP stack (:func:`_stacks`) and thread layout (:func:`_layouts`), run each workload over ``seeds``
+    × ``reps`` per path, ABBA-alternating in-process and served.
 
     Returns:
-        {"prompt", "seeds", "reps", "load_before", "load_after", "rows": [{"workload", "in_process", "served",
-        "ttfb_overhead_ms", "tokens_per_s_overhead", "same_tokens"}]}; per path: TTFB ms and tokens/s as
-        median/min/max, the token counts, median CPU ms per request per thread ("client", "loop", "model"; on the
-        in-process path the caller only waits and the loop idles) and their per-request sum ("cpu_total_ms").
-        Overheads are of the medians: tokens/s (1 − served ÷ in-process) and CPU (served ÷ in-process − 1).
+        {"prompt", "seeds", "reps", "warmup", "cpus", "runs": [{"stack": {"loop", "http"}, "layout": {"name",
+        "model", "loop", "client": CPU lists}, "load_before", "load_after", "rows": [{"workload", "in_process",
+        "served", "pairs", "ttfb_overhead_ms", "tokens_per_s_overhead", "cpu_overhead", "same_tokens"}]}]}; per path:
+        TTFB ms and tokens/s as median/min/max, the token counts, median CPU ms per request per thread ("client":
+        the client process, "loop", "model"; in-process the caller only waits and the loop idles) and their
+        per-request sum ("cpu_total_ms"). ``pairs``: overheads per ABBA pair (TTFB served ÷ in-process − 1, tokens/s
+        1 − served ÷ in-process) as median / quartiles / range. Overheads of the medians too.
     Raises:
         LocaldiffError: starlette / uvicorn missing (the section is then reported as skipped); RuntimeError when
         the two paths return different token counts for the same seed.
@@ -190,98 +296,54 @@ def measure(model, prompt: str, seeds=(0, 1, 2), reps: int = 10, max_new_tokens:
         from localdiff.errors import LocaldiffError
 
         raise LocaldiffError(f"the serve section needs uvicorn ({e})") from None
-    load_before = os.getloadavg()
-    worker, server, thread, sock = _start_server(model)
-    clocks = _Clocks({"client": threading.current_thread(), "loop": thread, "model": worker._thread})
-    conn = _Client(sock.getsockname()[1])
-    rows = []
-
-    def run(which, seed, opts, events):
-        c0 = clocks.read()
-        if which == "in_process":
-            r = worker.call(lambda: _inproc(model, prompt, seed, max_new_tokens, opts, events))
-        else:
-            r = _served(conn, prompt, seed, max_new_tokens, opts, events, model.name)
-        c1 = clocks.read()   # all three threads on both paths (in-process: the caller waits, the loop idles)
-        return r, {k: (c1[k] - c0[k]) * 1000 for k in c0}
-
-    try:
-        for name, (opts, events) in WORKLOADS.items():
-            for i in range(warmup):
-                run("served", i, opts, events)
-                run("in_process", i, opts, events)
-            got = {"in_process": ([], []), "served": ([], [])}
-            k = 0
-            for seed in seeds:
-                for _ in range(reps):
-                    order = ("in_process", "served") if k % 4 in (0, 3) else ("served", "in_process")
-                    k += 1
-                    for which in order:
-                        r, cpu = run(which, seed, opts, events)
-                        got[which][0].append(r)
-                        got[which][1].append(cpu)
-            ia, sb = _summary(*got["in_process"]), _summary(*got["served"])
-            if ia["tokens"] != sb["tokens"]:
-                raise RuntimeError(f"serve bench, {name}: token counts differ between the paths "
-                                   f"({ia['tokens']} vs {sb['tokens']})")
-            row = {"workload": name, "in_process": ia, "served": sb,
-                   "ttfb_overhead_ms": sb["ttfb_ms"]["median"] - ia["ttfb_ms"]["median"],
-                   "tokens_per_s_overhead": 1 - sb["tokens_per_s"]["median"] / ia["tokens_per_s"]["median"],
-                   "cpu_overhead": sb["cpu_total_ms"]["median"] / ia["cpu_total_ms"]["median"] - 1,
-                   "same_tokens": True}
-            log(f"serve: {name}: TTFB {ia['ttfb_ms']['median']:.1f} → {sb['ttfb_ms']['median']:.1f} ms, tokens/s "
-                f"{ia['tokens_per_s']['median']:.1f} → {sb['tokens_per_s']['median']:.1f} "
-                f"({100 * row['tokens_per_s_overhead']:+.1f} % overhead); CPU ms/request (client, loop, model) "
-                f"in-process " + ", ".join(f"{v:.2f}" for v in ia["cpu_ms"].values()) + ", served "
-                + ", ".join(f"{v:.2f}" for v in sb["cpu_ms"].values())
-                + f" ({100 * row['cpu_overhead']:+.1f} % CPU)")
-            rows.append(row)
-    finally:
-        conn.close()
-        server.should_exit = True
-        thread.join(10)
-        worker.stop()
-        sock.close()
-    return {"prompt": prompt, "seeds": list(seeds), "reps": reps, "warmup": warmup, "load_before": load_before,
-            "load_after": os.getloadavg(), "stack": _stack(), "rows": rows}
-
-
-def _stack() -> dict:
-    """The event loop and HTTP parser uvicorn picked ("auto": uvloop / httptools when installed)."""
-    from importlib.util import find_spec
-
-    return {"loop": "uvloop" if find_spec("uvloop") else "asyncio",
-            "http": "httptools" if find_spec("httptools") else "h11"}
+    runs = []
+    for stack in stacks or _stacks():
+        for layout in layouts or _layouts():
+            log(f"serve: {stack[0]} + {stack[1]}, {layout['name']} (model thread on CPU {layout['model']}, event "
+                f"loop on {layout['loop']}, client process on {layout['client']})")
+            load_before = os.getloadavg()
+            srv = _Server(model, stack, layout)
+            try:
+                rows = _measure_one(srv, model, prompt, seeds, reps, max_new_tokens, warmup, log)
+            finally:
+                srv.close()
+            runs.append({"stack": {"loop": stack[0], "http": stack[1]}, "layout": layout,
+                         "load_before": load_before, "load_after": os.getloadavg(), "rows": rows})
+    return {"prompt": prompt, "seeds": list(seeds), "reps": reps, "warmup": warmup,
+            "cpus": sorted(os.sched_getaffinity(0)), "runs": runs}
 
 
 def render_md(sec: dict) -> list[str]:
     """Markdown lines for the report."""
-    if "rows" not in sec:
+    if "runs" not in sec:
         return []
-    lb, la = sec.get("load_before", (0, 0, 0)), sec.get("load_after", (0, 0, 0))
     out = ["### Through `localdiff serve` vs in-process (same model, prompt, seeds and model thread)", "",
            f"Prompt {sec['prompt']!r}, seeds {sec['seeds']}, {sec['reps']} runs per seed and path after "
-           f"{sec.get('warmup', 0)} warm-up runs, ABBA order; streamed `/v1/chat/completions` on 127.0.0.1 "
-           "(a minimal kept-alive HTTP client) vs `Model.stream` in the server's model thread. TTFB = first answer text. "
-           "Medians [min–max]. CPU = median ms per request per thread, client + event loop + model thread "
-           "(in-process the caller only waits and the loop idles); CPU overhead = of the per-request sums. "
-           f"Load average {lb[0]:.1f} before, {la[0]:.1f} after. Event loop / HTTP parser: "
-           f"{sec.get('stack', {}).get('loop', '?')} / {sec.get('stack', {}).get('http', '?')}.", "",
-           "| workload | TTFB in-process ms | TTFB served ms | tokens/s in-process | tokens/s served | overhead "
-           "(tokens/s) | CPU in-process ms | CPU served ms | overhead (CPU) | same tokens |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+           f"{sec.get('warmup', 0)} warm-up runs, ABBA order. Served: a streamed `/v1/chat/completions` on 127.0.0.1 "
+           "from a client process (a minimal kept-alive HTTP client) to `localdiff serve`'s app and uvicorn config "
+           "(its access line per request written) in this process; in-process: `Model.stream` in the server's model thread (same thread, "
+           "same torch threads). TTFB = first answer text. Overheads per ABBA pair: median [min–max]; TTFB "
+           "served ÷ in-process − 1, tokens/s 1 − served ÷ in-process. CPU = median ms per request: client process + "
+           "event loop + model thread. Load = load average before → after.", "",
+           "| stack | layout (CPUs: model / loop / client) | load | workload | TTFB in-process ms | TTFB served ms | "
+           "TTFB overhead | tokens/s in-process | tokens/s served | tokens/s overhead | CPU served ms | same tokens |",
+           "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|:---:|"]
 
-    def cpu(c):
-        return f"{c.get('client', 0):.2f} + {c.get('loop', 0):.2f} + {c.get('model', 0):.2f}"
+    def pct(s):
+        return f"{100 * s['median']:+.1f} % [{100 * s['min']:+.1f}…{100 * s['max']:+.1f}]"
 
-    def rng(s, f="{:.1f}"):
-        return f"{f.format(s['median'])} [{f.format(s['min'])}–{f.format(s['max'])}]"
+    def cpus(c):
+        return ",".join(map(str, c))
 
-    for r in sec["rows"]:
-        a, b = r["in_process"], r["served"]
-        cs = b.get("cpu_ms", {})
-        out.append(f"| {r['workload']} | {rng(a['ttfb_ms'])} | {rng(b['ttfb_ms'])} | {rng(a['tokens_per_s'])} | "
-                   f"{rng(b['tokens_per_s'])} | {100 * r['tokens_per_s_overhead']:+.1f} % | "
-                   f"{cpu(a.get('cpu_ms', {}))} | {cpu(cs)} | {100 * r.get('cpu_overhead', float('nan')):+.1f} % | "
-                   f"{'yes' if r['same_tokens'] else 'no'} |")
+    for run in sec["runs"]:
+        lay, st = run["layout"], run["stack"]
+        where = f"{lay['name']} ({cpus(lay['model'])} / {cpus(lay['loop'])} / {cpus(lay['client'])})"
+        load = f"{run['load_before'][0]:.1f}→{run['load_after'][0]:.1f}"
+        for r in run["rows"]:
+            a, b, c = r["in_process"], r["served"], r["served"].get("cpu_ms", {})
+            out.append(f"| {st['loop']} + {st['http']} | {where} | {load} | {r['workload']} | "
+                       f"{a['ttfb_ms']['median']:.1f} | {b['ttfb_ms']['median']:.1f} | {pct(r['pairs']['ttfb'])} | "
+                       f"{a['tokens_per_s']['median']:.1f} | {b['tokens_per_s']['median']:.1f} | "
+                       f"{pct(r['pairs']['tokens_per_s'])} | {c.get('client', 0):.2f} + {c.get('loop', 0):.2f} + "
+                       f"{c.get('model', 0):.2f} | {'yes' if r['same_tokens'] else 'no'} |")
     return out + [""]

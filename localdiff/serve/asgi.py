@@ -11,7 +11,8 @@ One request: check the API key, read at most ``max_body`` bytes of JSON, parse i
 ``ollama_api``), submit a :class:`~localdiff.serve.worker.Job`, then relay its parts (one ``send`` per hand-off from
 the model thread, :func:`localdiff.serve.jobs.pieces`). A watcher task waits on ``receive()`` for the client's
 disconnect: it sets the job's cancel flag at once (the engine stops before its next denoising step) and wakes the
-handler, whether the job is still queued or streaming.
+handler, whether the job is still queued or streaming. Every request, Starlette's included, gets one access-log
+line once its response is complete (:func:`log_access`).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from localdiff.serve.openai_api import dumps
 from localdiff.serve.worker import Job
 
 log = logging.getLogger("localdiff.serve")
+access = logging.getLogger("localdiff.serve.access")
 
 _JSON = (b"content-type", b"application/json")
 _SSE = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
@@ -91,23 +93,36 @@ async def _watch(receive, job: Job) -> None:
             return
 
 
-async def _send_json(send, status: int, body: dict, headers: dict | None = None) -> None:
+async def _send_json(send, status: int, body: dict, headers: dict | None = None) -> int:
     data = dumps(body).encode()
     hdrs = [_JSON, (b"content-length", str(len(data)).encode())]
     hdrs += [(k.lower().encode(), str(v).encode()) for k, v in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": hdrs})
     await send({"type": "http.response.body", "body": data})
+    return status
+
+
+def log_access(scope, status: int | None) -> None:
+    """The access-log line of one request (``localdiff.serve.access``, INFO; uvicorn's own line is off, see
+    :func:`localdiff.serve.uvicorn_config`), written once the response is complete: after its last byte is sent,
+    so not on the answer's path, and with the status actually sent (None: nothing was sent)."""
+    if access.isEnabledFor(logging.INFO):
+        client = scope.get("client")
+        path = scope.get("path", "") + ("?" + scope["query_string"].decode("latin-1") if scope.get("query_string")
+                                        else "")
+        access.info('%s - "%s %s HTTP/%s" %s', f"{client[0]}:{client[1]}" if client else "-", scope.get("method"),
+                    path, scope.get("http_version"), "-" if status is None else status)
 
 
 def _openai_lines(shape: openai_api.Shape, req, batch: list, role: bool) -> str:
-    parts = [shape.chunk(first=True)] if role else []
+    parts = [shape.role_line()] if role else []
     for kind, value in batch:
         if kind == "text":
             parts.append(shape.text_line(value))
         elif kind == "event":
-            parts.append(shape.event(value))
+            parts.append(shape.event_line(value))
         else:
-            parts.append(shape.chunk(finish_reason=value.finish_reason))
+            parts.append(shape.finish_line(value.finish_reason))
             if req.include_usage:
                 parts.append(shape.usage_chunk(value))
     out = "".join(p if isinstance(p, str) else "data: " + dumps(p) + "\n\n" for p in parts)
@@ -145,15 +160,27 @@ class GenerationRoutes:
 
     async def __call__(self, scope, receive, send) -> None:
         """ASGI entry point."""
-        if scope["type"] == "http" and scope["method"] == "POST":
+        if scope["type"] != "http":
+            return await self.fallback(scope, receive, send)
+        if scope["method"] == "POST":
             route = self.ROUTES.get(scope["path"])
             if route is not None:
                 return await self._serve(route, scope, receive, send)
-        return await self.fallback(scope, receive, send)
+        sent = [None]
+
+        async def send_logged(msg):
+            if msg["type"] == "http.response.start":
+                sent[0] = msg["status"]
+            await send(msg)
+
+        try:
+            await self.fallback(scope, receive, send_logged)
+        finally:
+            log_access(scope, sent[0])
 
     async def _serve(self, route, scope, receive, send) -> None:
         parse, chat, ollama = route
-        job = watcher = None
+        job = watcher = status = None
         started = False
         try:
             headers = {k: v for k, v in scope["headers"] if k in (b"authorization", b"x-api-key",
@@ -177,9 +204,10 @@ class GenerationRoutes:
             if not req.stream:
                 result = await collect(job)
                 body = shape.final(result, streamed=False) if ollama else shape.full(result)
-                return await _send_json(send, 200, body)
+                status = await _send_json(send, 200, body)
+                return
             await send({"type": "http.response.start", "status": 200, "headers": _NDJSON if ollama else _SSE})
-            started = True
+            started, status = True, 200
             role = chat and not ollama            # the role chunk goes out with the first parts (one write)
             try:
                 async for batch in pieces(job):
@@ -196,16 +224,18 @@ class GenerationRoutes:
             await send({"type": "http.response.body", "body": b""})
         except ClientGone:
             if not started:
-                await _send_json(send, 499, {"error": "client closed the request"})
+                status = await _send_json(send, 499, {"error": "client closed the request"})
         except ApiError as err:
-            await _send_json(send, err.status, err.ollama_body() if ollama else err.openai_body(), err.headers)
+            status = await _send_json(send, err.status, err.ollama_body() if ollama else err.openai_body(),
+                                      err.headers)
         except Exception as exc:  # noqa: BLE001 — one log line and a JSON 500, never a traceback
             log.error("internal error on POST %s: %s: %s", scope["path"], type(exc).__name__, exc)
             if not started:
                 err = ApiError(500, f"internal error: {type(exc).__name__}", type="server_error")
-                await _send_json(send, 500, err.ollama_body() if ollama else err.openai_body())
+                status = await _send_json(send, 500, err.ollama_body() if ollama else err.openai_body())
         finally:
             if watcher is not None:
                 watcher.cancel()
             if job is not None:
                 job.cancel.set()   # no-op after the end; stops the engine when the response is abandoned
+            log_access(scope, status)

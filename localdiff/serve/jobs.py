@@ -13,6 +13,9 @@ from localdiff.serve.errors import ApiError
 from localdiff.serve.worker import Job, ModelWorker
 
 
+_EVENT_AT = {"start": 2, "step": 1, "delta": 2}   # event kind → the index of its canvas-event payload (or None)
+
+
 class ClientGone(Exception):
     """The client disconnected (its job is cancelled); nothing more is sent."""
 
@@ -93,7 +96,7 @@ async def pieces(job: Job):
             out, err, end = [], None, False
             for item in await job.batch():
                 kind = item[0]
-                event = {"start": 2, "step": 1, "delta": 2}.get(kind)   # where a canvas event rides, if any
+                event = _EVENT_AT.get(kind)   # where a canvas event rides, if any
                 if event is not None and item[event] is not None:
                     out.append(("event", item[event]))
                 if kind == "delta":

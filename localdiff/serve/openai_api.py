@@ -10,6 +10,8 @@ change the answer in ways localdiff cannot honour (``top_p`` ≠ 1, penalties, `
 """
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 import time
 import uuid
@@ -27,6 +29,9 @@ _NEUTRAL = {"top_p": 1, "presence_penalty": 0, "frequency_penalty": 0, "logprobs
 
 
 _MARK = "\x00text\x00"   # stands for the text in a chunk template (no model text is this exact JSON string)
+_ID, _CREATED, _REASON = "\x00id\x00", "\x00created\x00", "\x00reason\x00"   # and the other per-request values
+_RUN = uuid.uuid4().hex[:12]   # response ids: a random prefix per server process + a per-response counter
+_SEQ = itertools.count()
 
 
 def dumps(obj) -> str:
@@ -129,14 +134,33 @@ def parse_completion(body: dict) -> GenRequest:
     return _common(body, prompt, chat=False)
 
 
+@functools.lru_cache(maxsize=16)
+def _templates(model: str, chat: bool) -> tuple[str, ...]:
+    """The SSE lines of a text chunk, the role chunk, a finish chunk and a canvas-event chunk of ``model`` as JSON
+    text with marks for the text / event, id, creation time and finish reason (made once per model and shape; each
+    response fills them in)."""
+    shape = Shape.__new__(Shape)
+    shape.model, shape.chat, shape.id, shape.created = model, chat, _ID, _CREATED
+    return tuple("data: " + dumps(c) + "\n\n" for c in (shape.chunk(_MARK), shape.chunk(first=True),
+                                                          shape.chunk(finish_reason=_REASON), shape.event(_MARK)))
+
+
 class Shape:
-    """Response bodies of one request (one id and creation time for all its chunks)."""
+    """Response bodies of one request (one id and creation time for all its chunks).
+
+    Streamed lines come from per-model templates (:func:`_templates`) with this response's id and time filled in:
+    per chunk only the text (or finish reason) is encoded; they equal ``"data: " + dumps(self.chunk(...))``.
+    """
 
     def __init__(self, model: str, chat: bool) -> None:
         self.model, self.chat = model, chat
-        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        self.id = ("chatcmpl-" if chat else "cmpl-") + _RUN + f"{next(_SEQ):012x}"
         self.created = int(time.time())
-        self._text = dumps(self.chunk(_MARK)).split(dumps(_MARK))   # [before, after] the text of a text chunk
+        text, role, finish, event = (t.replace(dumps(_ID), dumps(self.id)).replace(dumps(_CREATED),
+                                                                                   str(self.created))
+                                     for t in _templates(model, chat))
+        self._text, self._role, self._finish = text.split(dumps(_MARK)), role, finish.split(dumps(_REASON))
+        self._event = event.split(dumps(_MARK))
 
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
@@ -172,9 +196,21 @@ class Shape:
         return body
 
     def text_line(self, text: str) -> str:
-        """The SSE line of a text chunk (``data: {...}`` and the blank line): ``dumps(self.chunk(text))`` from a
-        template made once per request, so only the text is encoded per chunk."""
-        return "data: " + self._text[0] + dumps(text) + self._text[1] + "\n\n"
+        """The SSE line of a text chunk (``data: {...}`` and the blank line): ``dumps(self.chunk(text))`` from the
+        template, so only the text is encoded per chunk."""
+        return self._text[0] + dumps(text) + self._text[1]
+
+    def role_line(self) -> str:
+        """The SSE line of the first chunk of a chat stream (``self.chunk(first=True)``)."""
+        return self._role
+
+    def finish_line(self, reason: str) -> str:
+        """The SSE line of the chunk with the finish reason (``self.chunk(finish_reason=reason)``)."""
+        return self._finish[0] + dumps(reason) + self._finish[1]
+
+    def event_line(self, payload: dict) -> str:
+        """The SSE line of a canvas-event chunk (``dumps(self.event(payload))``): only the payload is encoded."""
+        return self._event[0] + dumps(payload) + self._event[1]
 
     def event(self, payload: dict) -> dict:
         """A chunk carrying one of localdiff's canvas events (``localdiff.wire``) under the ``localdiff`` key, with

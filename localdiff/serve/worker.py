@@ -12,8 +12,10 @@ per finished canvas (``canvas``: its wire dict when events were asked for, else 
 the end, or ``("error", ApiError)`` instead. One hand-off (one ``call_soon_threadsafe``, one wake-up of the loop)
 per burst: what the engine yields between two denoising steps travels together — the worker wakes the loop before
 the next step, or after the end once the job is cleaned up (the last canvas and Done travel together;
-:meth:`Job.post`, :meth:`Job.wake`); ``start`` rides with the first burst. The HTTP side adds ``("gone",)`` itself
-when the client disconnects (``localdiff.serve.asgi``).
+:meth:`Job.post`, :meth:`Job.wake`). ``start`` (and with it the response head) rides with the first text, step
+event or error, so a short streamed answer costs the loop one wake-up in all; it goes alone once the generation has
+run ``START_WAIT`` (50 ms) without any, so a client of a long canvas still learns soon that its request runs. The
+HTTP side adds ``("gone",)`` itself when the client disconnects (``localdiff.serve.asgi``).
 
 Cancellation (client gone, stop string hit): the engine polls the job's ``cancel`` flag before every denoising step
 (``Model.stream(cancel=...)``), so at most the step already running finishes; no step events are needed for it.
@@ -37,6 +39,7 @@ from localdiff.serve.options import GenRequest
 from localdiff.wire import EventEncoder
 
 log = logging.getLogger("localdiff.serve")
+START_WAIT = 0.05   # s: a stream's response head waits this long at most for the first text or step event
 
 
 @dataclass
@@ -48,30 +51,37 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)
     steps: int = 0            # denoising steps begun so far (tests read it to see a cancelled job stop)
+    began: float = 0.0        # time.monotonic() at the first step (streamed requests)
     finished: threading.Event = field(default_factory=threading.Event)
     model: object = None      # the Model that runs it (set when it starts)
     seed: int | None = None   # the seed actually used
     prompt_tokens: int = 0    # the prompt's length in tokens, counted once when the job starts (for ``usage``)
     held: list = field(default_factory=list)   # events already taken off the queue by the handler (asgi.py)
     _pending: list = field(default_factory=list)
+    _leads: int = 0           # pending events that wait for a later one (``post(lead=True)``)
     _scheduled: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def post(self, item: tuple, wake: bool = True) -> None:
+    def post(self, item: tuple, wake: bool = True, lead: bool = False) -> None:
         """Hand an event to the HTTP side (thread-safe). Wakes the loop once per burst: while a hand-off is
         scheduled and not yet run, later events join it; with ``wake=False`` the event waits for the next
         :meth:`wake` (the worker wakes the loop before each denoising step and at the end, so everything the engine
-        yields between two steps travels in one hand-off)."""
+        yields between two steps travels in one hand-off). With ``lead=True`` (and no wake) it also waits for the
+        next event posted after it: a :meth:`wake` with only such events pending does nothing (the stream's
+        ``start`` rides with the first text, step event or error instead of costing a wake-up of its own)."""
         with self._lock:
             self._pending.append(item)
-        if wake:
+            self._leads += lead
+        if wake and not lead:
             self.wake()
 
-    def wake(self) -> None:
-        """Schedule one hand-off of the pending events to the loop (no-op when none are pending or one is
-        already scheduled)."""
+    def wake(self, leads: bool = False) -> None:
+        """Schedule one hand-off of the pending events to the loop (no-op when none are pending but ``lead``
+        ones, or one is already scheduled); ``leads=True``: ``lead`` events alone are worth it too."""
         with self._lock:
-            if self._scheduled or not self._pending:
+            if leads:
+                self._leads = 0
+            if self._scheduled or len(self._pending) <= self._leads:
                 return
             self._scheduled = True
         try:
@@ -81,7 +91,7 @@ class Job:
 
     def _flush(self) -> None:  # on the loop
         with self._lock:
-            items, self._pending, self._scheduled = self._pending, [], False
+            items, self._pending, self._scheduled, self._leads = self._pending, [], False, 0
         for item in items:
             self.events.put_nowait(item)
 
@@ -242,10 +252,11 @@ class ModelWorker:
             def cancel() -> bool:  # the engine calls it before every step; the first call: the request is valid
                 if job.steps == 0:
                     job.model, job.seed = model, seed
-                    if req.stream:   # rides with the first burst of the answer (one wake-up less per request)
-                        job.post(("start", model, wire.begin() if wire else None), wake=False)
-                else:
-                    job.wake()       # what the last step yielded goes out while the next one runs
+                    if req.stream:   # rides with the first text / step event / error: no wake-up of its own
+                        job.post(("start", model, wire.begin() if wire else None), wake=False, lead=True)
+                        job.began = time.monotonic()
+                else:                # what the last step yielded goes out while the next one runs; the start
+                    job.wake(leads=time.monotonic() - job.began > START_WAIT)   # alone after START_WAIT s
                 job.steps += 1
                 return job.cancel.is_set()
 

@@ -7,8 +7,12 @@ Resident bytes: ``out · (in + 2)``, i.e. ``0.5 + 1/in`` of bf16.
 Which kernel runs (measured on this project's 2-core AVX-512 CPU, torch 2.13; numbers in docs of
 :func:`int8_matmul`):
 
+* CPU, up to 16 rows (block steps, 1-token steps, the experts' rows): the native kernel of
+  :mod:`localdiff.quantize.native` (AMX-INT8 where the CPU has it, else fp32 FMAs; built on first use) when it
+  measures fastest for the shape (:func:`cpu_kernel`); on this project's AMX CPU it reads the weights at ~9 GB/s
+  for 1–16 rows where ``torch._weight_int8pack_mm`` falls from ~7 GB/s (1 row) to 1.6 GB/s (16 rows).
 * CPU, bf16 activations: whichever of the two below measures faster for the shape on this machine
-  (:func:`cpu_bf16_kernel`); on the AVX-512 machine of these numbers: ``torch._weight_int8pack_mm`` for small batches (≈ 300–345 GFLOP/s from 8 rows up; needs
+  (:func:`cpu_kernel`); on the AVX-512 machine of these numbers: ``torch._weight_int8pack_mm`` for small batches (≈ 300–345 GFLOP/s from 8 rows up; needs
   ``in_features % 16 == 0``), dequantize-to-bf16-then-GEMM from 48 rows up (≈ 420–720 GFLOP/s at 64–256 rows).
 * CPU, fp32 activations: ``x @ q.float()ᵀ · s`` (exact fp32 compute, ≈ 100–180 GFLOP/s at 64–256 rows).
   ``torch._weight_int8pack_mm`` with fp32 activations runs at ≈ 6 GFLOP/s and bitsandbytes' CPU int8 path at
@@ -84,30 +88,48 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.
     return (q.float() * scale.float()[..., None]).to(dtype)
 
 
-_KERNELS: dict = {}   # (row bucket, in, out) → "int8pack" | "dequant": the measured table of this process
+_KERNELS: dict = {}   # (row bucket, in, out, dtype) → kernel name: the measured table of this process
+_PROBE_ROWS = 4096    # the probe's weight rows at most (enough for a per-row rate; keeps the probe ~ms)
 
 
-def cpu_bf16_kernel(m: int, k: int, n: int) -> str:
-    """The faster CPU kernel for bf16 activations [m, k] × int8 weight [n, k]: ``"int8pack"``
-    (``torch._weight_int8pack_mm``) or ``"dequant"`` (cast to bf16 + GEMM), measured once per (row bucket, k, n) in
-    this process (best of 3 each, ~ms) — machines differ (int8pack below 48 rows was the rule measured on one with
-    AVX512-BF16 at 2 threads; on an AMX one at 1 thread int8pack lost at every row count tried). ``LOCALDIFF_INT8_KERNEL``
-    forces one."""
+def cpu_kernel(m: int, k: int, n: int, dtype: torch.dtype = torch.bfloat16) -> str:
+    """The faster CPU kernel for activations [m, k] of ``dtype`` (bf16 or fp32) × int8 weight [n, k], measured once
+    per (row bucket, k, n, dtype) in this process (best of 3 each on a random weight of min(n, 4096) rows, ~ms):
+
+    * ``"native"`` — :mod:`localdiff.quantize.native` (AMX-INT8 or the fp32-FMA kernel), a candidate up to
+      :data:`localdiff.quantize.native.MAX_ROWS` rows when it built;
+    * ``"int8pack"`` — ``torch._weight_int8pack_mm`` (bf16 only, ``k % 16 == 0``);
+    * ``"dequant"`` — cast the weight to the activation dtype + GEMM (the exact fp32 path for fp32).
+
+    Machines differ (int8pack below 48 rows was the rule measured on one with AVX512-BF16 at 2 threads; on an AMX
+    one at 1 thread int8pack lost at every row count tried), hence the measurement. ``LOCALDIFF_INT8_KERNEL``
+    (``native`` / ``int8pack`` / ``dequant``) forces one where it applies."""
+    from localdiff.quantize import native
+
+    fp32 = dtype == torch.float32
+    cands = ["dequant"] if fp32 else (["int8pack", "dequant"] if k % 16 == 0 else ["dequant"])
+    if m <= native.MAX_ROWS and native.library() is not None:
+        cands.insert(0, "native")
     forced = os.environ.get("LOCALDIFF_INT8_KERNEL")
-    if forced in ("int8pack", "dequant"):
+    if forced in cands:
         return forced
+    if len(cands) == 1:
+        return cands[0]
     bucket = 1 << max(0, (m - 1).bit_length())
-    key = (bucket, k, n)
+    key = (bucket, k, n, fp32)
     if key not in _KERNELS:
         import time
 
-        x = torch.randn(bucket, k).to(torch.bfloat16)
-        q = torch.randint(-127, 128, (n, k), dtype=torch.int8)
-        s = torch.rand(n).to(torch.bfloat16)
-        runs = {"int8pack": lambda: torch._weight_int8pack_mm(x, q, s),
-                "dequant": lambda: F.linear(x, q.to(torch.bfloat16)) * s.float()}
+        rows = min(n, _PROBE_ROWS)
+        x = torch.randn(bucket, k).to(dtype)
+        q = torch.randint(-127, 128, (rows, k), dtype=torch.int8)
+        s = torch.rand(rows).to(torch.bfloat16)
+        runs = {"native": lambda: native.matmul(x, q, s),
+                "int8pack": lambda: torch._weight_int8pack_mm(x, q, s),
+                "dequant": lambda: F.linear(x, q.to(dtype)) * s.to(dtype)}
         best = {}
-        for name, fn in runs.items():
+        for name in cands:
+            fn = runs[name]
             fn()
             t = []
             for _ in range(3):
@@ -117,6 +139,27 @@ def cpu_bf16_kernel(m: int, k: int, n: int) -> str:
             best[name] = min(t)
         _KERNELS[key] = min(best, key=best.get)
     return _KERNELS[key]
+
+
+def cpu_bf16_kernel(m: int, k: int, n: int) -> str:
+    """:func:`cpu_kernel` for bf16 activations (kept for callers of the earlier name)."""
+    return cpu_kernel(m, k, n, torch.bfloat16)
+
+
+def reset_kernels() -> None:
+    """Forget the measured kernel table and the native library's state (tests that change the environment)."""
+    from localdiff.quantize import native
+
+    native.reset()
+    _KERNELS.clear()
+
+
+def kernel_summary() -> str:
+    """One line for ``gen -v`` / ``bench``: the native kernel's status and the measured choices so far."""
+    from localdiff.quantize import native
+
+    chosen = sorted({f"{'fp32' if fp32 else 'bf16'} ≤{b} rows: {v}" for (b, _, _, fp32), v in _KERNELS.items()})
+    return native.status() + ("; chosen: " + ", ".join(chosen) if chosen else "")
 
 
 def _bnb_matmul(x2: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -149,11 +192,16 @@ def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, use_bnb: 
         if not bitsandbytes_available():
             raise RecipeError("bitsandbytes is not installed (pip install bitsandbytes)")
         y = _bnb_matmul(x2, q, scale)
-    elif x.device.type == "cpu" and x.dtype == torch.bfloat16:
-        if k % 16 == 0 and cpu_bf16_kernel(m, k, q.shape[0]) == "int8pack":
-            y = torch._weight_int8pack_mm(x2.contiguous(), q.contiguous(), scale.to(torch.bfloat16))
+    elif x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float32) and q.dtype == torch.int8 and (
+            kind := cpu_kernel(m, k, q.shape[0], x.dtype)) != "dequant":
+        if kind == "native":
+            from localdiff.quantize import native
+
+            y = native.matmul(x2 if x2.stride(-1) == 1 else x2.contiguous(), q.contiguous(), scale.contiguous())
         else:
-            y = (F.linear(x2, q.to(torch.bfloat16)) * scale.float()).to(torch.bfloat16)
+            y = torch._weight_int8pack_mm(x2.contiguous(), q.contiguous(), scale.to(torch.bfloat16))
+    elif x.device.type == "cpu" and x.dtype == torch.bfloat16:
+        y = (F.linear(x2, q.to(torch.bfloat16)) * scale.float()).to(torch.bfloat16)
     elif x.dtype == torch.float16:
         y = F.linear(x2, (q.float() * scale.float()[:, None]).to(torch.float16))
     else:

@@ -169,6 +169,10 @@ def measure(quick: bool, log=print, config: dict | None = None, dtype=None, tps:
 
         quantize_model(net)                      # in place: int8 weights, bf16 activations; ref keeps bf16
         res["int8"] = {str(h): step_times(net, ref, h, 3 if quick else 5, dtype, log) for h in hist}
+        from localdiff.quantize.int8 import kernel_summary
+
+        res["int8_kernel"] = kernel_summary()    # which int8 kernel ran (native AMX / FMA, or why not; choices)
+        log(f"block: int8 kernels: {res['int8_kernel']}")
         res["tokens_per_second"]["int8"] = measure_tps(net, dtype, 512, reps, log, res["tiny_bd"], new)
     return res
 
@@ -195,6 +199,8 @@ def render_md(sec: dict) -> list[str]:
                      f"{r['block_over_1tok']['localdiff']:.2f}× | {ms['transformers_block']:.0f} | "
                      f"{ms['transformers_1tok']:.0f} | {r['block_over_1tok']['transformers']:.2f}× | "
                      f"**{r['localdiff_speedup']['block']:.2f}×** |")
+    if sec.get("int8_kernel"):
+        lines += ["", f"int8 kernels: {sec['int8_kernel']}."]
     lines.append("")
     from localdiff.bench.block_tps import render_tps
 

@@ -158,8 +158,13 @@ def kernel_summary() -> str:
     """One line for ``gen -v`` / ``bench``: the native kernel's status and the measured choices so far."""
     from localdiff.quantize import native
 
-    chosen = sorted({f"{'fp32' if fp32 else 'bf16'} ≤{b} rows: {v}" for (b, _, _, fp32), v in _KERNELS.items()})
-    return native.status() + ("; chosen: " + ", ".join(chosen) if chosen else "")
+    from collections import Counter
+
+    per: dict = {}
+    for (b, _, _, fp32), v in sorted(_KERNELS.items()):
+        per.setdefault(f"{'fp32' if fp32 else 'bf16'} ≤{b} rows", Counter())[v] += 1
+    chosen = [f"{g}: " + " / ".join(f"{v} ×{c}" for v, c in cnt.most_common()) for g, cnt in per.items()]
+    return native.status() + ("; measured choice per shape — " + ", ".join(chosen) if chosen else "")
 
 
 def _bnb_matmul(x2: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from localdiff.quantize import native
-from localdiff.quantize.int8 import dequantize, int8_matmul, kernel_summary, quantize_model, quantize_tensor, \
-    reset_kernels
+from localdiff.quantize.choose import kernel_summary, reset_kernels
+from localdiff.quantize.int8 import dequantize, int8_matmul, quantize_model, quantize_tensor
 
 SHAPES = [(1, 1), (7, 5), (13, 33), (37, 100), (9, 17), (65, 257), (31, 1100), (17, 2049)]   # (N, K): odd, K % 16
 needs_lib = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler")
@@ -158,3 +158,32 @@ def test_int8_block_model_native_equals_torch_path(fresh, dtype):
     else:   # bf16 rounds every layer's output, so one last-bit difference grows through a random model: 1st block
         assert (got_l[:, :4] - ref_l[:, :4]).abs().max().item() < 0.05 * ref_l[:, :4].abs().max().item()
         assert torch.equal(got_t[:, :4], ref_t[:, :4])
+
+
+def test_sdar_recipe_int8_head(tmp_path):
+    """SDAR's recipe gives block models an int8 copy of the LM head (outside the state dict) at load and in
+    quantize_model; its logits equal the dequantized head's; other recipes keep the float head."""
+    from localdiff.loader import load_model
+    from localdiff.quantize.recipe import DEFAULT_RECIPE, Recipe, RecipeError, load_recipe, recipe_for_model
+    from tests.block_models import build_net, write_checkpoint
+
+    rec = recipe_for_model("sdar:1.7b")
+    assert rec.name == "sdar" and rec.head == "int8" and DEFAULT_RECIPE.head == "float"
+    assert Recipe.from_dict(rec.to_dict()).head == "int8"                  # kept in pre-quantized metadata
+    with pytest.raises(RecipeError, match="head precision"):
+        Recipe.from_dict({"head": "int4"})
+    _, net = build_net("a2d-qwen3-bd3lm", seed=5)                          # tied embeddings
+    ids = torch.randint(0, 120, (1, 8), generator=torch.Generator().manual_seed(6))
+    ref = net.logits_full(ids)
+    q8 = quantize_model(copy.deepcopy(net), load_recipe("sdar"))
+    assert q8.head_int8 is not None and not any("head_int8" in k for k in q8.state_dict())
+    deq = dequantize(q8.head_int8.weight, q8.head_int8.weight_scale)
+    assert torch.equal(q8.head_weight(), net.head_weight())                # the lookup table stays float
+    got = q8.logits_full(ids)
+    assert (got - ref).abs().max().item() < 0.1 * ref.abs().max().item()   # int8 model vs float: close
+    assert deq.shape == net.head_weight().shape
+    assert getattr(quantize_model(copy.deepcopy(net)), "head_int8", None) is None
+    ck = write_checkpoint(tmp_path / "ck", "sdar", seed=7)
+    assert getattr(load_model(ck, quant="int8", recipe=load_recipe("sdar"))[0], "head_int8", None) is not None
+    assert getattr(load_model(ck, quant="int8")[0], "head_int8", None) is None
+    assert getattr(load_model(ck)[0], "head_int8", None) is None

@@ -29,7 +29,7 @@ def describe(net: nn.Module) -> dict[str, str]:
     elif experts:
         out["experts"] = "per-expert matmul loop"
     if any(isinstance(m, Int8Linear) for m in mods):
-        from localdiff.quantize.int8 import kernel_summary
+        from localdiff.quantize.choose import kernel_summary
 
         out["int8"] = (("≤ 16 rows: the measured fastest of the native kernel, _weight_int8pack_mm and dequantize + "
                         "GEMM; more rows: dequantize to bf16 + GEMM" if dtype == "bfloat16" else

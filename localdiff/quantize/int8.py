@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from localdiff.arch.layers import MoEExperts, gelu_tanh
+from localdiff.quantize.choose import cpu_kernel
 from localdiff.quantize.recipe import DEFAULT_RECIPE, Recipe, RecipeError
 
 _BNB: object | None = None  # False = not available, module = available
@@ -86,85 +87,6 @@ def quantize_tensor(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``q · scale`` in ``dtype``: q int8 Tensor[..., out, in], scale Tensor[..., out] (bf16 or fp32)."""
     return (q.float() * scale.float()[..., None]).to(dtype)
-
-
-_KERNELS: dict = {}   # (row bucket, in, out, dtype) → kernel name: the measured table of this process
-_PROBE_ROWS = 4096    # the probe's weight rows at most (enough for a per-row rate; keeps the probe ~ms)
-
-
-def cpu_kernel(m: int, k: int, n: int, dtype: torch.dtype = torch.bfloat16) -> str:
-    """The faster CPU kernel for activations [m, k] of ``dtype`` (bf16 or fp32) × int8 weight [n, k], measured once
-    per (row bucket, k, n, dtype) in this process (best of 3 each on a random weight of min(n, 4096) rows, ~ms):
-
-    * ``"native"`` — :mod:`localdiff.quantize.native` (AMX-INT8 or the fp32-FMA kernel), a candidate up to
-      :data:`localdiff.quantize.native.MAX_ROWS` rows when it built;
-    * ``"int8pack"`` — ``torch._weight_int8pack_mm`` (bf16 only, ``k % 16 == 0``);
-    * ``"dequant"`` — cast the weight to the activation dtype + GEMM (the exact fp32 path for fp32).
-
-    Machines differ (int8pack below 48 rows was the rule measured on one with AVX512-BF16 at 2 threads; on an AMX
-    one at 1 thread int8pack lost at every row count tried), hence the measurement. ``LOCALDIFF_INT8_KERNEL``
-    (``native`` / ``int8pack`` / ``dequant``) forces one where it applies."""
-    from localdiff.quantize import native
-
-    fp32 = dtype == torch.float32
-    cands = ["dequant"] if fp32 else (["int8pack", "dequant"] if k % 16 == 0 else ["dequant"])
-    if m <= native.MAX_ROWS and native.library() is not None:
-        cands.insert(0, "native")
-    forced = os.environ.get("LOCALDIFF_INT8_KERNEL")
-    if forced in cands:
-        return forced
-    if len(cands) == 1:
-        return cands[0]
-    bucket = 1 << max(0, (m - 1).bit_length())
-    key = (bucket, k, n, fp32)
-    if key not in _KERNELS:
-        import time
-
-        rows = min(n, _PROBE_ROWS)
-        x = torch.randn(bucket, k).to(dtype)
-        q = torch.randint(-127, 128, (rows, k), dtype=torch.int8)
-        s = torch.rand(rows).to(torch.bfloat16)
-        runs = {"native": lambda: native.matmul(x, q, s),
-                "int8pack": lambda: torch._weight_int8pack_mm(x, q, s),
-                "dequant": lambda: F.linear(x, q.to(dtype)) * s.to(dtype)}
-        best = {}
-        for name in cands:
-            fn = runs[name]
-            fn()
-            t = []
-            for _ in range(3):
-                t0 = time.perf_counter()
-                fn()
-                t.append(time.perf_counter() - t0)
-            best[name] = min(t)
-        _KERNELS[key] = min(best, key=best.get)
-    return _KERNELS[key]
-
-
-def cpu_bf16_kernel(m: int, k: int, n: int) -> str:
-    """:func:`cpu_kernel` for bf16 activations (kept for callers of the earlier name)."""
-    return cpu_kernel(m, k, n, torch.bfloat16)
-
-
-def reset_kernels() -> None:
-    """Forget the measured kernel table and the native library's state (tests that change the environment)."""
-    from localdiff.quantize import native
-
-    native.reset()
-    _KERNELS.clear()
-
-
-def kernel_summary() -> str:
-    """One line for ``gen -v`` / ``bench``: the native kernel's status and the measured choices so far."""
-    from localdiff.quantize import native
-
-    from collections import Counter
-
-    per: dict = {}
-    for (b, _, _, fp32), v in sorted(_KERNELS.items()):
-        per.setdefault(f"{'fp32' if fp32 else 'bf16'} ≤{b} rows", Counter())[v] += 1
-    chosen = [f"{g}: " + " / ".join(f"{v} ×{c}" for v, c in cnt.most_common()) for g, cnt in per.items()]
-    return native.status() + ("; measured choice per shape — " + ", ".join(chosen) if chosen else "")
 
 
 def _bnb_matmul(x2: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -284,6 +206,31 @@ class Int8Experts(MoEExperts):
 QUANT_TYPES = (Int8Linear, Int8Experts)
 
 
+class Int8Head:
+    """An int8 copy of a model's LM head for its logits (a recipe's ``head = "int8"``), kept outside the state
+    dict: the float head / tied embedding stays for the token lookup, so this adds ``rows · (H + 2)`` bytes
+    (SDAR-1.7B: 311 MB beside the 622 MB bf16 embedding) and halves the bytes the logits read per step.
+
+    Attributes: weight int8 Tensor[rows, H], weight_scale bf16 Tensor[rows].
+    ``__call__(h: Tensor[..., H]) -> Tensor[..., rows]`` in h's dtype (:func:`int8_matmul`).
+    """
+
+    def __init__(self, w: torch.Tensor):
+        self.weight, self.weight_scale = quantize_tensor(w)
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        return int8_matmul(h, self.weight, self.weight_scale)
+
+
+def quantize_head(model: nn.Module) -> bool:
+    """Give ``model`` an :class:`Int8Head` (attribute ``head_int8``) of its ``head_weight()`` when its class reads
+    one (``supports_int8_head``, e.g. :class:`localdiff.arch.block.BlockLM`); returns whether it did."""
+    if not getattr(type(model), "supports_int8_head", False):
+        return False
+    model.head_int8 = Int8Head(model.head_weight().detach())
+    return True
+
+
 def _targets(model: nn.Module, recipe: Recipe):
     """(name, module) pairs the recipe marks int8 among linear layers and float stacked experts.
 
@@ -323,6 +270,8 @@ def quantize_model(model: nn.Module, recipe: Recipe | None = None) -> nn.Module:
         new = Int8Linear.from_linear(mod) if isinstance(mod, nn.Linear) else Int8Experts.from_experts(mod)
         _replace(model, name, new)
         del mod
+    if recipe.head == "int8":
+        quantize_head(model)
     model.quant_recipe = recipe
     return model
 

@@ -200,7 +200,12 @@ int localdiff_int8_mm(const float *x, long ldx, long M, long K, const int8_t *q,
 #include <unistd.h>
 
 #define PLANES 4
+#ifndef PF_DIST
 #define PF_DIST 2                          /* prefetch distance in 64-k chunks */
+#endif
+#ifndef PF_HINT
+#define PF_HINT _MM_HINT_T0
+#endif
 #define XBITS 27
 
 typedef struct {
@@ -249,7 +254,7 @@ static void amx_group(const amx_job_t *j, const int8_t *a, long lda, long kfull,
         const int8_t *b = j->bpack + c * bstep;
         /* the hardware prefetcher alone left ~20 % of the bandwidth unused (measured: 203 -> 183 ms per pass over
          * a 1.72 GB model at 4 rows); a prefetch never faults, so reading past the rows' end is harmless */
-        for (int i = 0; i < 16; i++) _mm_prefetch((const char *)(a + i * lda + 64 * (c + PF_DIST)), _MM_HINT_T0);
+        for (int i = 0; i < 16; i++) _mm_prefetch((const char *)(a + i * lda + 64 * (c + PF_DIST)), PF_HINT);
         _tile_loadd(4, a + 64 * c, lda);
         _tile_loadd(5, b, 4 * M);             _tile_dpbssd(0, 4, 5);
         _tile_loadd(5, b + 16 * M * 4, 4 * M); _tile_dpbssd(1, 4, 5);

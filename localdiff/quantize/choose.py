@@ -16,7 +16,7 @@ def cpu_kernel(m: int, k: int, n: int, dtype: torch.dtype = torch.bfloat16) -> s
     per (row bucket, k, n, dtype) in this process (best of 3 each on a random weight of min(n, 4096) rows, ~ms):
 
     * ``"native"`` — :mod:`localdiff.quantize.native` (AMX-INT8 or the fp32-FMA kernel), a candidate up to
-      :data:`localdiff.quantize.native.MAX_ROWS` rows when it built;
+      :data:`localdiff.quantize.native.MAX_ROWS` rows when it built; with AMX it is taken without a probe (below);
     * ``"int8pack"`` — ``torch._weight_int8pack_mm`` (bf16 only, ``k % 16 == 0``);
     * ``"dequant"`` — cast the weight to the activation dtype + GEMM (the exact fp32 path for fp32).
 
@@ -32,7 +32,11 @@ def cpu_kernel(m: int, k: int, n: int, dtype: torch.dtype = torch.bfloat16) -> s
     forced = os.environ.get("LOCALDIFF_INT8_KERNEL")
     if forced in cands:
         return forced
-    if len(cands) == 1:
+    if len(cands) == 1 or (cands[0] == "native" and native.has_amx()):
+        # AMX-INT8 is not probed: a probe's weight sits in the L3 cache (480 MiB here), where int8pack looks
+        # faster at 1 row than it is from memory; over a whole 1.72 GB model (1 thread) the native kernel read
+        # 9.0 / 8.5 / 8.1 / ~6 GB/s at 1 / 4 / 8 / 16 rows against int8pack's 7.1 / 5.2 / 2.5 / 1.6, and at
+        # 2 threads 12.9 / 12.1 / 10.9 against 11.8 / 9.9 / 5.0 (bench notes of the native kernel's commit)
         return cands[0]
     bucket = 1 << max(0, (m - 1).bit_length())
     key = (bucket, k, n, fp32)
@@ -83,4 +87,5 @@ def kernel_summary() -> str:
     for (b, _, _, fp32), v in sorted(_KERNELS.items()):
         per.setdefault(f"{'fp32' if fp32 else 'bf16'} ≤{b} rows", Counter())[v] += 1
     chosen = [f"{g}: " + " / ".join(f"{v} ×{c}" for v, c in cnt.most_common()) for g, cnt in per.items()]
-    return native.status() + ("; measured choice per shape — " + ", ".join(chosen) if chosen else "")
+    amx = f"; AMX taken for ≤ {native.MAX_ROWS} rows" if native.has_amx() else ""
+    return native.status() + amx + ("; measured choice per shape — " + ", ".join(chosen) if chosen else "")

@@ -143,6 +143,12 @@ def library() -> ctypes.CDLL | None:
     return None
 
 
+def has_amx() -> bool:
+    """True when the loaded library runs its AMX-INT8 path in this process."""
+    lib = library()
+    return lib is not None and bool(_HAS_AMX.get(id(lib)))
+
+
 def status() -> str:
     """One line: which native kernel is loaded, or why none is (builds it first if not tried yet)."""
     library()

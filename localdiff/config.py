@@ -59,7 +59,8 @@ _ENV_OTHER = ("LOCALDIFF_CONFIG", "LOCALDIFF_DATA_DIR", "LOCALDIFF_DEBUG", "LOCA
               "LOCALDIFF_API_KEY", "LOCALDIFF_DTYPE",
               "LOCALDIFF_LLAMA_CPP_SDIST", "LOCALDIFF_BENCH_CACHE", "LOCALDIFF_BENCH_TINY_MDM",  # bench gguf section
               "LOCALDIFF_REQUIRE_GGUF",                                                      # .ci/run: no GGUF skips
-              "LOCALDIFF_INT8_KERNEL")                                                       # quantize/int8.py
+              "LOCALDIFF_INT8_KERNEL",                                                       # quantize/int8.py
+              "LOCALDIFF_NATIVE_INT8")                                                       # quantize/native.py
 _ENV_TOP = {"LOCALDIFF_MODEL": "default_model", "LOCALDIFF_DEVICE": "device", "LOCALDIFF_QUANT": "quant",
             "LOCALDIFF_MAX_NEW_TOKENS": "max_new_tokens", "LOCALDIFF_SEED": "seed",
             "LOCALDIFF_THREADS": "threads"}

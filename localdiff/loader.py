@@ -150,6 +150,11 @@ def load_model(ckpt: Path, device: str | torch.device = "cpu", dtype: torch.dtyp
             if mod.keeps_checkpoint_dtype(local):
                 loaded[local] = loaded[local].to(dtype)
     model.load_state_dict(loaded, strict=True, assign=True)
+    applied = pre if pre is not None else (recipe or DEFAULT_RECIPE) if quant == "int8" else None
+    if applied is not None and applied.head == "int8":
+        from localdiff.quantize.int8 import quantize_head
+
+        quantize_head(model)                       # an int8 copy of the LM head for the logits (recipe's head)
     if host_layers:
         from localdiff.quantize.offload import place_model
         place_model(model, host_layers, device)   # installs the hooks that run host-layer experts on the CPU

@@ -56,8 +56,12 @@ class BlockLM(DenseStack):
         return {"layer_windows": [None] * c.num_hidden_layers, "slack": 0, "block_len": c.block_size,
                 "layer_heads": [(c.head_dim, c.num_key_value_heads)] * c.num_hidden_layers}
 
+    supports_int8_head = True      # a recipe's head = "int8" gives it ``head_int8`` (localdiff.quantize.int8)
+
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        return F.linear(h, self.head_weight())[..., : self.config.vocab_size].float()
+        head = getattr(self, "head_int8", None)
+        y = head(h) if head is not None else F.linear(h, self.head_weight())
+        return y[..., : self.config.vocab_size].float()
 
     # -- roles ----------------------------------------------------------------------------------------------------
     @torch.inference_mode()

@@ -20,7 +20,8 @@ vs transformers per step (target ≥ 2× the transformers block-step rate), and 
 
 Then tokens/s end to end (:mod:`localdiff.bench.block_tps`: AR vs static / recommended / forced block decoding, and
 a projection from the trained tiny-bd's TPF). When bf16 is the precision, the model is then quantized to int8
-weights (bf16 activations, the kernel chosen per shape: :mod:`localdiff.quantize.int8`) and the step timings and
+weights by SDAR's recipe (``quant/sdar.toml``: also an int8 copy of the tied LM head; bf16 activations, the kernel
+chosen per shape: :mod:`localdiff.quantize.int8`, the native one for these row counts) and the step timings and
 tokens/s are measured again, against the same transformers bf16 model: both bf16-vs-bf16 and localdiff's fastest
 vs transformers' fastest measured here (transformers in fp32 is not run: bf16 is its faster precision wherever the
 probe picks bf16).
@@ -166,9 +167,14 @@ def measure(quick: bool, log=print, config: dict | None = None, dtype=None, tps:
     res["tokens_per_second"] = {res["dtype"]: measure_tps(net, dtype, 512, reps, log, res["tiny_bd"], new)}
     if dtype == torch.bfloat16:
         from localdiff.quantize.int8 import quantize_model
+        from localdiff.quantize.recipe import recipe_for_model
 
-        quantize_model(net)                      # in place: int8 weights, bf16 activations; ref keeps bf16
+        quantize_model(net, recipe_for_model("sdar:1.7b"))   # in place, SDAR's recipe (int8 head copy too); ref bf16
         res["int8"] = {str(h): step_times(net, ref, h, 3 if quick else 5, dtype, log) for h in hist}
+        from localdiff.quantize.choose import kernel_summary
+
+        res["int8_kernel"] = kernel_summary()    # which int8 kernel ran (native AMX / FMA, or why not; choices)
+        log(f"block: int8 kernels: {res['int8_kernel']}")
         res["tokens_per_second"]["int8"] = measure_tps(net, dtype, 512, reps, log, res["tiny_bd"], new)
     return res
 
@@ -189,12 +195,14 @@ def render_md(sec: dict) -> list[str]:
                      f"**{r['localdiff_speedup']['block']:.2f}×** |")
     for h, r in sec.get("int8", {}).items():
         ms, rg = r["ms"], r["range_ms"]
-        lines.append(f"| {h}, localdiff int8 (bf16 act.) vs transformers bf16 | {ms['localdiff_block']:.0f} "
+        lines.append(f"| {h}, localdiff int8 (bf16 act.) + int8 head vs transformers bf16 | {ms['localdiff_block']:.0f} "
                      f"({rg['localdiff_block'][0]:.0f}–{rg['localdiff_block'][1]:.0f}) | "
                      f"{ms['localdiff_1tok']:.0f} | "
                      f"{r['block_over_1tok']['localdiff']:.2f}× | {ms['transformers_block']:.0f} | "
                      f"{ms['transformers_1tok']:.0f} | {r['block_over_1tok']['transformers']:.2f}× | "
                      f"**{r['localdiff_speedup']['block']:.2f}×** |")
+    if sec.get("int8_kernel"):
+        lines += ["", f"int8 kernels: {sec['int8_kernel']}."]
     lines.append("")
     from localdiff.bench.block_tps import render_tps
 

@@ -34,8 +34,12 @@ def describe(net: nn.Module) -> dict[str, str]:
     elif experts:
         out["experts"] = "per-expert matmul loop"
     if any(isinstance(m, Int8Linear) for m in mods):
-        out["int8"] = ("bf16 activations: _weight_int8pack_mm below 48 rows, dequantize to bf16 + GEMM above"
-                       if dtype == "bfloat16" else "fp32 activations: dequantized fp32 GEMM (exact)")
+        from localdiff.quantize.choose import kernel_summary
+
+        out["int8"] = (("≤ 16 rows: the measured fastest of the native kernel, _weight_int8pack_mm and dequantize + "
+                        "GEMM; more rows: dequantize to bf16 + GEMM" if dtype == "bfloat16" else
+                        "≤ 16 rows: the native kernel where it measures faster; more rows: dequantized fp32 GEMM "
+                        "(exact)") + (f" ({kernel_summary()})" if cpu else ""))
     if hasattr(net, "self_conditioning"):
         if dtype == "float32":
             out["self_conditioning"] = "softmax(fp32) then F.linear(p, Eᵀ) in float32 (the reference's ops)"

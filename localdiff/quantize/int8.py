@@ -7,8 +7,12 @@ Resident bytes: ``out · (in + 2)``, i.e. ``0.5 + 1/in`` of bf16.
 Which kernel runs (measured on this project's 2-core AVX-512 CPU, torch 2.13; numbers in docs of
 :func:`int8_matmul`):
 
+* CPU, up to 16 rows (block steps, 1-token steps, the experts' rows): the native kernel of
+  :mod:`localdiff.quantize.native` (AMX-INT8 where the CPU has it, else fp32 FMAs; built on first use) when it
+  measures fastest for the shape (:func:`cpu_kernel`); on this project's AMX CPU it reads the weights at ~9 GB/s
+  for 1–16 rows where ``torch._weight_int8pack_mm`` falls from ~7 GB/s (1 row) to 1.6 GB/s (16 rows).
 * CPU, bf16 activations: whichever of the two below measures faster for the shape on this machine
-  (:func:`cpu_bf16_kernel`); on the AVX-512 machine of these numbers: ``torch._weight_int8pack_mm`` for small batches (≈ 300–345 GFLOP/s from 8 rows up; needs
+  (:func:`cpu_kernel`); on the AVX-512 machine of these numbers: ``torch._weight_int8pack_mm`` for small batches (≈ 300–345 GFLOP/s from 8 rows up; needs
   ``in_features % 16 == 0``), dequantize-to-bf16-then-GEMM from 48 rows up (≈ 420–720 GFLOP/s at 64–256 rows).
 * CPU, fp32 activations: ``x @ q.float()ᵀ · s`` (exact fp32 compute, ≈ 100–180 GFLOP/s at 64–256 rows).
   ``torch._weight_int8pack_mm`` with fp32 activations runs at ≈ 6 GFLOP/s and bitsandbytes' CPU int8 path at
@@ -28,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from localdiff.arch.layers import MoEExperts, gelu_tanh
+from localdiff.quantize.choose import cpu_kernel
 from localdiff.quantize.recipe import DEFAULT_RECIPE, Recipe, RecipeError
 
 _BNB: object | None = None  # False = not available, module = available
@@ -84,41 +89,6 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.
     return (q.float() * scale.float()[..., None]).to(dtype)
 
 
-_KERNELS: dict = {}   # (row bucket, in, out) → "int8pack" | "dequant": the measured table of this process
-
-
-def cpu_bf16_kernel(m: int, k: int, n: int) -> str:
-    """The faster CPU kernel for bf16 activations [m, k] × int8 weight [n, k]: ``"int8pack"``
-    (``torch._weight_int8pack_mm``) or ``"dequant"`` (cast to bf16 + GEMM), measured once per (row bucket, k, n) in
-    this process (best of 3 each, ~ms) — machines differ (int8pack below 48 rows was the rule measured on one with
-    AVX512-BF16 at 2 threads; on an AMX one at 1 thread int8pack lost at every row count tried). ``LOCALDIFF_INT8_KERNEL``
-    forces one."""
-    forced = os.environ.get("LOCALDIFF_INT8_KERNEL")
-    if forced in ("int8pack", "dequant"):
-        return forced
-    bucket = 1 << max(0, (m - 1).bit_length())
-    key = (bucket, k, n)
-    if key not in _KERNELS:
-        import time
-
-        x = torch.randn(bucket, k).to(torch.bfloat16)
-        q = torch.randint(-127, 128, (n, k), dtype=torch.int8)
-        s = torch.rand(n).to(torch.bfloat16)
-        runs = {"int8pack": lambda: torch._weight_int8pack_mm(x, q, s),
-                "dequant": lambda: F.linear(x, q.to(torch.bfloat16)) * s.float()}
-        best = {}
-        for name, fn in runs.items():
-            fn()
-            t = []
-            for _ in range(3):
-                t0 = time.perf_counter()
-                fn()
-                t.append(time.perf_counter() - t0)
-            best[name] = min(t)
-        _KERNELS[key] = min(best, key=best.get)
-    return _KERNELS[key]
-
-
 def _bnb_matmul(x2: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """bitsandbytes LLM.int8 (threshold 0): rows of x quantized to int8, int8 GEMM, rescale. x2: [M, K]."""
     ca, sca, _ = torch.ops.bitsandbytes.int8_vectorwise_quant.default(x2.to(torch.float16), 0.0)
@@ -149,11 +119,16 @@ def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, use_bnb: 
         if not bitsandbytes_available():
             raise RecipeError("bitsandbytes is not installed (pip install bitsandbytes)")
         y = _bnb_matmul(x2, q, scale)
-    elif x.device.type == "cpu" and x.dtype == torch.bfloat16:
-        if k % 16 == 0 and cpu_bf16_kernel(m, k, q.shape[0]) == "int8pack":
-            y = torch._weight_int8pack_mm(x2.contiguous(), q.contiguous(), scale.to(torch.bfloat16))
+    elif x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float32) and q.dtype == torch.int8 and (
+            kind := cpu_kernel(m, k, q.shape[0], x.dtype)) != "dequant":
+        if kind == "native":
+            from localdiff.quantize import native
+
+            y = native.matmul(x2 if x2.stride(-1) == 1 else x2.contiguous(), q.contiguous(), scale.contiguous())
         else:
-            y = (F.linear(x2, q.to(torch.bfloat16)) * scale.float()).to(torch.bfloat16)
+            y = torch._weight_int8pack_mm(x2.contiguous(), q.contiguous(), scale.to(torch.bfloat16))
+    elif x.device.type == "cpu" and x.dtype == torch.bfloat16:
+        y = (F.linear(x2, q.to(torch.bfloat16)) * scale.float()).to(torch.bfloat16)
     elif x.dtype == torch.float16:
         y = F.linear(x2, (q.float() * scale.float()[:, None]).to(torch.float16))
     else:
@@ -231,6 +206,31 @@ class Int8Experts(MoEExperts):
 QUANT_TYPES = (Int8Linear, Int8Experts)
 
 
+class Int8Head:
+    """An int8 copy of a model's LM head for its logits (a recipe's ``head = "int8"``), kept outside the state
+    dict: the float head / tied embedding stays for the token lookup, so this adds ``rows · (H + 2)`` bytes
+    (SDAR-1.7B: 311 MB beside the 622 MB bf16 embedding) and halves the bytes the logits read per step.
+
+    Attributes: weight int8 Tensor[rows, H], weight_scale bf16 Tensor[rows].
+    ``__call__(h: Tensor[..., H]) -> Tensor[..., rows]`` in h's dtype (:func:`int8_matmul`).
+    """
+
+    def __init__(self, w: torch.Tensor):
+        self.weight, self.weight_scale = quantize_tensor(w)
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        return int8_matmul(h, self.weight, self.weight_scale)
+
+
+def quantize_head(model: nn.Module) -> bool:
+    """Give ``model`` an :class:`Int8Head` (attribute ``head_int8``) of its ``head_weight()`` when its class reads
+    one (``supports_int8_head``, e.g. :class:`localdiff.arch.block.BlockLM`); returns whether it did."""
+    if not getattr(type(model), "supports_int8_head", False):
+        return False
+    model.head_int8 = Int8Head(model.head_weight().detach())
+    return True
+
+
 def _targets(model: nn.Module, recipe: Recipe):
     """(name, module) pairs the recipe marks int8 among linear layers and float stacked experts.
 
@@ -270,6 +270,8 @@ def quantize_model(model: nn.Module, recipe: Recipe | None = None) -> nn.Module:
         new = Int8Linear.from_linear(mod) if isinstance(mod, nn.Linear) else Int8Experts.from_experts(mod)
         _replace(model, name, new)
         del mod
+    if recipe.head == "int8":
+        quantize_head(model)
     model.quant_recipe = recipe
     return model
 

@@ -32,7 +32,7 @@ GIB = 1 << 30
 _LABELS = {"embeddings": "embeddings (tied LM head)", "lm_head": "LM head", "attention": "attention projections",
            "attention_norms": "q/k norms", "dense_mlp": "dense MLP", "router": "routers", "experts": "experts",
            "norms": "norms + layer scalars", "self_conditioning": "self-conditioning block",
-           "shared_expert": "shared experts"}
+           "shared_expert": "shared experts", "head_int8": "int8 LM head copy"}
 
 
 def plan_fields(config: dict) -> dict:
@@ -87,6 +87,11 @@ def tensor_bytes(config: dict, quant: str | None = "int8", dtype: str = "bfloat1
             b = t.numel * fb
         out.append({"component": t.component, "layer": t.layer, "name": t.name, "shape": t.shape,
                     "params": t.numel, "precision": "int8" if prec == "int8" else dtype, "bytes": b})
+    head = [r for r in out if r["component"] == "lm_head"] or [r for r in out if r["component"] == "embeddings"]
+    if quant == "int8" and recipe.head == "int8" and head:    # localdiff.quantize.int8.Int8Head: a second copy
+        h = head[0]
+        out.append(dict(h, component="head_int8", name="head_int8.weight", params=0, precision="int8",
+                        bytes=h["params"] + SCALE_BYTES * h["shape"][0]))
     return out
 
 

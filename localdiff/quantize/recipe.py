@@ -6,6 +6,7 @@ A recipe file::
     models = ["tiny"]                   # catalog aliases / repo ids it is meant for
     description = "..."
     default = "float"                   # precision of modules no rule matches
+    head = "float"                      # "int8": an int8 copy of the LM head for the logits (models that support it)
     [[rules]]                           # first matching rule wins
     pattern = "*router*"                # fnmatch glob on a module name
     precision = "float"                 # "int8" or "float"
@@ -82,6 +83,7 @@ class Recipe:
     description: str = ""
     plans: tuple[VramPlan, ...] = ()
     source: Path | None = field(default=None, compare=False)
+    head: str = "float"
 
     def precision_for(self, module_name: str) -> str:
         """"int8" or "float" for a module name (first matching rule, else ``default``)."""
@@ -92,8 +94,9 @@ class Recipe:
 
     def to_dict(self) -> dict:
         """JSON-serialisable form (recorded in pre-quantized checkpoints' metadata)."""
-        return {"name": self.name, "default": self.default, "rules": [list(r) for r in self.rules],
-                "models": list(self.models)}
+        out = {"name": self.name, "default": self.default, "rules": [list(r) for r in self.rules],
+               "models": list(self.models)}
+        return out | ({"head": self.head} if self.head != "float" else {})
 
     @classmethod
     def from_dict(cls, data: dict, source: Path | None = None, name: str | None = None) -> "Recipe":
@@ -114,6 +117,9 @@ class Recipe:
         default = data.get("default", "float")
         if default not in PRECISIONS:
             raise RecipeError(f"{where}: default precision {default!r} (use one of {', '.join(PRECISIONS)})")
+        head = data.get("head", "float")
+        if head not in PRECISIONS:
+            raise RecipeError(f"{where}: head precision {head!r} (use one of {', '.join(PRECISIONS)})")
         plans = []
         for p in data.get("plans", []):
             if not isinstance(p, dict) or "gpu_mem" not in p:
@@ -128,7 +134,7 @@ class Recipe:
                 raise RecipeError(f"{where}: {e}") from None
         return cls(name=str(data.get("name") or name or (source.stem if source else "custom")), rules=tuple(rules),
                    default=default, models=tuple(data.get("models", ())), description=str(data.get("description", "")),
-                   plans=tuple(plans), source=source)
+                   plans=tuple(plans), source=source, head=head)
 
 
 #: The rules used when no recipe is named: int8 for attention projections, the dense MLP and the experts;

@@ -1,0 +1,198 @@
+"""The native small-M int8 matmul (``native_int8.c``): compiled on first use with the system C compiler, loaded
+with ctypes.
+
+``y[m, n] = scale[n] · Σ_k x[m, k] · q[n, k]`` for fp32 activations x [M, K] and the per-output-channel int8 weights
+of :mod:`localdiff.quantize.int8` (q int8 [N, K], scale bf16 or fp32 [N]): the weight is streamed once, each int8
+element converted to fp32 once and multiplied with all M rows (fused multiply-adds, M × R vector accumulators), so
+a small-M product reads ~1 byte per weight instead of casting the weight per call. No activation quantization: the
+result is ``dequantize(q, scale) @ xᵀ`` in fp32 up to the summation order.
+
+Build: ``$CC`` (else ``cc`` / ``gcc`` on PATH) ``-O3 -march=native -fPIC -shared`` (without ``-march=native`` when the
+compiler refuses it) into the user cache dir (``platformdirs.user_cache_dir("localdiff")/native``), keyed by the
+source's hash, the compiler's version line, the flags and the CPU's feature flags; a finished build is reused.
+``LOCALDIFF_NATIVE_INT8=fma`` keeps the FMA kernel where AMX would run.
+No compiler, a failed compile or ``LOCALDIFF_NATIVE_INT8=0`` → :func:`library` is None and :func:`status` says why in
+one line (the callers keep their torch kernels).
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("native_int8.c")
+ENV = "LOCALDIFF_NATIVE_INT8"
+_FLAGS = ("-O3", "-march=native", "-fPIC", "-shared")
+
+#: most activation rows the native kernel is offered for (its AMX path's tile width; more rows are prefill, where
+#: the torch GEMMs win)
+MAX_ROWS = 16
+
+_LIB: ctypes.CDLL | None = None
+_HAS_AMX: dict = {}            # id(library) → bool
+_STATUS: str | None = None     # None = not tried yet
+
+
+def _compiler() -> str | None:
+    cc = os.environ.get("CC")
+    if cc and shutil.which(cc):
+        return shutil.which(cc)
+    return shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() + platform.machine()
+
+
+def _cache_dir() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("localdiff")) / "native"
+
+
+def build(cc: str, flags: tuple[str, ...] = _FLAGS, out_dir: Path | None = None) -> Path:
+    """Compile ``native_int8.c`` with ``cc`` and ``flags`` into ``out_dir`` (default: the keyed cache folder);
+    returns the shared library's path (an existing build of the same key is reused).
+
+    Raises:
+        RuntimeError: the compiler failed (message: its first error line) or timed out.
+    """
+    try:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise RuntimeError(f"{cc} --version failed: {e}") from None
+    version = version.splitlines()[0] if version else cc
+    key = hashlib.sha256("\n".join([SOURCE.read_text(), cc, version, " ".join(flags), _cpu_flags()]).encode())
+    out_dir = out_dir or _cache_dir() / key.hexdigest()[:16]
+    lib = out_dir / "liblocaldiff_int8.so"
+    if lib.is_file():
+        return lib
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
+    os.close(fd)
+    try:
+        r = subprocess.run([cc, *flags, "-o", tmp, str(SOURCE), "-lpthread", "-lm"], capture_output=True, text=True,
+                           timeout=300)
+        if r.returncode != 0:
+            err = next((ln for ln in r.stderr.splitlines() if "error" in ln), r.stderr.strip()[:200] or "failed")
+            raise RuntimeError(f"{Path(cc).name} {' '.join(flags)}: {err.strip()}")
+        os.replace(tmp, lib)                       # atomic: a concurrent process sees a whole library or none
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"{Path(cc).name} timed out") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return lib
+
+
+def _load(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
+    f = lib.localdiff_int8_mm
+    f.restype = ctypes.c_int
+    f.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_long,
+                  ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
+    lib.localdiff_int8_vector_width.restype = ctypes.c_int
+    g = lib.localdiff_int8_mm_amx
+    g.restype = ctypes.c_int
+    g.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_void_p,
+                  ctypes.c_long, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_long,
+                  ctypes.c_int]
+    lib.localdiff_int8_has_amx.restype = ctypes.c_int
+    return lib
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded kernel library, built on the first call; None when unavailable (see :func:`status`)."""
+    global _LIB, _STATUS
+    if _STATUS is not None:
+        return _LIB
+    if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+        _STATUS = f"native int8 kernel off ({ENV}=0)"
+        return None
+    cc = _compiler()
+    if cc is None:
+        _STATUS = "native int8 kernel unavailable: no C compiler (cc / gcc / clang) on PATH"
+        return None
+    err = ""
+    for flags in (_FLAGS, tuple(f for f in _FLAGS if f != "-march=native")):
+        try:
+            _LIB = _load(build(cc, flags))
+            width = _LIB.localdiff_int8_vector_width()
+            amx = bool(os.environ.get(ENV, "").strip().lower() != "fma" and _LIB.localdiff_int8_has_amx())
+            _HAS_AMX[id(_LIB)] = amx
+            _STATUS = (f"native int8 kernel: {'AMX-INT8 tiles, ' if amx else ''}{width}-lane fp32 FMA "
+                       f"({Path(cc).name} {' '.join(flags[:2])})")
+            return _LIB
+        except (RuntimeError, OSError, AttributeError) as e:
+            err = str(e).splitlines()[0] if str(e) else type(e).__name__
+    _STATUS = f"native int8 kernel unavailable: {err}"
+    return None
+
+
+def has_amx() -> bool:
+    """True when the loaded library runs its AMX-INT8 path in this process."""
+    lib = library()
+    return lib is not None and bool(_HAS_AMX.get(id(lib)))
+
+
+def status() -> str:
+    """One line: which native kernel is loaded, or why none is (builds it first if not tried yet)."""
+    library()
+    return _STATUS or ""
+
+
+def reset() -> None:
+    """Forget the loaded library / failure (tests that change the environment; see also
+    :func:`localdiff.quantize.int8.reset_kernels`)."""
+    global _LIB, _STATUS
+    _LIB, _STATUS = None, None
+
+
+def matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, threads: int | None = None) -> torch.Tensor:
+    """``(x @ qᵀ) · scale`` by the native kernel (:func:`library` must not be None): AMX-INT8 when this CPU and
+    process have it and M ≤ :data:`MAX_ROWS` (exact integer products of q with x rounded to 27 bits below its row's
+    largest power of two, see ``native_int8.c``), else fp32 FMAs (x cast to fp32; exact fp32 products).
+
+    Args:
+        x: bf16 or fp32 Tensor[M, K] with unit stride along K (any row stride).
+        q: int8 Tensor[N, K], contiguous. scale: bf16 or fp32 Tensor[N], contiguous.
+        threads: threads splitting N (default ``torch.get_num_threads()``).
+    Returns:
+        Tensor[M, N] in x's dtype.
+    Raises:
+        ValueError: other dtypes or layouts.
+    """
+    lib = _LIB if _LIB is not None else library()
+    m, k = x.shape
+    n = q.shape[0]
+    if x.dtype not in (torch.float32, torch.bfloat16) or x.stride(1) != 1 or not q.is_contiguous() \
+            or not scale.is_contiguous() or scale.dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError("native int8 matmul: bf16/fp32 x with unit K stride, contiguous int8 q, bf16/fp32 scale")
+    threads = threads or torch.get_num_threads()
+    sbf = int(scale.dtype == torch.bfloat16)
+    y = torch.empty(m, n, dtype=x.dtype)
+    if m <= MAX_ROWS and _HAS_AMX.get(id(lib)):
+        rc = lib.localdiff_int8_mm_amx(x.data_ptr(), int(x.dtype == torch.bfloat16), x.stride(0), m, k,
+                                       q.data_ptr(), n, scale.data_ptr(), sbf, y.data_ptr(),
+                                       int(y.dtype == torch.bfloat16), n, threads)
+        if rc == 0:
+            return y
+    xf = x.float()
+    yf = y if y.dtype == torch.float32 else torch.empty(m, n, dtype=torch.float32)
+    lib.localdiff_int8_mm(xf.data_ptr(), xf.stride(0), m, k, q.data_ptr(), n, scale.data_ptr(), sbf, yf.data_ptr(),
+                          n, threads)
+    return yf if y.dtype == torch.float32 else yf.to(y.dtype)

@@ -50,7 +50,7 @@ def block_plan(gen_length: int, block_length: int | None, steps: int | None) -> 
 def run(net, policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None, max_new_tokens: int,
         block_length: int | None, steps: int | None, cache: str, mask_id: int, eos_ids: list[int],
         pad_id: int | None, emit_steps: bool = True, decode=None, stats: GenerationStats | None = None,
-        store=None, cancel=None):
+        store=None, cancel=None, stop_at_eos: bool = True):
     """Generate after a left-padded prompt; yields StepEvent (when ``emit_steps``), CanvasDone per block, then Done.
 
     Args:
@@ -66,6 +66,9 @@ def run(net, policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
             indexable K/V with ``.prefix(end)`` (the engine passes :class:`localdiff.cache.window.WindowStore`: device
             budget, host tier); None = the list as returned, on the device.
         cancel: ``cancel() -> bool`` polled before every denoising step; True ends the generator there (no Done).
+        stop_at_eos: end after the block where every row has an EOS (False: every block is decoded, for every row,
+            as LLaDA ``generate.py`` and llama.cpp ``examples/diffusion``; the returned rows are the same, cut at
+            each row's first EOS: later blocks never change earlier ones).
     """
     st = stats or GenerationStats()
     t0 = time.perf_counter()
@@ -86,7 +89,7 @@ def run(net, policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
     finals: list[torch.Tensor] = []
     for ci, (off, length, n_steps) in enumerate(block_plan(g, block_length, steps)):
         start, end = p + off, p + off + length
-        active = ~finished
+        active = ~finished if stop_at_eos else torch.ones_like(finished)
         n_active = int(active.sum())                       # rows still decoding (fixed within a block)
         all_active = n_active == b
         xv = x[:, start:end]                               # a view: commits write x through it
@@ -128,7 +131,8 @@ def run(net, policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
         yield CanvasDone(ci, final.cpu(), text, used, finished.cpu())
         if bool(finished.all()):
             reason = "eos"
-            break
+            if stop_at_eos:
+                break
     out = torch.cat(finals, dim=1)
     rows, order = [], []
     for r in range(b):

@@ -101,27 +101,28 @@ def run(net, policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
         while bool(masked.any()) and i < cap:
             if cancel is not None and cancel():
                 return
-            if logits is None:
-                sel = masked if SKIP_COMMITTED else None
-                logits, kv = _block_logits(net, policy, x, amask, start, end, shift, cache, kv, i == 0, p, mask_id,
-                                           store, sel)
-                logits = _no_mask(logits, mask_id)
-                forwards += n_active
-                used += 1
-            gstep += 1
-            xb = xv
-            x0, transfer = policy.step(logits, xb, masked, i)
-            transfer &= masked
-            if bool(transfer.any()):
-                torch.where(transfer, x0, xb, out=xv)        # xb is xv: elementwise, in place
-                commit[:, off:off + length].masked_fill_(transfer, gstep)
-                new_logits = None
-            else:
-                new_logits = logits
-            if emit_steps:
+            with torch.inference_mode():   # the step's ops skip autograd's dispatch (nothing needs gradients)
+                if logits is None:
+                    sel = masked if SKIP_COMMITTED else None
+                    logits, kv = _block_logits(net, policy, x, amask, start, end, shift, cache, kv, i == 0, p,
+                                               mask_id, store, sel)
+                    logits = _no_mask(logits, mask_id)
+                    forwards += n_active
+                    used += 1
+                gstep += 1
+                xb = xv
+                x0, transfer = policy.step(logits, xb, masked, i)
+                transfer &= masked
+                if bool(transfer.any()):
+                    torch.where(transfer, x0, xb, out=xv)        # xb is xv: elementwise, in place
+                    commit[:, off:off + length].masked_fill_(transfer, gstep)
+                    new_logits = None
+                else:
+                    new_logits = logits
+                now = xv == mask_id if all_active else (xv == mask_id) & active[:, None]
+            if emit_steps:     # outside inference mode: the consumer runs between yields
                 yield _event(ci, used, n_steps, x[:, start:end], logits, xb, masked, mask_id)
-            logits = new_logits
-            masked = xv == mask_id if all_active else (xv == mask_id) & active[:, None]
+            logits, masked = new_logits, now
             i += 1
         row0_done = bool(finished[0])
         final, finished = finalize_canvas(x[:, start:end], finished, eos_t, pad_id)

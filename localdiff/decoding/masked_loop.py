@@ -93,6 +93,7 @@ def run(net, policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
         n_active = int(active.sum())                       # rows still decoding (fixed within a block)
         all_active = n_active == b
         xv = x[:, start:end]                               # a view: commits write x through it
+        cv = commit[:, off:off + length]                   # the block's commit steps (a view)
         masked = xv == mask_id if all_active else (xv == mask_id) & active[:, None]
         policy.begin_block(masked, n_steps, start)
         kv, logits, used = None, None, 0
@@ -115,7 +116,7 @@ def run(net, policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
                 transfer &= masked
                 if bool(transfer.any()):
                     torch.where(transfer, x0, xb, out=xv)        # xb is xv: elementwise, in place
-                    commit[:, off:off + length].masked_fill_(transfer, gstep)
+                    cv.masked_fill_(transfer, gstep)
                     new_logits = None
                 else:
                     new_logits = logits
@@ -192,7 +193,7 @@ def _no_mask(logits: torch.Tensor, mask_id: int) -> torch.Tensor:
     less per step), or a copy for an inference tensor outside inference mode (torch refuses to update those)."""
     if logits.is_inference() and not torch.is_inference_mode_enabled():
         return logits.index_fill(-1, torch.tensor([mask_id], device=logits.device), -torch.inf)
-    logits[..., mask_id] = -torch.inf
+    logits.select(-1, mask_id).fill_(-torch.inf)
     return logits
 
 

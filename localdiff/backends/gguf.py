@@ -198,7 +198,7 @@ class GGUFNet:
             arr = (ctypes.c_float * (self.n_ctx * self.n_vocab)).from_address(addr)
             self._view = torch.frombuffer(arr, dtype=torch.float32).view(self.n_ctx, self.n_vocab)
             self._view_addr = addr
-        return self._view[:n]
+        return self._view.narrow(0, 0, n)
 
     #: logits_full takes ``rows`` / ``select`` (arch.base): only those rows are copied out of llama.cpp's buffer
     #: (llama.cpp's encoder path still computes every row: it has no output selection for non-causal passes)
@@ -222,11 +222,11 @@ class GGUFNet:
         ids = input_ids.cpu()
         keep = None if attention_mask is None or bool(attention_mask.all()) else attention_mask.bool().cpu()
         if b == 1 and keep is None:
-            got = self._pass(ids[0], None)[lo:hi]
+            got = self._pass(ids[0], None).narrow(0, lo, hi - lo)
             if select is None:
-                return got.clone()[None]
-            # one op: the selected rows copied out of llama.cpp's buffer, the rest 0
-            return torch.where(select.cpu()[0, :, None], got, 0.0)[None]
+                return got.clone().unsqueeze(0)
+            # one op: the selected rows copied out of llama.cpp's buffer, the rest 0 (no Python indexing)
+            return torch.where(select.cpu()[0].unsqueeze(-1), got, 0.0).unsqueeze(0)
         out = torch.zeros((b, hi - lo, self.n_vocab), dtype=torch.float32)
         for r in range(b):
             if keep is None:

@@ -82,6 +82,26 @@ def test_eos_inside_a_block_ends_generation_and_is_not_counted_past(make):
     assert checked >= 10
 
 
+def test_stop_at_eos_off_decodes_every_block_and_returns_the_same_answer(make):
+    m = make()
+    checked = 0
+    for p in PROMPTS:
+        full = _answer(up.llada_generate(m.net.logits_full, torch.tensor([p]), 16, 16, 4), p)
+        k = next((k for k in range(3, 11) if full[k] not in full[:k] and k % 4 not in (0,)), None)
+        if k is None:
+            continue
+        me = make(eos_token_id=(full[k],))
+        kw = dict(max_new_tokens=16, seed=0, chat=False, steps=16, block_length=4, emit_steps=False)
+        stop = list(me.stream(list(p), **kw))
+        every = list(me.stream(list(p), stop_at_eos=False, **kw))
+        assert every[-1].token_ids == stop[-1].token_ids == full[:k + 1]     # upstream runs every block too
+        assert every[-1].finish_reason == "eos" and every[-1].stats.forwards == 16   # 4 blocks x 4 steps
+        assert len([e for e in every if isinstance(e, CanvasDone)]) == 4
+        assert every[-1].stats.commit_step == stop[-1].stats.commit_step
+        checked += 1
+    assert checked >= 10
+
+
 # ------------------------------------------------------------------------------------------------ Fast-dLLM
 @pytest.mark.parametrize("rule", [{"threshold": 0.9}, {"threshold": 0.5}, {"threshold": 0.25}, {"factor": 1.0},
                                   {"factor": 3.0}])

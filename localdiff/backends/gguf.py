@@ -157,26 +157,30 @@ class GGUFNet:
             b.n_seq_id[i] = 1
             b.seq_id[i][0] = 0
             b.logits[i] = 1
-        # zero-copy numpy views of the batch's token / position arrays: a pass writes ids with one vectorized copy
-        self._tok = np.ctypeslib.as_array(b.token, shape=(size,))
-        self._pos = np.ctypeslib.as_array(b.pos, shape=(size,))
-        self._pos[:] = np.arange(size, dtype=np.int32)
+        # zero-copy torch views of the batch's token / position arrays: a pass writes ids with one copy (int64 →
+        # int32). Torch, not numpy, on the per-pass path: after a pass llama.cpp has evicted the caches, and every
+        # op's code runs cold; one library's ops instead of two is measurably less (localdiff.bench.gguf)
+        self._tok = torch.from_numpy(np.ctypeslib.as_array(b.token, shape=(size,)))
+        self._pos = torch.from_numpy(np.ctypeslib.as_array(b.pos, shape=(size,)))
+        self._pos.copy_(torch.arange(size, dtype=torch.int32))
         self._pos_plain = True           # positions = row index (no left padding): nothing to write per pass
         return ctx
 
-    def _pass(self, ids: np.ndarray, pos: np.ndarray | None) -> np.ndarray:
-        """One llama.cpp pass: int64 ids [n] at positions ``pos`` (None = 0..n-1) → a float32 [n, V] numpy VIEW of
-        llama.cpp's logits buffer (valid until the next pass: copy what you keep)."""
+    def _pass(self, ids: torch.Tensor, pos: torch.Tensor | None) -> torch.Tensor:
+        """One llama.cpp pass: LongTensor ids [n] (CPU) at positions ``pos`` (IntTensor [n]; None = 0..n-1) → a
+        float32 [n, V] VIEW of llama.cpp's logits buffer (valid until the next pass: copy what you keep)."""
         lib, n = self.lib, len(ids)
         ctx = self._context(n)
-        if n and int(ids.astype(np.int64, copy=False).view(np.uint64).max()) >= self.n_vocab:   # negative: huge
-            raise UsageError(f"token id out of range [0, {self.n_vocab})")
-        self._tok[:n] = ids                       # int64 → int32, in place in the batch
+        if n:
+            lo, hi = torch.aminmax(ids)
+            if int(lo) < 0 or int(hi) >= self.n_vocab:
+                raise UsageError(f"token id out of range [0, {self.n_vocab})")
+        self._tok[:n].copy_(ids)                  # int64 → int32, in place in the batch
         if pos is not None:
-            self._pos[:n] = pos
+            self._pos[:n].copy_(pos)
             self._pos_plain = False
         elif not self._pos_plain:
-            self._pos[:n] = np.arange(n, dtype=np.int32)
+            self._pos[:n].copy_(torch.arange(n, dtype=torch.int32))
             self._pos_plain = True
         self._batch.n_tokens = n
         rc = lib.llama_decode(ctx, self._batch)
@@ -184,17 +188,17 @@ class GGUFNet:
             raise LocaldiffError(f"{self.path}: llama.cpp decode failed (code {rc})")
         return self._logits_view(n)
 
-    def _logits_view(self, n: int) -> np.ndarray:
-        """float32 [n, V] numpy view of llama.cpp's logits buffer. The view over the whole context is made once per
+    def _logits_view(self, n: int) -> torch.Tensor:
+        """float32 [n, V] torch view of llama.cpp's logits buffer. The view over the whole context is made once per
         buffer address (llama.cpp moves the buffer only when it reallocates its outputs; only the first n rows, this
         pass's outputs, are ever read): building a ctypes array type per pass cost more than the rest of the pass's
         Python work."""
         addr = self._logits_addr(self.ctx)
         if addr != self._view_addr:
             arr = (ctypes.c_float * (self.n_ctx * self.n_vocab)).from_address(addr)
-            self._view = np.frombuffer(arr, dtype=np.float32).reshape(self.n_ctx, self.n_vocab)
+            self._view = torch.frombuffer(arr, dtype=torch.float32).view(self.n_ctx, self.n_vocab)
             self._view_addr = addr
-        return self._view[:n]
+        return self._view.narrow(0, 0, n)
 
     #: logits_full takes ``rows`` / ``select`` (arch.base): only those rows are copied out of llama.cpp's buffer
     #: (llama.cpp's encoder path still computes every row: it has no output selection for non-causal passes)
@@ -215,27 +219,26 @@ class GGUFNet:
         """
         b, t = input_ids.shape
         lo, hi = rows if rows is not None else (0, t)
-        ids = input_ids.numpy() if input_ids.device.type == "cpu" else input_ids.cpu().numpy()
-        keep = None if attention_mask is None or bool(attention_mask.all()) else attention_mask.bool().cpu().numpy()
+        ids = input_ids.cpu()
+        keep = None if attention_mask is None or bool(attention_mask.all()) else attention_mask.bool().cpu()
         if b == 1 and keep is None:
-            got = self._pass(ids[0], None)[lo:hi]
+            got = self._pass(ids[0], None).narrow(0, lo, hi - lo)
             if select is None:
-                return torch.from_numpy(got.copy())[None]
-            # one numpy call: the selected rows copied out of llama.cpp's buffer, the rest 0
-            return torch.from_numpy(np.where(select.cpu().numpy()[0, :, None], got, np.float32(0)))[None]
-        else:
-            out = torch.zeros((b, hi - lo, self.n_vocab), dtype=torch.float32)
-            for r in range(b):
-                if keep is None:
-                    out[r] = torch.from_numpy(self._pass(ids[r], None)[lo:hi])
-                    continue
-                pos = np.flatnonzero(keep[r])              # real tokens keep their padded-row positions
-                logits = self._pass(ids[r][pos], pos.astype(np.int32))
-                inside = (pos >= lo) & (pos < hi)
-                out[r, torch.from_numpy(pos[inside] - lo)] = torch.from_numpy(logits[inside])
+                return got.clone().unsqueeze(0)
+            # one op: the selected rows copied out of llama.cpp's buffer, the rest 0 (no Python indexing)
+            return torch.where(select.cpu()[0].unsqueeze(-1), got, 0.0).unsqueeze(0)
+        out = torch.zeros((b, hi - lo, self.n_vocab), dtype=torch.float32)
+        for r in range(b):
+            if keep is None:
+                out[r] = self._pass(ids[r], None)[lo:hi]
+                continue
+            pos = keep[r].nonzero()[:, 0]                  # real tokens keep their padded-row positions
+            logits = self._pass(ids[r][pos], pos.to(torch.int32))
+            inside = (pos >= lo) & (pos < hi)
+            out[r, pos[inside] - lo] = logits[inside]
         if select is not None and not bool(select.all()):
             out.masked_fill_(~select.to(out.device)[..., None], 0.0)
-        return out
+        return out.to(input_ids.device)
 
     def end_tokens(self) -> list[int]:
         """The ids llama.cpp treats as end of generation (``llama_vocab_is_eog``: EOS, EOT, EOM and the end-of-turn

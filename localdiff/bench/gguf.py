@@ -7,7 +7,9 @@ budget 32 tokens, the same threads, runs interleaved per prompt.
 
 1. **Same algorithm, same step count**: LLaDA's block schedule with one token per step, greedy. llama.cpp's loop:
    block schedule, confidence-based, ``top_k`` 1, ``steps`` = P + 32 over its (P + 32) / B blocks; ours:
-   ``steps=32, block_length=B``, low-confidence remasking at temperature 0. B = the largest of 8, 4, 2, 1 dividing
+   ``steps=32, block_length=B, stop_at_eos=False``, low-confidence remasking at temperature 0: every block decoded,
+   as llama.cpp's loop does (it never stops at EOS), so both run all 32 steps and the per-generation costs weigh
+   alike in the per-forward figures (the answer, cut at EOS, is the same as with the default stop). B = the largest of 8, 4, 2, 1 dividing
    the prompt length P, because llama.cpp's loop needs B | P + 32 and starts its blocks at P; it then also runs one
    forward for each of the P / B blocks that lie past the end (it decodes before it looks for masks): counted as
    ``extra_forwards``. (With top-k 1 its confidence is 1 everywhere, so its order is left to right; ours is by
@@ -94,7 +96,7 @@ def _runs(m, gguf, exe, items, threads: int, cli: bool = False, only=None) -> di
         for k in names:
             a = acc[k]
             if k == OURS_SAME or k in THRESHOLDS:
-                kw = dict(block_length=b) if k == OURS_SAME else dict(
+                kw = dict(block_length=b, stop_at_eos=False) if k == OURS_SAME else dict(
                     block_length=THRESHOLDS[k][1] or b, threshold=THRESHOLDS[k][0])
                 c0 = time.process_time()
                 g = m.generate(ids, max_new_tokens=G, seed=0, steps=G, **kw)

@@ -50,7 +50,7 @@ def block_plan(gen_length: int, block_length: int | None, steps: int | None) -> 
 def run(net, policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None, max_new_tokens: int,
         block_length: int | None, steps: int | None, cache: str, mask_id: int, eos_ids: list[int],
         pad_id: int | None, emit_steps: bool = True, decode=None, stats: GenerationStats | None = None,
-        store=None, cancel=None):
+        store=None, cancel=None, stop_at_eos: bool = True):
     """Generate after a left-padded prompt; yields StepEvent (when ``emit_steps``), CanvasDone per block, then Done.
 
     Args:
@@ -66,6 +66,9 @@ def run(net, policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
             indexable K/V with ``.prefix(end)`` (the engine passes :class:`localdiff.cache.window.WindowStore`: device
             budget, host tier); None = the list as returned, on the device.
         cancel: ``cancel() -> bool`` polled before every denoising step; True ends the generator there (no Done).
+        stop_at_eos: end after the block where every row has an EOS (False: every block is decoded, for every row,
+            as LLaDA ``generate.py`` and llama.cpp ``examples/diffusion``; the returned rows are the same, cut at
+            each row's first EOS: later blocks never change earlier ones).
     """
     st = stats or GenerationStats()
     t0 = time.perf_counter()
@@ -86,10 +89,11 @@ def run(net, policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
     finals: list[torch.Tensor] = []
     for ci, (off, length, n_steps) in enumerate(block_plan(g, block_length, steps)):
         start, end = p + off, p + off + length
-        active = ~finished
+        active = ~finished if stop_at_eos else torch.ones_like(finished)
         n_active = int(active.sum())                       # rows still decoding (fixed within a block)
         all_active = n_active == b
         xv = x[:, start:end]                               # a view: commits write x through it
+        cv = commit[:, off:off + length]                   # the block's commit steps (a view)
         masked = xv == mask_id if all_active else (xv == mask_id) & active[:, None]
         policy.begin_block(masked, n_steps, start)
         kv, logits, used = None, None, 0
@@ -98,27 +102,28 @@ def run(net, policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
         while bool(masked.any()) and i < cap:
             if cancel is not None and cancel():
                 return
-            if logits is None:
-                sel = masked if SKIP_COMMITTED else None
-                logits, kv = _block_logits(net, policy, x, amask, start, end, shift, cache, kv, i == 0, p, mask_id,
-                                           store, sel)
-                logits = _no_mask(logits, mask_id)
-                forwards += n_active
-                used += 1
-            gstep += 1
-            xb = xv
-            x0, transfer = policy.step(logits, xb, masked, i)
-            transfer &= masked
-            if bool(transfer.any()):
-                torch.where(transfer, x0, xb, out=xv)        # xb is xv: elementwise, in place
-                commit[:, off:off + length].masked_fill_(transfer, gstep)
-                new_logits = None
-            else:
-                new_logits = logits
-            if emit_steps:
+            with torch.inference_mode():   # the step's ops skip autograd's dispatch (nothing needs gradients)
+                if logits is None:
+                    sel = masked if SKIP_COMMITTED else None
+                    logits, kv = _block_logits(net, policy, x, amask, start, end, shift, cache, kv, i == 0, p,
+                                               mask_id, store, sel)
+                    logits = _no_mask(logits, mask_id)
+                    forwards += n_active
+                    used += 1
+                gstep += 1
+                xb = xv
+                x0, transfer = policy.step(logits, xb, masked, i)
+                transfer &= masked
+                if bool(transfer.any()):
+                    torch.where(transfer, x0, xb, out=xv)        # xb is xv: elementwise, in place
+                    cv.masked_fill_(transfer, gstep)
+                    new_logits = None
+                else:
+                    new_logits = logits
+                now = xv == mask_id if all_active else (xv == mask_id) & active[:, None]
+            if emit_steps:     # outside inference mode: the consumer runs between yields
                 yield _event(ci, used, n_steps, x[:, start:end], logits, xb, masked, mask_id)
-            logits = new_logits
-            masked = xv == mask_id if all_active else (xv == mask_id) & active[:, None]
+            logits, masked = new_logits, now
             i += 1
         row0_done = bool(finished[0])
         final, finished = finalize_canvas(x[:, start:end], finished, eos_t, pad_id)
@@ -128,7 +133,8 @@ def run(net, policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
         yield CanvasDone(ci, final.cpu(), text, used, finished.cpu())
         if bool(finished.all()):
             reason = "eos"
-            break
+            if stop_at_eos:
+                break
     out = torch.cat(finals, dim=1)
     rows, order = [], []
     for r in range(b):
@@ -187,7 +193,7 @@ def _no_mask(logits: torch.Tensor, mask_id: int) -> torch.Tensor:
     less per step), or a copy for an inference tensor outside inference mode (torch refuses to update those)."""
     if logits.is_inference() and not torch.is_inference_mode_enabled():
         return logits.index_fill(-1, torch.tensor([mask_id], device=logits.device), -torch.inf)
-    logits[..., mask_id] = -torch.inf
+    logits.select(-1, mask_id).fill_(-torch.inf)
     return logits
 
 

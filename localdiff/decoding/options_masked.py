@@ -21,6 +21,8 @@ class _FastDLLM(Options):
                                metavar="F")
     kv_cache: str = opt("none", "approximate K/V cache (Fast-dLLM): none, prefix (prompt + finished blocks) or dual "
                         "(also the masked suffix); refreshed at each block", choices=("none", "prefix", "dual"))
+    stop_at_eos: bool = opt(True, "end the generation after the first block that holds an EOS (off: decode every "
+                            "block, as LLaDA's generate.py and llama.cpp's diffusion loop; same answer, more forwards)")
 
     def check(self, typed: Mapping[str, str]) -> None:
         if self.threshold is not None and self.factor is not None:

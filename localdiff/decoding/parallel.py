@@ -21,7 +21,7 @@ def topk_transfer(confidence: torch.Tensor, k) -> torch.Tensor:
     out = torch.zeros_like(confidence, dtype=torch.bool)
     for j, kj in enumerate(k.tolist() if isinstance(k, torch.Tensor) else k):
         if kj > 0:
-            out[j, torch.topk(confidence[j], k=kj).indices] = True
+            out[j].index_fill_(0, torch.topk(confidence[j], k=kj).indices, True)   # no Python indexing per step
     return out
 
 

@@ -69,7 +69,8 @@ def stream(model, req):
         yield from masked_loop.run(model.net, policy, ids, mask, n_new, options.block_length,
                                    options.steps, options.kv_cache, model.mask_token_id, model.eos_token_ids,
                                    model.pad_token_id, emit_steps=req.emit_steps, decode=req.decode,
-                                   stats=req.stats, store=req.cache, cancel=req.cancel)
+                                   stats=req.stats, store=req.cache, cancel=req.cancel,
+                                   stop_at_eos=getattr(options, "stop_at_eos", True))
     finally:
         if req.cache is not None:
             req.cache.release()

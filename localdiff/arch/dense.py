@@ -36,6 +36,11 @@ def llama_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> 
     if x.dtype == torch.float32 and (weight is None or weight.dtype == torch.float32):
         return torch.rms_norm(x, (x.shape[-1],), weight, eps)
     xf = x.float()
+    if x.dtype != torch.float32 and not (torch.is_grad_enabled() and x.requires_grad):
+        # the same ops in place on the one fp32 copy (bit-identical: tests/test_fuse_int8.py), and the 16-bit scale
+        # multiplied in place when it has x's dtype: 4 allocations fewer per norm, 3 norms per layer
+        y = xf.mul_(xf.square().mean(-1, keepdim=True).add_(eps).rsqrt_()).to(x.dtype)
+        return y if weight is None else y.mul_(weight) if weight.dtype == y.dtype else weight * y
     y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
     return y if weight is None else weight * y
 
@@ -112,7 +117,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fp32: bool
 class Attention(nn.Module):
     """Multi-head attention with GQA: ``q_proj``/``k_proj``/``v_proj`` (bias when ``cfg.qkv_bias``), ``o_proj``
     (bias-free), optional per-head ``q_norm``/``k_norm`` (RMSNorm over head_dim, before RoPE, as Qwen3 / LLaDA-MoE),
-    optional clipping of q/k/v to ±``cfg.clip_qkv`` (after the norms, as OLMoE). Scale 1/sqrt(head_dim)."""
+    optional clipping of q/k/v to ±``cfg.clip_qkv`` (after the norms, as OLMoE). Scale 1/sqrt(head_dim).
+    ``qkv_fused``: None, or a callable x → (q, k, v) projections in one matmul, or None when it no longer applies
+    (set by ``localdiff.quantize.fuse.fuse_model`` on int8 models)."""
+
+    qkv_fused = None
 
     def __init__(self, cfg):
         super().__init__()
@@ -130,9 +139,11 @@ class Attention(nn.Module):
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """x: Tensor[B, L, H] (normed) → q Tensor[B, heads, L, D], k / v Tensor[B, kv_heads, L, D], RoPE applied."""
         b, n, _ = x.shape
-        q = self.q_proj(x).view(b, n, self.heads, self.head_dim)
-        k = self.k_proj(x).view(b, n, self.kv_heads, self.head_dim)
-        v = self.v_proj(x).view(b, n, self.kv_heads, self.head_dim)
+        fused = self.qkv_fused(x) if self.qkv_fused is not None else None
+        q, k, v = fused if fused is not None else (self.q_proj(x), self.k_proj(x), self.v_proj(x))
+        q = q.view(b, n, self.heads, self.head_dim)
+        k = k.view(b, n, self.kv_heads, self.head_dim)
+        v = v.view(b, n, self.kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.clip is not None:

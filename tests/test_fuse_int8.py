@@ -92,3 +92,33 @@ def test_bf16_rms_norm_in_place_is_bit_identical_to_the_formula():
     x32c = x32.clone()
     llama_rms_norm(x32, w, 1e-6)                          # fp32 input, bf16 scale: no in-place on x
     assert torch.equal(x32, x32c)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gqa_attention_with_stacked_query_heads_is_bit_identical_to_sdpa(dtype):
+    """Attention.attend stacks the query heads of one key-value head when every row sees the same keys (mask None
+    or a key-padding mask [B, 1, 1, Lk]); the result equals SDPA's enable_gqa bit for bit."""
+    import torch.nn.functional as F
+
+    from localdiff.arch.dense import Attention
+
+    class Cfg:
+        hidden_size, head_dim, num_attention_heads, num_key_value_heads = 36, 12, 6, 2
+        qkv_bias, qk_norm, clip_qkv, rope_fp32, rms_norm_eps = False, False, None, False, 1e-6
+
+    att = Attention(Cfg()).to(dtype)
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, h, n, 12, generator=g).to(dtype) for h, n in ((6, 4), (2, 23), (2, 23)))
+    q = q.transpose(1, 2).contiguous().transpose(1, 2)          # the layout qkv() returns
+    keep = torch.rand(2, 23, generator=g) > 0.3
+    keep[:, -1] = True
+    with torch.inference_mode():
+        for mask in (None, keep[:, None, None, :]):
+            want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+            want = att.o_proj(want.transpose(1, 2).reshape(2, 4, 72))
+            assert torch.equal(att.attend(q, k, v, mask), want)
+        full = keep[:, None, None, :].expand(2, 1, 4, 23).clone()
+        full[0, 0, 1, :5] = False                                 # per-row mask: the unstacked path
+        want = att.o_proj(F.scaled_dot_product_attention(q, k, v, attn_mask=full, enable_gqa=True)
+                          .transpose(1, 2).reshape(2, 4, 72))
+        assert torch.equal(att.attend(q, k, v, full), want)

@@ -155,6 +155,9 @@ def load_model(ckpt: Path, device: str | torch.device = "cpu", dtype: torch.dtyp
         from localdiff.quantize.int8 import quantize_head
 
         quantize_head(model)                       # an int8 copy of the LM head for the logits (recipe's head)
+    if applied is not None:
+        from localdiff.quantize.fuse import fuse_model
+        fuse_model(model)                          # q/k/v and gate/up as one int8 matmul each (exact)
     if host_layers:
         from localdiff.quantize.offload import place_model
         place_model(model, host_layers, device)   # installs the hooks that run host-layer experts on the CPU

@@ -36,6 +36,11 @@ def llama_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> 
     if x.dtype == torch.float32 and (weight is None or weight.dtype == torch.float32):
         return torch.rms_norm(x, (x.shape[-1],), weight, eps)
     xf = x.float()
+    if x.dtype != torch.float32 and not (torch.is_grad_enabled() and x.requires_grad):
+        # the same ops in place on the one fp32 copy (bit-identical: tests/test_fuse_int8.py), and the 16-bit scale
+        # multiplied in place when it has x's dtype: 4 allocations fewer per norm, 3 norms per layer
+        y = xf.mul_(xf.square().mean(-1, keepdim=True).add_(eps).rsqrt_()).to(x.dtype)
+        return y if weight is None else y.mul_(weight) if weight.dtype == y.dtype else weight * y
     y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
     return y if weight is None else weight * y
 
@@ -112,7 +117,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fp32: bool
 class Attention(nn.Module):
     """Multi-head attention with GQA: ``q_proj``/``k_proj``/``v_proj`` (bias when ``cfg.qkv_bias``), ``o_proj``
     (bias-free), optional per-head ``q_norm``/``k_norm`` (RMSNorm over head_dim, before RoPE, as Qwen3 / LLaDA-MoE),
-    optional clipping of q/k/v to ±``cfg.clip_qkv`` (after the norms, as OLMoE). Scale 1/sqrt(head_dim)."""
+    optional clipping of q/k/v to ±``cfg.clip_qkv`` (after the norms, as OLMoE). Scale 1/sqrt(head_dim).
+    ``qkv_fused``: None, or a callable x → (q, k, v) projections in one matmul, or None when it no longer applies
+    (set by ``localdiff.quantize.fuse.fuse_model`` on int8 models)."""
+
+    qkv_fused = None
 
     def __init__(self, cfg):
         super().__init__()
@@ -130,9 +139,11 @@ class Attention(nn.Module):
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """x: Tensor[B, L, H] (normed) → q Tensor[B, heads, L, D], k / v Tensor[B, kv_heads, L, D], RoPE applied."""
         b, n, _ = x.shape
-        q = self.q_proj(x).view(b, n, self.heads, self.head_dim)
-        k = self.k_proj(x).view(b, n, self.kv_heads, self.head_dim)
-        v = self.v_proj(x).view(b, n, self.kv_heads, self.head_dim)
+        fused = self.qkv_fused(x) if self.qkv_fused is not None else None
+        q, k, v = fused if fused is not None else (self.q_proj(x), self.k_proj(x), self.v_proj(x))
+        q = q.view(b, n, self.heads, self.head_dim)
+        k = k.view(b, n, self.kv_heads, self.head_dim)
+        v = v.view(b, n, self.kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.clip is not None:
@@ -143,8 +154,15 @@ class Attention(nn.Module):
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """SDPA of q [B, heads, Lq, D] over k / v [B, kv_heads, Lk, D]; mask Bool broadcastable to [B, 1, Lq, Lk]
         (True = may attend) or None (all) → o_proj output Tensor[B, Lq, hidden]."""
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.heads != self.kv_heads)
-        b, _, n, _ = out.shape
+        b, _, n, d = q.shape
+        if self.heads != self.kv_heads and (mask is None or (mask.dim() == 4 and mask.shape[1] == mask.shape[2] == 1)):
+            # every query row sees the same keys: stack the query heads that share a key-value head into one
+            # [groups * n, D] batch, so SDPA reads each K/V head once instead of once per query head —
+            # bit-identical, measured 0.43 → 0.28 ms at 4 rows × 512 keys, 3.6 → 2.1 ms at 4096 (bf16, 1 thread)
+            out = F.scaled_dot_product_attention(q.reshape(b, self.kv_heads, -1, d), k, v, attn_mask=mask)
+            out = out.view(b, self.heads, n, d)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.heads != self.kv_heads)
         return self.o_proj(out.transpose(1, 2).reshape(b, n, self.heads * self.head_dim))
 
 

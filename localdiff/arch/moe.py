@@ -16,7 +16,11 @@ from torch import nn
 
 class SwiGLU(nn.Module):
     """``down_proj(silu(gate_proj(x)) * up_proj(x))``, bias-free (hidden → inter → hidden): the Llama / Qwen MLP,
-    LLaDA's ff_proj / up_proj / ff_out, and each routed expert (:data:`Expert`)."""
+    LLaDA's ff_proj / up_proj / ff_out, and each routed expert (:data:`Expert`). ``gate_up_fused``: None, or a
+    callable x → (gate, up) projections in one matmul, or None when it no longer applies (set by
+    ``localdiff.quantize.fuse.fuse_model`` on int8 models)."""
+
+    gate_up_fused = None
 
     def __init__(self, hidden: int, inter: int):
         super().__init__()
@@ -25,7 +29,9 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(inter, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        fused = self.gate_up_fused(x) if self.gate_up_fused is not None else None
+        gate, up = fused if fused is not None else (self.gate_proj(x), self.up_proj(x))
+        return self.down_proj(F.silu(gate) * up)
 
 
 Expert = SwiGLU   # one routed expert

@@ -170,6 +170,9 @@ def measure(quick: bool, log=print, config: dict | None = None, dtype=None, tps:
         from localdiff.quantize.recipe import recipe_for_model
 
         quantize_model(net, recipe_for_model("sdar:1.7b"))   # in place, SDAR's recipe (int8 head copy too); ref bf16
+        from localdiff.quantize.fuse import fuse_model
+
+        fuse_model(net)                                       # as the loader does for int8: q/k/v, gate/up fused
         res["int8"] = {str(h): step_times(net, ref, h, 3 if quick else 5, dtype, log) for h in hist}
         from localdiff.quantize.choose import kernel_summary
 

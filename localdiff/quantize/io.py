@@ -74,7 +74,8 @@ class _ShardWriter:
         nbytes = t.numel() * t.element_size()
         if self.buf and self.size + nbytes > self.max:
             self.flush()
-        self.buf[name] = t.contiguous()
+        # a view into a larger storage (fused int8 projections: localdiff.quantize.fuse) is saved as its own copy
+        self.buf[name] = t.clone() if t.untyped_storage().nbytes() != nbytes else t.contiguous()
         self.size += nbytes
         self.total += nbytes
 

@@ -122,10 +122,15 @@ def _pull_in_thread(stand_in, pause_at=100_000):
 
 def test_rm_refuses_while_a_pull_runs_and_the_pull_finishes(cache, stand_in):
     th, release, result = _pull_in_thread(stand_in)
+    blobs = cache / "models--acme--tiny-diff" / "blobs"
     try:
+        deadline = time.monotonic() + 30      # bytes served may reach the client's file a moment later (loaded CPU)
+        while not list(blobs.glob("*.incomplete")):
+            assert time.monotonic() < deadline, "the paused pull wrote no .incomplete file"
+            time.sleep(0.02)
         with pytest.raises(HubError, match=r"a pull of acme/tiny-diff is running; wait for it"):
             hub.remove(REPO)
-        assert list((cache / "models--acme--tiny-diff" / "blobs").glob("*.incomplete"))  # untouched
+        assert list(blobs.glob("*.incomplete"))  # untouched
     finally:
         release.set()
         th.join(60)

@@ -59,15 +59,20 @@ def test_llada_classifier_free_guidance_equals_upstream(make):
         assert _gen(m, p, 8, steps=8, block_length=4, cfg_scale=1.5).token_ids == _answer(want, p)
 
 
-def test_eos_inside_a_block_ends_generation_and_is_not_counted_past(make):
+def _eos_inside_a_block(make):
+    """(prompt, upstream answer, k, model whose EOS is the answer's token k) for each prompt whose answer has a
+    first-time token at 3 ≤ k ≤ 10 not at a block start (block length 4)."""
     m = make()
-    checked = 0
     for p in PROMPTS:
         full = _answer(up.llada_generate(m.net.logits_full, torch.tensor([p]), 16, 16, 4), p)
         k = next((k for k in range(3, 11) if full[k] not in full[:k] and k % 4 not in (0,)), None)
-        if k is None:
-            continue
-        me = make(eos_token_id=(full[k],))
+        if k is not None:
+            yield p, full, k, make(eos_token_id=(full[k],))
+
+
+def test_eos_inside_a_block_ends_generation_and_is_not_counted_past(make):
+    checked = 0
+    for p, full, k, me in _eos_inside_a_block(make):
         events = list(me.stream(list(p), max_new_tokens=16, seed=0, chat=False, steps=16, block_length=4,
                                 emit_steps=False))
         done = events[-1]
@@ -83,14 +88,8 @@ def test_eos_inside_a_block_ends_generation_and_is_not_counted_past(make):
 
 
 def test_stop_at_eos_off_decodes_every_block_and_returns_the_same_answer(make):
-    m = make()
     checked = 0
-    for p in PROMPTS:
-        full = _answer(up.llada_generate(m.net.logits_full, torch.tensor([p]), 16, 16, 4), p)
-        k = next((k for k in range(3, 11) if full[k] not in full[:k] and k % 4 not in (0,)), None)
-        if k is None:
-            continue
-        me = make(eos_token_id=(full[k],))
+    for p, full, k, me in _eos_inside_a_block(make):
         kw = dict(max_new_tokens=16, seed=0, chat=False, steps=16, block_length=4, emit_steps=False)
         stop = list(me.stream(list(p), **kw))
         every = list(me.stream(list(p), stop_at_eos=False, **kw))

@@ -61,6 +61,20 @@ def advise(t: torch.Tensor) -> bool:
     return hi > lo and _madvise(lo, hi - lo, _MADV_HUGEPAGE) == 0
 
 
+def fits_in_memory(nbytes: int, share: float = 0.8) -> bool:
+    """Whether ``nbytes`` of weight copies fit in ``share`` of the memory Linux reports available
+    (``MemAvailable`` in /proc/meminfo, which counts reclaimable page cache). A checkpoint that does not fit stays
+    memory-mapped (the kernel can page it from the file; anonymous copies could only be swapped or killed). True when
+    the figure cannot be read (not Linux: :func:`available` is False there anyway)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return nbytes <= share * int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return True
+
+
 def resident(t: torch.Tensor, dtype: torch.dtype | None = None, min_bytes: int = 4 << 20) -> torch.Tensor:
     """``t`` (converted to ``dtype`` if given) as a contiguous copy in this process's own memory, advised for huge
     pages when it is ``min_bytes`` or more.

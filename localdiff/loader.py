@@ -16,7 +16,7 @@ from safetensors import safe_open
 
 from localdiff.arch import get_arch, get_spec, supported
 from localdiff.errors import CheckpointError
-from localdiff.hugepages import resident
+from localdiff.hugepages import fits_in_memory, resident
 from localdiff.paths import read_json
 
 
@@ -128,6 +128,7 @@ def load_model(ckpt: Path, device: str | torch.device = "cpu", dtype: torch.dtyp
     for local, (cand, _) in wanted.items():
         by_file.setdefault(wm[cand], []).append(local)
     loaded: dict[str, torch.Tensor] = {}
+    copy_cpu = fits_in_memory(sum(f.stat().st_size for f in by_file))   # else the weights stay memory-mapped
     for f, locals_ in by_file.items():
         with safe_open(str(f), framework="pt", device="cpu") as h:
             for local in locals_:
@@ -141,7 +142,7 @@ def load_model(ckpt: Path, device: str | torch.device = "cpu", dtype: torch.dtyp
                     continue
                 to = dtype if (t.is_floating_point() and dtype is not None and not mod.keeps_checkpoint_dtype(local)
                                and not is_quant_state(local)) else None
-                if torch.device(dev).type == "cpu":   # out of the file's 4 KiB pages into huge pages (-16 %/step)
+                if torch.device(dev).type == "cpu" and copy_cpu:   # file's 4 KiB pages → huge pages (-16 %/step)
                     loaded[local] = resident(t, to)
                 else:
                     loaded[local] = (t if to is None else t.to(to)).to(dev)

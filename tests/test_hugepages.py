@@ -46,3 +46,27 @@ def test_resident_copies_a_mapped_file_tensor(tmp_path):
     assert torch.equal(r, w)
     if hugepages.available():
         assert r.data_ptr() != mm.data_ptr()
+
+
+def test_fits_in_memory_reads_memavailable(monkeypatch, tmp_path):
+    """A checkpoint larger than the memory available stays memory-mapped (the loader asks this first)."""
+    from pathlib import Path
+
+    info = tmp_path / "meminfo"
+    info.write_text("MemTotal:       1000 kB\nMemAvailable:    100 kB\n")
+    real = Path.read_text
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: real(info) if str(self) == "/proc/meminfo"
+                        else real(self, *a, **k))
+    assert hugepages.fits_in_memory(80 * 1024) and not hugepages.fits_in_memory(81 * 1024)
+
+
+def test_loader_keeps_weights_mapped_when_they_do_not_fit(monkeypatch):
+    """With copies refused, no weight is copied and the loaded weights equal the copied ones."""
+    import localdiff
+    from localdiff import loader
+
+    copied = localdiff.load("tiny").net.state_dict()
+    monkeypatch.setattr(loader, "fits_in_memory", lambda nbytes: False)
+    monkeypatch.setattr(loader, "resident", lambda *a, **k: (_ for _ in ()).throw(AssertionError("copied")))
+    mapped = localdiff.load("tiny").net.state_dict()
+    assert copied.keys() == mapped.keys() and all(torch.equal(copied[k], mapped[k]) for k in copied)

@@ -146,6 +146,9 @@ CASES = [
      "did you mean 'threshold'"),
     ("pull a folder", ["pull", "{ckpt}"], None, {}, 2, "nothing to pull"),
     ("pull offline", ["pull", "acme/x"], None, {}, 1, "offline mode"),
+    ("serve unknown model", ["serve", "-m", "no-such-model"], None, {}, 1, "unknown model 'no-such-model'"),
+    ("serve unresolvable host", ["serve", "--host", "no-such-host.invalid", "--insecure"], None, {}, 1,
+     "--host no-such-host.invalid: cannot resolve it"),
     ("rm embedded", ["rm", "tiny"], None, {}, 2, "embedded"),
     ("rm never pulled", ["rm", "acme/x"], None, {}, 1, "nothing to remove"),
     ("rm unknown name", ["rm", "nothing-here"], None, {}, 1, "'nothing-here' is not installed"),
@@ -198,6 +201,20 @@ def test_bad_input_gives_one_line_and_exit_code(case, ckpt, broken, isolated, mo
     assert err.count("\n") == 1 and err.startswith("error: "), err
     assert "Traceback" not in err
     assert fragment in err
+
+
+def test_serve_on_a_taken_port_is_one_line(capsys):
+    """(uvicorn alone logged six lines and exited 3)"""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert main(["serve", "--port", str(port)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: cannot listen on 127.0.0.1:{port}: Address already in use (is another server running "
+                   "there? use --port)"]
 
 
 def test_corpus_names_are_unique_and_fragments_specific():

@@ -15,6 +15,29 @@ DEFAULT_PORT = 11436
 LOG_FORMAT = "%(levelname)s:     %(message)s"   # localdiff's server log lines (access lines included)
 
 
+def check_port(host: str, port: int) -> None:
+    """Bind ``host``:``port`` once and let go, so that a taken port or an unknown host is one line before the
+    server starts (uvicorn would log several lines and exit 3).
+
+    Raises:
+        LocaldiffError: the host does not resolve, or the address cannot be bound (in use, not this machine's).
+    """
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as e:
+        raise LocaldiffError(f"--host {host}: cannot resolve it ({getattr(e, 'strerror', None) or e})") from None
+    family, kind, proto, _, addr = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)     # as uvicorn binds
+        try:
+            sock.bind(addr)
+        except OSError as e:
+            hint = " (is another server running there? use --port)" if e.errno == 98 else ""
+            raise LocaldiffError(f"cannot listen on {host}:{port}: {e.strerror or e}{hint}") from None
+
+
 def check_binding(host: str, api_key: str | None, insecure: bool) -> None:
     """Refuse a non-loopback ``host`` unless an API key is set or ``insecure`` is explicit.
 
@@ -59,6 +82,13 @@ def serve(model: str | None, default_model: str, host: str = "127.0.0.1", port: 
         UsageError: bad binding; LocaldiffError: the ASGI stack is missing or the port is taken.
     """
     check_binding(host, api_key, insecure)
+    if model is not None:                  # a name that cannot load is an error now, not a log line after start
+        import localdiff
+        from localdiff.loader import gguf_target
+
+        if gguf_target(model) is None:
+            localdiff._resolve_path(model)
+    check_port(host, port)
     try:
         import uvicorn
     except ImportError:
@@ -87,4 +117,4 @@ def serve(model: str | None, default_model: str, host: str = "127.0.0.1", port: 
     return 0
 
 
-__all__ = ["serve", "uvicorn_config", "check_binding", "DEFAULT_PORT", "LOCAL_HOSTS"]
+__all__ = ["serve", "uvicorn_config", "check_binding", "check_port", "DEFAULT_PORT", "LOCAL_HOSTS"]

@@ -146,7 +146,7 @@ def _cpu_precision(path, dtype):
 
     if dtype is not None:
         name = str(dtype).removeprefix("torch.")
-        return capability.Precision(name, "asked for", capability.torch_capability(),
+        return capability.Precision(name, "--dtype, LOCALDIFF_DTYPE or load(dtype=)", capability.torch_capability(),
                                     capability.bf16_instructions(), {}, chosen_by="asked")
     from localdiff.arch import get_spec
     from localdiff.paths import read_json

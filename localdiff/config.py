@@ -187,6 +187,14 @@ def known_environment() -> set[str]:
     return {*_ENV_TOP, *_ENV_OTHER, *(spec.env for spec in all_specs())}
 
 
+#: variables with a fixed set of values (checked by :func:`check_environment`; others are checked where read)
+_ENV_CHOICES = {
+    "LOCALDIFF_NATIVE_INT8": ("0", "1", "fma", "off", "on", "false", "true", "no", "yes"),   # quantize/native.py
+    "LOCALDIFF_INT8_KERNEL": ("auto", "native", "int8pack", "dequant"),                      # quantize/choose.py
+    "LOCALDIFF_DTYPE": ("float32", "bfloat16", "float16"),                                   # localdiff.load
+}
+
+
 def check_environment(env: Mapping[str, str] | None = None) -> None:
     """Refuse a ``LOCALDIFF_*`` variable that nothing reads (a typo would otherwise be ignored silently), with the
     nearest known name. Every subcommand runs it (``localdiff.cli.dispatch``).
@@ -203,6 +211,10 @@ def check_environment(env: Mapping[str, str] | None = None) -> None:
         near = near or difflib.get_close_matches(var, sorted(known_env), n=1)
         hint = f" (did you mean {near[0]}?)" if near else ""
         raise UsageError(f"unknown environment variable {var}{hint}; unset it or use a known LOCALDIFF_* name")
+    for var, choices in _ENV_CHOICES.items():
+        value = env.get(var)
+        if value is not None and value.strip() and value.strip().lower() not in choices:
+            raise UsageError(f"{var}={value!r}: use one of {', '.join(choices)} (or unset it)")
 
 
 def load_user_config(env: Mapping[str, str] | None = None, path: Path | None = None) -> Config:

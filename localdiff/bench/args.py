@@ -46,8 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _sections(args) -> list[str]:
-    if args.only:
+    if args.only is not None:
         names = [s.strip() for s in args.only.split(",") if s.strip()]
+        if not names:
+            raise UsageError(f"--only: name at least one section ({', '.join(SECTIONS)})")
         bad = [s for s in names if s not in SECTIONS]
         if bad:
             raise UsageError(f"unknown section {bad[0]!r} (choose from {', '.join(SECTIONS)})")

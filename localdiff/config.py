@@ -260,12 +260,15 @@ def load_user_config(env: Mapping[str, str] | None = None, path: Path | None = N
         if env.get(spec.env, "") != "":
             sampler[spec.name] = spec.coerce(env[spec.env], spec.env)
             origins[spec.name] = f"env:{spec.env}"
-    _check_pair(sampler, where)
+    _check_pair(sampler, where, origins)
     return Config(**top, sampler=MappingProxyType(sampler), path=path, origins=MappingProxyType(origins))
 
 
-def _check_pair(sampler: Mapping[str, Any], where: str) -> None:
+def _check_pair(sampler: Mapping[str, Any], where: str, origins: Mapping[str, str] | None = None) -> None:
+    """t_min ≤ t_max; the message names where t_max came from (the file, or ``LOCALDIFF_T_MAX``)."""
     if "t_min" in sampler and "t_max" in sampler and sampler["t_max"] < sampler["t_min"]:
+        got = (origins or {}).get("t_max", "")
+        where = got[len("env:"):] if got.startswith("env:") else where
         raise UsageError(f"{where}: t_max: must be ≥ t_min ({sampler['t_min']}) (got {sampler['t_max']})")
 
 

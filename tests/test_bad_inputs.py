@@ -154,6 +154,8 @@ CASES = [
     ("rm unknown name", ["rm", "nothing-here"], None, {}, 1, "'nothing-here' is not installed"),
     ("bench zero threads", ["bench", "--threads", "0"], None, {}, 2, "--threads must be ≥ 1 (got 0)"),
     ("bench --only empty", ["bench", "--only", ""], None, {}, 2, "--only: name at least one section"),
+    ("env t_max below t_min", ["gen", "-p", "x"], None, {"LOCALDIFF_T_MIN": "5", "LOCALDIFF_T_MAX": "0.1"}, 2,
+     "LOCALDIFF_T_MAX: t_max: must be ≥ t_min (5.0) (got 0.1)"),
     ("bad native int8 switch", ["gen", "-p", "x"], None, {"LOCALDIFF_NATIVE_INT8": "bogus"}, 2,
      "LOCALDIFF_NATIVE_INT8='bogus': use one of 0, 1, fma"),
     ("show corrupt config", ["show", "{broken:corrupt_config}"], None, {}, 1, "not valid JSON"),

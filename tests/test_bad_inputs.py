@@ -145,6 +145,8 @@ CASES = [
     ("unknown config key", ["gen", "-p", "x"], None, {"@config": "[sampler]\nthresold = 0.9\n"}, 2,
      "did you mean 'threshold'"),
     ("pull a folder", ["pull", "{ckpt}"], None, {}, 2, "nothing to pull"),
+    ("pull a quantization of a safetensors alias", ["pull", "sdar:1.7b", "--quant", "Q4_K_M"], None, {}, 1,
+     "sdar:1.7b has no GGUF files in the catalog, so no Q4_K_M quantization"),
     ("pull offline", ["pull", "acme/x"], None, {}, 1, "offline mode"),
     ("serve unknown model", ["serve", "-m", "no-such-model"], None, {}, 1, "unknown model 'no-such-model'"),
     ("serve unresolvable host", ["serve", "--host", "no-such-host.invalid", "--insecure"], None, {}, 1,

@@ -91,6 +91,9 @@ def parse_name(name: str) -> Target:
         base = catalog.lookup(tagged[0])
         if base is not None and base.gguf_repo:
             return Target("repo", name, repo=base.gguf_repo, revision=base.gguf_revision, entry=base, quant=tagged[1])
+        if base is not None:
+            raise ModelNotFoundError(f"{tagged[0]} has no GGUF files in the catalog, so no {tagged[1]} "
+                                     f"quantization (pull {tagged[0]} itself, or a GGUF repo as org/repo:{tagged[1]})")
     if entry is not None:
         if entry.embedded:
             return Target("embedded", name, path=entry.embedded_path, entry=entry)

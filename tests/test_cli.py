@@ -229,3 +229,9 @@ def test_gen_verbose_reports_cache_accounting(tmp_path, ckpt):
     assert int(fields["blocks_to_host"]) > 0
     config = next(l for l in lines if l.startswith("config: "))     # LOCALDIFF_CONFIG names a file not made yet
     assert config == f"config: {tmp_path / 'config.toml'} (not found: defaults; the chat's /set creates it)"
+
+
+def test_show_gpu_mem_implies_the_plan(capsys):
+    """(a budget without --plan was accepted and ignored)"""
+    assert main(["show", "diffusiongemma:26b-a4b", "--gpu-mem", "24GiB"]) == 0
+    assert "Memory plan for a 24.00 GiB device" in capsys.readouterr().out

@@ -140,7 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     sh = sub.add_parser("show", help="architecture summary and memory plan (works before a pull)")
     sh.add_argument("name", nargs="?", help="model (default: config's default_model)")
     sh.add_argument("--plan", action="store_true", help="print the memory plan for a device budget")
-    sh.add_argument("--gpu-mem", metavar="SIZE", help="device memory budget, e.g. 24GiB (default: measured)")
+    sh.add_argument("--gpu-mem", metavar="SIZE", help="device memory budget, e.g. 24GiB (default: measured; "
+                    "implies --plan)")
     sh.add_argument("--quant", choices=["int8", "none", "bf16"], default=None, help="precision for the plan")
     sh.add_argument("--json", action="store_true", help="JSON output")
     _add_common(sh)

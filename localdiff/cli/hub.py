@@ -184,6 +184,8 @@ def run_show(args) -> int:
     if summary.get("family") in FAMILY_POLICY:   # a family whose decoders are not wired yet shows its model only
         out["decoder"] = describe(summary["family"], folder if cfg is not None else None,
                                   cfg.get("model_type") if cfg is not None else summary.get("model_type"))
+    if getattr(args, "gpu_mem", None) is not None and not args.plan:
+        args.plan = True                          # a budget asks for the plan against it (was silently ignored)
     if args.plan and cfg is None:
         raise UsageError("--plan: a GGUF model runs on the CPU through llama.cpp; there is no device plan")
     if cfg is not None:

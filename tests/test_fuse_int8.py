@@ -128,3 +128,28 @@ def test_gqa_attention_with_stacked_query_heads_is_bit_identical_to_sdpa(dtype):
         want = att.o_proj(F.scaled_dot_product_attention(q, k, v, attn_mask=full, enable_gqa=True)
                           .transpose(1, 2).reshape(2, 4, 72))
         assert torch.equal(att.attend(q, k, v, full), want)
+
+
+def test_fused_q_k_norm_and_rope_in_one_tensor_is_bit_identical():
+    """Attention.qkv on a fused q/k/v output (q, k adjacent): norms and RoPE on q and k as one tensor equal the
+    per-tensor path bit for bit (bf16, odd sizes, partial rotary)."""
+    from types import SimpleNamespace
+
+    from localdiff.arch.dense import Attention, rope_cos_sin
+
+    cfg = SimpleNamespace(hidden_size=40, head_dim=24, num_attention_heads=6, num_key_value_heads=2,
+                          qkv_bias=False, qk_norm=True, rms_norm_eps=1e-6, clip_qkv=None, rope_fp32=False)
+    torch.manual_seed(0)
+    att = Attention(cfg).to(torch.bfloat16)
+    with torch.no_grad():
+        att.q_norm.weight.copy_(torch.randn(24))
+        att.k_norm.weight.copy_(torch.randn(24))
+    x = torch.randn(2, 5, 40).to(torch.bfloat16)
+    w = torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight])
+    cos, sin = rope_cos_sin(torch.rand(8), 7, 5, "cpu")            # rot 16 < head_dim 24
+    want = att.qkv(x, cos, sin)
+    att.qkv_fused = lambda t: torch.nn.functional.linear(t, w).split([144, 48, 48], dim=-1)
+    assert att._qk_together(*att.qkv_fused(x)[:2])
+    got = att.qkv(x, cos, sin)
+    for g, e in zip(got, want):
+        assert g.shape == e.shape and torch.equal(g, e)

@@ -141,6 +141,8 @@ class Attention(nn.Module):
         b, n, _ = x.shape
         fused = self.qkv_fused(x) if self.qkv_fused is not None else None
         q, k, v = fused if fused is not None else (self.q_proj(x), self.k_proj(x), self.v_proj(x))
+        if fused is not None and self._qk_together(q, k):
+            return self._qk_fused(q, k, v, b, n, cos, sin)
         q = q.view(b, n, self.heads, self.head_dim)
         k = k.view(b, n, self.kv_heads, self.head_dim)
         v = v.view(b, n, self.kv_heads, self.head_dim)
@@ -150,6 +152,26 @@ class Attention(nn.Module):
             q, k, v = (t.clamp(-self.clip, self.clip) for t in (q, k, v))
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         return apply_rope(q, cos, sin, self.rope_fp32), apply_rope(k, cos, sin, self.rope_fp32), v
+
+    def _qk_together(self, q: torch.Tensor, k: torch.Tensor) -> bool:
+        """Whether q and k (views of one fused q/k/v output) can be normed and rotated as one tensor: adjacent in
+        memory, per-head norms with the same eps and 16-bit weights of their dtype (in-place scale), no clipping."""
+        qn, kn = self.q_norm, self.k_norm
+        return (qn is not None and self.clip is None and not self.rope_fp32 and q.dtype != torch.float32
+                and qn.eps == kn.eps and qn.weight.dtype == kn.weight.dtype == q.dtype
+                and q.stride() == k.stride() and k.data_ptr() == q.data_ptr() + q.shape[-1] * q.element_size())
+
+    def _qk_fused(self, q, k, v, b, n, cos, sin):
+        """:meth:`qkv`'s norms and RoPE on q and k as one [B, L, heads + kv_heads, D] tensor (two ops fewer of each
+        kind per layer): the same element-wise ops and per-head reductions as separately, so bit-identical
+        (tests/test_fuse_int8.py)."""
+        hq, d = self.heads, self.head_dim
+        qk = q.as_strided((b, n, hq + self.kv_heads, d), (q.stride(0), q.stride(1), d, 1))
+        qk = llama_rms_norm(qk, None, self.q_norm.eps)
+        qk[:, :, :hq].mul_(self.q_norm.weight)
+        qk[:, :, hq:].mul_(self.k_norm.weight)
+        qk = apply_rope(qk, cos[:, None], sin[:, None]).transpose(1, 2)
+        return qk[:, :hq], qk[:, hq:], v.view(b, n, self.kv_heads, d).transpose(1, 2)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """SDPA of q [B, heads, Lq, D] over k / v [B, kv_heads, Lk, D]; mask Bool broadcastable to [B, 1, Lq, Lk]

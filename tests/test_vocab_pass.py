@@ -14,22 +14,30 @@ from localdiff.decoding.acceptance import token_entropy
 from localdiff.decoding.vocab_pass import VocabPass
 
 
+@pytest.mark.parametrize("native", [False, True])
 @pytest.mark.parametrize("temp", [0.8, 0.4])
-def test_vocab_pass_equals_the_exact_formulas(temp):
+def test_vocab_pass_equals_the_exact_formulas(temp, native):
+    from localdiff.decoding import vocab_native
+
+    if native and vocab_native.library() is None:
+        pytest.skip(vocab_native.status())
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(2, 7, 1000, generator=g) * 6
     logits[0, 0] = -50.0
     logits[0, 0, 3] = 40.0                                           # a near-one-hot row
     proc = logits / temp
     probs = torch.softmax(proc, -1)
-    vp = VocabPass()
-    arg, ent, conf, p = vp.run(logits.clone(), temp)
+    vp = VocabPass(torch.float32, native=native)
+    arg, ent, conf, p, rows = vp.run(logits.clone(), temp)
     assert torch.equal(arg, proc.argmax(-1))
     assert torch.allclose(ent, token_entropy(proc), atol=2e-5, rtol=1e-5)
     assert torch.allclose(conf, probs.max(-1).values, atol=1e-6, rtol=1e-5)
     assert torch.allclose(p, probs, atol=1e-7, rtol=1e-5)
-    buf = p.data_ptr()
-    assert vp.run(logits.clone(), temp)[3].data_ptr() == buf         # the buffer is reused across steps
+    idx = torch.tensor([5, 0, 13])
+    assert torch.equal(rows(idx), p.view(-1, 1000)[idx])             # the draws' rows: the same values
+    bufs = [p.data_ptr(), vp.run(logits.clone(), temp).probs.data_ptr()]
+    assert bufs[0] != bufs[1]                                        # never the previous call's buffer ...
+    assert vp.run(logits.clone(), temp).probs.data_ptr() == bufs[0]  # ... two reused in turn
 
 
 def test_soft_embedding_from_probabilities():
@@ -56,7 +64,12 @@ def test_fast_path_gives_the_exact_tokens_in_fp32(opts, monkeypatch):
     exact = m.generate(prompts, **kw)
     monkeypatch.setattr(canvas, "policy_class", lambda _o: functools.partial(canvas_eb.CanvasEB, fast=True))
     draw = canvas_eb.CanvasEB._draw
-    monkeypatch.setattr(canvas_eb.CanvasEB, "_draw", lambda self, p, read, valid: draw(self, p, read, False))
+
+    def full(self, p, read):                    # the reference's stream draws from every position's row
+        return p(torch.arange(read.numel())).view(*read.shape, -1) if callable(p) else p
+
+    monkeypatch.setattr(canvas_eb.CanvasEB, "_draw", lambda self, p, read, valid: draw(self, full(self, p, read),
+                                                                                      read, False))
     fast = m.generate(prompts, **kw)
     assert fast.token_ids == exact.token_ids
     assert fast.stats.forwards == exact.stats.forwards

@@ -26,7 +26,7 @@ from localdiff.arch.diffusion_gemma_spec import (MODEL_TYPE, DiffusionGemmaConfi
                                                  is_skipped_checkpoint_tensor, keeps_checkpoint_dtype)
 from localdiff.arch.layers import (GatedMLP, MoEExperts, RMSNorm, Router, apply_rope, attention, backs, embed_scale, linear, norm, rms_norm, rope_inv_freq, rope_tables)
 from localdiff.arch.masks import canvas_keys, prefill_mask
-from localdiff.arch.soft_embedding import soft_embedding
+from localdiff.arch.soft_embedding import RawLogits, soft_embedding
 
 
 class Attention(nn.Module):
@@ -230,11 +230,14 @@ class DiffusionGemma(nn.Module):
             self._rope_memo[key] = hit
         return hit
 
-    def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """Final hidden states Tensor[B, C, H] → soft-capped fp32 logits Tensor[B, C, V]."""
+    def logits(self, h: torch.Tensor, raw: bool = False):
+        """Final hidden states Tensor[B, C, H] → soft-capped fp32 logits Tensor[B, C, V]; ``raw``: the head's output
+        and the cap as :class:`localdiff.arch.soft_embedding.RawLogits` (the fast path's vocab pass soft-caps)."""
         w = self.lm_head.weight if self.lm_head is not None else self.embed_tokens.weight
-        y = nn.functional.linear(h, w).float()            # a fresh tensor: soft-cap in place (same ops, no copies)
         cap = self.config.final_logit_softcapping
+        if raw:
+            return RawLogits(nn.functional.linear(h, w), cap)
+        y = nn.functional.linear(h, w).float()            # a fresh tensor: soft-cap in place (same ops, no copies)
         if cap is None:
             return y
         if y.requires_grad:                                 # training (the recipe): autograd needs tanh's output
@@ -256,7 +259,7 @@ class DiffusionGemma(nn.Module):
     @torch.inference_mode()
     def denoise(self, canvas_ids: torch.Tensor, cache, self_conditioning_logits: torch.Tensor | None = None,
                 prefill_ids: torch.Tensor | None = None, prefill_mask: torch.Tensor | None = None,
-                head_rows: torch.Tensor | None = None) -> torch.Tensor:
+                head_rows: torch.Tensor | None = None, raw_logits: bool = False) -> torch.Tensor:
         """Bidirectional decoder pass over a canvas that attends to the cached prefix.
 
         With ``prefill_ids`` it is a *fused* pass: those tokens are prefilled (causal encoder role, K/V appended to
@@ -271,13 +274,15 @@ class DiffusionGemma(nn.Module):
             prefill_ids / prefill_mask: LongTensor[B, T] and its Bool[B, T] padding mask (None = all real), or None.
             head_rows: BoolTensor[B, C] or None: the LM head runs only at these positions (opt-in approximation
                 ``reuse_locked``, :mod:`localdiff.decoding.canvas_reuse`).
+            raw_logits: return the LM head's output before the fp32 cast and soft-capping (``RawLogits``).
         Returns:
             FloatTensor[B, C, V] fp32 logits (soft-capped); with ``head_rows``, FloatTensor[N, V] of its N True
-            positions in row-major order.
+            positions in row-major order; with ``raw_logits``, those as RawLogits.
         """
-        return self._forward(prefill_ids, prefill_mask, canvas_ids, self_conditioning_logits, cache, head_rows)
+        return self._forward(prefill_ids, prefill_mask, canvas_ids, self_conditioning_logits, cache, head_rows,
+                             raw_logits)
 
-    def _forward(self, ids, ids_mask, canvas_ids, sc_logits, cache, head_rows=None):
+    def _forward(self, ids, ids_mask, canvas_ids, sc_logits, cache, head_rows=None, raw_logits=False):
         """One pass: ``ids`` (n prefill rows, may be None) then ``canvas_ids`` (c canvas rows, may be None), as
         named stages: inputs (embeddings + self-conditioning) → per layer: attention over the cache (the fused
         stage when there are prefill rows, else the canvas stage), FFN and layer scalar → logits."""
@@ -314,7 +319,7 @@ class DiffusionGemma(nn.Module):
             return None
         if head_rows is not None:
             x = x.reshape(-1, x.shape[-1])[head_rows.reshape(-1).to(x.device)]
-        return self.logits(norm(self.norm, x))
+        return self.logits(norm(self.norm, x), raw=raw_logits)
 
     # -- the stages of a pass -----------------------------------------------------------------------------------
     def _inputs(self, ids, canvas_ids, sc_logits) -> torch.Tensor:

@@ -23,6 +23,19 @@ class Probabilities(NamedTuple):
     probs: torch.Tensor
 
 
+class RawLogits(NamedTuple):
+    """A denoising step's logits as the LM head made them, before soft-capping and any cast (asked for with
+    ``denoise(..., raw_logits=True)`` by the 16-bit fast path, whose fused vocab pass
+    :mod:`localdiff.decoding.vocab_pass` soft-caps while it reads them once).
+
+    values: Tensor[..., V] in the compute dtype (the fp32 logits are ``softcap · tanh(values.float() / softcap)``);
+    softcap: the final-logit soft-cap, or None for none.
+    """
+
+    values: torch.Tensor
+    softcap: float | None
+
+
 def soft_embedding(sc_logits, weight: torch.Tensor, topk: int | None = None) -> torch.Tensor:
     """Soft embedding of self-conditioning logits.
 

@@ -13,11 +13,13 @@ operands in huge pages (best of 3, CPU time), with the kernels localdiff's bf16 
 - LM head: ``F.linear(h, E)`` ([C, H] × [H, V]); self-conditioning product: ``F.linear(p, Eᵀ)`` ([C, V] × [V, H]);
 - attention: :func:`localdiff.arch.layers.attention` per layer (window and global shapes, C + prompt keys);
 - other linears: q/k/v (fused), o, the dense MLP, the router and the self-conditioning MLP at C rows;
-- vocab elementwise pass: the fp32 cast and soft-capping of ``DiffusionGemma.logits`` plus
-  :class:`localdiff.decoding.vocab_pass.VocabPass` and the probabilities' bf16 cast — no matmul FLOPs, so its bound
-  is its bytes ÷ bandwidth: B = 4 bytes per [C, V] element (bf16 logits in, bf16 probabilities out, a row kept in
-  cache between its passes: what a fused one-pass kernel would move); ``bytes_as_coded`` counts the passes the
-  code makes now (92 bytes per element).
+- vocab elementwise pass: :class:`localdiff.decoding.vocab_pass.VocabPass` on the LM head's raw bf16 logits
+  (:class:`localdiff.arch.soft_embedding.RawLogits`) as the fast path runs it — soft-capping, temperature, the
+  statistics and the probabilities in bf16 — no matmul FLOPs, so its bound is its bytes ÷ bandwidth: B = 4 bytes
+  per [C, V] element (bf16 logits in, bf16 probabilities out, a row kept in cache between its passes);
+  ``bytes_as_coded`` counts what the code moves: 4 bytes with the fused native kernel
+  (:mod:`localdiff.decoding.vocab_native`), 92 with the torch passes (``LOCALDIFF_VOCAB_KERNEL=torch`` or no
+  compiler); ``kernel`` says which ran.
 
 ``reachable`` for the whole step = Σ F ÷ Σ (F_i ÷ bound_i) ÷ peak: the fraction of peak a step made of these
 components reaches if every one ran at its roofline bound (the vocab pass at its bandwidth bound).
@@ -59,6 +61,7 @@ def _rand(*shape, std: float = 1.0) -> torch.Tensor:
 def components(text: dict, canvas: int, prompt: int, vocab: int | None = None) -> dict:
     """{component: {"flops", "bytes", "seconds"} (whole step, all layers)} at ``text``'s shapes, measured now."""
     from localdiff.arch.layers import attention, stream_experts
+    from localdiff.arch.soft_embedding import RawLogits
     from localdiff.decoding.vocab_pass import VocabPass
 
     h, v, c = text["hidden_size"], vocab or text["vocab_size"], canvas
@@ -84,18 +87,20 @@ def components(text: dict, canvas: int, prompt: int, vocab: int | None = None) -
                                         "seconds": _best(lambda: F.linear(p16, emb.t()))}
     y16 = F.linear(hh, emb)
     del emb, p16
-    vp = VocabPass()
+    vp = VocabPass(torch.bfloat16)
 
     def vocab_pass():
-        z = y16.float().div_(30.0).tanh_().mul_(30.0)
-        probs = vp.run(z, 0.8)[3]
-        probs.to(torch.bfloat16)
+        probs = vp.run(RawLogits(y16, 30.0), 0.8).probs
+        if probs.dtype != torch.bfloat16:          # the torch passes: the policy's bf16 copy
+            probs.to(torch.bfloat16)
 
     # bytes per [C, V] element: the least any kernel needs (bf16 logits in, bf16 probabilities out: one pass per
-    # row held in cache) and what the code's passes move (read + write): the fp32 cast 2 + 4, soft-capping 3 × 8,
-    # VocabPass mul_ 8, max 4, sub_ 8, exp 8, sum 4, mul_ 12, sum 4, div_ 8, the bf16 cast 4 + 2
-    coded = 6 + 3 * 8 + (8 + 4 + 8 + 8 + 4 + 12 + 4 + 8) + 6
+    # row held in cache) and what the code moves (read + write): the native kernel that least; the torch passes
+    # the fp32 cast 2 + 4, soft-capping 3 × 8, mul_ 8, max 4, sub_ 8, exp 8, sum 4, mul_ 12, sum 4, div_ 8, the
+    # bf16 cast 4 + 2
+    coded = 4 if vp.native else 6 + 3 * 8 + (8 + 4 + 8 + 8 + 4 + 12 + 4 + 8) + 6
     out["vocab elementwise pass"] = {"flops": 0, "bytes": 4 * c * v, "bytes_as_coded": coded * c * v,
+                                     "kernel": "native fused" if vp.native else "torch passes",
                                      "seconds": _best(vocab_pass)}
     del y16, vp
     # attention and the other linears, per layer type

@@ -31,8 +31,10 @@ class Assessment:
     """What one step's logits say before any draw: ``proc`` (temperature-scaled logits FloatTensor[B, C, V]),
     ``argmax`` (LongTensor[B, C]), ``entropy`` (FloatTensor[B, C], nats), ``stop`` (BoolTensor[B] rows the stopper
     ends now, or None when some row had already stopped: it is then evaluated after the step). On the 16-bit fast
-    path ``proc`` is None and ``probs`` (softmax of it, FloatTensor[B, C, V]) and ``confidence`` (top-1
-    probability, FloatTensor[B, C]) come from :class:`localdiff.decoding.vocab_pass.VocabPass`."""
+    path ``proc`` is None and ``probs`` (softmax of it, Tensor[B, C, V]: bf16 from the native pass, fp32 from the
+    torch passes), ``confidence`` (top-1 probability, FloatTensor[B, C]) and ``rows`` (flattened positions
+    LongTensor[n] → their fp32 probabilities FloatTensor[n, V], what the draws read) come from
+    :class:`localdiff.decoding.vocab_pass.VocabPass`."""
 
     proc: torch.Tensor | None
     argmax: torch.Tensor
@@ -40,6 +42,7 @@ class Assessment:
     stop: torch.Tensor | None
     probs: torch.Tensor | None = None
     confidence: torch.Tensor | None = None
+    rows: object = None
 
 
 class CanvasEB:
@@ -51,8 +54,9 @@ class CanvasEB:
         generator: torch.Generator for every draw.
         sc_dtype: dtype of the self-conditioning logits fed back to the model (the embedding's dtype). fp32 is the
             reference-exact path (the reference's ops in its order); any other dtype takes the fast path: the
-            vocabulary-sized work in few in-place passes (:mod:`localdiff.decoding.vocab_pass`) and the
-            self-conditioning input handed over as probabilities in ``sc_dtype`` (no second softmax in the model).
+            vocabulary-sized work in one fused pass over the model's raw logits (:mod:`localdiff.decoding.vocab_pass`;
+            ``raw_logits`` is then True: the loop asks ``denoise`` for them) and the self-conditioning input handed
+            over as probabilities in ``sc_dtype`` (no second softmax in the model).
         fast: force the fast path on (True) or off (False); None = by ``sc_dtype`` as above.
     """
 
@@ -68,7 +72,8 @@ class CanvasEB:
                                         max_reopens=options.correction_max_reopens)
         self.stopper = StableAndConfident(options.stability_threshold, options.confidence_threshold)
         self.temps = _temperatures(self.max_steps, options.t_min, options.t_max)
-        self.vocab_pass = VocabPass() if (sc_dtype != torch.float32 if fast is None else fast) else None
+        self.vocab_pass = VocabPass(sc_dtype) if (sc_dtype != torch.float32 if fast is None else fast) else None
+        self.raw_logits = self.vocab_pass is not None
         self._p16: torch.Tensor | None = None
 
     # -- per canvas ---------------------------------------------------------------------------------------------
@@ -93,11 +98,12 @@ class CanvasEB:
     # -- per step -----------------------------------------------------------------------------------------------
     def assess(self, logits: torch.Tensor, step: int) -> Assessment:
         """Temperature, argmax, entropy and (while no row has stopped) the stopper's verdict; draws nothing.
-        ``step``: 1-based denoising step of this canvas. On the fast path ``logits`` is overwritten."""
+        ``step``: 1-based denoising step of this canvas. ``logits``: FloatTensor[B, C, V] (soft-capped), or on the
+        fast path also :class:`localdiff.arch.soft_embedding.RawLogits`; an fp32 tensor may be overwritten there."""
         if self.vocab_pass is not None:
-            argmax, ent, conf, probs = self.vocab_pass.run(logits, self.temps[self.max_steps - step + 1])
-            stop = self.stopper(argmax, None, ent) if not self.n_done else None
-            return Assessment(None, argmax, ent, stop, probs, conf)
+            r = self.vocab_pass.run(logits, self.temps[self.max_steps - step + 1])
+            stop = self.stopper(r.argmax, None, r.entropy) if not self.n_done else None
+            return Assessment(None, r.argmax, r.entropy, stop, r.probs, r.confidence, r.rows)
         proc = logits / self.temps[self.max_steps - step + 1]
         argmax = proc.argmax(-1)
         ent = token_entropy(proc)
@@ -121,7 +127,7 @@ class CanvasEB:
         if locked is not None:
             old_lock = locked
             if self.cor_cfg.enabled:
-                p_tok = probs.gather(-1, canvas[..., None]).squeeze(-1)
+                p_tok = probs.gather(-1, canvas[..., None]).squeeze(-1).float()
                 reopened = correct(locked, canvas, p_tok, self.reopens, self.cor_cfg)
                 self.reopens += reopened.sum(-1)
                 locked = (locked & ~reopened) | new_lock
@@ -134,7 +140,7 @@ class CanvasEB:
             read = acc
         # the draft is read only where accepted (and not kept locked): the other positions' random numbers are
         # drawn in order but not transformed (same tokens and generator state as the full draw)
-        draft = self._draw(probs, read, a.probs is not None)
+        draft = self._draw(probs if a.rows is None else a.rows, read, a.probs is not None)
         if locked is not None:
             accepted_canvas = torch.where(acc, torch.where(old_lock, canvas, draft), canvas)
         else:
@@ -150,13 +156,15 @@ class CanvasEB:
                 "reopened": torch.zeros_like(acc) if reopened is None else reopened, "confidence": conf,
                 "entropy": ent, "locked": locked}
 
-    def _draw(self, probs: torch.Tensor, read: torch.Tensor, valid: bool) -> torch.Tensor:
-        """The draft LongTensor[B, C]: one categorical draw per position from ``probs`` FloatTensor[B, C, V], read
-        only where ``read`` BoolTensor[B, C]. Exact path: the reference's random stream (every position's numbers
-        drawn in order, :func:`localdiff.decoding.draws.categorical`). Fast path (``valid``): only the read
-        positions are drawn (:func:`draw_rows`), so the generator advances by those rows alone."""
+    def _draw(self, probs, read: torch.Tensor, valid: bool) -> torch.Tensor:
+        """The draft LongTensor[B, C]: one categorical draw per position from ``probs`` FloatTensor[B, C, V] (or on
+        the fast path the row function of :class:`localdiff.decoding.vocab_pass.VocabResult`), read only where
+        ``read`` BoolTensor[B, C]. Exact path: the reference's random stream (every position's numbers drawn in
+        order, :func:`localdiff.decoding.draws.categorical`). Fast path (``valid``): only the read positions are
+        drawn (:func:`draw_rows`), so the generator advances by those rows alone."""
         if valid:
-            return draw_rows(probs.view(-1, self.v), read.reshape(-1), self.gen).view(self.b, self.c)
+            src = probs if callable(probs) else probs.view(-1, self.v)
+            return draw_rows(src, read.reshape(-1), self.gen).view(self.b, self.c)
         return categorical(probs.view(-1, self.v), self.gen, read.reshape(-1), valid=valid).view(self.b, self.c)
 
     def _carry_exact(self, a: Assessment, new_canvas: torch.Tensor) -> tuple:
@@ -173,21 +181,28 @@ class CanvasEB:
         return argmax, ent, new_canvas
 
     def _carry_fast(self, a: Assessment, new_canvas: torch.Tensor) -> tuple:
-        """:meth:`_carry_exact` on the fast path: the self-conditioning input is ``a.probs`` rounded into a reused
-        ``sc_dtype`` buffer (rows already stopped keep theirs, and their argmax, canvas and entropy)."""
+        """:meth:`_carry_exact` on the fast path: the self-conditioning input is ``a.probs`` — as it is when the
+        vocab pass wrote it in ``sc_dtype`` (never the buffer of the previous step's input), else rounded into a
+        reused ``sc_dtype`` buffer; rows already stopped keep theirs, and their argmax, canvas and entropy."""
         argmax, ent = a.argmax, a.entropy
-        p16 = self._p16
-        if p16 is None or p16.shape != a.probs.shape:
-            p16 = self._p16 = torch.empty(a.probs.shape, dtype=self.sc_dtype, device=a.probs.device)
+        if a.probs.dtype == self.sc_dtype:
+            p16 = a.probs
+            if self.n_done:
+                p16[self.done] = self.sc.probs[self.done]
+        else:
+            p16 = self._p16
+            if p16 is None or p16.shape != a.probs.shape:
+                p16 = self._p16 = torch.empty(a.probs.shape, dtype=self.sc_dtype, device=a.probs.device)
+            if self.n_done:
+                live = torch.nonzero(~self.done).view(-1)
+                p16[live] = a.probs[live].to(self.sc_dtype)
+            else:
+                p16.copy_(a.probs)
         if self.n_done:
             keep = self.done[:, None]
             argmax = torch.where(keep, self.argmax, argmax)
             new_canvas = torch.where(keep, self.canvas, new_canvas)
             ent = torch.where(keep, self.entropy, ent)
-            live = torch.nonzero(~self.done).view(-1)
-            p16[live] = a.probs[live].to(self.sc_dtype)
-        else:
-            p16.copy_(a.probs)
         self.done |= self.stopper(argmax, None, ent) if a.stop is None else a.stop
         self.sc, self.entropy = Probabilities(p16), ent
         return argmax, ent, new_canvas
@@ -196,14 +211,17 @@ class CanvasEB:
         return self.n_done == self.b
 
 
-def draw_rows(probs: torch.Tensor, read: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+def draw_rows(probs, read: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """One categorical draw for each row of ``probs`` FloatTensor[N, V] (a softmax: finite, rows sum to 1) where
-    ``read`` BoolTensor[N]; LongTensor[N] with 0 elsewhere. Random numbers are drawn for the read rows only (a
-    canvas of 256 positions reads a few per step; drawing all of them is ~2·N·V generator words)."""
-    out = torch.zeros(probs.shape[0], dtype=torch.long, device=probs.device)
+    ``read`` BoolTensor[N]; LongTensor[N] with 0 elsewhere. ``probs`` may instead be a function idx LongTensor[n] →
+    FloatTensor[n, V] of those rows (:class:`localdiff.decoding.vocab_pass.VocabResult`'s ``rows``). Random numbers
+    are drawn for the read rows only (a canvas of 256 positions reads a few per step; drawing all of them is
+    ~2·N·V generator words)."""
+    out = torch.zeros(read.shape[0], dtype=torch.long, device=read.device)
     idx = torch.nonzero(read).view(-1)
     if idx.numel():
-        out[idx] = categorical(probs.index_select(0, idx), generator, valid=True).view(-1)
+        rows = probs(idx) if callable(probs) else probs.index_select(0, idx)
+        out[idx] = categorical(rows, generator, valid=True).view(-1)
     return out
 
 

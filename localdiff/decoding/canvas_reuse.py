@@ -22,6 +22,7 @@ class CanvasEBReuse(CanvasEB):
     def __init__(self, *args, fast: bool | None = None, **kw):
         super().__init__(*args, fast=True, **kw)
         self._rows: torch.Tensor | None = None
+        self._own: torch.Tensor | None = None   # the self-conditioning buffer updated in place at head rows
 
     def head_rows(self) -> torch.Tensor | None:
         """BoolTensor[B, C] of the positions whose logits the next forward must compute (free positions of rows
@@ -37,18 +38,18 @@ class CanvasEBReuse(CanvasEB):
         rows = self._rows
         if rows is None:
             return super().assess(logits, step)
-        arg, ent, conf, probs = self.vocab_pass.run(logits, self.temps[self.max_steps - step + 1])
+        r = self.vocab_pass.run(logits, self.temps[self.max_steps - step + 1])
         full = [t.clone() for t in (self.argmax, self.entropy, self.conf)]
-        for dst, src in zip(full, (arg, ent, conf)):
+        for dst, src in zip(full, (r.argmax, r.entropy, r.confidence)):
             dst[rows] = src
         stop = self.stopper(full[0], None, full[1]) if not self.n_done else None
-        return Assessment(None, full[0], full[1], stop, probs, full[2])
+        return Assessment(None, full[0], full[1], stop, r.probs, full[2], r.rows)
 
-    def _draw(self, probs: torch.Tensor, read: torch.Tensor, valid: bool) -> torch.Tensor:
+    def _draw(self, probs, read: torch.Tensor, valid: bool) -> torch.Tensor:
         rows = self._rows
         if rows is None:
             return super()._draw(probs, read, valid)
-        draft = torch.zeros(self.b, self.c, dtype=torch.long, device=probs.device)
+        draft = torch.zeros(self.b, self.c, dtype=torch.long, device=read.device)
         draft[rows] = draw_rows(probs, read[rows], self.gen)
         return draft
 
@@ -59,9 +60,12 @@ class CanvasEBReuse(CanvasEB):
         else:
             if self.n_done:
                 new_canvas = torch.where(self.done[:, None], self.canvas, new_canvas)
-            self._p16[rows] = a.probs.to(self.sc_dtype)
+            p16 = self.sc.probs
+            if p16 is not self._own:   # the previous input may be a vocab-pass buffer: keep a copy of our own
+                p16 = self._own = p16.to(self.sc_dtype, copy=True)
+            p16[rows] = a.probs.to(self.sc_dtype)
             self.done |= self.stopper(a.argmax, None, a.entropy) if a.stop is None else a.stop
-            self.sc, self.entropy = Probabilities(self._p16), a.entropy
+            self.sc, self.entropy = Probabilities(p16), a.entropy
             out = a.argmax, a.entropy, new_canvas
         self.conf = a.confidence
         return out

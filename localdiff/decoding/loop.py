@@ -7,7 +7,9 @@ EOS / ``max_new_tokens``, events, stats, cancellation (closing the generator sto
 count. A decoder policy (e.g. :class:`localdiff.decoding.canvas_eb.CanvasEB`) owns corruption, acceptance and its
 own state through four calls: ``begin_block``, ``model_inputs``, ``assess`` (no draws) and ``advance`` (draws),
 and optionally ``head_rows`` (BoolTensor[B, C] or None: the positions whose logits the next forward computes; the
-model's ``denoise`` then takes ``head_rows`` and returns FloatTensor[N, V]; never on a block's first step).
+model's ``denoise`` then takes ``head_rows`` and returns FloatTensor[N, V]; never on a block's first step), and
+the attribute ``raw_logits`` (True: ``denoise`` gets ``raw_logits=True`` and returns the LM head's output before
+soft-capping, :class:`localdiff.arch.soft_embedding.RawLogits`, which the policy's ``assess`` takes).
 """
 from __future__ import annotations
 
@@ -52,6 +54,7 @@ def run(net, policy, cache, batch: int, max_new_tokens: int, eos_ids: list[int],
     generated: list[torch.Tensor] = []
     reason = "length"
     made = 0                                        # generated positions of the blocks so far
+    kw = {"raw_logits": True} if getattr(policy, "raw_logits", False) else {}   # the policy soft-caps (fast path)
     for ci in range(math.ceil((max_new_tokens + lead) / c_len)):
         policy.begin_block(start_canvas if ci == 0 else None)
         skip = lead if ci == 0 else 0               # prompt positions at the start of this block
@@ -65,11 +68,11 @@ def run(net, policy, cache, batch: int, max_new_tokens: int, eos_ids: list[int],
             canvas, sc = policy.model_inputs()
             rows = policy.head_rows() if hasattr(policy, "head_rows") else None
             if rows is not None:       # the policy reads only these positions' logits: FloatTensor[N, V]
-                logits = net.denoise(canvas, cache, sc, head_rows=rows)
+                logits = net.denoise(canvas, cache, sc, head_rows=rows, **kw)
             elif pending is None:
-                logits = net.denoise(canvas, cache, sc)
+                logits = net.denoise(canvas, cache, sc, **kw)
             else:
-                logits = _fused_stage(net, canvas, cache, sc, pending, st)
+                logits = _fused_stage(net, canvas, cache, sc, pending, st, kw)
                 pending = None
             a = policy.assess(logits, step)
             if not emit_steps and policy.ends_block(a, step):
@@ -113,12 +116,13 @@ def done_event(generated: list, batch: int, max_new_tokens: int, eos_ids, pad_id
     return Done(texts[0] if batch == 1 else texts, rows if batch > 1 else rows[0], st, reason)
 
 
-def _fused_stage(net, canvas, cache, sc, pending, st: GenerationStats):
+def _fused_stage(net, canvas, cache, sc, pending, st: GenerationStats, kw: dict | None = None):
     """The named *fused prefill + first step* stage: prefill ``pending`` (ids, padding mask) in the same forward as
-    the block's first denoising step (bit-identical to the two passes); the cache records the ids it commits."""
+    the block's first denoising step (bit-identical to the two passes); the cache records the ids it commits.
+    ``kw``: further denoise keywords (``raw_logits``)."""
     ids, mask = pending
     tp = time.perf_counter()
-    logits = net.denoise(canvas, cache, sc, prefill_ids=ids, prefill_mask=mask)
+    logits = net.denoise(canvas, cache, sc, prefill_ids=ids, prefill_mask=mask, **(kw or {}))
     st.prefill_seconds += time.perf_counter() - tp
     st.prefill_tokens_computed += ids.shape[1]
     return logits

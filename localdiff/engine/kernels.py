@@ -46,6 +46,12 @@ def describe(net: nn.Module) -> dict[str, str]:
             out["sampler"] = "the reference's ops and random stream (reference-exact)"
         else:
             out["self_conditioning"] = f"the sampler's probabilities, F.linear(p, Eᵀ) in {dtype}"
-            out["sampler"] = ("vocab pass: 7 in-place fp32 passes into reused buffers (localdiff.decoding.vocab_pass); "
-                              "draws for accepted positions only")
+            from localdiff.decoding import vocab_native
+
+            native = cpu and vocab_native.library() is not None
+            out["sampler"] = (("vocab pass: one fused native pass over the raw logits, probabilities written in "
+                               f"{dtype} ({vocab_native.status().removeprefix('vocab pass: ')})" if native else
+                               "vocab pass: 7 in-place fp32 passes into reused buffers" + (
+                                   f" ({vocab_native.status().removeprefix('vocab pass: ')})" if cpu else ""))
+                              + " (localdiff.decoding.vocab_pass); draws for accepted positions only")
     return out

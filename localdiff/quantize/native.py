@@ -17,18 +17,16 @@ one line (the callers keep their torch kernels).
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 
+from localdiff import native_build
+
 SOURCE = Path(__file__).with_name("native_int8.c")
 ENV = "LOCALDIFF_NATIVE_INT8"
-_FLAGS = ("-O3", "-march=native", "-fPIC", "-shared")
+_FLAGS = native_build.FLAGS
 
 #: most activation rows the native kernel is offered for (its AMX path's tile width; more rows are prefill, where
 #: the torch GEMMs win)
@@ -39,64 +37,13 @@ _HAS_AMX: dict = {}            # id(library) → bool
 _STATUS: str | None = None     # None = not tried yet
 
 
-def _compiler() -> str | None:
-    cc = os.environ.get("CC")
-    if cc and shutil.which(cc):
-        return shutil.which(cc)
-    return shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-
-
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() + platform.machine()
-
-
-def _cache_dir() -> Path:
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("localdiff")) / "native"
+_compiler = native_build.compiler
 
 
 def build(cc: str, flags: tuple[str, ...] = _FLAGS, out_dir: Path | None = None) -> Path:
-    """Compile ``native_int8.c`` with ``cc`` and ``flags`` into ``out_dir`` (default: the keyed cache folder);
-    returns the shared library's path (an existing build of the same key is reused).
-
-    Raises:
-        RuntimeError: the compiler failed (message: its first error line) or timed out.
-    """
-    try:
-        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise RuntimeError(f"{cc} --version failed: {e}") from None
-    version = version.splitlines()[0] if version else cc
-    key = hashlib.sha256("\n".join([SOURCE.read_text(), cc, version, " ".join(flags), _cpu_flags()]).encode())
-    out_dir = out_dir or _cache_dir() / key.hexdigest()[:16]
-    lib = out_dir / "liblocaldiff_int8.so"
-    if lib.is_file():
-        return lib
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
-    os.close(fd)
-    try:
-        r = subprocess.run([cc, *flags, "-o", tmp, str(SOURCE), "-lpthread", "-lm"], capture_output=True, text=True,
-                           timeout=300)
-        if r.returncode != 0:
-            err = next((ln for ln in r.stderr.splitlines() if "error" in ln), r.stderr.strip()[:200] or "failed")
-            raise RuntimeError(f"{Path(cc).name} {' '.join(flags)}: {err.strip()}")
-        os.replace(tmp, lib)                       # atomic: a concurrent process sees a whole library or none
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"{Path(cc).name} timed out") from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return lib
+    """Compile ``native_int8.c`` with ``cc`` and ``flags`` (:func:`localdiff.native_build.build`: keyed cache folder
+    unless ``out_dir``, reused when built). Raises RuntimeError when the compiler fails or times out."""
+    return native_build.build(SOURCE, "liblocaldiff_int8.so", cc, flags, out_dir)
 
 
 def _load(path: Path) -> ctypes.CDLL:
@@ -128,7 +75,7 @@ def library() -> ctypes.CDLL | None:
         _STATUS = "native int8 kernel unavailable: no C compiler (cc / gcc / clang) on PATH"
         return None
     err = ""
-    for flags in (_FLAGS, tuple(f for f in _FLAGS if f != "-march=native")):
+    for flags in (_FLAGS, native_build.PORTABLE_FLAGS):
         try:
             _LIB = _load(build(cc, flags))
             width = _LIB.localdiff_int8_vector_width()

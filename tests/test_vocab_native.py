@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from localdiff import native_build
 from localdiff.arch.soft_embedding import RawLogits
@@ -182,3 +183,17 @@ def test_failed_compile_falls_back_to_the_torch_passes(monkeypatch, tmp_path):
         assert r.probs.dtype == torch.float32 and r.argmax.shape == (2, 3)
     finally:
         vocab_native.reset()
+
+
+def test_raw_head_is_f_linear_bit_for_bit_into_a_reused_buffer():
+    from localdiff.arch.soft_embedding import raw_head
+
+    g = torch.Generator().manual_seed(4)
+    bufs: dict = {}
+    for b, c, h, v in [(1, 37, 96, 1001), (2, 5, 64, 333), (1, 37, 96, 1001)]:
+        x = torch.randn(b, c, h, generator=g).bfloat16()
+        w = (torch.randn(v, h, generator=g) * 0.02).bfloat16()
+        r = raw_head(x, w, 30.0, bufs)
+        assert r.softcap == 30.0 and r.values.shape == (b, c, v) and torch.equal(r.values, F.linear(x, w))
+    again = raw_head(x, w, None, bufs)
+    assert again.values.data_ptr() == r.values.data_ptr() and len(bufs) == 1   # one buffer, reused per shape

@@ -26,7 +26,7 @@ from localdiff.arch.diffusion_gemma_spec import (MODEL_TYPE, DiffusionGemmaConfi
                                                  is_skipped_checkpoint_tensor, keeps_checkpoint_dtype)
 from localdiff.arch.layers import (GatedMLP, MoEExperts, RMSNorm, Router, apply_rope, attention, backs, embed_scale, linear, norm, rms_norm, rope_inv_freq, rope_tables)
 from localdiff.arch.masks import canvas_keys, prefill_mask
-from localdiff.arch.soft_embedding import RawLogits, soft_embedding
+from localdiff.arch.soft_embedding import raw_head, soft_embedding
 
 
 class Attention(nn.Module):
@@ -235,8 +235,8 @@ class DiffusionGemma(nn.Module):
         and the cap as :class:`localdiff.arch.soft_embedding.RawLogits` (the fast path's vocab pass soft-caps)."""
         w = self.lm_head.weight if self.lm_head is not None else self.embed_tokens.weight
         cap = self.config.final_logit_softcapping
-        if raw:
-            return RawLogits(nn.functional.linear(h, w), cap)
+        if raw:       # into a reused buffer, valid until the next raw call
+            return raw_head(h, w, cap, self.__dict__.setdefault("_head_buffers", {}))
         y = nn.functional.linear(h, w).float()            # a fresh tensor: soft-cap in place (same ops, no copies)
         if cap is None:
             return y
@@ -277,7 +277,7 @@ class DiffusionGemma(nn.Module):
             raw_logits: return the LM head's output before the fp32 cast and soft-capping (``RawLogits``).
         Returns:
             FloatTensor[B, C, V] fp32 logits (soft-capped); with ``head_rows``, FloatTensor[N, V] of its N True
-            positions in row-major order; with ``raw_logits``, those as RawLogits.
+            positions in row-major order; with ``raw_logits``, RawLogits (a buffer the next raw call reuses).
         """
         return self._forward(prefill_ids, prefill_mask, canvas_ids, self_conditioning_logits, cache, head_rows,
                              raw_logits)

@@ -103,10 +103,8 @@ static void row_scalar(const job_t *j, long r) {
 }
 
 #if LD_AVX512
-static inline __m512 v_exp(__m512 x) {
-    __mmask16 zero = _mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_LO), _CMP_LT_OQ);
+static inline __m512 v_exp(__m512 x) {   /* the same reduction and polynomial; 2^n applied by scalef (0 far below) */
     x = _mm512_min_ps(x, _mm512_set1_ps(EXP_HI));
-    x = _mm512_max_ps(x, _mm512_set1_ps(EXP_LO));
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
@@ -118,8 +116,8 @@ static inline __m512 v_exp(__m512 x) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
     __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
-    __m512i b = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_maskz_mul_ps(~zero, y, _mm512_castsi512_ps(b));
+    __mmask16 zero = _mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_LO), _CMP_LT_OQ);
+    return _mm512_maskz_scalef_ps(~zero, y, n);
 }
 static inline __m512 v_tanh(__m512 u) {
     const __m512 one = _mm512_set1_ps(1.0f);

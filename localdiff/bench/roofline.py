@@ -10,7 +10,8 @@ operands in huge pages (best of 3, CPU time), with the kernels localdiff's bf16 
 
 - experts: :func:`localdiff.arch.layers.stream_experts` over a random top-k routing (FLOPs: the routed rows; the
   zero-padded rows it also computes are in ``computed_flops``);
-- LM head: ``F.linear(h, E)`` ([C, H] × [H, V]); self-conditioning product: ``F.linear(p, Eᵀ)`` ([C, V] × [V, H]);
+- LM head: :func:`localdiff.arch.soft_embedding.raw_head` (``F.linear(h, E)`` into a reused buffer, [C, H] ×
+  [H, V]); self-conditioning product: ``F.linear(p, Eᵀ)`` ([C, V] × [V, H]);
 - attention: :func:`localdiff.arch.layers.attention` per layer (window and global shapes, C + prompt keys);
 - other linears: q/k/v (fused), o, the dense MLP, the router and the self-conditioning MLP at C rows;
 - vocab elementwise pass: :class:`localdiff.decoding.vocab_pass.VocabPass` on the LM head's raw bf16 logits
@@ -61,7 +62,7 @@ def _rand(*shape, std: float = 1.0) -> torch.Tensor:
 def components(text: dict, canvas: int, prompt: int, vocab: int | None = None) -> dict:
     """{component: {"flops", "bytes", "seconds"} (whole step, all layers)} at ``text``'s shapes, measured now."""
     from localdiff.arch.layers import attention, stream_experts
-    from localdiff.arch.soft_embedding import RawLogits
+    from localdiff.arch.soft_embedding import RawLogits, raw_head
     from localdiff.decoding.vocab_pass import VocabPass
 
     h, v, c = text["hidden_size"], vocab or text["vocab_size"], canvas
@@ -79,9 +80,9 @@ def components(text: dict, canvas: int, prompt: int, vocab: int | None = None) -
     out["experts"] = {"flops": 2 * 3 * c * k * h * i * len(layers), "computed_flops": 2 * 3 * pad * h * i * len(layers),
                       "bytes": (3 * e * h * i + 2 * c * k * h) * BF16 * len(layers), "seconds": t * len(layers)}
     del gate_up, down
-    emb, hh = _rand(v, h, std=0.02), _rand(1, c, h)
+    emb, hh, head_buffers = _rand(v, h, std=0.02), _rand(1, c, h), {}
     out["LM head"] = {"flops": 2 * c * h * v, "bytes": (v * h + c * h + c * v) * BF16,
-                      "seconds": _best(lambda: F.linear(hh, emb))}
+                      "seconds": _best(lambda: raw_head(hh, emb, 30.0, head_buffers))}
     p16 = _rand(1, c, v)
     out["self-conditioning product"] = {"flops": 2 * c * h * v, "bytes": (v * h + c * v + c * h) * BF16,
                                         "seconds": _best(lambda: F.linear(p16, emb.t()))}

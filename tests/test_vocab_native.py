@@ -197,3 +197,33 @@ def test_raw_head_is_f_linear_bit_for_bit_into_a_reused_buffer():
         assert r.softcap == 30.0 and r.values.shape == (b, c, v) and torch.equal(r.values, F.linear(x, w))
     again = raw_head(x, w, None, bufs)
     assert again.values.data_ptr() == r.values.data_ptr() and len(bufs) == 1   # one buffer, reused per shape
+
+
+@pytest.mark.parametrize("opts", [{}, {"threshold": 0.5, "reuse_locked": True}])
+def test_bf16_generation_native_equals_the_torch_passes(opts, monkeypatch):
+    """On the embedded model in bf16 (rows that stop early, batch of three; with locking + reuse, head rows), the
+    fused pass gives the torch passes' tokens (the rounding differences, ~1e-6, flip no decision here)."""
+    import localdiff
+
+    _lib_or_skip()
+    m = localdiff.load("tiny", dtype="bfloat16")
+    prompts = ["What is 12 + 30?", "Spell cat backwards.", "Name a colour."]
+    kw = dict(max_new_tokens=2 * m.config.canvas_length, seed=3, **opts)
+    native = m.generate(prompts, **kw)
+    monkeypatch.setenv(vocab_native.ENV, "torch")
+    vocab_native.reset()
+    try:
+        torch_passes = m.generate(prompts, **kw)
+    finally:
+        monkeypatch.delenv(vocab_native.ENV)
+        vocab_native.reset()
+    assert native.token_ids == torch_passes.token_ids and native.stats.forwards == torch_passes.stats.forwards
+    assert all(len(t) for t in native.token_ids)
+
+
+def test_float16_model_takes_the_torch_passes():
+    import localdiff
+
+    m = localdiff.load("tiny", dtype="float16")
+    out = m.generate("What is 12 + 30?", max_new_tokens=m.config.canvas_length, seed=0)
+    assert out.stats.forwards >= 1 and len(out.token_ids) >= 1

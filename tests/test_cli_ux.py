@@ -1,0 +1,59 @@
+"""Newcomer findings of session 5, through the CLI entry point: ``gen -v``'s KV-cache line has units."""
+from __future__ import annotations
+
+import io
+import os
+import sys
+
+import pytest
+
+from localdiff.cli import main
+
+
+@pytest.fixture
+def isolated(tmp_path, monkeypatch):
+    for k in list(os.environ):
+        if k.startswith("LOCALDIFF_"):
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("LOCALDIFF_CONFIG", str(tmp_path / "config.toml"))
+    monkeypatch.setenv("LOCALDIFF_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    return tmp_path
+
+
+def _err_lines(capsys) -> list[str]:
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    return err.splitlines()
+
+
+def test_gen_verbose_kv_cache_line_has_units(ckpt, isolated, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    assert main(["gen", "-m", str(ckpt), "--raw", "-p", "one two", "-n", "8", "--seed", "0", "-v",
+                 "--kv-budget", "1KiB"]) == 0
+    (line,) = [x for x in _err_lines(capsys) if x.startswith("kv cache:")]
+    assert "=" not in line and "_" not in line, line
+    assert " tokens, device " in line and "device budget 1.00 KiB" in line and " on host" in line
+    assert any(u in line for u in (" KiB", " MiB")), line
+
+
+def test_kv_cache_line_formats_both_cache_kinds():
+    from localdiff.cli.gen import kv_cache_line
+
+    block = {"budget_bytes": None, "device_bytes": 344064, "device_bytes_peak": 344064, "host_bytes": 0,
+             "host_bytes_peak": 0, "staging_bytes": 0, "staging_bytes_peak": 0, "blocks_device": 4, "blocks_host": 0,
+             "blocks_to_host": 1, "bytes_to_host": 3 * 2**20, "blocks_to_device": 12, "bytes_to_device": 101376,
+             "blocks_freed": 2, "prefetched_reads": 5, "sync_reads": 7, "tokens": 11}
+    assert kv_cache_line(block) == (
+        "kv cache: 11 tokens, device 336.00 KiB (peak 336.00 KiB), host 0 B (peak 0 B), staging 0 B (peak 0 B), "
+        "device budget unlimited, blocks 4 on device / 0 on host, moved 1 blocks to host (3.00 MiB), "
+        "12 to device (99.00 KiB), 2 freed, host reads 5 prefetched / 7 synchronous")
+    window = {"device_bytes": 0, "device_peak_bytes": 0, "host_bytes": 138240, "host_peak_bytes": 138240,
+              "staging_peak_bytes": 34560, "budget_bytes": 0, "layers_on_host": 4, "new_counter_bytes": 2**30,
+              "new_count": 3}
+    assert kv_cache_line(window) == (
+        "kv cache: device 0 B (peak 0 B), host 135.00 KiB (peak 135.00 KiB), staging peak 33.75 KiB, "
+        "device budget 0 B, 4 layers on host, new count 3, new counter bytes 1.00 GiB")

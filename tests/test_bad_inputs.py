@@ -178,6 +178,11 @@ CASES = [
     ("negative --gpu-mem", ["gen", "--gpu-mem", "-2GiB", "-p", "x"], None, {}, 2, "--gpu-mem: a size must be ≥ 0"),
     ("quantize into a non-empty folder", ["quantize", "{ckpt}", "-o", "{broken:nonempty_out}"], None, {}, 2,
      "folder is not empty; choose a new folder, or pass --force"),
+    # newcomer check, session 5: refused before any model load or network contact (port 1 has no server)
+    ("--system with --raw", ["gen", "-m", "{ckpt}", "--raw", "--system", "be brief", "-p", "x"], None, {}, 2,
+     "--system needs chat mode: drop --raw"),
+    ("--system with --raw, endpoint", ["gen", "--endpoint", "http://127.0.0.1:1", "--raw", "--system", "s", "-p", "x"],
+     None, {}, 2, "--system needs chat mode: drop --raw"),
 ]
 
 

@@ -104,8 +104,12 @@ def assemble_prompt(args) -> str:
     """Join piped stdin, ``-f FILE`` and the prompt (``-p`` or words), in that order, with blank lines.
 
     Raises:
-        UsageError: no prompt anywhere, both -p and words, an empty prompt, unreadable / non-UTF-8 input.
+        UsageError: no prompt anywhere, both -p and words, an empty prompt, unreadable / non-UTF-8 input,
+            ``--system`` with ``--raw`` (a raw prompt has no chat template to put it in; Ollama's ``raw`` requests
+            drop the system text with the template silently — here it is refused, as ``gen --endpoint`` did).
     """
+    if not getattr(args, "chat", True) and getattr(args, "system", None) is not None:
+        raise UsageError("--system needs chat mode: drop --raw, or write the system text into the prompt")
     if args.prompt is not None and args.prompt_words:
         raise UsageError("give the prompt either with -p or as words, not both")
     cli_prompt = args.prompt if args.prompt is not None else (" ".join(args.prompt_words) or None)

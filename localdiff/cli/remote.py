@@ -75,9 +75,7 @@ def run_gen_remote(args) -> int:
                 {"role": "user", "content": prompt}]
             payload = msgs
         else:
-            if args.system:
-                raise UsageError("--system needs chat mode (drop --raw)")
-            payload = prompt
+            payload = prompt   # --system with --raw was refused by assemble_prompt
         fields = request_fields(args.max_new_tokens, args.seed, _flag_options(args))
         out, parts, info = sys.stdout, [], {}
         show = _text_filter(args, out)  # a server's text is model output too: control characters made visible

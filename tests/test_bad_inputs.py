@@ -183,6 +183,11 @@ CASES = [
      "--system needs chat mode: drop --raw"),
     ("--system with --raw, endpoint", ["gen", "--endpoint", "http://127.0.0.1:1", "--raw", "--system", "s", "-p", "x"],
      None, {}, 2, "--system needs chat mode: drop --raw"),
+    ("serve --api-key with --insecure", ["serve", "--api-key", "k", "--insecure"], None, {}, 2,
+     "--insecure contradicts --api-key: drop --insecure to require the key, or drop --api-key"),
+    ("serve env key with --insecure", ["serve", "--host", "0.0.0.0", "--insecure"], None,
+     {"LOCALDIFF_API_KEY": "k"}, 2, "--insecure contradicts LOCALDIFF_API_KEY (set in the environment)"),
+    ("serve empty --api-key", ["serve", "--api-key", ""], None, {}, 2, "--api-key: empty key"),
 ]
 
 

@@ -110,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                          "needs --api-key or --insecure)")
     sv.add_argument("--port", type=int, default=11436, help="port (default 11436)")
     sv.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (default: $LOCALDIFF_API_KEY)")
-    sv.add_argument("--insecure", action="store_true", help="allow a non-local --host without an API key")
+    sv.add_argument("--insecure", action="store_true", help="allow a non-local --host without an API key (a usage "
+                                                             "error with --api-key or $LOCALDIFF_API_KEY)")
     sv.add_argument("--max-queue", type=int, default=32, metavar="N", help="requests waiting at most (then 503)")
     sv.add_argument("--keep-alive", type=float, default=300.0, metavar="SECONDS",
                     help="unload an idle model after SECONDS (default 300; 0 = never)")

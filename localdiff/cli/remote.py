@@ -9,7 +9,11 @@ from localdiff.errors import UsageError
 
 
 def _api_key(args) -> str | None:
-    return getattr(args, "api_key", None) or os.environ.get("LOCALDIFF_API_KEY") or None
+    """``--api-key`` else ``$LOCALDIFF_API_KEY`` else None. Raises UsageError for an empty ``--api-key``."""
+    key = getattr(args, "api_key", None)
+    if key is not None and not key.strip():
+        raise UsageError("--api-key: empty key (leave the flag out for no key)")
+    return key or os.environ.get("LOCALDIFF_API_KEY") or None
 
 
 def _flag_options(args) -> dict:
@@ -40,6 +44,10 @@ def run_serve(args) -> int:
     from localdiff.serve import check_binding, serve
 
     key = _api_key(args)
+    if key and args.insecure:   # --insecure = "serve without a key": with a key it says the opposite of the key
+        src = "--api-key" if args.api_key else "LOCALDIFF_API_KEY (set in the environment)"
+        raise UsageError(f"--insecure contradicts {src}: drop --insecure to require the key, or "
+                         + ("drop --api-key" if args.api_key else "unset LOCALDIFF_API_KEY") + " to serve without one")
     check_binding(args.host, key, args.insecure)
     if not 0 < args.port < 65536:
         raise UsageError(f"--port must be in 1..65535 (got {args.port})")

@@ -188,6 +188,12 @@ CASES = [
     ("serve env key with --insecure", ["serve", "--host", "0.0.0.0", "--insecure"], None,
      {"LOCALDIFF_API_KEY": "k"}, 2, "--insecure contradicts LOCALDIFF_API_KEY (set in the environment)"),
     ("serve empty --api-key", ["serve", "--api-key", ""], None, {}, 2, "--api-key: empty key"),
+    ("list with invalid config TOML", ["list"], None, {"@config": "steps = = 3"}, 2, "not valid TOML"),
+    ("ls --json with unknown config key", ["ls", "--json"], None, {"@config": "[sampler]\nthresold = 0.9\n"}, 2,
+     "did you mean 'threshold'"),
+    ("show NAME with invalid config TOML", ["show", "tiny"], None, {"@config": "x = [1,"}, 2, "not valid TOML"),
+    ("pull with invalid config TOML", ["pull", "tiny"], None, {"@config": "x = [1,"}, 2, "not valid TOML"),
+    ("rm with invalid config TOML", ["rm", "acme/x"], None, {"@config": "x = [1,"}, 2, "not valid TOML"),
 ]
 
 
@@ -297,3 +303,11 @@ def test_bad_inputs_as_subprocess(argv, stdin, code, ckpt, broken, tmp_path):
                        capture_output=True, env=env, cwd=ROOT, timeout=120)
     assert r.returncode == code
     assert r.stdout == b"" and r.stderr.count(b"\n") == 1 and b"Traceback" not in r.stderr
+
+
+def test_config_path_answers_with_an_invalid_config_file(isolated, capsys):
+    """Every command refuses a broken config file except ``config path``, which is how to find it."""
+    (isolated / "config.toml").write_text("steps = = 3")
+    assert main(["config", "path"]) == 0
+    assert capsys.readouterr().out == f"{isolated / 'config.toml'}\n"
+    assert main(["config"]) == 2 and "not valid TOML" in capsys.readouterr().err

@@ -172,6 +172,21 @@ def _check_environment() -> None:
     check_environment()
 
 
+def _check_config(args) -> None:
+    """Commands that do not otherwise read the config file (``list``, ``pull``, ``rm``, ``show NAME``,
+    ``quantize``) still refuse an invalid one, as ``gen`` / ``chat`` / ``serve`` do — a broken file is reported by
+    the first command run, not by whichever reads it. ``config path`` is exempt (it is how to find the file).
+
+    Raises:
+        UsageError: the file is not valid TOML, has an unknown key or a bad value (``config.load_user_config``).
+    """
+    if args.command == "config" and args.action == "path":
+        return
+    from localdiff.config import load_user_config
+
+    load_user_config()
+
+
 def _check_text_arguments(args) -> None:
     """A prompt or system text typed on the command line with bytes that are not UTF-8 (Python keeps them as lone
     surrogates) is a usage error naming the argument, as for stdin and ``-f`` files.
@@ -192,6 +207,7 @@ def _check_text_arguments(args) -> None:
 
 def _dispatch(args, argv) -> int:
     _check_environment()
+    _check_config(args)
     _check_text_arguments(args)
     cmd = args.command
     if cmd == "gen":

@@ -194,6 +194,19 @@ CASES = [
     ("show NAME with invalid config TOML", ["show", "tiny"], None, {"@config": "x = [1,"}, 2, "not valid TOML"),
     ("pull with invalid config TOML", ["pull", "tiny"], None, {"@config": "x = [1,"}, 2, "not valid TOML"),
     ("rm with invalid config TOML", ["rm", "acme/x"], None, {"@config": "x = [1,"}, 2, "not valid TOML"),
+    ("--timeout not a number", ["gen", "--endpoint", "http://127.0.0.1:1", "--timeout", "soon", "-p", "x"], None, {},
+     2, "--timeout: expected a number of seconds > 0, e.g. 60 (got 'soon')"),
+    ("--timeout zero", ["gen", "--endpoint", "http://127.0.0.1:1", "--timeout", "0", "-p", "x"], None, {}, 2,
+     "--timeout: expected a number of seconds > 0"),
+    ("--timeout nan", ["gen", "--endpoint", "http://127.0.0.1:1", "--timeout", "nan", "-p", "x"], None, {}, 2,
+     "--timeout: expected a number of seconds > 0"),
+    ("LOCALDIFF_TIMEOUT negative", ["gen", "--endpoint", "http://127.0.0.1:1", "-p", "x"], None,
+     {"LOCALDIFF_TIMEOUT": "-5"}, 2, "LOCALDIFF_TIMEOUT: expected a number of seconds > 0, e.g. 60 (got '-5')"),
+    ("--timeout without --endpoint", ["gen", "-m", "{ckpt}", "--timeout", "5", "-p", "x"], None, {}, 2,
+     "--timeout applies to --endpoint URL"),
+    ("--api-key without --endpoint", ["gen", "-m", "{ckpt}", "--api-key", "k", "-p", "x"], None, {}, 2,
+     "--api-key applies to --endpoint URL"),
+    ("empty --endpoint", ["gen", "--endpoint", "", "-p", "x"], None, {}, 2, "--endpoint: empty URL"),
 ]
 
 

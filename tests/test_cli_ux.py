@@ -1,9 +1,13 @@
-"""Newcomer findings of session 5, through the CLI entry point: ``gen -v``'s KV-cache line has units."""
+"""Newcomer findings of session 5, through the CLI entry point: ``--endpoint`` to a server that accepts the connection
+and never answers gives up after ``--timeout`` with one line naming the URL; ``gen -v``'s KV-cache line has units.
+(The one-line usage errors of the same check are cases of the bad-input corpus, tests/test_bad_inputs.py.)"""
 from __future__ import annotations
 
 import io
 import os
+import socket
 import sys
+import time
 
 import pytest
 
@@ -24,10 +28,57 @@ def isolated(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.fixture
+def silent():
+    """http://127.0.0.1:PORT of a socket that accepts connections (the kernel's backlog) and never answers."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(16)
+        yield f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
 def _err_lines(capsys) -> list[str]:
     out, err = capsys.readouterr()
     assert "Traceback" not in err
     return err.splitlines()
+
+
+@pytest.mark.parametrize("model", [["-m", "m"], []], ids=["named model: the POST waits", "no -m: GET /models waits"])
+def test_gen_endpoint_that_never_answers_gives_up_after_the_timeout(model, silent, isolated, capsys):
+    t0 = time.monotonic()
+    rc = main(["gen", "--endpoint", silent, *model, "--timeout", "1", "-p", "hi"])
+    took = time.monotonic() - t0
+    assert rc == 1 and took < 30
+    assert _err_lines(capsys) == [f"error: {silent}/v1 did not answer within 1 s (wait longer with --timeout SECONDS "
+                                  "or LOCALDIFF_TIMEOUT)"]
+
+
+def test_gen_endpoint_says_it_is_waiting_then_gives_up(silent, isolated, monkeypatch, capsys):
+    from localdiff.backends.remote import RemoteClient
+
+    monkeypatch.setattr(RemoteClient, "wait_note_s", 0.2)
+    monkeypatch.setenv("LOCALDIFF_TIMEOUT", "1.5")
+    assert main(["gen", "--endpoint", silent, "-m", "m", "-p", "hi"]) == 1
+    assert _err_lines(capsys) == [f"waiting for {silent}/v1 to answer (gives up after 1.5 s: --timeout)",
+                                  f"error: {silent}/v1 did not answer within 1.5 s (wait longer with --timeout "
+                                  "SECONDS or LOCALDIFF_TIMEOUT)"]
+    assert main(["gen", "--endpoint", silent, "-m", "m", "-q", "-p", "hi"]) == 1   # -q: the error alone
+    assert len(_err_lines(capsys)) == 1
+
+
+def test_the_default_timeouts_are_the_documented_ones():
+    from localdiff.backends.remote import CONNECT_TIMEOUT_S, DEFAULT_TIMEOUT_S, RemoteClient
+
+    c = RemoteClient("http://127.0.0.1:1")
+    try:
+        assert (c.timeout, c.connect_timeout) == (DEFAULT_TIMEOUT_S, CONNECT_TIMEOUT_S) == (600.0, 10.0)
+        t = c._http.timeout
+        assert (t.connect, t.read, t.write, t.pool) == (10.0, 600.0, 600.0, 600.0)
+    finally:
+        c.close()
+    c = RemoteClient("http://127.0.0.1:1", timeout=2)
+    assert c._http.timeout.connect == 2.0   # the connect wait never exceeds --timeout
+    c.close()
 
 
 def test_gen_verbose_kv_cache_line_has_units(ckpt, isolated, monkeypatch, capsys):

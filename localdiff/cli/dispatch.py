@@ -58,6 +58,9 @@ def _add_endpoint(p: argparse.ArgumentParser) -> None:
     p.add_argument("--endpoint", metavar="URL", help="use an OpenAI-compatible server (localdiff serve, vLLM, "
                                                      "SGLang) instead of a local model, e.g. http://127.0.0.1:11436/v1")
     p.add_argument("--api-key", help="API key for --endpoint (default: $LOCALDIFF_API_KEY)")
+    p.add_argument("--timeout", metavar="SECONDS", help="--endpoint: give up when the server sends nothing for "
+                                                        "SECONDS, before its first byte or mid-answer (default 600; "
+                                                        "connecting: at most 10; $LOCALDIFF_TIMEOUT)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -210,6 +213,10 @@ def _dispatch(args, argv) -> int:
     _check_config(args)
     _check_text_arguments(args)
     cmd = args.command
+    if cmd in ("gen", "chat"):
+        from localdiff.cli.remote import check_endpoint_flags
+
+        check_endpoint_flags(args)
     if cmd == "gen":
         if getattr(args, "endpoint", None):
             from localdiff.cli.remote import run_gen_remote

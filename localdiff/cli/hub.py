@@ -303,10 +303,10 @@ def run_chat_cmd(args) -> int:
         if getattr(args, "draft", None):
             raise UsageError("--draft applies to local models, not to --endpoint")
         from localdiff.backends.remote import base_url
-        from localdiff.cli.remote import _api_key, remote_loader
+        from localdiff.cli.remote import _api_key, endpoint_timeout, remote_loader
 
         base_url(args.endpoint)  # a bad URL is a usage error before the UI starts
-        loader = remote_loader(args.endpoint, _api_key(args))
+        loader = remote_loader(args.endpoint, _api_key(args), endpoint_timeout(args))
         model = args.model or ""  # "" = the server's first model
     elif getattr(args, "draft", None):
         import localdiff

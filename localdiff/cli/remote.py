@@ -16,6 +16,47 @@ def _api_key(args) -> str | None:
     return key or os.environ.get("LOCALDIFF_API_KEY") or None
 
 
+def endpoint_timeout(args) -> float:
+    """``--timeout SECONDS`` (else ``$LOCALDIFF_TIMEOUT``, else 600): how long ``--endpoint`` waits for the server's
+    first byte and between streamed bytes.
+
+    Raises:
+        UsageError: not a finite number of seconds > 0, named as the flag or the variable.
+    """
+    import math
+
+    from localdiff.backends.remote import DEFAULT_TIMEOUT_S
+
+    text, where = getattr(args, "timeout", None), "--timeout"
+    if text is None:
+        text, where = os.environ.get("LOCALDIFF_TIMEOUT"), "LOCALDIFF_TIMEOUT"
+    if text is None or (where == "LOCALDIFF_TIMEOUT" and not text.strip()):
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise UsageError(f"{where}: expected a number of seconds > 0, e.g. 60 (got {text!r})")
+    return value
+
+
+def check_endpoint_flags(args) -> None:
+    """``--api-key`` / ``--timeout`` on ``gen`` / ``chat`` without ``--endpoint`` would be ignored: refuse them.
+
+    Raises:
+        UsageError: naming the flag.
+    """
+    if getattr(args, "endpoint", None) is not None:
+        if not args.endpoint.strip():
+            raise UsageError("--endpoint: empty URL (e.g. http://127.0.0.1:11436/v1)")
+        endpoint_timeout(args)
+        return
+    for flag in ("api_key", "timeout"):
+        if getattr(args, flag, None) is not None:
+            raise UsageError(f"--{flag.replace('_', '-')} applies to --endpoint URL (a local model has none)")
+
+
 def _flag_options(args) -> dict:
     """Decoder options given as flags only, by schema name and typed (a remote server keeps its own defaults for
     the rest); ``--temperature MAX:MIN`` gives both options of the pair.
@@ -75,7 +116,13 @@ def run_gen_remote(args) -> int:
     for flag in ("device", "quant", "gpu_mem", "kv_budget", "draft"):
         if getattr(args, flag, None) is not None:
             raise UsageError(f"--{flag.replace('_', '-')} applies to local models, not to --endpoint")
-    client = RemoteClient(args.endpoint, _api_key(args))
+    quiet = args.quiet
+
+    def note(seconds):
+        if not quiet:
+            sys.stderr.write(f"waiting for {client.url} to answer (gives up after {client.timeout:g} s: --timeout)\n")
+            sys.stderr.flush()
+    client = RemoteClient(args.endpoint, _api_key(args), endpoint_timeout(args), on_wait=note)
     try:
         name = args.model or os.environ.get("LOCALDIFF_MODEL") or RemoteModel(client).name
         if args.chat:
@@ -114,10 +161,12 @@ def run_gen_remote(args) -> int:
         client.close()
 
 
-def remote_loader(endpoint: str, api_key: str | None):
-    """A chat ``loader(name, device=, quant=)`` that connects to ``endpoint`` instead of loading weights."""
+def remote_loader(endpoint: str, api_key: str | None, timeout: float | None = None):
+    """A chat ``loader(name, device=, quant=)`` that connects to ``endpoint`` instead of loading weights
+    (``timeout``: seconds, see :func:`endpoint_timeout`; None = the client's default)."""
     from localdiff.backends.remote import RemoteClient, RemoteModel
 
     def load(name, device=None, quant=None):
-        return RemoteModel(RemoteClient(endpoint, api_key), name or None)
+        client = RemoteClient(endpoint, api_key) if timeout is None else RemoteClient(endpoint, api_key, timeout)
+        return RemoteModel(client, name or None)
     return load

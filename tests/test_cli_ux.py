@@ -1,6 +1,7 @@
 """Newcomer findings of session 5, through the CLI entry point: ``--endpoint`` to a server that accepts the connection
-and never answers gives up after ``--timeout`` with one line naming the URL; ``gen -v``'s KV-cache line has units.
-(The one-line usage errors of the same check are cases of the bad-input corpus, tests/test_bad_inputs.py.)"""
+and never answers gives up after ``--timeout`` with one line naming the URL; ``chat`` with a model that cannot be
+loaded fails before the terminal UI starts; ``gen -v``'s KV-cache line has units. (The one-line usage errors of the
+same check are cases of the bad-input corpus, tests/test_bad_inputs.py.)"""
 from __future__ import annotations
 
 import io
@@ -79,6 +80,67 @@ def test_the_default_timeouts_are_the_documented_ones():
     c = RemoteClient("http://127.0.0.1:1", timeout=2)
     assert c._http.timeout.connect == 2.0   # the connect wait never exceeds --timeout
     c.close()
+
+
+class _Tty(io.StringIO):
+    def isatty(self):
+        return True
+
+
+@pytest.fixture
+def terminal(monkeypatch):
+    """ChatApp.run records the app instead of taking over the terminal; call ``terminal.enter()`` in the test body
+    (after capsys has taken the streams for the call) to make stdin and stdout look like a terminal."""
+    from localdiff.tui.app import ChatApp
+
+    started = []
+
+    def run(self):
+        started.append(self)
+        self._return_code = 0
+    monkeypatch.setattr(ChatApp, "run", run)
+
+    class Terminal:
+        def __init__(self):
+            self.started = started
+
+        def enter(self):
+            monkeypatch.setattr(sys, "stdin", _Tty())
+            monkeypatch.setattr(sys, "stdout", _Tty())
+    return Terminal()
+
+
+@pytest.mark.parametrize("argv,line", [
+    (["-m", "no-such-model-xyz"], "error: cannot load 'no-such-model-xyz': unknown model 'no-such-model-xyz'"),
+    (["-m", "./no/such/dir"], "error: cannot load './no/such/dir': "),
+    (["--endpoint", "http://127.0.0.1:1"],
+     "error: cannot load the server's first model: cannot reach http://127.0.0.1:1/v1: "),
+    (["--endpoint", "http://127.0.0.1:1", "-m", "tiny"], "error: cannot load 'tiny': cannot reach http://127.0.0.1:1/v1"),
+], ids=["unknown name", "missing folder", "endpoint refused", "endpoint refused, named model"])
+def test_chat_with_a_model_that_cannot_load_fails_before_the_ui(argv, line, terminal, isolated, capsys):
+    terminal.enter()
+    assert main(["chat", *argv]) == 1
+    err = _err_lines(capsys)
+    assert len(err) == 1 and err[0].startswith(line), err
+    assert terminal.started == []   # the UI never started
+
+
+def test_chat_endpoint_that_never_answers_fails_before_the_ui(silent, terminal, isolated, capsys):
+    terminal.enter()
+    assert main(["chat", "--endpoint", silent, "-m", "m", "--timeout", "1"]) == 1
+    assert _err_lines(capsys) == [f"error: cannot load 'm': {silent}/v1 did not answer within 1 s (wait longer with "
+                                  "--timeout SECONDS or LOCALDIFF_TIMEOUT)"]
+    assert terminal.started == []
+
+
+def test_chat_starts_the_ui_with_the_model_it_loaded_first(ckpt, terminal, isolated, capsys):
+    terminal.enter()
+    assert main(["chat", "-m", str(ckpt)]) == 0
+    (app,) = terminal.started
+    model = app.loader(app.model_name, device=app.device, quant=app.quant)   # the UI's first load: no second load
+    assert getattr(model, "path", None) is not None and str(ckpt) in str(model.path)
+    assert app.loader(app.model_name) is not model    # a later switch to the same name loads again
+    assert _err_lines(capsys) == []
 
 
 def test_gen_verbose_kv_cache_line_has_units(ckpt, isolated, monkeypatch, capsys):

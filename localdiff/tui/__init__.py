@@ -73,9 +73,11 @@ def run_chat(
     except LocaldiffError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
+    whose = ""   # the model came from the resumed conversation: the error says how to resume on another
     if model is None:
-        model = (store.load(conversation_id).model if conversation_id is not None else "") or default_model \
-            or DEFAULT_MODEL
+        saved = store.load(conversation_id).model if conversation_id is not None else ""
+        whose = f" (conversation #{conversation_id}'s model; -m MODEL resumes it on another)" if saved else ""
+        model = saved or default_model or DEFAULT_MODEL
     opts = dict(sampler_options or {})
     settings = ChatSettings(sampler={k: v for k, v in opts.items() if k not in ("max_new_tokens", "seed")})
     if "max_new_tokens" in opts:
@@ -92,7 +94,7 @@ def run_chat(
     except Exception as exc:  # noqa: BLE001 — any load failure is one line before the UI, never a traceback
         from localdiff.safetext import visible
 
-        what = f"'{model}'" if model else "the server's first model"
+        what = (f"'{model}'" if model else "the server's first model") + whose
         print(visible(" ".join(f"error: cannot load {what}: {_describe(exc)}".split())), file=sys.stderr)
         return exc.exit_code if isinstance(exc, LocaldiffError) else 1
     preloaded = [first]

@@ -207,6 +207,13 @@ CASES = [
     ("--api-key without --endpoint", ["gen", "-m", "{ckpt}", "--api-key", "k", "-p", "x"], None, {}, 2,
      "--api-key applies to --endpoint URL"),
     ("empty --endpoint", ["gen", "--endpoint", "", "-p", "x"], None, {}, 2, "--endpoint: empty URL"),
+    ("serve --keep-alive nan", ["serve", "--keep-alive", "nan"], None, {}, 2,
+     "--keep-alive must be a number of seconds ≥ 0; 0 = never unload (got nan)"),
+    ("serve --max-body 0", ["serve", "--max-body", "0"], None, {}, 2, "--max-body must be > 0 (got '0'"),
+    ("show empty name", ["show", ""], None, {}, 2, "empty model name"),
+    ("quantize -o empty", ["quantize", "{ckpt}", "-o", ""], None, {}, 2, "-o: empty folder name"),
+    ("pull --quant empty", ["pull", "acme/x", "--quant", ""], None, {}, 2,
+     "--quant: '' is not a GGUF quantization label"),
 ]
 
 

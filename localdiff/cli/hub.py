@@ -31,7 +31,7 @@ def _gguf_name(name: str, quant: str | None) -> str:
     """``pull NAME --quant Q``: ``org/repo:Q`` for a repo, ``<alias>-q`` for a catalog alias. Raises UsageError."""
     from localdiff.hub.gguf_names import is_quant
 
-    if not quant:
+    if quant is None:
         return name
     if not is_quant(quant):
         raise UsageError(f"--quant: {quant!r} is not a GGUF quantization label (e.g. Q4_K_M, Q8_0, F16)")
@@ -169,7 +169,7 @@ def gguf_summary(path) -> dict:
 
 
 def run_show(args) -> int:
-    name = args.name or load_user_config().default_model
+    name = args.name if args.name is not None else load_user_config().default_model   # "" is refused, as for gen -m
     gg = _gguf_file(name)
     if gg is not None:
         summary = gguf_summary(gg)
@@ -269,6 +269,8 @@ def _check_output_dir(path: str, force: bool) -> None:
     file) unless ``--force``."""
     from pathlib import Path
 
+    if not path.strip():
+        raise UsageError("-o: empty folder name")
     p = Path(path).expanduser()
     if p.exists() and not p.is_dir():
         raise UsageError(f"-o {path}: exists and is not a folder")

@@ -94,13 +94,15 @@ def run_serve(args) -> int:
         raise UsageError(f"--port must be in 1..65535 (got {args.port})")
     if args.max_queue < 1:
         raise UsageError(f"--max-queue must be ≥ 1 (got {args.max_queue})")
-    if args.keep_alive < 0:
-        raise UsageError(f"--keep-alive must be ≥ 0 seconds (got {args.keep_alive})")
+    if not (args.keep_alive >= 0 and args.keep_alive != float("inf")):   # NaN fails both (it was accepted)
+        raise UsageError(f"--keep-alive must be a number of seconds ≥ 0; 0 = never unload (got {args.keep_alive:g})")
     if getattr(args, "draft", None):
         raise UsageError("--draft: localdiff serve does not run DFlash drafts yet (gen and chat do)")
     cfg = with_flags(load_user_config(), model=args.model, device=args.device, quant=args.quant)
     sampler = sampler_overrides(_flags(args), cfg)
     max_body = _size(args.max_body, "--max-body")
+    if max_body == 0:   # was silently the 1 MiB default
+        raise UsageError(f"--max-body must be > 0 (got {args.max_body!r}; the default is 1MiB)")
     return serve(args.model, cfg.default_model, host=args.host, port=args.port, api_key=key, insecure=args.insecure,
                  device=cfg.device, quant=cfg.quant, sampler=sampler, max_queue=args.max_queue,
                  keep_alive=args.keep_alive or None, max_body=max_body)

@@ -331,3 +331,16 @@ def test_config_path_answers_with_an_invalid_config_file(isolated, capsys):
     assert main(["config", "path"]) == 0
     assert capsys.readouterr().out == f"{isolated / 'config.toml'}\n"
     assert main(["config"]) == 2 and "not valid TOML" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("argv", [["gen", "-m", "{ckpt}", "-p", "x", "-n", "8"], ["list"]], ids=["gen", "list"])
+def test_a_full_output_device_is_one_line(argv, ckpt, broken, tmp_path):
+    """(`>/dev/full` was "internal error: OSError: [Errno 28] ...")"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOCALDIFF_", "HF_"))}
+    env.update(LOCALDIFF_CONFIG=str(tmp_path / "c.toml"), HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1",
+               PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "localdiff", *_fill(argv, ckpt, broken, tmp_path)], stdout=full,
+                           stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env, cwd=ROOT, timeout=120, text=True)
+    assert r.returncode == 1 and r.stderr == "error: No space left on device\n", r.stderr

@@ -10,6 +10,7 @@ Exit codes: 0 ok; 1 runtime error; 2 usage error; 130 interrupted (Ctrl-C). Erro
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 import traceback
@@ -285,16 +286,32 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         _quiet_broken_pipe()
         return 141
+    except OSError as e:
+        if e.errno not in _ENVIRONMENT_ERRNOS:
+            return _internal(e, debug)
+        if debug:
+            traceback.print_exc()
+        _flush_or_silence_stdout()
+        _err(f"{e.strerror}" + (f": {e.filename}" if e.filename else ""))   # e.g. `>/dev/full`, a full disk
+        return 1
     except LocaldiffError as e:
         if debug:
             traceback.print_exc()
         _err(str(e))
         return int(getattr(e, "exit_code", 1))
     except Exception as e:  # noqa: BLE001 — last resort: one line unless --debug
-        if debug:
-            traceback.print_exc()
-        _err(f"internal error: {type(e).__name__}: {e} (run with --debug for the traceback)")
-        return 1
+        return _internal(e, debug)
+
+
+#: errno values that say the machine, not localdiff, failed: disk full, quota, I/O error, read-only file system
+_ENVIRONMENT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS)
+
+
+def _internal(e: BaseException, debug: bool) -> int:
+    if debug:
+        traceback.print_exc()
+    _err(f"internal error: {type(e).__name__}: {e} (run with --debug for the traceback)")
+    return 1
 
 
 SIZE_FLAGS = ("--kv-budget", "--gpu-mem")
@@ -324,6 +341,15 @@ def _err(msg: str) -> None:
         sys.stderr.flush()
     except (OSError, ValueError):
         pass
+
+
+def _flush_or_silence_stdout() -> None:
+    """After an OSError: write what stdout still holds, or, when that fails too, silence it so that the
+    interpreter's last flush does not print a second error."""
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        _quiet_broken_pipe()
 
 
 def _quiet_broken_pipe() -> None:

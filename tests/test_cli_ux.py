@@ -170,3 +170,13 @@ def test_kv_cache_line_formats_both_cache_kinds():
     assert kv_cache_line(window) == (
         "kv cache: device 0 B (peak 0 B), host 135.00 KiB (peak 135.00 KiB), staging peak 33.75 KiB, "
         "device budget 0 B, 4 layers on host, new count 3, new counter bytes 1.00 GiB")
+
+
+@pytest.mark.parametrize("term,kind", [("xterm-256color", "RichProgress"), ("dumb", "PlainProgress"),
+                                       ("unknown", "PlainProgress")])
+def test_pull_progress_on_a_dumb_terminal_is_plain_lines(term, kind, monkeypatch):
+    """(rich draws no live bar on TERM=dumb: a pull showed nothing until it ended)"""
+    from localdiff.hub.progress import make_progress
+
+    monkeypatch.setenv("TERM", term)
+    assert type(make_progress(stream=_Tty())).__name__ == kind

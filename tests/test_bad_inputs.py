@@ -214,6 +214,22 @@ CASES = [
     ("quantize -o empty", ["quantize", "{ckpt}", "-o", ""], None, {}, 2, "-o: empty folder name"),
     ("pull --quant empty", ["pull", "acme/x", "--quant", ""], None, {}, 2,
      "--quant: '' is not a GGUF quantization label"),
+    ("--endpoint unclosed IPv6 bracket", ["gen", "--endpoint", "http://[::1", "-p", "x"], None, {}, 2,
+     "--endpoint must be an http(s) URL such as"),
+    ("--endpoint port not a number", ["gen", "--endpoint", "http://127.0.0.1:abc", "-p", "x"], None, {}, 2,
+     "(got 'http://127.0.0.1:abc')"),
+    ("--endpoint port out of range", ["gen", "--endpoint", "http://127.0.0.1:99999", "-p", "x"], None, {}, 2,
+     "(got 'http://127.0.0.1:99999')"),
+    ("--endpoint with a control character", ["gen", "--endpoint", "http://127.0.0.1:1/\x1b[31m", "-p", "x"], None,
+     {}, 2, "(got 'http://127.0.0.1:1/\\x1b[31m')"),
+    ("--api-key not ASCII", ["gen", "--endpoint", "http://127.0.0.1:1", "--api-key", "ключ", "-p", "x"], None, {},
+     2, "--api-key: use visible ASCII characters only"),
+    ("--api-key with a newline", ["serve", "--api-key", "k\nX-Evil: 1"], None, {}, 2,
+     "--api-key: use visible ASCII characters only"),
+    ("LOCALDIFF_API_KEY with a space", ["serve"], None, {"LOCALDIFF_API_KEY": "two words"}, 2,
+     "LOCALDIFF_API_KEY: use visible ASCII characters only"),
+    ("empty -m with --endpoint", ["gen", "--endpoint", "http://127.0.0.1:1", "-m", "", "-p", "x"], None, {}, 2,
+     "empty model name (leave -m out for the server's first model)"),
 ]
 
 

@@ -41,10 +41,18 @@ class RemoteError(LocaldiffError):
 
 def base_url(url: str) -> str:
     """Normalise an endpoint: ``http://host:port`` → ``http://host:port/v1``; a URL with a path is kept as is
-    (without the trailing slash). Raises UsageError for a non-http(s) URL."""
-    parts = urlsplit(url.strip())
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise UsageError(f"--endpoint must be an http(s) URL such as http://127.0.0.1:11436/v1 (got {url!r})")
+    (without the trailing slash). Raises UsageError for a non-http(s) URL, one without a host, a bad port, or
+    spaces / control characters."""
+    bad = UsageError(f"--endpoint must be an http(s) URL such as http://127.0.0.1:11436/v1 (got {url!r})")
+    if any(not c.isprintable() or c.isspace() for c in url.strip()):
+        raise bad                                  # control characters, spaces: httpx refuses them mid-request
+    try:
+        parts = urlsplit(url.strip())
+        parts.port                                 # noqa: B018 — raises ValueError for ":abc" or ":99999"
+    except ValueError:                             # "http://[::1" (an unclosed IPv6 bracket), a bad port
+        raise bad from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise bad
     path = parts.path.rstrip("/")
     return f"{parts.scheme}://{parts.netloc}{path or '/v1'}"
 

@@ -9,11 +9,21 @@ from localdiff.errors import UsageError
 
 
 def _api_key(args) -> str | None:
-    """``--api-key`` else ``$LOCALDIFF_API_KEY`` else None. Raises UsageError for an empty ``--api-key``."""
-    key = getattr(args, "api_key", None)
+    """``--api-key`` else ``$LOCALDIFF_API_KEY`` else None.
+
+    Raises:
+        UsageError: an empty ``--api-key``, or a key with characters an ``Authorization`` header cannot carry
+            as typed (anything but visible ASCII: a client could never send it to ``serve``; ``--endpoint`` failed
+            with an internal error).
+    """
+    key, where = getattr(args, "api_key", None), "--api-key"
     if key is not None and not key.strip():
         raise UsageError("--api-key: empty key (leave the flag out for no key)")
-    return key or os.environ.get("LOCALDIFF_API_KEY") or None
+    if key is None:
+        key, where = os.environ.get("LOCALDIFF_API_KEY") or None, "LOCALDIFF_API_KEY"
+    if key is not None and not all("!" <= c <= "~" for c in key):
+        raise UsageError(f"{where}: use visible ASCII characters only, no spaces (an HTTP header carries no others)")
+    return key
 
 
 def endpoint_timeout(args) -> float:
@@ -50,6 +60,8 @@ def check_endpoint_flags(args) -> None:
     if getattr(args, "endpoint", None) is not None:
         if not args.endpoint.strip():
             raise UsageError("--endpoint: empty URL (e.g. http://127.0.0.1:11436/v1)")
+        if args.model is not None and not args.model.strip():   # as without --endpoint (it meant the first model)
+            raise UsageError("empty model name (leave -m out for the server's first model)")
         endpoint_timeout(args)
         return
     for flag in ("api_key", "timeout"):

@@ -228,6 +228,12 @@ CASES = [
      "--api-key: use visible ASCII characters only"),
     ("LOCALDIFF_API_KEY with a space", ["serve"], None, {"LOCALDIFF_API_KEY": "two words"}, 2,
      "LOCALDIFF_API_KEY: use visible ASCII characters only"),
+    ("bench --readme missing, before any section", ["bench", "--quick", "--only", "ref", "--readme", "{tmp}/no.md"],
+     None, {}, 2, "--readme: "),
+    ("bench --out a folder", ["bench", "--quick", "--only", "ref", "--out", "{tmp}"], None, {}, 2,
+     "is a folder; give a file name"),
+    ("bench --md under a file", ["bench", "--quick", "--only", "ref", "--md", "{tmp}/latin1.txt/r.md"], None, {}, 2,
+     "cannot create"),
     ("empty -m with --endpoint", ["gen", "--endpoint", "http://127.0.0.1:1", "-m", "", "-p", "x"], None, {}, 2,
      "empty model name (leave -m out for the server's first model)"),
 ]

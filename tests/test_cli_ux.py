@@ -13,20 +13,14 @@ import time
 import pytest
 
 from localdiff.cli import main
+from test_bad_inputs import isolated  # noqa: F401  (the isolation of the bad-input corpus; `home` adds to it)
 
 
 @pytest.fixture
-def isolated(tmp_path, monkeypatch):
-    for k in list(os.environ):
-        if k.startswith("LOCALDIFF_"):
-            monkeypatch.delenv(k)
-    monkeypatch.setenv("LOCALDIFF_CONFIG", str(tmp_path / "config.toml"))
-    monkeypatch.setenv("LOCALDIFF_DATA_DIR", str(tmp_path / "data"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    from huggingface_hub import constants
-
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    return tmp_path
+def home(isolated, monkeypatch):
+    """test_bad_inputs' isolation (no LOCALDIFF_*, config and HF cache in tmp, offline) + the chat history in tmp."""
+    monkeypatch.setenv("LOCALDIFF_DATA_DIR", str(isolated / "data"))
+    return isolated
 
 
 @pytest.fixture
@@ -45,7 +39,7 @@ def _err_lines(capsys) -> list[str]:
 
 
 @pytest.mark.parametrize("model", [["-m", "m"], []], ids=["named model: the POST waits", "no -m: GET /models waits"])
-def test_gen_endpoint_that_never_answers_gives_up_after_the_timeout(model, silent, isolated, capsys):
+def test_gen_endpoint_that_never_answers_gives_up_after_the_timeout(model, silent, home, capsys):
     t0 = time.monotonic()
     rc = main(["gen", "--endpoint", silent, *model, "--timeout", "1", "-p", "hi"])
     took = time.monotonic() - t0
@@ -54,7 +48,7 @@ def test_gen_endpoint_that_never_answers_gives_up_after_the_timeout(model, silen
                                   "or LOCALDIFF_TIMEOUT)"]
 
 
-def test_gen_endpoint_says_it_is_waiting_then_gives_up(silent, isolated, monkeypatch, capsys):
+def test_gen_endpoint_says_it_is_waiting_then_gives_up(silent, home, monkeypatch, capsys):
     from localdiff.backends.remote import RemoteClient
 
     monkeypatch.setattr(RemoteClient, "wait_note_s", 0.2)
@@ -117,7 +111,7 @@ def terminal(monkeypatch):
      "error: cannot load the server's first model: cannot reach http://127.0.0.1:1/v1: "),
     (["--endpoint", "http://127.0.0.1:1", "-m", "tiny"], "error: cannot load 'tiny': cannot reach http://127.0.0.1:1/v1"),
 ], ids=["unknown name", "missing folder", "endpoint refused", "endpoint refused, named model"])
-def test_chat_with_a_model_that_cannot_load_fails_before_the_ui(argv, line, terminal, isolated, capsys):
+def test_chat_with_a_model_that_cannot_load_fails_before_the_ui(argv, line, terminal, home, capsys):
     terminal.enter()
     assert main(["chat", *argv]) == 1
     err = _err_lines(capsys)
@@ -125,7 +119,7 @@ def test_chat_with_a_model_that_cannot_load_fails_before_the_ui(argv, line, term
     assert terminal.started == []   # the UI never started
 
 
-def test_chat_endpoint_that_never_answers_fails_before_the_ui(silent, terminal, isolated, capsys):
+def test_chat_endpoint_that_never_answers_fails_before_the_ui(silent, terminal, home, capsys):
     terminal.enter()
     assert main(["chat", "--endpoint", silent, "-m", "m", "--timeout", "1"]) == 1
     assert _err_lines(capsys) == [f"error: cannot load 'm': {silent}/v1 did not answer within 1 s (wait longer with "
@@ -133,7 +127,7 @@ def test_chat_endpoint_that_never_answers_fails_before_the_ui(silent, terminal, 
     assert terminal.started == []
 
 
-def test_chat_starts_the_ui_with_the_model_it_loaded_first(ckpt, terminal, isolated, capsys):
+def test_chat_starts_the_ui_with_the_model_it_loaded_first(ckpt, terminal, home, capsys):
     terminal.enter()
     assert main(["chat", "-m", str(ckpt)]) == 0
     (app,) = terminal.started
@@ -143,7 +137,7 @@ def test_chat_starts_the_ui_with_the_model_it_loaded_first(ckpt, terminal, isola
     assert _err_lines(capsys) == []
 
 
-def test_gen_verbose_kv_cache_line_has_units(ckpt, isolated, monkeypatch, capsys):
+def test_gen_verbose_kv_cache_line_has_units(ckpt, home, monkeypatch, capsys):
     monkeypatch.setattr(sys, "stdin", io.StringIO(""))
     assert main(["gen", "-m", str(ckpt), "--raw", "-p", "one two", "-n", "8", "--seed", "0", "-v",
                  "--kv-budget", "1KiB"]) == 0

@@ -234,6 +234,8 @@ CASES = [
      "is a folder; give a file name"),
     ("bench --md under a file", ["bench", "--quick", "--only", "ref", "--md", "{tmp}/latin1.txt/r.md"], None, {}, 2,
      "cannot create"),
+    ("--raw-bytes with --json", ["gen", "-m", "{ckpt}", "--json", "--raw-bytes", "-p", "x"], None, {}, 2,
+     "--raw-bytes does nothing with --json"),
     ("empty -m with --endpoint", ["gen", "--endpoint", "http://127.0.0.1:1", "-m", "", "-p", "x"], None, {}, 2,
      "empty model name (leave -m out for the server's first model)"),
 ]

@@ -106,10 +106,14 @@ def assemble_prompt(args) -> str:
     Raises:
         UsageError: no prompt anywhere, both -p and words, an empty prompt, unreadable / non-UTF-8 input,
             ``--system`` with ``--raw`` (a raw prompt has no chat template to put it in; Ollama's ``raw`` requests
-            drop the system text with the template silently — here it is refused, as ``gen --endpoint`` did).
+            drop the system text with the template silently — here it is refused, as ``gen --endpoint`` did);
+            ``--raw-bytes`` with ``--json`` (it would change nothing).
     """
     if not getattr(args, "chat", True) and getattr(args, "system", None) is not None:
         raise UsageError("--system needs chat mode: drop --raw, or write the system text into the prompt")
+    if getattr(args, "raw_bytes", False) and getattr(args, "json", False):
+        raise UsageError("--raw-bytes does nothing with --json: its \"text\" is the model's exact text, control "
+                         "characters escaped as JSON requires; drop one of them")
     if args.prompt is not None and args.prompt_words:
         raise UsageError("give the prompt either with -p or as words, not both")
     cli_prompt = args.prompt if args.prompt is not None else (" ".join(args.prompt_words) or None)

@@ -174,3 +174,39 @@ def test_pull_progress_on_a_dumb_terminal_is_plain_lines(term, kind, monkeypatch
 
     monkeypatch.setenv("TERM", term)
     assert type(make_progress(stream=_Tty())).__name__ == kind
+
+
+@pytest.fixture
+def web_page():
+    """http://127.0.0.1:PORT of a plain web server: 200 with an HTML page for GET and POST, except 404 at /missing/."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Page(BaseHTTPRequestHandler):
+        def _page(self):
+            code = 404 if self.path.startswith("/missing/") else 200
+            body = b"<!DOCTYPE html>\n<html><body><h1>Welcome</h1>\n</body></html>\n"
+            self.send_response(code)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        do_GET = do_POST = _page
+
+        def log_message(self, *a):
+            pass
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_an_endpoint_that_is_a_web_page_is_one_clear_line(web_page, home, capsys):
+    """(a 200 HTML page printed nothing and exited 0; an HTML error page was quoted tag by tag)"""
+    assert main(["gen", "--endpoint", web_page, "-m", "m", "-p", "hi"]) == 1
+    assert _err_lines(capsys) == [f"error: {web_page}/v1/chat/completions answered without server-sent events "
+                                  "(content-type text/html): not an OpenAI-compatible API?"]
+    assert main(["gen", "--endpoint", web_page + "/missing/v1", "-p", "hi"]) == 1
+    assert _err_lines(capsys) == [f"error: {web_page}/missing/v1 answered 404: Not Found (is this an "
+                                  "OpenAI-compatible API?)"]

@@ -139,8 +139,12 @@ class RemoteClient:
             body = response.json()
             err = body.get("error", body)
             msg = err.get("message") if isinstance(err, dict) else str(err)
-        except (ValueError, AttributeError):
-            msg = response.text[:200]
+        except (ValueError, AttributeError):   # not a JSON error: a web server's page, a proxy's text
+            text = response.text.strip()
+            html = "html" in response.headers.get("content-type", "") or text.startswith("<")
+            msg = response.reason_phrase if html or not text else text.splitlines()[0][:200]
+            if response.status_code in (404, 405, 501):
+                msg += " (is this an OpenAI-compatible API?)"
         if response.status_code == 401:
             raise RemoteError(f"{self.url} refused the API key: {msg}", 401)
         raise RemoteError(f"{self.url} answered {response.status_code}: {msg}", response.status_code)
@@ -178,7 +182,7 @@ class RemoteClient:
         body["messages" if chat else "prompt"] = prompt
         path = "/chat/completions" if chat else "/completions"
         info: dict = {"finish_reason": None, "usage": None, "localdiff": None}
-        timer, answered = self._waiting(), False
+        timer, answered, events = self._waiting(), False, 0
         try:
             with self._http.stream("POST", path, json=body) as r:
                 answered = True
@@ -188,6 +192,7 @@ class RemoteClient:
                 for line in r.iter_lines():
                     if not line.startswith("data:"):
                         continue
+                    events += 1
                     data = line[5:].strip()
                     if data == "[DONE]":
                         break
@@ -211,6 +216,9 @@ class RemoteClient:
                         yield ("event", ext)
                     elif ext:
                         info["localdiff"] = ext
+                if not events:   # a 200 that is no event stream (a web page): not an empty answer
+                    raise RemoteError(f"{self.url}{path} answered without server-sent events (content-type "
+                                      f"{r.headers.get('content-type') or 'none'}): not an OpenAI-compatible API?")
         except self._httpx.HTTPError as e:
             raise self._fail(e, answered) from None
         finally:

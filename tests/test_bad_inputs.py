@@ -236,6 +236,10 @@ CASES = [
      "cannot create"),
     ("--raw-bytes with --json", ["gen", "-m", "{ckpt}", "--json", "--raw-bytes", "-p", "x"], None, {}, 2,
      "--raw-bytes does nothing with --json"),
+    ("serve --kv-budget", ["serve", "--kv-budget", "1GiB"], None, {}, 2,
+     "--kv-budget: localdiff serve does not apply a KV-cache budget yet (gen does)"),
+    ("--threads with --endpoint", ["gen", "--endpoint", "http://127.0.0.1:1", "--threads", "2", "-p", "x"], None, {},
+     2, "--threads applies to local models, not to --endpoint"),
     ("empty -m with --endpoint", ["gen", "--endpoint", "http://127.0.0.1:1", "-m", "", "-p", "x"], None, {}, 2,
      "empty model name (leave -m out for the server's first model)"),
 ]

@@ -210,3 +210,25 @@ def test_an_endpoint_that_is_a_web_page_is_one_clear_line(web_page, home, capsys
     assert main(["gen", "--endpoint", web_page + "/missing/v1", "-p", "hi"]) == 1
     assert _err_lines(capsys) == [f"error: {web_page}/missing/v1 answered 404: Not Found (is this an "
                                   "OpenAI-compatible API?)"]
+
+
+def test_chat_and_serve_pass_gpu_mem_and_threads_to_the_load_and_refuse_kv_budget(ckpt, terminal, home, monkeypatch,
+                                                                                   capsys):
+    """(chat and serve accepted --gpu-mem, --threads and --kv-budget and ignored them)"""
+    import localdiff
+    import localdiff.serve as serve_mod
+
+    loads, served = [], []
+    real = localdiff.load
+    monkeypatch.setattr(localdiff, "load", lambda name, **kw: loads.append(kw) or real(name, device="cpu"))
+    monkeypatch.setattr(serve_mod, "serve", lambda *a, **kw: served.append(kw) or 0)
+    terminal.enter()
+    assert main(["chat", "-m", str(ckpt), "--gpu-mem", "1GiB", "--threads", "2"]) == 0
+    assert loads and loads[0]["gpu_mem"] == 2**30 and loads[0]["threads"] == 2
+    assert main(["chat", "-m", str(ckpt), "--kv-budget", "1GiB"]) == 2
+    assert main(["chat", "--endpoint", "http://127.0.0.1:1", "--gpu-mem", "1GiB"]) == 2
+    assert main(["serve", "--gpu-mem", "2GiB", "--threads", "3"]) == 0
+    assert served[0]["gpu_mem"] == 2 * 2**30 and served[0]["threads"] == 3
+    assert _err_lines(capsys) == [
+        "error: --kv-budget: localdiff chat does not apply a KV-cache budget yet (gen does)",
+        "error: --gpu-mem applies to local models, not to --endpoint"]

@@ -110,14 +110,18 @@ def run_serve(args) -> int:
         raise UsageError(f"--keep-alive must be a number of seconds ≥ 0; 0 = never unload (got {args.keep_alive:g})")
     if getattr(args, "draft", None):
         raise UsageError("--draft: localdiff serve does not run DFlash drafts yet (gen and chat do)")
-    cfg = with_flags(load_user_config(), model=args.model, device=args.device, quant=args.quant)
+    if args.kv_budget is not None:   # was accepted and ignored
+        raise UsageError("--kv-budget: localdiff serve does not apply a KV-cache budget yet (gen does)")
+    cfg = with_flags(load_user_config(), model=args.model, device=args.device, quant=args.quant,
+                     threads=args.threads)
     sampler = sampler_overrides(_flags(args), cfg)
     max_body = _size(args.max_body, "--max-body")
     if max_body == 0:   # was silently the 1 MiB default
         raise UsageError(f"--max-body must be > 0 (got {args.max_body!r}; the default is 1MiB)")
     return serve(args.model, cfg.default_model, host=args.host, port=args.port, api_key=key, insecure=args.insecure,
                  device=cfg.device, quant=cfg.quant, sampler=sampler, max_queue=args.max_queue,
-                 keep_alive=args.keep_alive or None, max_body=max_body)
+                 keep_alive=args.keep_alive or None, max_body=max_body,
+                 gpu_mem=_size(args.gpu_mem, "--gpu-mem"), threads=cfg.threads)
 
 
 def run_gen_remote(args) -> int:
@@ -127,7 +131,7 @@ def run_gen_remote(args) -> int:
     from localdiff.safetext import json_dumps
 
     prompt = assemble_prompt(args)
-    for flag in ("device", "quant", "gpu_mem", "kv_budget", "draft"):
+    for flag in ("device", "quant", "gpu_mem", "kv_budget", "draft", "threads"):
         if getattr(args, flag, None) is not None:
             raise UsageError(f"--{flag.replace('_', '-')} applies to local models, not to --endpoint")
     quiet = args.quiet

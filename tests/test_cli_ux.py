@@ -227,8 +227,10 @@ def test_chat_and_serve_pass_gpu_mem_and_threads_to_the_load_and_refuse_kv_budge
     assert loads and loads[0]["gpu_mem"] == 2**30 and loads[0]["threads"] == 2
     assert main(["chat", "-m", str(ckpt), "--kv-budget", "1GiB"]) == 2
     assert main(["chat", "--endpoint", "http://127.0.0.1:1", "--gpu-mem", "1GiB"]) == 2
+    assert main(["chat", "--endpoint", "http://127.0.0.1:1", "--device", "cpu"]) == 2
     assert main(["serve", "--gpu-mem", "2GiB", "--threads", "3"]) == 0
     assert served[0]["gpu_mem"] == 2 * 2**30 and served[0]["threads"] == 3
     assert _err_lines(capsys) == [
         "error: --kv-budget: localdiff chat does not apply a KV-cache budget yet (gen does)",
-        "error: --gpu-mem applies to local models, not to --endpoint"]
+        "error: --gpu-mem applies to local models, not to --endpoint",
+        "error: --device applies to local models, not to --endpoint"]

@@ -306,7 +306,7 @@ def run_chat_cmd(args) -> int:
         raise LocaldiffError(f"`localdiff chat` is not available in this build ({e})") from None
     loader, model, default_model = None, args.model, cfg.default_model
     if getattr(args, "endpoint", None):
-        for flag in ("draft", "gpu_mem", "threads"):
+        for flag in ("device", "quant", "draft", "gpu_mem", "threads"):   # as gen --endpoint (they were ignored)
             if getattr(args, flag, None) is not None:
                 raise UsageError(f"--{flag.replace('_', '-')} applies to local models, not to --endpoint")
         from localdiff.backends.remote import base_url

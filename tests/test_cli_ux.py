@@ -110,10 +110,11 @@ def terminal(monkeypatch):
     (["--endpoint", "http://127.0.0.1:1"],
      "error: cannot load the server's first model: cannot reach http://127.0.0.1:1/v1: "),
     (["--endpoint", "http://127.0.0.1:1", "-m", "tiny"], "error: cannot load 'tiny': cannot reach http://127.0.0.1:1/v1"),
-], ids=["unknown name", "missing folder", "endpoint refused", "endpoint refused, named model"])
+    (["-m", ""], "error: empty model name"),
+], ids=["unknown name", "missing folder", "endpoint refused", "endpoint refused, named model", "empty name"])
 def test_chat_with_a_model_that_cannot_load_fails_before_the_ui(argv, line, terminal, home, capsys):
     terminal.enter()
-    assert main(["chat", *argv]) == 1
+    assert main(["chat", *argv]) == (2 if argv == ["-m", ""] else 1)
     err = _err_lines(capsys)
     assert len(err) == 1 and err[0].startswith(line), err
     assert terminal.started == []   # the UI never started

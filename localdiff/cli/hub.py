@@ -315,6 +315,8 @@ def run_chat_cmd(args) -> int:
         base_url(args.endpoint)  # a bad URL is a usage error before the UI starts
         loader = remote_loader(args.endpoint, _api_key(args), endpoint_timeout(args))
         model = args.model or ""  # "" = the server's first model
+    elif args.model is not None and not args.model.strip():
+        raise UsageError("empty model name")     # as gen -m '' ("" stands for the server's first model above)
     elif args.draft or gpu_mem is not None or cfg.threads is not None:   # --gpu-mem / --threads were ignored
         import localdiff
 

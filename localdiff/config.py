@@ -56,7 +56,7 @@ _TOP_KEYS: dict[str, type] = {
     "threads": int,
 }
 _ENV_OTHER = ("LOCALDIFF_CONFIG", "LOCALDIFF_DATA_DIR", "LOCALDIFF_DEBUG", "LOCALDIFF_NO_BNB",  # read elsewhere
-              "LOCALDIFF_API_KEY", "LOCALDIFF_DTYPE",
+              "LOCALDIFF_API_KEY", "LOCALDIFF_DTYPE", "LOCALDIFF_TIMEOUT",
               "LOCALDIFF_LLAMA_CPP_SDIST", "LOCALDIFF_BENCH_CACHE", "LOCALDIFF_BENCH_TINY_MDM",  # bench gguf section
               "LOCALDIFF_REQUIRE_GGUF",                                                      # .ci/run: no GGUF skips
               "LOCALDIFF_INT8_KERNEL",                                                       # quantize/int8.py

@@ -1,5 +1,5 @@
-"""Byte sizes as users write them (``24GiB``, ``1.5GB``, ``512MiB``, ``0``), shared by the CLI, the KV-cache budget
-and the quantization recipes. Torch-free."""
+"""Byte sizes as users write them (``24GiB``, ``1.5GB``, ``512MiB``, ``0``) and as localdiff prints memory (binary
+units), shared by the CLI, the KV-cache budget, the memory plan and the quantization recipes. Torch-free."""
 from __future__ import annotations
 
 import re
@@ -22,3 +22,13 @@ def parse_size(text, error=ValueError) -> int:
     if not m or m.group(2).lower() not in _UNITS:
         raise error(f"not a size: {text!r} (examples: 24GiB, 16GB, 512MiB, 0)")
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def format_size(n: int | float) -> str:
+    """Bytes of memory in binary units, as ``--gpu-mem`` / ``--kv-budget`` take them: ``1.50 GiB``, ``336.00 KiB``,
+    ``96 B`` (two decimals from KiB up)."""
+    n = float(n)
+    for unit, div in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= div:
+            return f"{n / div:.2f} {unit}"
+    return f"{int(n)} B"

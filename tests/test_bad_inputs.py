@@ -178,6 +178,70 @@ CASES = [
     ("negative --gpu-mem", ["gen", "--gpu-mem", "-2GiB", "-p", "x"], None, {}, 2, "--gpu-mem: a size must be ≥ 0"),
     ("quantize into a non-empty folder", ["quantize", "{ckpt}", "-o", "{broken:nonempty_out}"], None, {}, 2,
      "folder is not empty; choose a new folder, or pass --force"),
+    # newcomer check, session 5: refused before any model load or network contact (port 1 has no server)
+    ("--system with --raw", ["gen", "-m", "{ckpt}", "--raw", "--system", "be brief", "-p", "x"], None, {}, 2,
+     "--system needs chat mode: drop --raw"),
+    ("--system with --raw, endpoint", ["gen", "--endpoint", "http://127.0.0.1:1", "--raw", "--system", "s", "-p", "x"],
+     None, {}, 2, "--system needs chat mode: drop --raw"),
+    ("serve --api-key with --insecure", ["serve", "--api-key", "k", "--insecure"], None, {}, 2,
+     "--insecure contradicts --api-key: drop --insecure to require the key, or drop --api-key"),
+    ("serve env key with --insecure", ["serve", "--host", "0.0.0.0", "--insecure"], None,
+     {"LOCALDIFF_API_KEY": "k"}, 2, "--insecure contradicts LOCALDIFF_API_KEY (set in the environment)"),
+    ("serve empty --api-key", ["serve", "--api-key", ""], None, {}, 2, "--api-key: empty key"),
+    ("list with invalid config TOML", ["list"], None, {"@config": "steps = = 3"}, 2, "not valid TOML"),
+    ("ls --json with unknown config key", ["ls", "--json"], None, {"@config": "[sampler]\nthresold = 0.9\n"}, 2,
+     "did you mean 'threshold'"),
+    ("show NAME with invalid config TOML", ["show", "tiny"], None, {"@config": "x = [1,"}, 2, "not valid TOML"),
+    ("pull with invalid config TOML", ["pull", "tiny"], None, {"@config": "x = [1,"}, 2, "not valid TOML"),
+    ("rm with invalid config TOML", ["rm", "acme/x"], None, {"@config": "x = [1,"}, 2, "not valid TOML"),
+    ("--timeout not a number", ["gen", "--endpoint", "http://127.0.0.1:1", "--timeout", "soon", "-p", "x"], None, {},
+     2, "--timeout: expected a number of seconds > 0, e.g. 60 (got 'soon')"),
+    ("--timeout zero", ["gen", "--endpoint", "http://127.0.0.1:1", "--timeout", "0", "-p", "x"], None, {}, 2,
+     "--timeout: expected a number of seconds > 0"),
+    ("--timeout nan", ["gen", "--endpoint", "http://127.0.0.1:1", "--timeout", "nan", "-p", "x"], None, {}, 2,
+     "--timeout: expected a number of seconds > 0"),
+    ("LOCALDIFF_TIMEOUT negative", ["gen", "--endpoint", "http://127.0.0.1:1", "-p", "x"], None,
+     {"LOCALDIFF_TIMEOUT": "-5"}, 2, "LOCALDIFF_TIMEOUT: expected a number of seconds > 0, e.g. 60 (got '-5')"),
+    ("--timeout without --endpoint", ["gen", "-m", "{ckpt}", "--timeout", "5", "-p", "x"], None, {}, 2,
+     "--timeout applies to --endpoint URL"),
+    ("--api-key without --endpoint", ["gen", "-m", "{ckpt}", "--api-key", "k", "-p", "x"], None, {}, 2,
+     "--api-key applies to --endpoint URL"),
+    ("empty --endpoint", ["gen", "--endpoint", "", "-p", "x"], None, {}, 2, "--endpoint: empty URL"),
+    ("serve --keep-alive nan", ["serve", "--keep-alive", "nan"], None, {}, 2,
+     "--keep-alive must be a number of seconds ≥ 0; 0 = never unload (got nan)"),
+    ("serve --max-body 0", ["serve", "--max-body", "0"], None, {}, 2, "--max-body must be > 0 (got '0'"),
+    ("show empty name", ["show", ""], None, {}, 2, "empty model name"),
+    ("quantize -o empty", ["quantize", "{ckpt}", "-o", ""], None, {}, 2, "-o: empty folder name"),
+    ("pull --quant empty", ["pull", "acme/x", "--quant", ""], None, {}, 2,
+     "--quant: '' is not a GGUF quantization label"),
+    ("--endpoint unclosed IPv6 bracket", ["gen", "--endpoint", "http://[::1", "-p", "x"], None, {}, 2,
+     "--endpoint must be an http(s) URL such as"),
+    ("--endpoint port not a number", ["gen", "--endpoint", "http://127.0.0.1:abc", "-p", "x"], None, {}, 2,
+     "(got 'http://127.0.0.1:abc')"),
+    ("--endpoint port out of range", ["gen", "--endpoint", "http://127.0.0.1:99999", "-p", "x"], None, {}, 2,
+     "(got 'http://127.0.0.1:99999')"),
+    ("--endpoint with a control character", ["gen", "--endpoint", "http://127.0.0.1:1/\x1b[31m", "-p", "x"], None,
+     {}, 2, "(got 'http://127.0.0.1:1/\\x1b[31m')"),
+    ("--api-key not ASCII", ["gen", "--endpoint", "http://127.0.0.1:1", "--api-key", "ключ", "-p", "x"], None, {},
+     2, "--api-key: use visible ASCII characters only"),
+    ("--api-key with a newline", ["serve", "--api-key", "k\nX-Evil: 1"], None, {}, 2,
+     "--api-key: use visible ASCII characters only"),
+    ("LOCALDIFF_API_KEY with a space", ["serve"], None, {"LOCALDIFF_API_KEY": "two words"}, 2,
+     "LOCALDIFF_API_KEY: use visible ASCII characters only"),
+    ("bench --readme missing, before any section", ["bench", "--quick", "--only", "ref", "--readme", "{tmp}/no.md"],
+     None, {}, 2, "--readme: "),
+    ("bench --out a folder", ["bench", "--quick", "--only", "ref", "--out", "{tmp}"], None, {}, 2,
+     "is a folder; give a file name"),
+    ("bench --md under a file", ["bench", "--quick", "--only", "ref", "--md", "{tmp}/latin1.txt/r.md"], None, {}, 2,
+     "cannot create"),
+    ("--raw-bytes with --json", ["gen", "-m", "{ckpt}", "--json", "--raw-bytes", "-p", "x"], None, {}, 2,
+     "--raw-bytes does nothing with --json"),
+    ("serve --kv-budget", ["serve", "--kv-budget", "1GiB"], None, {}, 2,
+     "--kv-budget: localdiff serve does not apply a KV-cache budget yet (gen does)"),
+    ("--threads with --endpoint", ["gen", "--endpoint", "http://127.0.0.1:1", "--threads", "2", "-p", "x"], None, {},
+     2, "--threads applies to local models, not to --endpoint"),
+    ("empty -m with --endpoint", ["gen", "--endpoint", "http://127.0.0.1:1", "-m", "", "-p", "x"], None, {}, 2,
+     "empty model name (leave -m out for the server's first model)"),
 ]
 
 
@@ -287,3 +351,24 @@ def test_bad_inputs_as_subprocess(argv, stdin, code, ckpt, broken, tmp_path):
                        capture_output=True, env=env, cwd=ROOT, timeout=120)
     assert r.returncode == code
     assert r.stdout == b"" and r.stderr.count(b"\n") == 1 and b"Traceback" not in r.stderr
+
+
+def test_config_path_answers_with_an_invalid_config_file(isolated, capsys):
+    """Every command refuses a broken config file except ``config path``, which is how to find it."""
+    (isolated / "config.toml").write_text("steps = = 3")
+    assert main(["config", "path"]) == 0
+    assert capsys.readouterr().out == f"{isolated / 'config.toml'}\n"
+    assert main(["config"]) == 2 and "not valid TOML" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("argv", [["gen", "-m", "{ckpt}", "-p", "x", "-n", "8"], ["list"]], ids=["gen", "list"])
+def test_a_full_output_device_is_one_line(argv, ckpt, broken, tmp_path):
+    """(`>/dev/full` was "internal error: OSError: [Errno 28] ...")"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOCALDIFF_", "HF_"))}
+    env.update(LOCALDIFF_CONFIG=str(tmp_path / "c.toml"), HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1",
+               PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "localdiff", *_fill(argv, ckpt, broken, tmp_path)], stdout=full,
+                           stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env, cwd=ROOT, timeout=120, text=True)
+    assert r.returncode == 1 and r.stderr == "error: No space left on device\n", r.stderr

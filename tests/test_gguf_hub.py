@@ -94,3 +94,18 @@ def test_the_catalog_names_a_real_llada_gguf_repo():
     assert (t.kind, t.repo, t.quant) == ("repo", "mradermacher/LLaDA-8B-Instruct-GGUF", "Q4_K_M")
     assert gguf_names.matches("LLaDA-8B-Instruct.Q4_K_M.gguf", t.quant)
     assert not gguf_names.matches("LLaDA-8B-Instruct.Q4_K_S.gguf", t.quant)
+
+
+def test_rm_of_one_quantization_never_takes_the_others_with_it(cache, stand_in, capsys):  # noqa: F811
+    """(rm REPO:Q8_0 deleted the whole snapshot: the F32 file pulled beside it too)"""
+    hub.pull(f"{REPO}:Q8_0", quiet=True)
+    hub.pull(f"{REPO}:F32", quiet=True)
+    assert main(["rm", f"{REPO}:Q8_0"]) == 2
+    assert capsys.readouterr().err == (f"error: {REPO}:Q8_0: {REPO} also holds tiny-llada-F32.gguf in the same "
+                                       f"snapshot, and rm removes a whole snapshot; run `localdiff rm {REPO}` to "
+                                       "remove every quantization in it\n")
+    assert hub.resolve_model(f"{REPO}:Q8_0").is_file() and hub.resolve_model(f"{REPO}:F32").is_file()
+    assert main(["rm", REPO]) == 0 and not [m for m in hub.list_models() if m["repo"] == REPO]
+    hub.pull(f"{REPO}:F32", quiet=True)
+    assert main(["rm", f"{REPO}:F32"]) == 0   # the only quantization pulled: the snapshot is exactly it
+    assert not [m for m in hub.list_models() if m["repo"] == REPO]

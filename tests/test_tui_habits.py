@@ -30,7 +30,7 @@ def notes(app):
 
 
 # ------------------------------------------------------------------------------------------------ 1, 6: the CLI
-def test_cli_resume_keeps_the_conversation_model_and_seed_reaches_the_chat(tmp_path, monkeypatch):
+def test_cli_resume_keeps_the_conversation_model_and_seed_reaches_the_chat(tmp_path, monkeypatch, capsys):
     """#23 items 1 and 6."""
     from localdiff.cli.dispatch import main
 
@@ -49,6 +49,13 @@ def test_cli_resume_keeps_the_conversation_model_and_seed_reaches_the_chat(tmp_p
     monkeypatch.setattr("sys.stdout.isatty", lambda: True)
     monkeypatch.setattr("sys.stdin.isatty", lambda: True)
     monkeypatch.setattr(ChatApp, "run", fake_run)
+    assert main(["chat", "--resume", "--seed", "5"]) == 1   # the first model loads before the UI: not pulled
+    assert capsys.readouterr().err == (f"error: cannot load 'org/other-model' (conversation #{cid}'s model; -m MODEL "
+                                       "resumes it on another): org/other-model@main is not pulled: run `localdiff "
+                                       "pull org/other-model`\n")
+    assert started == []
+    loads = []
+    monkeypatch.setattr("localdiff.tui.app._default_loader", lambda name, **kw: loads.append(name) or object())
     assert main(["chat", "--resume", "--seed", "5"]) == 0
     app = started[-1]
     assert app.conversation_id == cid and app.model_name == "org/other-model"  # not the default "tiny"
@@ -57,6 +64,7 @@ def test_cli_resume_keeps_the_conversation_model_and_seed_reaches_the_chat(tmp_p
     assert main(["chat", "--resume", "-m", "tiny"]) == 0  # an explicit -m still wins
     assert started[-1].model_name == "tiny" and started[-1].settings.seed is None
     assert main(["chat"]) == 0 and started[-1].model_name == "tiny" and started[-1].conversation_id is None
+    assert loads == ["org/other-model", "tiny", "tiny"]
 
 
 # ------------------------------------------------------------------------------------------------ 2: paste

@@ -129,13 +129,19 @@ def test_run_chat_resumes_the_latest_conversation_on_its_model(tmp_path, monkeyp
     monkeypatch.setattr("sys.stdout.isatty", lambda: True)
     monkeypatch.setattr("sys.stdin.isatty", lambda: True)
     monkeypatch.setattr(ChatApp, "run", fake_run)
+    loads = []   # the first model loads before the UI starts: the resumed conversation's model
+
+    def loader(name, device=None, quant=None):
+        loads.append(name)
+        return object()
     assert run_chat(resume="last", db_path=str(db), sampler_options={"max_new_tokens": 64, "seed": 5,
-                                                                      "entropy_bound": 0.2}) == 0
+                                                                      "entropy_bound": 0.2}, loader=loader) == 0
     app = started[-1]
     assert app.conversation_id == cid and app.model_name == "some-model"
     assert (app.settings.max_new_tokens, app.settings.seed, app.settings.sampler) == (64, 5, {"entropy_bound": 0.2})
-    assert run_chat("tiny", resume=str(old), db_path=str(db)) == 0
+    assert run_chat("tiny", resume=str(old), db_path=str(db), loader=loader) == 0
     assert started[-1].conversation_id == old and started[-1].model_name == "tiny"
+    assert loads == ["some-model", "tiny"]
     assert run_chat(resume="999", db_path=str(db)) == 2
     assert "no saved conversation with id 999" in capsys.readouterr().err
     assert len(started) == 2

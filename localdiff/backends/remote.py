@@ -21,16 +21,38 @@ from localdiff.events import CanvasDone, Done, GenerationStats
 from localdiff.wire import PieceTable, canvas_done, step_event
 
 
+#: seconds ``gen`` / ``chat --endpoint`` wait for the server's first byte and between streamed bytes (``--timeout``,
+#: ``LOCALDIFF_TIMEOUT``): the OpenAI Python client's default read timeout; a ``localdiff serve`` answers only after
+#: loading the model, the requests queued before and the first canvas.
+DEFAULT_TIMEOUT_S = 600.0
+#: seconds to open the TCP (and TLS) connection (capped by the timeout above)
+CONNECT_TIMEOUT_S = 10.0
+
+
 class RemoteError(LocaldiffError):
-    """The endpoint could not be reached or refused the request (one line, the server's own message)."""
+    """The endpoint could not be reached or refused the request (one line, the server's own message).
+
+    ``status`` is the HTTP status the server answered with (None: no answer — unreachable or timed out)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def base_url(url: str) -> str:
     """Normalise an endpoint: ``http://host:port`` → ``http://host:port/v1``; a URL with a path is kept as is
-    (without the trailing slash). Raises UsageError for a non-http(s) URL."""
-    parts = urlsplit(url.strip())
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise UsageError(f"--endpoint must be an http(s) URL such as http://127.0.0.1:11436/v1 (got {url!r})")
+    (without the trailing slash). Raises UsageError for a non-http(s) URL, one without a host, a bad port, or
+    spaces / control characters."""
+    bad = UsageError(f"--endpoint must be an http(s) URL such as http://127.0.0.1:11436/v1 (got {url!r})")
+    if any(not c.isprintable() or c.isspace() for c in url.strip()):
+        raise bad                                  # control characters, spaces: httpx refuses them mid-request
+    try:
+        parts = urlsplit(url.strip())
+        parts.port                                 # noqa: B018 — raises ValueError for ":abc" or ":99999"
+    except ValueError:                             # "http://[::1" (an unclosed IPv6 bracket), a bad port
+        raise bad from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise bad
     path = parts.path.rstrip("/")
     return f"{parts.scheme}://{parts.netloc}{path or '/v1'}"
 
@@ -62,15 +84,24 @@ class RemoteClient:
     Args:
         url: endpoint, e.g. ``http://127.0.0.1:11436/v1`` (``/v1`` is added when the URL has no path).
         api_key: sent as ``Authorization: Bearer``; None = no header.
-        timeout: seconds to wait for the connection and between streamed bytes.
+        timeout: seconds to wait for the server's first byte and between streamed bytes (default
+            :data:`DEFAULT_TIMEOUT_S`); the connection itself gets at most :data:`CONNECT_TIMEOUT_S`.
+        on_wait: ``on_wait(seconds)`` is called once from a timer thread when a request has had no answer (no
+            response headers) for ``wait_note_s`` seconds — ``gen`` writes a note on stderr; None = silent.
     """
 
-    def __init__(self, url: str, api_key: str | None = None, timeout: float = 600.0) -> None:
+    wait_note_s = 5.0
+
+    def __init__(self, url: str, api_key: str | None = None, timeout: float = DEFAULT_TIMEOUT_S,
+                 on_wait=None) -> None:
         import httpx
 
         self.url = base_url(url)
+        self.timeout, self.connect_timeout = float(timeout), min(CONNECT_TIMEOUT_S, float(timeout))
+        self.on_wait = on_wait
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=httpx.Timeout(timeout, connect=10.0))
+        self._http = httpx.Client(base_url=self.url, headers=headers,
+                                  timeout=httpx.Timeout(self.timeout, connect=self.connect_timeout))
         self._httpx = httpx
         self.owners: dict[str, str] = {}   # model id → owned_by, from the last models() call
 
@@ -78,8 +109,27 @@ class RemoteClient:
         """Close the connection pool."""
         self._http.close()
 
-    def _fail(self, exc) -> RemoteError:
+    def _fail(self, exc, answered: bool = False) -> RemoteError:
+        """An httpx error as one line naming the URL; timeouts say which wait ran out and how to lengthen it."""
+        h = self._httpx
+        if isinstance(exc, h.ConnectTimeout):
+            return RemoteError(f"cannot reach {self.url}: no connection within {self.connect_timeout:g} s")
+        if isinstance(exc, h.TimeoutException):
+            what = "stopped sending mid-answer: nothing for" if answered else "did not answer within"
+            return RemoteError(f"{self.url} {what} {self.timeout:g} s (wait longer with --timeout SECONDS or "
+                               "LOCALDIFF_TIMEOUT)")
         return RemoteError(f"cannot reach {self.url}: {exc}")
+
+    def _waiting(self):
+        """A started timer that calls ``on_wait`` once if the answer takes ``wait_note_s`` (None without on_wait)."""
+        if self.on_wait is None:
+            return None
+        import threading
+
+        timer = threading.Timer(self.wait_note_s, self.on_wait, (self.wait_note_s,))
+        timer.daemon = True
+        timer.start()
+        return timer
 
     def _check(self, response) -> None:
         if response.status_code < 400:
@@ -89,18 +139,26 @@ class RemoteClient:
             body = response.json()
             err = body.get("error", body)
             msg = err.get("message") if isinstance(err, dict) else str(err)
-        except (ValueError, AttributeError):
-            msg = response.text[:200]
+        except (ValueError, AttributeError):   # not a JSON error: a web server's page, a proxy's text
+            text = response.text.strip()
+            html = "html" in response.headers.get("content-type", "") or text.startswith("<")
+            msg = response.reason_phrase if html or not text else text.splitlines()[0][:200]
+            if response.status_code in (404, 405, 501):
+                msg += " (is this an OpenAI-compatible API?)"
         if response.status_code == 401:
-            raise RemoteError(f"{self.url} refused the API key: {msg}")
-        raise RemoteError(f"{self.url} answered {response.status_code}: {msg}")
+            raise RemoteError(f"{self.url} refused the API key: {msg}", 401)
+        raise RemoteError(f"{self.url} answered {response.status_code}: {msg}", response.status_code)
 
     def models(self) -> list[str]:
         """Model ids from ``GET /models``."""
+        timer = self._waiting()
         try:
             r = self._http.get("/models")
         except self._httpx.HTTPError as e:
             raise self._fail(e) from None
+        finally:
+            if timer is not None:
+                timer.cancel()
         self._check(r)
         try:
             data = [m for m in r.json().get("data", []) if isinstance(m, dict)]
@@ -124,12 +182,17 @@ class RemoteClient:
         body["messages" if chat else "prompt"] = prompt
         path = "/chat/completions" if chat else "/completions"
         info: dict = {"finish_reason": None, "usage": None, "localdiff": None}
+        timer, answered, events = self._waiting(), False, 0
         try:
             with self._http.stream("POST", path, json=body) as r:
+                answered = True
+                if timer is not None:
+                    timer.cancel()
                 self._check(r)
                 for line in r.iter_lines():
                     if not line.startswith("data:"):
                         continue
+                    events += 1
                     data = line[5:].strip()
                     if data == "[DONE]":
                         break
@@ -153,8 +216,14 @@ class RemoteClient:
                         yield ("event", ext)
                     elif ext:
                         info["localdiff"] = ext
+                if not events:   # a 200 that is no event stream (a web page): not an empty answer
+                    raise RemoteError(f"{self.url}{path} answered without server-sent events (content-type "
+                                      f"{r.headers.get('content-type') or 'none'}): not an OpenAI-compatible API?")
         except self._httpx.HTTPError as e:
-            raise self._fail(e) from None
+            raise self._fail(e, answered) from None
+        finally:
+            if timer is not None:
+                timer.cancel()
         yield ("end", info)
 
 
@@ -174,9 +243,9 @@ class RemoteModel:
         self.client = client
         try:
             names = client.models()
-        except RemoteError:
-            if not name:
-                raise
+        except RemoteError as e:
+            if not name or e.status not in (404, 405, 501):
+                raise    # unreachable, timed out, a refused key: fail now, not at the first message
             names = []   # a server without /models: text only
         if not name:
             if not names:

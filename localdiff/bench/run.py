@@ -317,6 +317,27 @@ def _run_sections(ctx: _Ctx, names: list[str], res: dict, out: Path, log) -> boo
     return failed
 
 
+def _check_outputs(out: Path, md: Path | None, readme: Path | None) -> None:
+    """Before any section runs (a run can take an hour): the result files can be written and ``--readme`` is a file.
+
+    Raises:
+        UsageError: naming the flag and the path.
+    """
+    for flag, path in (("--out", out), ("--md", md)):
+        if path is None:
+            continue
+        if path.is_dir():
+            raise UsageError(f"{flag} {path}: is a folder; give a file name")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UsageError(f"{flag} {path}: cannot create {path.parent}: {e.strerror or e}") from None
+        if not os.access(path.parent, os.W_OK):
+            raise UsageError(f"{flag} {path}: {path.parent} is not writable")
+    if readme is not None and not readme.is_file():
+        raise UsageError(f"--readme: {readme} does not exist")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``localdiff bench``. Returns the exit code (1 when a section failed with an error)."""
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
@@ -331,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     names = _sections(args)
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = args.out or Path("bench-results") / f"bench-{stamp}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    _check_outputs(out, args.md, args.readme)
 
     def log(msg):
         print(msg, file=sys.stderr, flush=True)

@@ -10,6 +10,7 @@ Exit codes: 0 ok; 1 runtime error; 2 usage error; 130 interrupted (Ctrl-C). Erro
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 import traceback
@@ -58,6 +59,9 @@ def _add_endpoint(p: argparse.ArgumentParser) -> None:
     p.add_argument("--endpoint", metavar="URL", help="use an OpenAI-compatible server (localdiff serve, vLLM, "
                                                      "SGLang) instead of a local model, e.g. http://127.0.0.1:11436/v1")
     p.add_argument("--api-key", help="API key for --endpoint (default: $LOCALDIFF_API_KEY)")
+    p.add_argument("--timeout", metavar="SECONDS", help="--endpoint: give up when the server sends nothing for "
+                                                        "SECONDS, before its first byte or mid-answer (default 600; "
+                                                        "connecting: at most 10; $LOCALDIFF_TIMEOUT)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -110,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                          "needs --api-key or --insecure)")
     sv.add_argument("--port", type=int, default=11436, help="port (default 11436)")
     sv.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (default: $LOCALDIFF_API_KEY)")
-    sv.add_argument("--insecure", action="store_true", help="allow a non-local --host without an API key")
+    sv.add_argument("--insecure", action="store_true", help="allow a non-local --host without an API key (a usage "
+                                                             "error with --api-key or $LOCALDIFF_API_KEY)")
     sv.add_argument("--max-queue", type=int, default=32, metavar="N", help="requests waiting at most (then 503)")
     sv.add_argument("--keep-alive", type=float, default=300.0, metavar="SECONDS",
                     help="unload an idle model after SECONDS (default 300; 0 = never)")
@@ -171,6 +176,21 @@ def _check_environment() -> None:
     check_environment()
 
 
+def _check_config(args) -> None:
+    """Commands that do not otherwise read the config file (``list``, ``pull``, ``rm``, ``show NAME``,
+    ``quantize``) still refuse an invalid one, as ``gen`` / ``chat`` / ``serve`` do — a broken file is reported by
+    the first command run, not by whichever reads it. ``config path`` is exempt (it is how to find the file).
+
+    Raises:
+        UsageError: the file is not valid TOML, has an unknown key or a bad value (``config.load_user_config``).
+    """
+    if args.command == "config" and args.action == "path":
+        return
+    from localdiff.config import load_user_config
+
+    load_user_config()
+
+
 def _check_text_arguments(args) -> None:
     """A prompt or system text typed on the command line with bytes that are not UTF-8 (Python keeps them as lone
     surrogates) is a usage error naming the argument, as for stdin and ``-f`` files.
@@ -191,8 +211,13 @@ def _check_text_arguments(args) -> None:
 
 def _dispatch(args, argv) -> int:
     _check_environment()
+    _check_config(args)
     _check_text_arguments(args)
     cmd = args.command
+    if cmd in ("gen", "chat"):
+        from localdiff.cli.remote import check_endpoint_flags
+
+        check_endpoint_flags(args)
     if cmd == "gen":
         if getattr(args, "endpoint", None):
             from localdiff.cli.remote import run_gen_remote
@@ -261,16 +286,32 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         _quiet_broken_pipe()
         return 141
+    except OSError as e:
+        if e.errno not in _ENVIRONMENT_ERRNOS:
+            return _internal(e, debug)
+        if debug:
+            traceback.print_exc()
+        _flush_or_silence_stdout()
+        _err(f"{e.strerror}" + (f": {e.filename}" if e.filename else ""))   # e.g. `>/dev/full`, a full disk
+        return 1
     except LocaldiffError as e:
         if debug:
             traceback.print_exc()
         _err(str(e))
         return int(getattr(e, "exit_code", 1))
     except Exception as e:  # noqa: BLE001 — last resort: one line unless --debug
-        if debug:
-            traceback.print_exc()
-        _err(f"internal error: {type(e).__name__}: {e} (run with --debug for the traceback)")
-        return 1
+        return _internal(e, debug)
+
+
+#: errno values that say the machine, not localdiff, failed: disk full, quota, I/O error, read-only file system
+_ENVIRONMENT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS)
+
+
+def _internal(e: BaseException, debug: bool) -> int:
+    if debug:
+        traceback.print_exc()
+    _err(f"internal error: {type(e).__name__}: {e} (run with --debug for the traceback)")
+    return 1
 
 
 SIZE_FLAGS = ("--kv-budget", "--gpu-mem")
@@ -300,6 +341,15 @@ def _err(msg: str) -> None:
         sys.stderr.flush()
     except (OSError, ValueError):
         pass
+
+
+def _flush_or_silence_stdout() -> None:
+    """After an OSError: write what stdout still holds, or, when that fails too, silence it so that the
+    interpreter's last flush does not print a second error."""
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        _quiet_broken_pipe()
 
 
 def _quiet_broken_pipe() -> None:

@@ -104,8 +104,16 @@ def assemble_prompt(args) -> str:
     """Join piped stdin, ``-f FILE`` and the prompt (``-p`` or words), in that order, with blank lines.
 
     Raises:
-        UsageError: no prompt anywhere, both -p and words, an empty prompt, unreadable / non-UTF-8 input.
+        UsageError: no prompt anywhere, both -p and words, an empty prompt, unreadable / non-UTF-8 input,
+            ``--system`` with ``--raw`` (a raw prompt has no chat template to put it in; Ollama's ``raw`` requests
+            drop the system text with the template silently — here it is refused, as ``gen --endpoint`` did);
+            ``--raw-bytes`` with ``--json`` (it would change nothing).
     """
+    if not getattr(args, "chat", True) and getattr(args, "system", None) is not None:
+        raise UsageError("--system needs chat mode: drop --raw, or write the system text into the prompt")
+    if getattr(args, "raw_bytes", False) and getattr(args, "json", False):
+        raise UsageError("--raw-bytes does nothing with --json: its \"text\" is the model's exact text, control "
+                         "characters escaped as JSON requires; drop one of them")
     if args.prompt is not None and args.prompt_words:
         raise UsageError("give the prompt either with -p or as words, not both")
     cli_prompt = args.prompt if args.prompt is not None else (" ".join(args.prompt_words) or None)
@@ -221,7 +229,7 @@ def run_gen(args) -> int:
                          f"TPF {s.tokens_per_forward:.2f}, {s.seconds:.2f} s, prefill {s.prefill_tokens_computed} "
                          f"computed / {s.prefill_tokens_reused} reused, seed {seed}{_tau(s)}\n")
         if s.cache:        # the canvas family's block cache, a masked model's prefix / dual K/V tiers
-            sys.stderr.write("kv cache: " + ", ".join(f"{k}={v}" for k, v in sorted(s.cache.items())) + "\n")
+            sys.stderr.write(kv_cache_line(s.cache) + "\n")
         if getattr(model, "precision", None) is not None:
             sys.stderr.write(f"precision: {model.precision.line()}\n")
         kernels = getattr(model, "kernels", None)
@@ -238,6 +246,46 @@ def run_gen(args) -> int:
                          f"{s.tokens_per_forward:.2f} tokens/forward, {s.tokens_per_second:.1f} tokens/s, "
                          f"seed {seed}{_tau(s)}]\n")
     return 0
+
+
+def kv_cache_line(cache: dict) -> str:
+    """``gen -v``'s KV-cache line from ``GenerationStats.cache`` (the block cache's ``KVCache.stats()`` or a masked
+    model's ``WindowStore.accounting()``), sizes in binary units (:func:`localdiff.units.format_size`), e.g.
+    ``kv cache: 11 tokens, device 0 B (peak 0 B), host 33.00 KiB (peak 33.00 KiB), device budget 1.00 KiB, blocks 0
+    on device / 4 on host, moved 4 blocks to host (33.00 KiB), 12 to device (99.00 KiB), 0 freed, host reads 0
+    prefetched / 12 synchronous``. A counter this does not know is named with its value (a size when it counts
+    bytes)."""
+    from localdiff.units import format_size
+
+    c, parts = dict(cache), []
+
+    def size(v):
+        return format_size(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
+    if "tokens" in c:
+        parts.append(f"{c.pop('tokens')} tokens")
+    for tier in ("device", "host", "staging"):
+        cur = c.pop(f"{tier}_bytes", None)
+        peak = c.pop(f"{tier}_bytes_peak", c.pop(f"{tier}_peak_bytes", None))
+        if cur is not None or peak is not None:
+            parts.append(tier + (f" {size(cur)}" if cur is not None else "")
+                         + (f" (peak {size(peak)})" if cur is not None and peak is not None else "")
+                         + (f" peak {size(peak)}" if cur is None else ""))
+    if "budget_bytes" in c:
+        budget = c.pop("budget_bytes")
+        parts.append("device budget " + ("unlimited" if budget is None else size(budget)))
+    if "blocks_device" in c or "blocks_host" in c:
+        parts.append(f"blocks {c.pop('blocks_device', 0)} on device / {c.pop('blocks_host', 0)} on host")
+    moved = [f"{c.pop(f'blocks_to_{t}')} to {t} ({size(c.pop(f'bytes_to_{t}', 0))})"
+             for t in ("host", "device") if f"blocks_to_{t}" in c]
+    moved += [f"{c.pop('blocks_freed')} freed"] if "blocks_freed" in c else []
+    if moved:
+        parts.append("moved " + moved[0].replace(" to ", " blocks to ", 1) + "".join(", " + m for m in moved[1:]))
+    if "prefetched_reads" in c or "sync_reads" in c:
+        parts.append(f"host reads {c.pop('prefetched_reads', 0)} prefetched / {c.pop('sync_reads', 0)} synchronous")
+    if "layers_on_host" in c:
+        parts.append(f"{c.pop('layers_on_host')} layers on host")
+    parts += [f"{k.replace('_', ' ')} {size(v) if 'bytes' in k else v}" for k, v in sorted(c.items())]
+    return "kv cache: " + ", ".join(parts)
 
 
 def config_line() -> str:

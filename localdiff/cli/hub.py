@@ -31,7 +31,7 @@ def _gguf_name(name: str, quant: str | None) -> str:
     """``pull NAME --quant Q``: ``org/repo:Q`` for a repo, ``<alias>-q`` for a catalog alias. Raises UsageError."""
     from localdiff.hub.gguf_names import is_quant
 
-    if not quant:
+    if quant is None:
         return name
     if not is_quant(quant):
         raise UsageError(f"--quant: {quant!r} is not a GGUF quantization label (e.g. Q4_K_M, Q8_0, F16)")
@@ -169,7 +169,7 @@ def gguf_summary(path) -> dict:
 
 
 def run_show(args) -> int:
-    name = args.name or load_user_config().default_model
+    name = args.name if args.name is not None else load_user_config().default_model   # "" is refused, as for gen -m
     gg = _gguf_file(name)
     if gg is not None:
         summary = gguf_summary(gg)
@@ -269,6 +269,8 @@ def _check_output_dir(path: str, force: bool) -> None:
     file) unless ``--force``."""
     from pathlib import Path
 
+    if not path.strip():
+        raise UsageError("-o: empty folder name")
     p = Path(path).expanduser()
     if p.exists() and not p.is_dir():
         raise UsageError(f"-o {path}: exists and is not a folder")
@@ -287,8 +289,12 @@ def run_chat_cmd(args) -> int:
         if not tty:
             raise UsageError("`localdiff chat` needs a terminal; for scripts and pipelines use `localdiff gen`")
     cfg = with_flags(load_user_config(), model=args.model, device=args.device, quant=args.quant,
-                     max_new_tokens=args.max_new_tokens, seed=args.seed)
-    from localdiff.cli.gen import _flags
+                     max_new_tokens=args.max_new_tokens, seed=args.seed, threads=args.threads)
+    from localdiff.cli.gen import _flags, _size
+
+    if args.kv_budget is not None:   # was accepted and ignored
+        raise UsageError("--kv-budget: localdiff chat does not apply a KV-cache budget yet (gen does)")
+    gpu_mem = _size(args.gpu_mem, "--gpu-mem")
 
     options = sampler_overrides(_flags(args), cfg)
     for key in ("max_new_tokens", "seed"):  # flag > env > config file; chat-session settings (/set changes them)
@@ -300,19 +306,22 @@ def run_chat_cmd(args) -> int:
         raise LocaldiffError(f"`localdiff chat` is not available in this build ({e})") from None
     loader, model, default_model = None, args.model, cfg.default_model
     if getattr(args, "endpoint", None):
-        if getattr(args, "draft", None):
-            raise UsageError("--draft applies to local models, not to --endpoint")
+        for flag in ("device", "quant", "draft", "gpu_mem", "threads"):   # as gen --endpoint (they were ignored)
+            if getattr(args, flag, None) is not None:
+                raise UsageError(f"--{flag.replace('_', '-')} applies to local models, not to --endpoint")
         from localdiff.backends.remote import base_url
-        from localdiff.cli.remote import _api_key, remote_loader
+        from localdiff.cli.remote import _api_key, endpoint_timeout, remote_loader
 
         base_url(args.endpoint)  # a bad URL is a usage error before the UI starts
-        loader = remote_loader(args.endpoint, _api_key(args))
+        loader = remote_loader(args.endpoint, _api_key(args), endpoint_timeout(args))
         model = args.model or ""  # "" = the server's first model
-    elif getattr(args, "draft", None):
+    elif args.model is not None and not args.model.strip():
+        raise UsageError("empty model name")     # as gen -m '' ("" stands for the server's first model above)
+    elif args.draft or gpu_mem is not None or cfg.threads is not None:   # --gpu-mem / --threads were ignored
         import localdiff
 
         loader = lambda name, device=None, quant=None: localdiff.load(  # noqa: E731
-            name, device=device, quant=quant, draft=args.draft)
+            name, device=device, quant=quant, draft=args.draft, gpu_mem=gpu_mem, threads=cfg.threads)
     # -m wins; without it a resumed conversation keeps its own model, else the configured default model
     return int(run_chat(model=model, default_model=default_model, resume=args.resume, list_only=args.list_only,
                         device=cfg.device, quant=cfg.quant, sampler_options=options, loader=loader,

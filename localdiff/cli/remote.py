@@ -9,7 +9,64 @@ from localdiff.errors import UsageError
 
 
 def _api_key(args) -> str | None:
-    return getattr(args, "api_key", None) or os.environ.get("LOCALDIFF_API_KEY") or None
+    """``--api-key`` else ``$LOCALDIFF_API_KEY`` else None.
+
+    Raises:
+        UsageError: an empty ``--api-key``, or a key with characters an ``Authorization`` header cannot carry
+            as typed (anything but visible ASCII: a client could never send it to ``serve``; ``--endpoint`` failed
+            with an internal error).
+    """
+    key, where = getattr(args, "api_key", None), "--api-key"
+    if key is not None and not key.strip():
+        raise UsageError("--api-key: empty key (leave the flag out for no key)")
+    if key is None:
+        key, where = os.environ.get("LOCALDIFF_API_KEY") or None, "LOCALDIFF_API_KEY"
+    if key is not None and not all("!" <= c <= "~" for c in key):
+        raise UsageError(f"{where}: use visible ASCII characters only, no spaces (an HTTP header carries no others)")
+    return key
+
+
+def endpoint_timeout(args) -> float:
+    """``--timeout SECONDS`` (else ``$LOCALDIFF_TIMEOUT``, else 600): how long ``--endpoint`` waits for the server's
+    first byte and between streamed bytes.
+
+    Raises:
+        UsageError: not a finite number of seconds > 0, named as the flag or the variable.
+    """
+    import math
+
+    from localdiff.backends.remote import DEFAULT_TIMEOUT_S
+
+    text, where = getattr(args, "timeout", None), "--timeout"
+    if text is None:
+        text, where = os.environ.get("LOCALDIFF_TIMEOUT"), "LOCALDIFF_TIMEOUT"
+    if text is None or (where == "LOCALDIFF_TIMEOUT" and not text.strip()):
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise UsageError(f"{where}: expected a number of seconds > 0, e.g. 60 (got {text!r})")
+    return value
+
+
+def check_endpoint_flags(args) -> None:
+    """``--api-key`` / ``--timeout`` on ``gen`` / ``chat`` without ``--endpoint`` would be ignored: refuse them.
+
+    Raises:
+        UsageError: naming the flag.
+    """
+    if getattr(args, "endpoint", None) is not None:
+        if not args.endpoint.strip():
+            raise UsageError("--endpoint: empty URL (e.g. http://127.0.0.1:11436/v1)")
+        if args.model is not None and not args.model.strip():   # as without --endpoint (it meant the first model)
+            raise UsageError("empty model name (leave -m out for the server's first model)")
+        endpoint_timeout(args)
+        return
+    for flag in ("api_key", "timeout"):
+        if getattr(args, flag, None) is not None:
+            raise UsageError(f"--{flag.replace('_', '-')} applies to --endpoint URL (a local model has none)")
 
 
 def _flag_options(args) -> dict:
@@ -40,21 +97,31 @@ def run_serve(args) -> int:
     from localdiff.serve import check_binding, serve
 
     key = _api_key(args)
+    if key and args.insecure:   # --insecure = "serve without a key": with a key it says the opposite of the key
+        src = "--api-key" if args.api_key else "LOCALDIFF_API_KEY (set in the environment)"
+        raise UsageError(f"--insecure contradicts {src}: drop --insecure to require the key, or "
+                         + ("drop --api-key" if args.api_key else "unset LOCALDIFF_API_KEY") + " to serve without one")
     check_binding(args.host, key, args.insecure)
     if not 0 < args.port < 65536:
         raise UsageError(f"--port must be in 1..65535 (got {args.port})")
     if args.max_queue < 1:
         raise UsageError(f"--max-queue must be ≥ 1 (got {args.max_queue})")
-    if args.keep_alive < 0:
-        raise UsageError(f"--keep-alive must be ≥ 0 seconds (got {args.keep_alive})")
+    if not (args.keep_alive >= 0 and args.keep_alive != float("inf")):   # NaN fails both (it was accepted)
+        raise UsageError(f"--keep-alive must be a number of seconds ≥ 0; 0 = never unload (got {args.keep_alive:g})")
     if getattr(args, "draft", None):
         raise UsageError("--draft: localdiff serve does not run DFlash drafts yet (gen and chat do)")
-    cfg = with_flags(load_user_config(), model=args.model, device=args.device, quant=args.quant)
+    if args.kv_budget is not None:   # was accepted and ignored
+        raise UsageError("--kv-budget: localdiff serve does not apply a KV-cache budget yet (gen does)")
+    cfg = with_flags(load_user_config(), model=args.model, device=args.device, quant=args.quant,
+                     threads=args.threads)
     sampler = sampler_overrides(_flags(args), cfg)
     max_body = _size(args.max_body, "--max-body")
+    if max_body == 0:   # was silently the 1 MiB default
+        raise UsageError(f"--max-body must be > 0 (got {args.max_body!r}; the default is 1MiB)")
     return serve(args.model, cfg.default_model, host=args.host, port=args.port, api_key=key, insecure=args.insecure,
                  device=cfg.device, quant=cfg.quant, sampler=sampler, max_queue=args.max_queue,
-                 keep_alive=args.keep_alive or None, max_body=max_body)
+                 keep_alive=args.keep_alive or None, max_body=max_body,
+                 gpu_mem=_size(args.gpu_mem, "--gpu-mem"), threads=cfg.threads)
 
 
 def run_gen_remote(args) -> int:
@@ -64,10 +131,16 @@ def run_gen_remote(args) -> int:
     from localdiff.safetext import json_dumps
 
     prompt = assemble_prompt(args)
-    for flag in ("device", "quant", "gpu_mem", "kv_budget", "draft"):
+    for flag in ("device", "quant", "gpu_mem", "kv_budget", "draft", "threads"):
         if getattr(args, flag, None) is not None:
             raise UsageError(f"--{flag.replace('_', '-')} applies to local models, not to --endpoint")
-    client = RemoteClient(args.endpoint, _api_key(args))
+    quiet = args.quiet
+
+    def note(seconds):
+        if not quiet:
+            sys.stderr.write(f"waiting for {client.url} to answer (gives up after {client.timeout:g} s: --timeout)\n")
+            sys.stderr.flush()
+    client = RemoteClient(args.endpoint, _api_key(args), endpoint_timeout(args), on_wait=note)
     try:
         name = args.model or os.environ.get("LOCALDIFF_MODEL") or RemoteModel(client).name
         if args.chat:
@@ -75,9 +148,7 @@ def run_gen_remote(args) -> int:
                 {"role": "user", "content": prompt}]
             payload = msgs
         else:
-            if args.system:
-                raise UsageError("--system needs chat mode (drop --raw)")
-            payload = prompt
+            payload = prompt   # --system with --raw was refused by assemble_prompt
         fields = request_fields(args.max_new_tokens, args.seed, _flag_options(args))
         out, parts, info = sys.stdout, [], {}
         show = _text_filter(args, out)  # a server's text is model output too: control characters made visible
@@ -108,10 +179,12 @@ def run_gen_remote(args) -> int:
         client.close()
 
 
-def remote_loader(endpoint: str, api_key: str | None):
-    """A chat ``loader(name, device=, quant=)`` that connects to ``endpoint`` instead of loading weights."""
+def remote_loader(endpoint: str, api_key: str | None, timeout: float | None = None):
+    """A chat ``loader(name, device=, quant=)`` that connects to ``endpoint`` instead of loading weights
+    (``timeout``: seconds, see :func:`endpoint_timeout`; None = the client's default)."""
     from localdiff.backends.remote import RemoteClient, RemoteModel
 
     def load(name, device=None, quant=None):
-        return RemoteModel(RemoteClient(endpoint, api_key), name or None)
+        client = RemoteClient(endpoint, api_key) if timeout is None else RemoteClient(endpoint, api_key, timeout)
+        return RemoteModel(client, name or None)
     return load

@@ -305,7 +305,8 @@ def remove(name: str) -> dict:
     Returns:
         {"name", "repo", "commit", "freed_bytes"}.
     Raises:
-        UsageError: an embedded model or a plain folder (not ours to delete).
+        UsageError: an embedded model or a plain folder (not ours to delete); a GGUF ``NAME:QUANT`` whose snapshot
+            also holds other quantizations (they would go with it).
         ModelNotFoundError: nothing of this model is in the cache.
         HubError: a pull of this repo is running (nothing is deleted).
     """
@@ -321,6 +322,14 @@ def remove(name: str) -> dict:
     commit = read_ref(storage, t.revision)
     if commit is None or not storage.is_dir():
         raise ModelNotFoundError(f"{t.label} is not in the cache ({hub_cache_dir()}); nothing to remove")
+    if t.quant:   # a snapshot goes as a whole: never take other quantizations pulled beside this one with it
+        snap = storage / "snapshots" / commit
+        others = sorted(str(p.relative_to(snap)) for p in snap.rglob("*.gguf")
+                        if not gguf_names.matches(str(p.relative_to(snap)), t.quant))
+        if others:
+            whole = t.repo + ("" if t.revision == "main" else f"@{t.revision}")
+            raise UsageError(f"{name}: {whole} also holds {', '.join(others)} in the same snapshot, and rm removes "
+                             f"a whole snapshot; run `localdiff rm {whole}` to remove every quantization in it")
     from localdiff.hub.guard import no_pull_running
 
     with no_pull_running(storage, name):

@@ -5,6 +5,7 @@ All reporters share one small interface: ``start(total_bytes, done_bytes)``, ``f
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import TextIO
@@ -119,7 +120,9 @@ class RichProgress(QuietProgress):
 
 
 def make_progress(quiet: bool = False, stream: TextIO | None = None):
-    """Pick the reporter: Quiet with ``quiet``, Rich when ``stream`` (default stderr) is a terminal, else Plain."""
+    """Pick the reporter: Quiet with ``quiet``, Rich when ``stream`` (default stderr) is a terminal that can redraw a
+    line, else Plain — also on ``TERM=dumb`` / ``unknown``, where rich draws no live bar and a pull would show nothing
+    until it ends."""
     stream = stream or sys.stderr
     if quiet:
         return QuietProgress()
@@ -127,4 +130,5 @@ def make_progress(quiet: bool = False, stream: TextIO | None = None):
         tty = stream.isatty()
     except (AttributeError, ValueError):
         tty = False
-    return RichProgress(stream) if tty else PlainProgress(stream)
+    dumb = os.environ.get("TERM", "").lower() in ("dumb", "unknown")
+    return RichProgress(stream) if tty and not dumb else PlainProgress(stream)

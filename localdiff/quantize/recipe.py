@@ -29,7 +29,7 @@ from pathlib import Path
 
 from localdiff.errors import LocaldiffError
 from localdiff.paths import quant_dir
-from localdiff.units import parse_size
+from localdiff.units import format_size, parse_size
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -52,13 +52,7 @@ def parse_bytes(text: str | int | float) -> int:
     return parse_size(text, RecipeError)
 
 
-def format_bytes(n: int | float) -> str:
-    """Human-readable binary size: ``1.50 GiB``, ``512.0 MiB``, ``96 B``."""
-    n = float(n)
-    for unit, div in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= div:
-            return f"{n / div:.2f} {unit}"
-    return f"{int(n)} B"
+format_bytes = format_size   # the memory plan's name for it (localdiff.units)
 
 
 @dataclass(frozen=True)

@@ -44,9 +44,14 @@ def run_chat(
             saves nothing.
         theme: the theme to start with (the config file's ``theme``).
 
+    The first model is loaded before the terminal UI starts (as ``ollama run`` and ``llama-cli`` do): a model that
+    cannot be resolved or loaded is one line on stderr naming it, and the UI never opens. Models switched to later
+    load inside the UI, which reports a failure there and keeps the loaded model.
+
     Returns:
-        0 on a normal quit; 1 when the model failed to load (shown in the UI) or the history cannot be opened;
-        2 when stdout is not a terminal or ``resume`` names no saved conversation. Errors are one line on stderr.
+        0 on a normal quit; 1 when the model cannot be loaded, the history cannot be opened, or the last model
+        switched to in the UI failed to load; 2 when stdout is not a terminal or ``resume`` names no saved
+        conversation. Errors are one line on stderr.
     """
     from localdiff.tui.settings import ChatSettings
     from localdiff.tui.store import ChatStore, format_listing
@@ -68,9 +73,11 @@ def run_chat(
     except LocaldiffError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
+    whose = ""   # the model came from the resumed conversation: the error says how to resume on another
     if model is None:
-        model = (store.load(conversation_id).model if conversation_id is not None else "") or default_model \
-            or DEFAULT_MODEL
+        saved = store.load(conversation_id).model if conversation_id is not None else ""
+        whose = f" (conversation #{conversation_id}'s model; -m MODEL resumes it on another)" if saved else ""
+        model = saved or default_model or DEFAULT_MODEL
     opts = dict(sampler_options or {})
     settings = ChatSettings(sampler={k: v for k, v in opts.items() if k not in ("max_new_tokens", "seed")})
     if "max_new_tokens" in opts:
@@ -78,14 +85,51 @@ def run_chat(
     if "seed" in opts:
         settings.seed = opts["seed"]
 
-    from localdiff.tui.app import ChatApp
+    from localdiff.tui.app import ChatApp, _default_loader, _describe
     from localdiff.tui.paste import install_paste_guard
+
+    load = loader or _default_loader
+    try:
+        first = _load_first(load, model, device, quant)
+    except Exception as exc:  # noqa: BLE001 — any load failure is one line before the UI, never a traceback
+        from localdiff.safetext import visible
+
+        what = (f"'{model}'" if model else "the server's first model") + whose
+        print(visible(" ".join(f"error: cannot load {what}: {_describe(exc)}".split())), file=sys.stderr)
+        return exc.exit_code if isinstance(exc, LocaldiffError) else 1
+    preloaded = [first]
+
+    def first_then_load(name, device=None, quant=None):  # the UI's first load gets the preloaded model
+        if preloaded and name == model:
+            return preloaded.pop()
+        return load(name, device=device, quant=quant)
 
     install_paste_guard()  # escape sequences inside a bracketed paste become text, never keys
     app = ChatApp(model, store=store, conversation_id=conversation_id, device=device, quant=quant, settings=settings,
-                  loader=loader, config_file=config_file, theme=theme)
+                  loader=first_then_load, config_file=config_file, theme=theme)
     app.run()
     return int(app.return_code or 0)
+
+
+def _load_first(load, name: str, device, quant):
+    """Load the chat's first model before the UI takes the terminal, saying so on stderr (a big model takes a
+    while; Ctrl-C interrupts). Raises whatever the loader raises."""
+    try:
+        note = sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        note = False
+    if note:   # on a terminal only: a log file gets the error line alone
+        from localdiff.safetext import visible
+
+        note = visible(f"loading {name or 'the server’s first model'}…")
+        sys.stderr.write(note + "\r")
+        sys.stderr.flush()
+    try:
+        return load(name, device=device, quant=quant)
+    finally:
+        if note:   # blanked with spaces (no escape sequence: TERM=dumb too); the UI or the error line follows
+            sys.stderr.write(" " * len(note) + "\r")
+            sys.stderr.flush()
 
 
 __all__ = ["run_chat", "DEFAULT_MODEL"]

@@ -57,7 +57,9 @@ def load(name="tiny", device=None, dtype=None, quant=None, gpu_mem=None, threads
         quant: None or "int8" (weight-only int8, see localdiff.quantize.int8).
         gpu_mem: on CUDA, the device memory budget in bytes for the memory plan (default: free memory measured
             now); expert layers the plan keeps on the host stay in CPU memory and run there (like --n-cpu-moe).
-        threads: CPU threads of the gguf backend (None = all cores); ignored by the torch backend.
+        threads: CPU threads (None = the library's default: all cores). The gguf backend's per-model thread
+            count; on the torch backend, torch's process-wide intra-op thread count (``torch.set_num_threads``,
+            like ``llama-cli -t``), which the native kernels split their rows over too.
         draft: a DFlash draft for a causal target (Qwen3 / Llama): a catalog alias, "org/repo[@rev]" or a folder;
             "auto" = the target's catalog pairing. Generation then runs DFlash speculative decoding.
     Returns:
@@ -88,6 +90,8 @@ def load(name="tiny", device=None, dtype=None, quant=None, gpu_mem=None, threads
         m = Model(net, cfg, tok, gguf, label, "cpu", torch.float32, cfg.quant, gen_cfg)
         m.backend, m.backend_version, m.threads = "gguf", version(), net.threads
         return m
+    if threads:
+        torch.set_num_threads(int(threads))
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     try:

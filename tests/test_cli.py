@@ -235,6 +235,17 @@ def test_gen_verbose_reports_cache_accounting(tmp_path, ckpt):
     assert config == f"config: {tmp_path / 'config.toml'} (not found: defaults; the chat's /set creates it)"
 
 
+def test_threads_sets_torchs_thread_count(tmp_path, ckpt):
+    """--threads and LOCALDIFF_THREADS reach torch (they were documented gguf-only and ignored on torch models);
+    gen -v's backend line says how many run."""
+    for extra, env, n in ((["--threads", "1"], {}, 1), ([], {"LOCALDIFF_THREADS": "2"}, 2)):
+        r = gen(["-m", str(ckpt), "-v", "-p", "hi", "-n", "4", *extra], {**cli_env(tmp_path), **env}, text=True,
+                stdin=subprocess.DEVNULL)
+        assert r.returncode == 0, r.stderr
+        line = next(l for l in r.stderr.splitlines() if l.startswith("backend: torch"))
+        assert line.endswith(f", {n} thread" + ("s" if n != 1 else "")), line
+
+
 def test_show_gpu_mem_implies_the_plan(capsys):
     """(a budget without --plan was accepted and ignored)"""
     assert main(["show", "diffusiongemma:26b-a4b", "--gpu-mem", "24GiB"]) == 0

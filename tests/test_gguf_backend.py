@@ -134,7 +134,7 @@ def test_gen_cli_on_a_gguf_file(files, capsys):
     cap = capsys.readouterr()
     out = json.loads(cap.out)
     assert len(out["token_ids"]) <= 8 and out["quant"] == "F32"
-    assert "backend: gguf (llama-cpp-python " in cap.err and "1 threads" in cap.err
+    assert "backend: gguf (llama-cpp-python " in cap.err and ", F32, 1 thread\n" in cap.err
     import localdiff
 
     m = localdiff.load(str(path), threads=1)

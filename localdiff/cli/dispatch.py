@@ -51,8 +51,8 @@ def _add_sampler(p: argparse.ArgumentParser) -> None:
                                                      "(default: free memory measured at load)")
     g.add_argument("--kv-budget", metavar="SIZE", help="device bytes for the KV cache, e.g. 2GiB; older blocks of "
                                                        "full-attention layers move to host memory beyond it")
-    g.add_argument("--threads", type=int, metavar="N", help="CPU threads of the gguf backend (llama.cpp; default: "
-                                                            "all cores; LOCALDIFF_THREADS)")
+    g.add_argument("--threads", type=int, metavar="N", help="CPU threads (torch's intra-op threads, or llama.cpp's "
+                                                            "for a GGUF model; default: all cores; LOCALDIFF_THREADS)")
 
 
 def _add_endpoint(p: argparse.ArgumentParser) -> None:

@@ -298,12 +298,16 @@ def config_line() -> str:
 
 
 def backend_line(model) -> str:
-    """"backend: gguf (llama-cpp-python X (ggml V, commit C)), Q8_0, 2 threads" or "backend: torch X, cpu, float32"."""
+    """"backend: gguf (llama-cpp-python X (ggml V, commit C)), Q8_0, 2 threads" or "backend: torch X, cpu, float32,
+    2 threads"."""
     if getattr(model, "backend", None) == "gguf":
-        return f"backend: gguf ({model.backend_version}), {model.quant}, {model.threads} threads"
+        n = model.threads
+        return f"backend: gguf ({model.backend_version}), {model.quant}, {n} thread{'s' if n != 1 else ''}"
     import torch
 
-    return f"backend: torch {torch.__version__}, {model.device}, {str(model.dtype).replace('torch.', '')}"
+    line = f"backend: torch {torch.__version__}, {model.device}, {str(model.dtype).replace('torch.', '')}"
+    n = torch.get_num_threads()
+    return line + (f", {n} thread{'s' if n != 1 else ''}" if str(model.device) == "cpu" else "")
 
 
 def _tau(s) -> str:

@@ -15,9 +15,11 @@ user's machine whose other cores are idle). Each HTTP stack is measured: asyncio
 httptools (the ``serve`` extra) when installed.
 
 Time to first byte (TTFB) = time until the first piece of answer text reaches the caller (in-process: the first
-finished canvas's text; served: the first content delta seen by the client process); tokens/s = generated tokens ÷
-wall time of the whole request, with the same token count on both paths (in-process: the ids returned; served:
-``usage.completion_tokens``; checked per run). Overheads are per ABBA pair (same seed, back to back), reported as
+finished canvas's text; served: the arrival at the client process of the bytes holding the first content delta,
+i.e. the return of its ``recv()``, before the client parses them: the in-process consumer does nothing with its text
+either); tokens/s = generated tokens ÷ wall time of the whole request (served: to the arrival of the stream's
+end), with the same token count on both paths (in-process: the ids returned; served: ``usage.completion_tokens``;
+checked per run). Overheads are per ABBA pair (same seed, back to back), reported as
 median and range. CPU ms per request are per thread (``pthread_getcpuclockid``; the client's is its own
 ``thread_time``): on a machine shared with other jobs they are steadier than wall times. The load average is
 recorded before and after each stack × layout.
@@ -322,7 +324,8 @@ def render_md(sec: dict) -> list[str]:
            f"{sec.get('warmup', 0)} warm-up runs, ABBA order. Served: a streamed `/v1/chat/completions` on 127.0.0.1 "
            "from a client process (a minimal kept-alive HTTP client) to `localdiff serve`'s app and uvicorn config "
            "(its access line per request written) in this process; in-process: `Model.stream` in the server's model thread (same thread, "
-           "same torch threads). TTFB = first answer text. Overheads per ABBA pair: median [min–max]; TTFB "
+           "same torch threads). TTFB = first answer text (served: when its bytes reach the client, before it parses them; "
+           "the end likewise). Overheads per ABBA pair: median [min–max]; TTFB "
            "served ÷ in-process − 1, tokens/s 1 − served ÷ in-process. CPU = median ms per request: client process + "
            "event loop + model thread. Load = load average before → after.", "",
            "| stack | layout (CPUs: model / loop / client) | load | workload | TTFB in-process ms | TTFB served ms | "

@@ -115,11 +115,16 @@ def test_client_gone_while_queued_cancels_before_start(server):
         assert time.monotonic() - t0 < 30
         time.sleep(0.01)
     running = w.current
-    queued = _raw_post(server.port, dumps({"messages": ASK, "seed": 0}).encode())
-    while w.queued < 1:
-        assert time.monotonic() - t0 < 30
-        time.sleep(0.01)
-    waiting = w._q.queue[0]
+    submitted = []
+    w.submit = lambda job: (submitted.append(job), type(w).submit(w, job))[1]
+    try:
+        queued = _raw_post(server.port, dumps({"messages": ASK, "seed": 0}).encode())
+        while w.queued < 1:
+            assert time.monotonic() - t0 < 30
+            time.sleep(0.01)
+    finally:
+        del w.submit
+    waiting = submitted[-1]
     assert waiting.req.seed == 0 and not waiting.req.stream
     queued.close()                                            # leaves while queued
     while not waiting.cancel.is_set():

@@ -164,7 +164,10 @@ class ModelWorker:
         self.load_error: str | None = None
         self.last_used = time.monotonic()
         self.current: Job | None = None
-        self._q: queue.Queue = queue.Queue(maxsize=max_queue)
+        # a C queue: put (on the loop) and get (in this thread) run no Python, so neither thread holds the GIL long
+        # around a hand-off (queue.Queue's Condition is ~30 lines of Python on each side); bounded in submit()
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self.max_queue = max_queue
         self._thread = threading.Thread(target=self._run, name="localdiff-model", daemon=True)
         self._stop = False
         self._applicable: tuple = (None, {})   # (model, its share of ``defaults``)
@@ -184,10 +187,7 @@ class ModelWorker:
         running = self.current
         if running is not None:
             running.cancel.set()
-        try:
-            self._q.put_nowait(None)
-        except queue.Full:
-            pass
+        self._q.put(None)
 
     @property
     def queued(self) -> int:
@@ -196,11 +196,10 @@ class ModelWorker:
 
     def submit(self, job: Job) -> None:
         """Enqueue ``job`` in arrival order. Raises ApiError(503, Retry-After) when the queue is full."""
-        try:
-            self._q.put_nowait(job)
-        except queue.Full:
-            raise ApiError(503, f"server busy: {self._q.maxsize} requests already queued; retry later",
-                           type="server_busy", code="queue_full", headers={"Retry-After": "5"}) from None
+        if self._q.qsize() >= self.max_queue:   # (jobs are submitted from the loop thread only: no race)
+            raise ApiError(503, f"server busy: {self.max_queue} requests already queued; retry later",
+                           type="server_busy", code="queue_full", headers={"Retry-After": "5"})
+        self._q.put(job)
 
     def call(self, fn):
         """Run ``fn()`` in the model thread, in queue order, and return its result (blocks; re-raises its error).

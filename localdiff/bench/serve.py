@@ -11,8 +11,8 @@ minimal HTTP/1.1 client on one kept-alive socket, TCP_NODELAY, reading the SSE e
 Pinning (:func:`_layouts`): the model thread runs on the CPUs this process was started on (``taskset -c 1``), the
 client process on the other CPUs. Two layouts: the event loop on the model's CPUs ("server on one core": its CPU
 comes straight out of the model's time) and the event loop on the other CPUs ("event loop on another core", as on a
-user's machine whose other cores are idle). Each HTTP stack is measured: asyncio + h11 (base install) and uvloop +
-httptools (the ``serve`` extra) when installed.
+user's machine whose other cores are idle). Each HTTP stack is measured: uvloop + httptools (base dependencies where
+they install; what uvicorn's "auto" picks) when installed, and asyncio + h11 (where uvloop does not install).
 
 Time to first byte (TTFB) = time until the first piece of answer text reaches the caller (in-process: the first
 finished canvas's text; served: the arrival at the client process of the bytes holding the first content delta,
@@ -89,8 +89,8 @@ def _summary(rows: list[tuple], cpu: list[dict]) -> dict:
 
 
 def _stacks() -> list[tuple[str, str]]:
-    """The (event loop, HTTP parser) pairs to measure: asyncio + h11 always (the base install, what CI tests), and
-    uvloop + httptools when the ``serve`` extra is installed (what uvicorn's "auto" then picks)."""
+    """The (event loop, HTTP parser) pairs to measure: asyncio + h11 always (where uvloop does not install), and
+    uvloop + httptools when installed (base dependencies where they install; what uvicorn's "auto" then picks)."""
     from importlib.util import find_spec
 
     out = [("asyncio", "h11")]

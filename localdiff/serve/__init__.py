@@ -52,7 +52,7 @@ def check_binding(host: str, api_key: str | None, insecure: bool) -> None:
 def uvicorn_config(app, log_level: str = "info", **kw):
     """The ``uvicorn.Config`` that ``localdiff serve`` runs ``app`` with (the bench runs the same one).
 
-    Event loop and HTTP parser "auto" (uvloop and httptools when the ``serve`` extra is installed, else asyncio and
+    Event loop and HTTP parser "auto" (uvloop and httptools, base dependencies, when installed; else asyncio and
     h11). uvicorn's access log is off: the app writes the same line itself once a response is complete
     (:func:`localdiff.serve.asgi.log_access`) — uvicorn writes it as the response starts, ~0.15 ms of event-loop
     CPU before the first byte of every answer (``localdiff bench --only serve``). No proxy-header middleware

@@ -115,7 +115,11 @@ class Job:
 
     def wake(self, leads: bool = False) -> None:
         """Schedule one hand-off of the pending events to the loop (no-op when none are pending but ``lead``
-        ones, or one is already scheduled); ``leads=True``: ``lead`` events alone are worth it too."""
+        ones, or one is already scheduled); ``leads=True``: ``lead`` events alone are worth it too. Called by the
+        worker thread only (before every denoising step): with nothing pending it returns without the lock (only
+        this thread adds events; the loop only empties the list)."""
+        if not self._pending:
+            return
         with self._lock:
             if leads:
                 self._leads = 0

@@ -231,9 +231,10 @@ def test_serve_bench_layouts_and_report(server, monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {1})
     monkeypatch.setattr(os, "cpu_count", lambda: 3)
     monkeypatch.setattr(bench, "_allowed", lambda own, cpu: cpu != 2)   # CPU 2: not in this cpuset
-    one, other = bench._layouts()
+    one, other, same = bench._layouts()
     assert (one["model"], one["loop"], one["client"]) == ([1], [1], [0])
     assert (other["model"], other["loop"], other["client"]) == ([1], [0], [0])
+    assert (same["model"], same["loop"], same["client"]) == ([1], [1], [1])
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
     monkeypatch.setattr(os, "cpu_count", lambda: 1)
     assert [(x["loop"], x["client"]) for x in bench._layouts()] == [([0], [0])]   # one CPU: all on it

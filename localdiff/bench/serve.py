@@ -9,9 +9,10 @@ count: only the HTTP path differs. The client is a separate process, as a real c
 minimal HTTP/1.1 client on one kept-alive socket, TCP_NODELAY, reading the SSE events as they come).
 
 Pinning (:func:`_layouts`): the model thread runs on the CPUs this process was started on (``taskset -c 1``), the
-client process on the other CPUs. Two layouts: the event loop on the model's CPUs ("server on one core": its CPU
-comes straight out of the model's time) and the event loop on the other CPUs ("event loop on another core", as on a
-user's machine whose other cores are idle). Each HTTP stack is measured: uvloop + httptools (base dependencies where
+client process on the other CPUs. Layouts: the event loop on the model's CPUs ("server on one core": its CPU
+comes straight out of the model's time), the event loop on the other CPUs ("event loop on another core", as on a
+user's machine whose other cores are idle), and everything on the model's CPUs, the client too ("client on the same
+core": its CPU and context switches count as overhead). Each HTTP stack is measured: uvloop + httptools (base dependencies where
 they install; what uvicorn's "auto" picks) when installed, and asyncio + h11 (where uvloop does not install).
 
 Time to first byte (TTFB) = time until the first piece of answer text reaches the caller (in-process: the first
@@ -104,13 +105,16 @@ def _layouts() -> list[dict]:
     in-process runs in that same thread. The client is another process (as a real client is), on the machine's
     other CPUs when there are any. "server on one core": the event loop shares the model's CPUs (a server with one
     core; its CPU comes straight out of the model's). "event loop on another core": the event loop runs on the
-    other CPUs, as on a user's machine whose other cores are free."""
+    other CPUs, as on a user's machine whose other cores are free. "client on the same core": all three on the
+    model's CPUs, the client's CPU and its context switches counted as overhead too (the least favourable layout,
+    and the one that other jobs on the other CPUs do not disturb)."""
     own = sorted(os.sched_getaffinity(0))
     others = [c for c in range(os.cpu_count() or 1) if c not in own and _allowed(own, c)]
     if not others:   # (started without taskset, or one CPU): nothing to separate
         return [{"name": "all on the same CPUs", "model": own, "loop": own, "client": own}]
     return [{"name": "server on one core", "model": own, "loop": own, "client": others},
-            {"name": "event loop on another core", "model": own, "loop": others, "client": others}]
+            {"name": "event loop on another core", "model": own, "loop": others, "client": others},
+            {"name": "client on the same core", "model": own, "loop": own, "client": own}]
 
 
 def _allowed(own: list[int], cpu: int) -> bool:

@@ -115,11 +115,16 @@ def test_client_gone_while_queued_cancels_before_start(server):
         assert time.monotonic() - t0 < 30
         time.sleep(0.01)
     running = w.current
-    queued = _raw_post(server.port, dumps({"messages": ASK, "seed": 0}).encode())
-    while w.queued < 1:
-        assert time.monotonic() - t0 < 30
-        time.sleep(0.01)
-    waiting = w._q.queue[0]
+    submitted = []
+    w.submit = lambda job: (submitted.append(job), type(w).submit(w, job))[1]
+    try:
+        queued = _raw_post(server.port, dumps({"messages": ASK, "seed": 0}).encode())
+        while w.queued < 1:
+            assert time.monotonic() - t0 < 30
+            time.sleep(0.01)
+    finally:
+        del w.submit
+    waiting = submitted[-1]
     assert waiting.req.seed == 0 and not waiting.req.stream
     queued.close()                                            # leaves while queued
     while not waiting.cancel.is_set():
@@ -226,9 +231,10 @@ def test_serve_bench_layouts_and_report(server, monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {1})
     monkeypatch.setattr(os, "cpu_count", lambda: 3)
     monkeypatch.setattr(bench, "_allowed", lambda own, cpu: cpu != 2)   # CPU 2: not in this cpuset
-    one, other = bench._layouts()
+    one, other, same = bench._layouts()
     assert (one["model"], one["loop"], one["client"]) == ([1], [1], [0])
     assert (other["model"], other["loop"], other["client"]) == ([1], [0], [0])
+    assert (same["model"], same["loop"], same["client"]) == ([1], [1], [1])
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
     monkeypatch.setattr(os, "cpu_count", lambda: 1)
     assert [(x["loop"], x["client"]) for x in bench._layouts()] == [([0], [0])]   # one CPU: all on it

@@ -9,15 +9,18 @@ count: only the HTTP path differs. The client is a separate process, as a real c
 minimal HTTP/1.1 client on one kept-alive socket, TCP_NODELAY, reading the SSE events as they come).
 
 Pinning (:func:`_layouts`): the model thread runs on the CPUs this process was started on (``taskset -c 1``), the
-client process on the other CPUs. Two layouts: the event loop on the model's CPUs ("server on one core": its CPU
-comes straight out of the model's time) and the event loop on the other CPUs ("event loop on another core", as on a
-user's machine whose other cores are idle). Each HTTP stack is measured: asyncio + h11 (base install) and uvloop +
-httptools (the ``serve`` extra) when installed.
+client process on the other CPUs. Layouts: the event loop on the model's CPUs ("server on one core": its CPU
+comes straight out of the model's time), the event loop on the other CPUs ("event loop on another core", as on a
+user's machine whose other cores are idle), and everything on the model's CPUs, the client too ("client on the same
+core": its CPU and context switches count as overhead). Each HTTP stack is measured: uvloop + httptools (base dependencies where
+they install; what uvicorn's "auto" picks) when installed, and asyncio + h11 (where uvloop does not install).
 
 Time to first byte (TTFB) = time until the first piece of answer text reaches the caller (in-process: the first
-finished canvas's text; served: the first content delta seen by the client process); tokens/s = generated tokens ÷
-wall time of the whole request, with the same token count on both paths (in-process: the ids returned; served:
-``usage.completion_tokens``; checked per run). Overheads are per ABBA pair (same seed, back to back), reported as
+finished canvas's text; served: the arrival at the client process of the bytes holding the first content delta,
+i.e. the return of its ``recv()``, before the client parses them: the in-process consumer does nothing with its text
+either); tokens/s = generated tokens ÷ wall time of the whole request (served: to the arrival of the stream's
+end), with the same token count on both paths (in-process: the ids returned; served: ``usage.completion_tokens``;
+checked per run). Overheads are per ABBA pair (same seed, back to back), reported as
 median and range. CPU ms per request are per thread (``pthread_getcpuclockid``; the client's is its own
 ``thread_time``): on a machine shared with other jobs they are steadier than wall times. The load average is
 recorded before and after each stack × layout.
@@ -87,8 +90,8 @@ def _summary(rows: list[tuple], cpu: list[dict]) -> dict:
 
 
 def _stacks() -> list[tuple[str, str]]:
-    """The (event loop, HTTP parser) pairs to measure: asyncio + h11 always (the base install, what CI tests), and
-    uvloop + httptools when the ``serve`` extra is installed (what uvicorn's "auto" then picks)."""
+    """The (event loop, HTTP parser) pairs to measure: asyncio + h11 always (where uvloop does not install), and
+    uvloop + httptools when installed (base dependencies where they install; what uvicorn's "auto" then picks)."""
     from importlib.util import find_spec
 
     out = [("asyncio", "h11")]
@@ -102,13 +105,16 @@ def _layouts() -> list[dict]:
     in-process runs in that same thread. The client is another process (as a real client is), on the machine's
     other CPUs when there are any. "server on one core": the event loop shares the model's CPUs (a server with one
     core; its CPU comes straight out of the model's). "event loop on another core": the event loop runs on the
-    other CPUs, as on a user's machine whose other cores are free."""
+    other CPUs, as on a user's machine whose other cores are free. "client on the same core": all three on the
+    model's CPUs, the client's CPU and its context switches counted as overhead too (the least favourable layout,
+    and the one that other jobs on the other CPUs do not disturb)."""
     own = sorted(os.sched_getaffinity(0))
     others = [c for c in range(os.cpu_count() or 1) if c not in own and _allowed(own, c)]
     if not others:   # (started without taskset, or one CPU): nothing to separate
         return [{"name": "all on the same CPUs", "model": own, "loop": own, "client": own}]
     return [{"name": "server on one core", "model": own, "loop": own, "client": others},
-            {"name": "event loop on another core", "model": own, "loop": others, "client": others}]
+            {"name": "event loop on another core", "model": own, "loop": others, "client": others},
+            {"name": "client on the same core", "model": own, "loop": own, "client": own}]
 
 
 def _allowed(own: list[int], cpu: int) -> bool:
@@ -322,7 +328,8 @@ def render_md(sec: dict) -> list[str]:
            f"{sec.get('warmup', 0)} warm-up runs, ABBA order. Served: a streamed `/v1/chat/completions` on 127.0.0.1 "
            "from a client process (a minimal kept-alive HTTP client) to `localdiff serve`'s app and uvicorn config "
            "(its access line per request written) in this process; in-process: `Model.stream` in the server's model thread (same thread, "
-           "same torch threads). TTFB = first answer text. Overheads per ABBA pair: median [min–max]; TTFB "
+           "same torch threads). TTFB = first answer text (served: when its bytes reach the client, before it parses them; "
+           "the end likewise). Overheads per ABBA pair: median [min–max]; TTFB "
            "served ÷ in-process − 1, tokens/s 1 − served ÷ in-process. CPU = median ms per request: client process + "
            "event loop + model thread. Load = load average before → after.", "",
            "| stack | layout (CPUs: model / loop / client) | load | workload | TTFB in-process ms | TTFB served ms | "

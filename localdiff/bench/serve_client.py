@@ -4,7 +4,9 @@ socket, run as a separate process like any real client of ``localdiff serve`` (a
 Standard library only, so that the client process starts without torch: ``python serve_client.py PORT`` reads one
 JSON request per stdin line (``{"path": "/v1/chat/completions", "body": "<JSON text>"}``) and answers each with one
 JSON line ``{"first": s | null, "total": s, "n": completion tokens, "cpu_ms": this process's CPU ms}``: seconds from
-just before the request is written to the first content delta and to the end of the stream, as seen by the client.
+just before the request is written to the arrival of the first content delta and of the end of the stream: the
+time the ``recv()`` that delivered those bytes returned. The client's own parse of them (JSON) comes after that stamp,
+as the in-process side's consumer does nothing with its text either; it is counted in ``cpu_ms``.
 The bench also imports :class:`Client` and :func:`timed_post` directly (tests).
 """
 from __future__ import annotations
@@ -34,10 +36,11 @@ class Client:
             self.sock.close()
             self.sock = None
 
-    def post_sse(self, path: str, body: bytes, t0: float) -> tuple[float | None, int]:
-        """POST ``body`` and read the stream: (seconds from ``t0`` (``time.perf_counter``) to the first content
-        delta, or None; ``usage.completion_tokens``). Raises RuntimeError on a non-200 answer or a closed
-        connection."""
+    def post_sse(self, path: str, body: bytes, t0: float) -> tuple[float | None, float, int]:
+        """POST ``body`` and read the stream: (seconds from ``t0`` (``time.perf_counter``) to the arrival of the
+        first content delta, or None; seconds to the arrival of the chunked body's terminator;
+        ``usage.completion_tokens``). Arrival = the return of the ``recv()`` that completed those bytes. Raises
+        RuntimeError on a non-200 answer or a closed connection."""
         if self.sock is None:
             self._connect()
         self.sock.sendall(b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
@@ -45,6 +48,7 @@ class Client:
         buf, head = b"", None
         while head is None:
             data = self.sock.recv(65536)
+            arrived = time.perf_counter()
             if not data:
                 raise RuntimeError("the server closed the connection")
             buf += data
@@ -72,24 +76,24 @@ class Client:
                     continue
                 chunk = json.loads(ev[6:])
                 if first is None and any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or ()):
-                    first = time.perf_counter() - t0
+                    first = arrived - t0
                 if chunk.get("usage"):
                     n = chunk["usage"]["completion_tokens"]
             if not done:
                 data = self.sock.recv(65536)
+                arrived = time.perf_counter()
                 if not data:
                     raise RuntimeError("the server closed the connection mid-answer")
                 buf += data
-        return first, n
+        return first, arrived - t0, n
 
 
 def timed_post(client: Client, path: str, body: bytes) -> dict:
-    """One request: {"first": s to the first content delta or None, "total": s, "n": completion tokens,
-    "cpu_ms": CPU ms this thread spent on it}."""
+    """One request: {"first": s to the arrival of the first content delta or None, "total": s to the arrival of the
+    stream's end, "n": completion tokens, "cpu_ms": CPU ms this thread spent on it, the parse included}."""
     c0 = time.thread_time()
     t0 = time.perf_counter()
-    first, n = client.post_sse(path, body, t0)
-    total = time.perf_counter() - t0
+    first, total, n = client.post_sse(path, body, t0)
     return {"first": first, "total": total, "n": n, "cpu_ms": (time.thread_time() - c0) * 1000}
 
 

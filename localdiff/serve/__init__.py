@@ -52,17 +52,22 @@ def check_binding(host: str, api_key: str | None, insecure: bool) -> None:
 def uvicorn_config(app, log_level: str = "info", **kw):
     """The ``uvicorn.Config`` that ``localdiff serve`` runs ``app`` with (the bench runs the same one).
 
-    Event loop and HTTP parser "auto" (uvloop and httptools when the ``serve`` extra is installed, else asyncio and
+    Event loop and HTTP parser "auto" (uvloop and httptools, base dependencies, when installed; else asyncio and
     h11). uvicorn's access log is off: the app writes the same line itself once a response is complete
     (:func:`localdiff.serve.asgi.log_access`) — uvicorn writes it as the response starts, ~0.15 ms of event-loop
     CPU before the first byte of every answer (``localdiff bench --only serve``). No proxy-header middleware
     (uvicorn trusts ``X-Forwarded-For`` from 127.0.0.1 by default: a local server logs the peer it sees, and skips
-    that layer per request). ``kw``: more ``uvicorn.Config`` arguments (host, port, ...). Raises ImportError
-    without uvicorn.
+    that layer per request). Responses are written through :class:`localdiff.serve.transport.CorkedTransport` (one
+    ``send`` per loop callback instead of one per head / chunk / terminator); ``http`` may name the parser ("auto",
+    "h11", "httptools"). ``kw``: more ``uvicorn.Config`` arguments (host, port, ...). Raises ImportError without
+    uvicorn.
     """
     import uvicorn
 
+    from localdiff.serve.transport import protocol_class
+
     kw.setdefault("timeout_graceful_shutdown", 2)
+    kw["http"] = protocol_class(kw.get("http", "auto"))   # one socket write per loop callback (serve/transport.py)
     return uvicorn.Config(app, log_level=log_level, proxy_headers=False, access_log=False, **kw)
 
 

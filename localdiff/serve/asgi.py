@@ -25,6 +25,7 @@ from localdiff.serve import ollama_api, openai_api
 from localdiff.serve.errors import ApiError, bad_request
 from localdiff.serve.jobs import ClientGone, collect, pieces
 from localdiff.serve.openai_api import dumps
+from localdiff.serve.transport import flush_now
 from localdiff.serve.worker import Job
 
 log = logging.getLogger("localdiff.serve")
@@ -99,13 +100,15 @@ async def _send_json(send, status: int, body: dict, headers: dict | None = None)
     hdrs += [(k.lower().encode(), str(v).encode()) for k, v in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": hdrs})
     await send({"type": "http.response.body", "body": data})
+    flush_now(send)
     return status
 
 
 def log_access(scope, status: int | None) -> None:
     """The access-log line of one request (``localdiff.serve.access``, INFO; uvicorn's own line is off, see
-    :func:`localdiff.serve.uvicorn_config`), written once the response is complete: after its last byte is sent,
-    so not on the answer's path, and with the status actually sent (None: nothing was sent)."""
+    :func:`localdiff.serve.uvicorn_config`), written once the response is complete, from a loop callback queued
+    after the response's last write (so not on the answer's path), with the status actually sent (None: nothing
+    was sent)."""
     if access.isEnabledFor(logging.INFO):
         client = scope.get("client")
         path = scope.get("path", "") + ("?" + scope["query_string"].decode("latin-1") if scope.get("query_string")
@@ -176,7 +179,7 @@ class GenerationRoutes:
         try:
             await self.fallback(scope, receive, send_logged)
         finally:
-            log_access(scope, sent[0])
+            asyncio.get_running_loop().call_soon(log_access, scope, sent[0])
 
     async def _serve(self, route, scope, receive, send) -> None:
         parse, chat, ollama = route
@@ -209,19 +212,23 @@ class GenerationRoutes:
             await send({"type": "http.response.start", "status": 200, "headers": _NDJSON if ollama else _SSE})
             started, status = True, 200
             role = chat and not ollama            # the role chunk goes out with the first parts (one write)
+            end = False
             try:
+                # run to its end (no return / break inside): an abandoned async generator is closed by a task that
+                # asyncio's finalizer hook schedules through call_soon_threadsafe, a wake-up of the loop per request
                 async for batch in pieces(job):
                     text = _ollama_lines(shape, batch) if ollama else _openai_lines(shape, req, batch, role)
                     role = False
                     end = batch[-1][0] == "end"   # the last part and the end of the chunked body: one write
                     await send({"type": "http.response.body", "body": text.encode(), "more_body": not end})
                     if end:
-                        return
+                        flush_now(send)           # the answer's last byte goes now, the clean-up after it
             except ApiError as err:               # failed mid-stream: the error as the stream's last part
                 text = dumps(err.ollama_body()) + "\n" if ollama else ("data: " + dumps(err.openai_body())
                                                                        + "\n\ndata: [DONE]\n\n")
                 await send({"type": "http.response.body", "body": text.encode(), "more_body": True})
-            await send({"type": "http.response.body", "body": b""})
+            if not end:
+                await send({"type": "http.response.body", "body": b""})
         except ClientGone:
             if not started:
                 status = await _send_json(send, 499, {"error": "client closed the request"})
@@ -238,4 +245,4 @@ class GenerationRoutes:
                 watcher.cancel()
             if job is not None:
                 job.cancel.set()   # no-op after the end; stops the engine when the response is abandoned
-            log_access(scope, status)
+            asyncio.get_running_loop().call_soon(log_access, scope, status)   # after the response's write

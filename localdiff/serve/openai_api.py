@@ -35,8 +35,15 @@ _SEQ = itertools.count()
 
 
 def dumps(obj) -> str:
-    """Compact JSON text (UTF-8 kept as is, no spaces after separators): what the server sends."""
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    """Compact JSON text (UTF-8 kept as is, no spaces after separators): what the server sends (one encoder made
+    once: ``json.dumps`` with these arguments builds a new one per call)."""
+    return _encode(obj)
+
+
+_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
+_QMARK, _QID, _QCREATED, _QREASON = (dumps(m) for m in (_MARK, _ID, _CREATED, _REASON))   # as they appear in JSON
 
 
 def _check_fields(body: dict, allowed: set) -> None:
@@ -156,11 +163,11 @@ class Shape:
         self.model, self.chat = model, chat
         self.id = ("chatcmpl-" if chat else "cmpl-") + _RUN + f"{next(_SEQ):012x}"
         self.created = int(time.time())
-        text, role, finish, event = (t.replace(dumps(_ID), dumps(self.id)).replace(dumps(_CREATED),
-                                                                                   str(self.created))
+        qid, created = dumps(self.id), str(self.created)
+        text, role, finish, event = (t.replace(_QID, qid).replace(_QCREATED, created)
                                      for t in _templates(model, chat))
-        self._text, self._role, self._finish = text.split(dumps(_MARK)), role, finish.split(dumps(_REASON))
-        self._event = event.split(dumps(_MARK))
+        self._text, self._role, self._finish = text.split(_QMARK), role, finish.split(_QREASON)
+        self._event = event.split(_QMARK)
 
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}

@@ -1,0 +1,207 @@
+"""``localdiff serve``'s writes and hand-offs (``localdiff/serve/transport.py``, ``worker.Inbox``): the writes of one
+loop callback reach the socket as one write, in order, before a close; a streamed answer is one write on the wire;
+a finished stream schedules no extra wake-up of the loop; the job inbox keeps order and wakes its reader."""
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+
+import pytest
+from servehelpers import Running
+
+from localdiff.serve.openai_api import dumps
+from localdiff.serve.transport import CorkedTransport, flush_now, protocol_class
+from localdiff.serve.worker import Inbox
+
+ASK = [{"role": "user", "content": "What is 27 + 58?"}]
+
+
+class _Transport:
+    """Records writes and the close (the part of an asyncio transport CorkedTransport uses)."""
+
+    def __init__(self):
+        self.writes, self.closed = [], False
+
+    def write(self, data):
+        assert not self.closed
+        self.writes.append(bytes(data))
+
+    def is_closing(self):
+        return self.closed
+
+    def close(self):
+        self.closed = True
+
+    def get_write_buffer_size(self):
+        return 0
+
+    def get_extra_info(self, name, default=None):
+        return ("127.0.0.1", 1) if name in ("peername", "sockname") else default
+
+
+def test_writes_of_one_callback_go_out_as_one_in_order():
+    async def main():
+        raw = _Transport()
+        t = CorkedTransport(raw, asyncio.get_running_loop())
+        t.write(b"HTTP/1.1 200 OK\r\n\r\n")
+        t.writelines([b"5\r\nhello\r\n", bytearray(b"0\r\n\r\n")])
+        assert raw.writes == [] and t.get_write_buffer_size() == 19 + 10 + 5   # held during the callback
+        await asyncio.sleep(0)                                # the callback queued behind it sends them
+        assert raw.writes == [b"HTTP/1.1 200 OK\r\n\r\n5\r\nhello\r\n0\r\n\r\n"]
+        t.write(b"a")
+        t.write(b"b")
+        t.close()                                             # close sends what is held first
+        assert raw.writes[1:] == [b"ab"] and raw.closed
+        t.write(b"late")                                      # after close: dropped, as asyncio's transports do
+        await asyncio.sleep(0)
+        assert raw.writes[1:] == [b"ab"]
+        assert t.get_extra_info("peername") == ("127.0.0.1", 1)   # the rest is the real transport's
+
+    asyncio.run(main())
+
+
+def test_flush_now_sends_at_once_and_ignores_other_senders():
+    async def main():
+        raw = _Transport()
+        t = CorkedTransport(raw, asyncio.get_running_loop())
+
+        class Cycle:                                          # uvicorn's send is a method of its cycle
+            transport = t
+
+            async def send(self, msg):
+                pass
+
+        t.write(b"x")
+        flush_now(Cycle().send)
+        assert raw.writes == [b"x"]
+        flush_now(lambda msg: None)                           # not uvicorn's: nothing to do, no error
+        await asyncio.sleep(0)
+        assert raw.writes == [b"x"]                           # the queued flush finds nothing held
+
+    asyncio.run(main())
+
+
+def test_protocol_class_wraps_uvicorns_parsers():
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    cls = protocol_class("h11")
+    assert issubclass(cls, H11Protocol) and protocol_class("h11") is cls     # made once
+    auto = protocol_class("auto")
+    try:
+        import httptools  # noqa: F401
+
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+        assert issubclass(auto, HttpToolsProtocol)            # uvicorn's own "auto" choice
+    except ImportError:
+        assert auto is cls
+    with pytest.raises(ValueError, match="unknown HTTP implementation"):
+        protocol_class("h2")
+
+
+def test_inbox_order_and_wake_up():
+    async def main():
+        box = Inbox()
+        assert box.empty()
+        with pytest.raises(asyncio.QueueEmpty):
+            box.get_nowait()
+        reader = asyncio.ensure_future(box.get())
+        await asyncio.sleep(0)
+        assert not reader.done()                              # waits for an item
+        box.put_nowait(1)
+        box.put_nowait(2)
+        assert await reader == 1 and box.get_nowait() == 2 and box.empty()
+        reader = asyncio.ensure_future(box.get())
+        await asyncio.sleep(0)
+        reader.cancel()                                       # a cancelled reader leaves no waiter behind
+        with pytest.raises(asyncio.CancelledError):
+            await reader
+        box.put_nowait(3)
+        assert await box.get() == 3
+
+    asyncio.run(main())
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Running()
+    yield s
+    s.stop()
+
+
+def _read_response(sock: socket.socket) -> list[bytes]:
+    """The recv() results of one chunked response (until its terminator)."""
+    got = []
+    while not b"".join(got).endswith(b"0\r\n\r\n"):
+        data = sock.recv(65536)
+        assert data, "the server closed the connection"
+        got.append(data)
+    return got
+
+
+def test_a_streamed_short_answer_is_one_write(server):
+    """Head, the answer's chunk and the chunked terminator leave in one write: the client's first recv() holds the
+    whole response (on loopback one write arrives whole; before, the head and the terminator came apart)."""
+    body = dumps({"messages": ASK, "seed": 0, "stream": True, "max_tokens": 8}).encode()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=60) as s:
+        for _ in range(3):                                    # kept alive: each response is one write
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            got = _read_response(s)
+            assert len(got) == 1, [g[:40] for g in got]
+            assert got[0].startswith(b"HTTP/1.1 200") and b"data: [DONE]" in got[0]
+
+
+def test_a_finished_stream_schedules_no_wake_up_of_the_loop(server):
+    """The response's async generator runs to its end: none is left for asyncio's finalizer hook to close (which
+    schedules a task through call_soon_threadsafe: a self-wake-up of the loop per request)."""
+    import threading
+
+    finalized = []
+    body = dumps({"messages": ASK, "seed": 0, "stream": True, "max_tokens": 8}).encode()
+    ollama = dumps({"messages": ASK, "stream": True, "options": {"seed": 0, "num_predict": 8}}).encode()
+    ollama_gen = dumps({"prompt": "27 + 58 =", "stream": True, "options": {"seed": 0, "num_predict": 8}}).encode()
+
+    def set_hooks(wrap):
+        hooks = sys.get_asyncgen_hooks()
+        if wrap:
+            def finalizer(agen):
+                finalized.append(repr(agen))
+                return hooks.finalizer(agen)
+
+            saved.append(hooks)
+            sys.set_asyncgen_hooks(firstiter=hooks.firstiter, finalizer=finalizer)
+        else:
+            sys.set_asyncgen_hooks(*saved[0])
+        done.set()
+
+    saved, done = [], threading.Event()
+    loop = _server_loop(server)
+    loop.call_soon_threadsafe(set_hooks, True)                # (asyncgen hooks are per thread: the loop's)
+    assert done.wait(10)
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=60) as s:
+            for path, body in (("/api/chat", ollama), ("/api/generate", ollama_gen), ("/v1/chat/completions", body)):
+                s.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: %d\r\n\r\n" % (path.encode(), len(body)) + body)
+                assert _read_response(s)[0].startswith(b"HTTP/1.1 200")
+    finally:
+        done.clear()
+        loop.call_soon_threadsafe(set_hooks, False)
+        assert done.wait(10)
+    assert finalized == []
+
+
+def _server_loop(server):
+    """The server's event loop (from a job it ran)."""
+    import httpx
+
+    seen = []
+    real = server.worker.submit
+    server.worker.submit = lambda job: (seen.append(job.loop), real(job))[1]
+    try:
+        httpx.post(server.url + "/v1/chat/completions", json={"messages": ASK, "seed": 0, "max_tokens": 4},
+                   timeout=60)
+    finally:
+        del server.worker.submit
+    return seen[0]

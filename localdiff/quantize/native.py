@@ -7,9 +7,8 @@ element converted to fp32 once and multiplied with all M rows (fused multiply-ad
 a small-M product reads ~1 byte per weight instead of casting the weight per call. No activation quantization: the
 result is ``dequantize(q, scale) @ xᵀ`` in fp32 up to the summation order.
 
-Build: ``$CC`` (else ``cc`` / ``gcc`` on PATH) ``-O3 -march=native -fPIC -shared`` (without ``-march=native`` when the
-compiler refuses it) into the user cache dir (``platformdirs.user_cache_dir("localdiff")/native``), keyed by the
-source's hash, the compiler's version line, the flags and the CPU's feature flags; a finished build is reused.
+Build: :mod:`localdiff.native` (``$CC -O3 -march=native -fPIC -shared``, without ``-march=native`` when the compiler
+refuses it, into the user cache, keyed by the source, compiler, flags and CPU flags; a finished build is reused).
 ``LOCALDIFF_NATIVE_INT8=fma`` keeps the FMA kernel where AMX would run.
 No compiler, a failed compile or ``LOCALDIFF_NATIVE_INT8=0`` → :func:`library` is None and :func:`status` says why in
 one line (the callers keep their torch kernels).
@@ -17,18 +16,17 @@ one line (the callers keep their torch kernels).
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 
+from localdiff import native as _native
+from localdiff.native import compiler as _compiler  # a module name here: tests patch it
+
 SOURCE = Path(__file__).with_name("native_int8.c")
 ENV = "LOCALDIFF_NATIVE_INT8"
-_FLAGS = ("-O3", "-march=native", "-fPIC", "-shared")
+_FLAGS = _native.FLAGS
 
 #: most activation rows the native kernel is offered for (its AMX path's tile width; more rows are prefill, where
 #: the torch GEMMs win)
@@ -39,64 +37,18 @@ _HAS_AMX: dict = {}            # id(library) → bool
 _STATUS: str | None = None     # None = not tried yet
 
 
-def _compiler() -> str | None:
-    cc = os.environ.get("CC")
-    if cc and shutil.which(cc):
-        return shutil.which(cc)
-    return shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-
-
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() + platform.machine()
-
-
 def _cache_dir() -> Path:
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("localdiff")) / "native"
+    return _native.cache_dir()
 
 
 def build(cc: str, flags: tuple[str, ...] = _FLAGS, out_dir: Path | None = None) -> Path:
     """Compile ``native_int8.c`` with ``cc`` and ``flags`` into ``out_dir`` (default: the keyed cache folder);
-    returns the shared library's path (an existing build of the same key is reused).
+    returns the shared library's path (:func:`localdiff.native.build`; an existing build of the same key is reused).
 
     Raises:
         RuntimeError: the compiler failed (message: its first error line) or timed out.
     """
-    try:
-        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise RuntimeError(f"{cc} --version failed: {e}") from None
-    version = version.splitlines()[0] if version else cc
-    key = hashlib.sha256("\n".join([SOURCE.read_text(), cc, version, " ".join(flags), _cpu_flags()]).encode())
-    out_dir = out_dir or _cache_dir() / key.hexdigest()[:16]
-    lib = out_dir / "liblocaldiff_int8.so"
-    if lib.is_file():
-        return lib
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
-    os.close(fd)
-    try:
-        r = subprocess.run([cc, *flags, "-o", tmp, str(SOURCE), "-lpthread", "-lm"], capture_output=True, text=True,
-                           timeout=300)
-        if r.returncode != 0:
-            err = next((ln for ln in r.stderr.splitlines() if "error" in ln), r.stderr.strip()[:200] or "failed")
-            raise RuntimeError(f"{Path(cc).name} {' '.join(flags)}: {err.strip()}")
-        os.replace(tmp, lib)                       # atomic: a concurrent process sees a whole library or none
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"{Path(cc).name} timed out") from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return lib
+    return _native.build(SOURCE, "liblocaldiff_int8.so", cc, flags, out_dir, cache=_cache_dir())
 
 
 def _load(path: Path) -> ctypes.CDLL:
@@ -120,27 +72,24 @@ def library() -> ctypes.CDLL | None:
     global _LIB, _STATUS
     if _STATUS is not None:
         return _LIB
-    if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+    if _native.switched_off(ENV):
         _STATUS = f"native int8 kernel off ({ENV}=0)"
         return None
     cc = _compiler()
     if cc is None:
         _STATUS = "native int8 kernel unavailable: no C compiler (cc / gcc / clang) on PATH"
         return None
-    err = ""
-    for flags in (_FLAGS, tuple(f for f in _FLAGS if f != "-march=native")):
-        try:
-            _LIB = _load(build(cc, flags))
-            width = _LIB.localdiff_int8_vector_width()
-            amx = bool(os.environ.get(ENV, "").strip().lower() != "fma" and _LIB.localdiff_int8_has_amx())
-            _HAS_AMX[id(_LIB)] = amx
-            _STATUS = (f"native int8 kernel: {'AMX-INT8 tiles, ' if amx else ''}{width}-lane fp32 FMA "
-                       f"({Path(cc).name} {' '.join(flags[:2])})")
-            return _LIB
-        except (RuntimeError, OSError, AttributeError) as e:
-            err = str(e).splitlines()[0] if str(e) else type(e).__name__
-    _STATUS = f"native int8 kernel unavailable: {err}"
-    return None
+    try:
+        _LIB, flags = _native.load_first(lambda f: build(cc, f), _load)
+    except RuntimeError as e:
+        _STATUS = f"native int8 kernel unavailable: {e}"
+        return None
+    width = _LIB.localdiff_int8_vector_width()
+    amx = bool(os.environ.get(ENV, "").strip().lower() != "fma" and _LIB.localdiff_int8_has_amx())
+    _HAS_AMX[id(_LIB)] = amx
+    _STATUS = (f"native int8 kernel: {'AMX-INT8 tiles, ' if amx else ''}{width}-lane fp32 FMA "
+               f"({Path(cc).name} {' '.join(flags[:2])})")
+    return _LIB
 
 
 def has_amx() -> bool:

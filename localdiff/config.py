@@ -60,7 +60,8 @@ _ENV_OTHER = ("LOCALDIFF_CONFIG", "LOCALDIFF_DATA_DIR", "LOCALDIFF_DEBUG", "LOCA
               "LOCALDIFF_LLAMA_CPP_SDIST", "LOCALDIFF_BENCH_CACHE", "LOCALDIFF_BENCH_TINY_MDM",  # bench gguf section
               "LOCALDIFF_REQUIRE_GGUF",                                                      # .ci/run: no GGUF skips
               "LOCALDIFF_INT8_KERNEL",                                                       # quantize/int8.py
-              "LOCALDIFF_NATIVE_INT8")                                                       # quantize/native.py
+              "LOCALDIFF_NATIVE_INT8",                                                       # quantize/native.py
+              "LOCALDIFF_NATIVE_EXPERTS")                                                    # arch/native_experts.py
 _ENV_TOP = {"LOCALDIFF_MODEL": "default_model", "LOCALDIFF_DEVICE": "device", "LOCALDIFF_QUANT": "quant",
             "LOCALDIFF_MAX_NEW_TOKENS": "max_new_tokens", "LOCALDIFF_SEED": "seed",
             "LOCALDIFF_THREADS": "threads"}
@@ -190,6 +191,7 @@ def known_environment() -> set[str]:
 #: variables with a fixed set of values (checked by :func:`check_environment`; others are checked where read)
 _ENV_CHOICES = {
     "LOCALDIFF_NATIVE_INT8": ("0", "1", "fma", "off", "on", "false", "true", "no", "yes"),   # quantize/native.py
+    "LOCALDIFF_NATIVE_EXPERTS": ("0", "1", "avx512", "off", "on", "false", "true", "no", "yes"),  # arch/native_experts
     "LOCALDIFF_INT8_KERNEL": ("auto", "native", "int8pack", "dequant"),                      # quantize/choose.py
     "LOCALDIFF_DTYPE": ("float32", "bfloat16", "float16"),                                   # localdiff.load
 }

@@ -112,86 +112,117 @@ static inline void prefetch_ahead(const uint16_t *w, long ld, long k, long K, lo
     for (int i = 0; i < 16; i++) _mm_prefetch((const char *)(p + i * ld), _MM_HINT_T0);
 }
 
-/* C[t][16][16] = A (16 weight rows from w, row stride ld, `rows` valid, K valid k) x B[t] (pair layout, kp-major:
- * B[t] + kp * 16 uint32), t < T; kpad = K rounded up to 32. */
-static void block_product(int amx, const uint16_t *w, long ld, int rows, long K, long kpad, const uint32_t *const *B,
-                          int T, float C[2][16][16]) {
-    uint16_t buf[16 * 32] __attribute__((aligned(64)));
+/* C[b][t][16][16] = A_b (16 weight rows from w[b], row stride ld, rows[b] valid, K valid k) x B[t] (pair layout,
+ * kp-major: B[t] + kp * 16 uint32), for b < 2 (w[1] may be NULL: one block) and t < T; kpad = K rounded up to 32.
+ * AMX: four C tiles, so consecutive tdpbf16ps never wait on each other's accumulator (a chain of dependent ones runs
+ * at the instruction's latency, ~3x its throughput): two weight blocks x two row tiles, or with one row tile the
+ * even and odd k-steps in separate tiles, added at the end. */
+static void pair_product(int amx, const uint16_t *const w[2], const int rows[2], long ld, long K, long kpad,
+                         const uint32_t *const *B, int T, float C[2][2][16][16]) {
+    uint16_t buf[2][16 * 32] __attribute__((aligned(64)));
+    const int two = w[1] != NULL;
     long lda;
 #ifdef HAVE_AMX
     if (amx) {
         _tile_zero(0);
         _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
         for (long k = 0; k < kpad; k += 32) {
-            prefetch_ahead(w, ld, k, K, kpad);
-            const uint16_t *a = a_block(w + k, ld, rows, K - k, buf, &lda);
-            _tile_loadd(4, a, 2 * lda);
+            prefetch_ahead(w[0], ld, k, K, kpad);
+            _tile_loadd(4, a_block(w[0] + k, ld, rows[0], K - k, buf[0], &lda), 2 * lda);
+            if (two) {
+                prefetch_ahead(w[1], ld, k, K, kpad);
+                _tile_loadd(5, a_block(w[1] + k, ld, rows[1], K - k, buf[1], &lda), 2 * lda);
+            }
             _tile_loadd(6, B[0] + k / 2 * 16, 64);
-            _tile_dpbf16ps(0, 4, 6);
             if (T > 1) {
                 _tile_loadd(7, B[1] + k / 2 * 16, 64);
-                _tile_dpbf16ps(1, 4, 7);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(2, 4, 7);
+                if (two) {
+                    _tile_dpbf16ps(1, 5, 6);
+                    _tile_dpbf16ps(3, 5, 7);
+                }
+            } else if (((k / 32) & 1) == 0) {
+                _tile_dpbf16ps(0, 4, 6);
+                if (two) _tile_dpbf16ps(1, 5, 6);
+            } else {
+                _tile_dpbf16ps(2, 4, 6);
+                if (two) _tile_dpbf16ps(3, 5, 6);
             }
         }
-        _tile_stored(0, C[0], 64);
-        if (T > 1) _tile_stored(1, C[1], 64);
+        _tile_stored(0, C[0][0], 64);
+        _tile_stored(2, C[0][1], 64);
+        _tile_stored(1, C[1][0], 64);
+        _tile_stored(3, C[1][1], 64);
+        if (T == 1)                                      /* even + odd k-steps */
+            for (int b = 0; b < 2; b++)
+                for (int i = 0; i < 16; i++)
+                    _mm512_store_ps(C[b][0][i], _mm512_add_ps(_mm512_load_ps(C[b][0][i]), _mm512_load_ps(C[b][1][i])));
         return;
     }
 #endif
     (void)amx;
-    for (int t = 0; t < T; t++) {
-        __m512 acc[16];
-        for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
-        for (long k = 0; k < kpad; k += 32) {
-            if (t == 0) prefetch_ahead(w, ld, k, K, kpad);
-            const uint16_t *a = a_block(w + k, ld, rows, K - k, buf, &lda);
-            for (int kp = 0; kp < 16; kp++) {
-                __m512bh bv = (__m512bh)_mm512_loadu_si512(B[t] + (k / 2 + kp) * 16);
-                for (int i = 0; i < 16; i++) {
-                    uint32_t pair;
-                    memcpy(&pair, a + i * lda + 2 * kp, 4);
-                    acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)_mm512_set1_epi32((int)pair), bv);
+    for (int b = 0; b < 1 + two; b++)
+        for (int t = 0; t < T; t++) {
+            __m512 acc[16];
+            for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+            for (long k = 0; k < kpad; k += 32) {
+                if (t == 0) prefetch_ahead(w[b], ld, k, K, kpad);
+                const uint16_t *a = a_block(w[b] + k, ld, rows[b], K - k, buf[b], &lda);
+                for (int kp = 0; kp < 16; kp++) {
+                    __m512bh bv = (__m512bh)_mm512_loadu_si512(B[t] + (k / 2 + kp) * 16);
+                    for (int i = 0; i < 16; i++) {
+                        uint32_t pair;
+                        memcpy(&pair, a + i * lda + 2 * kp, 4);
+                        acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)_mm512_set1_epi32((int)pair), bv);
+                    }
                 }
             }
+            for (int i = 0; i < 16; i++) _mm512_store_ps(C[b][t][i], acc[i]);
         }
-        for (int i = 0; i < 16; i++) _mm512_storeu_ps(C[t][i], acc[i]);
-    }
 }
 
-/* Rows r0 .. r0 + n (n <= 32) of expert e. xb: [2][H32 / 2][16] uint32, db: [2][I32 / 2][16] uint32 scratch. */
-static void expert_rows(const job_t *j, long e, long r0, int n, uint32_t *xb, uint32_t *db) {
+/* Rows r0 .. r0 + n (n <= 32) of expert e. Scratch: xb [2][H32 / 2][16] uint32, db [2][I32 / 2][16] uint32,
+ * stage [16][H32] bf16. */
+static void expert_rows(const job_t *j, long e, long r0, int n, uint32_t *xb, uint32_t *db, uint16_t *stage) {
     const long H = j->H, I = j->I, H32 = (H + 31) / 32 * 32, I32 = (I + 31) / 32 * 32;
     const int T = (n + 15) / 16;
     const uint16_t *gu = j->gu + e * 2 * I * H, *dn = j->dn + e * H * I;
     const uint32_t *Bx[2] = {xb, xb + H32 / 2 * 16}, *Bd[2] = {db, db + I32 / 2 * 16};
     long flat[RB];
     float wv[2][16] __attribute__((aligned(64)));
-    float C[2][2][16][16] __attribute__((aligned(64)));
+    float C[2][2][16][16] __attribute__((aligned(64)));   /* [weight block][row tile][channel][row] */
     memset(wv, 0, sizeof wv);
-    /* B of the up/gate product: row m's element pair kp at xb[t][kp][m] (zeros past n rows and past H) */
+    /* B of the up/gate product: row m's element pair kp at xb[t][kp][m] (zeros past n rows and past H): the rows
+     * copied into a zero-padded [16][H32] stage, then 16 rows' pair kp gathered at once */
+    const __m512i rowoff = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                              _mm512_set1_epi32((int)(H32 / 2)));
     for (int t = 0; t < T; t++) {
-        uint32_t *dst = xb + t * (H32 / 2 * 16);
         for (int m = 0; m < 16; m++) {
             int r = 16 * t + m;
-            const uint32_t *src = NULL;
+            uint16_t *row = stage + m * H32;
             if (r < n) {
                 flat[r] = j->order[r0 + r];
                 wv[t][m] = j->rw[flat[r]];
-                src = (const uint32_t *)(j->x + flat[r] / j->K * H);
-            }
-            for (long kp = 0; kp < H32 / 2; kp++) {
-                uint32_t v = 0;
-                if (src && 2 * kp + 1 < H) v = src[kp];
-                else if (src && 2 * kp < H) v = ((const uint16_t *)src)[2 * kp];
-                dst[kp * 16 + m] = v;
+                memcpy(row, j->x + flat[r] / j->K * H, sizeof(uint16_t) * H);
+                memset(row + H, 0, sizeof(uint16_t) * (H32 - H));
+            } else {
+                memset(row, 0, sizeof(uint16_t) * H32);
             }
         }
+        uint32_t *dst = xb + t * (H32 / 2 * 16);
+        for (long kp = 0; kp < H32 / 2; kp++)
+            _mm512_storeu_si512(dst + kp * 16, _mm512_i32gather_epi32(_mm512_add_epi32(rowoff, _mm512_set1_epi32(
+                (int)kp)), (const void *)stage, 4));
     }
     memset(db, 0, sizeof(uint32_t) * 2 * (I32 / 2) * 16);
     for (long c0 = 0; c0 < I; c0 += 16) {
         int rows = I - c0 < 16 ? (int)(I - c0) : 16;
-        block_product(j->amx, gu + c0 * H, H, rows, H, H32, Bx, T, C[0]);
-        block_product(j->amx, gu + (I + c0) * H, H, rows, H, H32, Bx, T, C[1]);
+        const uint16_t *w[2] = {gu + c0 * H, gu + (I + c0) * H};   /* gate, up */
+        const int rr[2] = {rows, rows};
+        pair_product(j->amx, w, rr, H, H, H32, Bx, T, C);
         for (int t = 0; t < T; t++) {
             __m512 w = _mm512_load_ps(wv[t]);
             for (int i = 0; i < rows; i += 2) {         /* channel pair (c0 + i, c0 + i + 1) → B[t][(c0 + i) / 2] */
@@ -208,13 +239,17 @@ static void expert_rows(const job_t *j, long e, long r0, int n, uint32_t *xb, ui
     }
     const __m512i col = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                            _mm512_set1_epi32(16));
-    for (long h0 = 0; h0 < H; h0 += 16) {
-        int rows = H - h0 < 16 ? (int)(H - h0) : 16;
-        block_product(j->amx, dn + h0 * I, I, rows, I, I32, Bd, T, C[0]);
-        for (int r = 0; r < n; r++) {                    /* C[t][h][m] → ys[flat][h0 + h] */
-            __m512 v = _mm512_i32gather_ps(_mm512_add_epi32(col, _mm512_set1_epi32(r % 16)), &C[0][r / 16][0][0], 4);
-            _mm256_mask_storeu_epi16(j->ys + flat[r] * H + h0, mask16(rows), (__m256i)_mm512_cvtneps_pbh(v));
-        }
+    for (long h0 = 0; h0 < H; h0 += 32) {                /* two 16-row blocks of down at a time */
+        const int rr[2] = {H - h0 < 16 ? (int)(H - h0) : 16, H - h0 - 16 < 16 ? (int)(H - h0 - 16) : 16};
+        const uint16_t *w[2] = {dn + h0 * I, rr[1] > 0 ? dn + (h0 + 16) * I : NULL};
+        pair_product(j->amx, w, rr, I, I, I32, Bd, T, C);
+        for (int b = 0; b < (rr[1] > 0 ? 2 : 1); b++)
+            for (int r = 0; r < n; r++) {                /* C[b][t][h][m] → ys[flat][h0 + 16 b + h] */
+                __m512 v = _mm512_i32gather_ps(_mm512_add_epi32(col, _mm512_set1_epi32(r % 16)),
+                                               &C[b][r / 16][0][0], 4);
+                _mm256_mask_storeu_epi16(j->ys + flat[r] * H + h0 + 16 * b, mask16(rr[b]),
+                                         (__m256i)_mm512_cvtneps_pbh(v));
+            }
     }
 }
 
@@ -222,9 +257,11 @@ static void run_experts(job_t *j) {
     const long H32 = (j->H + 31) / 32 * 32, I32 = (j->I + 31) / 32 * 32;
     uint32_t *xb = aligned_alloc(64, sizeof(uint32_t) * 2 * (H32 / 2) * 16);
     uint32_t *db = aligned_alloc(64, sizeof(uint32_t) * 2 * (I32 / 2) * 16);
-    if (!xb || !db) {
+    uint16_t *stage = aligned_alloc(64, sizeof(uint16_t) * 16 * H32);
+    if (!xb || !db || !stage) {
         free(xb);
         free(db);
+        free(stage);
         j->rc = -1;
         return;
     }
@@ -244,13 +281,14 @@ static void run_experts(job_t *j) {
     for (long e = j->b0; e < j->b1; e++) {
         long start = e ? j->ends[e - 1] : 0;
         for (long r = start; r < j->ends[e]; r += RB)
-            expert_rows(j, e, r, j->ends[e] - r < RB ? (int)(j->ends[e] - r) : RB, xb, db);
+            expert_rows(j, e, r, j->ends[e] - r < RB ? (int)(j->ends[e] - r) : RB, xb, db, stage);
     }
 #ifdef HAVE_AMX
     if (j->amx) _tile_release();
 #endif
     free(xb);
     free(db);
+    free(stage);
 }
 
 static void run_sum(job_t *j) {                         /* out[t] = bf16(sum_s ys[t * K + s]) for t in b0 .. b1 */

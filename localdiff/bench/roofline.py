@@ -77,10 +77,10 @@ def components(text: dict, canvas: int, prompt: int, vocab: int | None = None) -
     g = torch.Generator().manual_seed(0)
     idx = torch.rand(c, e, generator=g).topk(k, -1).indices
     flat, w = idx.reshape(-1), torch.rand(c, k)
-    native = native_experts.applies(x, mod.gate_up_proj, mod.down_proj)
-    pad = native_experts.computed_rows(flat, e) if native else e * int(torch.bincount(flat, minlength=e).max())
     with torch.inference_mode():
+        native = native_experts.applies(x, mod.gate_up_proj, mod.down_proj)
         t = _best(lambda: mod(x, w, idx))
+    pad = native_experts.computed_rows(flat, e) if native else e * int(torch.bincount(flat, minlength=e).max())
     out["experts"] = {"flops": 2 * 3 * c * k * h * i * len(layers), "computed_flops": 2 * 3 * pad * h * i * len(layers),
                       "bytes": (3 * e * h * i + 2 * c * k * h) * BF16 * len(layers), "seconds": t * len(layers)}
     del mod

@@ -226,3 +226,17 @@ def test_flop_counter_sees_the_kernel():
     rows = int(((counts + 15) // 16 * 16).sum())
     assert ne.computed_rows(idx.reshape(-1), 5) == rows and rows >= 120
     assert dict(fc.by_component) == {"experts": 2 * 3 * 100 * 37 * rows}
+
+
+def test_experts_bench_section_runs():
+    """``bench --only experts`` on the smoke shape: both kernels timed (where the native one runs), ratios, Markdown."""
+    from localdiff.bench import experts
+
+    sec = experts.measure(quick=True, reps=2, sizes=["smoke"], log=lambda *a: None)
+    row = sec["sizes"][0]
+    assert row["hidden"] == 64 and row["experts"] == 128 and "torch" in row["kernels"]
+    assert ("native" in row["kernels"]) == (ne.library() is not None) == ("speedup" in row)
+    for v in row["kernels"].values():
+        assert v["ms"]["min"] > 0 and 0 < v["of_bound"] and 0 < v["of_peak"] < 1
+    md = "\n".join(experts.render_md(sec))
+    assert "| smoke (H 64" in md and ne.status() in md

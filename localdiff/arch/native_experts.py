@@ -19,6 +19,7 @@ path. ``LOCALDIFF_NATIVE_EXPERTS=avx512`` takes the AVX512-BF16 path where AMX w
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 from pathlib import Path
@@ -33,6 +34,7 @@ ENV = "LOCALDIFF_NATIVE_EXPERTS"
 _LIB: ctypes.CDLL | None = None
 _PATH = 0                      # 2 AMX-BF16, 1 AVX512-BF16
 _STATUS: str | None = None     # None = not tried yet
+_OFF = False                   # set by disabled()
 
 
 def _load(path: Path) -> ctypes.CDLL:
@@ -85,9 +87,21 @@ def reset() -> None:
     _LIB, _PATH, _STATUS = None, 0, None
 
 
+@contextlib.contextmanager
+def disabled():
+    """Within the block, :func:`applies` is False (the experts take their torch path): A/B measurements."""
+    global _OFF
+    old, _OFF = _OFF, True
+    try:
+        yield
+    finally:
+        _OFF = old
+
+
 def applies(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> bool:
-    """Whether :func:`moe` can run on these operands: bf16 CPU tensors, contiguous, autograd off, library loaded."""
-    return (x.dtype == torch.bfloat16 and gate_up.dtype == torch.bfloat16 and down.dtype == torch.bfloat16
+    """Whether :func:`moe` can run on these operands: bf16 CPU tensors, contiguous, autograd off, library loaded,
+    not inside :func:`disabled`."""
+    return (not _OFF and x.dtype == torch.bfloat16 and gate_up.dtype == torch.bfloat16 and down.dtype == torch.bfloat16
             and x.device.type == "cpu" and gate_up.device.type == "cpu" and not torch.is_grad_enabled()
             and gate_up.is_contiguous() and down.is_contiguous() and library() is not None)
 

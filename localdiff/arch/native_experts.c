@@ -112,76 +112,50 @@ static inline void prefetch_ahead(const uint16_t *w, long ld, long k, long K, lo
     for (int i = 0; i < 16; i++) _mm_prefetch((const char *)(p + i * ld), _MM_HINT_T0);
 }
 
-/* C[b][t][16][16] = A_b (16 weight rows from w[b], row stride ld, rows[b] valid, K valid k) x B[t] (pair layout,
- * kp-major: B[t] + kp * 16 uint32), for b < 2 (w[1] may be NULL: one block) and t < T; kpad = K rounded up to 32.
- * AMX: four C tiles, so consecutive tdpbf16ps never wait on each other's accumulator (a chain of dependent ones runs
- * at the instruction's latency, ~3x its throughput): two weight blocks x two row tiles, or with one row tile the
- * even and odd k-steps in separate tiles, added at the end. */
-static void pair_product(int amx, const uint16_t *const w[2], const int rows[2], long ld, long K, long kpad,
-                         const uint32_t *const *B, int T, float C[2][2][16][16]) {
-    uint16_t buf[2][16 * 32] __attribute__((aligned(64)));
-    const int two = w[1] != NULL;
+/* C[t][16][16] = A (16 weight rows from w, row stride ld, `rows` valid, K valid k) x B[t] (pair layout, kp-major:
+ * B[t] + kp * 16 uint32), t < T; kpad = K rounded up to 32. */
+static void block_product(int amx, const uint16_t *w, long ld, int rows, long K, long kpad, const uint32_t *const *B,
+                          int T, float C[2][16][16]) {
+    uint16_t buf[16 * 32] __attribute__((aligned(64)));
     long lda;
 #ifdef HAVE_AMX
     if (amx) {
         _tile_zero(0);
         _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
         for (long k = 0; k < kpad; k += 32) {
-            prefetch_ahead(w[0], ld, k, K, kpad);
-            _tile_loadd(4, a_block(w[0] + k, ld, rows[0], K - k, buf[0], &lda), 2 * lda);
-            if (two) {
-                prefetch_ahead(w[1], ld, k, K, kpad);
-                _tile_loadd(5, a_block(w[1] + k, ld, rows[1], K - k, buf[1], &lda), 2 * lda);
-            }
+            prefetch_ahead(w, ld, k, K, kpad);
+            const uint16_t *a = a_block(w + k, ld, rows, K - k, buf, &lda);
+            _tile_loadd(4, a, 2 * lda);
             _tile_loadd(6, B[0] + k / 2 * 16, 64);
+            _tile_dpbf16ps(0, 4, 6);
             if (T > 1) {
                 _tile_loadd(7, B[1] + k / 2 * 16, 64);
-                _tile_dpbf16ps(0, 4, 6);
-                _tile_dpbf16ps(2, 4, 7);
-                if (two) {
-                    _tile_dpbf16ps(1, 5, 6);
-                    _tile_dpbf16ps(3, 5, 7);
-                }
-            } else if (((k / 32) & 1) == 0) {
-                _tile_dpbf16ps(0, 4, 6);
-                if (two) _tile_dpbf16ps(1, 5, 6);
-            } else {
-                _tile_dpbf16ps(2, 4, 6);
-                if (two) _tile_dpbf16ps(3, 5, 6);
+                _tile_dpbf16ps(1, 4, 7);
             }
         }
-        _tile_stored(0, C[0][0], 64);
-        _tile_stored(2, C[0][1], 64);
-        _tile_stored(1, C[1][0], 64);
-        _tile_stored(3, C[1][1], 64);
-        if (T == 1)                                      /* even + odd k-steps */
-            for (int b = 0; b < 2; b++)
-                for (int i = 0; i < 16; i++)
-                    _mm512_store_ps(C[b][0][i], _mm512_add_ps(_mm512_load_ps(C[b][0][i]), _mm512_load_ps(C[b][1][i])));
+        _tile_stored(0, C[0], 64);
+        if (T > 1) _tile_stored(1, C[1], 64);
         return;
     }
 #endif
     (void)amx;
-    for (int b = 0; b < 1 + two; b++)
-        for (int t = 0; t < T; t++) {
-            __m512 acc[16];
-            for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
-            for (long k = 0; k < kpad; k += 32) {
-                if (t == 0) prefetch_ahead(w[b], ld, k, K, kpad);
-                const uint16_t *a = a_block(w[b] + k, ld, rows[b], K - k, buf[b], &lda);
-                for (int kp = 0; kp < 16; kp++) {
-                    __m512bh bv = (__m512bh)_mm512_loadu_si512(B[t] + (k / 2 + kp) * 16);
-                    for (int i = 0; i < 16; i++) {
-                        uint32_t pair;
-                        memcpy(&pair, a + i * lda + 2 * kp, 4);
-                        acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)_mm512_set1_epi32((int)pair), bv);
-                    }
+    for (int t = 0; t < T; t++) {
+        __m512 acc[16];
+        for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+        for (long k = 0; k < kpad; k += 32) {
+            if (t == 0) prefetch_ahead(w, ld, k, K, kpad);
+            const uint16_t *a = a_block(w + k, ld, rows, K - k, buf, &lda);
+            for (int kp = 0; kp < 16; kp++) {
+                __m512bh bv = (__m512bh)_mm512_loadu_si512(B[t] + (k / 2 + kp) * 16);
+                for (int i = 0; i < 16; i++) {
+                    uint32_t pair;
+                    memcpy(&pair, a + i * lda + 2 * kp, 4);
+                    acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)_mm512_set1_epi32((int)pair), bv);
                 }
             }
-            for (int i = 0; i < 16; i++) _mm512_store_ps(C[b][t][i], acc[i]);
         }
+        for (int i = 0; i < 16; i++) _mm512_storeu_ps(C[t][i], acc[i]);
+    }
 }
 
 /* Rows r0 .. r0 + n (n <= 32) of expert e. Scratch: xb [2][H32 / 2][16] uint32, db [2][I32 / 2][16] uint32,
@@ -193,7 +167,7 @@ static void expert_rows(const job_t *j, long e, long r0, int n, uint32_t *xb, ui
     const uint32_t *Bx[2] = {xb, xb + H32 / 2 * 16}, *Bd[2] = {db, db + I32 / 2 * 16};
     long flat[RB];
     float wv[2][16] __attribute__((aligned(64)));
-    float C[2][2][16][16] __attribute__((aligned(64)));   /* [weight block][row tile][channel][row] */
+    float C[2][2][16][16] __attribute__((aligned(64)));
     memset(wv, 0, sizeof wv);
     /* B of the up/gate product: row m's element pair kp at xb[t][kp][m] (zeros past n rows and past H): the rows
      * copied into a zero-padded [16][H32] stage, then 16 rows' pair kp gathered at once */
@@ -220,9 +194,8 @@ static void expert_rows(const job_t *j, long e, long r0, int n, uint32_t *xb, ui
     memset(db, 0, sizeof(uint32_t) * 2 * (I32 / 2) * 16);
     for (long c0 = 0; c0 < I; c0 += 16) {
         int rows = I - c0 < 16 ? (int)(I - c0) : 16;
-        const uint16_t *w[2] = {gu + c0 * H, gu + (I + c0) * H};   /* gate, up */
-        const int rr[2] = {rows, rows};
-        pair_product(j->amx, w, rr, H, H, H32, Bx, T, C);
+        block_product(j->amx, gu + c0 * H, H, rows, H, H32, Bx, T, C[0]);
+        block_product(j->amx, gu + (I + c0) * H, H, rows, H, H32, Bx, T, C[1]);
         for (int t = 0; t < T; t++) {
             __m512 w = _mm512_load_ps(wv[t]);
             for (int i = 0; i < rows; i += 2) {         /* channel pair (c0 + i, c0 + i + 1) → B[t][(c0 + i) / 2] */
@@ -239,17 +212,13 @@ static void expert_rows(const job_t *j, long e, long r0, int n, uint32_t *xb, ui
     }
     const __m512i col = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                            _mm512_set1_epi32(16));
-    for (long h0 = 0; h0 < H; h0 += 32) {                /* two 16-row blocks of down at a time */
-        const int rr[2] = {H - h0 < 16 ? (int)(H - h0) : 16, H - h0 - 16 < 16 ? (int)(H - h0 - 16) : 16};
-        const uint16_t *w[2] = {dn + h0 * I, rr[1] > 0 ? dn + (h0 + 16) * I : NULL};
-        pair_product(j->amx, w, rr, I, I, I32, Bd, T, C);
-        for (int b = 0; b < (rr[1] > 0 ? 2 : 1); b++)
-            for (int r = 0; r < n; r++) {                /* C[b][t][h][m] → ys[flat][h0 + 16 b + h] */
-                __m512 v = _mm512_i32gather_ps(_mm512_add_epi32(col, _mm512_set1_epi32(r % 16)),
-                                               &C[b][r / 16][0][0], 4);
-                _mm256_mask_storeu_epi16(j->ys + flat[r] * H + h0 + 16 * b, mask16(rr[b]),
-                                         (__m256i)_mm512_cvtneps_pbh(v));
-            }
+    for (long h0 = 0; h0 < H; h0 += 16) {
+        int rows = H - h0 < 16 ? (int)(H - h0) : 16;
+        block_product(j->amx, dn + h0 * I, I, rows, I, I32, Bd, T, C[0]);
+        for (int r = 0; r < n; r++) {                    /* C[t][h][m] → ys[flat][h0 + h] */
+            __m512 v = _mm512_i32gather_ps(_mm512_add_epi32(col, _mm512_set1_epi32(r % 16)), &C[0][r / 16][0][0], 4);
+            _mm256_mask_storeu_epi16(j->ys + flat[r] * H + h0, mask16(rows), (__m256i)_mm512_cvtneps_pbh(v));
+        }
     }
 }
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import threading
 from pathlib import Path
 
 import torch
@@ -35,6 +36,8 @@ _LIB: ctypes.CDLL | None = None
 _PATH = 0                      # 2 AMX-BF16, 1 AVX512-BF16
 _STATUS: str | None = None     # None = not tried yet
 _OFF = False                   # set by disabled()
+_SCRATCH = threading.local()   # .ys: this thread's reused [rows · H] bf16 slot-output buffer
+_SCRATCH_MAX = 16 << 20        # bytes kept between calls (a canvas step's; longer prefills allocate theirs)
 
 
 def _load(path: Path) -> ctypes.CDLL:
@@ -136,7 +139,7 @@ def _experts_bf16(x: torch.Tensor, flat: torch.Tensor, order: torch.Tensor, weig
     ends = torch.bincount(flat, minlength=e).cumsum(0)
     order = order.contiguous()
     rw = weights.reshape(-1).float().contiguous()
-    ys = torch.empty(n * k, h, dtype=torch.bfloat16)
+    ys = _slot_buffer(n * k * h)
     out = torch.empty(n, h, dtype=torch.bfloat16)
     rc = lib.localdiff_experts_bf16(x.data_ptr(), n, h, two_i // 2, e, k, order.data_ptr(), ends.data_ptr(),
                                     rw.data_ptr(), gate_up.data_ptr(), down.data_ptr(), ys.data_ptr(), out.data_ptr(),
@@ -144,6 +147,17 @@ def _experts_bf16(x: torch.Tensor, flat: torch.Tensor, order: torch.Tensor, weig
     if rc != 0:
         raise RuntimeError(f"native experts failed (code {rc}: out of memory)")
     return out
+
+
+def _slot_buffer(numel: int) -> torch.Tensor:
+    """A bf16 scratch of ``numel`` elements, reused per thread up to :data:`_SCRATCH_MAX` bytes (a fresh 4 MiB
+    buffer per 1B layer cost ~1 ms of page faults)."""
+    if 2 * numel > _SCRATCH_MAX:
+        return torch.empty(numel, dtype=torch.bfloat16)
+    buf = getattr(_SCRATCH, "ys", None)
+    if buf is None or buf.numel() < numel:
+        buf = _SCRATCH.ys = torch.empty(numel, dtype=torch.bfloat16)
+    return buf
 
 
 def computed_rows(flat: torch.Tensor, num_experts: int) -> int:

@@ -240,3 +240,18 @@ def test_experts_bench_section_runs():
         assert v["ms"]["min"] > 0 and 0 < v["of_bound"] and 0 < v["of_peak"] < 1
     md = "\n".join(experts.render_md(sec))
     assert "| smoke (H 64" in md and ne.status() in md
+
+
+def test_gen_v_names_the_experts_kernel(ref_small, fresh):
+    """``gen -v`` / ``bench``'s kernel lines (engine.kernels.describe) name the native kernel, or why it is off."""
+    from localdiff.engine.kernels import describe
+
+    m = localdiff.load(ref_small[1], device="cpu", dtype="bfloat16")
+    line = describe(m.net)["experts"]
+    assert line.startswith(ne.status()) == (ne.library() is not None)
+    fresh.setenv("LOCALDIFF_NATIVE_EXPERTS", "0")
+    ne.reset()
+    off = describe(m.net)["experts"]
+    assert off.startswith("stream") and "LOCALDIFF_NATIVE_EXPERTS=0" in off
+    fp32 = localdiff.load(ref_small[1], device="cpu", dtype="float32")
+    assert describe(fp32.net)["experts"].startswith("torch._grouped_mm")     # the exact path is untouched

@@ -232,7 +232,7 @@ def test_experts_bench_section_runs():
     """``bench --only experts`` on the smoke shape: both kernels timed (where the native one runs), ratios, Markdown."""
     from localdiff.bench import experts
 
-    sec = experts.measure(quick=True, reps=2, sizes=["smoke"], log=lambda *a: None)
+    sec = experts.measure(quick=True, reps=2, sizes=["smoke"], log=lambda *a: None, evict_mib=4)
     row = sec["sizes"][0]
     assert row["hidden"] == 64 and row["experts"] == 128 and "torch" in row["kernels"]
     assert ("native" in row["kernels"]) == (ne.library() is not None) == ("speedup" in row)

@@ -37,6 +37,9 @@
 #ifndef PF_DIST
 #define PF_DIST 4                           /* weight prefetch distance in 32-k steps */
 #endif
+#ifndef PF_HINT
+#define PF_HINT _MM_HINT_T0
+#endif
 #define MAX_THREADS 256
 #define RB 32                               /* rows of an expert per pass over its weights (two 16-row tiles) */
 
@@ -109,7 +112,7 @@ static inline const uint16_t *a_block(const uint16_t *w, long ld, int rows, long
 static inline void prefetch_ahead(const uint16_t *w, long ld, long k, long K, long kpad) {
     long kk = k + 32 * PF_DIST;
     const uint16_t *p = kk < K ? w + kk : w + 16 * ld + (kk - kpad);
-    for (int i = 0; i < 16; i++) _mm_prefetch((const char *)(p + i * ld), _MM_HINT_T0);
+    for (int i = 0; i < 16; i++) _mm_prefetch((const char *)(p + i * ld), PF_HINT);
 }
 
 /* C[t][16][16] = A (16 weight rows from w, row stride ld, `rows` valid, K valid k) x B[t] (pair layout, kp-major:

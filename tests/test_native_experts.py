@@ -255,3 +255,21 @@ def test_gen_v_names_the_experts_kernel(ref_small, fresh):
     assert off.startswith("stream") and "LOCALDIFF_NATIVE_EXPERTS=0" in off
     fp32 = localdiff.load(ref_small[1], device="cpu", dtype="float32")
     assert describe(fp32.net)["experts"].startswith("torch._grouped_mm")     # the exact path is untouched
+
+
+@needs_kernel
+def test_without_amx_the_torch_path_stays(fresh):
+    """A CPU with AVX512-BF16 but no AMX (simulated) keeps the torch experts: the emulated path measured slower;
+    ``LOCALDIFF_NATIVE_EXPERTS=avx512`` still forces it."""
+    real = ne._load
+
+    def no_amx(path):
+        lib = real(path)
+        lib.localdiff_experts_has = lambda: 1
+        return lib
+
+    fresh.setattr(ne, "_load", no_amx)
+    assert ne.library() is None and "no AMX" in ne.status() and "avx512 forces it" in ne.status()
+    fresh.setenv("LOCALDIFF_NATIVE_EXPERTS", "avx512")
+    ne.reset()
+    assert ne.library() is not None and "AVX512-BF16" in ne.status()

@@ -14,8 +14,9 @@
  * byte is read once per call for up to 32 rows of an expert (more rows: another pass, from cache); only real rows
  * are computed, padded to 16 per tile. K tails (H or I not a multiple of 32) and channel tails (not a multiple of
  * 16) use zero-padded copies of the weight block, so nothing outside the tensors is read.
- * Two paths on these layouts: AMX-BF16 tiles (tdpbf16ps; Linux grants the tile state on ARCH_REQ_XCOMP_PERM) and,
- * without AMX, AVX512-BF16 (vdpbf16ps emulating the tile product: one zmm accumulator per channel). Built without
+ * Two paths on these layouts: AMX-BF16 tiles (tdpbf16ps; Linux grants the tile state on ARCH_REQ_XCOMP_PERM) and
+ * AVX512-BF16 (vdpbf16ps emulating the tile product: one zmm accumulator per channel; compute-bound, measured
+ * slower than torch's AMX GEMMs, so the Python side runs it only when forced). Built without
  * AVX512-BF16, localdiff_experts_has() reports 0 and the caller keeps its torch kernel.
  * Threads: experts are split into `threads` contiguous ranges, then tokens for the sum over slots (pthreads per
  * call; the caller's thread runs the first range).

@@ -111,7 +111,7 @@ def test_failed_compile_falls_back(fresh, tmp_path):
     bad.write_text("#!/bin/sh\necho 'cc: error: something broke' >&2\nexit 1\n")
     bad.chmod(0o755)
     fresh.setenv("CC", str(bad))
-    fresh.setattr(native.native_build, "cache_dir", lambda: tmp_path / "cache")
+    fresh.setattr(native, "_cache_dir", lambda: tmp_path / "cache")
     assert native.library() is None
     assert native.status().startswith("native int8 kernel unavailable: cc ") and "something broke" in native.status()
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from localdiff import native_build
+from localdiff import native
 from localdiff.arch.soft_embedding import RawLogits
 from localdiff.decoding import vocab_native
 from localdiff.decoding.vocab_pass import VocabPass
@@ -79,10 +79,10 @@ def test_native_pass_matches_float64(n, v, cap, temp, dtype, threads):
 
 
 def test_portable_build_matches_float64(tmp_path):
-    cc = native_build.compiler()
+    cc = native.compiler()
     if cc is None:
         pytest.skip("no C compiler")
-    lib = vocab_native.load(vocab_native.build(cc, native_build.PORTABLE_FLAGS, out_dir=tmp_path))
+    lib = vocab_native.load(vocab_native.build(cc, native.PORTABLE_FLAGS, out_dir=tmp_path))
     assert lib.localdiff_vocab_vector_width() == 1          # the scalar code, not the AVX-512 one
     _check(lib, 4, 1001, 30.0, 0.8, torch.bfloat16, 2, seed=1)
     _check(lib, 3, 33, None, 1.7, torch.float32, 1, seed=2)
@@ -175,7 +175,7 @@ def test_failed_compile_falls_back_to_the_torch_passes(monkeypatch, tmp_path):
     bad.write_text("#!/bin/sh\necho 'cc: error: something broke' >&2\nexit 1\n")
     bad.chmod(0o755)
     monkeypatch.setenv("CC", str(bad))
-    monkeypatch.setattr(native_build, "cache_dir", lambda: tmp_path / "cache")
+    monkeypatch.setattr(native, "cache_dir", lambda: tmp_path / "cache")
     vocab_native.reset()
     try:
         assert vocab_native.library() is None and "something broke" in vocab_native.status()

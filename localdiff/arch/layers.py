@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from localdiff.arch import native_experts
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     """Gemma RMSNorm computed in fp32: ``x * (mean(x²) + eps)^-0.5 * weight`` (weight is the full scale, not 1 + w).
@@ -204,7 +206,8 @@ class MoEExperts(nn.Module):
     (``localdiff.quantize.int8.Int8Experts``) override :meth:`expert_ffn` only.
     """
 
-    #: bf16 on CPU: "stream" (:func:`stream_experts`, measured 1.3-1.6x faster than grouped_mm there) or "grouped"
+    #: bf16 on CPU: "stream" (the native kernel, else :func:`stream_experts`, measured 1.3-1.6x faster than
+    #: grouped_mm there) or "grouped"
     kernel = "stream"
 
     def __init__(self, num_experts: int, hidden: int, inter: int):
@@ -222,10 +225,15 @@ class MoEExperts(nn.Module):
         """x: Tensor[N, H]; weights: Tensor[N, K] (fp32); index: LongTensor[N, K] → Tensor[N, H] in x's dtype.
 
         On CPU without autograd, both expert matmuls run as one ``torch._grouped_mm`` each over the expert-sorted
-        rows (group ends from a cumulative bincount: no host sync); it equals the per-expert loop bit for bit."""
+        rows (group ends from a cumulative bincount: no host sync); it equals the per-expert loop bit for bit.
+        In bf16 there (``kernel == "stream"``): the native kernel (:mod:`localdiff.arch.native_experts`, AMX-BF16 or
+        AVX512-BF16) where it built, else :func:`stream_experts`."""
         n, k = index.shape
         flat = index.reshape(-1)
         order = torch.argsort(flat, stable=True)
+        if self.kernel == "stream" and self._grouped(x) and native_experts.applies(x, self.gate_up_proj,
+                                                                                   self.down_proj):
+            return native_experts.moe(x, flat, order, weights, self.gate_up_proj, self.down_proj)
         token = order // k
         xs = x.index_select(0, token)
         if self._grouped(xs) and xs.dtype == torch.bfloat16 and self.kernel == "stream":

@@ -7,7 +7,7 @@ from pathlib import Path
 from localdiff.errors import UsageError
 
 SECTIONS = ("ref", "eval", "sweep", "history", "memory", "profile", "serve", "masked", "block", "scale",
-            "approx", "gguf", "slots", "nap", "dflash")
+            "approx", "gguf", "slots", "nap", "dflash", "experts")
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one-line usage errors (exit 2) instead of usage dumps

@@ -8,8 +8,9 @@ streaming read rate (best of 5 ``sum`` over 256 MiB of fp32) and ``peak`` its me
 (:func:`localdiff.bench.scale._gemm_peak`). Each component is timed alone at the step's shapes with random
 operands in huge pages (best of 3, CPU time), with the kernels localdiff's bf16 default runs:
 
-- experts: :func:`localdiff.arch.layers.stream_experts` over a random top-k routing (FLOPs: the routed rows; the
-  zero-padded rows it also computes are in ``computed_flops``);
+- experts: :class:`localdiff.arch.layers.MoEExperts` as the step runs it in bf16 (the native kernel of
+  :mod:`localdiff.arch.native_experts` where it built, else :func:`localdiff.arch.layers.stream_experts`) over a
+  random top-k routing (FLOPs: the routed rows; the padded rows it also computes are in ``computed_flops``);
 - LM head: :func:`localdiff.arch.soft_embedding.raw_head` (``F.linear(h, E)`` into a reused buffer, [C, H] ×
   [H, V]); self-conditioning product: ``F.linear(p, Eᵀ)`` ([C, V] × [V, H]);
 - attention: :func:`localdiff.arch.layers.attention` per layer (window and global shapes, C + prompt keys);
@@ -61,7 +62,10 @@ def _rand(*shape, std: float = 1.0) -> torch.Tensor:
 
 def components(text: dict, canvas: int, prompt: int, vocab: int | None = None) -> dict:
     """{component: {"flops", "bytes", "seconds"} (whole step, all layers)} at ``text``'s shapes, measured now."""
-    from localdiff.arch.layers import attention, stream_experts
+    from torch import nn
+
+    from localdiff.arch import native_experts
+    from localdiff.arch.layers import MoEExperts, attention
     from localdiff.arch.soft_embedding import RawLogits, raw_head
     from localdiff.decoding.vocab_pass import VocabPass
 
@@ -70,16 +74,20 @@ def components(text: dict, canvas: int, prompt: int, vocab: int | None = None) -
     layers = text["layer_types"]
     out = {}
     # experts: one layer's kernel × layers
-    gate_up, down, x = _rand(e, 2 * i, h, std=0.02), _rand(e, h, i, std=0.02), _rand(c, h)
+    mod = MoEExperts(e, h, i)
+    mod.gate_up_proj, mod.down_proj = (nn.Parameter(_rand(e, 2 * i, h, std=0.02), requires_grad=False),
+                                       nn.Parameter(_rand(e, h, i, std=0.02), requires_grad=False))
+    x = _rand(c, h)
     g = torch.Generator().manual_seed(0)
-    flat = torch.rand(c, e, generator=g).topk(k, -1).indices.reshape(-1)
-    order = torch.argsort(flat, stable=True)
-    xs, w = x.index_select(0, order // k), torch.rand(c * k)
-    pad = e * int(torch.bincount(flat, minlength=e).max())
-    t = _best(lambda: stream_experts(xs, flat, order, gate_up, down, w))
+    idx = torch.rand(c, e, generator=g).topk(k, -1).indices
+    flat, w = idx.reshape(-1), torch.rand(c, k)
+    with torch.inference_mode():
+        native = native_experts.applies(x, mod.gate_up_proj, mod.down_proj)
+        t = _best(lambda: mod(x, w, idx))
+    pad = native_experts.computed_rows(flat, e) if native else e * int(torch.bincount(flat, minlength=e).max())
     out["experts"] = {"flops": 2 * 3 * c * k * h * i * len(layers), "computed_flops": 2 * 3 * pad * h * i * len(layers),
                       "bytes": (3 * e * h * i + 2 * c * k * h) * BF16 * len(layers), "seconds": t * len(layers)}
-    del gate_up, down
+    del mod
     emb, hh, head_buffers = _rand(v, h, std=0.02), _rand(1, c, h), {}
     out["LM head"] = {"flops": 2 * c * h * v, "bytes": (v * h + c * h + c * v) * BF16,
                       "seconds": _best(lambda: raw_head(hh, emb, 30.0, head_buffers))}

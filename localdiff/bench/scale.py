@@ -91,13 +91,21 @@ def flops_per_step(text: dict, canvas: int = CANVAS, history: int = PROMPT, voca
 
 
 def expert_padding(text: dict, canvas: int = CANVAS, samples: int = 16) -> float:
-    """How many expert rows the bf16 stream kernel (:func:`localdiff.arch.layers.stream_experts`) computes per row
-    routed: experts × the largest group ÷ (canvas × top-k), the mean over ``samples`` uniform random routings (what
-    a random model's router gives). The reference's grouped_mm computes the routed rows only (factor 1)."""
+    """How many expert rows localdiff's bf16 experts compute per row routed, the mean over ``samples`` uniform random
+    routings (what a random model's router gives): with the native kernel (:mod:`localdiff.arch.native_experts`)
+    each expert's rows padded to its 16-row tile, else the stream kernel's
+    (:func:`localdiff.arch.layers.stream_experts`) experts × the largest group, ÷ (canvas × top-k). The reference's grouped_mm computes the routed rows only
+    (factor 1)."""
+    from localdiff.arch import native_experts
+
     g = torch.Generator().manual_seed(0)
     e, k = text["num_experts"], text["top_k_experts"]
-    f = [e * int(torch.bincount(torch.rand(canvas, e, generator=g).topk(k, -1).indices.reshape(-1),
-                                minlength=e).max()) / (canvas * k) for _ in range(samples)]
+    f = []
+    for _ in range(samples):
+        flat = torch.rand(canvas, e, generator=g).topk(k, -1).indices.reshape(-1)
+        rows = (native_experts.computed_rows(flat, e) if native_experts.library() is not None
+                else e * int(torch.bincount(flat, minlength=e).max()))
+        f.append(rows / (canvas * k))
     return sum(f) / len(f)
 
 
@@ -350,7 +358,8 @@ def render_md(sec: dict) -> list[str]:
                     f"{s['flops_per_step'] / 1e9:.1f} GFLOP per step ({s['flops_per_step_real_vocab'] / 1e9:.1f} at "
                     f"vocab 262,144, where at this hidden size the LM head + self-conditioning product are "
                     f"{s['vocab_share_real_vocab']:.0%}; the reference computes these, localdiff's bf16 experts "
-                    f"~{s.get('expert_padding', 1):.2f}× the routed rows (zero-padded groups, estimated for a uniform "
+                    f"~{s.get('expert_padding', 1):.2f}× the routed rows (zero-padded groups or 16-row tiles, "
+                    "estimated for a uniform "
                     "routing; the counted FLOPs below are what this model's routing gave): "
                     f"{s.get('flops_per_step_localdiff_bf16', s['flops_per_step']) / 1e9:.1f} GFLOP); "
                     "best localdiff ÷ best reference tokens/s: "

@@ -6,9 +6,10 @@ Counted with a ``TorchDispatchMode`` that applies torch's own FLOP formulas (``t
 plus formulas torch 2.13 has none for, written here: ``aten._grouped_mm`` (transformers' experts on CPU:
 2·rows·K·N over the rows its ``offs`` cover), ``aten._scaled_dot_product_flash_attention_for_cpu`` and
 ``aten.scaled_dot_product_attention`` (2·B·Hq·L·S·(D + Dv), every key of the mask computed, as the CPU kernel
-does), and ``aten.linear`` / ``aten.matmul`` (2·output elements·K), which under ``torch.inference_mode`` (localdiff's
-model code) reach the mode whole instead of as the ``mm`` / ``bmm`` they decompose into (never both). Each op is filed under a
-component by its shapes: a product with a vocabulary-sized side is the LM head (output V wide) or the
+does), ``localdiff.experts_bf16`` (the native experts: 2·3·H·I per row it computes, each expert's rows padded to
+its 16-row tile, :func:`localdiff.arch.native_experts.computed_rows`), and ``aten.linear`` / ``aten.matmul``
+(2·output elements·K), which under ``torch.inference_mode`` (localdiff's model code) reach the mode whole instead
+of as the ``mm`` / ``bmm`` they decompose into (never both). Each op is filed under a component by its shapes: a product with a vocabulary-sized side is the LM head (output V wide) or the
 self-conditioning product (reduction over V); a batched product over ``num_experts`` matrices (bmm) or a grouped
 one is the experts; attention kernels (and bmm over other batch sizes) are attention; every other product is
 "other linears" (q/k/v/o, dense MLPs, router, self-conditioning MLP).
@@ -20,6 +21,8 @@ from collections import defaultdict
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
+
+import localdiff.arch.native_experts  # noqa: F401 (registers torch.ops.localdiff.experts_bf16)
 
 aten = torch.ops.aten
 
@@ -41,10 +44,16 @@ def _matmul_flops(out, a, b, *rest, **kw) -> int:
     return 2 * out.numel() * a.shape[-1]
 
 
+def _native_experts_flops(out, x, flat, order, weights, gate_up, down, *rest, **kw) -> int:
+    from localdiff.arch.native_experts import computed_rows
+
+    return 2 * 3 * x.shape[1] * (gate_up.shape[1] // 2) * computed_rows(flat, gate_up.shape[0])
+
+
 # seen instead of their decomposition (mm / bmm) under torch.inference_mode, which localdiff's model code runs in
 _EXTRA = {aten._grouped_mm: _grouped_mm_flops, aten._scaled_dot_product_flash_attention_for_cpu: _attention_flops,
           aten.scaled_dot_product_attention: _attention_flops, aten.linear: _linear_flops,
-          aten.matmul: _matmul_flops}
+          aten.matmul: _matmul_flops, torch.ops.localdiff.experts_bf16: _native_experts_flops}
 _ATTENTION = {aten._scaled_dot_product_flash_attention_for_cpu, aten._scaled_dot_product_flash_attention,
               aten._scaled_dot_product_efficient_attention, aten._scaled_dot_product_cudnn_attention,
               aten.scaled_dot_product_attention}
@@ -79,7 +88,7 @@ class FlopCount(TorchDispatchMode):
     def _component(self, packet, args, out) -> str:
         if packet in _ATTENTION:
             return "attention scores"
-        if packet is aten._grouped_mm:
+        if packet in (aten._grouped_mm, torch.ops.localdiff.experts_bf16):
             return "experts"
         mats = [a for a in args if isinstance(a, torch.Tensor) and a.dim() >= 2]
         if packet in (aten.bmm, aten.baddbmm) or (packet is aten.matmul and min(m.dim() for m in mats) == 3):

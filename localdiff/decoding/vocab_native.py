@@ -1,5 +1,5 @@
 """The fused native vocab pass (``native_vocab.c``, issue #24): compiled on first use with the system C compiler
-(:mod:`localdiff.native_build`), loaded with ctypes; :class:`localdiff.decoding.vocab_pass.VocabPass` runs it and
+(:mod:`localdiff.native`), loaded with ctypes; :class:`localdiff.decoding.vocab_pass.VocabPass` runs it and
 keeps its torch passes as the fallback.
 
 Per row of logits: soft-capping ``cap·tanh(x/cap)``, ``/ temperature``, max and first argmax, ``exp``, ``Σe`` and
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from localdiff import native_build
+from localdiff import native
 from localdiff.errors import UsageError
 
 SOURCE = Path(__file__).with_name("native_vocab.c")
@@ -40,10 +40,10 @@ def choice() -> str:
     return v
 
 
-def build(cc: str, flags: tuple[str, ...] = native_build.FLAGS, out_dir: Path | None = None) -> Path:
-    """Compile ``native_vocab.c`` (:func:`localdiff.native_build.build`). Raises RuntimeError when the compiler
+def build(cc: str, flags: tuple[str, ...] = native.FLAGS, out_dir: Path | None = None) -> Path:
+    """Compile ``native_vocab.c`` (:func:`localdiff.native.build`). Raises RuntimeError when the compiler
     fails or times out."""
-    return native_build.build(SOURCE, "liblocaldiff_vocab.so", cc, flags, out_dir)
+    return native.build(SOURCE, "liblocaldiff_vocab.so", cc, flags, out_dir)
 
 
 def load(path: Path) -> ctypes.CDLL:
@@ -67,12 +67,12 @@ def library() -> ctypes.CDLL | None:
     if choice() == "torch":
         _STATUS = f"vocab pass: torch passes ({ENV}=torch)"
         return None
-    cc = native_build.compiler()
+    cc = native.compiler()
     if cc is None:
         _STATUS = "vocab pass: torch passes (no C compiler: cc / gcc / clang on PATH)"
         return None
     err = ""
-    for flags in (native_build.FLAGS, native_build.PORTABLE_FLAGS):
+    for flags in (native.FLAGS, native.PORTABLE_FLAGS):
         try:
             _LIB = load(build(cc, flags))
             width = _LIB.localdiff_vocab_vector_width()

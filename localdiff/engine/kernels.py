@@ -9,6 +9,7 @@ from torch import nn
 def describe(net: nn.Module) -> dict[str, str]:
     """name → one-line description of the kernels ``net`` runs (keys: dtype, device, weights (CPU), experts, int8,
     self_conditioning, sampler)."""
+    from localdiff.arch import native_experts
     from localdiff.arch.layers import MoEExperts
     from localdiff.quantize.int8 import Int8Experts, Int8Linear
 
@@ -26,9 +27,12 @@ def describe(net: nn.Module) -> dict[str, str]:
     experts = [m for m in mods if isinstance(m, MoEExperts)]
     if any(isinstance(m, Int8Experts) for m in experts):
         out["experts"] = "int8 weights, one int8 matmul per active expert"
+    elif experts and cpu and dtype == "bfloat16" and experts[0].kernel == "stream" and native_experts.library():
+        out["experts"] = (f"{native_experts.status()}: each expert's weights streamed once over its routed rows "
+                          "only, fp32 activation, slots summed in fp32")
     elif experts and cpu and dtype == "bfloat16" and experts[0].kernel == "stream":
-        out["experts"] = ("stream (zero-padded W·Xᵀ torch.bmm over all experts, routing weight folded into the "
-                          "activation; measured faster than grouped_mm in bf16)")
+        out["experts"] = (f"stream (zero-padded W·Xᵀ torch.bmm over all experts, routing weight folded into the "
+                          f"activation; measured faster than grouped_mm in bf16); {native_experts.status()}")
     elif experts and cpu:
         out["experts"] = "torch._grouped_mm over expert-sorted rows (bit-identical to the per-expert loop)"
     elif experts:

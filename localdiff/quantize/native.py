@@ -7,9 +7,8 @@ element converted to fp32 once and multiplied with all M rows (fused multiply-ad
 a small-M product reads ~1 byte per weight instead of casting the weight per call. No activation quantization: the
 result is ``dequantize(q, scale) @ xᵀ`` in fp32 up to the summation order.
 
-Build: ``$CC`` (else ``cc`` / ``gcc`` on PATH) ``-O3 -march=native -fPIC -shared`` (without ``-march=native`` when the
-compiler refuses it) into the user cache dir (``platformdirs.user_cache_dir("localdiff")/native``), keyed by the
-source's hash, the compiler's version line, the flags and the CPU's feature flags; a finished build is reused.
+Build: :mod:`localdiff.native` (``$CC -O3 -march=native -fPIC -shared``, without ``-march=native`` when the compiler
+refuses it, into the user cache, keyed by the source, compiler, flags and CPU flags; a finished build is reused).
 ``LOCALDIFF_NATIVE_INT8=fma`` keeps the FMA kernel where AMX would run.
 No compiler, a failed compile or ``LOCALDIFF_NATIVE_INT8=0`` → :func:`library` is None and :func:`status` says why in
 one line (the callers keep their torch kernels).
@@ -22,11 +21,12 @@ from pathlib import Path
 
 import torch
 
-from localdiff import native_build
+from localdiff import native as _native
+from localdiff.native import compiler as _compiler  # a module name here: tests patch it
 
 SOURCE = Path(__file__).with_name("native_int8.c")
 ENV = "LOCALDIFF_NATIVE_INT8"
-_FLAGS = native_build.FLAGS
+_FLAGS = _native.FLAGS
 
 #: most activation rows the native kernel is offered for (its AMX path's tile width; more rows are prefill, where
 #: the torch GEMMs win)
@@ -37,13 +37,18 @@ _HAS_AMX: dict = {}            # id(library) → bool
 _STATUS: str | None = None     # None = not tried yet
 
 
-_compiler = native_build.compiler
+def _cache_dir() -> Path:
+    return _native.cache_dir()
 
 
 def build(cc: str, flags: tuple[str, ...] = _FLAGS, out_dir: Path | None = None) -> Path:
-    """Compile ``native_int8.c`` with ``cc`` and ``flags`` (:func:`localdiff.native_build.build`: keyed cache folder
-    unless ``out_dir``, reused when built). Raises RuntimeError when the compiler fails or times out."""
-    return native_build.build(SOURCE, "liblocaldiff_int8.so", cc, flags, out_dir)
+    """Compile ``native_int8.c`` with ``cc`` and ``flags`` into ``out_dir`` (default: the keyed cache folder);
+    returns the shared library's path (:func:`localdiff.native.build`; an existing build of the same key is reused).
+
+    Raises:
+        RuntimeError: the compiler failed (message: its first error line) or timed out.
+    """
+    return _native.build(SOURCE, "liblocaldiff_int8.so", cc, flags, out_dir, cache=_cache_dir())
 
 
 def _load(path: Path) -> ctypes.CDLL:
@@ -67,27 +72,24 @@ def library() -> ctypes.CDLL | None:
     global _LIB, _STATUS
     if _STATUS is not None:
         return _LIB
-    if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+    if _native.switched_off(ENV):
         _STATUS = f"native int8 kernel off ({ENV}=0)"
         return None
     cc = _compiler()
     if cc is None:
         _STATUS = "native int8 kernel unavailable: no C compiler (cc / gcc / clang) on PATH"
         return None
-    err = ""
-    for flags in (_FLAGS, native_build.PORTABLE_FLAGS):
-        try:
-            _LIB = _load(build(cc, flags))
-            width = _LIB.localdiff_int8_vector_width()
-            amx = bool(os.environ.get(ENV, "").strip().lower() != "fma" and _LIB.localdiff_int8_has_amx())
-            _HAS_AMX[id(_LIB)] = amx
-            _STATUS = (f"native int8 kernel: {'AMX-INT8 tiles, ' if amx else ''}{width}-lane fp32 FMA "
-                       f"({Path(cc).name} {' '.join(flags[:2])})")
-            return _LIB
-        except (RuntimeError, OSError, AttributeError) as e:
-            err = str(e).splitlines()[0] if str(e) else type(e).__name__
-    _STATUS = f"native int8 kernel unavailable: {err}"
-    return None
+    try:
+        _LIB, flags = _native.load_first(lambda f: build(cc, f), _load)
+    except RuntimeError as e:
+        _STATUS = f"native int8 kernel unavailable: {e}"
+        return None
+    width = _LIB.localdiff_int8_vector_width()
+    amx = bool(os.environ.get(ENV, "").strip().lower() != "fma" and _LIB.localdiff_int8_has_amx())
+    _HAS_AMX[id(_LIB)] = amx
+    _STATUS = (f"native int8 kernel: {'AMX-INT8 tiles, ' if amx else ''}{width}-lane fp32 FMA "
+               f"({Path(cc).name} {' '.join(flags[:2])})")
+    return _LIB
 
 
 def has_amx() -> bool:

@@ -1,0 +1,115 @@
+"""Compile-on-first-use machinery shared by localdiff's native C kernels (``localdiff/quantize/native_int8.c``,
+``localdiff/arch/native_experts.c``, ``localdiff/decoding/native_vocab.c``): find the system C compiler, build a
+source into a shared library in the user cache, keyed so a finished build is reused, and load the first flag set
+that compiles.
+
+Build: ``$CC`` (else ``cc`` / ``gcc`` / ``clang`` on PATH) ``-O3 -march=native -fPIC -shared`` (without
+``-march=native`` when the compiler refuses it) into ``platformdirs.user_cache_dir("localdiff")/native/<key>``, the
+key hashing the source text, the compiler's path and version line, the flags and the CPU's feature flags.
+Failures are RuntimeError with one line (the compiler's first error line); the callers turn them into a status line
+and keep their torch kernels.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+FLAGS = ("-O3", "-march=native", "-fPIC", "-shared")
+#: the fallback flag set: the same without ``-march=native`` (a compiler that refuses it; a portable build)
+PORTABLE_FLAGS = tuple(f for f in FLAGS if f != "-march=native")
+OFF = ("0", "false", "no", "off")
+
+
+def compiler() -> str | None:
+    """Path of the C compiler to use: ``$CC`` when it resolves, else cc / gcc / clang on PATH; None when none."""
+    cc = os.environ.get("CC")
+    if cc and shutil.which(cc):
+        return shutil.which(cc)
+    return shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+
+
+def cpu_flags() -> str:
+    """The CPU's feature-flag line from /proc/cpuinfo (else platform strings): part of the build key."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() + platform.machine()
+
+
+def cache_dir() -> Path:
+    """``user_cache_dir("localdiff")/native``: where builds live."""
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("localdiff")) / "native"
+
+
+def switched_off(env: str) -> bool:
+    """Whether the environment variable ``env`` says 0 / false / no / off."""
+    return os.environ.get(env, "1").strip().lower() in OFF
+
+
+def build(source: Path, lib_name: str, cc: str, flags: tuple[str, ...] = FLAGS, out_dir: Path | None = None,
+          cache: Path | None = None) -> Path:
+    """Compile ``source`` with ``cc`` and ``flags`` into ``out_dir/lib_name`` (default: the keyed folder under
+    ``cache``, itself defaulting to :func:`cache_dir`); returns the library's path (an existing build of the same key
+    is reused; the file appears atomically, so concurrent processes see a whole library or none).
+
+    Raises:
+        RuntimeError: the compiler failed (message: its first error line) or timed out.
+    """
+    try:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise RuntimeError(f"{cc} --version failed: {e}") from None
+    version = version.splitlines()[0] if version else cc
+    key = hashlib.sha256("\n".join([source.read_text(), cc, version, " ".join(flags), cpu_flags()]).encode())
+    out_dir = out_dir or (cache or cache_dir()) / key.hexdigest()[:16]
+    lib = out_dir / lib_name
+    if lib.is_file():
+        return lib
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
+    os.close(fd)
+    try:
+        r = subprocess.run([cc, *flags, "-o", tmp, str(source), "-lpthread", "-lm"], capture_output=True, text=True,
+                           timeout=300)
+        if r.returncode != 0:
+            err = next((ln for ln in r.stderr.splitlines() if "error" in ln), r.stderr.strip()[:200] or "failed")
+            raise RuntimeError(f"{Path(cc).name} {' '.join(flags)}: {err.strip()}")
+        os.replace(tmp, lib)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"{Path(cc).name} timed out") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return lib
+
+
+def load_first(builder: Callable[[tuple[str, ...]], Path], loader: Callable[[Path], ctypes.CDLL]
+               ) -> tuple[ctypes.CDLL, tuple[str, ...]]:
+    """Build and load with :data:`FLAGS`, else without ``-march=native``; returns (library, the flags used).
+
+    Args:
+        builder: flags → library path (usually :func:`build` with its other arguments bound).
+        loader: path → the loaded library with its ctypes signatures set (may raise OSError / AttributeError).
+    Raises:
+        RuntimeError: neither flag set gave a loadable library (message: the last error's first line).
+    """
+    err = ""
+    for flags in (FLAGS, PORTABLE_FLAGS):
+        try:
+            return loader(builder(flags)), flags
+        except (RuntimeError, OSError, AttributeError) as e:
+            err = str(e).splitlines()[0] if str(e) else type(e).__name__
+    raise RuntimeError(err)

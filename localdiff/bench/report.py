@@ -166,8 +166,9 @@ def _own_md(name: str):
 def render(res: dict) -> str:
     """Markdown for a results dict (sections that did not run are listed with their reason)."""
     env = res["environment"]
+    n = env["threads"]
     lines = [f"## `localdiff bench{' --quick' if res['quick'] else ''}` results", "",
-             f"{env['date']} · torch {env['torch']} · {env['threads']} threads (torch.set_num_threads) · "
+             f"{env['date']} · torch {env['torch']} · {n} thread{'s' if n != 1 else ''} (torch.set_num_threads) · "
              f"{env['cpu']} · device {env['device']} · duration {res['duration_s']:.0f} s", ""]
     load, cores = env.get("load_average_1min"), env.get("cpu_count") or 1
     if load is not None and load > 0.75 * cores:

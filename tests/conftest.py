@@ -51,3 +51,17 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def broken_cc(monkeypatch, tmp_path):
+    """$CC set to a compiler that always fails ("cc: error: something broke"), and the native kernels' build cache
+    (:func:`localdiff.native.cache_dir`) in ``tmp_path``, so no cached library is found: for the fallback tests."""
+    from localdiff import native
+
+    bad = tmp_path / "cc"
+    bad.write_text("#!/bin/sh\necho 'cc: error: something broke' >&2\nexit 1\n")
+    bad.chmod(0o755)
+    monkeypatch.setenv("CC", str(bad))
+    monkeypatch.setattr(native, "cache_dir", lambda: tmp_path / "cache")
+    return bad

@@ -106,12 +106,7 @@ def test_no_compiler_falls_back(fresh):
     assert "\n" not in kernel_summary() and kernel_summary().startswith("native int8 kernel unavailable")
 
 
-def test_failed_compile_falls_back(fresh, tmp_path):
-    bad = tmp_path / "cc"
-    bad.write_text("#!/bin/sh\necho 'cc: error: something broke' >&2\nexit 1\n")
-    bad.chmod(0o755)
-    fresh.setenv("CC", str(bad))
-    fresh.setattr(native, "_cache_dir", lambda: tmp_path / "cache")
+def test_failed_compile_falls_back(broken_cc, fresh):
     assert native.library() is None
     assert native.status().startswith("native int8 kernel unavailable: cc ") and "something broke" in native.status()
 

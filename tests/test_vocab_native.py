@@ -170,12 +170,7 @@ def test_switch_is_validated_and_forces_the_torch_passes(monkeypatch):
         vocab_native.reset()
 
 
-def test_failed_compile_falls_back_to_the_torch_passes(monkeypatch, tmp_path):
-    bad = tmp_path / "cc"
-    bad.write_text("#!/bin/sh\necho 'cc: error: something broke' >&2\nexit 1\n")
-    bad.chmod(0o755)
-    monkeypatch.setenv("CC", str(bad))
-    monkeypatch.setattr(native, "cache_dir", lambda: tmp_path / "cache")
+def test_failed_compile_falls_back_to_the_torch_passes(broken_cc):
     vocab_native.reset()
     try:
         assert vocab_native.library() is None and "something broke" in vocab_native.status()

@@ -100,6 +100,7 @@ CASES = [
      "--system is not valid UTF-8 (byte 0x9b)"),
     ("missing prompt file", ["gen", "-f", "{tmp}/nope.txt"], None, {}, 2, "cannot read prompt file"),
     ("non-UTF-8 prompt file", ["gen", "-f", "{tmp}/latin1.txt"], None, {}, 2, "is not valid UTF-8"),
+    ("endless prompt file", ["gen", "-f", "/dev/zero"], None, {}, 2, "prompt file /dev/zero is over 64 MiB"),
     ("-p and words", ["gen", "-p", "a", "b"], None, {}, 2, "either with -p or as words"),
     ("prompt longer than context", ["gen", "-m", "{ckpt}", "--raw", "-p", LONG], None, {}, 2,
      "exceeds the model's context"),
@@ -301,10 +302,16 @@ def test_quantize_refusal_leaves_the_folder_untouched(broken, isolated, ckpt, ca
     assert {p.name: p.stat().st_mtime_ns for p in broken["nonempty_out"].iterdir()} == before
 
 
-def test_stdout_closed_is_one_clear_line(ckpt, tmp_path):
+def _sub_env(tmp_path) -> dict:
+    """A subprocess environment without the user's LOCALDIFF_* / HF_* settings, config and caches in tmp_path."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LOCALDIFF_", "HF_"))}
     env.update(LOCALDIFF_CONFIG=str(tmp_path / "c.toml"), HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1",
                PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
+    return env
+
+
+def test_stdout_closed_is_one_clear_line(ckpt, tmp_path):
+    env = _sub_env(tmp_path)
     cmd = f"exec {sys.executable} -m localdiff gen -m {ckpt} -p x >&-"
     r = subprocess.run(["bash", "-c", cmd], capture_output=True, env=env, cwd=ROOT, timeout=120,
                        stdin=subprocess.DEVNULL, text=True)
@@ -312,12 +319,18 @@ def test_stdout_closed_is_one_clear_line(ckpt, tmp_path):
     assert r.stderr.startswith("error: stdout is closed") and "internal error" not in r.stderr
 
 
+def test_an_endless_stdin_is_one_clear_line(ckpt, tmp_path):
+    """(`yes | localdiff gen` and `-f /dev/zero` read forever, growing memory)"""
+    env = _sub_env(tmp_path)
+    cmd = f"exec </dev/zero {sys.executable} -m localdiff gen -m {ckpt} -p x"
+    r = subprocess.run(["bash", "-c", cmd], capture_output=True, env=env, cwd=ROOT, timeout=120, text=True)
+    assert r.returncode == 2 and r.stderr == "error: stdin is over 64 MiB, far past any model's context\n", r.stderr
+
+
 def test_a_stdin_pipe_that_stays_open_is_announced_after_a_second(ckpt, tmp_path):
     import time
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOCALDIFF_", "HF_"))}
-    env.update(LOCALDIFF_CONFIG=str(tmp_path / "c.toml"), HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1",
-               PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
+    env = _sub_env(tmp_path)
     proc = subprocess.Popen([sys.executable, "-m", "localdiff", "gen", "-m", str(ckpt), "--raw", "-p", "x", "-n", "8"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT)
     try:
@@ -344,9 +357,7 @@ def test_a_stdin_pipe_that_stays_open_is_announced_after_a_second(ckpt, tmp_path
     (["gen", "-m", "{broken:corrupt_config}", "-p", "x"], b"", 1),
 ], ids=["invalid-utf8-stdin", "bad-flag", "corrupt-config"])
 def test_bad_inputs_as_subprocess(argv, stdin, code, ckpt, broken, tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOCALDIFF_", "HF_"))}
-    env.update(LOCALDIFF_CONFIG=str(tmp_path / "c.toml"), HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1",
-               PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
+    env = _sub_env(tmp_path)
     r = subprocess.run([sys.executable, "-m", "localdiff", *_fill(argv, ckpt, broken, tmp_path)], input=stdin,
                        capture_output=True, env=env, cwd=ROOT, timeout=120)
     assert r.returncode == code
@@ -365,9 +376,7 @@ def test_config_path_answers_with_an_invalid_config_file(isolated, capsys):
 @pytest.mark.parametrize("argv", [["gen", "-m", "{ckpt}", "-p", "x", "-n", "8"], ["list"]], ids=["gen", "list"])
 def test_a_full_output_device_is_one_line(argv, ckpt, broken, tmp_path):
     """(`>/dev/full` was "internal error: OSError: [Errno 28] ...")"""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOCALDIFF_", "HF_"))}
-    env.update(LOCALDIFF_CONFIG=str(tmp_path / "c.toml"), HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1",
-               PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
+    env = _sub_env(tmp_path)
     with open("/dev/full", "w") as full:
         r = subprocess.run([sys.executable, "-m", "localdiff", *_fill(argv, ckpt, broken, tmp_path)], stdout=full,
                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env, cwd=ROOT, timeout=120, text=True)

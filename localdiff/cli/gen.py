@@ -30,6 +30,11 @@ def _decode(data: bytes, where: str) -> str:
         raise UsageError(f"{where} is not valid UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start})") from None
 
 
+#: most bytes of prompt read from -f FILE or stdin (64 MiB: ~16M tokens, past every model's context; bounds a
+#: device such as /dev/zero or an endless pipe, which read forever)
+MAX_PROMPT_BYTES = 64 << 20
+
+
 def read_stdin() -> str | None:
     """Piped stdin as text, or None when stdin is a terminal / closed (never blocks on a terminal).
 
@@ -70,7 +75,7 @@ def _read_fd_noting_waits(stream) -> bytes | None:
         return None
     if os.name == "nt":  # pragma: no cover — select() works on sockets only there
         return None
-    chunks, noted = [], False
+    chunks, noted, total = [], False, 0
     while True:
         ready, _, _ = select.select([fd], [], [], STDIN_NOTE_AFTER_S)
         if not ready:
@@ -84,6 +89,9 @@ def _read_fd_noting_waits(stream) -> bytes | None:
         if not chunk:
             return b"".join(chunks)
         chunks.append(chunk)
+        total += len(chunk)
+        if total > MAX_PROMPT_BYTES:
+            raise UsageError(_too_long("stdin"))
 
 
 def _read_file(path: str) -> str:
@@ -94,10 +102,16 @@ def _read_file(path: str) -> str:
         return text
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            data = f.read(MAX_PROMPT_BYTES + 1)
     except OSError as e:
         raise UsageError(f"cannot read prompt file {path}: {e.strerror or e}") from None
+    if len(data) > MAX_PROMPT_BYTES:
+        raise UsageError(_too_long(f"prompt file {path}"))
     return _decode(data, f"prompt file {path}")
+
+
+def _too_long(what: str) -> str:
+    return f"{what} is over {MAX_PROMPT_BYTES >> 20} MiB, far past any model's context"
 
 
 def assemble_prompt(args) -> str:

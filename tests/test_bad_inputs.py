@@ -101,6 +101,8 @@ CASES = [
     ("missing prompt file", ["gen", "-f", "{tmp}/nope.txt"], None, {}, 2, "cannot read prompt file"),
     ("non-UTF-8 prompt file", ["gen", "-f", "{tmp}/latin1.txt"], None, {}, 2, "is not valid UTF-8"),
     ("endless prompt file", ["gen", "-f", "/dev/zero"], None, {}, 2, "prompt file /dev/zero is over 64 MiB"),
+    ("quiet and verbose", ["gen", "-q", "-v", "-p", "x"], None, {}, 2, "-v/--verbose: not allowed with"),
+    ("chat list and resume", ["chat", "--list", "--resume", "x"], None, {}, 2, "--resume: not allowed with"),
     ("-p and words", ["gen", "-p", "a", "b"], None, {}, 2, "either with -p or as words"),
     ("prompt longer than context", ["gen", "-m", "{ckpt}", "--raw", "-p", LONG], None, {}, 2,
      "exceeds the model's context"),

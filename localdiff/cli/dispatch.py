@@ -86,8 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--raw-bytes", action="store_true",
                    help="write the model's text exactly, control characters included, when stdout is not a "
                         "terminal (default: they are shown as visible symbols, e.g. ESC as ␛)")
-    g.add_argument("-q", "--quiet", action="store_true", help="no stats line on stderr (shown on a terminal)")
-    g.add_argument("-v", "--verbose", action="store_true",
+    talk = g.add_mutually_exclusive_group()
+    talk.add_argument("-q", "--quiet", action="store_true", help="no stats line on stderr (shown on a terminal)")
+    talk.add_argument("-v", "--verbose", action="store_true",
                    help="stats and KV-cache accounting (device/host bytes, blocks moved, prefill computed vs "
                         "reused) on stderr, terminal or not")
     g.add_argument("--dtype", choices=["float32", "bfloat16"],
@@ -100,8 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("chat", help="interactive chat that shows the canvas denoising (terminal UI)")
     c.add_argument("-m", "--model", help="model to start with (default: config's default_model)")
-    c.add_argument("--resume", nargs="?", const="last", metavar="ID", help="resume a conversation (default: last)")
-    c.add_argument("--list", dest="list_only", action="store_true", help="list saved conversations and exit")
+    which = c.add_mutually_exclusive_group()
+    which.add_argument("--resume", nargs="?", const="last", metavar="ID",
+                       help="resume a conversation (default: last)")
+    which.add_argument("--list", dest="list_only", action="store_true", help="list saved conversations and exit")
     _add_endpoint(c)
     _add_sampler(c)
     _add_common(c)

@@ -250,3 +250,12 @@ def test_show_gpu_mem_implies_the_plan(capsys):
     """(a budget without --plan was accepted and ignored)"""
     assert main(["show", "diffusiongemma:26b-a4b", "--gpu-mem", "24GiB"]) == 0
     assert "Memory plan for a 24.00 GiB device" in capsys.readouterr().out
+
+
+def test_list_and_config_do_not_import_torch(tmp_path):
+    """(every command imported torch through the option schema: ~1 s before `list` printed anything)"""
+    code = ("import sys; from localdiff.cli import main; rc = main(['list']) or main(['config', 'path']); "
+            "print(rc, 'torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], env=cli_env(tmp_path), capture_output=True, text=True,
+                       timeout=120, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0 and r.stdout.rstrip().splitlines()[-1] == "0 False", (r.stdout, r.stderr)

@@ -89,3 +89,17 @@ def _write(tmp_path, name, bad):
     f = tmp_path / f"bad-{name}.toml"
     f.write_text(f'[sampler]\n{name} = "{bad}"\n')
     return f
+
+
+def test_a_single_temperature_is_constant():
+    """`--temperature T` (or a request's `temperature`) is a constant T, as README says: it set only the first
+    step's temperature, so any T below the default t_min 0.4 was refused (the server's suggested 0.1 included)."""
+    cls = POLICIES["canvas_eb"]
+    o = cls.build({"t_min": 0.4, "t_max": 0.8, "temperature": "0.1"}, {"temperature": "--temperature"})
+    assert (o.t_max, o.t_min) == (0.1, 0.1)
+    o = cls.build({"t_max": "0.5:0.2"}, {"t_max": "--temperature"})
+    assert (o.t_max, o.t_min) == (0.5, 0.2)
+    o = cls.build({"t_max": "0.5", "t_min": "0.2"}, {"t_max": "--temperature", "t_min": "--t-min"})
+    assert (o.t_max, o.t_min) == (0.5, 0.2)
+    o = cls.build({"t_min": 0.4, "t_max": 0.8})                      # checkpoint defaults: the schedule stays
+    assert (o.t_max, o.t_min) == (0.8, 0.4)

@@ -163,8 +163,9 @@ class Options:
     @classmethod
     def build(cls, values: Mapping[str, Any], typed: Mapping[str, str] | None = None) -> "Options":
         """Validate and build. ``values``: option name or alias → value (a Python value or a string; for an option
-        with ``pair_of``, "A:B" also sets the paired option to B); ``typed``: key → what the user typed (for
-        messages; default: the key itself).
+        with ``pair_of``, "A:B" also sets the paired option to B, and a single value A typed by the user — a key of
+        ``typed`` — sets both to A unless the paired option is typed too: ``--temperature 0.3`` is a constant 0.3);
+        ``typed``: key → what the user typed (for messages; default: the key itself).
 
         Raises:
             UsageError: unknown option (or one of another family's decoder), bad value, or a combination
@@ -173,7 +174,7 @@ class Options:
         typed_in = dict(typed or {})
         known = {s.name: s for s in cls.specs()}
         alias = cls.aliases()
-        out, typed_out = {}, {}
+        out, typed_out, constant = {}, {}, {}
         for key, v in values.items():
             name = key if key in known else alias.get(key)
             shown = typed_in.get(key, key)
@@ -188,9 +189,15 @@ class Options:
                 if key in typed_in:
                     typed_out[spec.pair_of] = shown
                 v = first
+            elif spec.pair_of and key in typed_in:
+                constant[spec.pair_of] = (v, shown)
             out[name] = spec.coerce(v, shown)
             if key in typed_in:                  # what the user typed (not checkpoint defaults): named in messages
                 typed_out[name] = shown
+        for pair, (v, shown) in constant.items():   # a single value typed for a pair: constant (A = B)
+            if pair not in typed_out:                  # unless the user set the pair itself too
+                out[pair] = known[pair].coerce(v, shown)
+                typed_out[pair] = shown
         obj = cls(**out)
         obj.check(typed_out)
         return obj

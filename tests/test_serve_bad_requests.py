@@ -25,6 +25,10 @@ CORPUS = [
     (CHAT, {"model": "tiny", "messages": [{"role": "assistant", "content": "x"}]}, 400),
     (CHAT, {"model": "tiny", "messages": [{"role": "user", "content": "   "}]}, 400),   # empty prompt
     (CHAT, {"model": 7, "messages": OK}, 400),
+    (CHAT, b'{"model": "tiny", "messages": [{"role": "user", "content": "2 \\ud800 + 58?"}]}', 400),  # lone surrogate
+    (CHAT, b'{"model": "tiny\\ud800", "messages": [{"role": "user", "content": "hi"}]}', 400),
+    (CHAT, {"model": "tiny", "messages": [{"role": "user", "content": "x", "bogus": 1}]}, 400),
+    (OCHAT, {"model": "tiny", "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}, 400),
     (CHAT, {"model": "no-such-model", "messages": OK}, 404),
     (CHAT, {"model": "nobody/nothing", "messages": OK}, 404),
     (CHAT, {"model": "tiny", "messages": OK, "max_tokens": -5}, 400),

@@ -48,7 +48,9 @@ def check_key(api_key: str | None, authorization: str, x_api_key: str) -> None:
 
 
 def parse_json(raw: bytes) -> dict:
-    """A request body → a JSON object. Raises ApiError(400): empty, not UTF-8 / JSON, or not an object."""
+    """A request body → a JSON object. Raises ApiError(400): empty, not UTF-8 / JSON, not an object, or a string with
+    an unpaired surrogate escape such as ``"\\ud800"`` (JSON allows it, but it is no Unicode text: the tokenizer and
+    the log cannot encode it)."""
     if not raw.strip():
         raise bad_request("empty request body: send a JSON object")
     try:
@@ -57,6 +59,12 @@ def parse_json(raw: bytes) -> dict:
         raise bad_request(f"request body is not valid JSON ({type(e).__name__}: {str(e)[:80]})") from None
     if not isinstance(body, dict):
         raise bad_request("request body must be a JSON object")
+    if b"\\ud" in raw or b"\\uD" in raw:        # only an escape can carry a lone surrogate (raw is UTF-8)
+        try:
+            json.dumps(body, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise bad_request("request body has an unpaired UTF-16 surrogate escape (e.g. \\ud800): "
+                              "not Unicode text") from None
     return body
 
 

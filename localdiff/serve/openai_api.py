@@ -84,8 +84,9 @@ def _common(body: dict, prompt, chat: bool) -> GenRequest:
 def parse_messages(messages, param: str = "messages") -> list[dict]:
     """Chat messages → [{"role", "content": str}]; content may be a string or a list of text parts.
 
-    Raises ApiError(400): missing / empty list, unknown role, non-text content, a last message that is not the
-    user's (or a tool result).
+    Raises ApiError(400): missing / empty list, unknown role, non-text content, a field other than role and content
+    (Ollama's ``images``, ``name``, ``tool_calls``: never dropped silently), a last message that is not the user's
+    (or a tool result).
     """
     if messages is None:
         raise bad_request(f"'{param}' is required", param=param)
@@ -96,6 +97,11 @@ def parse_messages(messages, param: str = "messages") -> list[dict]:
         where = f"{param}[{i}]"
         if not isinstance(m, dict):
             raise bad_request(f"'{where}' must be an object with 'role' and 'content'", param=where)
+        extra = sorted(set(m) - {"role", "content"})
+        if extra:
+            what = ("images are not supported" if "images" in extra else
+                    "fields other than 'role' and 'content' are not supported")
+            raise bad_request(f"'{where}.{extra[0]}': {what}", param=f"{where}.{extra[0]}")
         role = m.get("role")
         if role == "developer":
             role = "system"

@@ -103,3 +103,14 @@ def test_a_single_temperature_is_constant():
     assert (o.t_max, o.t_min) == (0.5, 0.2)
     o = cls.build({"t_min": 0.4, "t_max": 0.8})                      # checkpoint defaults: the schedule stays
     assert (o.t_max, o.t_min) == (0.8, 0.4)
+
+
+def test_check_overrides_before_a_model_is_known():
+    """chat / serve check their sampler flags at start (they were accepted and failed on every message/request)."""
+    from localdiff.decoding.options import check_overrides
+
+    check_overrides({"steps": "4", "temperature": "0.3", "threshold": "0.9", "max_new_tokens": 8})
+    for bad, flag in (({"steps": "0"}, "--steps"), ({"temperature": "1:2:3"}, "--temperature"),
+                      ({"entropy_bound": "-1"}, "--entropy-bound"), ({"threshold": "2"}, "--threshold")):
+        with pytest.raises(UsageError, match=flag):
+            check_overrides(bad, {k: flag for k in bad})

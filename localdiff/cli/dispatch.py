@@ -253,7 +253,7 @@ def _dispatch(args, argv) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``localdiff`` console script. Returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in argv or os.environ.get("LOCALDIFF_DEBUG", "") not in ("", "0")
+    debug = "--debug" in argv or os.environ.get("LOCALDIFF_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
     try:
         if sys.stdout is None:  # started with stdout closed (`>&-`): Python sets sys.stdout to None
             raise LocaldiffError("stdout is closed; redirect it to a file or to /dev/null (e.g. `>/dev/null`) "

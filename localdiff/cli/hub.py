@@ -297,6 +297,10 @@ def run_chat_cmd(args) -> int:
     gpu_mem = _size(args.gpu_mem, "--gpu-mem")
 
     options = sampler_overrides(_flags(args), cfg)
+    from localdiff.cli.gen import flag_names
+    from localdiff.decoding.options import check_overrides
+
+    check_overrides(options, flag_names(_flags(args)))   # bad values were accepted and failed inside the chat
     for key in ("max_new_tokens", "seed"):  # flag > env > config file; chat-session settings (/set changes them)
         if getattr(cfg, key) is not None:
             options[key] = getattr(cfg, key)

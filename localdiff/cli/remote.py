@@ -115,6 +115,10 @@ def run_serve(args) -> int:
     cfg = with_flags(load_user_config(), model=args.model, device=args.device, quant=args.quant,
                      threads=args.threads)
     sampler = sampler_overrides(_flags(args), cfg)
+    from localdiff.cli.gen import flag_names
+    from localdiff.decoding.options import check_overrides
+
+    check_overrides(sampler, flag_names(_flags(args)))  # bad values were accepted and failed on every request
     max_body = _size(args.max_body, "--max-body")
     if max_body == 0:   # was silently the 1 MiB default
         raise UsageError(f"--max-body must be > 0 (got {args.max_body!r}; the default is 1MiB)")

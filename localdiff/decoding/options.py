@@ -21,6 +21,7 @@ from localdiff.decoding.options_masked import DreamOptions, LLaDAOptions
 from localdiff.decoding.options_slots import RefusionOptions
 from localdiff.decoding.options_nap import NAPOptions
 from localdiff.decoding.schema import ALIASES, POLICIES, Options, OptionSpec, opt, unknown_option  # noqa: F401
+from localdiff.errors import UsageError
 
 __all__ = ["CanvasEBOptions", "DreamOptions", "LLaDAOptions", "SDAROptions", "FastDLLMv2Options", "Options",
            "OptionSpec", "opt", "POLICIES", "FAMILY_POLICY", "MODEL_POLICY", "ALIASES", "unknown_option"]
@@ -118,3 +119,29 @@ def resolve_for(word: str, names) -> str:
                 if s.name in names and w in s.aliases:
                     return s.name
     return ALIASES.get(w, w)
+
+
+def check_overrides(options: dict, typed: dict | None = None) -> None:
+    """Check each user-set decoder option alone before any model is chosen (``chat`` / ``serve`` start: the model,
+    hence its decoder, is known only later): a key passes when at least one decoder that has it accepts its value.
+    Cross-option rules wait for the model (``Model.sampler_options``).
+
+    Args:
+        options: option name or alias → value (as from ``localdiff.config.sampler_overrides``); other keys (e.g.
+            ``max_new_tokens``, ``seed``) are skipped.
+        typed: key → what the user typed (for the message), e.g. "--steps".
+    Raises:
+        UsageError: the first key no decoder accepts (that decoder's message).
+    """
+    for key, value in options.items():
+        classes = [c for c in POLICIES.values() if key in c.names() or key in c.aliases()]
+        first = None
+        for cls in classes:
+            try:
+                cls.build({key: value}, {key: (typed or {}).get(key, key)})
+                first = None
+                break
+            except UsageError as e:
+                first = first or e
+        if first is not None:
+            raise first

@@ -201,7 +201,7 @@ def test_switch_off_and_bad_value(fresh):
 
 
 def test_no_compiler_keeps_the_torch_path(fresh):
-    from localdiff import native
+    from localdiff.arch import native_build as native
 
     fresh.setattr(native, "compiler", lambda: None)
     assert ne.library() is None

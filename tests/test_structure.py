@@ -100,3 +100,12 @@ def test_files_stay_under_about_400_lines():
     big = [f"{p.relative_to(PKG.parent)} ({n})" for p in PKG.rglob("*.py")
            if (n := len(p.read_text(encoding="utf-8").splitlines())) > 400]
     assert not big, big
+
+
+def test_arch_imports_only_arch_errors_units():
+    """The positive form of arch's rule (the blacklist above let a new top-level module slip in)."""
+    graph = _imports(_modules())
+    allowed = {"localdiff.errors", "localdiff.units"}
+    bad = {m: sorted(d for d in deps if not d.startswith("localdiff.arch") and d not in allowed)
+           for m, deps in graph.items() if m.startswith("localdiff.arch")}
+    assert not {m: d for m, d in bad.items() if d}, bad

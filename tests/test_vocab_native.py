@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from localdiff import native
+from localdiff.arch import native_build as native
 from localdiff.arch.soft_embedding import RawLogits
 from localdiff.decoding import vocab_native
 from localdiff.decoding.vocab_pass import VocabPass

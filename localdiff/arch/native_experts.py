@@ -1,5 +1,5 @@
 """The native bf16 MoE experts (``native_experts.c``): the routed experts' gated FFN, weighting and sum over the
-top-k slots in one call, compiled on first use (:mod:`localdiff.native`) and loaded with ctypes.
+top-k slots in one call, compiled on first use (:mod:`localdiff.arch.native_build`) and loaded with ctypes.
 
 Why: a canvas of 256 tokens with top-8 of 128 experts gives each expert ~16 rows, so a step reads every expert's
 weights once for a few rows (weight-bandwidth-bound). The torch path (:func:`localdiff.arch.layers.stream_experts`)
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from localdiff import native as _native
+from localdiff.arch import native_build as _native
 
 SOURCE = Path(__file__).with_name("native_experts.c")
 ENV = "LOCALDIFF_NATIVE_EXPERTS"

@@ -1,5 +1,5 @@
 """The fused native vocab pass (``native_vocab.c``, issue #24): compiled on first use with the system C compiler
-(:mod:`localdiff.native`), loaded with ctypes; :class:`localdiff.decoding.vocab_pass.VocabPass` runs it and
+(:mod:`localdiff.arch.native_build`), loaded with ctypes; :class:`localdiff.decoding.vocab_pass.VocabPass` runs it and
 keeps its torch passes as the fallback.
 
 Per row of logits: soft-capping ``cap·tanh(x/cap)``, ``/ temperature``, max and first argmax, ``exp``, ``Σe`` and
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from localdiff import native
+from localdiff.arch import native_build as native
 from localdiff.errors import UsageError
 
 SOURCE = Path(__file__).with_name("native_vocab.c")
@@ -41,7 +41,7 @@ def choice() -> str:
 
 
 def build(cc: str, flags: tuple[str, ...] = native.FLAGS, out_dir: Path | None = None) -> Path:
-    """Compile ``native_vocab.c`` (:func:`localdiff.native.build`). Raises RuntimeError when the compiler
+    """Compile ``native_vocab.c`` (:func:`localdiff.arch.native_build.build`). Raises RuntimeError when the compiler
     fails or times out."""
     return native.build(SOURCE, "liblocaldiff_vocab.so", cc, flags, out_dir)
 

@@ -7,7 +7,7 @@ element converted to fp32 once and multiplied with all M rows (fused multiply-ad
 a small-M product reads ~1 byte per weight instead of casting the weight per call. No activation quantization: the
 result is ``dequantize(q, scale) @ xᵀ`` in fp32 up to the summation order.
 
-Build: :mod:`localdiff.native` (``$CC -O3 -march=native -fPIC -shared``, without ``-march=native`` when the compiler
+Build: :mod:`localdiff.arch.native_build` (``$CC -O3 -march=native -fPIC -shared``, without ``-march=native`` when the compiler
 refuses it, into the user cache, keyed by the source, compiler, flags and CPU flags; a finished build is reused).
 ``LOCALDIFF_NATIVE_INT8=fma`` keeps the FMA kernel where AMX would run.
 No compiler, a failed compile or ``LOCALDIFF_NATIVE_INT8=0`` → :func:`library` is None and :func:`status` says why in
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from localdiff import native as _native
-from localdiff.native import compiler as _compiler  # a module name here: tests patch it
+from localdiff.arch import native_build as _native
+from localdiff.arch.native_build import compiler as _compiler  # a module name here: tests patch it
 
 SOURCE = Path(__file__).with_name("native_int8.c")
 ENV = "LOCALDIFF_NATIVE_INT8"
@@ -43,7 +43,7 @@ def _cache_dir() -> Path:
 
 def build(cc: str, flags: tuple[str, ...] = _FLAGS, out_dir: Path | None = None) -> Path:
     """Compile ``native_int8.c`` with ``cc`` and ``flags`` into ``out_dir`` (default: the keyed cache folder);
-    returns the shared library's path (:func:`localdiff.native.build`; an existing build of the same key is reused).
+    returns the shared library's path (:func:`localdiff.arch.native_build.build`; an existing build of the same key is reused).
 
     Raises:
         RuntimeError: the compiler failed (message: its first error line) or timed out.

@@ -3,6 +3,9 @@
 source into a shared library in the user cache, keyed so a finished build is reused, and load the first flag set
 that compiles.
 
+It lives in ``arch``, the lowest layer, so that every kernel loader may import it (``arch`` imports only arch /
+errors / units: tests/test_structure.py); it imports no localdiff module.
+
 Build: ``$CC`` (else ``cc`` / ``gcc`` / ``clang`` on PATH) ``-O3 -march=native -fPIC -shared`` (without
 ``-march=native`` when the compiler refuses it) into ``platformdirs.user_cache_dir("localdiff")/native/<key>``, the
 key hashing the source text, the compiler's path and version line, the flags and the CPU's feature flags.

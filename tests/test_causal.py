@@ -54,7 +54,8 @@ def test_cached_passes_equal_the_full_pass_and_features_are_transformers_hidden_
         lg, f = ours.prefill(ids[:, a:b], cache, layers=[0, 2, len(ours.layers) - 1])
         parts.append(lg)
         feats.append(f)
-    torch.testing.assert_close(torch.cat(parts, 1), full, rtol=0, atol=1e-5)
+    # cached blocks sum attention in another order than the full pass: 1.01e-5 on an AVX2 CPU at |logit| 0.6
+    torch.testing.assert_close(torch.cat(parts, 1), full, rtol=1e-5, atol=1e-5)
     with torch.no_grad():
         hs = ref(ids, output_hidden_states=True).hidden_states
     want = torch.cat([hs[1], hs[3], hs[len(ours.layers)]], -1)

@@ -151,8 +151,15 @@ def test_int8_block_model_native_equals_torch_path(fresh, dtype):
         assert (got_l - ref_l).abs().max().item() < 1e-4 * ref_l.abs().max().item()
         assert torch.equal(got_t, ref_t)
     else:   # bf16 rounds every layer's output, so one last-bit difference grows through a random model: 1st block
-        assert (got_l[:, :4] - ref_l[:, :4]).abs().max().item() < 0.05 * ref_l[:, :4].abs().max().item()
-        assert torch.equal(got_t[:, :4], ref_t[:, :4])
+        tol = 0.05 * ref_l[:, :4].abs().max().item()
+        assert (got_l[:, :4] - ref_l[:, :4]).abs().max().item() < tol
+        # bf16 logits carry 8 mantissa bits, so two tokens can tie (or nearly) and the last-bit difference picks
+        # the other one (seen on an AVX2 CPU): a differing pick must be a near-tie under the torch path's logits
+        differ = got_t[:, :4] != ref_t[:, :4]
+        r = ref_l[:, :4].float()
+        gap = r.max(-1).values - r.gather(-1, got_t[:, :4, None]).squeeze(-1)
+        assert (gap[differ] <= tol).all(), gap[differ]
+        assert differ.sum().item() <= 1, (got_t[:, :4], ref_t[:, :4])
 
 
 def test_sdar_recipe_int8_head(tmp_path):

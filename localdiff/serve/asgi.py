@@ -152,6 +152,15 @@ def _ollama_lines(shape: ollama_api.Shape, batch: list) -> str:
     return "".join(dumps(p) + "\n" for p in parts)
 
 
+def _shape(model, chat: bool, ollama: bool):
+    """The response shape (its id and creation time) for an answer of ``model`` (a Model, or None: not known yet).
+    Made right after the job is queued, from the resident model, so that the answer's first write need not wait
+    for it; remade when the job ran on another model (``job.model``: a request that named another one)."""
+    if model is None:
+        return None
+    return ollama_api.Shape(model.name, chat) if ollama else openai_api.Shape(model.name, chat)
+
+
 class GenerationRoutes:
     """The ASGI app of ``localdiff serve``: the four generation routes here, the rest to ``fallback``.
 
@@ -204,14 +213,15 @@ class GenerationRoutes:
             job = Job(req, asyncio.get_running_loop())
             self.worker.submit(job)
             watcher = asyncio.ensure_future(_watch(receive, job))
+            shape = _shape(self.worker.model, chat, ollama)   # built while the model runs (off the answer's path)
             first = await job.batch()
             if first[0][0] == "gone":
                 raise ClientGone()
             if first[0][0] == "error":
                 raise first[0][1]
             job.held = first                      # read again by pieces()
-            name = job.model.name
-            shape = ollama_api.Shape(name, chat) if ollama else openai_api.Shape(name, chat)
+            if shape is None or shape.model != job.model.name:   # no resident model yet, or the job loaded another
+                shape = _shape(job.model, chat, ollama)
             if not req.stream:
                 result = await collect(job)
                 body = shape.final(result, streamed=False) if ollama else shape.full(result)

@@ -26,6 +26,13 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # noqa: D401 — argparse API
         raise UsageError(f"{self.prog}: {message} (see `{self.prog} --help`)")
 
+    def _print_message(self, message, file=None):  # argparse API: --help / usage text
+        """Write and flush, letting OSError through: argparse swallows it, so ``--help >/dev/full`` exited 0."""
+        if message:
+            file = file or sys.stderr
+            file.write(message)
+            file.flush()
+
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")

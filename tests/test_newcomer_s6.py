@@ -1,0 +1,40 @@
+"""Session 6 newcomer findings on the command line: each case failed on the code before its fix (exit 0 on a failed
+write, a traceback-ish or Python-flavoured message, a silently empty answer, inconsistent accepted ranges)."""
+from __future__ import annotations
+
+import errno
+import io
+import os
+
+import pytest
+
+
+from localdiff.cli import main
+
+
+@pytest.fixture
+def isolated(tmp_path, monkeypatch):
+    for k in [k for k in os.environ if k.startswith("LOCALDIFF_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("LOCALDIFF_CONFIG", str(tmp_path / "config.toml"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    return tmp_path
+
+
+class FullDevice(io.StringIO):
+    """stdout on a full disk (``>/dev/full``): every flush fails with ENOSPC."""
+
+    def flush(self):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["gen", "--help"], ["list", "-h"], ["bench", "--help"]],
+                         ids=["top", "gen", "list", "bench"])
+def test_help_on_a_full_device_is_an_error(argv, isolated, monkeypatch, capsys):
+    """(argparse swallowed the write error: ``localdiff --help >/dev/full`` exited 0)"""
+    monkeypatch.setattr("sys.stdout", FullDevice())
+    assert main(argv) == 1
+    assert capsys.readouterr().err == "error: No space left on device\n"

@@ -38,3 +38,25 @@ def test_help_on_a_full_device_is_an_error(argv, isolated, monkeypatch, capsys):
     monkeypatch.setattr("sys.stdout", FullDevice())
     assert main(argv) == 1
     assert capsys.readouterr().err == "error: No space left on device\n"
+
+
+@pytest.mark.parametrize("value", ["float16", " BFloat16 "])
+def test_dtype_flag_and_env_take_the_same_names(value, isolated, monkeypatch):
+    """(``--dtype`` refused float16, which LOCALDIFF_DTYPE took; the variable passed the start-up check in any case
+    but load() then refused it unless lower case)"""
+    import localdiff
+    from localdiff.cli.dispatch import build_parser
+
+    args = build_parser().parse_args(["gen", "--dtype", value, "-p", "x"])
+    monkeypatch.setenv("LOCALDIFF_DTYPE", value)
+    assert str(localdiff.load("tiny", device="cpu").dtype) == "torch." + args.dtype == "torch." + value.strip().lower()
+
+
+def test_dtype_flag_and_env_refuse_alike(isolated, monkeypatch, capsys):
+    assert main(["gen", "--dtype", "fp8", "-p", "x"]) == 2
+    flag_err = capsys.readouterr().err
+    monkeypatch.setenv("LOCALDIFF_DTYPE", "fp8")
+    assert main(["gen", "-p", "x"]) == 2
+    env_err = capsys.readouterr().err
+    assert flag_err == "error: --dtype='fp8': use one of float32, bfloat16, float16\n"
+    assert env_err == "error: LOCALDIFF_DTYPE='fp8': use one of float32, bfloat16, float16 (or unset it)\n"

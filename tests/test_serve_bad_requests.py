@@ -62,7 +62,7 @@ CORPUS = [
     (COMP, {"model": "tiny", "prompt": ["a", "b"]}, 400),
     (COMP, {"model": "tiny", "prompt": "x", "suffix": "y"}, 400),
     (COMP, {"model": "tiny", "prompt": "x", "echo": True}, 400),
-    (OCHAT, {"model": "tiny"}, 400),
+    (OCHAT, {"model": "nope"}, 404),                                           # a load request (no messages)
     (OCHAT, {"model": "tiny", "messages": OK, "options": {"num_predict": -7}}, 400),
     (OCHAT, {"model": "tiny", "messages": OK, "options": {"mirostat": 2}}, 400),
     (OCHAT, {"model": "tiny", "messages": OK, "options": "fast"}, 400),
@@ -70,7 +70,8 @@ CORPUS = [
     (OCHAT, {"model": "nope", "messages": OK}, 404),
     (OCHAT, {"model": "tiny", "messages": OK, "localdiff": {"events": 1}}, 400),
     (OCHAT, {"model": "tiny", "messages": OK, "localdiff": {"max_denoising_steps": 4}}, 400),
-    (OGEN, {"model": "tiny"}, 400),
+    (OGEN, {"model": "nope", "prompt": ""}, 404),                              # a load request
+    (OGEN, {"model": "tiny", "options": {"mirostat": 2}}, 400),                # checked as any other request
     (OGEN, {"model": "tiny", "prompt": 3}, 400),
     (OGEN, {"model": "tiny", "prompt": "x", "raw": True, "system": "s"}, 400),
     ("/v1/nothing", {"model": "tiny"}, 404),

@@ -35,6 +35,7 @@ class GenRequest:
         stop: stop strings (the text is cut before the first one and the generation ends there).
         stream / include_usage: response shape.
         events: localdiff's canvas events in the stream: "none", "canvases" or "steps" (``localdiff.wire``).
+        load_only: Ollama's load request (an empty or absent prompt / messages): load the model, generate nothing.
     """
 
     model: str
@@ -47,6 +48,7 @@ class GenRequest:
     stream: bool = False
     include_usage: bool = False
     events: str = "none"
+    load_only: bool = False
 
 
 def check_int(value, name: str, lo: int | None = None, hi: int | None = None) -> int:

@@ -249,6 +249,14 @@ class ModelWorker:
                            type="server_busy", code="queue_full", headers={"Retry-After": "5"})
         self._q.put(job)
 
+    def load(self, name: str):
+        """The model ``name`` ("" = the resident or default one), loaded in the model thread in queue order (blocks);
+        returns it. Raises ApiError (``from_engine``: 404 for an unknown model, ...)."""
+        try:
+            return self.call(lambda: self._ensure(name))
+        except Exception as exc:  # noqa: BLE001 — one JSON error
+            raise from_engine(exc) from None
+
     def call(self, fn):
         """Run ``fn()`` in the model thread, in queue order, and return its result (blocks; re-raises its error).
         For callers that must use the model exactly as the worker does, e.g. the bench's in-process runs."""

@@ -1,6 +1,7 @@
-"""An answer cut by a stop string reports real numbers (session 6 newcomer finding: its ``localdiff`` extension
-had null forwards / canvases / seconds and an empty sampler, Ollama's durations were 0): from the engine's Done when
-the generation ended first, else from the worker's own accounting of the steps it ran before the cancel."""
+"""Session 6 newcomer findings on ``localdiff serve``. An answer cut by a stop string reports real numbers (its
+``localdiff`` extension had null forwards / canvases / seconds and an empty sampler, Ollama's durations were 0): from
+the engine's Done when the generation ended first, else from the worker's own accounting of the steps it ran before
+the cancel. Ollama's load request (an empty prompt) loads the model and generates nothing."""
 from __future__ import annotations
 
 import httpx
@@ -69,3 +70,17 @@ def test_worker_accounting_of_a_cancelled_run():
     st = s.stats(prompt_tokens=5, new_tokens=8)
     assert (st["forwards"], st["canvases"], st["seconds"], st["prefill_seconds"]) == (4, 1, 6.0, 2.0)
     assert st["tokens_per_forward"] == 2.0 and st["tokens_per_second"] == pytest.approx(8 / 6)
+
+
+@pytest.mark.parametrize("path,body", [("/api/generate", {"prompt": ""}), ("/api/generate", {}),
+                                       ("/api/generate", {"prompt": "", "stream": False, "raw": True}),
+                                       ("/api/chat", {"messages": []}), ("/api/chat", {})])
+def test_ollama_load_request(server, path, body):
+    """An empty or absent prompt / messages loads the model and answers ``done_reason: "load"``, as Ollama does
+    (its documented way to preload a model); it generated an answer to an empty prompt (or was a 400)."""
+    r = httpx.post(server.url + path, json={"model": "tiny", **body}, timeout=60)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("application/json")
+    got = r.json()
+    content = got["message"] if path == "/api/chat" else got["response"]
+    assert got["done"] is True and got["done_reason"] == "load" and got["model"] == "tiny"
+    assert content == ({"role": "assistant", "content": ""} if path == "/api/chat" else "")

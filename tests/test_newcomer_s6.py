@@ -60,3 +60,11 @@ def test_dtype_flag_and_env_refuse_alike(isolated, monkeypatch, capsys):
     env_err = capsys.readouterr().err
     assert flag_err == "error: --dtype='fp8': use one of float32, bfloat16, float16\n"
     assert env_err == "error: LOCALDIFF_DTYPE='fp8': use one of float32, bfloat16, float16 (or unset it)\n"
+
+
+@pytest.mark.parametrize("value", ["1e308", "1e308:0.5", "0.5:1e308"])
+def test_out_of_range_temperature_is_refused(value, isolated, capsys):
+    """(``--temperature 1e308`` ran and printed an empty answer)"""
+    assert main(["gen", "-p", "hi", "-n", "4", "--temperature", value]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --temperature") and "[0, 100]" in err and err.count("\n") == 1

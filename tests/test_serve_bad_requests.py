@@ -37,6 +37,10 @@ CORPUS = [
     (CHAT, {"model": "tiny", "messages": OK, "max_tokens": 1.5}, 400),
     (CHAT, {"model": "tiny", "messages": OK, "max_tokens": True}, 400),
     (CHAT, {"model": "tiny", "messages": OK, "max_tokens": 10**7}, 400),       # over the model's context
+    (CHAT, {"model": "tiny", "messages": OK, "max_tokens": 1e30}, 400),        # a float with no exact integer
+    (CHAT, b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": Infinity}', 400),
+    (OGEN, {"model": "tiny", "prompt": "x", "options": {"num_predict": 1e30}}, 400),
+    (CHAT, {"model": "tiny", "messages": OK, "temperature": 1e308}, 400),      # gave an empty answer
     (CHAT, {"model": "tiny", "messages": [{"role": "user", "content": "1 + 2 " * 600}]}, 400),  # prompt too long
     (CHAT, {"model": "tiny", "messages": OK, "temperature": 0}, 400),
     (CHAT, {"model": "tiny", "messages": OK, "temperature": "hot"}, 400),

@@ -84,3 +84,12 @@ def test_ollama_load_request(server, path, body):
     content = got["message"] if path == "/api/chat" else got["response"]
     assert got["done"] is True and got["done_reason"] == "load" and got["model"] == "tiny"
     assert content == ({"role": "assistant", "content": ""} if path == "/api/chat" else "")
+
+
+def test_huge_float_max_tokens_names_the_field(server):
+    """(``max_tokens: 1e30`` was a 400 about max_new_tokens 1000000000000000019884624838656 over the context)"""
+    r = httpx.post(server.url + "/v1/chat/completions", json={
+        "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1e30}, timeout=60)
+    assert r.status_code == 400
+    assert r.json()["error"] == {"message": "'max_tokens' must be an integer (got 1e+30)",
+                                 "type": "invalid_request_error", "param": "max_tokens", "code": None}

@@ -68,3 +68,19 @@ def test_out_of_range_temperature_is_refused(value, isolated, capsys):
     assert main(["gen", "-p", "hi", "-n", "4", "--temperature", value]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --temperature") and "[0, 100]" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv", [["pull", "org/repo@"], ["show", "org/repo@"]])
+def test_empty_revision_is_a_usage_error(argv, isolated, capsys):
+    """(``pull org/repo@`` was "unknown model 'org/repo@'", exit 1)"""
+    assert main(argv) == 2
+    assert capsys.readouterr().err == ("error: org/repo@: empty revision after '@' (give a branch, tag or commit "
+                                       "hash, or drop the '@')\n")
+
+
+def test_quantize_to_an_uncreatable_folder_names_it(isolated, capsys):
+    """(``quantize -o /proc/x`` quantized the model, then "internal error: FileNotFoundError: [Errno 2] ...")"""
+    if not os.path.isdir("/proc/self"):
+        pytest.skip("needs /proc")
+    assert main(["quantize", "tiny", "-o", "/proc/x"]) == 2
+    assert capsys.readouterr().err == "error: -o /proc/x: cannot create the folder: No such file or directory\n"

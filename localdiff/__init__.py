@@ -106,11 +106,10 @@ def load(name="tiny", device=None, dtype=None, quant=None, gpu_mem=None, threads
         if dtype not in _DTYPES:
             raise UsageError(f"invalid dtype {dtype!r} (use float32, bfloat16 or float16)")
         dtype = _DTYPES[dtype] and getattr(torch, _DTYPES[dtype])
-    if dtype is None and os.environ.get("LOCALDIFF_DTYPE"):
-        dtype = os.environ["LOCALDIFF_DTYPE"]
-        if dtype not in _DTYPES:
-            raise UsageError(f"LOCALDIFF_DTYPE: invalid dtype {dtype!r} (use float32, bfloat16 or float16)")
-        dtype = _DTYPES[dtype] and getattr(torch, _DTYPES[dtype])
+    if dtype is None and os.environ.get("LOCALDIFF_DTYPE", "").strip():   # the same set and error as gen --dtype
+        from localdiff.config import dtype_name
+
+        dtype = getattr(torch, dtype_name(os.environ["LOCALDIFF_DTYPE"], "LOCALDIFF_DTYPE"))
     precision = None
     if dev.type == "cpu":
         precision = _cpu_precision(path, dtype)

@@ -189,13 +189,26 @@ def known_environment() -> set[str]:
     return {*_ENV_TOP, *_ENV_OTHER, *(spec.env for spec in all_specs())}
 
 
+#: compute dtypes a user may name: ``gen --dtype`` and ``LOCALDIFF_DTYPE`` take the same set (:func:`dtype_name`)
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def dtype_name(value: str, where: str = "--dtype") -> str:
+    """``value`` (any case, spaces around) as one of :data:`DTYPES`; ``where`` names the flag or variable.
+    Raises UsageError ``--dtype='fp8': use one of float32, bfloat16, float16``."""
+    name = str(value).strip().lower()
+    if name not in DTYPES:
+        raise UsageError(f"{where}={value!r}: use one of {', '.join(DTYPES)}")
+    return name
+
+
 #: variables with a fixed set of values (checked by :func:`check_environment`; others are checked where read)
 _ENV_CHOICES = {
     "LOCALDIFF_NATIVE_INT8": ("0", "1", "fma", "off", "on", "false", "true", "no", "yes"),   # quantize/native.py
     "LOCALDIFF_DEBUG": ("0", "1", "off", "on", "false", "true", "no", "yes"),                # cli/dispatch.py
     "LOCALDIFF_NATIVE_EXPERTS": ("0", "1", "avx512", "off", "on", "false", "true", "no", "yes"),  # arch/native_experts
     "LOCALDIFF_INT8_KERNEL": ("auto", "native", "int8pack", "dequant"),                      # quantize/choose.py
-    "LOCALDIFF_DTYPE": ("float32", "bfloat16", "float16"),                                   # localdiff.load
+    "LOCALDIFF_DTYPE": DTYPES,                                                               # localdiff.load
     "LOCALDIFF_VOCAB_KERNEL": ("auto", "native", "torch"),                                   # decoding/vocab_native.py
 }
 

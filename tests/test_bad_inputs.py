@@ -129,7 +129,7 @@ CASES = [
     ("temperature reversed", ["gen", "--temperature", "0.2:0.9", "-p", "x"], None, {}, 2,
      "--temperature: must be ≥ t_min (0.9) (got 0.2)"),
     ("temperature garbage", ["gen", "--temperature", "hot", "-p", "x"], None, {}, 2,
-     "--temperature: must be a number ≥ 0 (got 'hot')"),
+     "--temperature: must be a number in [0, 100] (got 'hot')"),
     ("temperature three parts", ["gen", "--temperature", "1:2:3", "-p", "x"], None, {}, 2,
      "--temperature: expected a value or a pair A:B (got '1:2:3')"),
     ("threshold > 1", ["gen", "--threshold", "1.5", "-p", "x"], None, {}, 2, "threshold"),

@@ -96,25 +96,38 @@ def test_gen_piped_stdin_prepended_json_and_clean_streams(tmp_path, ckpt):
     assert b"\x1b" not in err.read_bytes()
 
 
+def _sigint_default() -> None:
+    """In the child before exec: SIGINT back to its default action. A shell without job control starts background
+    jobs (``pytest ... &``) with SIGINT ignored, children inherit that across exec, and Python then installs no
+    KeyboardInterrupt handler, so the SIGINT below would do nothing (the flaky 60 s timeout of session 6)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_gen_sigint_flushes_final_canvases_and_exits_130(tmp_path, endless_ckpt):
     """Ctrl-C once the first canvas is on stdout: the final canvases are flushed, one line ``interrupted``, exit 130.
     The generation is far too long to end on its own first (``endless_ckpt``), however loaded the machine."""
     proc = subprocess.Popen([sys.executable, "-m", "localdiff", "gen", "-m", str(endless_ckpt), "-p", "hello",
                              "-n", str(ENDLESS_TOKENS), "--seed", "0"], env=cli_env(tmp_path), cwd=ROOT,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    fd = proc.stdout.fileno()
-    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
-    got = b""
-    deadline = time.monotonic() + 120
-    while not got and time.monotonic() < deadline and proc.poll() is None:
-        try:
-            got += os.read(fd, 65536)
-        except BlockingIOError:
-            time.sleep(0.05)
-    assert got, "no canvas was written before the deadline"
-    assert proc.poll() is None, f"the generation ended (exit {proc.returncode}) before it could be interrupted"
-    proc.send_signal(signal.SIGINT)
-    rest, err = proc.communicate(timeout=60)
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=_sigint_default)
+    try:
+        fd = proc.stdout.fileno()
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
+        got = b""
+        deadline = time.monotonic() + 120
+        while not got and time.monotonic() < deadline and proc.poll() is None:
+            try:
+                got += os.read(fd, 65536)
+            except BlockingIOError:
+                time.sleep(0.05)
+        assert got, "no canvas was written before the deadline"
+        assert proc.poll() is None, f"the generation ended (exit {proc.returncode}) before it could be interrupted"
+        proc.send_signal(signal.SIGINT)
+        rest, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:     # a failed run must not leave an endless generation loading the machine
+            proc.kill()
+            proc.communicate()
     assert proc.returncode == 130
     assert b"Traceback" not in err and err.decode().strip().splitlines()[-1] == "interrupted"
     full = got + rest

@@ -37,6 +37,10 @@ CORPUS = [
     (CHAT, {"model": "tiny", "messages": OK, "max_tokens": 1.5}, 400),
     (CHAT, {"model": "tiny", "messages": OK, "max_tokens": True}, 400),
     (CHAT, {"model": "tiny", "messages": OK, "max_tokens": 10**7}, 400),       # over the model's context
+    (CHAT, {"model": "tiny", "messages": OK, "max_tokens": 1e30}, 400),        # a float with no exact integer
+    (CHAT, b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": Infinity}', 400),
+    (OGEN, {"model": "tiny", "prompt": "x", "options": {"num_predict": 1e30}}, 400),
+    (CHAT, {"model": "tiny", "messages": OK, "temperature": 1e308}, 400),      # gave an empty answer
     (CHAT, {"model": "tiny", "messages": [{"role": "user", "content": "1 + 2 " * 600}]}, 400),  # prompt too long
     (CHAT, {"model": "tiny", "messages": OK, "temperature": 0}, 400),
     (CHAT, {"model": "tiny", "messages": OK, "temperature": "hot"}, 400),
@@ -62,7 +66,7 @@ CORPUS = [
     (COMP, {"model": "tiny", "prompt": ["a", "b"]}, 400),
     (COMP, {"model": "tiny", "prompt": "x", "suffix": "y"}, 400),
     (COMP, {"model": "tiny", "prompt": "x", "echo": True}, 400),
-    (OCHAT, {"model": "tiny"}, 400),
+    (OCHAT, {"model": "nope"}, 404),                                           # a load request (no messages)
     (OCHAT, {"model": "tiny", "messages": OK, "options": {"num_predict": -7}}, 400),
     (OCHAT, {"model": "tiny", "messages": OK, "options": {"mirostat": 2}}, 400),
     (OCHAT, {"model": "tiny", "messages": OK, "options": "fast"}, 400),
@@ -70,7 +74,8 @@ CORPUS = [
     (OCHAT, {"model": "nope", "messages": OK}, 404),
     (OCHAT, {"model": "tiny", "messages": OK, "localdiff": {"events": 1}}, 400),
     (OCHAT, {"model": "tiny", "messages": OK, "localdiff": {"max_denoising_steps": 4}}, 400),
-    (OGEN, {"model": "tiny"}, 400),
+    (OGEN, {"model": "nope", "prompt": ""}, 404),                              # a load request
+    (OGEN, {"model": "tiny", "options": {"mirostat": 2}}, 400),                # checked as any other request
     (OGEN, {"model": "tiny", "prompt": 3}, 400),
     (OGEN, {"model": "tiny", "prompt": "x", "raw": True, "system": "s"}, 400),
     ("/v1/nothing", {"model": "tiny"}, 404),

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from localdiff.errors import UsageError
@@ -12,6 +13,13 @@ SECTIONS = ("ref", "eval", "sweep", "history", "memory", "profile", "serve", "ma
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one-line usage errors (exit 2) instead of usage dumps
         raise UsageError(f"localdiff bench: {message} (see `localdiff bench --help`)")
+
+    def _print_message(self, message, file=None):  # argparse API: --help / usage text
+        """Write and flush, letting OSError through: argparse swallows it, so ``--help >/dev/full`` exited 0."""
+        if message:
+            file = file or sys.stderr
+            file.write(message)
+            file.flush()
 
 
 def build_parser() -> argparse.ArgumentParser:

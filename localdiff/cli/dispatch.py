@@ -26,6 +26,19 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # noqa: D401 — argparse API
         raise UsageError(f"{self.prog}: {message} (see `{self.prog} --help`)")
 
+    def _print_message(self, message, file=None):  # argparse API: --help / usage text
+        """Write and flush, letting OSError through: argparse swallows it, so ``--help >/dev/full`` exited 0."""
+        if message:
+            file = file or sys.stderr
+            file.write(message)
+            file.flush()
+
+
+def _dtype(value: str) -> str:
+    from localdiff.config import dtype_name
+
+    return dtype_name(value, "--dtype")
+
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
@@ -91,9 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     talk.add_argument("-v", "--verbose", action="store_true",
                    help="stats and KV-cache accounting (device/host bytes, blocks moved, prefill computed vs "
                         "reused) on stderr, terminal or not")
-    g.add_argument("--dtype", choices=["float32", "bfloat16"],
-                   help="compute dtype on CPU (default: bfloat16 where the CPU has native bf16 GEMM and the model is "
-                        "large or stored in 16 bits, else float32; float32 = the reference-exact path; "
+    g.add_argument("--dtype", type=_dtype, metavar="{float32,bfloat16,float16}",
+                   help="compute dtype (default on CPU: bfloat16 where the CPU has native bf16 GEMM and the model "
+                        "is large or stored in 16 bits, else float32; float32 = the reference-exact path; "
                         "env LOCALDIFF_DTYPE)")
     _add_endpoint(g)
     _add_sampler(g)

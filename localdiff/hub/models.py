@@ -75,7 +75,7 @@ def parse_name(name: str) -> Target:
     """Classify a model name (no network, no disk writes).
 
     Raises:
-        UsageError: empty name.
+        UsageError: empty name, an empty or invalid revision (``org/repo@``).
         ModelNotFoundError: neither an alias, an ``org/name`` repo id, nor an existing folder (with suggestions).
     """
     if not isinstance(name, str) or not name.strip():
@@ -101,6 +101,8 @@ def parse_name(name: str) -> Target:
     p = Path(name).expanduser()
     if p.is_dir():
         return Target("path", name, path=p.resolve())
+    if name.endswith("@") and _REPO_RE.match(name[:-1]) and not _looks_like_path(name):
+        raise UsageError(f"{name}: empty revision after '@' (give a branch, tag or commit hash, or drop the '@')")
     m = _REPO_RE.match(name)
     if m and not _looks_like_path(name):
         repo = m.group("repo")

@@ -210,6 +210,10 @@ class GenerationRoutes:
             raw = await _read_body(receive, headers.get(b"content-length", b"").decode("latin-1"),
                                    self.settings.max_body)
             req = parse(parse_json(raw))
+            if req.load_only:                     # Ollama's load request: the model thread loads, in queue order
+                model = await asyncio.to_thread(self.worker.load, req.model)
+                status = await _send_json(send, 200, ollama_api.loaded(model.name, chat))
+                return
             job = Job(req, asyncio.get_running_loop())
             self.worker.submit(job)
             watcher = asyncio.ensure_future(_watch(receive, job))

@@ -96,6 +96,14 @@ async def pieces(job: Job):
             out, err, end = [], None, False
             for item in await job.batch():
                 kind = item[0]
+                if kind == "gone":
+                    raise ClientGone()
+                if stop.hit:   # the answer is cut: only the worker's end (at most one step later) for its numbers
+                    if kind in ("done", "error"):
+                        out.append(("end", _result(stop.sent, "stop", item[1:] if kind == "done" else None, job)))
+                        end = True
+                        break
+                    continue
                 event = _EVENT_AT.get(kind)   # where a canvas event rides, if any
                 if event is not None and item[event] is not None:
                     out.append(("event", item[event]))
@@ -105,9 +113,6 @@ async def pieces(job: Job):
                         out.append(("text", text))
                     if stop.hit:
                         job.cancel.set()
-                        out.append(("end", _result(stop.sent, "stop", None, job)))
-                        end = True
-                        break
                 elif kind == "done":
                     out += _finish(job, stop, item[1], item[2])
                     end = True
@@ -115,8 +120,6 @@ async def pieces(job: Job):
                 elif kind == "error":
                     err = item[1]
                     break
-                elif kind == "gone":
-                    raise ClientGone()
             if out:
                 yield out
             if err is not None:
@@ -140,21 +143,36 @@ def _finish(job: Job, stop: StopMatcher, done, used) -> list:
     if text:
         out.append(("text", text))
     reason = "stop" if stop.hit or done.finish_reason == "eos" else "length"
-    out.append(("end", _result(stop.sent, reason, (done, used), job)))
+    out.append(("end", _result(stop.sent, reason, (done, used), job, cut=stop.hit)))
     return out
 
 
-def _result(text: str, reason: str, done_used, job: Job) -> Result:
-    if done_used is None:  # ended early by a stop string: the prompt as counted by the worker, what was kept
-        tok = getattr(job.model, "tokenizer", None)
-        n = len(tok.encode(text)) if tok is not None and text else 0
-        return Result(text, reason, job.prompt_tokens, n, {"steps_run": job.steps}, job.seed, {})
+def _result(text: str, reason: str, done_used, job: Job, cut: bool = True) -> Result:
+    """The Result of ``job``: from the engine's Done and the settings used (``done_used``), or, for an answer cut by
+    a stop string whose run the worker cancelled (``done_used`` None), from the worker's accounting
+    (:class:`~localdiff.serve.worker.Spent`). A cut answer (``cut``) counts the tokens of the text kept."""
+    if done_used is None:
+        spent = job.spent
+        n = _kept_tokens(job, text)
+        stats = spent.stats(job.prompt_tokens, n) if spent is not None else {"prompt_tokens": job.prompt_tokens}
+        return Result(text, reason, job.prompt_tokens, n, stats, job.seed, spent.sampler if spent else {})
     done, used = done_used
     ids = done.token_ids[0] if done.token_ids and isinstance(done.token_ids[0], list) else done.token_ids
     stats = done.stats.as_dict()
     stats.pop("cache", None)
-    return Result(text, reason, int(stats.get("prompt_tokens", 0)), len(ids), stats, used.get("seed"),
+    n = len(ids)
+    if cut:      # the engine ended before it saw the cancel: its numbers, the kept text's tokens
+        n = _kept_tokens(job, text)
+        secs = float(stats.get("seconds") or 0.0)
+        stats.update(new_tokens=n, tokens_per_forward=n / max(int(stats.get("forwards") or 0), 1),
+                     tokens_per_second=n / secs if secs > 0 else 0.0)
+    return Result(text, reason, int(stats.get("prompt_tokens", 0)), n, stats, used.get("seed"),
                   used.get("sampler", {}))
+
+
+def _kept_tokens(job: Job, text: str) -> int:
+    tok = getattr(job.model, "tokenizer", None)
+    return len(tok.encode(text)) if tok is not None and text else 0
 
 
 async def collect(job: Job) -> Result:

@@ -56,17 +56,19 @@ def _parse(body: dict, allowed: set, prompt, chat: bool) -> GenRequest:
 
 
 def parse_chat(body: dict) -> GenRequest:
-    """Body of ``POST /api/chat`` → GenRequest. Raises ApiError(400)."""
+    """Body of ``POST /api/chat`` → GenRequest; no messages (absent or ``[]``) is Ollama's load request
+    (``load_only``). Raises ApiError(400)."""
+    if body.get("messages") in (None, []):
+        return _load_only(_parse(body, _TOP | {"messages"}, [], chat=True))
     return _parse(body, _TOP | {"messages"}, parse_messages(body.get("messages")), chat=True)
 
 
 def parse_generate(body: dict) -> GenRequest:
     """Body of ``POST /api/generate`` → GenRequest: ``prompt`` with the chat template (optional ``system``), or
-    as is with ``raw: true``. Raises ApiError(400)."""
+    as is with ``raw: true``; an empty or absent prompt is Ollama's load request (``load_only``: the model is
+    loaded, nothing generated). Raises ApiError(400)."""
     prompt = body.get("prompt")
-    if prompt is None:
-        raise bad_request("'prompt' is required", param="prompt")
-    check_str(prompt, "prompt")
+    prompt = "" if prompt is None else check_str(prompt, "prompt")
     raw = check_bool(body.get("raw", False), "raw")
     system = body.get("system")
     if system is not None:
@@ -74,9 +76,25 @@ def parse_generate(body: dict) -> GenRequest:
     if raw:
         if system:
             raise bad_request("'system' cannot be combined with 'raw': true", param="system")
-        return _parse(body, _TOP | {"prompt", "raw", "system"}, prompt, chat=False)
-    msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-    return _parse(body, _TOP | {"prompt", "raw", "system"}, msgs, chat=True)
+        req = _parse(body, _TOP | {"prompt", "raw", "system"}, prompt, chat=False)
+    else:
+        msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+        req = _parse(body, _TOP | {"prompt", "raw", "system"}, msgs, chat=True)
+    return _load_only(req) if prompt == "" else req
+
+
+def _load_only(req: GenRequest) -> GenRequest:
+    """As Ollama: a request with nothing to answer loads the model and ends ``done_reason: "load"`` (one JSON
+    object, streamed or not)."""
+    req.load_only = True
+    return req
+
+
+def loaded(model: str, chat: bool) -> dict:
+    """The answer to a load request: ``done: true``, ``done_reason: "load"``, empty content."""
+    body = Shape(model, chat).piece("")
+    body.update(done=True, done_reason="load")
+    return body
 
 
 class Shape:

@@ -35,6 +35,7 @@ class GenRequest:
         stop: stop strings (the text is cut before the first one and the generation ends there).
         stream / include_usage: response shape.
         events: localdiff's canvas events in the stream: "none", "canvases" or "steps" (``localdiff.wire``).
+        load_only: Ollama's load request (an empty or absent prompt / messages): load the model, generate nothing.
     """
 
     model: str
@@ -47,12 +48,14 @@ class GenRequest:
     stream: bool = False
     include_usage: bool = False
     events: str = "none"
+    load_only: bool = False
 
 
 def check_int(value, name: str, lo: int | None = None, hi: int | None = None) -> int:
-    """``value`` as an int (bools and floats with a fraction rejected) within [lo, hi]; else a 400."""
+    """``value`` as an int (bools, floats with a fraction and floats past 2^53, which hold no exact integer such as
+    1e30, rejected) within [lo, hi]; else a 400."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-            isinstance(value, float) and (not math.isfinite(value) or not value.is_integer())):
+            isinstance(value, float) and (not math.isfinite(value) or not value.is_integer() or abs(value) > 2**53)):
         raise bad_request(f"'{name}' must be an integer (got {value!r})", param=name)
     value = int(value)
     if lo is not None and value < lo:
@@ -181,6 +184,8 @@ def to_engine_options(fields: dict) -> dict:
             raise bad_request("'temperature' must be > 0: diffusion sampling draws every step (there is no greedy "
                               "mode); use a small value such as 0.1 for near-deterministic output", param="temperature")
         name = resolve_key("temperature")            # a constant schedule: the option and its pair (t_max, t_min)
+        if name in specs:                            # its range from the schema (1e308 gave an empty answer)
+            t = _sampler_value(specs[name], t, "temperature")
         for key in (name, getattr(specs.get(name), "pair_of", None)):
             if key:
                 out["sampler"].setdefault(key, t)

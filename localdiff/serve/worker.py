@@ -81,6 +81,49 @@ class Inbox:
 
 
 @dataclass
+class Spent:
+    """What a job's generation has used, as the worker sees it: for an answer cut by a stop string, whose engine
+    run ends without a Done (and so without its stats). ``steps``: denoising steps run (the forwards of a batch of
+    one); ``canvases`` finished; ``seconds`` from the first step to the end; ``prefill_seconds``: the steps that
+    opened a canvas (each fused with the prefill of the prompt or of the canvas before it, as the engine counts
+    them); ``sampler``: the decoder options used. Worker thread only, until the job's end is posted."""
+
+    t0: float
+    last: float = 0.0
+    steps: int = 0
+    canvases: int = 0
+    seconds: float = 0.0
+    prefill_seconds: float = 0.0
+    sampler: dict = field(default_factory=dict)
+    _ran_opening: bool = False    # the step that ran last opened a canvas
+    _opens: bool = True           # the next step opens one
+
+    def poll(self, now: float, stops: bool) -> None:
+        """At each cancel poll (``time.perf_counter()``, before a step; ``stops``: no step follows)."""
+        if self._ran_opening:
+            self.prefill_seconds += now - self.last
+            self._ran_opening = False
+        if not stops:
+            self.steps += 1
+            self._ran_opening, self._opens, self.last = self._opens, False, now
+
+    def canvas_done(self) -> None:
+        self.canvases += 1
+        self._opens = True
+
+    def end(self, now: float) -> None:
+        self.poll(now, stops=True)
+        self.seconds = now - self.t0
+
+    def stats(self, prompt_tokens: int, new_tokens: int) -> dict:
+        """GenerationStats-shaped numbers for ``new_tokens`` kept (TPF and tokens/s over the steps run)."""
+        return {"forwards": self.steps, "new_tokens": new_tokens, "prompt_tokens": prompt_tokens,
+                "canvases": self.canvases, "seconds": self.seconds, "prefill_seconds": self.prefill_seconds,
+                "tokens_per_forward": new_tokens / max(self.steps, 1),
+                "tokens_per_second": new_tokens / self.seconds if self.seconds > 0 else 0.0}
+
+
+@dataclass
 class Job:
     """One queued generation: the request, where its events go, and its cancel flag."""
 
@@ -95,6 +138,7 @@ class Job:
     seed: int | None = None   # the seed actually used
     prompt_tokens: int = 0    # the prompt's length in tokens, counted once when the job starts (for ``usage``)
     held: list = field(default_factory=list)   # events already taken off the queue by the handler (asgi.py)
+    spent: Spent | None = None  # the worker's own accounting (set at the first step; complete once the job ended)
     _pending: list = field(default_factory=list)
     _leads: int = 0           # pending events that wait for a later one (``post(lead=True)``)
     _scheduled: bool = False
@@ -205,6 +249,14 @@ class ModelWorker:
                            type="server_busy", code="queue_full", headers={"Retry-After": "5"})
         self._q.put(job)
 
+    def load(self, name: str):
+        """The model ``name`` ("" = the resident or default one), loaded in the model thread in queue order (blocks);
+        returns it. Raises ApiError (``from_engine``: 404 for an unknown model, ...)."""
+        try:
+            return self.call(lambda: self._ensure(name))
+        except Exception as exc:  # noqa: BLE001 — one JSON error
+            raise from_engine(exc) from None
+
     def call(self, fn):
         """Run ``fn()`` in the model thread, in queue order, and return its result (blocks; re-raises its error).
         For callers that must use the model exactly as the worker does, e.g. the bench's in-process runs."""
@@ -291,6 +343,10 @@ class ModelWorker:
             wire = EventEncoder(model) if req.events != "none" else None
 
             def cancel() -> bool:  # the engine calls it before every step; the first call: the request is valid
+                now, stops = time.perf_counter(), job.cancel.is_set()
+                if job.spent is None:
+                    job.spent = Spent(now)
+                job.spent.poll(now, stops)
                 if job.steps == 0:
                     job.model, job.seed = model, seed
                     if req.stream:   # rides with the first text / step event / error: no wake-up of its own
@@ -299,7 +355,7 @@ class ModelWorker:
                 else:                # what the last step yielded goes out while the next one runs; the start
                     job.wake(leads=time.monotonic() - job.began > START_WAIT)   # alone after START_WAIT s
                 job.steps += 1
-                return job.cancel.is_set()
+                return stops
 
             ids = model.encode_prompt(req.prompt, req.chat)[0]   # rendered and tokenized once per request
             job.prompt_tokens = len(ids)
@@ -310,6 +366,7 @@ class ModelWorker:
                     job.post(("step", wire.step(ev)), wake=False)
                 elif isinstance(ev, CanvasDone):
                     last = bool(ev.finished.all())   # then Done follows at once; the end wakes the loop
+                    job.spent.canvas_done()
                     job.post(("delta", ev.text, wire.canvas(ev) if wire else None), wake=not last)
                 elif isinstance(ev, Done):
                     job.post(("done", ev, {"seed": getattr(ev, "seed", seed),
@@ -317,6 +374,9 @@ class ModelWorker:
                     return
                 if job.cancel.is_set():
                     break
+            if job.spent is not None:        # cancelled (a stop string, the client gone): what it used so far
+                job.spent.end(time.perf_counter())
+                job.spent.sampler = model.sampler_options(**sampler)
             job.post(("error", ApiError(499, "cancelled", code="cancelled")), wake=False)
         except Exception as exc:  # noqa: BLE001 — every failure becomes one JSON error and one log line
             err = from_engine(exc)

@@ -1,0 +1,86 @@
+"""Session 6 newcomer findings on the command line: each case failed on the code before its fix (exit 0 on a failed
+write, a traceback-ish or Python-flavoured message, a silently empty answer, inconsistent accepted ranges)."""
+from __future__ import annotations
+
+import errno
+import io
+import os
+
+import pytest
+
+
+from localdiff.cli import main
+
+
+@pytest.fixture
+def isolated(tmp_path, monkeypatch):
+    for k in [k for k in os.environ if k.startswith("LOCALDIFF_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("LOCALDIFF_CONFIG", str(tmp_path / "config.toml"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    return tmp_path
+
+
+class FullDevice(io.StringIO):
+    """stdout on a full disk (``>/dev/full``): every flush fails with ENOSPC."""
+
+    def flush(self):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["gen", "--help"], ["list", "-h"], ["bench", "--help"]],
+                         ids=["top", "gen", "list", "bench"])
+def test_help_on_a_full_device_is_an_error(argv, isolated, monkeypatch, capsys):
+    """(argparse swallowed the write error: ``localdiff --help >/dev/full`` exited 0)"""
+    monkeypatch.setattr("sys.stdout", FullDevice())
+    assert main(argv) == 1
+    assert capsys.readouterr().err == "error: No space left on device\n"
+
+
+@pytest.mark.parametrize("value", ["float16", " BFloat16 "])
+def test_dtype_flag_and_env_take_the_same_names(value, isolated, monkeypatch):
+    """(``--dtype`` refused float16, which LOCALDIFF_DTYPE took; the variable passed the start-up check in any case
+    but load() then refused it unless lower case)"""
+    import localdiff
+    from localdiff.cli.dispatch import build_parser
+
+    args = build_parser().parse_args(["gen", "--dtype", value, "-p", "x"])
+    monkeypatch.setenv("LOCALDIFF_DTYPE", value)
+    assert str(localdiff.load("tiny", device="cpu").dtype) == "torch." + args.dtype == "torch." + value.strip().lower()
+
+
+def test_dtype_flag_and_env_refuse_alike(isolated, monkeypatch, capsys):
+    assert main(["gen", "--dtype", "fp8", "-p", "x"]) == 2
+    flag_err = capsys.readouterr().err
+    monkeypatch.setenv("LOCALDIFF_DTYPE", "fp8")
+    assert main(["gen", "-p", "x"]) == 2
+    env_err = capsys.readouterr().err
+    assert flag_err == "error: --dtype='fp8': use one of float32, bfloat16, float16\n"
+    assert env_err == "error: LOCALDIFF_DTYPE='fp8': use one of float32, bfloat16, float16 (or unset it)\n"
+
+
+@pytest.mark.parametrize("value", ["1e308", "1e308:0.5", "0.5:1e308"])
+def test_out_of_range_temperature_is_refused(value, isolated, capsys):
+    """(``--temperature 1e308`` ran and printed an empty answer)"""
+    assert main(["gen", "-p", "hi", "-n", "4", "--temperature", value]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --temperature") and "[0, 100]" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv", [["pull", "org/repo@"], ["show", "org/repo@"]])
+def test_empty_revision_is_a_usage_error(argv, isolated, capsys):
+    """(``pull org/repo@`` was "unknown model 'org/repo@'", exit 1)"""
+    assert main(argv) == 2
+    assert capsys.readouterr().err == ("error: org/repo@: empty revision after '@' (give a branch, tag or commit "
+                                       "hash, or drop the '@')\n")
+
+
+def test_quantize_to_an_uncreatable_folder_names_it(isolated, capsys):
+    """(``quantize -o /proc/x`` quantized the model, then "internal error: FileNotFoundError: [Errno 2] ...")"""
+    if not os.path.isdir("/proc/self"):
+        pytest.skip("needs /proc")
+    assert main(["quantize", "tiny", "-o", "/proc/x"]) == 2
+    assert capsys.readouterr().err == "error: -o /proc/x: cannot create the folder: No such file or directory\n"

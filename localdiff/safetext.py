@@ -9,17 +9,20 @@ stand-in, character by character (so sanitizing fragments and joining them equal
 
 - C0 (U+0000–U+001F) → the Unicode "control pictures" (U+2400 + code: ESC → ␛, BEL → ␇, BS → ␈, CR → ␍);
 - DEL (U+007F) → ␡;
-- C1 (U+0080–U+009F) → the text ``<U+009B>`` (no control picture exists for them).
+- C1 (U+0080–U+009F) → the text ``<U+009B>`` (no control picture exists for them);
+- the bidirectional embedding / override / isolate controls (U+202A–U+202E, U+2066–U+2069) → ``<U+202E>`` too:
+  the terminal does not run them, but they reorder what it shows ("Trojan Source", CVE-2021-42574), so text
+  printed after a model's U+202E reads backwards. The marks U+200E / U+200F stay (ordinary right-to-left text).
 
-``--json`` output is escaped instead (:func:`json_dumps`: ``\\u001b`` etc., C1 and DEL included).
+``--json`` output is escaped instead (:func:`json_dumps`: ``\\u001b`` etc., C1, DEL and the bidi controls included).
 """
 from __future__ import annotations
 
 import json
 import re
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-_JSON_EXTRA = re.compile(r"[\x7f-\x9f]")  # json.dumps already escapes U+0000–U+001F
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+_JSON_EXTRA = re.compile(r"[\x7f-\x9f\u202a-\u202e\u2066-\u2069]")  # json.dumps escapes U+0000–U+001F
 
 
 def _picture(m: re.Match) -> str:
@@ -32,7 +35,7 @@ def _picture(m: re.Match) -> str:
 
 
 def visible(text: str) -> str:
-    """``text`` with C0 controls other than ``\\n`` / ``\\t``, DEL and C1 controls replaced by visible stand-ins
+    """``text`` with C0 controls other than ``\\n`` / ``\\t``, DEL, C1 and bidi controls replaced by visible stand-ins
     (see the module docstring). Other characters, newlines and tabs are kept. Non-str input is ``str()``-ed."""
     if not isinstance(text, str):
         text = str(text)
@@ -45,7 +48,7 @@ def has_controls(text: str) -> bool:
 
 
 def json_dumps(obj, **kw) -> str:
-    """``json.dumps(obj, ensure_ascii=False, **kw)`` with DEL and C1 controls escaped as ``\\u00XX`` too, so the
+    """``json.dumps(obj, ensure_ascii=False, **kw)`` with DEL, C1 and bidi controls escaped as ``\\uXXXX`` too, so the
     text is safe on a terminal and still the same JSON value (they can only occur inside strings)."""
     kw.setdefault("ensure_ascii", False)
     return _JSON_EXTRA.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(obj, **kw))

@@ -52,6 +52,18 @@ def test_visible_replaces_c0_c1_del_but_keeps_newlines_tabs_and_text():
     assert not has_controls(dumped) and json.loads(dumped)["t"] == text
 
 
+def test_bidi_overrides_and_isolates_are_shown_not_run_but_rtl_text_and_marks_stay():
+    """U+202E and its kin reorder what a terminal shows after them (Trojan Source): shown as <U+202E> etc."""
+    text = "ok \u202eevil\u202c \u2066iso\u2069 \u202a\u202b\u202d \u2067\u2068"
+    assert visible(text) == ("ok <U+202E>evil<U+202C> <U+2066>iso<U+2069> <U+202A><U+202B><U+202D> "
+                             "<U+2067><U+2068>")
+    assert has_controls(text) and not has_controls(visible(text))
+    assert visible("\u05e9\u05dc\u05d5\u05dd \u200f\u200e \u0645\u0631\u062d\u0628\u0627") == \
+        "\u05e9\u05dc\u05d5\u05dd \u200f\u200e \u0645\u0631\u062d\u0628\u0627"   # Hebrew, RLM/LRM, Arabic kept
+    dumped = json_dumps({"t": text})
+    assert "\u202e" not in dumped and "\\u202e" in dumped and json.loads(dumped)["t"] == text
+
+
 def test_gen_on_a_pseudo_terminal_gets_no_raw_control_bytes(evil, tmp_path):
     master, slave = pty.openpty()
     tty.setraw(slave)  # no \n → \r\n translation: every byte the program writes arrives as written

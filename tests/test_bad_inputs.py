@@ -238,6 +238,8 @@ CASES = [
      None, {}, 2, "--readme: "),
     ("bench --out a folder", ["bench", "--quick", "--only", "ref", "--out", "{tmp}"], None, {}, 2,
      "is a folder; give a file name"),
+    ("bench --out a device", ["bench", "--quick", "--only", "ref", "--out", "/dev/full"], None, {}, 2,
+     "--out /dev/full: not a regular file; give a file name"),
     ("bench --md under a file", ["bench", "--quick", "--only", "ref", "--md", "{tmp}/latin1.txt/r.md"], None, {}, 2,
      "cannot create"),
     ("--raw-bytes with --json", ["gen", "-m", "{ckpt}", "--json", "--raw-bytes", "-p", "x"], None, {}, 2,

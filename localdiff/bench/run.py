@@ -329,6 +329,8 @@ def _check_outputs(out: Path, md: Path | None, readme: Path | None) -> None:
             continue
         if path.is_dir():
             raise UsageError(f"{flag} {path}: is a folder; give a file name")
+        if path.exists() and not path.is_file():   # /dev/full, a pipe: the results (and the .md beside) are lost
+            raise UsageError(f"{flag} {path}: not a regular file; give a file name")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:

@@ -197,6 +197,10 @@ def test_list_all_and_show_before_pull(tmp_path, monkeypatch, capsys):
     shown = json.loads(capsys.readouterr().out)
     assert shown["path"] is None and "offline stand-in" in shown["source"]
     assert abs(shown["summary"]["parameters"]["total"] - 25.2e9) / 25.2e9 < 0.03
+    assert main(["list", "--all"]) == 0        # the table: pinned commits as 12 digits, as for pulled models
+    table = capsys.readouterr().out
+    pinned = rows["llada2:mini"]["revision"]
+    assert len(pinned) == 40 and f"@{pinned[:12]} " in table and pinned not in table
 
 
 def test_show_checkpoint_folder(ckpt, capsys):

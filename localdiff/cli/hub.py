@@ -80,13 +80,20 @@ def run_list(args) -> int:
     rows = []
     for m in models:
         where = "embedded" if m["embedded"] else (f"{m['repo']}@{(m['commit'] or m['revision'])[:12]}"
-                                                  if m.get("commit") else f"{m['repo']}@{m['revision']}")
+                                                  if m.get("commit") else f"{m['repo']}@{_short_rev(m['revision'])}")
         size = human_bytes(m["size_bytes"]) if m["size_bytes"] else "-"
         if not m["pulled"]:
             size = f"~{size} (not pulled)" if m["size_bytes"] else "(not pulled)"
         rows.append([m["name"], where, size, m.get("quant") or "-", m.get("backend") or "-", m.get("path") or "-"])
     _table(rows, ["NAME", "SOURCE", "SIZE", "QUANT", "BACKEND", "PATH"])
     return 0
+
+
+def _short_rev(rev) -> str:
+    """A pinned 40-hex commit as its first 12 digits, like a pulled one (``list --all``'s SOURCE column was 40
+    characters wider for them); branch and tag names as they are. ``--json`` keeps the full revision."""
+    rev = str(rev)
+    return rev[:12] if len(rev) == 40 and all(c in "0123456789abcdef" for c in rev) else rev
 
 
 def run_rm(args) -> int:

@@ -13,6 +13,7 @@ get plain OpenAI requests and give text only.
 from __future__ import annotations
 
 import json
+import re
 import time
 from urllib.parse import urlsplit
 
@@ -118,7 +119,8 @@ class RemoteClient:
             what = "stopped sending mid-answer: nothing for" if answered else "did not answer within"
             return RemoteError(f"{self.url} {what} {self.timeout:g} s (wait longer with --timeout SECONDS or "
                                "LOCALDIFF_TIMEOUT)")
-        return RemoteError(f"cannot reach {self.url}: {exc}")
+        why = re.sub(r"\[Errno -?\d+\]\s*", "", str(exc)).strip() or type(exc).__name__   # no "[Errno 111]"
+        return RemoteError(f"cannot reach {self.url}: {why[:1].lower()}{why[1:]}")
 
     def _waiting(self):
         """A started timer that calls ``on_wait`` once if the answer takes ``wait_note_s`` (None without on_wait)."""

@@ -62,12 +62,18 @@ def test_dtype_flag_and_env_refuse_alike(isolated, monkeypatch, capsys):
     assert env_err == "error: LOCALDIFF_DTYPE='fp8': use one of float32, bfloat16, float16 (or unset it)\n"
 
 
-@pytest.mark.parametrize("value", ["1e308", "1e308:0.5", "0.5:1e308"])
+@pytest.mark.parametrize("value", ["1e308", "1e308:0.5", "0.5:1e308", "1e-40", "5e-324", "1e-320:0", "0.5:1e-9"])
 def test_out_of_range_temperature_is_refused(value, isolated, capsys):
-    """(``--temperature 1e308`` ran and printed an empty answer)"""
+    """(``--temperature 1e308`` ran and printed an empty answer; 1e-40 was "internal error: RuntimeError:
+    probability tensor contains either inf, nan or element < 0", a 500 through serve)"""
     assert main(["gen", "-p", "hi", "-n", "4", "--temperature", value]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: --temperature") and "[0, 100]" in err and err.count("\n") == 1
+    assert err.startswith("error: --temperature") and "0 or a number in [0.001, 100]" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("value", ["0.001", "0.5:0", "100", "0.7:0.001"])
+def test_temperature_zero_and_the_bounds_are_accepted(value, isolated, capsys):
+    assert main(["gen", "-p", "What is 2 + 3?", "-n", "4", "--steps", "2", "--temperature", value]) == 0
 
 
 @pytest.mark.parametrize("argv", [["pull", "org/repo@"], ["show", "org/repo@"]])

@@ -16,7 +16,7 @@ class BlockSampling(Options):
     sampling. Errors: :class:`UsageError` for top-k / top-p given at temperature 0."""
 
     temperature: float = opt(0.0, "sampling temperature (0 = the top token, its probability = confidence)", lo=0,
-                             hi=100, metavar="T")
+                             hi=100, min_positive=1e-3, metavar="T")
     top_k: int | None = opt(None, "sample among the k most likely tokens", kind=int, lo=1, hi=1_000_000_000,
                             optional=True, metavar="K")
     top_p: float | None = opt(None, "nucleus sampling mass", kind=float, lo=0, hi=1, lo_open=True, optional=True,
@@ -70,7 +70,8 @@ class FastDLLMv2Options(Options):
                            aliases=("tau",))
     small_block_size: int = opt(8, "sub-block length (tokens); must divide the block size", lo=1, hi=100_000,
                                 metavar="N")
-    temperature: float = opt(0.0, "sampling temperature (0 = the top token)", lo=0, hi=100, metavar="T")
+    temperature: float = opt(0.0, "sampling temperature (0 = the top token)",
+                             lo=0, hi=100, min_positive=1e-3, metavar="T")
     top_p: float = opt(0.95, "nucleus sampling mass (temperature > 0)", lo=0, hi=1, lo_open=True, metavar="P")
     use_block_cache: bool = opt(False, "Fast-dLLM v2's sub-block cache: once a sub-block's first token is known, "
                                 "steps run only the sub-block over the block's cached K/V (approximate unless "

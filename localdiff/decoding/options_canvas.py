@@ -18,9 +18,10 @@ class CanvasEBOptions(Options):
 
     max_denoising_steps: int = opt(48, "max denoising steps per canvas", lo=1, hi=100_000, flag="--steps",
                                    metavar="N", aliases=("steps", "max_steps"))
-    t_min: float = opt(0.4, "temperature at the last step (linear schedule)", lo=0, hi=100, flag="--t-min", metavar="T")
+    t_min: float = opt(0.4, "temperature at the last step (linear schedule)",
+                       lo=0, hi=100, min_positive=1e-3, flag="--t-min", metavar="T")
     t_max: float = opt(0.8, "temperature at the first step; --temperature T is a constant T, MAX:MIN a schedule",
-                       lo=0, hi=100, flag="--temperature", metavar="MAX[:MIN]", pair_of="t_min",
+                       lo=0, hi=100, min_positive=1e-3, flag="--temperature", metavar="MAX[:MIN]", pair_of="t_min",
                        aliases=("temperature",))
     entropy_bound: float = opt(0.1, "entropy-bound acceptance budget (nats)", lo=0, lo_open=True, metavar="X",
                                aliases=("eb",))

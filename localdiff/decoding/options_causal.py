@@ -17,7 +17,8 @@ class CausalOptions(Options):
 
     POLICY: ClassVar[str] = "causal"
 
-    temperature: float = opt(0.0, "sampling temperature (0 = greedy argmax)", lo=0, hi=100, metavar="T")
+    temperature: float = opt(0.0, "sampling temperature (0 = greedy argmax)",
+                             lo=0, hi=100, min_positive=1e-3, metavar="T")
     top_p: float = opt(1.0, "nucleus sampling mass (1 = off)", lo=0, hi=1, lo_open=True, metavar="P")
     top_k: int = opt(0, "sample among the k most likely tokens (0 = off)", lo=0, hi=1_000_000_000, metavar="K")
     block_size: int | None = opt(None, "DFlash: tokens per drafted block, the last accepted token included "

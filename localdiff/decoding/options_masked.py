@@ -44,7 +44,8 @@ class LLaDAOptions(_FastDLLM):
     steps: int | None = opt(None, "denoising steps over the whole answer, split evenly over blocks (default: one "
                             "token per step)", kind=int, lo=1, hi=1_000_000, optional=True, metavar="N")
     block_length: int = opt(32, "semi-autoregressive block length (tokens)", lo=1, hi=1_000_000, metavar="N")
-    temperature: float = opt(0.0, "Gumbel-max sampling temperature (0 = argmax)", lo=0, hi=100, metavar="T")
+    temperature: float = opt(0.0, "Gumbel-max sampling temperature (0 = argmax)",
+                             lo=0, hi=100, min_positive=1e-3, metavar="T")
     cfg_scale: float = opt(0.0, "classifier-free guidance scale (unconditional = prompt masked)", lo=0, metavar="W")
     remasking: str = opt("low_confidence", "which predictions to commit", choices=("low_confidence", "random"))
 
@@ -61,7 +62,7 @@ class DreamOptions(_FastDLLM):
                             lo=1, hi=1_000_000, optional=True, metavar="N")
     block_length: int | None = opt(None, "semi-autoregressive block length (default: one block)", kind=int, lo=1,
                                    hi=1_000_000, optional=True, metavar="N")
-    temperature: float = opt(0.0, "sampling temperature (0 = argmax)", lo=0, hi=100, metavar="T")
+    temperature: float = opt(0.0, "sampling temperature (0 = argmax)", lo=0, hi=100, min_positive=1e-3, metavar="T")
     top_p: float | None = opt(None, "nucleus sampling mass", kind=float, lo=0, hi=1, lo_open=True, optional=True,
                               metavar="P")
     top_k: int | None = opt(None, "sample among the k most likely tokens", kind=int, lo=1, hi=1_000_000_000,

@@ -29,7 +29,8 @@ class NAPOptions(Options):
     steps: int | None = opt(None, "denoising steps over the whole canvas, split between the think phase and the "
                             "summary by their lengths (default: one token per think block per step, then one per "
                             "step)", kind=int, lo=2, hi=1_000_000, optional=True, metavar="N")
-    temperature: float = opt(0.0, "Gumbel-max sampling temperature (0 = argmax)", lo=0, hi=100, metavar="T")
+    temperature: float = opt(0.0, "Gumbel-max sampling temperature (0 = argmax)",
+                             lo=0, hi=100, min_positive=1e-3, metavar="T")
     kv_cache: str = opt("none", "approximate K/V cache (Fast-dLLM): none, prefix or dual; the canvas is one block",
                         choices=("none", "prefix", "dual"))
 

@@ -26,5 +26,6 @@ class RefusionOptions(Options):
                                 "single best slot)", lo=0, hi=1, metavar="P")
     token_threshold: float = opt(0.9, "verify: accept a drafted token when the causal pass gives it a probability "
                                  "above this", lo=0, hi=1, metavar="P")
-    temperature: float = opt(0.0, "Gumbel-max sampling temperature of the plan's drafts (0 = argmax)", lo=0, hi=100,
+    temperature: float = opt(0.0, "Gumbel-max sampling temperature of the plan's drafts (0 = argmax)",
+                             lo=0, hi=100, min_positive=1e-3,
                              metavar="T")

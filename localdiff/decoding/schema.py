@@ -25,7 +25,8 @@ class OptionSpec:
         kind: int, float, bool or str.
         default: the built-in default (None = unset / off).
         help: one line for ``--help`` and ``/set``.
-        lo / hi: closed bounds (None = unbounded); ``lo_open`` / ``hi_open`` make them open.
+        lo / hi: closed bounds (None = unbounded); ``lo_open`` / ``hi_open`` make them open; ``min_positive``:
+            0 or at least this (temperatures: 1/T overflows float32 below ~1e-38).
         choices: allowed values for str options.
         optional: None is a valid value (e.g. "no lock threshold").
         flag: the CLI flag (default ``--name-with-dashes``); ``metavar`` its placeholder.
@@ -42,6 +43,7 @@ class OptionSpec:
     hi: float | None = None
     lo_open: bool = False
     hi_open: bool = False
+    min_positive: float | None = None
     choices: tuple | None = None
     optional: bool = False
     flag: str | None = None
@@ -66,6 +68,8 @@ class OptionSpec:
         if self.choices:
             return "one of " + ", ".join(self.choices)
         what = {int: "an integer", float: "a number", str: "text"}[self.kind]
+        if self.min_positive is not None and self.hi is not None:
+            return f"0 or {what} in [{_num(self.min_positive)}, {_num(self.hi)}]"
         if self.lo is not None and self.hi is not None:
             a, b = "(" if self.lo_open else "[", ")" if self.hi_open else "]"
             return f"{what} in {a}{_num(self.lo)}, {_num(self.hi)}{b}"
@@ -115,6 +119,8 @@ class OptionSpec:
         if self.lo is not None and (num < self.lo or (self.lo_open and num == self.lo)):
             raise bad
         if self.hi is not None and (num > self.hi or (self.hi_open and num == self.hi)):
+            raise bad
+        if self.min_positive is not None and 0 < num < self.min_positive:
             raise bad
         return num
 

@@ -2,25 +2,13 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from localdiff.errors import UsageError
+from localdiff.usage_parser import UsageParser as _Parser
 
 SECTIONS = ("ref", "eval", "sweep", "history", "memory", "profile", "serve", "masked", "block", "scale",
             "approx", "gguf", "slots", "nap", "dflash", "experts")
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one-line usage errors (exit 2) instead of usage dumps
-        raise UsageError(f"localdiff bench: {message} (see `localdiff bench --help`)")
-
-    def _print_message(self, message, file=None):  # argparse API: --help / usage text
-        """Write and flush, letting OSError through: argparse swallows it, so ``--help >/dev/full`` exited 0."""
-        if message:
-            file = file or sys.stderr
-            file.write(message)
-            file.flush()
-
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="localdiff bench", description="localdiff bench: speed and quality side by side with the reference (transformers), in one run.")

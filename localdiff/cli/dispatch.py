@@ -16,22 +16,9 @@ import sys
 import traceback
 
 from localdiff.errors import LocaldiffError, UsageError
+from localdiff.usage_parser import UsageParser as _Parser
 
 SAMPLER_HELP = "sampler settings (flag > LOCALDIFF_* env > config file > checkpoint generation_config > built-in)"
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors raised as UsageError (exit 2) instead of usage dumps."""
-
-    def error(self, message: str):  # noqa: D401 — argparse API
-        raise UsageError(f"{self.prog}: {message} (see `{self.prog} --help`)")
-
-    def _print_message(self, message, file=None):  # argparse API: --help / usage text
-        """Write and flush, letting OSError through: argparse swallows it, so ``--help >/dev/full`` exited 0."""
-        if message:
-            file = file or sys.stderr
-            file.write(message)
-            file.flush()
 
 
 def _dtype(value: str) -> str:

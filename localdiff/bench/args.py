@@ -8,7 +8,7 @@ from localdiff.errors import UsageError
 from localdiff.usage_parser import UsageParser as _Parser
 
 SECTIONS = ("ref", "eval", "sweep", "history", "memory", "profile", "serve", "masked", "block", "scale",
-            "approx", "gguf", "slots", "nap", "dflash", "experts")
+            "approx", "gguf", "slots", "nap", "dflash", "experts", "precision")
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="localdiff bench", description="localdiff bench: speed and quality side by side with the reference (transformers), in one run.")
@@ -29,7 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="models of the reference comparison (default both)")
     p.add_argument("--ld-dtype", choices=["float32", "bfloat16"], default="float32",
                    help="localdiff's dtype in the reference comparison (the reference runs fp32; default float32)")
-    p.add_argument("--seeds", type=int, help="seeds per model in the reference comparison")
+    p.add_argument("--seeds", type=int, help="seeds per model in the reference comparison; seed bases of the "
+                   "precision section's paired eval (default quick 2, full 10)")
     p.add_argument("--reps", type=int, help="repetitions per seed in the reference comparison")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads for the whole run (default 2)")
     p.add_argument("--batch-size", type=int, default=16, help="eval batch size (default 16)")

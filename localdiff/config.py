@@ -62,7 +62,8 @@ _ENV_OTHER = ("LOCALDIFF_CONFIG", "LOCALDIFF_DATA_DIR", "LOCALDIFF_DEBUG", "LOCA
               "LOCALDIFF_INT8_KERNEL",                                                       # quantize/int8.py
               "LOCALDIFF_NATIVE_INT8",                                                       # quantize/native.py
               "LOCALDIFF_VOCAB_KERNEL",                                                      # decoding/vocab_native.py
-              "LOCALDIFF_NATIVE_EXPERTS")                                                    # arch/native_experts.py
+              "LOCALDIFF_NATIVE_EXPERTS",                                                    # arch/native_experts.py
+              "LOCALDIFF_HEAP")                                                              # heap.py
 _ENV_TOP = {"LOCALDIFF_MODEL": "default_model", "LOCALDIFF_DEVICE": "device", "LOCALDIFF_QUANT": "quant",
             "LOCALDIFF_MAX_NEW_TOKENS": "max_new_tokens", "LOCALDIFF_SEED": "seed",
             "LOCALDIFF_THREADS": "threads"}
@@ -207,6 +208,7 @@ _ENV_CHOICES = {
     "LOCALDIFF_NATIVE_INT8": ("0", "1", "fma", "off", "on", "false", "true", "no", "yes"),   # quantize/native.py
     "LOCALDIFF_DEBUG": ("0", "1", "off", "on", "false", "true", "no", "yes"),                # cli/dispatch.py
     "LOCALDIFF_NATIVE_EXPERTS": ("0", "1", "avx512", "off", "on", "false", "true", "no", "yes"),  # arch/native_experts
+    "LOCALDIFF_HEAP": ("0", "1", "off", "on", "false", "true", "no", "yes"),                 # heap.py
     "LOCALDIFF_INT8_KERNEL": ("auto", "native", "int8pack", "dequant"),                      # quantize/choose.py
     "LOCALDIFF_DTYPE": DTYPES,                                                               # localdiff.load
     "LOCALDIFF_VOCAB_KERNEL": ("auto", "native", "torch"),                                   # decoding/vocab_native.py

@@ -16,6 +16,7 @@ from safetensors import safe_open
 
 from localdiff.arch import get_arch, get_spec, supported
 from localdiff.errors import CheckpointError
+from localdiff import heap
 from localdiff.hugepages import fits_in_memory, resident
 from localdiff.paths import read_json
 
@@ -99,6 +100,14 @@ def load_model(ckpt: Path, device: str | torch.device = "cpu", dtype: torch.dtyp
     Raises:
         CheckpointError: missing / corrupt files, unknown model_type, missing tensors, wrong shapes.
     """
+    with heap.for_weights():
+        out = _load_model(ckpt, device, dtype, quant, recipe, host_layers)
+    heap.for_steps()     # step temporaries from the heap from now on (localdiff.heap: -45 ms/step fp32 150M)
+    return out
+
+
+def _load_model(ckpt: Path, device, dtype, quant, recipe, host_layers):
+    """:func:`load_model`'s work, under :func:`localdiff.heap.for_weights`."""
     mod, cfg = load_config(ckpt)
     model_cls = mod.MODEL_CLASS
     wm = weight_map(ckpt)

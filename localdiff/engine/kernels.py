@@ -7,7 +7,7 @@ from torch import nn
 
 
 def describe(net: nn.Module) -> dict[str, str]:
-    """name → one-line description of the kernels ``net`` runs (keys: dtype, device, weights (CPU), experts, int8,
+    """name → one-line description of the kernels ``net`` runs (keys: dtype, device, weights and heap (CPU), experts, int8,
     self_conditioning, sampler)."""
     from localdiff.arch import native_experts
     from localdiff.arch.layers import MoEExperts
@@ -23,6 +23,9 @@ def describe(net: nn.Module) -> dict[str, str]:
 
         out["weights"] = ("copied out of the memory-mapped file, those of 4 MiB and more into huge pages "
                           "(localdiff.hugepages)" if available() else "memory-mapped from the checkpoint file")
+        from localdiff import heap
+
+        out["heap"] = heap.status()
     mods = list(net.modules())
     experts = [m for m in mods if isinstance(m, MoEExperts)]
     if any(isinstance(m, Int8Experts) for m in experts):

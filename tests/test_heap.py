@@ -1,0 +1,50 @@
+"""localdiff.heap: after a load, a step's large temporaries come from the heap (no fresh page faults on reuse), the
+weights still load as fresh mappings, LOCALDIFF_HEAP=0 leaves malloc alone, and tokens do not change."""
+import resource
+import sys
+
+import pytest
+import torch
+
+import localdiff
+from localdiff import heap
+
+linux = pytest.mark.skipif(not sys.platform.startswith("linux") or heap._fn() is None, reason="glibc mallopt only")
+
+
+def _faults_of_reuse(nbytes: int = 40 << 20) -> int:
+    """Minor page faults of allocating, touching and freeing a tensor of ``nbytes`` three times (after a first)."""
+    torch.ones(nbytes // 4)
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(3):
+        t = torch.ones(nbytes // 4)
+        del t
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+
+
+@linux
+def test_after_a_load_large_temporaries_do_not_fault_again():
+    localdiff.load("tiny", device="cpu", dtype="float32")
+    assert heap.status().startswith("step temporaries from the heap")
+    assert _faults_of_reuse() < 200          # 40 MiB freshly mapped: ≥ 500 faults each time (10,240 in 4 KiB pages)
+    with heap.for_weights():                         # while loading: the freed 40 MiB went back to the kernel,
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt      # so a weight copy's first touch faults
+        torch.ones(10 << 20)
+        assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0 > 300     # 2 MiB pages where THP is on
+    assert _faults_of_reuse() < 200                  # restored
+
+
+@linux
+def test_off_switch(monkeypatch):
+    monkeypatch.setenv(heap.ENV, "0")
+    assert heap.for_steps() is False and heap.status() == f"malloc defaults ({heap.ENV}=0)"
+    monkeypatch.delenv(heap.ENV)
+    assert heap.for_steps() is True
+
+
+def test_same_tokens_either_way():
+    m = localdiff.load("tiny", device="cpu", dtype="float32")
+    a = m.generate("What is 27 + 58?", seed=3, max_new_tokens=64).token_ids
+    with heap.for_weights():
+        b = m.generate("What is 27 + 58?", seed=3, max_new_tokens=64).token_ids
+    assert a == b and len(a) > 0

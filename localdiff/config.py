@@ -172,11 +172,19 @@ def _unknown(key: str, known: list[str], where: str) -> UsageError:
 
 def _read_file(path: Path) -> dict:
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except FileNotFoundError:
         return {}
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"cannot read config file {path}: {e}") from None
+    except IsADirectoryError:
+        raise UsageError(f"config file {path} is a folder; it must be a TOML file (or set LOCALDIFF_CONFIG to "
+                         "one)") from None
+    except OSError as e:
+        raise UsageError(f"cannot read config file {path}: {e.strerror or e}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"config file {path} is not valid UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}); "
+                         "TOML files are UTF-8") from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

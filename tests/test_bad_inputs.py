@@ -250,6 +250,11 @@ CASES = [
      2, "--threads applies to local models, not to --endpoint"),
     ("empty -m with --endpoint", ["gen", "--endpoint", "http://127.0.0.1:1", "-m", "", "-p", "x"], None, {}, 2,
      "empty model name (leave -m out for the server's first model)"),
+    # newcomer check, session 8: raw exception text ("[Errno 21]", "expected int", a codec's words) in the line
+    ("config path a folder", ["gen", "-p", "x"], None, {"LOCALDIFF_CONFIG": "{tmp}"}, 2,
+     "is a folder; it must be a TOML file (or set LOCALDIFF_CONFIG to one)"),
+    ("non-UTF-8 config file", ["gen", "-p", "x"], None, {"@config": b'steps = "caf\xe9"\n'}, 2,
+     "config.toml is not valid UTF-8 (byte 0xe9 at offset 12); TOML files are UTF-8"),
 ]
 
 
@@ -269,9 +274,9 @@ def test_bad_input_gives_one_line_and_exit_code(case, ckpt, broken, isolated, mo
     (isolated / "latin1.txt").write_bytes("café".encode("latin-1"))
     for k, v in env.items():
         if k == "@config":
-            (isolated / "config.toml").write_text(v)
+            (isolated / "config.toml").write_bytes(v if isinstance(v, bytes) else v.encode())
         else:
-            monkeypatch.setenv(k, v)
+            monkeypatch.setenv(k, v.replace("{tmp}", str(isolated)))
     _stdin(monkeypatch, stdin)
     rc = main(_fill(argv, ckpt, broken, isolated))
     out, err = capsys.readouterr()

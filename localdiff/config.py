@@ -149,9 +149,13 @@ def coerce(key: str, value: Any, typ: type, where: str) -> Any:
                 raise ValueError
             out = value
     except (TypeError, ValueError):
-        raise UsageError(f"{where}: invalid value {value!r} for '{key}' (expected {typ.__name__})") from None
+        raise UsageError(f"{where}: invalid value {value!r} for '{key}' (expected {TYPE_WORDS[typ]})") from None
     _check_range(key, out, where)
     return out
+
+
+#: what :func:`coerce` says a setting of each type must be (words, never Python's type names)
+TYPE_WORDS = {int: "an integer", float: "a number", bool: "on or off", str: "text"}
 
 
 def _check_range(key: str, v: Any, where: str) -> None:

@@ -255,6 +255,8 @@ CASES = [
      "is a folder; it must be a TOML file (or set LOCALDIFF_CONFIG to one)"),
     ("non-UTF-8 config file", ["gen", "-p", "x"], None, {"@config": b'steps = "caf\xe9"\n'}, 2,
      "config.toml is not valid UTF-8 (byte 0xe9 at offset 12); TOML files are UTF-8"),
+    ("seed nan in env", ["gen", "-p", "x"], None, {"LOCALDIFF_SEED": "nan"}, 2,
+     "LOCALDIFF_SEED: invalid value 'nan' for 'seed' (expected an integer)"),
 ]
 
 

@@ -257,6 +257,8 @@ CASES = [
      "config.toml is not valid UTF-8 (byte 0xe9 at offset 12); TOML files are UTF-8"),
     ("seed nan in env", ["gen", "-p", "x"], None, {"LOCALDIFF_SEED": "nan"}, 2,
      "LOCALDIFF_SEED: invalid value 'nan' for 'seed' (expected an integer)"),
+    ("data folder a file", ["chat", "--list"], None, {"LOCALDIFF_DATA_DIR": "{tmp}/latin1.txt/d"}, 1,
+     "latin1.txt is not a folder (set LOCALDIFF_DATA_DIR to a folder)"),
 ]
 
 

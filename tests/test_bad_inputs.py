@@ -259,6 +259,8 @@ CASES = [
      "LOCALDIFF_SEED: invalid value 'nan' for 'seed' (expected an integer)"),
     ("data folder a file", ["chat", "--list"], None, {"LOCALDIFF_DATA_DIR": "{tmp}/latin1.txt/d"}, 1,
      "latin1.txt is not a folder (set LOCALDIFF_DATA_DIR to a folder)"),
+    ("hub cache a file", ["pull", "acme/x"], None, {"@hub": "{tmp}/latin1.txt"}, 1,
+     "latin1.txt is not a folder (set HF_HOME or HF_HUB_CACHE to a folder)"),
 ]
 
 
@@ -279,6 +281,10 @@ def test_bad_input_gives_one_line_and_exit_code(case, ckpt, broken, isolated, mo
     for k, v in env.items():
         if k == "@config":
             (isolated / "config.toml").write_bytes(v if isinstance(v, bytes) else v.encode())
+        elif k == "@hub":   # the hub cache huggingface_hub read from the environment at import
+            from huggingface_hub import constants
+
+            monkeypatch.setattr(constants, "HF_HUB_CACHE", v.replace("{tmp}", str(isolated)))
         else:
             monkeypatch.setenv(k, v.replace("{tmp}", str(isolated)))
     _stdin(monkeypatch, stdin)
@@ -367,17 +373,19 @@ def test_a_stdin_pipe_that_stays_open_is_announced_after_a_second(ckpt, tmp_path
     assert err.count(b"waiting for stdin") == 1 and out.strip()
 
 
-@pytest.mark.parametrize("argv,stdin,code", [
-    (["gen", "-p", "x"], b"\xc3\x28 invalid", 2),
-    (["gen", "--steps", "abc", "-p", "x"], b"", 2),
-    (["gen", "-m", "{broken:corrupt_config}", "-p", "x"], b"", 1),
-], ids=["invalid-utf8-stdin", "bad-flag", "corrupt-config"])
-def test_bad_inputs_as_subprocess(argv, stdin, code, ckpt, broken, tmp_path):
-    env = _sub_env(tmp_path)
+@pytest.mark.parametrize("argv,stdin,code,env", [
+    (["gen", "-p", "x"], b"\xc3\x28 invalid", 2, {}),
+    (["gen", "--steps", "abc", "-p", "x"], b"", 2, {}),
+    (["gen", "-m", "{broken:corrupt_config}", "-p", "x"], b"", 1, {}),
+    (["pull", "acme/x"], b"", 1, {"HF_HOME": os.devnull, "HF_HUB_OFFLINE": "0"}),   # was "internal error: ..."
+], ids=["invalid-utf8-stdin", "bad-flag", "corrupt-config", "HF_HOME-a-file"])
+def test_bad_inputs_as_subprocess(argv, stdin, code, env, ckpt, broken, tmp_path):
+    env = {**_sub_env(tmp_path), **env}
     r = subprocess.run([sys.executable, "-m", "localdiff", *_fill(argv, ckpt, broken, tmp_path)], input=stdin,
                        capture_output=True, env=env, cwd=ROOT, timeout=120)
     assert r.returncode == code
     assert r.stdout == b"" and r.stderr.count(b"\n") == 1 and b"Traceback" not in r.stderr
+    assert b"internal error" not in r.stderr and b"offline mode" not in r.stderr, r.stderr
 
 
 def test_config_path_answers_with_an_invalid_config_file(isolated, capsys):

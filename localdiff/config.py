@@ -150,9 +150,13 @@ def coerce(key: str, value: Any, typ: type, where: str) -> Any:
                 raise ValueError
             out = value
     except (TypeError, ValueError):
-        raise UsageError(f"{where}: invalid value {value!r} for '{key}' (expected {typ.__name__})") from None
+        raise UsageError(f"{where}: invalid value {value!r} for '{key}' (expected {TYPE_WORDS[typ]})") from None
     _check_range(key, out, where)
     return out
+
+
+#: what :func:`coerce` says a setting of each type must be (words, never Python's type names)
+TYPE_WORDS = {int: "an integer", float: "a number", bool: "on or off", str: "text"}
 
 
 def _check_range(key: str, v: Any, where: str) -> None:
@@ -173,11 +177,19 @@ def _unknown(key: str, known: list[str], where: str) -> UsageError:
 
 def _read_file(path: Path) -> dict:
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except FileNotFoundError:
         return {}
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"cannot read config file {path}: {e}") from None
+    except IsADirectoryError:
+        raise UsageError(f"config file {path} is a folder; it must be a TOML file (or set LOCALDIFF_CONFIG to "
+                         "one)") from None
+    except OSError as e:
+        raise UsageError(f"cannot read config file {path}: {e.strerror or e}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"config file {path} is not valid UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}); "
+                         "TOML files are UTF-8") from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

@@ -16,14 +16,14 @@ ROLES = ("system", "user", "assistant")
 
 
 def _int_arg(key: str, value):
-    """``value`` as an int via the CLI's coercion (messages "KEY: invalid value … (expected int)" and its range
+    """``value`` as an int via the CLI's coercion (messages "KEY: invalid value … (expected an integer)" and its range
     checks); strings and bools are refused here (the CLI parses strings; the API takes numbers)."""
     if isinstance(value, (str, bytes, bool)) or value is None:
-        raise UsageError(f"{key}: invalid value {value!r} for '{key}' (expected int)")
+        raise UsageError(f"{key}: invalid value {value!r} for '{key}' (expected an integer)")
     if hasattr(value, "item") and getattr(value, "ndim", 0) == 0 and not isinstance(value, numbers.Number):
         value = value.item()  # a 0-d tensor / numpy scalar
     if not isinstance(value, numbers.Integral):
-        raise UsageError(f"{key}: invalid value {value!r} for '{key}' (expected int)")
+        raise UsageError(f"{key}: invalid value {value!r} for '{key}' (expected an integer)")
     return coerce(key, int(value), int, key)
 
 

@@ -21,12 +21,12 @@ def model(tmp_path_factory):
 
 
 @pytest.mark.parametrize("kwargs,fragment", [
-    ({"max_new_tokens": "abc"}, "max_new_tokens: invalid value 'abc' for 'max_new_tokens' (expected int)"),
+    ({"max_new_tokens": "abc"}, "max_new_tokens: invalid value 'abc' for 'max_new_tokens' (expected an integer)"),
     ({"max_new_tokens": 2.5}, "invalid value 2.5 for 'max_new_tokens'"),
     ({"max_new_tokens": True}, "invalid value True"),
     ({"max_new_tokens": 0}, "'max_new_tokens' must be a positive integer"),
     ({"seed": 2**70}, "'seed' must be in [0, 2**63)"),
-    ({"seed": "abc"}, "seed: invalid value 'abc' for 'seed' (expected int)"),
+    ({"seed": "abc"}, "seed: invalid value 'abc' for 'seed' (expected an integer)"),
     ({"seed": -1}, "'seed' must be in [0, 2**63) (got -1)"),
     ({"seed": 1.5}, "invalid value 1.5 for 'seed'"),
 ], ids=lambda v: repr(v)[:40])

@@ -250,6 +250,17 @@ CASES = [
      2, "--threads applies to local models, not to --endpoint"),
     ("empty -m with --endpoint", ["gen", "--endpoint", "http://127.0.0.1:1", "-m", "", "-p", "x"], None, {}, 2,
      "empty model name (leave -m out for the server's first model)"),
+    # newcomer check, session 8: raw exception text ("[Errno 21]", "expected int", a codec's words) in the line
+    ("config path a folder", ["gen", "-p", "x"], None, {"LOCALDIFF_CONFIG": "{tmp}"}, 2,
+     "is a folder; it must be a TOML file (or set LOCALDIFF_CONFIG to one)"),
+    ("non-UTF-8 config file", ["gen", "-p", "x"], None, {"@config": b'steps = "caf\xe9"\n'}, 2,
+     "config.toml is not valid UTF-8 (byte 0xe9 at offset 12); TOML files are UTF-8"),
+    ("seed nan in env", ["gen", "-p", "x"], None, {"LOCALDIFF_SEED": "nan"}, 2,
+     "LOCALDIFF_SEED: invalid value 'nan' for 'seed' (expected an integer)"),
+    ("data folder a file", ["chat", "--list"], None, {"LOCALDIFF_DATA_DIR": "{tmp}/latin1.txt/d"}, 1,
+     "latin1.txt is not a folder (set LOCALDIFF_DATA_DIR to a folder)"),
+    ("hub cache a file", ["pull", "acme/x"], None, {"@hub": "{tmp}/latin1.txt"}, 1,
+     "latin1.txt is not a folder (set HF_HOME or HF_HUB_CACHE to a folder)"),
 ]
 
 
@@ -269,9 +280,13 @@ def test_bad_input_gives_one_line_and_exit_code(case, ckpt, broken, isolated, mo
     (isolated / "latin1.txt").write_bytes("café".encode("latin-1"))
     for k, v in env.items():
         if k == "@config":
-            (isolated / "config.toml").write_text(v)
+            (isolated / "config.toml").write_bytes(v if isinstance(v, bytes) else v.encode())
+        elif k == "@hub":   # the hub cache huggingface_hub read from the environment at import
+            from huggingface_hub import constants
+
+            monkeypatch.setattr(constants, "HF_HUB_CACHE", v.replace("{tmp}", str(isolated)))
         else:
-            monkeypatch.setenv(k, v)
+            monkeypatch.setenv(k, v.replace("{tmp}", str(isolated)))
     _stdin(monkeypatch, stdin)
     rc = main(_fill(argv, ckpt, broken, isolated))
     out, err = capsys.readouterr()
@@ -358,17 +373,19 @@ def test_a_stdin_pipe_that_stays_open_is_announced_after_a_second(ckpt, tmp_path
     assert err.count(b"waiting for stdin") == 1 and out.strip()
 
 
-@pytest.mark.parametrize("argv,stdin,code", [
-    (["gen", "-p", "x"], b"\xc3\x28 invalid", 2),
-    (["gen", "--steps", "abc", "-p", "x"], b"", 2),
-    (["gen", "-m", "{broken:corrupt_config}", "-p", "x"], b"", 1),
-], ids=["invalid-utf8-stdin", "bad-flag", "corrupt-config"])
-def test_bad_inputs_as_subprocess(argv, stdin, code, ckpt, broken, tmp_path):
-    env = _sub_env(tmp_path)
+@pytest.mark.parametrize("argv,stdin,code,env", [
+    (["gen", "-p", "x"], b"\xc3\x28 invalid", 2, {}),
+    (["gen", "--steps", "abc", "-p", "x"], b"", 2, {}),
+    (["gen", "-m", "{broken:corrupt_config}", "-p", "x"], b"", 1, {}),
+    (["pull", "acme/x"], b"", 1, {"HF_HOME": os.devnull, "HF_HUB_OFFLINE": "0"}),   # was "internal error: ..."
+], ids=["invalid-utf8-stdin", "bad-flag", "corrupt-config", "HF_HOME-a-file"])
+def test_bad_inputs_as_subprocess(argv, stdin, code, env, ckpt, broken, tmp_path):
+    env = {**_sub_env(tmp_path), **env}
     r = subprocess.run([sys.executable, "-m", "localdiff", *_fill(argv, ckpt, broken, tmp_path)], input=stdin,
                        capture_output=True, env=env, cwd=ROOT, timeout=120)
     assert r.returncode == code
     assert r.stdout == b"" and r.stderr.count(b"\n") == 1 and b"Traceback" not in r.stderr
+    assert b"internal error" not in r.stderr and b"offline mode" not in r.stderr, r.stderr
 
 
 def test_config_path_answers_with_an_invalid_config_file(isolated, capsys):

@@ -137,3 +137,22 @@ def test_targets_table_reports_met_and_unmet():
     assert _targets_md({}) == []
     quick = {"history": {"model": "embedded (tiny)", "ratio_1024_vs_256": 1.1}, "sweep": {"best": {"label": "x"}}}
     assert all(ln.endswith("| — (not this run's sizes) |") for ln in _targets_md(quick, quick=True)[2:] if ln)
+
+
+def test_profile_section_keeps_the_profilers_lines_off_stderr(tmp_path):
+    """``bench --only profile`` printed Kineto's "USDT:... profiler_start" / "profiler_stop" lines to stderr (newcomer
+    check, session 8); a fresh process, since Kineto reads its log level once."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
+    env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
+    r = subprocess.run([sys.executable, "-m", "localdiff", "bench", "--only", "profile", "--quick", "--threads", "1",
+                        "--no-plot", "--out", str(tmp_path / "b.json"), "--md", str(tmp_path / "b.md")],
+                       capture_output=True, env=env, cwd=root, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert b"USDT" not in r.stderr and b"profiler_start" not in r.stderr, r.stderr
+    assert json.loads((tmp_path / "b.json").read_text())["sections"]["profile"]["forwards"] > 0

@@ -114,6 +114,21 @@ def test_bad_request_is_a_json_4xx(server, path, body, status):
     assert _is_json_error(r) and "Traceback" not in r.text
 
 
+@pytest.mark.parametrize("body,says", [
+    (b'{"model": "tiny", "prompt": "caf\xe9"}', "request body is not UTF-8 (byte 0xe9 at offset 32)"),
+    (b"{not json", "request body is not valid JSON (Expecting property name enclosed in double quotes at line 1"),
+    (b"[" * 20000 + b"]" * 20000, "request body is not valid JSON: nested too deeply"),
+], ids=["not UTF-8", "not JSON", "too deep"])
+@pytest.mark.parametrize("path", [COMP, OGEN])
+def test_an_unreadable_body_is_said_in_words(server, path, body, says):
+    """(newcomer check, session 8: "request body is not valid JSON (UnicodeDecodeError: 'utf-8' codec can't ...")"""
+    r = _post(server, path, body)
+    err = r.json()["error"]
+    message = err["message"] if isinstance(err, dict) else err
+    assert r.status_code == 400 and message.startswith(says), message
+    assert "Error" not in message and "codec" not in message
+
+
 def test_auth_size_and_method_errors(server):
     body = {"model": "tiny", "messages": OK, "max_tokens": 4}
     assert httpx.post(server.url + CHAT, json=body).status_code == 401                       # no key

@@ -33,11 +33,15 @@ CONNECT_TIMEOUT_S = 10.0
 class RemoteError(LocaldiffError):
     """The endpoint could not be reached or refused the request (one line, the server's own message).
 
-    ``status`` is the HTTP status the server answered with (None: no answer — unreachable or timed out)."""
+    ``status`` is the HTTP status the server answered with (None: no answer — unreachable or timed out). A 400 (the
+    server refused the request's options or prompt, e.g. ``--steps 100001``) is a usage error, exit code 2, as the
+    same options are with a local model; every other failure is exit code 1."""
 
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
+        if status == 400:
+            self.exit_code = 2
 
 
 def base_url(url: str) -> str:

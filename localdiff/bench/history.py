@@ -8,6 +8,7 @@ cache's device budget at zero (everything offloaded to the host tier) and unlimi
 from __future__ import annotations
 
 import inspect
+import os
 import statistics
 import time
 
@@ -166,6 +167,10 @@ def profile_generate(m, prompt_ids: list[int], seed: int, max_new_tokens: int, t
     """
     from torch.profiler import ProfilerActivity, profile
 
+    # Kineto (the profiler's C++ side) prints "USDT:... profiler_start" / "profiler_stop" to stderr at its USDT
+    # level (5); a minimum level above every level (6) silences it. Read when Kineto's logger first starts, so set
+    # before the first profile; a level the user set wins.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     kw = dict(chat=False, seed=seed, max_new_tokens=max_new_tokens, **sampler)
     m.generate(list(prompt_ids), **kw)
     net, spent = m.net, [0.0]

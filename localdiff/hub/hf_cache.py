@@ -34,6 +34,27 @@ def hub_cache_dir() -> Path:
     return Path(constants.HF_HUB_CACHE).expanduser()
 
 
+def check_cache_folders() -> None:
+    """Refuse a Hugging Face home or hub cache that is not a folder (``HF_HOME=/dev/full``, a file): huggingface_hub
+    reads its token from ``HF_HOME/token`` and a pull writes under the hub cache, which failed with a raw
+    NotADirectoryError. A folder that does not exist yet is fine (a pull creates it).
+
+    Raises:
+        HubError: the first existing path of HF_HOME or of the hub cache is not a folder.
+    """
+    from huggingface_hub import constants
+
+    from localdiff.errors import HubError
+
+    for path in (Path(constants.HF_HOME).expanduser(), hub_cache_dir()):
+        there = path
+        while not there.exists() and there != there.parent:
+            there = there.parent
+        if not there.is_dir():
+            what = "is not a folder" if there == path else f"cannot be created: {there} is not a folder"
+            raise HubError(f"the Hugging Face cache {path} {what} (set HF_HOME or HF_HUB_CACHE to a folder)")
+
+
 def storage_folder(repo_id: str, cache_dir: Path | None = None) -> Path:
     """``<cache>/models--org--name`` for a model repo."""
     return (cache_dir or hub_cache_dir()) / ("models--" + repo_id.replace("/", "--"))

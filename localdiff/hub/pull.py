@@ -19,8 +19,8 @@ from localdiff.hub import download as dl
 from localdiff.hub.download import RETRY_STATUSES, RemoteFile, fetch_blob, retry_delay, verify_file
 from localdiff.errors import HubError, UsageError
 from localdiff.hub.guard import changed_since_verified, pull_lock, record_verified
-from localdiff.hub.hf_cache import (filter_files, read_ref, read_tree, snapshot_status, storage_folder, write_ref,
-                                    write_tree)
+from localdiff.hub.hf_cache import (check_cache_folders, filter_files, read_ref, read_tree, snapshot_status,
+                                    storage_folder, write_ref, write_tree)
 from localdiff.hub.progress import QuietProgress, human_bytes, make_progress
 
 DISK_MARGIN = 64 * 1024 * 1024  # bytes kept free beyond the download (said in the message; --no-space-check skips)
@@ -202,7 +202,8 @@ def pull(t: "Target", quiet: bool = False, progress=None, verify: bool = False, 
         seconds, warnings (list of str).
     Raises:
         UsageError: a folder or embedded model (nothing to pull).
-        HubError: offline, unreachable, gated, not found, no loadable files, not enough disk, failed verification.
+        HubError: offline, unreachable, gated, not found, no loadable files, not enough disk, failed verification,
+            HF_HOME / the hub cache not a folder.
 
     A second pull of the same repo waits for the first (the repo's pull lock; a note says so) and then looks at the
     cache afresh, so it counts what the first one left.
@@ -213,6 +214,7 @@ def pull(t: "Target", quiet: bool = False, progress=None, verify: bool = False, 
                 "total_bytes": 0, "downloaded_bytes": 0, "reused_bytes": 0, "warnings": []}
     if t.kind == "path":
         raise UsageError(f"{name} is a local folder; there is nothing to pull")
+    check_cache_folders()
     progress = progress or (QuietProgress() if quiet else make_progress())
     t0 = time.monotonic()
     storage = storage_folder(t.repo)

@@ -48,15 +48,24 @@ def check_key(api_key: str | None, authorization: str, x_api_key: str) -> None:
 
 
 def parse_json(raw: bytes) -> dict:
-    """A request body → a JSON object. Raises ApiError(400): empty, not UTF-8 / JSON, not an object, or a string with
+    """A request body → a JSON object. Raises ApiError(400) with a plain message (no Python exception names): empty,
+    not UTF-8, not JSON (or nested past the parser's depth), not an object, or a string with
     an unpaired surrogate escape such as ``"\\ud800"`` (JSON allows it, but it is no Unicode text: the tokenizer and
     the log cannot encode it)."""
     if not raw.strip():
         raise bad_request("empty request body: send a JSON object")
     try:
-        body = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise bad_request(f"request body is not valid JSON ({type(e).__name__}: {str(e)[:80]})") from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise bad_request(f"request body is not UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}): send JSON "
+                          "encoded as UTF-8") from None
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as e:
+        where = f"line {e.lineno}, column {e.colno}"
+        raise bad_request(f"request body is not valid JSON ({e.msg[:80]} at {where})") from None
+    except RecursionError:
+        raise bad_request("request body is not valid JSON: nested too deeply") from None
     if not isinstance(body, dict):
         raise bad_request("request body must be a JSON object")
     if b"\\ud" in raw or b"\\uD" in raw:        # only an escape can carry a lone surrogate (raw is UTF-8)

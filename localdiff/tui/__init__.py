@@ -86,6 +86,7 @@ def run_chat(
         settings.seed = opts["seed"]
 
     from localdiff.tui.app import ChatApp, _default_loader, _describe
+    from localdiff.tui.decode import install_lenient_decoder
     from localdiff.tui.paste import install_paste_guard
 
     load = loader or _default_loader
@@ -105,6 +106,7 @@ def run_chat(
         return load(name, device=device, quant=quant)
 
     install_paste_guard()  # escape sequences inside a bracketed paste become text, never keys
+    install_lenient_decoder()  # a keyboard byte that is not UTF-8 becomes "�", never a crash
     app = ChatApp(model, store=store, conversation_id=conversation_id, device=device, quant=quant, settings=settings,
                   loader=first_then_load, config_file=config_file, theme=theme)
     app.run()

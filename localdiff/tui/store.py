@@ -53,6 +53,17 @@ def default_db_path() -> Path:
     return Path(platformdirs.user_data_dir("localdiff")) / "chat.sqlite3"
 
 
+def _why(exc: OSError, folder: Path) -> str:
+    """The reason a folder for the history could not be made, in words (no "[Errno N]")."""
+    if isinstance(exc, (FileExistsError, NotADirectoryError)):
+        there = folder
+        while not there.exists() and there != there.parent:
+            there = there.parent
+        if there.exists() and not there.is_dir():
+            return f"{there} is not a folder (set LOCALDIFF_DATA_DIR to a folder)"
+    return exc.strerror or str(exc)
+
+
 @dataclass
 class Turn:
     """One finished message. ``role`` is "user" or "assistant"; ``stats`` is GenerationStats.as_dict() or {}."""
@@ -99,7 +110,9 @@ class ChatStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with self._connect() as con:
                 con.executescript(_SCHEMA)
-        except (OSError, sqlite3.Error) as exc:
+        except OSError as exc:   # e.g. LOCALDIFF_DATA_DIR=/dev/full: "[Errno 17] File exists" from mkdir
+            raise HistoryError(f"cannot open chat history {self.path}: {_why(exc, self.path.parent)}") from None
+        except sqlite3.Error as exc:
             raise HistoryError(f"cannot open chat history {self.path}: {exc}") from None
 
     @contextmanager

@@ -18,9 +18,12 @@ import torch.nn.functional as F
 class Probabilities(NamedTuple):
     """Self-conditioning input given as the distribution itself instead of logits: ``probs`` Tensor[B, C, V] =
     ``softmax(previous step's temperature-scaled logits)``, already computed by the sampler (the 16-bit fast path
-    of :class:`localdiff.decoding.canvas_eb.CanvasEB`), so the model skips its own softmax pass."""
+    of :class:`localdiff.decoding.canvas_eb.CanvasEB`), so the model skips its own softmax pass. On the exact path
+    ``probs`` is the sampler's ``softmax(proc, fp32)`` — the very op the model would run on the same tensor, so the
+    result is bit-identical — and ``logits`` the logits themselves, which the top-k approximation reads."""
 
     probs: torch.Tensor
+    logits: torch.Tensor | None = None
 
 
 class RawLogits(NamedTuple):
@@ -64,7 +67,8 @@ def soft_embedding(sc_logits, weight: torch.Tensor, topk: int | None = None) -> 
         probs = sc_logits.probs
         if topk is None or topk >= probs.shape[-1]:
             return F.linear(probs.to(weight.dtype), weight.t())
-        sc_logits = probs.float().log()          # the top-k of the distribution renormalised, as below
+        # the top-k of the distribution renormalised, as below (of the logits where they came along)
+        sc_logits = sc_logits.logits if sc_logits.logits is not None else probs.float().log()
     if topk is None or topk >= sc_logits.shape[-1]:
         probs = torch.softmax(sc_logits, dim=-1, dtype=torch.float32).to(weight.dtype)
         # F.linear(p, Eᵀ): the layout that is fast in bf16 on every CPU measured (torch.matmul(p, E) took 35 s per

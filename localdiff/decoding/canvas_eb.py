@@ -105,7 +105,7 @@ class CanvasEB:
             stop = self.stopper(r.argmax, None, r.entropy) if not self.n_done else None
             return Assessment(None, r.argmax, r.entropy, stop, r.probs, r.confidence, r.rows)
         proc = logits / self.temps[self.max_steps - step + 1]
-        argmax = proc.argmax(-1)
+        argmax = proc.max(-1).indices      # = argmax(-1) (first index on ties, NaN/-inf rows alike; test), 30 % faster
         ent = token_entropy(proc)
         stop = self.stopper(argmax, proc, ent) if not self.n_done else None
         return Assessment(proc, argmax, ent, stop)
@@ -149,7 +149,7 @@ class CanvasEB:
         if a.proc is None:
             argmax, ent, new_canvas = self._carry_fast(a, new_canvas)
         else:
-            argmax, ent, new_canvas = self._carry_exact(a, new_canvas)
+            argmax, ent, new_canvas = self._carry_exact(a, new_canvas, probs)
         self.canvas, self.argmax, self.locked = new_canvas, argmax, locked
         self.n_done = int(self.done.sum())
         return {"canvas_ids": new_canvas, "argmax_ids": argmax, "accepted": acc, "renoised": renoised,
@@ -167,17 +167,22 @@ class CanvasEB:
             return draw_rows(src, read.reshape(-1), self.gen).view(self.b, self.c)
         return categorical(probs.view(-1, self.v), self.gen, read.reshape(-1), valid=valid).view(self.b, self.c)
 
-    def _carry_exact(self, a: Assessment, new_canvas: torch.Tensor) -> tuple:
+    def _carry_exact(self, a: Assessment, new_canvas: torch.Tensor, probs: torch.Tensor) -> tuple:
         """Rows already stopped keep their canvas, argmax and self-conditioning; the stopper's verdict; the next
-        self-conditioning logits (the reference's ``proc`` in ``sc_dtype``). Returns (argmax, entropy, canvas)."""
+        self-conditioning logits (the reference's ``proc`` in ``sc_dtype``). In fp32 with no row stopped, the
+        self-conditioning input also carries ``probs`` (this step's ``softmax(proc, fp32)``, Tensor[B, C, V]) so the
+        model does not compute the same softmax again (150M: ~26 ms per step). Returns (argmax, entropy, canvas)."""
         argmax, proc, ent = a.argmax, a.proc, a.entropy
+        fresh = not self.n_done
         if self.n_done:
             argmax = torch.where(self.done[:, None], self.argmax, argmax)
             new_canvas = torch.where(self.done[:, None], self.canvas, new_canvas)
-            proc = torch.where(self.done[:, None, None], self.sc.to(proc.dtype), proc)
+            prev = self.sc.logits if isinstance(self.sc, Probabilities) else self.sc
+            proc = torch.where(self.done[:, None, None], prev.to(proc.dtype), proc)
             ent = token_entropy(proc)
         self.done |= self.stopper(argmax, proc, ent) if a.stop is None else a.stop
-        self.sc = proc.to(self.sc_dtype)
+        sc = proc.to(self.sc_dtype)
+        self.sc = Probabilities(probs, sc) if fresh and sc.dtype == probs.dtype == torch.float32 else sc
         return argmax, ent, new_canvas
 
     def _carry_fast(self, a: Assessment, new_canvas: torch.Tensor) -> tuple:

@@ -13,6 +13,12 @@ GEMM ~100× *slower* than fp32: torch emulates it). So the CPU default is decide
    which is what reference-exact runs (tokens equal to transformers in fp32) need.
 
 ``dtype="float32"`` (``--dtype float32``, ``LOCALDIFF_DTYPE=float32``) always gives the exact fp32 path.
+
+The sampler path (``Precision.sampler``): "fast" (the fused vocabulary pass, draws for accepted positions only:
+:class:`localdiff.decoding.canvas_eb.CanvasEB`'s fast path) wherever the model would be bf16 if the CPU allowed —
+16-bit default, or fp32 by default for a large or 16-bit-stored model on a CPU without fast bf16 (150M, fp32, one
+core of a Sapphire Rapids: ~500 vs ~700 CPU ms per step); "exact" (the reference's ops and random stream) for a small
+fp32 checkpoint and whenever the dtype is asked for.
 """
 from __future__ import annotations
 
@@ -99,7 +105,7 @@ class Precision:
 
     Attributes: ``dtype`` ("float32" | "bfloat16"), ``reason`` (one line), ``capability`` (torch's dispatch level),
     ``bf16_instructions`` (the cpuinfo flags found), ``rates`` (:func:`matmul_rates`, GFLOP/s), ``chosen_by``
-    ("default" | "asked").
+    ("default" | "asked"), ``sampler`` ("exact" | "fast", see the module; None = by dtype: exact in fp32).
     """
 
     dtype: str
@@ -108,18 +114,23 @@ class Precision:
     bf16_instructions: list[str] = field(default_factory=list)
     rates: dict = field(default_factory=dict)
     chosen_by: str = "default"
+    sampler: str | None = None
 
     def to_dict(self) -> dict:
         return {"dtype": self.dtype, "reason": self.reason, "cpu_capability": self.capability,
                 "bf16_instructions": list(self.bf16_instructions), "matmul_gflops": dict(self.rates),
-                "chosen_by": self.chosen_by}
+                "chosen_by": self.chosen_by, "sampler": self.sampler_path()}
+
+    def sampler_path(self) -> str:
+        """"exact" or "fast": :attr:`sampler`, or by dtype when None (fp32: exact)."""
+        return self.sampler or ("exact" if self.dtype == "float32" else "fast")
 
     def line(self) -> str:
         """One line for ``gen -v`` / ``bench``: dtype, why, the detected capability."""
         flags = ",".join(self.bf16_instructions) or "none"
         rates = ", ".join(f"{k} {v:.0f}" for k, v in self.rates.items() if v) or "not measured"
-        return (f"{self.dtype} ({self.chosen_by}: {self.reason}); CPU {platform.machine()} torch {self.capability}, "
-                f"bf16 instructions {flags}, GEMM GFLOP/s {rates}")
+        return (f"{self.dtype} ({self.chosen_by}: {self.reason}), {self.sampler_path()} sampler; CPU "
+                f"{platform.machine()} torch {self.capability}, bf16 instructions {flags}, GEMM GFLOP/s {rates}")
 
 
 def stored_dtype(raw: dict) -> str | None:
@@ -139,9 +150,10 @@ def choose_cpu_dtype(stored: str | None, n_params: int | None, measure: bool = T
     cap, flags = torch_capability(), bf16_instructions()
     small = n_params is None or n_params < LARGE_MODEL_PARAMS   # unknown size: as small
     half = stored in ("bfloat16", "float16")
+    fast32 = None if small and not half else "fast"     # where bf16 would be the default: the fast sampler in fp32
     if not flags:
         return Precision("float32", "no bf16 GEMM instructions on this CPU (bf16 would be emulated, ~100x slower)",
-                         cap, flags, {})
+                         cap, flags, {}, sampler=fast32)
     if small and not half:
         return Precision("float32", f"fp32 checkpoint under {LARGE_MODEL_PARAMS // 1_000_000}M parameters or of "
                                     "unknown size "
@@ -152,6 +164,6 @@ def choose_cpu_dtype(stored: str | None, n_params: int | None, measure: bool = T
     speedup = rates["bfloat16"] / rates["float32"]
     if speedup < BF16_MIN_SPEEDUP:
         return Precision("float32", f"bf16 GEMM measured only {speedup:.1f}x fp32 (< {BF16_MIN_SPEEDUP:g}x)",
-                         cap, flags, rates)
+                         cap, flags, rates, sampler=fast32)
     why = "checkpoint stored in " + stored if half else f"{n_params / 1e6:.0f}M parameters"
     return Precision("bfloat16", f"bf16 GEMM measured {speedup:.1f}x fp32; {why}", cap, flags, rates)

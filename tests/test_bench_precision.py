@@ -29,13 +29,15 @@ def test_paired_difference_by_hand():
 
 def test_verdict_needs_the_interval_above_minus_one_point():
     def rows(ds):
-        return [{"seed": s, "float32": 100, "bfloat16": 100 + d, "float64": 100} for s, d in enumerate(ds)]
+        return [{"seed": s, "float32": 100, "bfloat16": 100 + d, "float32 fast": 100 - d, "float64": 100}
+                for s, d in enumerate(ds)]
 
     assert precision.summarize(rows([1, 1, 0, 1, 0, 1, 1, 0]), 100)["within_1pt"] is True    # CI +0.19 … +1.06
     noisy = precision.summarize(rows([1, -1, 0, 2]), 100)       # mean +0.5 pt but CI −1.6 … +2.6: not shown
     assert noisy["within_1pt"] is False and noisy["bfloat16_minus_float32"]["ci_pt"][0] < -1
     lossy = precision.summarize(rows([-2, -3, -2, -3]), 100)
     assert lossy["within_1pt"] is False and lossy["bfloat16_minus_float32"]["mean_pt"] == -2.5
+    assert lossy["float32_fast_within_1pt"] is True and lossy["float32_fast_minus_float32"]["mean_pt"] == 2.5
     assert precision.summarize(rows([3]), 100)["within_1pt"] is None
 
 
@@ -57,3 +59,4 @@ def test_section_end_to_end(tmp_path):
     assert len(sec["bfloat16_minus_float32"]["diffs"]) == 2
     md = (tmp_path / "p.md").read_text()
     assert "bf16 fast path vs exact float32, paired over 2 seeds" in md and "| float64 (control) |" in md
+    assert "| float32, fast sampler |" in md and "float32 with the fast sampler vs exact float32:" in md

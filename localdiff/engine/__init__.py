@@ -85,7 +85,7 @@ class Model:
         """Which dtype and kernels this model runs (:func:`localdiff.engine.kernels.describe`)."""
         from localdiff.engine.kernels import describe
 
-        return describe(self.net)
+        return describe(self.net, self.precision.sampler_path() if self.precision is not None else None)
 
     def new_cache(self, device_budget_bytes: int | None = None):
         """A fresh cache for this model's family, to reuse across chat turns: the block KV cache of the canvas family

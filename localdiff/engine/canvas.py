@@ -39,8 +39,10 @@ def stream(model, req):
     elif getattr(cache, "seq_len", 0):
         raise UsageError("cache reuse works for a single prompt; pass cache=None for batches")
     cfg = model.config
-    policy = policy_class(req.options)(req.options, ids.shape[0], cfg.canvas_length, cfg.vocab_size, model.device, req.generator,
-                      model.net.embed_tokens.weight.dtype)
+    prec = getattr(model, "precision", None)     # the fast sampler in fp32 where bf16 would be the default
+    fast = True if prec is not None and prec.sampler == "fast" else None
+    policy = policy_class(req.options)(req.options, ids.shape[0], cfg.canvas_length, cfg.vocab_size, model.device,
+                                       req.generator, model.net.embed_tokens.weight.dtype, fast=fast)
     yield from loop.run(model.net, policy, cache, ids.shape[0], req.max_new_tokens, model.eos_token_ids,
                         model.pad_token_id, prefill_ids=todo, prefill_mask=todo_mask, start_canvas=req.start_canvas,
                         emit_steps=req.emit_steps, decode=req.decode, stats=req.stats,

@@ -6,9 +6,10 @@ from __future__ import annotations
 from torch import nn
 
 
-def describe(net: nn.Module) -> dict[str, str]:
-    """name → one-line description of the kernels ``net`` runs (keys: dtype, device, weights and heap (CPU), experts, int8,
-    self_conditioning, sampler)."""
+def describe(net: nn.Module, sampler: str | None = None) -> dict[str, str]:
+    """name → one-line description of the kernels ``net`` runs (keys: dtype, device, weights and heap (CPU),
+    experts, int8, self_conditioning, sampler). ``sampler``: "exact" | "fast" (``Precision.sampler_path``), None = by
+    dtype (fp32: exact)."""
     from localdiff.arch import native_experts
     from localdiff.arch.layers import MoEExperts
     from localdiff.quantize.int8 import Int8Experts, Int8Linear
@@ -48,7 +49,7 @@ def describe(net: nn.Module) -> dict[str, str]:
                         "≤ 16 rows: the native kernel where it measures faster; more rows: dequantized fp32 GEMM "
                         "(exact)") + (f" ({kernel_summary()})" if cpu else ""))
     if hasattr(net, "self_conditioning"):
-        if dtype == "float32":
+        if (sampler or ("exact" if dtype == "float32" else "fast")) == "exact":
             out["self_conditioning"] = "softmax(fp32) then F.linear(p, Eᵀ) in float32 (the reference's ops)"
             out["sampler"] = "the reference's ops and random stream (reference-exact)"
         else:

@@ -3,7 +3,8 @@ socket, run as a separate process like any real client of ``localdiff serve`` (a
 
 Standard library only, so that the client process starts without torch: ``python serve_client.py PORT`` reads one
 JSON request per stdin line (``{"path": "/v1/chat/completions", "body": "<JSON text>"}``) and answers each with one
-JSON line ``{"first": s | null, "total": s, "n": completion tokens, "cpu_ms": this process's CPU ms}``: seconds from
+JSON line ``{"first": s | null, "total": s, "n": completion tokens, "cpu_ms": this process's CPU ms, "t0": the start
+(``time.perf_counter()``, the machine's monotonic clock, comparable with the server process's stamps)}``: seconds from
 just before the request is written to the arrival of the first content delta and of the end of the stream: the
 time the ``recv()`` that delivered those bytes returned. The client's own parse of them (JSON) comes after that stamp,
 as the in-process side's consumer does nothing with its text either; it is counted in ``cpu_ms``.
@@ -90,11 +91,12 @@ class Client:
 
 def timed_post(client: Client, path: str, body: bytes) -> dict:
     """One request: {"first": s to the arrival of the first content delta or None, "total": s to the arrival of the
-    stream's end, "n": completion tokens, "cpu_ms": CPU ms this thread spent on it, the parse included}."""
+    stream's end, "n": completion tokens, "cpu_ms": CPU ms this thread spent on it, the parse included, "t0": its
+    start on ``time.perf_counter()``'s clock (``docs/tools/serve_timeline.py`` lines it up with the server's stamps)}."""
     c0 = time.thread_time()
     t0 = time.perf_counter()
     first, total, n = client.post_sse(path, body, t0)
-    return {"first": first, "total": total, "n": n, "cpu_ms": (time.thread_time() - c0) * 1000}
+    return {"first": first, "total": total, "n": n, "cpu_ms": (time.thread_time() - c0) * 1000, "t0": t0}
 
 
 def main(argv: list[str]) -> int:

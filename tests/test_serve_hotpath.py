@@ -249,6 +249,27 @@ def test_serve_bench_layouts_and_report(server, monkeypatch):
         for k in ("ttfb", "tokens_per_s"):
             p = r["pairs"][k]
             assert p["min"] <= p["q1"] <= p["median"] <= p["q3"] <= p["max"]
+            assert p["min"] <= p["ci"][0] <= p["median"] <= p["ci"][1] <= p["max"]
         assert r["served"]["cpu_ms"]["client"] > 0 and r["in_process"]["cpu_ms"]["client"] == 0
     md = bench.render_md(sec)
     assert sum(line.startswith("| asyncio + h11 | here") for line in md) == len(bench.WORKLOADS)
+
+
+def test_serve_bench_median_ci_and_reps():
+    """The serve bench's 95 % CI of a median (sign-test order statistics: for n = 100 the 40th and 61st values,
+    their range below 6 values, covering the true median about 95 % of the time) and its runs per seed (more for a
+    short workload, capped at 20 × reps; none added without a time budget)."""
+    import random
+
+    from localdiff.bench.serve import _reps_for, median_ci
+
+    assert median_ci(list(range(1, 101))) == (40, 61)
+    assert median_ci([3.0, 1.0, 2.0]) == (1.0, 3.0)
+    rng = random.Random(7)
+    hits = sum(lo <= 0 <= hi for lo, hi in (median_ci([rng.expovariate(1) - 0.6931 for _ in range(80)])
+                                            for _ in range(1000)))
+    assert 920 <= hits <= 985
+    assert _reps_for(10, 0.0, 0.03, 3) == 10
+    assert _reps_for(10, 12.0, 1.2, 3) == 10            # a long workload keeps the base count
+    assert _reps_for(10, 12.0, 0.06, 3) == 67           # ~30 ms answers: ~200 pairs in ~12 s
+    assert _reps_for(10, 12.0, 0.001, 3) == 200         # capped

@@ -280,8 +280,8 @@ def _serve(ctx: _Ctx) -> dict:
     from localdiff.bench.serve import measure
 
     m = ctx.model()
-    seeds, reps = ((0, 1), 3) if ctx.args.quick else ((0, 1, 2), 10)
-    return measure(m, "What is 27 + 58?", seeds=seeds, reps=reps, log=ctx.log)
+    seeds, reps, secs = ((0, 1), 3, 0.0) if ctx.args.quick else ((0, 1, 2), 10, 12.0)
+    return measure(m, "What is 27 + 58?", seeds=seeds, reps=reps, log=ctx.log, min_seconds=secs)
 
 
 def _own_file(ctx: _Ctx, name: str) -> dict:

@@ -75,9 +75,25 @@ def _stats(values: list[float]) -> dict:
 
 
 def _spread(values: list[float]) -> dict:
-    """Median, quartiles and range."""
+    """Median, quartiles, range, and a distribution-free 95 % confidence interval of the median ("ci": the order
+    statistics at ranks n/2 ∓ 1.96·√n/2, the normal approximation of the binomial; the range when n < 6)."""
     q = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else [values[0]] * 3
-    return {"median": statistics.median(values), "q1": q[0], "q3": q[2], "min": min(values), "max": max(values)}
+    return {"median": statistics.median(values), "q1": q[0], "q3": q[2], "min": min(values), "max": max(values),
+            "ci": median_ci(values)}
+
+
+def median_ci(values: list[float], z: float = 1.96) -> tuple[float, float]:
+    """A distribution-free confidence interval of the median of ``values`` (95 % for z = 1.96): the sorted values
+    at 1-based ranks round(n/2 − z·√n/2) and round(1 + n/2 + z·√n/2) (the sign test's interval, binomial(n, ½)
+    approximated as normal; e.g. Conover, *Practical Nonparametric Statistics*, 3rd ed., §3.2; n = 100: the 40th
+    and 61st). Fewer than 6 values: their range."""
+    v = sorted(values)
+    n = len(v)
+    if n < 6:
+        return (v[0], v[-1])
+    half = z * n ** 0.5 / 2
+    lo, hi = max(round(n / 2 - half) - 1, 0), min(round(n / 2 + half + 1) - 1, n - 1)
+    return (v[lo], v[hi])
 
 
 def _summary(rows: list[tuple], cpu: list[dict]) -> dict:
@@ -227,7 +243,8 @@ def _pair_overheads(pairs: list[tuple]) -> dict:
     return {"ttfb": _spread(ttfb), "tokens_per_s": _spread(tps)}
 
 
-def _measure_one(srv: _Server, model, prompt, seeds, reps, max_new_tokens, warmup, log) -> list[dict]:
+def _measure_one(srv: _Server, model, prompt, seeds, reps, max_new_tokens, warmup, log,
+                 min_seconds: float = 0.0) -> list[dict]:
     def run(which, seed, opts, events):
         c0 = srv.clocks.read()
         if which == "in_process":
@@ -242,14 +259,16 @@ def _measure_one(srv: _Server, model, prompt, seeds, reps, max_new_tokens, warmu
 
     rows = []
     for name, (opts, events) in WORKLOADS.items():
+        t_warm = time.perf_counter()
         for i in range(warmup):
             run("served", i, opts, events)
             run("in_process", i, opts, events)
+        n_reps = _reps_for(reps, min_seconds, (time.perf_counter() - t_warm) / max(warmup, 1), len(seeds))
         got = {"in_process": ([], []), "served": ([], [])}
         pairs = []
         k = 0
         for seed in seeds:
-            for _ in range(reps):
+            for _ in range(n_reps):
                 order = ("in_process", "served") if k % 4 in (0, 3) else ("served", "in_process")
                 k += 1
                 pair = {}
@@ -263,26 +282,43 @@ def _measure_one(srv: _Server, model, prompt, seeds, reps, max_new_tokens, warmu
         if ia["tokens"] != sb["tokens"]:
             raise RuntimeError(f"serve bench, {name}: token counts differ between the paths "
                                f"({ia['tokens']} vs {sb['tokens']})")
-        row = {"workload": name, "in_process": ia, "served": sb, "pairs": _pair_overheads(pairs),
+        row = {"workload": name, "reps": n_reps, "in_process": ia, "served": sb, "pairs": _pair_overheads(pairs),
                "ttfb_overhead_ms": sb["ttfb_ms"]["median"] - ia["ttfb_ms"]["median"],
                "tokens_per_s_overhead": 1 - sb["tokens_per_s"]["median"] / ia["tokens_per_s"]["median"],
                "cpu_overhead": sb["cpu_total_ms"]["median"] / ia["cpu_total_ms"]["median"] - 1,
                "same_tokens": True}
         po = row["pairs"]
         log(f"serve: {name}: TTFB {ia['ttfb_ms']['median']:.1f} → {sb['ttfb_ms']['median']:.1f} ms "
-            f"({100 * po['ttfb']['median']:+.1f} %), tokens/s {ia['tokens_per_s']['median']:.1f} → "
-            f"{sb['tokens_per_s']['median']:.1f} ({100 * po['tokens_per_s']['median']:+.1f} % overhead, pairs "
-            f"{100 * po['tokens_per_s']['min']:+.1f}…{100 * po['tokens_per_s']['max']:+.1f}); CPU ms/request "
+            f"({100 * po['ttfb']['median']:+.1f} %, 95 % CI {_ci_pct(po['ttfb'])}), tokens/s "
+            f"{ia['tokens_per_s']['median']:.1f} → {sb['tokens_per_s']['median']:.1f} "
+            f"({100 * po['tokens_per_s']['median']:+.1f} % overhead, 95 % CI {_ci_pct(po['tokens_per_s'])}, "
+            f"{len(pairs)} pairs {100 * po['tokens_per_s']['min']:+.1f}…{100 * po['tokens_per_s']['max']:+.1f}); "
+            f"CPU ms/request "
             f"(client, loop, model) in-process " + ", ".join(f"{v:.2f}" for v in ia["cpu_ms"].values())
             + ", served " + ", ".join(f"{v:.2f}" for v in sb["cpu_ms"].values()))
         rows.append(row)
     return rows
 
 
+def _reps_for(reps: int, min_seconds: float, warm_pair_s: float, n_seeds: int) -> int:
+    """Runs per seed and path: ``reps``, or more for a short workload, so that its pairs take about ``min_seconds``
+    (from the warm-up pairs' mean time ``warm_pair_s``), at most 20 × ``reps``: the per-pair spread of a ~30 ms
+    answer (±20–30 % on a shared 2-core machine) needs a few hundred pairs for a median within ~±1 %."""
+    if min_seconds <= 0 or warm_pair_s <= 0:
+        return reps
+    return max(reps, min(20 * reps, int(min_seconds / (warm_pair_s * n_seeds)) + 1))
+
+
+def _ci_pct(s: dict) -> str:
+    lo, hi = s["ci"]
+    return f"{100 * lo:+.1f}…{100 * hi:+.1f} %"
+
+
 def measure(model, prompt: str, seeds=(0, 1, 2), reps: int = 10, max_new_tokens: int | None = None, warmup: int = 3,
-            log=print, stacks=None, layouts=None) -> dict:
+            log=print, stacks=None, layouts=None, min_seconds: float = 0.0) -> dict:
     """For each HTTP stack (:func:`_stacks`) and thread layout (:func:`_layouts`), run each workload over ``seeds``
-    × ``reps`` per path, ABBA-alternating in-process and served.
+    × ``reps`` per path (more for a workload whose warm-up pairs show that its pairs would take under
+    ``min_seconds``: :func:`_reps_for`), ABBA-alternating in-process and served.
 
     Returns:
         {"prompt", "seeds", "reps", "warmup", "cpus", "runs": [{"stack": {"loop", "http"}, "layout": {"name",
@@ -291,7 +327,8 @@ def measure(model, prompt: str, seeds=(0, 1, 2), reps: int = 10, max_new_tokens:
         TTFB ms and tokens/s as median/min/max, the token counts, median CPU ms per request per thread ("client":
         the client process, "loop", "model"; in-process the caller only waits and the loop idles) and their
         per-request sum ("cpu_total_ms"). ``pairs``: overheads per ABBA pair (TTFB served ÷ in-process − 1, tokens/s
-        1 − served ÷ in-process) as median / quartiles / range. Overheads of the medians too.
+        1 − served ÷ in-process) as median / quartiles / range / 95 % CI of the median (:func:`median_ci`);
+        ``reps``: the runs per seed and path that workload got. Overheads of the medians too.
     Raises:
         LocaldiffError: starlette / uvicorn missing (the section is then reported as skipped); RuntimeError when
         the two paths return different token counts for the same seed.
@@ -310,7 +347,7 @@ def measure(model, prompt: str, seeds=(0, 1, 2), reps: int = 10, max_new_tokens:
             load_before = os.getloadavg()
             srv = _Server(model, stack, layout)
             try:
-                rows = _measure_one(srv, model, prompt, seeds, reps, max_new_tokens, warmup, log)
+                rows = _measure_one(srv, model, prompt, seeds, reps, max_new_tokens, warmup, log, min_seconds)
             finally:
                 srv.close()
             runs.append({"stack": {"loop": stack[0], "http": stack[1]}, "layout": layout,
@@ -324,20 +361,21 @@ def render_md(sec: dict) -> list[str]:
     if "runs" not in sec:
         return []
     out = ["### Through `localdiff serve` vs in-process (same model, prompt, seeds and model thread)", "",
-           f"Prompt {sec['prompt']!r}, seeds {sec['seeds']}, {sec['reps']} runs per seed and path after "
+           f"Prompt {sec['prompt']!r}, seeds {sec['seeds']}, {sec['reps']} runs (or more: the pairs column) per seed and path after "
            f"{sec.get('warmup', 0)} warm-up runs, ABBA order. Served: a streamed `/v1/chat/completions` on 127.0.0.1 "
            "from a client process (a minimal kept-alive HTTP client) to `localdiff serve`'s app and uvicorn config "
            "(its access line per request written) in this process; in-process: `Model.stream` in the server's model thread (same thread, "
            "same torch threads). TTFB = first answer text (served: when its bytes reach the client, before it parses them; "
-           "the end likewise). Overheads per ABBA pair: median [min–max]; TTFB "
+           "the end likewise). Overheads per ABBA pair: median (95 % CI of the median) [min–max]; TTFB "
            "served ÷ in-process − 1, tokens/s 1 − served ÷ in-process. CPU = median ms per request: client process + "
            "event loop + model thread. Load = load average before → after.", "",
            "| stack | layout (CPUs: model / loop / client) | load | workload | TTFB in-process ms | TTFB served ms | "
-           "TTFB overhead | tokens/s in-process | tokens/s served | tokens/s overhead | CPU served ms | same tokens |",
-           "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+           "TTFB overhead | tokens/s in-process | tokens/s served | tokens/s overhead | pairs | CPU served ms | same tokens |",
+           "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
 
     def pct(s):
-        return f"{100 * s['median']:+.1f} % [{100 * s['min']:+.1f}…{100 * s['max']:+.1f}]"
+        ci = f" (CI {_ci_pct(s)})" if "ci" in s else ""
+        return f"{100 * s['median']:+.1f} %{ci} [{100 * s['min']:+.1f}…{100 * s['max']:+.1f}]"
 
     def cpus(c):
         return ",".join(map(str, c))
@@ -351,6 +389,7 @@ def render_md(sec: dict) -> list[str]:
             out.append(f"| {st['loop']} + {st['http']} | {where} | {load} | {r['workload']} | "
                        f"{a['ttfb_ms']['median']:.1f} | {b['ttfb_ms']['median']:.1f} | {pct(r['pairs']['ttfb'])} | "
                        f"{a['tokens_per_s']['median']:.1f} | {b['tokens_per_s']['median']:.1f} | "
-                       f"{pct(r['pairs']['tokens_per_s'])} | {c.get('client', 0):.2f} + {c.get('loop', 0):.2f} + "
+                       f"{pct(r['pairs']['tokens_per_s'])} | {r.get('reps', sec['reps']) * len(sec['seeds'])} | "
+                       f"{c.get('client', 0):.2f} + {c.get('loop', 0):.2f} + "
                        f"{c.get('model', 0):.2f} | {'yes' if r['same_tokens'] else 'no'} |")
     return out + [""]

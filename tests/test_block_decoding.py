@@ -218,3 +218,22 @@ def test_decoder_options_of_another_family_are_refused(sdar):
     _, m = sdar
     with pytest.raises(UsageError, match="block_length"):
         m.generate("x" if m.tokenizer else [1, 2], max_new_tokens=4, block_length=8)
+
+
+def test_strip_generated_matches_the_position_rule():
+    """strip_generated (list.index / count) keeps exactly the ids at kept_positions (the per-position rule: up to the
+    first EOS, included with keep_eos, pad skipped), for any EOS set, pad id (also one equal to an EOS id), tensor
+    or list input; and a kept row without its trailing EOS is the text's ids (what done_event decodes)."""
+    import random
+
+    from localdiff.decoding.loop import kept_positions
+
+    rng = random.Random(3)
+    for _ in range(5000):
+        ids = [rng.randrange(6) for _ in range(rng.randrange(12))]
+        eos, pad, keep = rng.choice([[], [1], [1, 2], [3, 1], None]), rng.choice([None, 0, 1, 4]), rng.random() < 0.5
+        want = [ids[k] for k in kept_positions(ids, eos, pad, keep)]
+        assert strip_generated(ids, eos, pad, keep) == want
+        assert strip_generated(torch.tensor(ids, dtype=torch.long), eos, pad, keep) == want
+        row = strip_generated(ids, eos, pad, keep_eos=True)
+        assert (row[:-1] if row and eos and row[-1] in eos else row) == strip_generated(row, eos, pad)

@@ -273,3 +273,27 @@ def test_serve_bench_median_ci_and_reps():
     assert _reps_for(10, 12.0, 1.2, 3) == 10            # a long workload keeps the base count
     assert _reps_for(10, 12.0, 0.06, 3) == 67           # ~30 ms answers: ~200 pairs in ~12 s
     assert _reps_for(10, 12.0, 0.001, 3) == 200         # capped
+
+
+def test_job_flag_set_wait_across_threads():
+    """The jobs' cancel / finished flag: is_set after set, wait returns at once when up, times out when not, and a
+    waiter in another thread is woken by set (also when set races with the waiter's first wait)."""
+    import threading
+    import time
+
+    from localdiff.serve.worker import Flag
+
+    f = Flag()
+    assert not f.is_set() and f.wait(0.01) is False
+    f.set()
+    assert f.is_set() and f.wait(0) is True
+    for delay in (0.0, 0.0, 0.02):
+        g, got = Flag(), []
+        waiters = [threading.Thread(target=lambda: got.append(g.wait(10))) for _ in range(3)]
+        for w in waiters:
+            w.start()
+        time.sleep(delay)
+        g.set()
+        for w in waiters:
+            w.join(10)
+        assert got == [True, True, True]

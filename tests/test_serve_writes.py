@@ -210,3 +210,95 @@ def _server_loop(server):
     finally:
         del server.worker.submit
     return seen[0]
+
+
+def test_on_disconnect_hooks_the_corked_connection_else_falls_back():
+    """on_disconnect: the hook is kept on a CorkedTransport (called once when the protocol loses the connection;
+    at once when it is already gone; None clears it); for a send that is not uvicorn's it returns False (the app
+    then watches receive())."""
+    from localdiff.serve.transport import on_disconnect
+
+    async def main():
+        raw = _Transport()
+        t = CorkedTransport(raw, asyncio.get_running_loop())
+
+        class Cycle:
+            transport, disconnected = t, False
+
+            async def send(self, msg):
+                pass
+
+        calls = []
+        cycle = Cycle()
+        assert on_disconnect(cycle.send, lambda: calls.append(1)) and calls == [] and t.on_lost is not None
+        assert on_disconnect(cycle.send, None) and t.on_lost is None
+        cycle.disconnected = True                             # gone before the hook was set: called now
+        assert on_disconnect(cycle.send, lambda: calls.append(2)) and calls == [2] and t.on_lost is None
+        assert on_disconnect(lambda msg: None, lambda: calls.append(3)) is False and calls == [2]
+
+    asyncio.run(main())
+
+
+def test_disconnect_without_a_server_hook_cancels_through_receive():
+    """Under a server whose send has no disconnect hook (plain ASGI callables here), the generation routes watch
+    receive(): a client gone mid-answer cancels its job and the handler sends nothing more."""
+    import threading
+    import time
+
+    import localdiff
+    from localdiff.serve.app import ServerSettings, build_app
+    from localdiff.serve.worker import ModelWorker
+
+    model = localdiff.load("tiny")
+    worker = ModelWorker(lambda name: model, model.name, max_queue=4, keep_alive=None)
+    worker.model = model
+    worker.start()
+    started = threading.Event()
+    real = model.stream
+
+    stopped = []
+
+    def slow(*a, **k):                                        # a generation that runs until it is cancelled
+        cancel = k["cancel"]
+        started.set()
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 30:
+            if cancel():
+                stopped.append(time.monotonic() - t0)
+                break
+            time.sleep(0.01)
+        yield from ()
+
+    model.stream = slow
+    try:
+        app = build_app(worker, ServerSettings(api_key=None, max_body=1 << 20))
+        body = dumps({"model": model.name, "messages": ASK, "stream": True}).encode()
+        sent = []
+
+        async def main():
+            gone = asyncio.Event()
+
+            async def receive():
+                if not sent and not gone.is_set():
+                    sent.append("body")
+                    return {"type": "http.request", "body": body, "more_body": False}
+                await gone.wait()
+                return {"type": "http.disconnect"}
+
+            async def send(msg):
+                sent.append(msg.get("status", msg["type"]))
+
+            scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": [],
+                     "query_string": b"", "http_version": "1.1", "client": ("127.0.0.1", 1)}
+            task = asyncio.ensure_future(app(scope, receive, send))
+            await asyncio.get_running_loop().run_in_executor(None, started.wait, 30)
+            gone.set()
+            await asyncio.wait_for(task, 30)
+
+        asyncio.run(main())
+        assert worker.call(lambda: True)                      # the worker came back: the generation ended
+        assert len(stopped) == 1 and stopped[0] < 25          # ... because it was cancelled, not timed out
+        assert sent[1] == 499                                 # nothing streamed: "client closed the request"
+    finally:
+        model.stream = real
+        worker.stop()

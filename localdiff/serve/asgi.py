@@ -9,14 +9,16 @@ thread's CPU clock, ``localdiff bench --only serve``); the behaviour seen by cli
 
 One request: check the API key, read at most ``max_body`` bytes of JSON, parse it (``openai_api`` /
 ``ollama_api``), submit a :class:`~localdiff.serve.worker.Job`, then relay its parts (one ``send`` per hand-off from
-the model thread, :func:`localdiff.serve.jobs.pieces`). A watcher task waits on ``receive()`` for the client's
-disconnect: it sets the job's cancel flag at once (the engine stops before its next denoising step) and wakes the
+the model thread, :func:`localdiff.serve.jobs.pieces`). The client's disconnect (seen by the connection's protocol,
+:func:`localdiff.serve.transport.on_disconnect`; under another server, by a task waiting on ``receive()``) sets the
+job's cancel flag at once (the engine stops before its next denoising step) and wakes the
 handler, whether the job is still queued or streaming. Every request, Starlette's included, gets one access-log
 line once its response is complete (:func:`log_access`).
 """
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
 import logging
@@ -25,7 +27,7 @@ from localdiff.serve import ollama_api, openai_api
 from localdiff.serve.errors import ApiError, bad_request
 from localdiff.serve.jobs import ClientGone, collect, pieces
 from localdiff.serve.openai_api import dumps
-from localdiff.serve.transport import flush_now
+from localdiff.serve.transport import flush_now, on_disconnect
 from localdiff.serve.worker import Job
 
 log = logging.getLogger("localdiff.serve")
@@ -101,14 +103,19 @@ async def _read_body(receive, declared: str, limit: int) -> bytes:
             return b"".join(chunks)
 
 
+def _gone(job: Job) -> None:
+    """The client went away: cancel ``job`` and wake its handler (a ``("gone",)`` event)."""
+    job.cancel.set()
+    job.events.put_nowait(("gone",))
+
+
 async def _watch(receive, job: Job) -> None:
-    """Wait for the client to go away; then cancel ``job`` and wake its handler (a ``("gone",)`` event)."""
+    """Wait for the client to go away, then :func:`_gone` (where the server gives no disconnect hook:
+    :func:`localdiff.serve.transport.on_disconnect`)."""
     while True:
         msg = await receive()
         if msg["type"] == "http.disconnect":
-            job.cancel.set()
-            job.events.put_nowait(("gone",))
-            return
+            return _gone(job)
 
 
 async def _send_json(send, status: int, body: dict, headers: dict | None = None) -> int:
@@ -210,6 +217,7 @@ class GenerationRoutes:
     async def _serve(self, route, scope, receive, send) -> None:
         parse, chat, ollama = route
         job = watcher = status = None
+        hooked = False
         started = False
         try:
             headers = {k: v for k, v in scope["headers"] if k in (b"authorization", b"x-api-key",
@@ -225,7 +233,8 @@ class GenerationRoutes:
                 return
             job = Job(req, asyncio.get_running_loop())
             self.worker.submit(job)
-            watcher = asyncio.ensure_future(_watch(receive, job))
+            hooked = on_disconnect(send, functools.partial(_gone, job))
+            watcher = None if hooked else asyncio.ensure_future(_watch(receive, job))
             shape = _shape(self.worker.model, chat, ollama)   # built while the model runs (off the answer's path)
             first = await job.batch()
             if first[0][0] == "gone":
@@ -272,6 +281,8 @@ class GenerationRoutes:
                 err = ApiError(500, f"internal error: {type(exc).__name__}", type="server_error")
                 status = await _send_json(send, 500, err.ollama_body() if ollama else err.openai_body())
         finally:
+            if hooked:
+                on_disconnect(send, None)
             if watcher is not None:
                 watcher.cancel()
             if job is not None:

@@ -33,6 +33,7 @@ from localdiff.serve.worker import Job
 log = logging.getLogger("localdiff.serve")
 access = logging.getLogger("localdiff.serve.access")
 
+ACCESS_LOG_DELAY = 0.002   # s: a response's access line waits this long (see log_access)
 _JSON = (b"content-type", b"application/json")
 _SSE = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
 _NDJSON = [(b"content-type", b"application/x-ndjson")]
@@ -130,9 +131,11 @@ async def _send_json(send, status: int, body: dict, headers: dict | None = None)
 
 def log_access(scope, status: int | None) -> None:
     """The access-log line of one request (``localdiff.serve.access``, INFO; uvicorn's own line is off, see
-    :func:`localdiff.serve.uvicorn_config`), written once the response is complete, from a loop callback queued
-    after the response's last write (so not on the answer's path), with the status actually sent (None: nothing
-    was sent)."""
+    :func:`localdiff.serve.uvicorn_config`), written once the response is complete, from a loop timer
+    ``ACCESS_LOG_DELAY`` after the response's last write, with the status actually sent (None: nothing was sent).
+    Not on the answer's path: a queued callback would run before the loop next waits, and a client on the server's
+    own CPU (woken by that write) would wait for the line's ~0.1 ms of logging before it could read the answer; the
+    timer lets the loop wait first."""
     if access.isEnabledFor(logging.INFO):
         client = scope.get("client")
         path = scope.get("path", "") + ("?" + scope["query_string"].decode("latin-1") if scope.get("query_string")
@@ -212,7 +215,7 @@ class GenerationRoutes:
         try:
             await self.fallback(scope, receive, send_logged)
         finally:
-            asyncio.get_running_loop().call_soon(log_access, scope, sent[0])
+            asyncio.get_running_loop().call_later(ACCESS_LOG_DELAY, log_access, scope, sent[0])
 
     async def _serve(self, route, scope, receive, send) -> None:
         parse, chat, ollama = route
@@ -287,4 +290,4 @@ class GenerationRoutes:
                 watcher.cancel()
             if job is not None:
                 job.cancel.set()   # no-op after the end; stops the engine when the response is abandoned
-            asyncio.get_running_loop().call_soon(log_access, scope, status)   # after the response's write
+            asyncio.get_running_loop().call_later(ACCESS_LOG_DELAY, log_access, scope, status)   # after the write

@@ -302,3 +302,56 @@ def test_disconnect_without_a_server_hook_cancels_through_receive():
     finally:
         model.stream = real
         worker.stop()
+
+
+def test_shutdown_mid_stream_ends_the_answer_cleanly():
+    """Ctrl-C (uvicorn's graceful shutdown) while an answer streams and another waits: the running one stops at its
+    next step and its stream ends with a 503 "shutting down" part and [DONE], the queued one gets a JSON 503,
+    well within the grace period; no traceback in the log; the worker thread then ends."""
+    import json
+    import threading
+    import time
+
+    import httpx
+
+    srv = Running()
+    long = {"messages": ASK, "stream": True, "max_tokens": 900,
+            "localdiff": {"max_denoising_steps": 48, "confidence_threshold": 1e-12}}
+    out = {}
+
+    def stream():
+        with httpx.stream("POST", srv.url + "/v1/chat/completions", json=long, timeout=60) as r:
+            out["status"] = r.status_code
+            out["lines"] = [line for line in r.iter_lines() if line]
+
+    def queued():
+        out["queued"] = httpx.post(srv.url + "/v1/chat/completions", json={**long, "stream": False}, timeout=60)
+
+    try:
+        a = threading.Thread(target=stream)
+        a.start()
+        t0 = time.monotonic()
+        while srv.worker.current is None or srv.worker.current.steps < 2:     # the answer is being denoised
+            assert time.monotonic() - t0 < 60
+            time.sleep(0.01)
+        b = threading.Thread(target=queued)
+        b.start()
+        while srv.worker.queued < 1:
+            assert time.monotonic() - t0 < 60
+            time.sleep(0.01)
+        t1 = time.monotonic()
+        srv.server.should_exit = True
+        a.join(30)
+        b.join(30)
+        assert time.monotonic() - t1 < 5
+        srv.thread.join(10)
+        srv.worker.stop(wait=10)
+        assert not srv.worker._thread.is_alive()
+    finally:
+        srv.stop()
+    assert out["status"] == 200 and out["lines"][-1] == "data: [DONE]", out
+    last = json.loads(out["lines"][-2][len("data: "):])
+    assert last["error"]["code"] == "shutting_down", last
+    assert out["queued"].status_code == 503 and out["queued"].json()["error"]["code"] == "shutting_down"
+    text = srv.logs.text()
+    assert "Traceback" not in text and "Exception in ASGI application" not in text, text

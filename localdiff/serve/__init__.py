@@ -119,7 +119,7 @@ def serve(model: str | None, default_model: str, host: str = "127.0.0.1", port: 
     try:
         server.run()
     finally:
-        worker.stop()
+        worker.stop(wait=30.0)   # the running step ends (at most one step: the job was cancelled at shutdown)
     if not server.started:
         raise LocaldiffError(f"could not listen on {host}:{port} (is the port in use?)")
     return 0

@@ -110,6 +110,13 @@ def _gone(job: Job) -> None:
     job.events.put_nowait(("gone",))
 
 
+def _stopping(job: Job) -> None:
+    """The server is shutting down: the engine stops ``job`` before its next step; the worker then reports a 503
+    (the stream's last part, or the JSON error of a response not begun)."""
+    job.stopping = True
+    job.cancel.set()
+
+
 async def _watch(receive, job: Job) -> None:
     """Wait for the client to go away, then :func:`_gone` (where the server gives no disconnect hook:
     :func:`localdiff.serve.transport.on_disconnect`)."""
@@ -236,7 +243,7 @@ class GenerationRoutes:
                 return
             job = Job(req, asyncio.get_running_loop())
             self.worker.submit(job)
-            hooked = on_disconnect(send, functools.partial(_gone, job))
+            hooked = on_disconnect(send, functools.partial(_gone, job), functools.partial(_stopping, job))
             watcher = None if hooked else asyncio.ensure_future(_watch(receive, job))
             shape = _shape(self.worker.model, chat, ollama)   # built while the model runs (off the answer's path)
             first = await job.batch()
@@ -275,6 +282,8 @@ class GenerationRoutes:
         except ClientGone:
             if not started:
                 status = await _send_json(send, 499, {"error": "client closed the request"})
+        except asyncio.CancelledError:   # uvicorn's shutdown gave up waiting (a step longer than its grace period):
+            log.info("POST %s cancelled by the server's shutdown", scope["path"])   # one line, not a traceback
         except ApiError as err:
             status = await _send_json(send, err.status, err.ollama_body() if ollama else err.openai_body(),
                                       err.headers)

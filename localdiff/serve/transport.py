@@ -10,8 +10,9 @@ loop runs that callback before it next polls the sockets). Everything else goes 
 and ``write_eof`` send what is held first.
 
 :func:`protocol_class` is the uvicorn HTTP protocol (h11 or httptools, chosen as uvicorn's ``"auto"`` chooses) with
-this transport, as :func:`localdiff.serve.uvicorn_config` passes it to uvicorn; its ``connection_lost`` also calls the
-hook that :func:`on_disconnect` set (a client gone mid-answer cancels its job without a watcher task).
+this transport, as :func:`localdiff.serve.uvicorn_config` passes it to uvicorn; its ``connection_lost`` and ``shutdown`` also call the
+hooks that :func:`on_disconnect` set (a client gone mid-answer cancels its job without a watcher task; a server
+shutting down ends the running answers at their next step, with an error as the stream's last part).
 """
 from __future__ import annotations
 
@@ -26,11 +27,12 @@ class CorkedTransport:
         loop: the event loop it runs on.
     """
 
-    __slots__ = ("_transport", "_loop", "_held", "on_lost")
+    __slots__ = ("_transport", "_loop", "_held", "on_lost", "on_shutdown")
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self._transport, self._loop, self._held = transport, loop, []
-        self.on_lost = None   # called (no arguments, on the loop) when the connection is lost: :func:`on_disconnect`
+        self.on_lost = None       # called (no arguments, on the loop) when the connection is lost,
+        self.on_shutdown = None   # and when the server shuts down mid-response: :func:`on_disconnect`
 
     def write(self, data) -> None:
         """Hold ``data`` (bytes-like) until the current callback ends."""
@@ -80,19 +82,20 @@ def flush_now(send) -> None:
         transport.flush()
 
 
-def on_disconnect(send, hook) -> bool:
-    """Have ``hook()`` called on the loop when the client of ``send``'s connection goes away (``None``: no longer),
-    instead of a task waiting on ``receive()`` for ``http.disconnect`` (a task per request, its first step and its
-    cancellation: ~8 % of the event loop's busy time per short answer, ``py-spy``). Called at once when the
-    connection is already gone. Returns False when ``send`` writes through no :class:`CorkedTransport` (another
-    server, a test's fake): the caller then watches ``receive()`` itself."""
+def on_disconnect(send, hook, shutdown=None) -> bool:
+    """Have ``hook()`` called on the loop when the client of ``send``'s connection goes away, and ``shutdown()``
+    when the server starts shutting down while this response runs (uvicorn's graceful shutdown, e.g. Ctrl-C), instead
+    of a task waiting on ``receive()`` for ``http.disconnect`` (a task per request, its first step and its
+    cancellation: ~8 % of the event loop's busy time per short answer, ``py-spy``). ``hook`` None clears both. Called
+    at once when the connection is already gone. Returns False when ``send`` writes through no
+    :class:`CorkedTransport` (another server, a test's fake): the caller then watches ``receive()`` itself."""
     cycle = getattr(send, "__self__", None)
     transport = getattr(cycle, "transport", None)
     if not isinstance(transport, CorkedTransport):
         return False
-    transport.on_lost = hook
+    transport.on_lost, transport.on_shutdown = hook, shutdown if hook is not None else None
     if hook is not None and (getattr(cycle, "disconnected", False) or transport.is_closing()):
-        transport.on_lost = None
+        transport.on_lost = transport.on_shutdown = None
         hook()
     return True
 
@@ -122,8 +125,14 @@ def protocol_class(http: str = "auto") -> type:
                 super().connection_made(CorkedTransport(transport, self.loop))
 
             def connection_lost(self, exc) -> None:
-                hook, self.transport.on_lost = self.transport.on_lost, None
+                hook, self.transport.on_lost, self.transport.on_shutdown = self.transport.on_lost, None, None
                 super().connection_lost(exc)
+                if hook is not None:
+                    hook()
+
+            def shutdown(self) -> None:
+                hook, self.transport.on_shutdown = self.transport.on_shutdown, None
+                super().shutdown()
                 if hook is not None:
                     hook()
 

@@ -101,6 +101,7 @@ class Job:
     seed: int | None = None   # the seed actually used
     prompt_tokens: int = 0    # the prompt's length in tokens, counted once when the job starts (for ``usage``)
     held: list = field(default_factory=list)   # events already taken off the queue by the handler (asgi.py)
+    stopping: bool = False    # cancelled by the server's shutdown (a 503, not the client's 499)
     spent: Spent | None = None  # the worker's own accounting (set at the first step; complete once the job ended)
     _pending: list = field(default_factory=list)
     _leads: int = 0           # pending events that wait for a later one (``post(lead=True)``)
@@ -155,6 +156,13 @@ class Job:
         return out
 
 
+def _cancelled(job: Job, what: str) -> ApiError:
+    """The error a cancelled job ends with: 503 when the server is shutting down, else 499 (client gone / stop)."""
+    if job.stopping:
+        return ApiError(503, "the server is shutting down", type="server_busy", code="shutting_down")
+    return ApiError(499, what, code="cancelled")
+
+
 class ModelWorker:
     """Owns the resident model and the worker thread.
 
@@ -192,13 +200,17 @@ class ModelWorker:
             self._q.put(("load", preload))
         self._thread.start()
 
-    def stop(self) -> None:
-        """Ask the worker to end after the running job (the thread is a daemon; it also dies with the process)."""
+    def stop(self, wait: float | None = None) -> None:
+        """Ask the worker to end after the running job (cancelled: it stops before its next step); with ``wait``,
+        wait up to that many seconds for the thread to end (so that the process does not exit while the thread is
+        inside torch: at interpreter exit that aborted the process, exit code 134)."""
         self._stop = True
         running = self.current
         if running is not None:
             running.cancel.set()
         self._q.put(None)
+        if wait and self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(wait)
 
     @property
     def queued(self) -> int:
@@ -248,7 +260,7 @@ class ModelWorker:
                 self._ensure(item[1], quiet=True)
                 continue
             if item.cancel.is_set():
-                item.post(("error", ApiError(499, "cancelled before it started", code="cancelled")), wake=False)
+                item.post(("error", _cancelled(item, "cancelled before it started")), wake=False)
                 item.finished.set()
                 item.wake()
                 continue
@@ -340,7 +352,7 @@ class ModelWorker:
             if job.spent is not None:        # cancelled (a stop string, the client gone): what it used so far
                 job.spent.end(time.perf_counter())
                 job.spent.sampler = model.sampler_options(**sampler)
-            job.post(("error", ApiError(499, "cancelled", code="cancelled")), wake=False)
+            job.post(("error", _cancelled(job, "cancelled")), wake=False)
         except Exception as exc:  # noqa: BLE001 — every failure becomes one JSON error and one log line
             err = from_engine(exc)
             if err.status >= 500:

@@ -239,9 +239,11 @@ def test_on_disconnect_hooks_the_corked_connection_else_falls_back():
     asyncio.run(main())
 
 
-def test_disconnect_without_a_server_hook_cancels_through_receive():
+@pytest.mark.parametrize("force_quit", [False, True])
+def test_disconnect_without_a_server_hook_cancels_through_receive(force_quit):
     """Under a server whose send has no disconnect hook (plain ASGI callables here), the generation routes watch
-    receive(): a client gone mid-answer cancels its job and the handler sends nothing more."""
+    receive(): a client gone mid-answer cancels its job and the handler sends nothing more. With ``force_quit`` the
+    handler's task is cancelled instead (uvicorn's force quit): the job stops and the client gets a JSON 503."""
     import threading
     import time
 
@@ -274,6 +276,8 @@ def test_disconnect_without_a_server_hook_cancels_through_receive():
         app = build_app(worker, ServerSettings(api_key=None, max_body=1 << 20))
         body = dumps({"model": model.name, "messages": ASK, "stream": True}).encode()
         sent = []
+        if force_quit:                                        # the task cancelled (a second Ctrl-C): still a 503
+            return _cancelled_task_sends_503(app, body, started, worker, stopped)
 
         async def main():
             gone = asyncio.Event()
@@ -302,6 +306,34 @@ def test_disconnect_without_a_server_hook_cancels_through_receive():
     finally:
         model.stream = real
         worker.stop()
+
+
+def _cancelled_task_sends_503(app, body, started, worker, stopped):
+    import json
+
+    msgs = []
+
+    async def main():
+        async def receive():
+            if not msgs:
+                msgs.append(None)
+                return {"type": "http.request", "body": body, "more_body": False}
+            await asyncio.Event().wait()
+
+        async def send(msg):
+            msgs.append(msg)
+
+        scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": [],
+                 "query_string": b"", "http_version": "1.1", "client": ("127.0.0.1", 1)}
+        task = asyncio.ensure_future(app(scope, receive, send))
+        await asyncio.get_running_loop().run_in_executor(None, started.wait, 30)
+        task.cancel()
+        await asyncio.wait_for(task, 30)                      # the handler ends (no CancelledError out of it)
+
+    asyncio.run(main())
+    assert worker.call(lambda: True) and len(stopped) == 1 and stopped[0] < 25
+    start, body_msg = msgs[1], msgs[2]
+    assert start["status"] == 503 and json.loads(body_msg["body"])["error"]["code"] == "shutting_down"
 
 
 def test_shutdown_mid_stream_ends_the_answer_cleanly():

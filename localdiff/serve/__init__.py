@@ -68,6 +68,8 @@ def uvicorn_config(app, log_level: str = "info", **kw):
 
     kw.setdefault("timeout_graceful_shutdown", 2)
     kw["http"] = protocol_class(kw.get("http", "auto"))   # one socket write per loop callback (serve/transport.py)
+    kw.setdefault("lifespan", "off")   # the app has no startup / shutdown handlers; with "on", a second Ctrl-C
+    # (uvicorn's force quit) printed a traceback of Starlette's lifespan task being cancelled
     return uvicorn.Config(app, log_level=log_level, proxy_headers=False, access_log=False, **kw)
 
 

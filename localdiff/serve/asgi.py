@@ -24,7 +24,7 @@ import json
 import logging
 
 from localdiff.serve import ollama_api, openai_api
-from localdiff.serve.errors import ApiError, bad_request
+from localdiff.serve.errors import ApiError, bad_request, shutting_down
 from localdiff.serve.jobs import ClientGone, collect, pieces
 from localdiff.serve.openai_api import dumps
 from localdiff.serve.transport import flush_now, on_disconnect
@@ -108,6 +108,12 @@ def _gone(job: Job) -> None:
     """The client went away: cancel ``job`` and wake its handler (a ``("gone",)`` event)."""
     job.cancel.set()
     job.events.put_nowait(("gone",))
+
+
+def _stream_error(err: ApiError, ollama: bool) -> bytes:
+    """``err`` as a stream's last part: an NDJSON line (Ollama) or an SSE error event and ``data: [DONE]``."""
+    text = dumps(err.ollama_body()) + "\n" if ollama else "data: " + dumps(err.openai_body()) + "\n\ndata: [DONE]\n\n"
+    return text.encode()
 
 
 def _stopping(job: Job) -> None:
@@ -274,16 +280,25 @@ class GenerationRoutes:
                     if end:
                         flush_now(send)           # the answer's last byte goes now, the clean-up after it
             except ApiError as err:               # failed mid-stream: the error as the stream's last part
-                text = dumps(err.ollama_body()) + "\n" if ollama else ("data: " + dumps(err.openai_body())
-                                                                       + "\n\ndata: [DONE]\n\n")
-                await send({"type": "http.response.body", "body": text.encode(), "more_body": True})
+                await send({"type": "http.response.body", "body": _stream_error(err, ollama), "more_body": True})
             if not end:
                 await send({"type": "http.response.body", "body": b""})
         except ClientGone:
             if not started:
                 status = await _send_json(send, 499, {"error": "client closed the request"})
-        except asyncio.CancelledError:   # uvicorn's shutdown gave up waiting (a step longer than its grace period):
-            log.info("POST %s cancelled by the server's shutdown", scope["path"])   # one line, not a traceback
+        except asyncio.CancelledError:   # uvicorn's shutdown gave up waiting (a step longer than its grace period,
+            log.info("POST %s cancelled by the server's shutdown", scope["path"])   # or a second Ctrl-C): one line
+            if job is not None:
+                _stopping(job)
+            try:                         # and the 503 still goes out (JSON, or the stream's last part and its end)
+                if not started:
+                    err = shutting_down()
+                    status = await _send_json(send, 503, err.ollama_body() if ollama else err.openai_body())
+                else:
+                    await send({"type": "http.response.body", "body": _stream_error(shutting_down(), ollama)})
+                    flush_now(send)
+            except Exception:  # noqa: BLE001 — the connection is already gone
+                pass
         except ApiError as err:
             status = await _send_json(send, err.status, err.ollama_body() if ollama else err.openai_body(),
                                       err.headers)

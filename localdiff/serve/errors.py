@@ -41,6 +41,11 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return ApiError(400, message, param=param, code=code)
 
 
+def shutting_down() -> ApiError:
+    """The 503 of an answer the server's shutdown (Ctrl-C) stopped."""
+    return ApiError(503, "the server is shutting down", type="server_busy", code="shutting_down")
+
+
 def from_engine(exc: BaseException) -> ApiError:
     """Map an exception raised by the engine while preparing or running a generation to an ApiError.
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import torch
 
 from localdiff.events import CanvasDone, Done, StepEvent
-from localdiff.serve.errors import ApiError, from_engine
+from localdiff.serve.errors import ApiError, from_engine, shutting_down
 from localdiff.serve.inbox import Flag, Inbox
 from localdiff.serve.options import GenRequest
 from localdiff.wire import EventEncoder
@@ -159,7 +159,7 @@ class Job:
 def _cancelled(job: Job, what: str) -> ApiError:
     """The error a cancelled job ends with: 503 when the server is shutting down, else 499 (client gone / stop)."""
     if job.stopping:
-        return ApiError(503, "the server is shutting down", type="server_busy", code="shutting_down")
+        return shutting_down()
     return ApiError(499, what, code="cancelled")
 
 

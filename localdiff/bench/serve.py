@@ -75,8 +75,8 @@ def _stats(values: list[float]) -> dict:
 
 
 def _spread(values: list[float]) -> dict:
-    """Median, quartiles, range, and a distribution-free 95 % confidence interval of the median ("ci": the order
-    statistics at ranks n/2 ∓ 1.96·√n/2, the normal approximation of the binomial; the range when n < 6)."""
+    """Median, quartiles, range, and a distribution-free 95 % confidence interval of the median ("ci",
+    :func:`median_ci`)."""
     q = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else [values[0]] * 3
     return {"median": statistics.median(values), "q1": q[0], "q3": q[2], "min": min(values), "max": max(values),
             "ci": median_ci(values)}

@@ -10,9 +10,10 @@ loop runs that callback before it next polls the sockets). Everything else goes 
 and ``write_eof`` send what is held first.
 
 :func:`protocol_class` is the uvicorn HTTP protocol (h11 or httptools, chosen as uvicorn's ``"auto"`` chooses) with
-this transport, as :func:`localdiff.serve.uvicorn_config` passes it to uvicorn; its ``connection_lost`` and ``shutdown`` also call the
-hooks that :func:`on_disconnect` set (a client gone mid-answer cancels its job without a watcher task; a server
-shutting down ends the running answers at their next step, with an error as the stream's last part).
+this transport, as :func:`localdiff.serve.uvicorn_config` passes it to uvicorn; its ``connection_lost`` and
+``shutdown`` also call the hooks that :func:`on_disconnect` set (a client gone mid-answer cancels its job without a
+watcher task; a server shutting down ends the running answers at their next step, with an error as the stream's
+last part).
 """
 from __future__ import annotations
 
@@ -77,9 +78,15 @@ def flush_now(send) -> None:
     holds now, instead of at the end of the loop callback: for the last write of a response, so that the client
     need not wait for the handler's clean-up. Nothing happens when ``send`` writes through no
     :class:`CorkedTransport` (another server, a test's fake)."""
-    transport = getattr(getattr(send, "__self__", None), "transport", None)
-    if isinstance(transport, CorkedTransport):
+    transport = _corked(send)
+    if transport is not None:
         transport.flush()
+
+
+def _corked(send) -> CorkedTransport | None:
+    """The CorkedTransport that uvicorn's ``send`` (a method of its request-response cycle) writes through, or None."""
+    transport = getattr(getattr(send, "__self__", None), "transport", None)
+    return transport if isinstance(transport, CorkedTransport) else None
 
 
 def on_disconnect(send, hook, shutdown=None) -> bool:
@@ -89,12 +96,11 @@ def on_disconnect(send, hook, shutdown=None) -> bool:
     cancellation: ~8 % of the event loop's busy time per short answer, ``py-spy``). ``hook`` None clears both. Called
     at once when the connection is already gone. Returns False when ``send`` writes through no
     :class:`CorkedTransport` (another server, a test's fake): the caller then watches ``receive()`` itself."""
-    cycle = getattr(send, "__self__", None)
-    transport = getattr(cycle, "transport", None)
-    if not isinstance(transport, CorkedTransport):
+    transport = _corked(send)
+    if transport is None:
         return False
     transport.on_lost, transport.on_shutdown = hook, shutdown if hook is not None else None
-    if hook is not None and (getattr(cycle, "disconnected", False) or transport.is_closing()):
+    if hook is not None and (getattr(send.__self__, "disconnected", False) or transport.is_closing()):
         transport.on_lost = transport.on_shutdown = None
         hook()
     return True

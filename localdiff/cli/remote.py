@@ -172,7 +172,9 @@ def run_gen_remote(args) -> int:
             return 130
         text = "".join(parts)
         if args.json:
-            out.write(json_dumps({"text": text, "model_name": name, "endpoint": client.url, "seed": args.seed,
+            ext = info.get("localdiff") if isinstance(info.get("localdiff"), dict) else {}
+            seed = args.seed if args.seed is not None else ext.get("seed")   # the seed the server used (as gen's)
+            out.write(json_dumps({"text": text, "model_name": name, "endpoint": client.url, "seed": seed,
                                   "finish_reason": info.get("finish_reason"), "usage": info.get("usage"),
                                   "localdiff": info.get("localdiff")}) + "\n")
         elif text and not text.endswith("\n"):

@@ -48,7 +48,9 @@ class CanvasEBOptions(Options):
             raise UsageError(f"{typed.get(key, key)}: must be {rel} {other} ({getattr(self, other)}) "
                              f"(got {getattr(self, key)})")
         if self.t_min == 0 and self.t_max == 0:
-            raise UsageError(f"{typed.get('t_max', 't_max')}: temperature must be > 0 at some step (got 0)")
+            raise UsageError(f"{typed.get('t_max', 't_max')}: this decoder needs a temperature > 0 at some step "
+                             "(the canvas sampler draws every step: no greedy mode; for near-deterministic output use "
+                             "a small one such as 0.1) (got 0)")
         if self.reuse_locked and (self.threshold is None or self.correction):
             raise UsageError(f"{typed.get('reuse_locked', 'reuse_locked')}: needs a confidence lock (threshold) and "
                              "no correction (reopening reads the locked positions' fresh distributions)")

@@ -50,9 +50,14 @@ def check_key(api_key: str | None, authorization: str, x_api_key: str) -> None:
                        type="authentication_error", code="invalid_api_key")
 
 
+def _no_constant(name: str):
+    """``json.loads``' hook for ``NaN`` / ``Infinity`` / ``-Infinity``, which Python reads but JSON has not."""
+    raise bad_request(f"request body is not valid JSON: {name} is not a JSON number")
+
+
 def parse_json(raw: bytes) -> dict:
     """A request body → a JSON object. Raises ApiError(400) with a plain message (no Python exception names): empty,
-    not UTF-8, not JSON (or nested past the parser's depth), not an object, or a string with
+    not UTF-8, not JSON (or nested past the parser's depth; ``NaN`` / ``Infinity``), not an object, or a string with
     an unpaired surrogate escape such as ``"\\ud800"`` (JSON allows it, but it is no Unicode text: the tokenizer and
     the log cannot encode it)."""
     if not raw.strip():
@@ -63,7 +68,7 @@ def parse_json(raw: bytes) -> dict:
         raise bad_request(f"request body is not UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}): send JSON "
                           "encoded as UTF-8") from None
     try:
-        body = json.loads(text)
+        body = json.loads(text, parse_constant=_no_constant)
     except json.JSONDecodeError as e:
         where = f"line {e.lineno}, column {e.colno}"
         raise bad_request(f"request body is not valid JSON ({e.msg[:80]} at {where})") from None
@@ -148,7 +153,8 @@ def log_access(scope, status: int | None) -> None:
     ``ACCESS_LOG_DELAY`` after the response's last write, with the status actually sent (None: nothing was sent).
     Not on the answer's path: a queued callback would run before the loop next waits, and a client on the server's
     own CPU (woken by that write) would wait for the line's ~0.1 ms of logging before it could read the answer; the
-    timer lets the loop wait first."""
+    timer lets the loop wait first. A stream its client left mid-answer is logged 499 (nginx's "client closed
+    request"), though its head said 200."""
     if access.isEnabledFor(logging.INFO):
         client = scope.get("client")
         path = scope.get("path", "") + ("?" + scope["query_string"].decode("latin-1") if scope.get("query_string")
@@ -286,6 +292,8 @@ class GenerationRoutes:
         except ClientGone:
             if not started:
                 status = await _send_json(send, 499, {"error": "client closed the request"})
+            else:                        # the access line says so, as nginx's does for a client gone mid-answer
+                status = 499
         except asyncio.CancelledError:   # uvicorn's shutdown gave up waiting (a step longer than its grace period,
             log.info("POST %s cancelled by the server's shutdown", scope["path"])   # or a second Ctrl-C): one line
             if job is not None:

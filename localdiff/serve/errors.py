@@ -6,6 +6,8 @@ No error body ever carries a traceback.
 """
 from __future__ import annotations
 
+import json
+
 from localdiff.errors import LocaldiffError, ModelNotFoundError, UsageError
 
 
@@ -39,6 +41,16 @@ class ApiError(Exception):
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
     """A 400 invalid_request_error."""
     return ApiError(400, message, param=param, code=code)
+
+
+def json_repr(value, limit: int = 60) -> str:
+    """``value`` as the client wrote it, for an error message: its JSON text (``true``, ``null``, ``"hot"``, not
+    Python's ``True`` / ``None`` / ``'hot'``; control characters escaped), cut to ``limit`` characters with "…"."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError):
+        text = type(value).__name__
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def shutting_down() -> ApiError:

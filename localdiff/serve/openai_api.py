@@ -2,7 +2,7 @@
 and ``/v1/models`` (field names and chunk shapes as in OpenAI's API reference).
 
 Supported request fields: ``model``, ``messages`` / ``prompt``, ``max_tokens`` (or ``max_completion_tokens``),
-``temperature`` (> 0, constant over the denoising steps), ``seed``, ``stop``, ``stream``, ``stream_options``,
+``temperature`` (≥ 0, constant over the denoising steps), ``seed``, ``stop``, ``stream``, ``stream_options``,
 ``n`` (1 only), ``user`` (ignored), and ``localdiff`` (an object of localdiff sampler options, plus ``events``:
 "canvases" / "steps" for localdiff's canvas events in a stream, ``localdiff.wire``). Fields that would
 change the answer in ways localdiff cannot honour (``top_p`` ≠ 1, penalties, ``logprobs``, ``tools``, ...) are a
@@ -16,7 +16,7 @@ import json
 import time
 import uuid
 
-from localdiff.serve.errors import bad_request
+from localdiff.serve.errors import bad_request, json_repr
 from localdiff.serve.jobs import Result
 from localdiff.serve.options import GenRequest, check_bool, check_str, split_extension, to_engine_options
 
@@ -106,7 +106,8 @@ def parse_messages(messages, param: str = "messages") -> list[dict]:
         if role == "developer":
             role = "system"
         if role not in ROLES:
-            raise bad_request(f"'{where}.role' must be one of {', '.join(ROLES)} (got {role!r})", param=where)
+            raise bad_request(f"'{where}.role' must be one of {', '.join(ROLES)} (got {json_repr(role)})",
+                              param=where)
         content = m.get("content")
         if isinstance(content, list):
             parts = []
@@ -122,7 +123,7 @@ def parse_messages(messages, param: str = "messages") -> list[dict]:
     if not any(m["content"].strip() for m in out):
         raise bad_request(f"'{param}' hold no text (every content is empty)", param=param)
     if out[-1]["role"] != "user":
-        raise bad_request(f"the last message must be the user's (got {out[-1]['role']!r})", param=param)
+        raise bad_request(f"the last message must be the user's (got {json_repr(out[-1]['role'])})", param=param)
     return out
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from localdiff.decoding.options import all_specs, resolve_key
 from localdiff.errors import UsageError
-from localdiff.serve.errors import bad_request
+from localdiff.serve.errors import bad_request, json_repr
 from localdiff.wire import EVENT_LEVELS
 
 MAX_STOP = 4            # stop sequences per request (OpenAI's limit)
@@ -56,7 +56,7 @@ def check_int(value, name: str, lo: int | None = None, hi: int | None = None) ->
     1e30, rejected) within [lo, hi]; else a 400."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (
             isinstance(value, float) and (not math.isfinite(value) or not value.is_integer() or abs(value) > 2**53)):
-        raise bad_request(f"'{name}' must be an integer (got {value!r})", param=name)
+        raise bad_request(f"'{name}' must be an integer (got {json_repr(value)})", param=name)
     value = int(value)
     if lo is not None and value < lo:
         raise bad_request(f"'{name}' must be ≥ {lo} (got {value})", param=name)
@@ -68,14 +68,14 @@ def check_int(value, name: str, lo: int | None = None, hi: int | None = None) ->
 def check_number(value, name: str) -> float:
     """A finite number (not a bool); else a 400."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise bad_request(f"'{name}' must be a number (got {value!r})", param=name)
+        raise bad_request(f"'{name}' must be a number (got {json_repr(value)})", param=name)
     return float(value)
 
 
 def check_bool(value, name: str) -> bool:
     """A JSON boolean; else a 400."""
     if not isinstance(value, bool):
-        raise bad_request(f"'{name}' must be true or false (got {value!r})", param=name)
+        raise bad_request(f"'{name}' must be true or false (got {json_repr(value)})", param=name)
     return value
 
 
@@ -151,8 +151,8 @@ def to_engine_options(fields: dict) -> dict:
     """The one mapping from neutral request fields to ``Model.stream`` keyword arguments.
 
     Args:
-        fields: ``max_tokens`` (int ≥ 1 or None), ``temperature`` (number > 0 or None: a constant temperature over
-            the denoising steps, i.e. ``t_max = t_min``), ``seed`` (int in [0, 2^63) or None), ``stop``, and
+        fields: ``max_tokens`` (int ≥ 1 or None), ``temperature`` (number ≥ 0 or None: a constant temperature over
+            the denoising steps, e.g. ``t_max = t_min``; 0 where the model's decoder has it, checked by the engine), ``seed`` (int in [0, 2^63) or None), ``stop``, and
             ``sampler`` (dict of decoder options by schema name or alias, or None).
     Returns:
         {"max_new_tokens", "seed", "stop", "sampler"}; the engine still checks ranges that depend on the model
@@ -180,9 +180,6 @@ def to_engine_options(fields: dict) -> dict:
                 out["sampler"][name] = v
     if fields.get("temperature") is not None:
         t = check_number(fields["temperature"], "temperature")
-        if t <= 0:
-            raise bad_request("'temperature' must be > 0: diffusion sampling draws every step (there is no greedy "
-                              "mode); use a small value such as 0.1 for near-deterministic output", param="temperature")
         name = resolve_key("temperature")            # a constant schedule: the option and its pair (t_max, t_min)
         if name in specs:                            # its range from the schema (1e308 gave an empty answer)
             t = _sampler_value(specs[name], t, "temperature")

@@ -1,0 +1,120 @@
+"""Session 10's newcomer findings on ``localdiff serve`` and ``gen --endpoint``, fixed in session 11.
+
+* ``temperature: 0`` was refused for every model ("there is no greedy mode"), though the masked, block and causal
+  decoders have one (their default): it now reaches the model's decoder, which takes it (LLaDA-style masked model:
+  the same text as in-process greedy decoding) or refuses it with one clear 400 (DiffusionGemma's canvas sampler).
+* Type errors quoted Python values (``True``, ``None``, ``nan``): now the JSON the client sent (``true``, ``null``);
+  ``NaN`` / ``Infinity``, which Python's parser reads but JSON has not, are a 400.
+* A stream its client left mid-answer was logged 200: now 499, as nginx logs it.
+* ``gen --endpoint --json`` without ``--seed`` had ``"seed": null`` beside the server's ``localdiff.seed``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import httpx
+import pytest
+from servehelpers import Running
+
+import localdiff
+from localdiff.cli import main as cli_main
+
+LONG = {"max_denoising_steps": 20000, "confidence_threshold": 1e-12}   # a canvas that runs all its steps
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Running()
+    yield s
+    s.stop()
+
+
+def test_temperature_zero_is_greedy_where_the_decoder_has_it(server):
+    want = localdiff.load("tiny-mdm").generate("1 2 3 4", chat=False, max_new_tokens=12, temperature=0,
+                                                seed=0).text
+    other = localdiff.load("tiny-mdm").generate("1 2 3 4", chat=False, max_new_tokens=12, temperature=0,
+                                                 seed=7).text
+    assert other == want                          # greedy: the seed does not matter
+    for seed in (0, 7):
+        r = httpx.post(server.url + "/v1/completions", json={"model": "tiny-mdm", "prompt": "1 2 3 4", "seed": seed,
+                                                             "max_tokens": 12, "temperature": 0}, timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"] == want
+    r = httpx.post(server.url + "/api/generate", json={"model": "tiny-mdm", "prompt": "1 2 3 4", "raw": True,
+                                                       "stream": False,
+                                                       "options": {"temperature": 0, "num_predict": 12}}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["response"] == want
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "temperature": 0}),
+    ("/api/chat", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": False,
+                   "options": {"temperature": 0}}),
+    ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+                              "temperature": 0}),
+])
+def test_temperature_zero_on_the_canvas_sampler_is_one_clear_400(server, path, body):
+    r = httpx.post(server.url + path, json=body, timeout=60)
+    assert r.status_code == 400 and r.headers["content-type"].startswith("application/json")
+    err = r.json()["error"]
+    msg = err if isinstance(err, str) else err["message"]
+    assert msg.startswith("temperature: ") and "> 0" in msg and "no greedy mode" in msg, msg
+
+
+@pytest.mark.parametrize("raw,shown", [
+    (b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": true}', "(got true)"),
+    (b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "temperature": "hot"}', '(got "hot")'),
+    (b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "stream": null, "seed": [1]}', "(got [1])"),
+    (b'{"model": "tiny", "messages": [{"role": null, "content": "x"}]}', "(got null)"),
+    (b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "temperature": NaN}', "NaN is not"),
+    (b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "seed": -Infinity}', "-Infinity is not"),
+])
+def test_errors_show_the_json_the_client_sent(server, raw, shown):
+    r = httpx.post(server.url + "/v1/chat/completions", content=raw, timeout=60,
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    msg = r.json()["error"]["message"]
+    assert shown in msg and "True" not in msg and "None" not in msg, msg
+
+
+def test_a_stream_left_mid_answer_is_logged_499(server):
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 32,
+            "localdiff": LONG}
+    c = httpx.Client(timeout=60)
+    resp = c.send(c.build_request("POST", server.url + "/v1/chat/completions", json=body), stream=True)
+    assert resp.status_code == 200
+    job = server.worker.current
+    assert job is not None
+    resp.close()
+    c.close()
+    assert job.finished.wait(30)
+    t0 = time.monotonic()
+    lines = []
+    while time.monotonic() - t0 < 10:
+        lines = [r.getMessage() for r in server.logs.records if r.name == "localdiff.serve.access"
+                 and "/v1/chat/completions" in r.getMessage()]
+        if lines and lines[-1].endswith(" 499"):
+            break
+        time.sleep(0.02)
+    assert lines and lines[-1].endswith(" 499"), lines[-3:]
+    r = httpx.post(server.url + "/v1/chat/completions", json={**body, "stream": False, "localdiff": {}})
+    assert r.status_code == 200                   # and a complete answer is still 200
+    time.sleep(0.1)
+    done = [r.getMessage() for r in server.logs.records if r.name == "localdiff.serve.access"]
+    assert done[-1].endswith(" 200"), done[-1]
+
+
+def test_gen_endpoint_json_reports_the_seed_the_server_used(server, capsys, tmp_path, monkeypatch):
+    for k in [k for k in os.environ if k.startswith("LOCALDIFF_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("LOCALDIFF_CONFIG", str(tmp_path / "none.toml"))
+    capsys.readouterr()
+    assert cli_main(["gen", "--endpoint", server.url, "--json", "-p", "What is 1 + 2?"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert isinstance(out["seed"], int) and out["seed"] == out["localdiff"]["seed"]
+    assert cli_main(["gen", "--endpoint", server.url, "--json", "-p", "What is 1 + 2?", "--seed", "3"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["seed"] == 3 == out["localdiff"]["seed"]

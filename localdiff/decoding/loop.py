@@ -90,7 +90,9 @@ def run(net, policy, cache, batch: int, max_new_tokens: int, eos_ids: list[int],
         st.canvases += 1
         room = max_new_tokens - made                # tokens of this block within max_new_tokens
         made += final.shape[1]
-        text = decode(strip_generated(final[0, :room], eos_ids, pad_id)) if decode else ""
+        kept = strip_generated(final[0, :room], eos_ids, pad_id)
+        text = decode(kept) if decode else ""
+        known = (kept, text) if ci == 0 else None   # Done's text, when the answer is this block alone
         yield CanvasDone(ci, final.cpu(), text, steps_used, finished.cpu())
         if bool(finished.all()):
             reason = "eos"
@@ -98,22 +100,32 @@ def run(net, policy, cache, batch: int, max_new_tokens: int, eos_ids: list[int],
         if last_block:
             break
         pending = (torch.cat([start_canvas[:, :skip].to(final.device), final], 1) if skip else final, None)
-    yield done_event(generated, batch, max_new_tokens, eos_ids, pad_id, forwards, st, t0, cache, decode, reason)
+    yield done_event(generated, batch, max_new_tokens, eos_ids, pad_id, forwards, st, t0, cache, decode, reason,
+                     known if len(generated) == 1 else None)
 
 
 def done_event(generated: list, batch: int, max_new_tokens: int, eos_ids, pad_id, forwards: torch.Tensor,
-               st: GenerationStats, t0: float, cache, decode, reason: str) -> Done:
+               st: GenerationStats, t0: float, cache, decode, reason: str, known: tuple | None = None) -> Done:
     """The generation's Done event from its blocks (LongTensors[B, C] in order; pad / EOS handling as
     :func:`strip_generated`): per-row tokens (at most ``max_new_tokens``), texts, ``st`` completed (forwards
-    from LongTensor[B] ``forwards``, tokens, seconds since ``t0`` (perf_counter), cache accounting)."""
-    out = torch.cat(generated, dim=1) if generated else torch.zeros(batch, 0, dtype=torch.long)
+    from LongTensor[B] ``forwards``, tokens, seconds since ``t0`` (perf_counter), cache accounting). ``known``:
+    (ids, their text) already decoded (a one-block answer's CanvasDone): row 0's text when its ids are those, not
+    decoded twice."""
+    if len(generated) == 1:
+        out = generated[0]
+    else:
+        out = torch.cat(generated, dim=1) if generated else torch.zeros(batch, 0, dtype=torch.long)
     rows = [strip_generated(out[r], eos_ids, pad_id, keep_eos=True)[:max_new_tokens] for r in range(batch)]
     st.forwards = int(forwards.sum())
     count_tokens(st, rows, time.perf_counter() - t0)
     if hasattr(cache, "stats"):
         st.cache = cache.stats()
     # a row holds no pad and at most one EOS, its last id: the text's ids are the row without that EOS
-    texts = [decode(r[:-1] if r and eos_ids and r[-1] in eos_ids else r) if decode else "" for r in rows]
+    texts = []
+    for r in rows:
+        ids = r[:-1] if r and eos_ids and r[-1] in eos_ids else r
+        texts.append(known[1] if known is not None and not texts and ids == known[0] else
+                     decode(ids) if decode else "")
     return Done(texts[0] if batch == 1 else texts, rows if batch > 1 else rows[0], st, reason)
 
 

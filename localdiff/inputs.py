@@ -114,6 +114,8 @@ def normalize_prompt(prompt):
                          "or a list of those)")
     if prompt and isinstance(prompt[0], dict):
         return check_messages(prompt)
+    if prompt and all(type(x) is int for x in prompt):   # plain ints, the common case: no per-id ABC checks
+        return list(prompt)                                # (~2 µs per id; a served prompt's ids: ~50 µs)
     if prompt and all(_is_int_like(x) for x in prompt):
         return _ids(prompt, "prompt")
     if prompt and any(_is_int_like(x) for x in prompt):

@@ -134,6 +134,9 @@ def opt(default: Any, help: str, kind: type | None = None, **meta) -> Any:
     return field(default=default, metadata={"opt": dict(meta, help=help, kind=kind)})
 
 
+_SPECS: dict = {}   # Options subclass → its OptionSpecs (Options.specs)
+
+
 class Options:
     """Base of each policy's option dataclass (frozen). Subclasses set ``POLICY`` and may override :meth:`check`."""
 
@@ -141,14 +144,18 @@ class Options:
 
     @classmethod
     def specs(cls) -> list[OptionSpec]:
-        """The :class:`OptionSpec` of every field, in declaration order."""
-        out = []
-        for f in fields(cls):
-            m = dict(f.metadata["opt"])
-            kind = m.pop("kind") or type(f.default)
-            m.setdefault("gen_key", f.name)
-            out.append(OptionSpec(name=f.name, kind=kind, default=f.default, **m))
-        return out
+        """The :class:`OptionSpec` of every field, in declaration order (made once per class: they are frozen, and
+        every generation's options are built from them)."""
+        made = _SPECS.get(cls)
+        if made is None:
+            made = []
+            for f in fields(cls):
+                m = dict(f.metadata["opt"])
+                kind = m.pop("kind") or type(f.default)
+                m.setdefault("gen_key", f.name)
+                made.append(OptionSpec(name=f.name, kind=kind, default=f.default, **m))
+            made = _SPECS[cls] = tuple(made)
+        return list(made)
 
     @classmethod
     def spec(cls, name: str) -> OptionSpec:

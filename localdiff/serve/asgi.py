@@ -254,10 +254,10 @@ class GenerationRoutes:
                 status = await _send_json(send, 200, ollama_api.loaded(model.name, chat))
                 return
             job = Job(req, asyncio.get_running_loop())
-            self.worker.submit(job)
             hooked = on_disconnect(send, functools.partial(_gone, job), functools.partial(_stopping, job))
             watcher = None if hooked else asyncio.ensure_future(_watch(receive, job))
-            shape = _shape(self.worker.model, chat, ollama)   # built while the model runs (off the answer's path)
+            shape = _shape(self.worker.model, chat, ollama)   # built before the job runs (off the answer's path)
+            self.worker.submit(job)   # last before the wait: the woken model thread finds the interpreter lock free
             first = await job.batch()
             if first[0][0] == "gone":
                 raise ClientGone()

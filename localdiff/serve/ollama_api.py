@@ -2,9 +2,9 @@
 ``/api/ps`` (field names as in Ollama's API docs, docs/api.md).
 
 ``options`` honoured: ``num_predict`` (> 0; -1 / -2 = the model's default), ``temperature`` (≥ 0; 0 where the
-decoder has it), ``seed``, ``stop``, and localdiff's sampler options by name. Any other option is a 400 naming it. ``keep_alive`` is accepted
-and not applied per request (the server's ``--keep-alive`` decides when the model unloads). A top-level
-``localdiff: {"events": "canvases" | "steps"}`` adds localdiff's canvas events to the stream (``localdiff.wire``).
+decoder has it), ``seed``, ``stop``, and localdiff's sampler options by name. Any other option is a 400 naming it.
+``keep_alive`` is accepted and not applied per request (the server's ``--keep-alive`` decides when the model
+unloads). A top-level ``localdiff: {"events": "canvases" | "steps"}`` adds localdiff's canvas events to the stream (``localdiff.wire``).
 """
 from __future__ import annotations
 

@@ -153,7 +153,8 @@ def to_engine_options(fields: dict) -> dict:
     Args:
         fields: ``max_tokens`` (int ≥ 1 or None), ``temperature`` (number ≥ 0 or None: a constant temperature over
             the denoising steps, e.g. ``t_max = t_min``; 0 where the model's decoder has it, checked by the
-            engine), ``seed`` (int in [0, 2^63) or None), ``stop``, and ``sampler`` (dict of decoder options by schema name or alias, or None).
+            engine), ``seed`` (int in [0, 2^63) or None), ``stop``, and ``sampler`` (dict of decoder options by
+            schema name or alias, or None).
     Returns:
         {"max_new_tokens", "seed", "stop", "sampler"}; the engine still checks ranges that depend on the model
         (context length) and the options' combined rules.

@@ -7,6 +7,10 @@
   ``NaN`` / ``Infinity``, which Python's parser reads but JSON has not, are a 400.
 * A stream its client left mid-answer was logged 200: now 499, as nginx logs it.
 * ``gen --endpoint --json`` without ``--seed`` had ``"seed": null`` beside the server's ``localdiff.seed``.
+
+Then session 11's newcomer: Ollama's ``keep_alive`` took any value (now a duration or seconds, else a 400); string
+type errors said ``(got bool)``; ``1e400`` said ``(got float)``; a raw control character gave "character at at";
+Ollama's ``options.seed`` / ``options.temperature`` were named without ``options.``.
 """
 from __future__ import annotations
 
@@ -118,3 +122,36 @@ def test_gen_endpoint_json_reports_the_seed_the_server_used(server, capsys, tmp_
     assert cli_main(["gen", "--endpoint", server.url, "--json", "-p", "What is 1 + 2?", "--seed", "3"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["seed"] == 3 == out["localdiff"]["seed"]
+
+
+@pytest.mark.parametrize("path,body,status,shown", [
+    ("/api/generate", {"model": "tiny", "prompt": "", "keep_alive": [1]}, 400, "(got [1])"),
+    ("/api/generate", {"model": "tiny", "prompt": "", "keep_alive": "banana"}, 400, '(got "banana")'),
+    ("/api/chat", {"model": "tiny", "keep_alive": True}, 400, "(got true)"),
+    ("/api/generate", {"model": "tiny", "prompt": "", "keep_alive": "1h30m"}, 200, None),
+    ("/api/generate", {"model": "tiny", "prompt": "", "keep_alive": -1}, 200, None),
+    ("/api/generate", {"model": "tiny", "prompt": "", "keep_alive": "0"}, 200, None),
+    ("/v1/chat/completions", {"model": True, "messages": [{"role": "user", "content": "x"}]}, 400, "(got true)"),
+    ("/api/generate", {"model": "tiny", "prompt": True}, 400, "(got true)"),
+    ("/api/chat", {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "options": {"seed": [1]}}, 400,
+     "'options.seed' must be an integer (got [1])"),
+    ("/api/chat", {"model": "tiny", "messages": [{"role": "user", "content": "x"}],
+                   "options": {"temperature": "hot"}}, 400, "'options.temperature' must be a number"),
+])
+def test_ollama_keep_alive_and_field_names(server, path, body, status, shown):
+    r = httpx.post(server.url + path, json=body, timeout=60)
+    assert r.status_code == status, r.text
+    if shown:
+        err = r.json()["error"]
+        msg = err if isinstance(err, str) else err["message"]
+        assert shown in msg and "bool" not in msg, msg
+
+
+def test_overflowing_number_and_control_character_messages(server):
+    raw = b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1e400}'
+    r = httpx.post(server.url + "/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "(got a number too large)" in r.json()["error"]["message"]
+    raw = b'{"model": "tiny", "messages": [{"role": "user", "content": "a\x01b"}]}'
+    r = httpx.post(server.url + "/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
+    msg = r.json()["error"]["message"]
+    assert r.status_code == 400 and "at at" not in msg and "control character at line 1" in msg, msg

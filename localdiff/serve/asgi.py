@@ -71,7 +71,8 @@ def parse_json(raw: bytes) -> dict:
         body = json.loads(text, parse_constant=_no_constant)
     except json.JSONDecodeError as e:
         where = f"line {e.lineno}, column {e.colno}"
-        raise bad_request(f"request body is not valid JSON ({e.msg[:80]} at {where})") from None
+        msg = e.msg[:80].removesuffix(" at")          # ("Invalid control character at" ends with it)
+        raise bad_request(f"request body is not valid JSON ({msg} at {where})") from None
     except RecursionError:
         raise bad_request("request body is not valid JSON: nested too deeply") from None
     if not isinstance(body, dict):

@@ -46,6 +46,8 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 def json_repr(value, limit: int = 60) -> str:
     """``value`` as the client wrote it, for an error message: its JSON text (``true``, ``null``, ``"hot"``, not
     Python's ``True`` / ``None`` / ``'hot'``; control characters escaped), cut to ``limit`` characters with "…"."""
+    if isinstance(value, float) and value in (float("inf"), float("-inf")):
+        return "a number too large"               # a literal such as 1e400, which Python reads as infinity
     try:
         text = json.dumps(value, ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError):

@@ -3,15 +3,18 @@
 
 ``options`` honoured: ``num_predict`` (> 0; -1 / -2 = the model's default), ``temperature`` (≥ 0; 0 where the
 decoder has it), ``seed``, ``stop``, and localdiff's sampler options by name. Any other option is a 400 naming it.
-``keep_alive`` is accepted and not applied per request (the server's ``--keep-alive`` decides when the model
-unloads). A top-level ``localdiff: {"events": "canvases" | "steps"}`` adds localdiff's canvas events to the stream (``localdiff.wire``).
+``keep_alive`` is checked (a duration or a number of seconds, :func:`check_keep_alive`) and not applied per
+request (the server's ``--keep-alive`` decides when the model unloads). A top-level ``localdiff: {"events":
+"canvases" | "steps"}`` adds localdiff's canvas events to the stream (``localdiff.wire``).
 """
 from __future__ import annotations
 
+import math
+import re
 from datetime import datetime, timezone
 
 from localdiff.decoding.options import resolve_key
-from localdiff.serve.errors import bad_request
+from localdiff.serve.errors import bad_request, json_repr
 from localdiff.serve.jobs import Result
 from localdiff.serve.openai_api import parse_messages
 from localdiff.serve.options import (GenRequest, check_bool, check_str, option_specs, split_extension,
@@ -24,11 +27,27 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
 
 
+_NUM, _UNIT = r"(?:\d+(?:\.\d*)?|\.\d+)", r"(?:ns|us|µs|ms|s|m|h)"
+_DURATION = re.compile(rf"-?{_NUM}{_UNIT}?(?:{_NUM}{_UNIT})*")   # Go's time.ParseDuration, or bare seconds
+
+
+def check_keep_alive(value) -> None:
+    """Ollama's ``keep_alive``: null, a number of seconds or a Go duration string ("5m", "1h30m", "-1"); else a
+    400. Checked, not applied: the server's ``--keep-alive`` decides when the resident model unloads."""
+    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)):
+        return
+    if isinstance(value, str) and (not value.strip() or _DURATION.fullmatch(value.strip())):
+        return
+    raise bad_request(f"'keep_alive' must be a duration such as \"5m\" or a number of seconds (got "
+                      f"{json_repr(value, 40)})", param="keep_alive")
+
+
 def _parse(body: dict, allowed: set, prompt, chat: bool) -> GenRequest:
     for key in body:
         if key not in allowed:
             raise bad_request(f"unknown or unsupported field '{key}'", param=key)
     model = check_str(body.get("model", ""), "model")
+    check_keep_alive(body.get("keep_alive"))
     stream = True if body.get("stream") is None else check_bool(body["stream"], "stream")
     if body.get("format") not in (None, ""):
         raise bad_request("'format' (structured output) is not supported", param="format")
@@ -45,7 +64,8 @@ def _parse(body: dict, allowed: set, prompt, chat: bool) -> GenRequest:
     if n in (-1, -2):
         n = None
     fields = {"max_tokens": n, "max_tokens_name": "options.num_predict", "temperature": opts.get("temperature"),
-              "seed": opts.get("seed"), "stop": opts.get("stop"), "sampler": sampler, "sampler_name": "options"}
+              "seed": opts.get("seed"), "stop": opts.get("stop"), "sampler": sampler, "sampler_name": "options",
+              "names": {k: "options." + k for k in ("seed", "temperature", "stop")}}
     eo = to_engine_options(fields)
     rest, events = split_extension(body.get("localdiff"))
     if rest:

@@ -82,7 +82,7 @@ def check_bool(value, name: str) -> bool:
 def check_str(value, name: str) -> str:
     """A JSON string; else a 400."""
     if not isinstance(value, str):
-        raise bad_request(f"'{name}' must be a string (got {type(value).__name__})", param=name)
+        raise bad_request(f"'{name}' must be a string (got {json_repr(value, 40)})", param=name)
     return value
 
 
@@ -154,18 +154,21 @@ def to_engine_options(fields: dict) -> dict:
         fields: ``max_tokens`` (int ≥ 1 or None), ``temperature`` (number ≥ 0 or None: a constant temperature over
             the denoising steps, e.g. ``t_max = t_min``; 0 where the model's decoder has it, checked by the
             engine), ``seed`` (int in [0, 2^63) or None), ``stop``, and ``sampler`` (dict of decoder options by
-            schema name or alias, or None).
+            schema name or alias, or None); optional ``names``: {field: how the client's API names it} for the
+            messages (Ollama: ``options.seed``).
     Returns:
         {"max_new_tokens", "seed", "stop", "sampler"}; the engine still checks ranges that depend on the model
         (context length) and the options' combined rules.
     Raises:
         ApiError(400) for a wrong type, a value out of range or an unknown option.
     """
-    out = {"max_new_tokens": None, "seed": None, "stop": check_stop(fields.get("stop")), "sampler": {}}
+    where = fields.get("names") or {}   # request field → how the client's API names it (Ollama: under options)
+    out = {"max_new_tokens": None, "seed": None, "stop": check_stop(fields.get("stop"), where.get("stop", "stop")),
+           "sampler": {}}
     if fields.get("max_tokens") is not None:
         out["max_new_tokens"] = check_int(fields["max_tokens"], fields.get("max_tokens_name", "max_tokens"), lo=1)
     if fields.get("seed") is not None:
-        out["seed"] = check_int(fields["seed"], "seed", lo=0, hi=MAX_SEED)
+        out["seed"] = check_int(fields["seed"], where.get("seed", "seed"), lo=0, hi=MAX_SEED)
     sampler = fields.get("sampler")
     specs = option_specs()
     if sampler is not None:
@@ -180,10 +183,10 @@ def to_engine_options(fields: dict) -> dict:
             if v is not None or specs[name].optional:
                 out["sampler"][name] = v
     if fields.get("temperature") is not None:
-        t = check_number(fields["temperature"], "temperature")
+        t = check_number(fields["temperature"], where.get("temperature", "temperature"))
         name = resolve_key("temperature")            # a constant schedule: the option and its pair (t_max, t_min)
         if name in specs:                            # its range from the schema (1e308 gave an empty answer)
-            t = _sampler_value(specs[name], t, "temperature")
+            t = _sampler_value(specs[name], t, where.get("temperature", "temperature"))
         for key in (name, getattr(specs.get(name), "pair_of", None)):
             if key:
                 out["sampler"].setdefault(key, t)

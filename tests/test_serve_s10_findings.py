@@ -155,3 +155,24 @@ def test_overflowing_number_and_control_character_messages(server):
     r = httpx.post(server.url + "/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
     msg = r.json()["error"]["message"]
     assert r.status_code == 400 and "at at" not in msg and "control character at line 1" in msg, msg
+
+
+def test_ollama_ps_and_tags_report_real_numbers(server):
+    import datetime
+
+    httpx.post(server.url + "/api/generate", json={"model": "tiny", "prompt": ""}, timeout=60)   # tiny resident
+    m = httpx.get(server.url + "/api/ps").json()["models"][0]
+    net = server.worker.model.net
+    assert m["size"] == sum(t.numel() * t.element_size() for t in (*net.parameters(), *net.buffers())) > 1_000_000
+    assert m["size_vram"] == 0                                   # CPU
+    left = datetime.datetime.fromisoformat(m["expires_at"].replace("Z", "+00:00")).timestamp() - time.time()
+    assert 250 < left <= 301                                     # the test server's keep-alive: 300 s
+    tag = next(t for t in httpx.get(server.url + "/api/tags").json()["models"] if t["name"] == "tiny")
+    stamp = datetime.datetime.fromisoformat(tag["modified_at"].replace("Z", "+00:00")).timestamp()
+    assert abs(stamp - os.stat(localdiff.load("tiny").path).st_mtime) < 1
+
+
+def test_an_option_error_from_the_engine_names_its_param(server):
+    r = httpx.post(server.url + "/v1/chat/completions", json={"model": "tiny", "temperature": 0,
+                                                              "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "temperature"

@@ -99,7 +99,7 @@ def build_app(worker: ModelWorker, settings: ServerSettings | None = None) -> Ge
         raise ApiError(500, "generation routes are served by GenerationRoutes", type="server_error")
 
     async def api_ps(request: Request):
-        return JSONResponse(ollama_api.ps(worker.model))
+        return JSONResponse(ollama_api.ps(worker.model, worker.expires_at()))
 
     routes = [
         Route("/", endpoint(root, public=True), methods=["GET", "HEAD"]),

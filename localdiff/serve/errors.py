@@ -7,6 +7,7 @@ No error body ever carries a traceback.
 from __future__ import annotations
 
 import json
+import re
 
 from localdiff.errors import LocaldiffError, ModelNotFoundError, UsageError
 
@@ -60,6 +61,9 @@ def shutting_down() -> ApiError:
     return ApiError(503, "the server is shutting down", type="server_busy", code="shutting_down")
 
 
+_NAMED = re.compile(r"([A-Za-z_][A-Za-z0-9_.\-]*): ")
+
+
 def from_engine(exc: BaseException) -> ApiError:
     """Map an exception raised by the engine while preparing or running a generation to an ApiError.
 
@@ -74,7 +78,8 @@ def from_engine(exc: BaseException) -> ApiError:
         return ApiError(404, msg, type="not_found_error", param="model", code="model_not_found")
     if isinstance(exc, UsageError):
         code = "context_length_exceeded" if "context" in msg else None
-        return ApiError(400, msg, code=code)
+        field = _NAMED.match(msg)         # an option's error names it first ("temperature: ..."): the param
+        return ApiError(400, msg, param=field.group(1) if field else None, code=code)
     if isinstance(exc, LocaldiffError):
         return ApiError(422, msg, type="unprocessable_error")
     return ApiError(500, f"internal error: {type(exc).__name__}", type="server_error")

@@ -10,6 +10,7 @@ request (the server's ``--keep-alive`` decides when the model unloads). A top-le
 from __future__ import annotations
 
 import math
+import os
 import re
 from datetime import datetime, timezone
 
@@ -159,15 +160,38 @@ def tags(models: list[dict]) -> dict:
         name = str(m.get("name") or m.get("alias") or m.get("repo") or "")
         if not name:
             continue
-        out.append({"name": name, "model": name, "modified_at": _now(), "size": int(m.get("size_bytes") or 0),
+        out.append({"name": name, "model": name, "modified_at": _mtime(m.get("path")),
+                    "size": int(m.get("size_bytes") or 0),
                     "digest": str(m.get("revision") or ""), "details": {"family": str(m.get("model_type") or ""),
                                                                         "format": "safetensors"}})
     return {"models": out}
 
 
-def ps(model) -> dict:
-    """``GET /api/ps`` body: the resident model, if any."""
+def _mtime(path) -> str:
+    """A model folder's modification time (UTC, Ollama's format); now when it cannot be read."""
+    try:
+        t = os.stat(path).st_mtime
+    except (OSError, TypeError, ValueError):
+        return _now()
+    return datetime.fromtimestamp(t, timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _resident_bytes(model) -> int:
+    """Bytes of a loaded model's tensors (parameters and buffers: int8 weights and their scales too); 0 for a
+    backend without a torch module (GGUF)."""
+    net = getattr(model, "net", None)
+    if net is None or not hasattr(net, "parameters"):
+        return 0
+    return sum(t.numel() * t.element_size() for t in (*net.parameters(), *net.buffers()))
+
+
+def ps(model, expires: float | None = None) -> dict:
+    """``GET /api/ps`` body: the resident model, if any: its tensors' bytes (``size``; ``size_vram`` the same on a
+    GPU, else 0) and ``expires_at`` (``expires``: a ``time.time()`` when an idle model unloads, None = never: "")."""
     if model is None:
         return {"models": []}
-    return {"models": [{"name": model.name, "model": model.name, "size": 0, "digest": "",
-                        "details": {"format": "safetensors"}, "expires_at": "", "size_vram": 0}]}
+    size = _resident_bytes(model)
+    on_gpu = str(getattr(model, "device", "cpu")).startswith("cuda")
+    when = "" if expires is None else datetime.fromtimestamp(expires, timezone.utc).isoformat().replace("+00:00", "Z")
+    return {"models": [{"name": model.name, "model": model.name, "size": size, "digest": "",
+                        "details": {"format": "safetensors"}, "expires_at": when, "size_vram": size if on_gpu else 0}]}

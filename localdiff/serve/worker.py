@@ -214,6 +214,13 @@ class ModelWorker:
         if wait and self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(wait)
 
+    def expires_at(self) -> float | None:
+        """When the resident model unloads if it stays idle (``time.time()`` seconds), or None (never; no model)."""
+        if self.model is None or self.keep_alive is None:
+            return None
+        idle = 0.0 if self.current is not None else time.monotonic() - self.last_used   # (a job runs: not idle)
+        return time.time() + max(self.keep_alive - idle, 0.0)
+
     @property
     def queued(self) -> int:
         """Jobs waiting (not counting the running one)."""

@@ -41,7 +41,7 @@ def _ollama(request: Request) -> bool:
 
 
 def _error_response(request: Request, err: ApiError) -> JSONResponse:
-    body = err.ollama_body() if _ollama(request) else err.openai_body()
+    body = err.body(_ollama(request))
     return JSONResponse(body, status_code=err.status, headers=err.headers)
 
 

@@ -118,8 +118,8 @@ def _gone(job: Job) -> None:
 
 def _stream_error(err: ApiError, ollama: bool) -> bytes:
     """``err`` as a stream's last part: an NDJSON line (Ollama) or an SSE error event and ``data: [DONE]``."""
-    text = dumps(err.ollama_body()) + "\n" if ollama else "data: " + dumps(err.openai_body()) + "\n\ndata: [DONE]\n\n"
-    return text.encode()
+    body = dumps(err.body(ollama))
+    return (body + "\n" if ollama else "data: " + body + "\n\ndata: [DONE]\n\n").encode()
 
 
 def _stopping(job: Job) -> None:
@@ -302,20 +302,19 @@ class GenerationRoutes:
             try:                         # and the 503 still goes out (JSON, or the stream's last part and its end)
                 if not started:
                     err = shutting_down()
-                    status = await _send_json(send, 503, err.ollama_body() if ollama else err.openai_body())
+                    status = await _send_json(send, 503, err.body(ollama))
                 else:
                     await send({"type": "http.response.body", "body": _stream_error(shutting_down(), ollama)})
                     flush_now(send)
             except Exception:  # noqa: BLE001 — the connection is already gone
                 pass
         except ApiError as err:
-            status = await _send_json(send, err.status, err.ollama_body() if ollama else err.openai_body(),
-                                      err.headers)
+            status = await _send_json(send, err.status, err.body(ollama), err.headers)
         except Exception as exc:  # noqa: BLE001 — one log line and a JSON 500, never a traceback
             log.error("internal error on POST %s: %s: %s", scope["path"], type(exc).__name__, exc)
             if not started:
                 err = ApiError(500, f"internal error: {type(exc).__name__}", type="server_error")
-                status = await _send_json(send, 500, err.ollama_body() if ollama else err.openai_body())
+                status = await _send_json(send, 500, err.body(ollama))
         finally:
             if hooked:
                 on_disconnect(send, None)

@@ -7,6 +7,7 @@ No error body ever carries a traceback.
 from __future__ import annotations
 
 import json
+import math
 import re
 
 from localdiff.errors import LocaldiffError, ModelNotFoundError, UsageError
@@ -34,6 +35,10 @@ class ApiError(Exception):
         """``{"error": {...}}`` as the OpenAI API sends it."""
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
+    def body(self, ollama: bool) -> dict:
+        """:meth:`ollama_body` for Ollama's routes, else :meth:`openai_body`."""
+        return self.ollama_body() if ollama else self.openai_body()
+
     def ollama_body(self) -> dict:
         """``{"error": "message"}`` as Ollama sends it."""
         return {"error": self.message}
@@ -47,7 +52,7 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 def json_repr(value, limit: int = 60) -> str:
     """``value`` as the client wrote it, for an error message: its JSON text (``true``, ``null``, ``"hot"``, not
     Python's ``True`` / ``None`` / ``'hot'``; control characters escaped), cut to ``limit`` characters with "…"."""
-    if isinstance(value, float) and value in (float("inf"), float("-inf")):
+    if isinstance(value, float) and math.isinf(value):
         return "a number too large"               # a literal such as 1e400, which Python reads as infinity
     try:
         text = json.dumps(value, ensure_ascii=False, allow_nan=False)

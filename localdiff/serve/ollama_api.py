@@ -24,12 +24,18 @@ from localdiff.serve.options import (GenRequest, check_bool, check_str, option_s
 _TOP = {"model", "stream", "options", "keep_alive", "format", "localdiff"}
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+def _now(t: float | None = None) -> str:
+    """``t`` (``time.time()`` seconds; None = now) in Ollama's time format (UTC, ISO 8601, "Z")."""
+    when = datetime.now(timezone.utc) if t is None else datetime.fromtimestamp(t, timezone.utc)
+    return when.isoformat().replace("+00:00", "Z")
 
 
 _NUM, _UNIT = r"(?:\d+(?:\.\d*)?|\.\d+)", r"(?:ns|us|µs|ms|s|m|h)"
 _DURATION = re.compile(rf"-?{_NUM}{_UNIT}?(?:{_NUM}{_UNIT})*")   # Go's time.ParseDuration, or bare seconds
+
+
+_NAMES = {"max_tokens": "options.num_predict", "seed": "options.seed", "temperature": "options.temperature",
+          "stop": "options.stop", "sampler": "options"}   # how Ollama's request names the neutral fields
 
 
 def check_keep_alive(value) -> None:
@@ -64,9 +70,8 @@ def _parse(body: dict, allowed: set, prompt, chat: bool) -> GenRequest:
     n = opts.get("num_predict")
     if n in (-1, -2):
         n = None
-    fields = {"max_tokens": n, "max_tokens_name": "options.num_predict", "temperature": opts.get("temperature"),
-              "seed": opts.get("seed"), "stop": opts.get("stop"), "sampler": sampler, "sampler_name": "options",
-              "names": {k: "options." + k for k in ("seed", "temperature", "stop")}}
+    fields = {"max_tokens": n, "temperature": opts.get("temperature"), "seed": opts.get("seed"),
+              "stop": opts.get("stop"), "sampler": sampler, "names": _NAMES}
     eo = to_engine_options(fields)
     rest, events = split_extension(body.get("localdiff"))
     if rest:
@@ -170,10 +175,9 @@ def tags(models: list[dict]) -> dict:
 def _mtime(path) -> str:
     """A model folder's modification time (UTC, Ollama's format); now when it cannot be read."""
     try:
-        t = os.stat(path).st_mtime
+        return _now(os.stat(path).st_mtime)
     except (OSError, TypeError, ValueError):
         return _now()
-    return datetime.fromtimestamp(t, timezone.utc).isoformat().replace("+00:00", "Z")
 
 
 def _resident_bytes(model) -> int:
@@ -192,6 +196,6 @@ def ps(model, expires: float | None = None) -> dict:
         return {"models": []}
     size = _resident_bytes(model)
     on_gpu = str(getattr(model, "device", "cpu")).startswith("cuda")
-    when = "" if expires is None else datetime.fromtimestamp(expires, timezone.utc).isoformat().replace("+00:00", "Z")
     return {"models": [{"name": model.name, "model": model.name, "size": size, "digest": "",
-                        "details": {"format": "safetensors"}, "expires_at": when, "size_vram": size if on_gpu else 0}]}
+                        "details": {"format": "safetensors"}, "expires_at": "" if expires is None else _now(expires),
+                        "size_vram": size if on_gpu else 0}]}

@@ -73,7 +73,7 @@ def _common(body: dict, prompt, chat: bool) -> GenRequest:
         check_str(body["user"], "user")
     max_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     sampler, events = split_extension(body.get("localdiff"))
-    opts = to_engine_options({"max_tokens": body.get(max_name), "max_tokens_name": max_name,
+    opts = to_engine_options({"max_tokens": body.get(max_name), "names": {"max_tokens": max_name},
                               "temperature": body.get("temperature"), "seed": body.get("seed"),
                               "stop": body.get("stop"), "sampler": sampler})
     return GenRequest(model=model, prompt=prompt, chat=chat, max_new_tokens=opts["max_new_tokens"],

@@ -154,8 +154,8 @@ def to_engine_options(fields: dict) -> dict:
         fields: ``max_tokens`` (int ≥ 1 or None), ``temperature`` (number ≥ 0 or None: a constant temperature over
             the denoising steps, e.g. ``t_max = t_min``; 0 where the model's decoder has it, checked by the
             engine), ``seed`` (int in [0, 2^63) or None), ``stop``, and ``sampler`` (dict of decoder options by
-            schema name or alias, or None); optional ``names``: {field: how the client's API names it} for the
-            messages (Ollama: ``options.seed``).
+            schema name or alias, or None); optional ``names``: {field (or "sampler"): how the client's API names
+            it} for the messages (OpenAI: ``max_completion_tokens``; Ollama: ``options.seed``, ``options``).
     Returns:
         {"max_new_tokens", "seed", "stop", "sampler"}; the engine still checks ranges that depend on the model
         (context length) and the options' combined rules.
@@ -163,20 +163,21 @@ def to_engine_options(fields: dict) -> dict:
         ApiError(400) for a wrong type, a value out of range or an unknown option.
     """
     where = fields.get("names") or {}   # request field → how the client's API names it (Ollama: under options)
+    sampler_name = where.get("sampler", "localdiff")
     out = {"max_new_tokens": None, "seed": None, "stop": check_stop(fields.get("stop"), where.get("stop", "stop")),
            "sampler": {}}
     if fields.get("max_tokens") is not None:
-        out["max_new_tokens"] = check_int(fields["max_tokens"], fields.get("max_tokens_name", "max_tokens"), lo=1)
+        out["max_new_tokens"] = check_int(fields["max_tokens"], where.get("max_tokens", "max_tokens"), lo=1)
     if fields.get("seed") is not None:
         out["seed"] = check_int(fields["seed"], where.get("seed", "seed"), lo=0, hi=MAX_SEED)
     sampler = fields.get("sampler")
     specs = option_specs()
     if sampler is not None:
         if not isinstance(sampler, dict):
-            raise bad_request("'localdiff' must be an object of decoder options", param="localdiff")
+            raise bad_request(f"'{sampler_name}' must be an object of decoder options", param=sampler_name)
         for key, value in sampler.items():
             name = resolve_key(str(key))
-            shown = f"{fields.get('sampler_name', 'localdiff')}.{key}"
+            shown = f"{sampler_name}.{key}"
             if name not in specs:
                 raise bad_request(f"unknown option '{shown}' (known: {', '.join(specs)})", param=shown)
             v = _sampler_value(specs[name], value, shown)

@@ -105,8 +105,11 @@ def run(net, policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
             with torch.inference_mode():   # the step's ops skip autograd's dispatch (nothing needs gradients)
                 if logits is None:
                     sel = masked if SKIP_COMMITTED else None
+                    tp = time.perf_counter() if i == 0 else 0.0
                     logits, kv = _block_logits(net, policy, x, amask, start, end, shift, cache, kv, i == 0, p,
                                                mask_id, store, sel)
+                    if i == 0:   # prefill time: the block's first pass (over the prompt and the blocks before
+                        st.prefill_seconds += time.perf_counter() - tp   # it; the caches' refresh)
                     logits = _no_mask(logits, mask_id)
                     forwards += n_active
                     used += 1

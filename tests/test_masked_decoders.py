@@ -188,9 +188,9 @@ def test_dream_parallel_and_cached_run_and_stay_close(make):
 # ------------------------------------------------------------------------------------------------ engine, events
 def test_options_of_another_decoder_are_one_line_usage_errors(make):
     llada, dream = make(), make(model_type="Dream", shift_logits=True)
-    for m, kw, want in [(llada, {"alg": "entropy"}, "'alg' is an option of the dream decoder"),
-                        (llada, {"entropy_bound": 0.2}, "'entropy_bound' is an option of the canvas_eb decoder"),
-                        (dream, {"cfg_scale": 1.0}, "'cfg_scale' is an option of the llada decoder"),
+    for m, kw, want in [(llada, {"alg": "entropy"}, "alg: an option of the dream decoder"),
+                        (llada, {"entropy_bound": 0.2}, "entropy_bound: an option of the canvas_eb decoder"),
+                        (dream, {"cfg_scale": 1.0}, "cfg_scale: an option of the llada decoder"),
                         (llada, {"threshold": 0.9, "factor": 1.0}, "not both"),
                         (llada, {"cfg_scale": 1.0, "kv_cache": "dual"}, "kv_cache none"),
                         (llada, {"kv_cache": "full"}, "kv_cache: must be one of none, prefix, dual"),

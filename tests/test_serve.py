@@ -184,7 +184,8 @@ def test_gen_endpoint_against_a_served_model(server, capsys, isolated_config):
     assert cli_main(["gen", "--endpoint", "ftp://x", "-p", "hi"]) == 2
     # the server refuses an option (this decoder's range; the client checks the union of decoders'): a usage error
     assert cli_main(["gen", "--endpoint", server.url, "--steps", "100001", "-p", "hi"]) == 2
-    assert capsys.readouterr().err.endswith("answered 400: steps: must be an integer in [1, 100000] (got 100001)\n")
+    assert capsys.readouterr().err.endswith(        # (the option as the request named it, under the extension key)
+        "answered 400: localdiff.steps: must be an integer in [1, 100000] (got 100001)\n")
 
 
 def test_chat_endpoint_in_the_tui(server, tmp_path):

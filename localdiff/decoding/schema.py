@@ -234,7 +234,8 @@ def unknown_option(key: str, typed: str, cls: type[Options] | None = None) -> Us
 
     owners = [c.POLICY for c in POLICIES.values() if key in c.names()]
     if cls is not None and owners:
-        return UsageError(f"{typed}: '{key}' is an option of the {', '.join(owners)} decoder, not of this model's "
+        named = "" if typed == key else f"'{key}' is "     # ("top_k: 'top_k' is ..." named it twice)
+        return UsageError(f"{typed}: {named}an option of the {', '.join(owners)} decoder, not of this model's "
                           f"({cls.POLICY}); its options: {', '.join(cls.names())}")
     pool = sorted({n for c in POLICIES.values() for n in c.names()} | set(ALIASES))
     near = difflib.get_close_matches(key, pool, n=1)

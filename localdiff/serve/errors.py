@@ -69,12 +69,14 @@ def shutting_down() -> ApiError:
 _NAMED = re.compile(r"([A-Za-z_][A-Za-z0-9_.\-]*): ")
 
 
-def from_engine(exc: BaseException) -> ApiError:
+def from_engine(exc: BaseException, shown: dict | None = None) -> ApiError:
     """Map an exception raised by the engine while preparing or running a generation to an ApiError.
 
     UsageError (bad option, empty prompt, prompt over the context) → 400; ModelNotFoundError → 404; any other
     LocaldiffError (checkpoint, tokenizer) → 422 with its message; anything else → 500 with the exception's type
-    only (the server log gets one line, never a traceback in the body).
+    only (the server log gets one line, never a traceback in the body). ``shown``: decoder option name → how the
+    client named it (``options.top_k``, ``localdiff.steps``): an option's error then names it as sent, message
+    and ``param`` both (``GenRequest.shown``).
     """
     if isinstance(exc, ApiError):
         return exc
@@ -84,7 +86,10 @@ def from_engine(exc: BaseException) -> ApiError:
     if isinstance(exc, UsageError):
         code = "context_length_exceeded" if "context" in msg else None
         field = _NAMED.match(msg)         # an option's error names it first ("temperature: ..."): the param
-        return ApiError(400, msg, param=field.group(1) if field else None, code=code)
+        param = field.group(1) if field else None
+        if param is not None and shown and param in shown:    # as the client named it
+            param, msg = shown[param], shown[param] + msg[field.end(1):]
+        return ApiError(400, msg, param=param, code=code)
     if isinstance(exc, LocaldiffError):
         return ApiError(422, msg, type="unprocessable_error")
     return ApiError(500, f"internal error: {type(exc).__name__}", type="server_error")

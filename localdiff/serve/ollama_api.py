@@ -78,7 +78,7 @@ def _parse(body: dict, allowed: set, prompt, chat: bool) -> GenRequest:
         raise bad_request("'localdiff' takes 'events' only here; decoder options go under 'options'",
                           param="localdiff")
     return GenRequest(model=model, prompt=prompt, chat=chat, max_new_tokens=eo["max_new_tokens"], seed=eo["seed"],
-                      sampler=eo["sampler"], stop=eo["stop"], stream=stream, events=events)
+                      sampler=eo["sampler"], shown=eo["shown"], stop=eo["stop"], stream=stream, events=events)
 
 
 def parse_chat(body: dict) -> GenRequest:

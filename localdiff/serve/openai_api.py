@@ -77,7 +77,7 @@ def _common(body: dict, prompt, chat: bool) -> GenRequest:
                               "temperature": body.get("temperature"), "seed": body.get("seed"),
                               "stop": body.get("stop"), "sampler": sampler})
     return GenRequest(model=model, prompt=prompt, chat=chat, max_new_tokens=opts["max_new_tokens"],
-                      seed=opts["seed"], sampler=opts["sampler"], stop=opts["stop"], stream=stream,
+                      seed=opts["seed"], sampler=opts["sampler"], shown=opts["shown"], stop=opts["stop"], stream=stream,
                       include_usage=include_usage, events=events)
 
 

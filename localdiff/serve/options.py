@@ -32,6 +32,8 @@ class GenRequest:
         max_new_tokens: None = the model's default.
         seed: None = random (the seed used is reported back).
         sampler: decoder options set by this request (schema names, see ``localdiff.decoding.options``).
+        shown: schema name (or the typed key) → how the client named it (``options.top_k``, ``temperature``), for
+            the engine's error messages (``localdiff.serve.errors.from_engine``).
         stop: stop strings (the text is cut before the first one and the generation ends there).
         stream / include_usage: response shape.
         events: localdiff's canvas events in the stream: "none", "canvases" or "steps" (``localdiff.wire``).
@@ -44,6 +46,7 @@ class GenRequest:
     max_new_tokens: int | None = None
     seed: int | None = None
     sampler: dict = field(default_factory=dict)
+    shown: dict = field(default_factory=dict)
     stop: list = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
@@ -157,7 +160,8 @@ def to_engine_options(fields: dict) -> dict:
             schema name or alias, or None); optional ``names``: {field (or "sampler"): how the client's API names
             it} for the messages (OpenAI: ``max_completion_tokens``; Ollama: ``options.seed``, ``options``).
     Returns:
-        {"max_new_tokens", "seed", "stop", "sampler"}; the engine still checks ranges that depend on the model
+        {"max_new_tokens", "seed", "stop", "sampler", "shown"} (``shown``: option name → as the client named it,
+        :attr:`GenRequest.shown`); the engine still checks ranges that depend on the model
         (context length) and the options' combined rules.
     Raises:
         ApiError(400) for a wrong type, a value out of range or an unknown option.
@@ -165,7 +169,7 @@ def to_engine_options(fields: dict) -> dict:
     where = fields.get("names") or {}   # request field → how the client's API names it (Ollama: under options)
     sampler_name = where.get("sampler", "localdiff")
     out = {"max_new_tokens": None, "seed": None, "stop": check_stop(fields.get("stop"), where.get("stop", "stop")),
-           "sampler": {}}
+           "sampler": {}, "shown": {}}
     if fields.get("max_tokens") is not None:
         out["max_new_tokens"] = check_int(fields["max_tokens"], where.get("max_tokens", "max_tokens"), lo=1)
     if fields.get("seed") is not None:
@@ -183,12 +187,15 @@ def to_engine_options(fields: dict) -> dict:
             v = _sampler_value(specs[name], value, shown)
             if v is not None or specs[name].optional:
                 out["sampler"][name] = v
+                out["shown"][name] = out["shown"][str(key)] = shown
     if fields.get("temperature") is not None:
-        t = check_number(fields["temperature"], where.get("temperature", "temperature"))
+        raw, shown = fields["temperature"], where.get("temperature", "temperature")
+        t = check_number(raw, shown)
         name = resolve_key("temperature")            # a constant schedule: the option and its pair (t_max, t_min)
-        if name in specs:                            # its range from the schema (1e308 gave an empty answer)
-            t = _sampler_value(specs[name], t, where.get("temperature", "temperature"))
+        if name in specs:                            # its range from the schema (1e308 gave an empty answer); the
+            t = _sampler_value(specs[name], raw, shown)   # message shows the value as sent (-1, not -1.0)
         for key in (name, getattr(specs.get(name), "pair_of", None)):
-            if key:
-                out["sampler"].setdefault(key, t)
+            if key and key not in out["sampler"]:       # (an option set under the extension key wins)
+                out["sampler"][key], out["shown"][key] = t, shown
+        out["shown"].setdefault("temperature", shown)
     return out

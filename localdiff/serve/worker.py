@@ -375,7 +375,7 @@ class ModelWorker:
                 job.spent.sampler = model.sampler_options(**sampler)
             job.post(("error", _cancelled(job, "cancelled")), wake=False)
         except Exception as exc:  # noqa: BLE001 — every failure becomes one JSON error and one log line
-            err = from_engine(exc)
+            err = from_engine(exc, req.shown)
             if err.status >= 500:
                 log.error("generation failed: %s: %s", type(exc).__name__, exc)
             job.post(("error", err), wake=False)

@@ -21,7 +21,9 @@ def test_scale_section_smoke():
     assert s["runs"]["localdiff float32"]["flops_check"]["counted"]["LM head"] == ref["counted"]["LM head"]
     if s["runs"]["localdiff default"]["dtype"] == "bfloat16":
         roof = s["roofline"]
-        assert 0 < roof["reachable"] <= 1 and roof["components"]["experts"]["bound"] < 1
+        # (a bound of 1 is compute-bound: the experts at the smoke shape are on a CPU whose bf16 GEMM peak is low
+        # next to its bandwidth, e.g. AVX512-BF16 without AMX; bandwidth-bound, < 1, where AMX is fast)
+        assert 0 < roof["reachable"] <= 1 and 0 < roof["components"]["experts"]["bound"] <= 1
     text = "\n".join(scale.render_md(out))
     assert "per repetition median" in text and "Peak RSS" in text and "counted ÷ arithmetic" in text
 

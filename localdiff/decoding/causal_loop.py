@@ -22,33 +22,15 @@ import time
 
 import torch
 
+from localdiff.decoding.detok import IncrementalText
 from localdiff.decoding.dflash import DFlash, pick
 from localdiff.decoding.loop import count_tokens, strip_generated
 from localdiff.events import CanvasDone, Done, GenerationStats, StepEvent
 
 
-class _Text:
-    """Incremental detokenization: each step's text is decode(all ids) minus what was already given; a text ending
-    in U+FFFD (an incomplete UTF-8 sequence) is held back until later tokens complete it."""
-
-    def __init__(self, decode, eos):
-        self.decode, self.eos, self.ids, self.given = decode, eos, [], ""
-
-    def add(self, ids: list[int]) -> str:
-        """The text the new ``ids`` add (EOS tokens are not text)."""
-        if self.decode is None:
-            return ""
-        self.ids += [t for t in ids if t not in self.eos]
-        text = self.decode(self.ids)
-        if text.endswith("\ufffd") or not text.startswith(self.given):
-            return ""
-        new, self.given = text[len(self.given):], text
-        return new
-
-
 def run(target, cache, prompt_ids: torch.Tensor, max_new_tokens: int, eos_ids: list[int], options, generator,
         draft=None, draft_cache=None, block_size: int | None = None, emit_steps: bool = True, decode=None,
-        stats: GenerationStats | None = None):
+        stats: GenerationStats | None = None, cancel=None):
     """Generate after ``prompt_ids`` LongTensor[1, P]; yields StepEvent (with a draft and ``emit_steps``),
     CanvasDone per step, then Done (token ids: the new tokens, EOS kept).
 
@@ -58,6 +40,8 @@ def run(target, cache, prompt_ids: torch.Tensor, max_new_tokens: int, eos_ids: l
         options: CausalOptions; generator: torch.Generator.
         draft / draft_cache: a :class:`localdiff.arch.dflash.DFlashDraft` and its empty cache, or None (plain AR).
         block_size: tokens per block (default: the draft's); 1 = plain AR even with a draft.
+        cancel: ``cancel() -> bool`` polled before every target forward (the prefill and each step); True ends the
+            generator there (no Done), as the other families' loops.
     """
     st = stats or GenerationStats()
     t0 = time.perf_counter()
@@ -67,7 +51,9 @@ def run(target, cache, prompt_ids: torch.Tensor, max_new_tokens: int, eos_ids: l
     layers = draft.target_layer_ids if bs > 1 else None
     policy = DFlash(options, generator)
     eos = set(eos_ids or ())
-    text = _Text(decode, eos)
+    text = IncrementalText(decode)
+    if cancel is not None and cancel():
+        return
     tp = time.perf_counter()
     logits, feats = target.prefill(prompt_ids, cache, layers=layers, last_only=True)
     st.prefill_seconds += time.perf_counter() - tp
@@ -76,11 +62,14 @@ def run(target, cache, prompt_ids: torch.Tensor, max_new_tokens: int, eos_ids: l
     last = int(pick(logits[:, -1], options, generator)[0])
     out = [last]
     ctx_ids = prompt_ids
-    yield CanvasDone(0, torch.tensor([[last]]), text.add([last]), 1, torch.tensor([last in eos]))
+    yield CanvasDone(0, torch.tensor([[last]]), text.add([last] if last not in eos else []), 1,
+                     torch.tensor([last in eos]))
     start, step, reason = p, 0, "length"
     stopped = last in eos
     dev = prompt_ids.device
     while start + 1 < max_length and not stopped:
+        if cancel is not None and cancel():
+            return
         n = min(bs, max_length - start)
         block = torch.full((1, n), draft.mask_token_id if n > 1 else 0, dtype=torch.long, device=dev)
         block[0, 0] = last
@@ -113,7 +102,8 @@ def run(target, cache, prompt_ids: torch.Tensor, max_new_tokens: int, eos_ids: l
         step += 1
         if emit_steps and n > 1:
             yield _event(step, block, acc, conf)
-        yield CanvasDone(step, torch.tensor([new]), text.add(new), 1, torch.tensor([stopped]))
+        yield CanvasDone(step, torch.tensor([new]), text.add([t for t in new if t not in eos]), 1,
+                         torch.tensor([stopped]))
     if last in eos:
         reason = "eos"
     st.canvases = step + 1

@@ -35,6 +35,7 @@ import time
 import torch
 
 from localdiff.decoding.dream import top_p_logits
+from localdiff.decoding.detok import IncrementalText
 from localdiff.decoding.draws import categorical
 from localdiff.decoding.loop import done_event, strip_generated
 from localdiff.decoding.stopping import finalize_canvas
@@ -76,6 +77,7 @@ def run(net, options, cache, max_new_tokens: int, eos_ids: list[int], pad_id: in
     if blk % sbs:
         raise ValueError(f"small_block_size: must divide the block size {blk} (got {sbs})")
     st = stats or GenerationStats()
+    detok = IncrementalText(decode)   # row 0's text, block by block
     t0 = time.perf_counter()
     b, dev = tail_ids.shape[0], tail_ids.device
     eos_t = torch.tensor(eos_ids, device=dev) if eos_ids else None
@@ -140,7 +142,7 @@ def run(net, options, cache, max_new_tokens: int, eos_ids: list[int], pad_id: in
         st.canvases += 1
         room = max_new_tokens - made
         made += final.shape[1]
-        text = decode(strip_generated(final[0, :room], eos_ids, pad_id)) if decode else ""
+        text = detok.add(strip_generated(final[0, :room], eos_ids, pad_id))
         yield CanvasDone(ci, final.cpu(), text, steps, finished.cpu())
         if bool(finished.all()):
             reason = "eos"

@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from localdiff.decoding.detok import IncrementalText
 from localdiff.decoding.stopping import finalize_canvas
 from localdiff.events import CanvasDone, Done, GenerationStats, StepEvent
 
@@ -54,6 +55,7 @@ def run(net, policy, cache, batch: int, max_new_tokens: int, eos_ids: list[int],
     generated: list[torch.Tensor] = []
     reason = "length"
     made = 0                                        # generated positions of the blocks so far
+    detok = IncrementalText(decode)                 # row 0's text, block by block
     kw = {"raw_logits": True} if getattr(policy, "raw_logits", False) else {}   # the policy soft-caps (fast path)
     for ci in range(math.ceil((max_new_tokens + lead) / c_len)):
         policy.begin_block(start_canvas if ci == 0 else None)
@@ -91,8 +93,8 @@ def run(net, policy, cache, batch: int, max_new_tokens: int, eos_ids: list[int],
         room = max_new_tokens - made                # tokens of this block within max_new_tokens
         made += final.shape[1]
         kept = strip_generated(final[0, :room], eos_ids, pad_id)
-        text = decode(kept) if decode else ""
-        known = (kept, text) if ci == 0 else None   # Done's text, when the answer is this block alone
+        text = detok.add(kept)                      # what this block adds to the answer's text
+        known = (kept, text) if ci == 0 and not detok.pending else None   # Done's text: the answer is this block
         yield CanvasDone(ci, final.cpu(), text, steps_used, finished.cpu())
         if bool(finished.all()):
             reason = "eos"
@@ -110,12 +112,14 @@ def done_event(generated: list, batch: int, max_new_tokens: int, eos_ids, pad_id
     :func:`strip_generated`): per-row tokens (at most ``max_new_tokens``), texts, ``st`` completed (forwards
     from LongTensor[B] ``forwards``, tokens, seconds since ``t0`` (perf_counter), cache accounting). ``known``:
     (ids, their text) already decoded (a one-block answer's CanvasDone): row 0's text when its ids are those, not
-    decoded twice."""
+    decoded twice. ``reason``: "eos" stays only when every returned row ends with its EOS."""
     if len(generated) == 1:
         out = generated[0]
     else:
         out = torch.cat(generated, dim=1) if generated else torch.zeros(batch, 0, dtype=torch.long)
     rows = [strip_generated(out[r], eos_ids, pad_id, keep_eos=True)[:max_new_tokens] for r in range(batch)]
+    if reason == "eos" and not all(r and r[-1] in eos_ids for r in rows):
+        reason = "length"         # an EOS past max_new_tokens (the block ran on): the answer was cut by the length
     st.forwards = int(forwards.sum())
     count_tokens(st, rows, time.perf_counter() - t0)
     if hasattr(cache, "stats"):

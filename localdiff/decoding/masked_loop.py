@@ -27,6 +27,7 @@ import time
 import torch
 
 from localdiff.decoding import arness
+from localdiff.decoding.detok import IncrementalText
 from localdiff.decoding.llada import guided
 from localdiff.decoding.loop import count_tokens, kept_positions, strip_generated
 from localdiff.decoding.stopping import finalize_canvas
@@ -87,6 +88,7 @@ def run(net, policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
     commit = torch.zeros(b, g, dtype=torch.long, device=dev)   # global step at which each position was committed
     forwards, gstep, reason = 0, 0, "length"
     finals: list[torch.Tensor] = []
+    detok = IncrementalText(decode)   # row 0's text, block by block
     for ci, (off, length, n_steps) in enumerate(block_plan(g, block_length, steps)):
         start, end = p + off, p + off + length
         active = ~finished if stop_at_eos else torch.ones_like(finished)
@@ -132,7 +134,7 @@ def run(net, policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
         final, finished = finalize_canvas(x[:, start:end], finished, eos_t, pad_id)
         finals.append(final)
         st.canvases += 1
-        text = decode(strip_generated(final[0], eos_ids, pad_id)) if decode and not row0_done else ""
+        text = detok.add(strip_generated(final[0], eos_ids, pad_id)) if not row0_done else ""
         yield CanvasDone(ci, final.cpu(), text, used, finished.cpu())
         if bool(finished.all()):
             reason = "eos"

@@ -85,4 +85,4 @@ def stream(model, req):
         draft_cache = KVCache(**model.draft.cache_layout(_BLOCK_ROOM))
     yield from causal_loop.run(model.net, cache, req.ids, req.max_new_tokens, model.eos_token_ids, opts,
                                req.generator, model.draft, draft_cache, opts.block_size, req.emit_steps, req.decode,
-                               req.stats)
+                               req.stats, cancel=req.cancel)

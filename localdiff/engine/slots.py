@@ -15,6 +15,7 @@ import time
 
 import torch
 
+from localdiff.decoding.detok import IncrementalText
 from localdiff.decoding.loop import count_tokens, kept_positions, strip_generated
 from localdiff.decoding.refusion import Refusion
 from localdiff.decoding.stopping import finalize_canvas
@@ -54,7 +55,8 @@ def stream(model, req):
     outs, orders, reason = [], [], "length"
     for ri, prompt in enumerate(req.rows):
         dec = Refusion(model.net, req.options, model.mask_token_id, tuple(eos), req.generator)
-        yield from _row(dec, prompt, req, emit=ri == 0 and req.emit_steps, row0=ri == 0, eos=eos, pad=pad)
+        if not (yield from _row(dec, prompt, req, emit=ri == 0 and req.emit_steps, row0=ri == 0, eos=eos, pad=pad)):
+            return                                      # cancelled (``req.cancel``): no Done
         st.forwards += dec.forwards
         row, order = _final(dec, req.max_new_tokens, eos, pad)
         outs.append(row)
@@ -68,6 +70,8 @@ def stream(model, req):
 
 
 def _row(dec: Refusion, prompt, req, emit: bool, row0: bool, eos, pad):
+    """One prompt row's rounds and finished blocks; returns False when ``req.cancel()`` (polled before every
+    plan-and-fill round) asked to stop, else True."""
     o = req.options
     k = int(o.slot_size)
     filled: dict[int, int] = {}
@@ -75,10 +79,20 @@ def _row(dec: Refusion, prompt, req, emit: bool, row0: bool, eos, pad):
     block, n_round, steps = 0, 0, 0
     finished = torch.zeros(1, dtype=torch.bool)
     eos_t = torch.tensor(eos) if eos else None
-    for info in dec.run(list(prompt), req.max_new_tokens):
+    detok = IncrementalText(req.decode)               # the text block by block
+    rounds_left = dec.run(list(prompt), req.max_new_tokens)
+    while True:
+        if req.cancel is not None and req.cancel():
+            return False
+        tp = time.perf_counter()
+        info = next(rounds_left, None)                  # (the round runs here)
+        if n_round == 0:                                # the first round passes over the prompt too: prefill
+            req.stats.prefill_seconds += time.perf_counter() - tp
+        if info is None:
+            break
         bl = dec.gen_length // int(o.serial_num_blocks)
         while info.block > block:                       # blocks before this round's are final
-            yield from _block_done(dec, block, bl, filled, steps, row0, req, finished, eos_t, pad)
+            yield from _block_done(dec, block, bl, filled, steps, row0, req, finished, eos_t, pad, detok)
             block, steps = block + 1, 0
         n_round += 1
         steps += 1
@@ -88,7 +102,8 @@ def _row(dec: Refusion, prompt, req, emit: bool, row0: bool, eos, pad):
             yield _event(dec, info, block, bl, k, filled, steps)
     bl = dec.gen_length // int(o.serial_num_blocks)
     dec.rounds = rounds
-    yield from _block_done(dec, block, bl, filled, steps, row0, req, finished, eos_t, pad)
+    yield from _block_done(dec, block, bl, filled, steps, row0, req, finished, eos_t, pad, detok)
+    return True
 
 
 def _record(dec, info, filled, rounds, n_round) -> None:
@@ -117,7 +132,7 @@ def _event(dec, info, block, bl, k, filled, step) -> StepEvent:
                      torch.zeros_like(ones), slots=slots)
 
 
-def _block_done(dec, block, bl, filled, steps, row0, req, finished, eos_t, pad):
+def _block_done(dec, block, bl, filled, steps, row0, req, finished, eos_t, pad, detok: IncrementalText):
     if not row0:
         return
     fill = pad if pad is not None else dec.mask_id
@@ -127,7 +142,7 @@ def _block_done(dec, block, bl, filled, steps, row0, req, finished, eos_t, pad):
     finished.copy_(now)
     req.stats.canvases += 1
     eos = list(eos_t.tolist()) if eos_t is not None else []
-    text = req.decode(strip_generated(final[0], eos, pad)) if req.decode and not done_before else ""
+    text = detok.add(strip_generated(final[0], eos, pad)) if not done_before else ""
     yield CanvasDone(block, final.cpu(), text, steps, now.cpu())
 
 

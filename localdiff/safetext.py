@@ -51,4 +51,12 @@ def json_dumps(obj, **kw) -> str:
     """``json.dumps(obj, ensure_ascii=False, **kw)`` with DEL, C1 and bidi controls escaped as ``\\uXXXX`` too, so the
     text is safe on a terminal and still the same JSON value (they can only occur inside strings)."""
     kw.setdefault("ensure_ascii", False)
-    return _JSON_EXTRA.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(obj, **kw))
+    return json_escape(json.dumps(obj, **kw))
+
+
+def json_escape(text: str) -> str:
+    """JSON text (``ensure_ascii=False``) with DEL, C1 and bidi controls escaped as ``\\uXXXX`` (JSON escapes C0
+    itself): the same JSON value, safe to print. Returns ``text`` itself when there is none (one regex search)."""
+    if _JSON_EXTRA.search(text) is None:
+        return text
+    return _JSON_EXTRA.sub(lambda m: f"\\u{ord(m.group()):04x}", text)

@@ -9,6 +9,10 @@
 """
 from __future__ import annotations
 
+import json
+import socket
+import time
+
 import httpx
 import pytest
 from servehelpers import Running
@@ -77,3 +81,91 @@ def test_unknown_option_names_what_was_typed_once():
     cls = POLICIES["llada"]
     assert str(unknown_option("alg", "alg", cls)).startswith("alg: an option of the dream decoder")
     assert str(unknown_option("alg", "--alg", cls)).startswith("--alg: 'alg' is an option of the dream decoder")
+
+
+# ---- session 12's newcomer findings ---------------------------------------------------------------------------
+M = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("path,body,named", [
+    ("/v1/chat/completions", {"model": "tiny", "messages": M, "temperature": 0.5, "localdiff": {"t_max": 0.7}},
+     ("'localdiff.t_max'", "'temperature'")),
+    ("/v1/chat/completions", {"model": "tiny", "messages": M, "localdiff": {"steps": 8, "max_denoising_steps": 4}},
+     ("'localdiff.steps'", "'localdiff.max_denoising_steps'")),
+    ("/api/chat", {"model": "tiny", "messages": M, "stream": False,
+                   "options": {"steps": 8, "max_denoising_steps": 4}}, ("'options.steps'", "'options.max_denoising_steps'")),
+    ("/v1/chat/completions", {"model": "tiny-mdm", "messages": M, "temperature": 0.5,
+                              "localdiff": {"temperature": 0.7}}, ("'temperature'", "'localdiff.temperature'")),
+    ("/v1/chat/completions", {"model": "tiny", "messages": M, "max_tokens": 5, "max_completion_tokens": 6},
+     ("'max_tokens'", "'max_completion_tokens'")),
+    ("/v1/chat/completions", {"model": "tiny", "messages": M, "localdiff": {"events": "steps"}},
+     ("'localdiff.events'", '"stream": true')),
+    ("/api/generate", {"model": "tiny", "prompt": "hi", "stream": False, "localdiff": {"events": "canvases"}},
+     ("'localdiff.events'", '"stream": true')),
+])
+def test_one_setting_given_twice_or_unusable_is_a_400_not_silently_settled(server, path, body, named):
+    r = _post(server, path, body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    msg = err if isinstance(err, str) else err["message"]
+    assert all(n in msg for n in named), msg
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/api/chat", {"model": "tiny", "messages": M, "stream": False, "options": {"temperature": 0.5, "seed": 1}}),
+    ("/v1/chat/completions", {"model": "tiny", "messages": M, "max_tokens": 6, "max_completion_tokens": 6}),
+    ("/v1/chat/completions", {"model": "tiny", "messages": M, "temperature": 0.5, "localdiff": {"t_min": 0.2}}),
+])
+def test_the_same_setting_once_still_runs(server, path, body):
+    assert _post(server, path, body).status_code == 200
+
+
+def test_c1_controls_in_json_bodies_are_escaped_and_the_log_shows_controls(server):
+    r = _post(server, "/v1/chat/completions", {"model": "tiny\u009b31m", "messages": M})
+    assert r.status_code == 404 and b"\\u009b" in r.content and "\u009b".encode() not in r.content
+    assert "\u009b" in r.json()["error"]["message"]            # the same JSON value
+    assert httpx.get(server.url + "/v1/%1b%5b2Jx", timeout=10).status_code == 404
+    time.sleep(0.05)                                            # (the access line is written 2 ms after)
+    lines = [rec.getMessage() for rec in server.logs.records]
+    assert any("/v1/\u241b[2Jx" in m for m in lines) and not any("\x1b" in m for m in lines)
+
+
+@pytest.mark.parametrize("raw,ollama", [
+    (b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n{}", True),
+    (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-A: a\x01b\r\n\r\n", False),
+])
+def test_requests_the_http_parser_refuses_get_a_json_400(server, raw, ollama):
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as c:
+        c.sendall(raw)
+        got = b""
+        while chunk := c.recv(4096):
+            got += chunk
+    head, _, body = got.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400") and b"content-type: application/json" in head
+    err = json.loads(body)["error"]
+    assert (err if ollama else err["message"]) == "Invalid HTTP request received."
+
+
+def test_queue_full_message_counts_in_words():
+    from localdiff.serve.errors import ApiError
+    from localdiff.serve.worker import ModelWorker
+
+    w = ModelWorker(lambda name: None, "tiny", max_queue=1)
+    w.submit(object())
+    with pytest.raises(ApiError) as e:
+        w.submit(object())
+    assert "1 request already queued" in e.value.message
+
+
+def test_endpoint_temperature_flags_map_as_locally(server, capsys, tmp_path, monkeypatch):
+    from localdiff.backends.remote import request_fields
+    from localdiff.cli import main
+
+    assert request_fields(None, None, {"temperature": 0.0}) == {"temperature": 0.0}
+    assert request_fields(None, None, {"t_max": 0.9, "t_min": 0.1}) == {"localdiff": {"t_max": 0.9, "t_min": 0.1}}
+    monkeypatch.setenv("LOCALDIFF_CONFIG", str(tmp_path / "c.toml"))
+    assert main(["gen", "--endpoint", server.url, "-m", "tiny", "-p", "hi", "--temperature", "0.9:0.1",
+                 "--seed", "1"]) == 0
+    assert main(["gen", "--endpoint", server.url, "-m", "tiny-mdm", "-p", "1 2 3", "--raw", "--temperature", "0",
+                 "-n", "8"]) == 0
+    assert "error" not in capsys.readouterr().err

@@ -65,9 +65,9 @@ def base_url(url: str) -> str:
 def request_fields(max_new_tokens=None, seed=None, sampler: dict | None = None) -> dict:
     """localdiff's generation settings → OpenAI request fields.
 
-    ``max_new_tokens`` → ``max_tokens``; a constant temperature (``t_max == t_min``) → ``temperature``; every other
-    sampler option goes under the ``localdiff`` extension key (only localdiff servers read it, so it is sent only
-    when such options are set).
+    ``max_new_tokens`` → ``max_tokens``; a constant temperature (``t_max == t_min``, or the masked / block / causal
+    decoders' ``temperature``) → ``temperature``; every other sampler option goes under the ``localdiff`` extension
+    key (only localdiff servers read it, so it is sent only when such options are set).
     """
     out: dict = {}
     if max_new_tokens is not None:
@@ -78,6 +78,8 @@ def request_fields(max_new_tokens=None, seed=None, sampler: dict | None = None) 
     if "t_max" in ext and ext.get("t_min", ext["t_max"]) == ext["t_max"]:
         out["temperature"] = ext.pop("t_max")
         ext.pop("t_min", None)
+    elif "temperature" in ext and "t_max" not in ext:
+        out["temperature"] = ext.pop("temperature")
     if ext:
         out["localdiff"] = ext
     return out
@@ -114,13 +116,15 @@ class RemoteClient:
         """Close the connection pool."""
         self._http.close()
 
-    def _fail(self, exc, answered: bool = False) -> RemoteError:
-        """An httpx error as one line naming the URL; timeouts say which wait ran out and how to lengthen it."""
+    def _fail(self, exc, answered: bool | str = False) -> RemoteError:
+        """An httpx error as one line naming the URL; timeouts say which wait ran out and how to lengthen it
+        (``answered``: False, True (the response began) or "text" (some of the answer came))."""
         h = self._httpx
         if isinstance(exc, h.ConnectTimeout):
             return RemoteError(f"cannot reach {self.url}: no connection within {self.connect_timeout:g} s")
         if isinstance(exc, h.TimeoutException):
-            what = "stopped sending mid-answer: nothing for" if answered else "did not answer within"
+            what = ("did not answer within" if not answered else "stopped sending mid-answer: nothing for"
+                    if answered == "text" else "started an answer but sent no text within")
             return RemoteError(f"{self.url} {what} {self.timeout:g} s (wait longer with --timeout SECONDS or "
                                "LOCALDIFF_TIMEOUT)")
         why = re.sub(r"\[Errno -?\d+\]\s*", "", str(exc)).strip() or type(exc).__name__   # no "[Errno 111]"
@@ -226,7 +230,7 @@ class RemoteClient:
                     raise RemoteError(f"{self.url}{path} answered without server-sent events (content-type "
                                       f"{r.headers.get('content-type') or 'none'}): not an OpenAI-compatible API?")
         except self._httpx.HTTPError as e:
-            raise self._fail(e, answered) from None
+            raise self._fail(e, "text" if answered and events else answered) from None
         finally:
             if timer is not None:
                 timer.cancel()

@@ -84,6 +84,8 @@ def _flag_options(args) -> dict:
     out = {}
     for key, value in _flags(args).items():
         spec = specs[resolve_key(key)]
+        if isinstance(value, str) and ":" in value and not spec.pair_of:   # "--temperature 0.9:0.1": the pair
+            spec = next((s for s in specs.values() if s.pair_of and key in s.aliases), spec)   # (t_max, t_min)
         if spec.pair_of and isinstance(value, str) and ":" in value:
             value, second = value.split(":", 1)
             out[spec.pair_of] = specs[spec.pair_of].coerce(second, shown.get(key, key))

@@ -23,6 +23,7 @@ import hmac
 import json
 import logging
 
+from localdiff.safetext import has_controls, visible
 from localdiff.serve import ollama_api, openai_api
 from localdiff.serve.errors import ApiError, bad_request, shutting_down
 from localdiff.serve.jobs import ClientGone, collect, pieces
@@ -32,6 +33,22 @@ from localdiff.serve.worker import Job
 
 log = logging.getLogger("localdiff.serve")
 access = logging.getLogger("localdiff.serve.access")
+
+
+class VisibleControls(logging.Filter):
+    """Shows the control characters of a log message visibly (:func:`localdiff.safetext.visible`): what a client
+    sent (a percent-encoded ESC in a request path, a model name quoted in an error) reaches the operator's terminal
+    through the server's log, and must not run there as a control sequence."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        if has_controls(msg):
+            record.msg, record.args = visible(msg), None
+        return True
+
+
+for _logger in (log, access):
+    _logger.addFilter(VisibleControls())
 
 ACCESS_LOG_DELAY = 0.002   # s: a response's access line waits this long (see log_access)
 _JSON = (b"content-type", b"application/json")

@@ -77,6 +77,9 @@ def _parse(body: dict, allowed: set, prompt, chat: bool) -> GenRequest:
     if rest:
         raise bad_request("'localdiff' takes 'events' only here; decoder options go under 'options'",
                           param="localdiff")
+    if events != "none" and not stream:
+        raise bad_request("'localdiff.events' needs \"stream\": true (canvas events ride on a stream)",
+                          param="localdiff.events")
     return GenRequest(model=model, prompt=prompt, chat=chat, max_new_tokens=eo["max_new_tokens"], seed=eo["seed"],
                       sampler=eo["sampler"], shown=eo["shown"], stop=eo["stop"], stream=stream, events=events)
 

@@ -16,6 +16,7 @@ import json
 import time
 import uuid
 
+from localdiff.safetext import json_escape
 from localdiff.serve.errors import bad_request, json_repr
 from localdiff.serve.jobs import Result
 from localdiff.serve.options import GenRequest, check_bool, check_str, split_extension, to_engine_options
@@ -36,8 +37,11 @@ _SEQ = itertools.count()
 
 def dumps(obj) -> str:
     """Compact JSON text (UTF-8 kept as is, no spaces after separators): what the server sends (one encoder made
-    once: ``json.dumps`` with these arguments builds a new one per call)."""
-    return _encode(obj)
+    once: ``json.dumps`` with these arguments builds a new one per call). DEL, C1 and bidi controls are escaped
+    (``\\u009b``; JSON escapes C0 itself): the same JSON value, but a client that prints the body raw (curl in a
+    terminal) shows no control sequence from a model's text or a client's echoed input
+    (:func:`localdiff.safetext.json_escape`)."""
+    return json_escape(_encode(obj))
 
 
 _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
@@ -72,7 +76,12 @@ def _common(body: dict, prompt, chat: bool) -> GenRequest:
     if body.get("user") is not None:
         check_str(body["user"], "user")
     max_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    if max_name != "max_tokens" and body.get("max_tokens") not in (None, body[max_name]):
+        raise bad_request("'max_tokens' and 'max_completion_tokens' differ: send one", param="max_completion_tokens")
     sampler, events = split_extension(body.get("localdiff"))
+    if events != "none" and not stream:
+        raise bad_request("'localdiff.events' needs \"stream\": true (canvas events ride on a stream)",
+                          param="localdiff.events")
     opts = to_engine_options({"max_tokens": body.get(max_name), "names": {"max_tokens": max_name},
                               "temperature": body.get("temperature"), "seed": body.get("seed"),
                               "stop": body.get("stop"), "sampler": sampler})

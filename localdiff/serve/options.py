@@ -132,6 +132,24 @@ def split_extension(ext, name: str = "localdiff") -> tuple[dict | None, str]:
     return {k: v for k, v in ext.items() if k != "events"}, events
 
 
+def check_clashes(options_cls, sampler: dict, shown: dict) -> None:
+    """Two names of a request that set one option of the model's decoder (``options_cls``: its options class), e.g.
+    the standard ``temperature`` and ``localdiff.t_max`` on DiffusionGemma's sampler, or ``steps`` and
+    ``max_denoising_steps`` there (an alias and its option): a 400 naming both as sent, instead of one winning
+    silently. ``shown``: option key → as the client named it (:attr:`GenRequest.shown`).
+
+    Raises:
+        ApiError(400).
+    """
+    names, aliases, seen = set(options_cls.names()), options_cls.aliases(), {}
+    for key in sampler:
+        option = key if key in names else aliases.get(key, key)
+        if option in seen:
+            a, b = shown.get(seen[option], seen[option]), shown.get(key, key)
+            raise bad_request(f"'{a}' and '{b}' both set this model's '{option}': send one", param=b)
+        seen[option] = key
+
+
 def _sampler_value(spec, value, shown: str):
     """A JSON value for one decoder option: the JSON type first (no numbers as strings), then the schema's range."""
     if value is None:
@@ -194,8 +212,10 @@ def to_engine_options(fields: dict) -> dict:
         name = resolve_key("temperature")            # a constant schedule: the option and its pair (t_max, t_min)
         if name in specs:                            # its range from the schema (1e308 gave an empty answer); the
             t = _sampler_value(specs[name], raw, shown)   # message shows the value as sent (-1, not -1.0)
+        if out["shown"].get(name, shown) != shown:     # also set under the extension key (Ollama: the same place)
+            raise bad_request(f"'{shown}' and '{out['shown'][name]}' both set the temperature: send one", param=shown)
         for key in (name, getattr(specs.get(name), "pair_of", None)):
-            if key and key not in out["sampler"]:       # (an option set under the extension key wins)
+            if key and key not in out["sampler"]:       # (the pair's other option set under the extension key stays)
                 out["sampler"][key], out["shown"][key] = t, shown
         out["shown"].setdefault("temperature", shown)
     return out

@@ -142,9 +142,28 @@ def protocol_class(http: str = "auto") -> type:
                 if hook is not None:
                     hook()
 
+            def send_400_response(self, msg: str) -> None:
+                self.transport.write(bad_request_bytes(msg, self.server_state.default_headers,
+                                                       getattr(self, "url", b"").startswith(b"/api/")))
+                self.transport.close()
+
         Corked.__name__ = Corked.__qualname__ = f"Corked{base.__name__}"
         _CORKED[base] = Corked
     return _CORKED[base]
+
+
+def bad_request_bytes(msg: str, default_headers=(), ollama: bool = False) -> bytes:
+    """A whole HTTP/1.1 400 response with a JSON error body (Ollama's ``{"error": msg}`` or OpenAI's ``{"error":
+    {...}}``) and ``connection: close``: what the server sends for a request its HTTP parser refused (a bad
+    ``Content-Length``, a control character in a header), where uvicorn would send ``text/plain``."""
+    import json
+
+    err = msg if ollama else {"message": msg, "type": "invalid_request_error", "param": None, "code": None}
+    body = json.dumps({"error": err}, separators=(",", ":")).encode()
+    head = [b"HTTP/1.1 400 Bad Request\r\n", *(k + b": " + v + b"\r\n" for k, v in default_headers),
+            b"content-type: application/json\r\n", b"content-length: %d\r\n" % len(body),
+            b"connection: close\r\n\r\n"]
+    return b"".join(head) + body
 
 
 _CORKED: dict = {}   # uvicorn protocol class → its corked subclass (made once)

@@ -36,7 +36,7 @@ import torch
 from localdiff.events import CanvasDone, Done, StepEvent
 from localdiff.serve.errors import ApiError, from_engine, shutting_down
 from localdiff.serve.inbox import Flag, Inbox
-from localdiff.serve.options import GenRequest
+from localdiff.serve.options import GenRequest, check_clashes
 from localdiff.wire import EventEncoder
 
 log = logging.getLogger("localdiff.serve")
@@ -229,7 +229,7 @@ class ModelWorker:
     def submit(self, job: Job) -> None:
         """Enqueue ``job`` in arrival order. Raises ApiError(503, Retry-After) when the queue is full."""
         if self._q.qsize() >= self.max_queue:   # (jobs are submitted from the loop thread only: no race)
-            raise ApiError(503, f"server busy: {self.max_queue} requests already queued; retry later",
+            raise ApiError(503, f"server busy: {self.max_queue} request{'s' * (self.max_queue != 1)} already queued; retry later",
                            type="server_busy", code="queue_full", headers={"Retry-After": "5"})
         self._q.put(job)
 
@@ -334,6 +334,7 @@ class ModelWorker:
         stream = None
         try:
             model = self._ensure(req.model)
+            check_clashes(model.options_cls, req.sampler, req.shown)
             sampler = {**self._defaults_for(model), **req.sampler}
             seed = req.seed if req.seed is not None else random.randrange(2**63)  # known even if stopped early
             wire = EventEncoder(model) if req.events != "none" else None

@@ -169,3 +169,16 @@ def test_endpoint_temperature_flags_map_as_locally(server, capsys, tmp_path, mon
     assert main(["gen", "--endpoint", server.url, "-m", "tiny-mdm", "-p", "1 2 3", "--raw", "--temperature", "0",
                  "-n", "8"]) == 0
     assert "error" not in capsys.readouterr().err
+
+
+def test_ollama_reports_the_load_of_the_model_a_request_named():
+    s = Running(model="tiny")
+    try:
+        r = _post(s, "/api/generate", {"model": "tiny-bd", "prompt": "1 2 3", "raw": True, "stream": False,
+                                       "options": {"num_predict": 8}}).json()
+        again = _post(s, "/api/generate", {"model": "tiny-bd", "prompt": "1 2 3", "raw": True, "stream": False,
+                                           "options": {"num_predict": 8}}).json()
+    finally:
+        s.stop()
+    assert r["load_duration"] > 1_000_000 > again["load_duration"]          # > 1 ms loading; resident: ~µs
+    assert r["total_duration"] >= r["load_duration"] + r["eval_duration"]

@@ -155,11 +155,13 @@ def _result(text: str, reason: str, done_used, job: Job, cut: bool = True) -> Re
         spent = job.spent
         n = _kept_tokens(job, text)
         stats = spent.stats(job.prompt_tokens, n) if spent is not None else {"prompt_tokens": job.prompt_tokens}
+        stats["load_seconds"] = job.load_seconds
         return Result(text, reason, job.prompt_tokens, n, stats, job.seed, spent.sampler if spent else {})
     done, used = done_used
     ids = done.token_ids[0] if done.token_ids and isinstance(done.token_ids[0], list) else done.token_ids
     stats = done.stats.as_dict()
     stats.pop("cache", None)
+    stats["load_seconds"] = job.load_seconds
     n = len(ids)
     if cut:      # the engine ended before it saw the cancel: its numbers, the kept text's tokens
         n = _kept_tokens(job, text)

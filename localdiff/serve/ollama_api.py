@@ -154,8 +154,9 @@ class Shape:
         body = self.piece("" if streamed else r.text)
         s = r.stats
         secs = float(s.get("seconds") or 0.0)
-        pre = float(s.get("prefill_seconds") or 0.0)
-        body.update(done=True, done_reason=r.finish_reason, total_duration=int(secs * 1e9), load_duration=0,
+        pre, load = float(s.get("prefill_seconds") or 0.0), float(s.get("load_seconds") or 0.0)
+        body.update(done=True, done_reason=r.finish_reason, total_duration=int((secs + load) * 1e9),
+                    load_duration=int(load * 1e9),
                     prompt_eval_count=r.prompt_tokens, prompt_eval_duration=int(pre * 1e9),
                     eval_count=r.completion_tokens, eval_duration=int(max(secs - pre, 0.0) * 1e9))
         return body

@@ -101,6 +101,7 @@ class Job:
     model: object = None      # the Model that runs it (set when it starts)
     seed: int | None = None   # the seed actually used
     prompt_tokens: int = 0    # the prompt's length in tokens, counted once when the job starts (for ``usage``)
+    load_seconds: float = 0.0   # loading the model it names, when it was not resident (Ollama's load_duration)
     held: list = field(default_factory=list)   # events already taken off the queue by the handler (asgi.py)
     stopping: bool = False    # cancelled by the server's shutdown (a 503, not the client's 499)
     spent: Spent | None = None  # the worker's own accounting (set at the first step; complete once the job ended)
@@ -333,7 +334,9 @@ class ModelWorker:
         req = job.req
         stream = None
         try:
+            t_load = time.perf_counter()
             model = self._ensure(req.model)
+            job.load_seconds = time.perf_counter() - t_load
             check_clashes(model.options_cls, req.sampler, req.shown)
             sampler = {**self._defaults_for(model), **req.sampler}
             seed = req.seed if req.seed is not None else random.randrange(2**63)  # known even if stopped early

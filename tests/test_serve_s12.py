@@ -182,3 +182,14 @@ def test_ollama_reports_the_load_of_the_model_a_request_named():
         s.stop()
     assert r["load_duration"] > 1_000_000 > again["load_duration"]          # > 1 ms loading; resident: ~µs
     assert r["total_duration"] >= r["load_duration"] + r["eval_duration"]
+
+
+def test_endpoint_refuses_dtype_and_reports_stats_with_v(server, capsys, tmp_path, monkeypatch):
+    from localdiff.cli import main
+
+    monkeypatch.setenv("LOCALDIFF_CONFIG", str(tmp_path / "c.toml"))
+    assert main(["gen", "--endpoint", server.url, "--dtype", "float32", "-p", "hi"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --dtype applies to local models, not to --endpoint"
+    assert main(["gen", "--endpoint", server.url, "-m", "tiny", "-p", "hi", "--seed", "4", "-v"]) == 0
+    err = capsys.readouterr().err
+    assert "stats: " in err and " forwards" in err and "seed 4" in err and "model tiny" in err

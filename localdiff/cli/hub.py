@@ -332,11 +332,10 @@ def run_chat_cmd(args) -> int:
         raise LocaldiffError(f"`localdiff chat` is not available in this build ({e})") from None
     loader, model, default_model = None, args.model, cfg.default_model
     if getattr(args, "endpoint", None):
-        for flag in ("device", "quant", "draft", "gpu_mem", "threads"):   # as gen --endpoint (they were ignored)
-            if getattr(args, flag, None) is not None:
-                raise UsageError(f"--{flag.replace('_', '-')} applies to local models, not to --endpoint")
         from localdiff.backends.remote import base_url
-        from localdiff.cli.remote import _api_key, endpoint_timeout, remote_loader
+        from localdiff.cli.remote import _api_key, endpoint_timeout, refuse_local_flags, remote_loader
+
+        refuse_local_flags(args)   # as gen --endpoint (they were ignored)
 
         base_url(args.endpoint)  # a bad URL is a usage error before the UI starts
         loader = remote_loader(args.endpoint, _api_key(args), endpoint_timeout(args))

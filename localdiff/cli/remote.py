@@ -130,6 +130,20 @@ def run_serve(args) -> int:
                  gpu_mem=_size(args.gpu_mem, "--gpu-mem"), threads=cfg.threads)
 
 
+LOCAL_ONLY = ("device", "quant", "dtype", "gpu_mem", "kv_budget", "draft", "threads")   # flags a server ignores
+
+
+def refuse_local_flags(args) -> None:
+    """``gen`` / ``chat --endpoint``: the flags that choose how a local model runs would be ignored by a server.
+
+    Raises:
+        UsageError: naming the first one given.
+    """
+    for flag in LOCAL_ONLY:
+        if getattr(args, flag, None) is not None:
+            raise UsageError(f"--{flag.replace('_', '-')} applies to local models, not to --endpoint")
+
+
 def run_gen_remote(args) -> int:
     """``localdiff gen --endpoint URL``: stream the answer from the server to stdout (or one JSON object)."""
     from localdiff.backends.remote import RemoteClient, RemoteModel, request_fields
@@ -137,9 +151,7 @@ def run_gen_remote(args) -> int:
     from localdiff.safetext import json_dumps
 
     prompt = assemble_prompt(args)
-    for flag in ("device", "quant", "gpu_mem", "kv_budget", "draft", "threads"):
-        if getattr(args, flag, None) is not None:
-            raise UsageError(f"--{flag.replace('_', '-')} applies to local models, not to --endpoint")
+    refuse_local_flags(args)
     quiet = args.quiet
 
     def note(seconds):
@@ -182,9 +194,26 @@ def run_gen_remote(args) -> int:
         elif text and not text.endswith("\n"):
             out.write("\n")
         out.flush()
+        if getattr(args, "verbose", False):
+            sys.stderr.write(_remote_stats(info, client.url, name, args.seed) + "\n")
         return 0
     finally:
         client.close()
+
+
+def _remote_stats(info: dict, url: str, name: str, seed) -> str:
+    """``gen --endpoint -v``: the answer's numbers as the server reported them (``usage``; a ``localdiff serve``
+    also sends forwards, canvases, seconds and the seed under ``localdiff``)."""
+    usage = info.get("usage") if isinstance(info.get("usage"), dict) else {}
+    ext = info.get("localdiff") if isinstance(info.get("localdiff"), dict) else {}
+    parts = [f"{usage.get('completion_tokens', '?')} new tokens", f"{usage.get('prompt_tokens', '?')} prompt tokens"]
+    if ext:
+        parts += [f"{ext.get('canvases')} canvas(es)", f"{ext.get('forwards')} forwards",
+                  f"TPF {float(ext.get('tokens_per_forward') or 0):.2f}", f"{float(ext.get('seconds') or 0):.2f} s"]
+        seed = seed if seed is not None else ext.get("seed")
+    if seed is not None:
+        parts.append(f"seed {seed}")
+    return f"stats: {', '.join(parts)} (from {url}, model {name}; finish {info.get('finish_reason')})"
 
 
 def remote_loader(endpoint: str, api_key: str | None, timeout: float | None = None):

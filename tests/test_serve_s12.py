@@ -193,3 +193,18 @@ def test_endpoint_refuses_dtype_and_reports_stats_with_v(server, capsys, tmp_pat
     assert main(["gen", "--endpoint", server.url, "-m", "tiny", "-p", "hi", "--seed", "4", "-v"]) == 0
     err = capsys.readouterr().err
     assert "stats: " in err and " forwards" in err and "seed 4" in err and "model tiny" in err
+
+
+@pytest.mark.parametrize("model,ext,status,said", [
+    ("tiny", {"steps": 0}, 400, "localdiff.steps: must be an integer in [1, 100000] (got 0)"),
+    ("tiny", {"steps": 500000}, 400, "localdiff.steps: must be an integer in [1, 100000] (got 500000)"),
+    ("tiny", {"steps": "8"}, 400, "'localdiff.steps' must be an integer (got \"8\")"),
+    ("tiny-bd", {"remasking": "low_confidence_dynamic"}, 200, None),    # SDAR's choices (LLaDA's were checked)
+    ("tiny-mdm", {"remasking": "random"}, 200, None),
+    ("tiny-bd", {"remasking": "random"}, 400, "localdiff.remasking: must be one of low_confidence_dynamic"),
+])
+def test_an_option_whose_range_depends_on_the_model_is_checked_against_its_decoder(server, model, ext, status, said):
+    r = _post(server, "/v1/completions", {"model": model, "prompt": "1 2 3", "max_tokens": 4, "localdiff": ext})
+    assert r.status_code == status, r.text
+    if said:
+        assert r.json()["error"]["message"].startswith(said), r.json()

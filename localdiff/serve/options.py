@@ -110,6 +110,39 @@ def option_specs() -> dict:
     return {spec.name: spec for spec in all_specs()}
 
 
+@functools.cache
+def _meanings() -> dict:
+    """Option name or alias → {its rule in words: its type} over every decoder that knows it. A key with more than one
+    (``steps``: [1, 100000] for DiffusionGemma's sampler and SDAR, [1, 1000000] for LLaDA; ``remasking``'s choices
+    for LLaDA and SDAR; ``threshold``) can only be range-checked against the model's own decoder, by the engine."""
+    from localdiff.decoding.schema import POLICIES
+
+    out: dict = {}
+    for cls in POLICIES.values():
+        for s in cls.specs():
+            out.setdefault(s.name, {})[s.rule()] = s.kind
+        for alias, name in cls.aliases().items():
+            s = cls.spec(name)
+            out.setdefault(alias, {})[s.rule()] = s.kind
+    return out
+
+
+def _typed_only(value, kinds: set, shown: str):
+    """A decoder option whose range depends on the model: its JSON type checked here (when every decoder gives it
+    the same type), its range by the engine; the value as sent (the engine's message then quotes it as sent)."""
+    if value is not None and len(kinds) == 1:
+        kind = next(iter(kinds))
+        if kind is bool:
+            check_bool(value, shown)
+        elif kind is int:
+            check_int(value, shown)
+        elif kind is float:
+            check_number(value, shown)
+        else:
+            check_str(value, shown)
+    return value
+
+
 def split_extension(ext, name: str = "localdiff") -> tuple[dict | None, str]:
     """The ``localdiff`` request object → (decoder options or None, events level).
 
@@ -202,7 +235,11 @@ def to_engine_options(fields: dict) -> dict:
             shown = f"{sampler_name}.{key}"
             if name not in specs:
                 raise bad_request(f"unknown option '{shown}' (known: {', '.join(specs)})", param=shown)
-            v = _sampler_value(specs[name], value, shown)
+            meanings = _meanings().get(str(key), {})
+            if len(meanings) > 1 and value is not None:
+                v = _typed_only(value, set(meanings.values()), shown)
+            else:
+                v = _sampler_value(specs[name], value, shown)
             if v is not None or specs[name].optional:
                 out["sampler"][name] = v
                 out["shown"][name] = out["shown"][str(key)] = shown

@@ -208,3 +208,17 @@ def test_an_option_whose_range_depends_on_the_model_is_checked_against_its_decod
     assert r.status_code == status, r.text
     if said:
         assert r.json()["error"]["message"].startswith(said), r.json()
+
+
+def test_worker_accounting_counts_only_the_first_step_as_prefill_where_canvases_are_not_fused():
+    from localdiff.serve.worker import Spent
+
+    for fused, want in ((True, 6.0), (False, 1.0)):   # steps 0→1, 1→3, 3→6, a canvas ending after each: all of
+        # them prefill where the next step is fused with it; else only the first (the prompt)
+        s = Spent(0.0)
+        for t in (0.0, 1.0, 3.0):
+            s.poll(t, stops=False)
+            s.canvas_done(fused)
+        s.poll(6.0, stops=True)
+        s.end(6.0)
+        assert s.stats(prompt_tokens=3, new_tokens=3)["prefill_seconds"] == want

@@ -71,9 +71,11 @@ class Spent:
             self.steps += 1
             self._ran_opening, self._opens, self.last = self._opens, False, now
 
-    def canvas_done(self) -> None:
+    def canvas_done(self, fused: bool = True) -> None:
+        """A canvas ended; ``fused``: the next step also prefills it (canvas, masked and block families; not the
+        causal family, whose every token is a "canvas", nor ReFusion's slots: only their first step prefills)."""
         self.canvases += 1
-        self._opens = True
+        self._opens = fused
 
     def end(self, now: float) -> None:
         self.poll(now, stops=True)
@@ -366,7 +368,7 @@ class ModelWorker:
                     job.post(("step", wire.step(ev)), wake=False)
                 elif isinstance(ev, CanvasDone):
                     last = bool(ev.finished.all())   # then Done follows at once; the end wakes the loop
-                    job.spent.canvas_done()
+                    job.spent.canvas_done(model.family not in ("causal", "slots"))
                     job.post(("delta", ev.text, wire.canvas(ev) if wire else None), wake=not last)
                 elif isinstance(ev, Done):
                     job.post(("done", ev, {"seed": getattr(ev, "seed", seed),

@@ -100,8 +100,11 @@ def test_standard_clients_see_the_same_answer_with_events_on(server, tiny):
     assert kinds[0] == "begin" and kinds.count("canvas") == n_canvas and kinds.count("step") >= 8
     assert chunks[0].choices[0].delta.role == "assistant"
     full = client.chat.completions.create(model="tiny", messages=msgs, seed=4, max_tokens=64,
-                                          extra_body={"localdiff": {**STEPS8, "events": "steps"}})
-    assert full.choices[0].message.content == plain_text                    # not streamed: no events, same answer
+                                          extra_body={"localdiff": STEPS8})
+    assert full.choices[0].message.content == plain_text                    # not streamed: the same answer
+    with pytest.raises(openai.BadRequestError, match="needs"):              # and events need a stream (session 12:
+        client.chat.completions.create(model="tiny", messages=msgs, seed=4, max_tokens=64,   # were dropped)
+                                       extra_body={"localdiff": {**STEPS8, "events": "steps"}})
     raw = list(client.completions.create(model="tiny", prompt="What is", max_tokens=40, seed=1, stream=True,
                                          extra_body={"localdiff": {"events": "canvases"}}))
     marked = [c.choices[0].text for c in raw if (c.model_extra or {}).get("localdiff", {}).get("event")]

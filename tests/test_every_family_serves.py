@@ -111,3 +111,39 @@ def test_incremental_text_matches_whole_decoding():
         assert "".join(out) == whole and not t.pending, (cut, out, whole)
         assert not any("\ufffd" in o for o in out)
     assert IncrementalText(None).add([1, 2]) == ""
+
+
+def test_tui_frames_of_a_block_shared_with_the_prompt_tail_line_up():
+    """The chat crashed (IndexError in the canvas sparkline) on tiny-bd: the finished first block holds only the
+    answer's positions while its steps' confidences also covered the prompt's tail."""
+    from localdiff.tui.runner import frame_from_done, frame_from_step
+
+    m = localdiff.load("tiny-bd")
+    text = lambda i: m.tokenizer.decode([i])   # noqa: E731
+    last = None
+    for ev in m.stream("Convert 17 h to min.", max_new_tokens=32, seed=0):
+        if isinstance(ev, StepEvent):
+            last = frame_from_step(ev, text, None, m.mask_token_id)
+        elif isinstance(ev, CanvasDone):
+            f = frame_from_done(ev, text, last)
+            assert len(f.confidence) == len(f.states) == len(f.tokens)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_gen_prints_what_json_returns_when_the_length_cuts_a_block(name, capsys, tmp_path, monkeypatch):
+    """``gen`` streamed the last canvas decoded alone (a space lost at a block boundary, tiny-bd) and ReFusion's
+    CanvasDone text ran past max_new_tokens (served: a whole slot for max_tokens 1)."""
+    from localdiff.cli import main
+
+    monkeypatch.setenv("LOCALDIFF_CONFIG", str(tmp_path / "c.toml"))
+    for n in (2, 3, 7, 11):
+        args = ["gen", "-m", name, "--seed", "0", "-n", str(n), "-p", "Reverse the letters: d r a g o n", "-q"]
+        assert main(args) == 0
+        printed = capsys.readouterr().out.rstrip("\n")
+        assert main(args + ["--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert printed == out["text"], (name, n, printed, out["text"])
+        pieces = "".join(e.text for e in localdiff.load(name).stream("Reverse the letters: d r a g o n",
+                                                                     max_new_tokens=n, seed=0)
+                         if isinstance(e, CanvasDone))
+        assert pieces == out["text"], (name, n, pieces)

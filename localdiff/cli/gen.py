@@ -200,17 +200,10 @@ def run_gen(args) -> int:
     interrupted = False
     stream = model.stream(prompt, max_new_tokens=cfg.max_new_tokens, seed=seed, chat=args.chat, system=args.system,
                           emit_steps=False, cache=cache, **overrides)
-    limit = cfg.max_new_tokens or getattr(model, "default_max_new_tokens", None)
-    emitted = 0
     try:
         for ev in stream:
-            if isinstance(ev, CanvasDone):
-                text_i = ev.text
-                width = int(ev.token_ids.shape[-1])
-                if limit and emitted + width > limit and model.tokenizer is not None:
-                    # the last canvas may run past max_new_tokens: print only the tokens the result keeps
-                    text_i = model.tokenizer.decode(_row(ev.token_ids)[: max(limit - emitted, 0)])
-                emitted += width
+            if isinstance(ev, CanvasDone):   # its text: what the canvas adds, within max_new_tokens (the loops cut
+                text_i = ev.text             # a last canvas that runs past it; decoding.detok keeps the joins)
                 written.append(text_i)
                 if not args.json:
                     out.write(show(text_i))
@@ -343,12 +336,6 @@ def _text_filter(args, out):
         sys.stderr.write("note: --raw-bytes ignored: stdout is a terminal (control characters are shown visibly)\n")
         return visible
     return lambda text: text
-
-
-def _row(ids) -> list[int]:
-    """Row 0 of a LongTensor[B, C] (or a plain list) as a list of ints."""
-    row = ids[0] if getattr(ids, "dim", lambda: 1)() == 2 else ids
-    return [int(i) for i in (row.tolist() if hasattr(row, "tolist") else row)]
 
 
 def _json_result(model, text: str, done, seed: int, sampler: dict, interrupted: bool) -> dict:

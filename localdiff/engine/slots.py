@@ -142,7 +142,8 @@ def _block_done(dec, block, bl, filled, steps, row0, req, finished, eos_t, pad, 
     finished.copy_(now)
     req.stats.canvases += 1
     eos = list(eos_t.tolist()) if eos_t is not None else []
-    text = detok.add(strip_generated(final[0], eos, pad)) if not done_before else ""
+    room = max(req.max_new_tokens - block * bl, 0)     # the answer stops at max_new_tokens inside a block too
+    text = detok.add(strip_generated(final[0, :room], eos, pad)) if not done_before else ""
     yield CanvasDone(block, final.cpu(), text, steps, now.cpu())
 
 

@@ -128,6 +128,8 @@ def frame_from_done(ev: CanvasDone, token_text: TokenText, last: CanvasFrame | N
     """The finished canvas: every position final (LOCKED); confidence and step count from the last step seen."""
     ids = ev.token_ids[0].tolist()
     conf = last.confidence if last is not None and last.canvas_index == ev.canvas_index else [1.0] * len(ids)
+    conf = list(conf[len(conf) - len(ids):]) if len(conf) > len(ids) else conf   # a block shared with the prompt's
+    # tail (block family): its steps cover the tail's positions too, the finished canvas only the answer's
     return CanvasFrame(ev.canvas_index, ev.steps, max(ev.steps, last.max_steps if last else ev.steps),
                        [token_text(i) for i in ids], [LOCKED] * len(ids), list(conf), final=True)
 

@@ -129,7 +129,7 @@ class CanvasView(Widget):
         return text
 
     def _sparkline(self, frame: CanvasFrame, styles: dict, max_chars: int) -> Text:
-        n = len(frame.confidence)
+        n = min(len(frame.confidence), len(frame.states))
         line = Text(overflow="fold")
         spark_style = self.get_component_rich_style("canvas--spark", partial=True)
         if n == 0:

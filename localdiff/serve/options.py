@@ -174,6 +174,8 @@ def check_clashes(options_cls, sampler: dict, shown: dict) -> None:
     Raises:
         ApiError(400).
     """
+    if len(sampler) < 2:                   # (nothing can clash: most requests set no option or one)
+        return
     names, aliases, seen = set(options_cls.names()), options_cls.aliases(), {}
     for key in sampler:
         option = key if key in names else aliases.get(key, key)

@@ -36,7 +36,7 @@ class ServerSettings:
     max_body: int = DEFAULT_MAX_BODY
 
 
-class _JSON(JSONResponse):
+class SafeJSONResponse(JSONResponse):
     """Starlette's JSONResponse written with the server's encoder (:func:`localdiff.serve.openai_api.dumps`:
     compact, control characters escaped) like the generation routes' bodies."""
 
@@ -48,9 +48,9 @@ def _ollama(request: Request) -> bool:
     return request.url.path.startswith("/api/")
 
 
-def _error_response(request: Request, err: ApiError) -> _JSON:
+def _error_response(request: Request, err: ApiError) -> SafeJSONResponse:
     body = err.body(_ollama(request))
-    return _JSON(body, status_code=err.status, headers=err.headers)
+    return SafeJSONResponse(body, status_code=err.status, headers=err.headers)
 
 
 def _check_key(request: Request, settings: ServerSettings) -> None:
@@ -79,8 +79,8 @@ def build_app(worker: ModelWorker, settings: ServerSettings | None = None) -> Ge
     async def health(request: Request):
         raise_unavailable(worker)
         model = worker.model
-        return _JSON({"status": "ok", "model": None if model is None else model.name,
-                             "queued": worker.queued, "busy": worker.current is not None})
+        return SafeJSONResponse({"status": "ok", "model": None if model is None else model.name,
+                                 "queued": worker.queued, "busy": worker.current is not None})
 
     async def root(request: Request):
         return PlainTextResponse("localdiff is running")
@@ -96,18 +96,18 @@ def build_app(worker: ModelWorker, settings: ServerSettings | None = None) -> Ge
         return names
 
     async def v1_models(request: Request):
-        return _JSON(openai_api.models_list(await asyncio.to_thread(_names)))
+        return SafeJSONResponse(openai_api.models_list(await asyncio.to_thread(_names)))
 
     async def api_tags(request: Request):
         from localdiff.engine import installed_models
 
-        return _JSON(ollama_api.tags(await asyncio.to_thread(installed_models)))
+        return SafeJSONResponse(ollama_api.tags(await asyncio.to_thread(installed_models)))
 
     async def served_in_front(request: Request):
         raise ApiError(500, "generation routes are served by GenerationRoutes", type="server_error")
 
     async def api_ps(request: Request):
-        return _JSON(ollama_api.ps(worker.model, worker.expires_at()))
+        return SafeJSONResponse(ollama_api.ps(worker.model, worker.expires_at()))
 
     routes = [
         Route("/", endpoint(root, public=True), methods=["GET", "HEAD"]),

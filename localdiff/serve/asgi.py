@@ -41,9 +41,8 @@ class VisibleControls(logging.Filter):
     through the server's log, and must not run there as a control sequence."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        msg = record.getMessage()
-        if has_controls(msg):
-            record.msg, record.args = visible(msg), None
+        msg = record.getMessage()         # formatted once: the handler then finds it done
+        record.msg, record.args = (visible(msg) if has_controls(msg) else msg), None
         return True
 
 

@@ -158,8 +158,9 @@ def bad_request_bytes(msg: str, default_headers=(), ollama: bool = False) -> byt
     ``Content-Length``, a control character in a header), where uvicorn would send ``text/plain``."""
     import json
 
-    err = msg if ollama else {"message": msg, "type": "invalid_request_error", "param": None, "code": None}
-    body = json.dumps({"error": err}, separators=(",", ":")).encode()
+    from localdiff.serve.errors import ApiError
+
+    body = json.dumps(ApiError(400, msg).body(ollama), separators=(",", ":")).encode()
     head = [b"HTTP/1.1 400 Bad Request\r\n", *(k + b": " + v + b"\r\n" for k, v in default_headers),
             b"content-type: application/json\r\n", b"content-length: %d\r\n" % len(body),
             b"connection: close\r\n\r\n"]

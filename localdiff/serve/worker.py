@@ -232,7 +232,8 @@ class ModelWorker:
     def submit(self, job: Job) -> None:
         """Enqueue ``job`` in arrival order. Raises ApiError(503, Retry-After) when the queue is full."""
         if self._q.qsize() >= self.max_queue:   # (jobs are submitted from the loop thread only: no race)
-            raise ApiError(503, f"server busy: {self.max_queue} request{'s' * (self.max_queue != 1)} already queued; retry later",
+            many = "s" * (self.max_queue != 1)
+            raise ApiError(503, f"server busy: {self.max_queue} request{many} already queued; retry later",
                            type="server_busy", code="queue_full", headers={"Retry-After": "5"})
         self._q.put(job)
 

@@ -1,4 +1,4 @@
-"""Events emitted by ``Model.stream`` for the UI and the CLI (DESIGN.md, "Public Python API").
+"""Events emitted by ``Model.stream`` for the UI and the CLI (README "Python API").
 
 All tensors are on the CPU, batch-first, and safe to keep after the event (they are copies or never mutated).
 B = batch size, C = canvas length (tokens).

@@ -29,3 +29,25 @@ def test_flags_named_in_the_readme_exist():
     for cmd, flag in (("gen", "--raw-bytes"), ("pull", "--no-space-check"), ("pull", "--verify"),
                       ("quantize", "--force")):
         assert flag in README and flag in sub[cmd]._option_string_actions, (cmd, flag)
+
+
+def test_readme_lists_every_config_key_env_variable_and_decoder_option():
+    """README's Configuration section is the user's reference: every config-file key, every LOCALDIFF_* variable the
+    code reads and every decoder option name appear in it (issue #41 item 9)."""
+    from localdiff import config
+    from localdiff.decoding.options import all_specs
+
+    conf = README[README.index("## Configuration"):]
+    for key in config._TOP_KEYS:
+        assert f"`{key}`" in conf, key
+    for name in list(config._ENV_TOP) + list(config._ENV_OTHER):
+        assert name in conf, name
+    for spec in all_specs():
+        assert f"`{spec.name}`" in conf, spec.name
+
+
+def test_readme_stays_short_and_its_documents_exist():
+    assert README.count("\n") < 300
+    root = Path(__file__).resolve().parents[1]
+    for doc in re.findall(r"`(docs/[A-Z]+\.md)`", README):
+        assert (root / doc).is_file(), doc

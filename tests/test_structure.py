@@ -1,4 +1,4 @@
-"""Layout rules (DESIGN.md): imports inside ``localdiff/`` flow one way — cli → {tui, serve} → engine →
+"""Layout rules (docs/ARCHITECTURE.md): imports inside ``localdiff/`` flow one way — cli → {tui, serve} → engine →
 {decoding, cache, quantize, backends} → arch, with loader and hub beside — and form no cycle; ``arch`` imports only
 arch / errors / units; decoders work on logits and ids; the chat talks to the engine only."""
 from __future__ import annotations

@@ -42,7 +42,7 @@ ROLE_WINDOW = "window"
 ROLE_DRAFT = "draft"
 ROLES = (ROLE_PREFILL, ROLE_DENOISE, ROLE_LOGITS, ROLE_WINDOW, ROLE_DRAFT)
 
-#: decoding families (DESIGN.md): which generic loop and decoder policies apply
+#: decoding families (docs/ARCHITECTURE.md): which generic loop and decoder policies apply
 FAMILIES = ("canvas", "masked", "block", "slots", "drafts", "autoregressive", "causal")
 
 

@@ -5,12 +5,12 @@ Sections (``--only`` picks some; ``--eval`` alone = the eval section only):
 * ``ref``     localdiff vs transformers' ``DiffusionGemmaForBlockDiffusion.generate`` on the embedded model and on a
               wider tiny-random DiffusionGemma: tokens/s, decoder forwards, TPF, ms per denoising step, speed ratio
               (counted only for seeds whose tokens are identical), median and range over repetitions
-              (``localdiff/bench_ref.py``). Needs transformers (test / bench dependency); skipped otherwise.
+              (``localdiff/bench/ref.py``). Needs transformers (test / bench dependency); skipped otherwise.
 * ``eval``    the embedded model's exact match per task family on its held-out ``eval.jsonl``, default sampler, + TPF.
 * ``sweep``   accuracy and TPF across entropy bound × threshold τ × correction × step caps; best accuracy-per-TPF
-              point; PNG plot when matplotlib is installed (``localdiff/bench_eval.py``).
+              point; PNG plot when matplotlib is installed (``localdiff/bench/eval_tasks.py``).
 * ``history`` ms per denoising step at 256 … 8k tokens of history: block cache vs recomputing the prefix every step;
-              offload budget zero vs unlimited (``localdiff/bench_history.py``).
+              offload budget zero vs unlimited (``localdiff/bench/history.py``).
 * ``memory``  peak RSS of fp32 / bf16 / int8 loads, each in a fresh process; weight bytes; CUDA peak on a GPU.
 * ``profile`` torch.profiler over one generation of the embedded model: top ops, time split denoise/prefill/loop.
 * ``serve``   time to first byte and tokens/s through ``localdiff serve`` vs in-process on the same prompt and seeds

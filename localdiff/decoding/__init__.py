@@ -1,4 +1,4 @@
-"""Composable sampler parts working on logits and ids only (DESIGN.md "sampling/"): canvas init and renoising,
+"""Composable sampler parts working on logits and ids only (docs/ARCHITECTURE.md, "The decoder contract"): canvas init and renoising,
 temperature schedules, categorical draws, acceptance (entropy bound, confidence locking), Re-Noising correction,
 stopping.
 

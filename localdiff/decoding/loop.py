@@ -1,4 +1,4 @@
-"""The generic block loop (DESIGN.md "What the runtime computes"): block-autoregressive over canvases / blocks,
+"""The generic block loop (docs/ARCHITECTURE.md, "The decoder contract"): block-autoregressive over canvases / blocks,
 diffusion within each, for models with an exact block KV cache (the ``prefill`` + ``denoise`` roles).
 
 The loop owns what every such family shares — blocks, the scheduling of prefills (the *fused stage*: tokens still

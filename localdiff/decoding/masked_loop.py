@@ -1,4 +1,4 @@
-"""The masked family's loop (DESIGN.md "masked"): a canvas of mask tokens after the prompt, decoded in
+"""The masked family's loop (docs/FAMILIES.md, masked): a canvas of mask tokens after the prompt, decoded in
 semi-autoregressive blocks by a bidirectional model (the ``logits`` + ``window`` roles), with no exact KV cache.
 
 It differs from :mod:`localdiff.decoding.loop` (prefill + denoise over an exact block cache) enough to be its own

@@ -1,4 +1,4 @@
-"""``Model``: a loaded checkpoint with prefill / denoise / generate / stream (DESIGN.md "Public Python API").
+"""``Model``: a loaded checkpoint with prefill / denoise / generate / stream (docs/ARCHITECTURE.md; README "Python API").
 
 What differs per model family (caches, the loop, the decoder policy) lives in one runner module per family
 (:data:`RUNNERS`: ``localdiff/engine/canvas.py``, ``masked.py``, ...); this module holds what every family shares:

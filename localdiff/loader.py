@@ -8,7 +8,6 @@ before a model is returned, so there is never a half-loaded model.
 from __future__ import annotations
 
 import contextlib
-import json
 from pathlib import Path
 
 import torch

@@ -74,7 +74,7 @@ def glm4_reference(raw: dict, seed: int = 0):
                         attn_implementation="eager")
     ref = Glm4MoeForCausalLM(cfg).eval()
     ours = random_state(raw, seed)
-    h, heads, kv, d = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+    heads, kv, d = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
     st = {"model.embed_tokens.weight": ours["embed_tokens.weight"], "model.norm.weight": ours["norm.weight"],
           "lm_head.weight": ours["lm_head.weight"]}
     for i in range(c["num_hidden_layers"]):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import localdiff
-from block_ref import EOS, MASK, VOCAB, ref_logits, write_upstream
+from block_ref import EOS, MASK, ref_logits, write_upstream
 from localdiff.decoding.loop import strip_generated
 from localdiff.decoding.options import SDAROptions
 from localdiff.decoding.sdar import SDAR, transfer_schedule

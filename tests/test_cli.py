@@ -238,8 +238,8 @@ def test_gen_verbose_reports_cache_accounting(tmp_path, ckpt):
             stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stderr
     lines = r.stderr.strip().splitlines()
-    stats = next(l for l in lines if l.startswith("stats: "))
-    cache = next(l for l in lines if l.startswith("kv cache: "))
+    stats = next(s for s in lines if s.startswith("stats: "))
+    cache = next(s for s in lines if s.startswith("kv cache: "))
     assert "computed" in stats and "reused" in stats
     import re
 
@@ -248,7 +248,7 @@ def test_gen_verbose_reports_cache_accounting(tmp_path, ckpt):
     assert re.search(r"device budget 1\.00 KiB\b", cache), cache
     assert parse_size(re.search(r", device \S+ \S+ \(peak (\S+ \S+)\)", cache).group(1)) <= 1024
     assert int(re.search(r"moved (\d+) blocks to host", cache).group(1)) > 0
-    config = next(l for l in lines if l.startswith("config: "))     # LOCALDIFF_CONFIG names a file not made yet
+    config = next(s for s in lines if s.startswith("config: "))     # LOCALDIFF_CONFIG names a file not made yet
     assert config == f"config: {tmp_path / 'config.toml'} (not found: defaults; the chat's /set creates it)"
 
 
@@ -259,7 +259,7 @@ def test_threads_sets_torchs_thread_count(tmp_path, ckpt):
         r = gen(["-m", str(ckpt), "-v", "-p", "hi", "-n", "4", *extra], {**cli_env(tmp_path), **env}, text=True,
                 stdin=subprocess.DEVNULL)
         assert r.returncode == 0, r.stderr
-        line = next(l for l in r.stderr.splitlines() if l.startswith("backend: torch"))
+        line = next(s for s in r.stderr.splitlines() if s.startswith("backend: torch"))
         assert line.endswith(f", {n} thread" + ("s" if n != 1 else "")), line
 
 

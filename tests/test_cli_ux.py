@@ -5,7 +5,6 @@ same check are cases of the bad-input corpus, tests/test_bad_inputs.py.)"""
 from __future__ import annotations
 
 import io
-import os
 import socket
 import sys
 import time

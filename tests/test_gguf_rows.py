@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gguf_models import REQUIRED, need as _need
+from gguf_models import need as _need
 
 
 @pytest.fixture(scope="module")

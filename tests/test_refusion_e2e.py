@@ -11,7 +11,6 @@ import threading
 from pathlib import Path
 
 import pytest
-import torch
 
 import localdiff
 from localdiff.events import CanvasDone, Done, StepEvent

@@ -2,22 +2,15 @@
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import threading
-import time
 
 import pytest
 from tuihelpers import make_app, send, wait_for
-import torch
 
-import localdiff
-from localdiff.errors import UsageError
-from localdiff.events import StepEvent
-from localdiff.tui import run_chat
 from localdiff.tui.app import ChatApp
-from localdiff.tui.runner import LOCKED, NEW, NOISY, REOPENED, CanvasFrame, FrameSlot, TokenText, frame_from_step
-from localdiff.tui.settings import ChatSettings, apply_set
-from localdiff.tui.store import ChatStore, HistoryError, format_listing
+from localdiff.tui.runner import TokenText
+from localdiff.tui.settings import ChatSettings
+from localdiff.tui.store import ChatStore, HistoryError
 
 PROMPT = "What is 12 + 34?"
 

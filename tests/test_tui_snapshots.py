@@ -5,12 +5,10 @@ after an intended change (e.g. a retrained tiny model) and look at them."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 from tuihelpers import hold_first_step, make_app, send, wait_for
 
-import localdiff
 from localdiff.tui.settings import ChatSettings
 
 SIZE = (80, 24)

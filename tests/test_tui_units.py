@@ -3,13 +3,10 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-import threading
-import time
 
 import pytest
 import torch
 
-import localdiff
 from localdiff.errors import UsageError
 from localdiff.events import StepEvent
 from localdiff.tui import run_chat

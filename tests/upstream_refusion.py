@@ -36,7 +36,7 @@ def _crop(kv, n):
 def generate_refusion(model, prompt, gen_length, mask_id, eos_id, slot_size, serial_num_blocks, slot_threshold,
                       token_threshold, eos_row_quirk=False):
     CALLS[0] = 0
-    bs, prompt_len = 1, prompt.shape[1]
+    prompt_len = prompt.shape[1]  # upstream: bs, prompt_len = 1, ...; batch size 1
     gen_length = gen_length + (slot_size - gen_length % slot_size) % slot_size
     gen_x = torch.full((1, gen_length), mask_id, dtype=torch.long)
     gen_pos_ids = torch.arange(prompt_len, prompt_len + gen_length)[None]

@@ -64,8 +64,8 @@ def child(path: str, dtype: str, quant: str, device: str) -> dict:
     torch.set_num_threads(2)
     import localdiff
     from localdiff import engine  # noqa: F401 — code imports are not the model's cost
-    from localdiff import loader
-    from localdiff import tokenizer
+    from localdiff import loader  # noqa: F401
+    from localdiff import tokenizer  # noqa: F401
 
     out = {"dtype": dtype, "quant": quant, "device": device, "peak_rss_after_import": _peak_rss_bytes(),
            "rss_after_import": _rss_bytes()}

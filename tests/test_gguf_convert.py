@@ -305,3 +305,43 @@ def test_bad_input_is_one_line_and_writes_nothing(case, tmp_path, capsys):
     assert main(["convert", str(src), "-o", str(out), *args]) == rc
     assert words in _one_line_error(capsys)
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_a_byte_level_bpe_tokenizer_is_written_as_llama_cpp_gpt2_and_tokenizes_alike(tmp_path):
+    """Dream / SDAR / Fast-dLLM ship byte-level BPE (Qwen2's pre-tokenizer regex): written as ``gpt2`` with the
+    merges and pre-tokenizer "qwen2"; llama.cpp's encoding equals the ``tokenizers`` library's."""
+    need("gguf")
+    need("llama_cpp")
+    import gguf_models as gm
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    import localdiff
+    from localdiff.backends.gguf_vocab import PRE_TOKENIZERS
+
+    ck = masked_checkpoint("dream", tmp_path / "ck")
+    cfg = json.loads((ck / "config.json").read_text())
+    toks, types, merges = gm._vocab(365)
+    vocab = {t: i for i, t in enumerate(toks) if types[i] != 5}
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=[tuple(m.split(" ")) for m in merges]))
+    regex = next(k for k, v in PRE_TOKENIZERS.items() if v == "qwen2")
+    tk.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(regex), behavior="isolated"),
+                                                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tk.decoder = decoders.ByteLevel()
+    tk.add_special_tokens(list(gm.SPECIALS.values()))
+    tk.save(str(ck / "tokenizer.json"))
+    cfg.update(mask_token_id=gm.MASK, eos_token_id=gm.EOS, pad_token_id=gm.PAD, bos_token_id=122)
+    (ck / "config.json").write_text(json.dumps(cfg))
+    (ck / "generation_config.json").unlink()
+    (ck / "chat_template.jinja").write_text(gm.TEMPLATE)
+    out = tmp_path / "d.gguf"
+    assert convert(ck, out) == 0
+    from localdiff.backends.gguf_file import read_header
+
+    md = read_header(out).metadata
+    assert md["tokenizer.ggml.model"] == "gpt2" and md["tokenizer.ggml.pre"] == "qwen2"
+    gg = localdiff.load(str(out), threads=1)
+    texts = ["the theory in the set", "  spaces,   then\nnew lines\n\n and 2024 digits!",
+             "<|user|>are these the ones?<|end|><|assistant|>"]
+    for t in texts:
+        assert gg.tokenizer.encode(t) == tk.encode(t).ids, t
+    assert gg.tokenizer.decode(tk.encode(texts[1]).ids) == texts[1]

@@ -345,3 +345,33 @@ def test_a_byte_level_bpe_tokenizer_is_written_as_llama_cpp_gpt2_and_tokenizes_a
     for t in texts:
         assert gg.tokenizer.encode(t) == tk.encode(t).ids, t
     assert gg.tokenizer.decode(tk.encode(texts[1]).ids) == texts[1]
+
+
+def test_a_bf16_checkpoint_is_written_bit_exact_and_quantized_from_a_bf16_intermediate(tmp_path, capsys):
+    """BF16 / F16 output keeps the checkpoint's bits (a bf16 checkpoint → BF16 file: identical); a quantized type
+    goes through the lossless BF16 intermediate (named in the progress lines) and loads."""
+    need("gguf")
+    import gguf
+    from safetensors.torch import load_file, save_file
+
+    ck = block_checkpoint("sdar", tmp_path / "ck", **Q_BLOCK)
+    sd = {k: v.to(torch.bfloat16) for k, v in load_file(str(ck / "model.safetensors")).items()}
+    save_file(sd, str(ck / "model.safetensors"))
+    out = tmp_path / "b.gguf"
+    assert main(["convert", str(ck), "-o", str(out), "--type", "bf16"]) == 0
+    err = capsys.readouterr().err
+    assert "writing b.gguf (BF16)" in err and "wrote " in err
+    r = gguf.GGUFReader(str(out))
+    got = {t.name: t for t in r.tensors}
+    q = got["blk.1.attn_q.weight"]
+    assert q.tensor_type == gguf.GGMLQuantizationType.BF16
+    want = sd["model.layers.1.self_attn.q_proj.weight"].view(torch.int16).numpy()
+    assert np.array_equal(np.asarray(q.data).view(np.int16).reshape(want.shape), want)
+    assert got["blk.1.attn_q_norm.weight"].tensor_type == gguf.GGMLQuantizationType.F32
+    need("llama_cpp")
+    assert main(["convert", str(ck), "-o", str(tmp_path / "q.gguf"), "--type", "Q8_0"]) == 0
+    assert "writing the BF16 intermediate" in capsys.readouterr().err
+    ids = _ids(48, seed=4)       # the random SDAR's margins are small: 0.958 here (loose floor)
+    agree = (llama_logits(tmp_path / "q.gguf", ids, 4).argmax(-1) == llama_logits(out, ids, 4).argmax(-1))
+    assert agree.float().mean().item() >= 0.8
+    assert convert(ck, tmp_path / "quiet.gguf", "F16") == 0 and capsys.readouterr().err == ""

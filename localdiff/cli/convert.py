@@ -56,12 +56,13 @@ class _Progress:
     def phase(self, label: str, total: int) -> None:
         from localdiff.hub.progress import human_bytes
 
-        self.label, self.total, self.done = label, max(int(total), 1), 0
         if self.bar is not None:
             if self.task is None:
                 self.bar.start()
-            else:
+            else:                                  # the previous phase is complete
                 self.bar.update(self.task, completed=self.total, total=self.total)
+        self.label, self.total, self.done = label, max(int(total), 1), 0
+        if self.bar is not None:
             self.task = self.bar.add_task(label, total=self.total)
         elif not self.quiet:
             sys.stderr.write(f"{label} (about {human_bytes(total)})\n")

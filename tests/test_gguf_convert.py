@@ -18,7 +18,8 @@ import torch
 
 from localdiff.cli import main
 
-from convert_helpers import BLOCK, MASKED, Q_BLOCK, random_ids, block_checkpoint, convert, llama_logits, masked_checkpoint
+from convert_helpers import (BLOCK, MASKED, Q_BLOCK, block_checkpoint, convert, llama_logits, masked_checkpoint,
+                             random_ids)
 from gguf_models import need
 
 
@@ -79,10 +80,10 @@ def test_gen_runs_a_converted_file_and_matches_the_torch_path(family, tmp_path, 
     capsys.readouterr()
     assert convert(ck, out, "F32", "--force") == 0
     ref, gg = localdiff.load(str(ck), dtype="float32"), localdiff.load(str(out), threads=1)
-    assert gg.backend == "gguf" and gg.eos_tokenrandom_ids[:2] == [1, 5]
+    assert gg.backend == "gguf" and gg.eos_token_ids[:2] == [1, 5]
     for prompt in ([9, 10, 11, 12], [40, 41, 42]):
-        assert ref.generate(prompt, max_new_tokens=8, steps=8).tokenrandom_ids == \
-            gg.generate(prompt, max_new_tokens=8, steps=8).tokenrandom_ids
+        assert ref.generate(prompt, max_new_tokens=8, steps=8).token_ids == \
+            gg.generate(prompt, max_new_tokens=8, steps=8).token_ids
 
 
 @pytest.mark.parametrize("family", ["llada", "sdar"])

@@ -1,7 +1,8 @@
 """Convert a LLaDA-layout checkpoint (config.json + safetensors + tokenizer.json; e.g. the shipped ``tiny-mdm``) to
-an F32 GGUF file for the ``gguf`` bench section — ``localdiff convert``'s writer (:mod:`localdiff.backends.gguf_write`:
-llama.cpp tensor names, q/k rows permuted for its interleaved "NORM" RoPE, ``diffusion.shift_logits`` = false,
-non-causal attention; the tokenizer as :mod:`localdiff.backends.gguf_vocab` writes it).
+an F32 GGUF file for the ``gguf`` bench section — ``localdiff convert``'s writer
+(:mod:`localdiff.backends.gguf_write`: llama.cpp tensor names, q/k rows permuted for its interleaved "NORM" RoPE,
+``diffusion.shift_logits`` = false, non-causal attention; the tokenizer as :mod:`localdiff.backends.gguf_vocab`
+writes it).
 
 :func:`tokenizer_agreement` measures how often llama.cpp's encoding of a text equals the HF tokenizer's (the bench
 reports it: a mismatch would cost both GGUF runs accuracy alike).
@@ -18,12 +19,13 @@ def convert_llada(ckpt: Path, out: Path) -> Path:
         ImportError: the ``gguf`` package is missing (the gguf extra). ValueError: not a LLaDA checkpoint.
         CheckpointError: a layout llama.cpp cannot compute (one line).
     """
-    from localdiff.backends import gguf_write
+    from localdiff.arch.masked_spec import canonical_type
+    from localdiff.backends.gguf_convert import convert_checkpoint
+    from localdiff.paths import read_json
 
-    p = gguf_write.plan(Path(ckpt), "F32")
-    if p.arch != "llada":
-        raise ValueError(f"{ckpt}: a {p.arch} checkpoint, not llada")
-    gguf_write.write(p, Path(out), gguf_write.DIRECT["F32"])
+    if canonical_type(read_json(Path(ckpt) / "config.json")) != "llada":
+        raise ValueError(f"{ckpt}: not a LLaDA checkpoint")
+    convert_checkpoint(Path(ckpt), Path(out), "F32")
     return Path(out)
 
 

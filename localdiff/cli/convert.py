@@ -1,22 +1,18 @@
 """``localdiff convert SRC -o FILE.gguf --type T``: a checkpoint folder or pulled model → a GGUF file llama.cpp
-computes (F32 / F16 / BF16 written by :mod:`localdiff.backends.gguf_write`; Q8_0 / Q4_K_M / Q5_K_M / Q6_K by
-llama.cpp's quantizer from a lossless intermediate: :mod:`localdiff.backends.gguf_quant`).
-
-Output is atomic: everything is written to ``FILE.gguf.partial`` (and the intermediate to ``FILE.gguf.tmp.partial``)
-in the output's folder and renamed onto ``FILE.gguf`` only when complete; any error or Ctrl-C removes both, so no
-half-written file ever carries the final name. An existing ``FILE.gguf`` is kept unless ``--force``.
+computes. The work (and the atomic ``FILE.gguf.partial`` → ``FILE.gguf`` rename) is
+:func:`localdiff.backends.gguf_convert.convert_checkpoint`; here: argument checks (every bad input one line, before
+anything is written; an existing ``FILE.gguf`` is kept unless ``--force``) and the progress bar on stderr.
 """
 from __future__ import annotations
 
-import errno
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
 
 from localdiff.errors import LocaldiffError, UsageError
 
+#: the --type values (as :data:`localdiff.backends.gguf_convert.TYPES`; kept here so --help needs no import)
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_K_M", "Q5_K_M", "Q6_K")
 
 
@@ -99,17 +95,10 @@ def _check_output(path: str, force: bool) -> Path:
     return out
 
 
-def _check_space(folder: Path, need: int) -> None:
-    from localdiff.hub.progress import human_bytes
-
-    free = shutil.disk_usage(folder).free
-    if need + (64 << 20) > free:
-        raise LocaldiffError(f"not enough disk space in {folder}: convert needs about {human_bytes(need)}, "
-                             f"{human_bytes(free)} free")
-
-
 def run_convert(args) -> int:
     """Run ``localdiff convert`` (see the module docstring). Returns 0; errors raise one-line LocaldiffErrors."""
+    from localdiff.backends.gguf_convert import TYPES
+
     qtype = str(args.qtype).upper()
     if qtype not in TYPES:
         raise UsageError(f"--type {args.qtype}: unknown type (choose from {', '.join(TYPES)})")
@@ -128,54 +117,16 @@ def run_convert(args) -> int:
         import gguf  # noqa: F401
     except ImportError:
         raise LocaldiffError('convert needs the gguf extra: pip install "localdiff[gguf]"') from None
-    from localdiff.backends import gguf_write
-
-    ckpt = resolve_model(args.src)
-    direct = qtype in gguf_write.DIRECT
-    p = gguf_write.plan(ckpt, qtype if direct else "F32")
-    if not direct:
-        from localdiff.backends import gguf as backend
-
-        backend.llama_cpp()                         # the quantizer is needed: fail before writing anything
-        p = gguf_write.plan(ckpt, p.source_dtype)   # the lossless intermediate: the checkpoint's own precision
-    for note in p.notes:
-        sys.stderr.write(f"note: {note}\n")
-    partial = out.with_name(out.name + ".partial")
-    tmp = out.with_name(out.name + ".tmp.partial")
-    need = p.nbytes
-    if not direct:
-        from localdiff.backends.gguf_quant import estimate_bytes
-
-        quant_bytes = estimate_bytes([t.shape for t in p.tensors], qtype)
-        need += quant_bytes
-    _check_space(out.parent, need)
-    bar = _Progress(args.quiet)
-    try:
-        if direct:
-            bar.phase(f"writing {out.name} ({qtype})", p.nbytes)
-            gguf_write.write(p, partial, gguf_write.DIRECT[qtype], bar.advance)
-        else:
-            from localdiff.backends.gguf_quant import quantize
-
-            bar.phase(f"writing the {p.source_dtype} intermediate", p.nbytes)
-            gguf_write.write(p, tmp, gguf_write.DIRECT[p.source_dtype], bar.advance)
-            bar.phase(f"quantizing to {qtype} (llama.cpp)", quant_bytes)
-            quantize(tmp, partial, qtype, args.threads or 0, bar.advance)
-        os.replace(partial, out)
-    except OSError as e:
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise LocaldiffError(f"disk full while writing {out.parent}: convert needs about "
-                                 f"{need / 1e9:.1f} GB; nothing was left behind") from None
-        raise
-    finally:
-        bar.close()
-        for f in (partial, tmp):
-            try:
-                f.unlink()
-            except FileNotFoundError:
-                pass
+    from localdiff.backends.gguf_convert import convert_checkpoint
     from localdiff.hub.progress import human_bytes
 
+    ckpt = resolve_model(args.src)
+    bar = _Progress(args.quiet)
+    try:
+        p = convert_checkpoint(ckpt, out, qtype, args.threads or 0, bar.phase, bar.advance,
+                               lambda text: sys.stderr.write(f"note: {text}\n"))
+    finally:
+        bar.close()
     if not args.quiet:
         sys.stderr.write(f"wrote {out} ({p.arch}, {qtype}, {human_bytes(out.stat().st_size)})\n")
     return 0

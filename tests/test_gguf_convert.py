@@ -86,24 +86,27 @@ def test_gen_runs_a_converted_file_and_matches_the_torch_path(family, tmp_path, 
             gg.generate(prompt, max_new_tokens=8, steps=8).token_ids
 
 
-@pytest.mark.parametrize("family", ["llada", "sdar"])
+@pytest.mark.parametrize("family", MASKED + list(BLOCK))
 def test_q8_0_and_q4_k_m_files_load_and_mostly_agree_with_f32(family, tmp_path):
     """Top-1 agreement of the quantized files with the F32 file over 48 positions (reported; floors are loose: a
-    random tiny model's top-1 margins are small — measured: LLaDA Q8_0 1.000, Q4_K_M 0.958; SDAR (weights
-    N(0, 0.3²), flat logits) Q8_0 0.979, Q4_K_M 0.396. With 64-wide rows llama.cpp's Q4_K_M mix falls back to Q5_0 /
-    Q8_0, as its quantizer does for rows that are not a multiple of 256)."""
+    random tiny model's top-1 margins are small). Measured, seeds 3 / 4 / 5, Q8_0 | Q4_K_M: LLaDA 1.00 0.98 1.00 |
+    0.96 0.92 0.96; LLaDA-MoE 0.94 0.96 0.96 | 0.81 0.92 0.92; Dream 0.96 1.00 0.85 | 0.96 0.96 0.90; SDAR 0.98 0.90
+    0.96 | 0.40 0.60 0.79; SDAR-MoE 0.98 0.90 0.92 | 0.58 0.60 0.63; Fast-dLLM v2 0.83 0.94 0.83 | 0.46 0.56 0.52 (the
+    block models' random weights are N(0, 0.3²): flat logits). With 64-wide rows llama.cpp's Q4_K_M mix falls back
+    to Q5_0 / Q8_0, as its quantizer does for rows that are not a multiple of 256."""
     need("gguf")
     need("llama_cpp")
     from localdiff.backends.gguf_file import read_header
 
-    if family == "llada":
+    if family in MASKED:
         ck, block = masked_checkpoint(family, tmp_path / family, q8=True), None
     else:
-        ck, block = block_checkpoint(family, tmp_path / family, **Q_BLOCK), 4
+        ck = block_checkpoint(family, tmp_path / family, **Q_BLOCK)
+        block = 8 if family == "Fast_dLLM_Qwen" else 4
     assert convert(ck, tmp_path / "f32.gguf") == 0
     ids = random_ids(48, seed=4)
     ref = llama_logits(tmp_path / "f32.gguf", ids, block)
-    for qtype, floor in (("Q8_0", 0.9), ("Q4_K_M", 0.3)):
+    for qtype, floor in (("Q8_0", 0.75), ("Q4_K_M", 0.3)):
         path = tmp_path / f"{qtype}.gguf"
         assert convert(ck, path, qtype) == 0
         h = read_header(path)

@@ -86,7 +86,8 @@ def test_a_failing_quantizer_leaves_no_partial_files(tmp_path, capsys, monkeypat
 
 
 @pytest.mark.parametrize("case", ["missing", "type", "diffusion_gemma", "refusion", "llada2", "no_dir", "dir",
-                                  "gguf_src", "moe_dense_layer", "no_tokenizer", "threads"])
+                                  "gguf_src", "moe_dense_layer", "no_tokenizer", "threads", "missing_tensor",
+                                  "unknown_tensor"])
 def test_bad_input_is_one_line_and_writes_nothing(case, tmp_path, capsys):
     need("gguf")
     ck = block_checkpoint("sdar", tmp_path / "ck")
@@ -118,6 +119,18 @@ def test_bad_input_is_one_line_and_writes_nothing(case, tmp_path, capsys):
     elif case == "no_tokenizer":
         (ck / "tokenizer.json").unlink()
         rc, words = 1, "tokenizer.json: file not found"
+    elif case in ("missing_tensor", "unknown_tensor"):
+        from safetensors.torch import load_file, save_file
+
+        sd = load_file(str(ck / "model.safetensors"))
+        if case == "missing_tensor":
+            del sd["model.layers.2.self_attn.v_proj.weight"]
+            words = "no tensor for llama.cpp's blk.2.attn_v.weight"
+        else:
+            sd["model.layers.0.mlp.shared_expert.up_proj.weight"] = sd["model.layers.0.mlp.up_proj.weight"].clone()
+            words = "'model.layers.0.mlp.shared_expert.up_proj.weight' has no counterpart in llama.cpp's qwen3 graph"
+        save_file(sd, str(ck / "model.safetensors"))
+        rc = 1
     elif case == "threads":
         args, words = ["--threads", "0"], "--threads"
     before = sorted(p.name for p in tmp_path.iterdir())

@@ -230,13 +230,19 @@ def plan(ckpt: Path, dtype: str = "F32") -> Plan:
             experts.setdefault(out, {})[e] = name
     if "output.weight" not in single and arch in ("llada", "llada-moe", "dream"):
         single["output.weight"] = single.get("token_embd.weight")     # a tied head: these graphs need the tensor
-    for need in ("token_embd.weight", "output_norm.weight"):
-        if single.get(need) is None:
-            raise CheckpointError(f"{ckpt}: no tensor for llama.cpp's {need}")
+    names = set(single) | set(experts)
+    missing = sorted(_expected(arch, cfg) - names, key=_order_name)
+    if missing or single.get("token_embd.weight") is None:
+        raise CheckpointError(f"{ckpt}: no tensor for llama.cpp's {(missing or ['token_embd.weight'])[0]}"
+                              + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    extra = sorted(n for n in names if _layer(n) >= cfg.num_hidden_layers)
+    if extra:
+        raise CheckpointError(f"{ckpt}: tensor {extra[0]} is beyond num_hidden_layers ({cfg.num_hidden_layers})")
     seen = set()
     for out, name in single.items():
         x_shape = shape(name)
-        seen.add(sdtype(name))
+        if len(x_shape) > 1:
+            seen.add(sdtype(name))
         heads = None
         if llada and re.search(r"\.attn_[qk]\.weight$", out):
             heads = cfg.num_attention_heads if ".attn_q." in out else cfg.num_key_value_heads
@@ -257,9 +263,35 @@ def plan(ckpt: Path, dtype: str = "F32") -> Plan:
     return p
 
 
+def _expected(arch: str, c) -> set:
+    """The tensors llama.cpp's ``arch`` graph needs (biases and tied heads aside)."""
+    out = {"output_norm.weight"}
+    moe = arch in ("llada-moe", "qwen3moe")
+    for i in range(c.num_hidden_layers):
+        names = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm"]
+        names += ["ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"] if moe else \
+            ["ffn_gate", "ffn_up", "ffn_down"]
+        if arch in ("qwen3", "qwen3moe") or (arch == "llada-moe" and c.qk_norm):
+            names += ["attn_q_norm", "attn_k_norm"]
+        out |= {f"blk.{i}.{n}.weight" for n in names}
+        if arch in ("qwen2", "dream"):
+            out |= {f"blk.{i}.attn_{p}.bias" for p in "qkv"}
+    return out
+
+
+def _layer(name: str) -> int:
+    """The layer index of a ``blk.N.*`` name; -1 for the others."""
+    m = re.match(r"blk\.(\d+)\.", name)
+    return int(m.group(1)) if m else -1
+
+
+def _order_name(name: str):
+    i = _layer(name)
+    return (0, i, name) if i >= 0 else ((-1 if name == "token_embd.weight" else 1), 0, name)
+
+
 def _order(t: Tensor):
-    m = re.match(r"blk\.(\d+)\.", t.name)
-    return (0, int(m.group(1)), t.name) if m else ((-1 if t.name == "token_embd.weight" else 1), 0, t.name)
+    return _order_name(t.name)
 
 
 def write_metadata(w, p: Plan, ftype: int) -> None:

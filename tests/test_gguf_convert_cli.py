@@ -151,3 +151,22 @@ def test_too_little_disk_space_is_refused_before_writing(tmp_path, capsys, monke
     assert convert(ck, tmp_path / "m.gguf") == 1
     assert "not enough disk space" in _one_line_error(capsys)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+
+
+@pytest.mark.parametrize("missing", ["gguf", "llama_cpp"])
+def test_a_missing_package_is_one_line_naming_the_extra(missing, tmp_path, capsys, monkeypatch):
+    """Without ``gguf`` nothing can be written; without llama-cpp-python the quantized types are refused before
+    the intermediate is written (the direct types still work)."""
+    import sys
+
+    need("gguf")
+    from localdiff.backends import gguf as backend
+
+    ck = block_checkpoint("sdar", tmp_path / "ck")
+    monkeypatch.setattr(backend, "_LIB", None)
+    monkeypatch.setitem(sys.modules, missing, None)               # import fails as if not installed
+    assert convert(ck, tmp_path / "m.gguf", "Q8_0") == 1
+    assert 'pip install "localdiff[gguf]"' in _one_line_error(capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+    if missing == "llama_cpp":
+        assert convert(ck, tmp_path / "m.gguf", "F16") == 0

@@ -118,6 +118,21 @@ def test_q8_0_and_q4_k_m_files_load_and_mostly_agree_with_f32(family, tmp_path):
     assert not list(tmp_path.glob("*.partial"))
 
 
+@pytest.mark.parametrize("qtype", ["Q5_K_M", "Q6_K"])
+def test_q5_k_m_and_q6_k_files_load(qtype, tmp_path):
+    need("gguf")
+    need("llama_cpp")
+    from localdiff.backends.gguf_file import read_header
+
+    ck = masked_checkpoint("dream", tmp_path / "ck", q8=True)
+    assert convert(ck, tmp_path / "f32.gguf") == 0 and convert(ck, tmp_path / "q.gguf", qtype) == 0
+    assert read_header(tmp_path / "q.gguf").quant == qtype
+    ids = random_ids(40, seed=2)
+    a, b = llama_logits(tmp_path / "f32.gguf", ids), llama_logits(tmp_path / "q.gguf", ids)
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean().item() >= 0.75
+    assert 1e-4 < ((a - b).abs().max() / a.abs().max()).item() < 0.1      # really quantized, and close
+
+
 def test_a_byte_level_bpe_tokenizer_is_written_as_llama_cpp_gpt2_and_tokenizes_alike(tmp_path):
     """Dream / SDAR / Fast-dLLM ship byte-level BPE (Qwen2's pre-tokenizer regex): written as ``gpt2`` with the
     merges and pre-tokenizer "qwen2"; llama.cpp's encoding equals the ``tokenizers`` library's."""

@@ -87,7 +87,7 @@ def test_a_failing_quantizer_leaves_no_partial_files(tmp_path, capsys, monkeypat
 
 @pytest.mark.parametrize("case", ["missing", "type", "diffusion_gemma", "refusion", "llada2", "no_dir", "dir",
                                   "gguf_src", "moe_dense_layer", "no_tokenizer", "threads", "missing_tensor",
-                                  "unknown_tensor"])
+                                  "unknown_tensor", "shared_expert", "causal"])
 def test_bad_input_is_one_line_and_writes_nothing(case, tmp_path, capsys):
     need("gguf")
     ck = block_checkpoint("sdar", tmp_path / "ck")
@@ -131,6 +131,12 @@ def test_bad_input_is_one_line_and_writes_nothing(case, tmp_path, capsys):
             words = "'model.layers.0.mlp.shared_expert.up_proj.weight' has no counterpart in llama.cpp's qwen3 graph"
         save_file(sd, str(ck / "model.safetensors"))
         rc = 1
+    elif case in ("shared_expert", "causal"):
+        from arch_baby import BABY
+
+        cfg = dict(BABY["lladamoe"], shared_expert_intermediate_size=20) if case == "shared_expert" else BABY["qwen3"]
+        (ck / "config.json").write_text(json.dumps(cfg))
+        rc, words = 1, ("no shared expert" if case == "shared_expert" else "is not a family convert writes")
     elif case == "threads":
         args, words = ["--threads", "0"], "--threads"
     before = sorted(p.name for p in tmp_path.iterdir())

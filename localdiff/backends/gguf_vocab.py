@@ -10,10 +10,11 @@ Two kinds of ``tokenizer.json`` BPE models are written (anything else — WordPi
   llama.cpp's ``convert_hf_to_gguf.py`` writes for Dream, SDAR and Fast-dLLM v2 (``_set_vocab_gpt2``).
 * **SentencePiece-like BPE** (a ``Metaspace`` pre-tokenizer, "▁" for spaces): ``tokenizer.ggml.model = "llama"``;
   a merged token's score is minus its merge rank, so llama.cpp's highest-score-first bigram merging applies the
-  merges in BPE order; ``<0xXX>`` byte-fallback tokens are BYTE. No space prefix: llama.cpp would add it after every
-  special token, the Metaspace pre-tokenizer (``prepend_scheme: first``) only at offset 0 — so chat-templated text
-  (it starts with a special token) tokenizes identically; raw text without a leading special token loses the leading
-  "▁" of its first word.
+  merges in BPE order; ``<0xXX>`` byte-fallback tokens are BYTE. No space prefix for a Metaspace pre-tokenizer:
+  llama.cpp would add it after every special token, Metaspace (``prepend_scheme: first``) only at offset 0 — so
+  chat-templated text (it starts with a special token) tokenizes identically; raw text without a leading special
+  token loses the leading "▁" of its first word. A Llama-2-style normalizer (``Prepend`` "▁" + ``Replace``) gets
+  llama.cpp's space prefix.
 
 Token types (llama.cpp ``llama_token_type``): NORMAL 1; added tokens CONTROL 3 when special, else USER_DEFINED 4;
 ids without a string (the embedding has more rows than the vocabulary) are ``[PADi]`` UNUSED 5.
@@ -107,7 +108,8 @@ def read_vocab(ckpt: Path, n_tokens: int) -> dict:
             for i, s in enumerate(tokens):
                 if types[i] == NORMAL and _BYTE_TOKEN.match(s):
                     types[i] = BYTE
-        out.update(model="llama", pre="default", scores=scores)
+        prepend = any(st.get("type") == "Prepend" for st in _steps(tj.get("normalizer")))   # Llama-2 style
+        out.update(model="llama", pre="default", scores=scores, space_prefix=prepend)
     else:
         raise CheckpointError(f"{path}: BPE without a ByteLevel or Metaspace pre-tokenizer; convert cannot tell how "
                               "llama.cpp should split text")
@@ -146,7 +148,7 @@ def write_vocab(w, v: dict, ids: dict) -> None:
     w.add_token_types(v["types"])
     if v["scores"] is not None:
         w.add_token_scores(v["scores"])
-        w.add_add_space_prefix(False)
+        w.add_add_space_prefix(bool(v.get("space_prefix")))
     if v["merges"] is not None:
         w.add_token_merges(v["merges"])
     w.add_add_bos_token(v["add_bos"])

@@ -1,8 +1,8 @@
 """``localdiff`` command line: argument parsing and dispatch only.
 
-Subcommands: gen, chat, serve, pull, list, rm, show, config, bench, quantize. Heavy imports (torch, textual, the engine)
-happen inside the command that needs them, so ``localdiff list`` / ``pull`` start fast and ``textual`` is imported
-only for ``chat``.
+Subcommands: gen, chat, serve, pull, list, rm, show, config, bench, quantize, convert. Heavy imports (torch, textual,
+the engine) happen inside the command that needs them, so ``localdiff list`` / ``pull`` start fast and ``textual`` is
+imported only for ``chat``.
 
 Exit codes: 0 ok; 1 runtime error; 2 usage error; 130 interrupted (Ctrl-C). Errors are one line on stderr
 (``error: ...``); ``--debug`` (or ``LOCALDIFF_DEBUG=1``) prints the traceback too.
@@ -169,6 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--device", help="device used while quantizing")
     q.add_argument("--force", action="store_true", help="write into a folder that is not empty")
     _add_common(q)
+
+    from localdiff.cli.convert import add_parser as add_convert
+
+    add_convert(sub)
     return p
 
 
@@ -241,6 +245,10 @@ def _dispatch(args, argv) -> int:
         from localdiff.cli import hub as cli_hub
 
         return getattr(cli_hub, "run_" + {"ls": "list"}.get(cmd, cmd))(args)
+    if cmd == "convert":
+        from localdiff.cli.convert import run_convert
+
+        return run_convert(args)
     if cmd == "bench":
         try:
             from localdiff.bench.run import main as bench_main

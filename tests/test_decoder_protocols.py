@@ -1,0 +1,45 @@
+"""Every decoder policy class conforms to its loop's protocol (localdiff.decoding.protocols, issue #41 item 1)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from localdiff.decoding.protocols import BlockPolicy, WindowPolicy, conforms
+from localdiff.engine import block as block_runner
+from localdiff.engine import masked as masked_runner
+from localdiff.decoding.canvas_eb import CanvasEB
+from localdiff.decoding.canvas_reuse import CanvasEBReuse
+
+BLOCK = {"canvas_eb": CanvasEB, "canvas_reuse": CanvasEBReuse, **block_runner.POLICY_CLASSES}
+WINDOW = dict(masked_runner.POLICY_CLASSES)
+
+
+@pytest.mark.parametrize("name", sorted(BLOCK))
+def test_block_loop_policies_conform(name):
+    assert conforms(BLOCK[name], BlockPolicy) == []
+
+
+@pytest.mark.parametrize("name", sorted(WINDOW))
+def test_window_loop_policies_conform(name):
+    assert conforms(WINDOW[name], WindowPolicy) == []
+
+
+@pytest.mark.parametrize("name", ["llada", "dream"])
+def test_window_policy_instances_have_the_loop_attributes(name):
+    from localdiff.decoding.options import POLICIES
+
+    policy = WINDOW[name](POLICIES[name](), torch.Generator().manual_seed(0), 7)
+    assert isinstance(policy, WindowPolicy) and isinstance(policy.parallel, bool)
+
+
+def test_a_policy_that_misses_or_misnames_a_call_is_reported():
+    class Broken:
+        parallel = False
+
+        def begin_block(self, start=None):          # the block loop's signature on a window policy
+            pass
+
+    problems = conforms(Broken, WindowPolicy)
+    assert any("begin_block" in p and "does not match" in p for p in problems)
+    assert any("step is missing" in p for p in problems)
+    assert conforms(Broken, BlockPolicy) and "Broken.assess is missing" in conforms(Broken, BlockPolicy)

@@ -20,32 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from localdiff.decoding.draws import categorical
-
-
-def sampling_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0, top_k: int = 0) -> torch.Tensor:
-    """Warped probabilities FloatTensor[..., V] (fp32) of logits Tensor[..., V] for temperature > 0: divide by T,
-    keep the top_k largest (0 = all), softmax, keep the smallest prefix of the sorted probabilities whose mass
-    reaches top_p (the token that crosses it included), renormalise (z-lab/dflash ``_sampling_probs``)."""
-    scores = logits.float() / temperature
-    v = scores.shape[-1]
-    idx = None
-    if 0 < top_k < v:
-        scores, idx = torch.topk(scores, top_k, dim=-1)
-    probs = torch.softmax(scores, dim=-1)
-    if top_p < 1.0:
-        sp, order = probs.sort(dim=-1, descending=True)
-        sp = sp * (sp.cumsum(-1) - sp < top_p)
-        probs = torch.zeros_like(probs).scatter(-1, order, sp)
-        probs = probs / probs.sum(-1, keepdim=True)
-    if idx is not None:
-        probs = torch.zeros(*logits.shape, dtype=probs.dtype, device=probs.device).scatter(-1, idx, probs)
-    return probs
-
-
-def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One token per row of probs Tensor[..., V] → LongTensor[...] (``torch.multinomial`` order and values)."""
-    return categorical(probs.reshape(-1, probs.shape[-1]).contiguous(), generator).view(probs.shape[:-1])
+from localdiff.decoding.sampling import draw, sampling_probs
 
 
 def pick(logits: torch.Tensor, options, generator) -> torch.Tensor:

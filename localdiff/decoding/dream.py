@@ -19,46 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from localdiff.decoding import parallel
+from localdiff.decoding.sampling import sample_tokens
 from localdiff.decoding.options import DreamOptions
-
-
-def top_p_logits(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Keep the smallest set of tokens whose probability mass reaches ``top_p`` (the first always); others → dtype min."""
-    sorted_logits, order = torch.sort(logits, descending=True)
-    drop = torch.cumsum(F.softmax(sorted_logits, dim=-1), dim=-1) > top_p
-    drop[..., 1:] = drop[..., :-1].clone()
-    drop[..., 0] = False
-    mask = torch.zeros_like(logits, dtype=torch.bool).scatter_(-1, order, drop)
-    return logits.masked_fill(mask, torch.finfo(logits.dtype).min)
-
-
-def top_k_logits(logits: torch.Tensor, top_k: int) -> torch.Tensor:
-    """Keep the ``top_k`` largest logits per row (ties with the k-th kept); others → dtype min."""
-    kth = torch.topk(logits, min(top_k, logits.size(-1)))[0][..., -1, None]
-    return logits.masked_fill(logits < kth, torch.finfo(logits.dtype).min)
-
-
-def sample_tokens(logits: torch.Tensor, temperature: float, top_p, top_k, generator, margin: bool = False,
-                  neg_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dream's ``sample_tokens`` on FloatTensor[N, V]: (confidence FloatTensor[N], tokens LongTensor[N])."""
-    if temperature > 0:
-        logits = logits / temperature
-    if top_p is not None and top_p < 1:
-        logits = top_p_logits(logits, top_p)
-    if top_k is not None:
-        logits = top_k_logits(logits, top_k)
-    probs = torch.softmax(logits, dim=-1)
-    if temperature > 0 and probs.shape[0]:
-        x0 = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-        confidence = probs.gather(-1, x0[:, None]).squeeze(-1)
-    else:
-        confidence, x0 = probs.max(dim=-1)
-    if margin:
-        top2 = torch.sort(probs, dim=-1, descending=True)[0]
-        confidence = top2[:, 0] - top2[:, 1]
-    if neg_entropy:
-        confidence = torch.sum(probs * torch.log(probs + 1e-10), dim=-1)
-    return confidence, x0
 
 
 class Dream:

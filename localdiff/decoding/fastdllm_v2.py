@@ -34,7 +34,7 @@ import time
 
 import torch
 
-from localdiff.decoding.dream import top_p_logits
+from localdiff.decoding.sampling import top_p_logits
 from localdiff.decoding.detok import IncrementalText
 from localdiff.decoding.draws import categorical
 from localdiff.decoding.loop import done_event, strip_generated

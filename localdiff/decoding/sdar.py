@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import torch
 
 from localdiff.decoding.acceptance import token_entropy
-from localdiff.decoding.dream import top_k_logits, top_p_logits
+from localdiff.decoding.sampling import top_k_logits, top_p_logits
 from localdiff.decoding.draws import categorical
 from localdiff.decoding.options import SDAROptions
 

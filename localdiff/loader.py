@@ -8,6 +8,8 @@ before a model is returned, so there is never a half-loaded model.
 from __future__ import annotations
 
 import contextlib
+import json
+import re
 from pathlib import Path
 
 import torch
@@ -85,6 +87,74 @@ def weight_map(ckpt: Path) -> dict[str, Path]:
     return out
 
 
+def _tensor(wm: dict[str, Path], name: str) -> torch.Tensor:
+    with safe_open(str(wm[name]), framework="pt", device="cpu") as h:
+        return h.get_tensor(name)
+
+
+def _tied_to(rules, name: str, wm: dict[str, Path], read: set[str]) -> tuple[str | None, bool]:
+    """(the read tensor ``name`` is a tied copy of, whether the two are equal) under ``rules.tied``."""
+    for pattern, target in rules.tied:
+        m = re.fullmatch(pattern, name)
+        if m and (of := m.expand(target)) in read:
+            a, b = _tensor(wm, name), _tensor(wm, of)
+            return of, a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+    return None, False
+
+
+def _switch_for(mod, raw: dict, name: str) -> str | None:
+    """The ``config.json has no FIELD: VALUE`` clause of the first of ``mod.CHECKPOINT_RULES.switches`` under which
+    the model would read checkpoint tensor ``name`` (its spec's tensors, mapped by ``checkpoint_names``), or None."""
+    spec = get_spec(raw)
+    for field, value in mod.CHECKPOINT_RULES.switches:
+        text = raw.get("text_config")
+        now = raw.get(field, (text or {}).get(field) if isinstance(text, dict) else None)
+        if now == value:
+            continue
+        alt = {**raw, field: value}
+        if isinstance(text, dict):
+            alt["text_config"] = {**text, field: value}
+        try:
+            names = {c for t in spec.tensor_shapes(alt) for c in mod.checkpoint_names(t.name)}
+        except (KeyError, ValueError, TypeError, CheckpointError):
+            continue
+        if name in names:
+            return (f"config.json has no {field}: {json.dumps(value)}" if now is None
+                    else f"config.json has {field}: {json.dumps(now)}, not {json.dumps(value)}")
+    return None
+
+
+def check_all_read(mod, raw: dict, wm: dict[str, Path], read: set[str]) -> None:
+    """Strict loading: every tensor of the checkpoint is read by the model, or is known to be ignorable by the
+    architecture's ``CHECKPOINT_RULES`` (:class:`localdiff.arch.base.CheckpointRules`: rotary caches, a vision tower,
+    a tied copy equal to the tensor read), so a tensor that config.json turns off is never dropped without a word.
+
+    Args:
+        mod: the architecture's model module; raw: config.json; wm: :func:`weight_map`; read: the checkpoint names
+            the model reads.
+    Raises:
+        CheckpointError: one line naming the first unread tensor and, where one exists, the config.json field that
+            would read it (``... is in the checkpoint but config.json has no qk_layernorm: true``).
+    """
+    rules = mod.CHECKPOINT_RULES
+    unread, notes = [], {}
+    for name in sorted(set(wm) - read):
+        if any(re.search(p, name) for p in rules.ignored):
+            continue
+        of, same = _tied_to(rules, name, wm, read)
+        if same:
+            continue
+        unread.append(name)
+        if of is not None:
+            notes[name] = f" (it differs from {of}, which it would be tied to)"
+    if not unread:
+        return
+    name = unread[0]
+    why = _switch_for(mod, raw, name) or "the model config.json describes has no such tensor"
+    more = f"; {len(unread) - 1} more unread tensor(s)" if len(unread) > 1 else ""
+    raise CheckpointError(f"{wm[name]}: {name} is in the checkpoint but {why}{notes.get(name, '')}{more}")
+
+
 def load_model(ckpt: Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
                quant: str | None = None, recipe=None, host_layers=()):
     """Build the model for checkpoint folder ``ckpt`` and load its weights.
@@ -129,6 +199,7 @@ def _load_model(ckpt: Path, device, dtype, quant, recipe, host_layers):
         else:
             shard = next(iter(set(wm.values())), ckpt)
             raise CheckpointError(f"{shard}: tensor for {local!r} not found (looked for {mod.checkpoint_names(local)})")
+    check_all_read(mod, cfg.raw, wm, {cand for cand, _ in wanted.values()})
     to_quant: tuple[str, ...] = ()
     if quant == "int8" and pre is None:           # quantize at load, tensor by tensor
         to_quant = tuple(n + "." for n in convert_modules(model, recipe or DEFAULT_RECIPE))

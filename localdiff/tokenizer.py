@@ -1,4 +1,5 @@
-"""Tokenizer and chat template of a checkpoint: ``tokenizer.json`` (HF tokenizers), ``tokenizer_config.json``,
+"""Tokenizer and chat template of a checkpoint: ``tokenizer.json`` (HF tokenizers), ``tokenizer_config.json``
+(merged with ``special_tokens_map.json`` as transformers 5.23 ``PreTrainedTokenizerBase.from_pretrained`` does),
 ``chat_template.jinja`` (or the ``chat_template`` key). Templates render in jinja2's immutable sandbox, as
 transformers' ``apply_chat_template`` does, so a hostile template from a downloaded repo cannot run code or touch
 files."""
@@ -22,7 +23,13 @@ def _raise(msg):
 class Tokenizer:
     """Wraps a ``tokenizers.Tokenizer`` with the checkpoint's special tokens and chat template.
 
-    Attributes: ``eos_token_ids`` (list[int]), ``pad_token_id``, ``bos_token``, ``chat_template`` (str or None).
+    Attributes: ``eos_token_ids`` (list[int]), ``pad_token_id``, ``bos_token``, ``chat_template`` (str or None),
+    ``special`` (the named special tokens of :data:`SPECIAL_TOKENS`, str or None: the template's variables). A
+    ``tokenizer_config.json`` without ``added_tokens_decoder`` (the legacy layout) takes its special tokens from
+    ``special_tokens_map.json`` where both name one, as transformers does.
+
+    Raises:
+        CheckpointError: an unreadable ``tokenizer.json``, or a tokenizer JSON file that is not a JSON object.
     """
 
     def __init__(self, path: Path, eos_ids: list[int], pad_id: int | None):
@@ -32,13 +39,10 @@ class Tokenizer:
             self._tok = HFTokenizer.from_file(str(path / "tokenizer.json"))
         except Exception as e:
             raise CheckpointError(f"{path / 'tokenizer.json'}: cannot load tokenizer ({e})") from None
-        cfg = {}
-        if (path / "tokenizer_config.json").is_file():
-            try:
-                cfg = json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8"))
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise CheckpointError(f"{path / 'tokenizer_config.json'}: not valid JSON ({e})") from None
-        self.special = {k: _tok_str(cfg.get(k)) for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
+        cfg = _json_file(path / "tokenizer_config.json")
+        if "added_tokens_decoder" not in cfg:   # transformers' legacy merge: special_tokens_map.json's values win
+            cfg = {**cfg, **_json_file(path / "special_tokens_map.json")}
+        self.special = {k: _tok_str(cfg.get(k)) for k in SPECIAL_TOKENS}
         self.bos_token = self.special["bos_token"]
         self.eos_token = self.special["eos_token"]
         tpl = None
@@ -89,9 +93,9 @@ class Tokenizer:
         try:
             if self._template is None or self._template[0] != self.chat_template:
                 self._template = (self.chat_template, self._env.from_string(self.chat_template))
-            return self._template[1].render(
-                messages=messages, add_generation_prompt=add_generation_prompt, **{k: v for k, v in self.special.items()
-                                                                                   if v is not None})
+            return self._template[1].render(    # the variables transformers' render_jinja_template passes
+                messages=messages, tools=None, documents=None, add_generation_prompt=add_generation_prompt,
+                **{k: v for k, v in self.special.items() if v is not None})
         except SecurityError as e:
             raise ChatTemplateError(f"refused: the template tried an unsafe operation ({e})") from None
         except ChatTemplateError:
@@ -101,6 +105,23 @@ class Tokenizer:
         except (OverflowError, RecursionError, MemoryError, ArithmeticError, TypeError, ValueError, LookupError,
                 AttributeError) as e:  # the sandbox's range limit (OverflowError), 1/0, a bad filter argument, ...
             raise ChatTemplateError(f"render failed ({type(e).__name__}: {e})") from None
+
+
+#: the named special tokens a chat template sees (transformers' ``SPECIAL_TOKENS_ATTRIBUTES``)
+SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+
+def _json_file(p: Path) -> dict:
+    """A tokenizer JSON file as a dict ({} when absent). Raises CheckpointError for invalid JSON."""
+    if not p.is_file():
+        return {}
+    try:
+        out = json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{p}: not valid JSON ({e})") from None
+    if not isinstance(out, dict):
+        raise CheckpointError(f"{p}: not a JSON object")
+    return out
 
 
 def _tok_str(v):

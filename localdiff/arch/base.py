@@ -8,7 +8,9 @@ An architecture is two modules, registered once in :data:`localdiff.arch.REGISTR
   ``layer_geometry(raw)`` (per-layer K/V geometry for cache sizing);
 * a **model** module: the ``nn.Module`` class (``MODEL_CLASS``) built from the args, declaring the forward
   :data:`ROLES` it supports, plus the checkpoint rules (``checkpoint_names`` / ``keeps_checkpoint_dtype``: our
-  "sanitize", applied lazily tensor by tensor so a large checkpoint never sits in memory twice).
+  "sanitize", applied lazily tensor by tensor so a large checkpoint never sits in memory twice) and
+  ``CHECKPOINT_RULES`` (:class:`CheckpointRules`: what the checkpoint may hold that the model does not read — the
+  loader refuses any other unread tensor, so a tensor the config turns off is never dropped without a word).
 
 Forward roles (an architecture implements the methods of the roles it lists in ``roles``):
 
@@ -64,6 +66,28 @@ class Tensorish:
         for s in self.shape:
             n *= s
         return n
+
+
+#: rotary-embedding caches some checkpoints carry (recomputed from the config, never read)
+ROTARY_CACHES = r"(^|\.)rotary_emb\.(inv_freq|original_inv_freq|cos_cached|sin_cached)$"
+
+
+@dataclass(frozen=True)
+class CheckpointRules:
+    """The one place per architecture that says which checkpoint tensors the loader may leave unread.
+
+    ``ignored``: regular expressions (``re.search`` on the checkpoint name) of tensors known to be harmless to skip
+    (rotary ``inv_freq`` caches, a vision tower of a text-only runtime). ``tied``: (pattern, replacement) pairs
+    (``re.fullmatch`` then ``re.Match.expand``) naming the tensor a checkpoint tensor is a tied copy of (an LM head
+    tied to the embeddings, DiffusionGemma's encoder copies of decoder weights); a copy is skipped only when that
+    tensor is read and the two are equal. ``switches``: (config.json field, value) pairs whose value would make the
+    model read more tensors (``qk_layernorm: true``); the loader's error for an unread tensor names the switch that
+    would read it.
+    """
+
+    ignored: tuple[str, ...] = (ROTARY_CACHES,)
+    tied: tuple[tuple[str, str], ...] = ()
+    switches: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from localdiff.arch.base import ROLE_DRAFT
+from localdiff.arch.base import ROLE_DRAFT, CheckpointRules
 from localdiff.arch.dense import DecoderLayer, RMSNorm, apply_rope, inv_freq, rope_cos_sin
 from localdiff.arch.dflash_spec import DFlashConfig
 
@@ -154,7 +154,13 @@ def checkpoint_names(local: str) -> list[str]:
 
 
 def keeps_checkpoint_dtype(local: str) -> bool:
+    """No tensor keeps the checkpoint dtype when ``dtype=`` asks for another."""
     return False
+
+
+#: what a DFlash draft checkpoint may hold unread (:class:`localdiff.arch.base.CheckpointRules`): rotary caches
+#: only (the draft reads the target's embeddings and LM head, so a draft checkpoint holding its own is refused)
+CHECKPOINT_RULES = CheckpointRules()
 
 
 MODEL_CLASS = DFlashDraft

@@ -22,8 +22,8 @@ import torch
 from torch import nn
 
 from localdiff.arch.base import ROLE_DENOISE, ROLE_PREFILL
-from localdiff.arch.diffusion_gemma_spec import (MODEL_TYPE, DiffusionGemmaConfig, checkpoint_names,  # noqa: F401
-                                                 is_skipped_checkpoint_tensor, keeps_checkpoint_dtype)
+from localdiff.arch.diffusion_gemma_spec import (CHECKPOINT_RULES, MODEL_TYPE, DiffusionGemmaConfig,  # noqa: F401
+                                                 checkpoint_names, is_skipped_checkpoint_tensor, keeps_checkpoint_dtype)
 from localdiff.arch.layers import (GatedMLP, MoEExperts, RMSNorm, Router, apply_rope, attention, backs, embed_scale, linear, norm, rms_norm, rope_inv_freq, rope_tables)
 from localdiff.arch.masks import canvas_keys, prefill_mask
 from localdiff.arch.soft_embedding import raw_head, soft_embedding

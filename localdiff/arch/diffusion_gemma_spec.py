@@ -3,9 +3,10 @@
 5.23.0 ``DiffusionGemmaTextConfig.__post_init__``."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
-from localdiff.arch.base import LayerGeom, Tensorish
+from localdiff.arch.base import ROTARY_CACHES, CheckpointRules, LayerGeom, Tensorish
 from localdiff.arch.base import parameter_counts as _counts
 from localdiff.errors import CheckpointError
 
@@ -245,4 +246,18 @@ def keeps_checkpoint_dtype(local: str) -> bool:
 
 def is_skipped_checkpoint_tensor(name: str) -> bool:
     """True for checkpoint tensors the text runtime never reads (vision tower, vision embedder)."""
-    return ".vision_tower." in name or ".embed_vision." in name or name.startswith("model.vision")
+    return any(re.search(p, name) for p in _VISION)
+
+
+_VISION = (r"\.vision_tower\.", r"\.embed_vision\.", r"^model\.vision")
+
+#: what a DiffusionGemma checkpoint may hold unread (:class:`localdiff.arch.base.CheckpointRules`): rotary caches,
+#: the vision tower and embedder (text-only runtime); the encoder's copies of decoder weights (transformers ties them
+#: to the decoder's: ``DiffusionGemmaModel._tied_weights_keys``) and the other way round, and ``lm_head.weight``
+#: tied to the embeddings, each only when equal to the tensor read; an untied head would be read
+CHECKPOINT_RULES = CheckpointRules(
+    ignored=(ROTARY_CACHES,) + _VISION,
+    tied=((r"model\.encoder\.language_model\.(?!layers\.\d+\.layer_scalar$)(.+)", r"model.decoder.\1"),
+          (r"model\.decoder\.(?!layers\.\d+\.layer_scalar$)(.+)", r"model.encoder.language_model.\1"),
+          (r"lm_head\.weight", "model.decoder.embed_tokens.weight")),
+    switches=(("tie_word_embeddings", False), ("attention_bias", True)))

@@ -21,6 +21,7 @@ applied in fp32 (``rope_full_precision``), RMSNorm with ``rms_norm_eps``; logits
 """
 from __future__ import annotations
 
+from localdiff.arch.base import CheckpointRules
 from localdiff.arch.masked import MaskedLM, keeps_checkpoint_dtype  # noqa: F401  (contract names)
 
 _T = "model.transformer."
@@ -41,6 +42,12 @@ def checkpoint_names(local: str) -> list[str]:
     _, i, rest = local.split(".", 2)            # layers.N.<module>.<weight|bias>
     module, leaf = rest.rsplit(".", 1)
     return [f"{_T}blocks.{i}.{_LAYER[module]}.{leaf}"]
+
+
+#: what a LLaDA checkpoint may hold unread (:class:`localdiff.arch.base.CheckpointRules`): rotary caches; the
+#: ``ff_out`` head when it equals the tied ``wte``; ``weight_tying`` / ``include_qkv_bias`` would read more tensors
+CHECKPOINT_RULES = CheckpointRules(tied=((r"model\.transformer\.ff_out\.weight", "model.transformer.wte.weight"),),
+                                   switches=(("weight_tying", False), ("include_qkv_bias", True)))
 
 
 MODEL_CLASS = MaskedLM

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from localdiff.arch.base import CheckpointRules
 from localdiff.arch.block import BlockLM
 from localdiff.arch.dense import Attention, RMSNorm, apply_rope
 from localdiff.arch.llada2_spec import LLaDA2Config
@@ -99,6 +100,13 @@ def checkpoint_names(local: str) -> list[str]:
 def keeps_checkpoint_dtype(local: str) -> bool:
     """No tensor keeps the checkpoint dtype when ``dtype=`` asks for another."""
     return False
+
+
+#: what a LLaDA2.x checkpoint may hold unread (:class:`localdiff.arch.base.CheckpointRules`): rotary caches;
+#: ``lm_head.weight`` when it equals the tied embeddings; the fields that would read more tensors
+CHECKPOINT_RULES = CheckpointRules(
+    tied=((r"lm_head\.weight", "model.word_embeddings.weight"),),
+    switches=(("use_qk_norm", True), ("use_bias", True), ("use_qkv_bias", True), ("tie_word_embeddings", False)))
 
 
 MODEL_CLASS = LLaDA2MoE

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from localdiff.arch.base import ROLE_LOGITS, ROLE_WINDOW
+from localdiff.arch.base import ROLE_LOGITS, ROLE_WINDOW, CheckpointRules
 from localdiff.arch.dense import DenseStack
 from localdiff.arch.masked_spec import MaskedConfig
 
@@ -175,6 +175,14 @@ def checkpoint_names(local: str) -> list[str]:
 def keeps_checkpoint_dtype(local: str) -> bool:
     """No tensor of these models keeps the checkpoint dtype when ``dtype=`` asks for another."""
     return False
+
+
+#: what a Llama / Qwen layout checkpoint may hold unread (:class:`localdiff.arch.base.CheckpointRules`): rotary
+#: caches; ``lm_head.weight`` when it equals the tied embeddings; the fields that would read more tensors
+CHECKPOINT_RULES = CheckpointRules(
+    tied=((r"lm_head\.weight", "model.embed_tokens.weight"),),
+    switches=(("qk_layernorm", True), ("tie_word_embeddings", False), ("attention_bias", True),
+              ("moe_router_enable_expert_bias", True)))
 
 
 MODEL_CLASS = MaskedLM

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from localdiff.arch.base import ROLE_LOGITS
 from localdiff.arch.dense import DenseStack
+from localdiff.arch.masked import CHECKPOINT_RULES  # noqa: F401  (contract name: the same layout)
 from localdiff.arch.masked import checkpoint_names, keeps_checkpoint_dtype  # noqa: F401  (the same layout)
 from localdiff.arch.masked_spec import MaskedConfig
 

@@ -78,6 +78,7 @@ def isolated(tmp_path, monkeypatch):
     for k in list(os.environ):
         if k.startswith("LOCALDIFF_"):
             monkeypatch.delenv(k)
+    (tmp_path / "config.toml").touch()   # LOCALDIFF_CONFIG names it: a missing named file is an error
     monkeypatch.setenv("LOCALDIFF_CONFIG", str(tmp_path / "config.toml"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     from huggingface_hub import constants
@@ -327,6 +328,7 @@ def test_quantize_refusal_leaves_the_folder_untouched(broken, isolated, ckpt, ca
 def _sub_env(tmp_path) -> dict:
     """A subprocess environment without the user's LOCALDIFF_* / HF_* settings, config and caches in tmp_path."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LOCALDIFF_", "HF_"))}
+    (tmp_path / "c.toml").touch()   # LOCALDIFF_CONFIG names it: a missing named file is an error
     env.update(LOCALDIFF_CONFIG=str(tmp_path / "c.toml"), HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1",
                PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
     return env

@@ -356,9 +356,9 @@ def run_chat_cmd(args) -> int:
     elif args.model is not None and not args.model.strip():
         raise UsageError("empty model name")     # as gen -m '' ("" stands for the server's first model above)
     else:   # --draft / --gpu-mem / --threads reach the load; no thread count set anywhere: by model size ("auto")
-        import localdiff
+        from localdiff.tui import app as tui_app
 
-        loader = lambda name, device=None, quant=None: localdiff.load(  # noqa: E731
+        loader = lambda name, device=None, quant=None: tui_app._default_loader(  # noqa: E731
             name, device=device, quant=quant, draft=args.draft, gpu_mem=gpu_mem, threads=cfg.threads or "auto")
     # -m wins; without it a resumed conversation keeps its own model, else the configured default model
     return int(run_chat(model=model, default_model=default_model, resume=args.resume, list_only=args.list_only,

@@ -46,10 +46,11 @@ class ModelFailed(Message):
 _SHORT_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
-def _default_loader(name: str, device: str | None = None, quant: str | None = None):
+def _default_loader(name: str, device: str | None = None, quant: str | None = None, **load_kw):
+    """``localdiff.load``; ``load_kw``: its other arguments (the CLI's draft, gpu_mem, threads)."""
     import localdiff
 
-    return localdiff.load(name, device=device, quant=quant)
+    return localdiff.load(name, device=device, quant=quant, **load_kw)
 
 
 def _describe(exc: BaseException) -> str:

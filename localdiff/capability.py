@@ -170,9 +170,10 @@ def choose_cpu_dtype(stored: str | None, n_params: int | None, measure: bool = T
 
 
 #: a torch model under this many parameters runs on one CPU thread when the user set no thread count (``threads=
-#: "auto"``: gen / chat / serve without --threads, LOCALDIFF_THREADS or the config's ``threads``). Its matmuls are too
-#: small to split: on a 2-core VM shared with other work (load average 5–14) the embedded models (0.8–3.4M) took
-#: 1.5–6× longer per answer on 2 threads than on 1, and up to 25× with two busy loops beside them (issue #40).
+#: "auto"``: gen / chat / serve without --threads, LOCALDIFF_THREADS or the config's ``threads``). Measured on a 2-core
+#: VM (issue #40): idle, 2 threads gained at most 1.36× on the embedded models (0.8–3.4M) and 1.33× on a random 5.3M
+#: LLaDA (1.43× at 28M); with the machine busy (load average 5–19) 2 threads were 1.5–30× slower at every size. Small
+#: models risk the most for the least (milliseconds per forward), so they stay on one thread.
 SMALL_MODEL_PARAMS = 10_000_000
 _INITIAL_THREADS: list = []   # torch's thread count before localdiff first changed it (the "all cores" default)
 

@@ -57,23 +57,28 @@ def load(name="tiny", device=None, dtype=None, quant=None, gpu_mem=None, threads
         quant: None or "int8" (weight-only int8, see localdiff.quantize.int8).
         gpu_mem: on CUDA, the device memory budget in bytes for the memory plan (default: free memory measured
             now); expert layers the plan keeps on the host stay in CPU memory and run there (like --n-cpu-moe).
-        threads: CPU threads (None = the library's default: all cores). The gguf backend's per-model thread
-            count; on the torch backend, torch's process-wide intra-op thread count (``torch.set_num_threads``,
-            like ``llama-cli -t``), which the native kernels split their rows over too.
+        threads: CPU threads, 1 … 4 × ``os.cpu_count()`` (None = the library's default: all cores; "auto" = by
+            model size on a CPU torch model, :func:`localdiff.capability.auto_threads`: 1 under 10M parameters).
+            The gguf backend's per-model thread count; on the torch backend, torch's process-wide intra-op thread
+            count (``torch.set_num_threads``, like ``llama-cli -t``), which the native kernels split their rows
+            over too.
         draft: a DFlash draft for a causal target (Qwen3 / Llama): a catalog alias, "org/repo[@rev]" or a folder;
             "auto" = the target's catalog pairing. Generation then runs DFlash speculative decoding.
     Returns:
         Model.
     Raises:
-        ModelNotFoundError, CheckpointError, UsageError (bad device / dtype / quant).
+        ModelNotFoundError, CheckpointError, UsageError (bad device / dtype / quant / threads).
     """
     import torch
 
+    from localdiff.config import check_threads
     from localdiff.engine import Model, read_generation_config
     from localdiff.errors import UsageError
     from localdiff.loader import gguf_target, load_model
     from localdiff.tokenizer import load_tokenizer
 
+    auto = threads == "auto"
+    threads = None if auto or threads is None else check_threads(threads, "threads")   # before torch sees it
     gguf = gguf_target(name) if isinstance(name, (str, Path)) and str(name).strip() else None
     if gguf is None:
         path, label = _resolve_path(name)
@@ -130,11 +135,18 @@ def load(name="tiny", device=None, dtype=None, quant=None, gpu_mem=None, threads
     net, cfg = load_model(path, dev, dtype, quant=quant, recipe=recipe, host_layers=host_layers)
     if net.roles == {"draft"}:
         raise UsageError(f"{label} is a DFlash draft model: load its target and pass this as draft= (gen --draft)")
+    why = None
+    if auto and dev.type == "cpu":
+        from localdiff.capability import auto_threads
+
+        n, why = auto_threads(sum(p.numel() for p in net.parameters()))
+        torch.set_num_threads(n)
     gen_cfg = read_generation_config(path)
     eos = gen_cfg.get("eos_token_id", list(cfg.eos_token_id))
     tok = load_tokenizer(path, eos if isinstance(eos, list) else [eos], gen_cfg.get("pad_token_id", cfg.pad_token_id))
     model = Model(net, cfg, tok, path, label, dev, next(net.parameters()).dtype, quant, gen_cfg)
     model.precision = precision   # localdiff.capability.Precision on CPU (dtype, why, the detected capability)
+    model.threads_why = why       # why threads="auto" chose torch's thread count (gen -v), else None
     if draft is not None:
         from localdiff.engine.causal import load_draft
 

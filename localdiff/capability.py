@@ -167,3 +167,25 @@ def choose_cpu_dtype(stored: str | None, n_params: int | None, measure: bool = T
                          cap, flags, rates, sampler=fast32)
     why = "checkpoint stored in " + stored if half else f"{n_params / 1e6:.0f}M parameters"
     return Precision("bfloat16", f"bf16 GEMM measured {speedup:.1f}x fp32; {why}", cap, flags, rates)
+
+
+#: a torch model under this many parameters runs on one CPU thread when the user set no thread count (``threads=
+#: "auto"``: gen / chat / serve without --threads, LOCALDIFF_THREADS or the config's ``threads``). Measured on a 2-core
+#: VM (issue #40): idle, 2 threads gained at most 1.36× on the embedded models (0.8–3.4M) and 1.33× on a random 5.3M
+#: LLaDA (1.43× at 28M); with the machine busy (load average 5–19) 2 threads were 1.5–30× slower at every size. Small
+#: models risk the most for the least (milliseconds per forward), so they stay on one thread.
+SMALL_MODEL_PARAMS = 10_000_000
+_INITIAL_THREADS: list = []   # torch's thread count before localdiff first changed it (the "all cores" default)
+
+
+def auto_threads(n_params: int) -> tuple[int, str]:
+    """The torch thread count for a model of ``n_params`` when the user named none, and why (for ``gen -v``):
+    1 under :data:`SMALL_MODEL_PARAMS`, else torch's own default (every core), restored when an earlier small model
+    in this process lowered it (``serve`` loads several)."""
+    import torch
+
+    if not _INITIAL_THREADS:
+        _INITIAL_THREADS.append(torch.get_num_threads())
+    if n_params < SMALL_MODEL_PARAMS:
+        return 1, f"model under {SMALL_MODEL_PARAMS // 1_000_000}M parameters; --threads N to change"
+    return _INITIAL_THREADS[0], "all cores"

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import stat
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -125,6 +126,8 @@ def coerce(key: str, value: Any, typ: type, where: str) -> Any:
     Raises:
         UsageError: naming ``where`` (e.g. "LOCALDIFF_T_MIN" or "config.toml") when it does not fit.
     """
+    if key == "threads":
+        return check_threads(value, where if where.startswith(("-", "LOCALDIFF_")) else f"{where}: 'threads'")
     try:
         if typ is bool:
             if isinstance(value, bool):
@@ -159,9 +162,37 @@ def coerce(key: str, value: Any, typ: type, where: str) -> Any:
 TYPE_WORDS = {int: "an integer", float: "a number", bool: "on or off", str: "text"}
 
 
+def max_threads() -> int:
+    """The most CPU threads a setting may ask for: 4 × ``os.cpu_count()`` (torch and llama.cpp start one OS thread
+    each; 100,000 of them crashed the process with a segmentation fault, 30,000 with a libgomp error)."""
+    return 4 * (os.cpu_count() or 1)
+
+
+def check_threads(value: Any, where: str) -> int:
+    """``value`` (an int, or a flag / env / TOML value) as a thread count in 1 … :func:`max_threads`; every place that
+    reads one (``--threads`` of gen / chat / serve / bench, ``LOCALDIFF_THREADS``, the config file,
+    ``localdiff.load``) checks it here before torch or llama.cpp sees it.
+
+    Raises:
+        UsageError: ``"--threads: must be an integer in 1..8 (1 to 4 × the 2 CPUs here) (got 100000)"``.
+    """
+    n = os.cpu_count() or 1
+    bad = UsageError(f"{where}: must be an integer in 1..{4 * n} (1 to 4 × the {n} CPU{'s' if n != 1 else ''} here) "
+                     f"(got {value!r})")
+    try:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError
+        v = int(value.strip()) if isinstance(value, str) else int(value)
+    except (TypeError, ValueError, OverflowError):
+        raise bad from None
+    if not 1 <= v <= 4 * n:
+        raise bad
+    return v
+
+
 def _check_range(key: str, v: Any, where: str) -> None:
     bad = None
-    if key in ("max_new_tokens", "threads") and v <= 0:
+    if key == "max_new_tokens" and v <= 0:
         bad = "must be a positive integer"
     elif key == "seed" and not 0 <= v < 2**63:
         bad = "must be in [0, 2**63)"
@@ -175,16 +206,43 @@ def _unknown(key: str, known: list[str], where: str) -> UsageError:
     return UsageError(f"{where}: unknown setting '{key}'{hint}")
 
 
-def _read_file(path: Path) -> dict:
+#: the largest config file read (a settings file is a few hundred bytes; ``/dev/zero`` read until memory ran out)
+MAX_CONFIG_BYTES = 4 * 2**20
+
+
+def _read_file(path: Path, named: str | None = None) -> dict:
+    """The config file's TOML table. ``named``: the variable that named ``path`` (then a missing file is an error).
+
+    Raises:
+        UsageError: a named file is missing; the path is a folder or not a regular file (a device, a pipe); the file
+            is over :data:`MAX_CONFIG_BYTES`, unreadable, not UTF-8 or not TOML.
+    """
     try:
-        data = path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))   # a FIFO must not block the open
     except FileNotFoundError:
+        if named:
+            raise UsageError(f"config file {path} ({named}) does not exist; create it (an empty file is fine) or "
+                             f"unset {named}") from None
         return {}
     except IsADirectoryError:
-        raise UsageError(f"config file {path} is a folder; it must be a TOML file (or set LOCALDIFF_CONFIG to "
-                         "one)") from None
+        fd = None
     except OSError as e:
         raise UsageError(f"cannot read config file {path}: {e.strerror or e}") from None
+    if fd is None or stat.S_ISDIR(os.fstat(fd).st_mode):
+        if fd is not None:
+            os.close(fd)
+        raise UsageError(f"config file {path} is a folder; it must be a TOML file (or set LOCALDIFF_CONFIG to "
+                         "one)")
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UsageError(f"config file {path} is not a regular file (a device or a pipe); it must be a TOML file")
+        try:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+        except OSError as e:
+            raise UsageError(f"cannot read config file {path}: {e.strerror or e}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise UsageError(f"config file {path} is over {MAX_CONFIG_BYTES // 2**20} MiB; a config file holds a few "
+                         "settings")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -256,14 +314,15 @@ def load_user_config(env: Mapping[str, str] | None = None, path: Path | None = N
         env: environment mapping (default ``os.environ``).
         path: config file (default :func:`config_path`).
     Returns:
-        A frozen Config. A missing file is not an error.
+        A frozen Config. A missing file at the default place is not an error; one named by ``LOCALDIFF_CONFIG`` is.
     Raises:
-        UsageError: invalid TOML, an unknown key or ``LOCALDIFF_*`` variable, or a value of the wrong type / out of
-            range.
+        UsageError: a missing named file, one not regular or over :data:`MAX_CONFIG_BYTES`, invalid TOML, an
+            unknown key or ``LOCALDIFF_*`` variable, or a value of the wrong type / out of range.
     """
     env = os.environ if env is None else env
+    named = "LOCALDIFF_CONFIG" if path is None and env.get("LOCALDIFF_CONFIG") else None
     path = Path(path) if path is not None else config_path(env)
-    raw = _read_file(path)
+    raw = _read_file(path, named)
     top: dict[str, Any] = {}
     sampler: dict[str, Any] = {}
     origins: dict[str, str] = {}

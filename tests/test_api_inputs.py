@@ -65,6 +65,7 @@ def test_numpy_and_0d_tensor_ids_are_token_ids(model):
 def test_api_and_cli_give_the_same_message(model, tmp_path, monkeypatch, capsys):
     from localdiff.cli import main
 
+    (tmp_path / "c.toml").touch()   # LOCALDIFF_CONFIG names it: a missing named file is an error
     monkeypatch.setenv("LOCALDIFF_CONFIG", str(tmp_path / "c.toml"))
     assert main(["gen", "-m", str(model.path), "--seed", "-1", "-p", "x"]) == 2
     cli = capsys.readouterr().err.strip()

@@ -78,6 +78,7 @@ def isolated(tmp_path, monkeypatch):
     for k in list(os.environ):
         if k.startswith("LOCALDIFF_"):
             monkeypatch.delenv(k)
+    (tmp_path / "config.toml").touch()   # LOCALDIFF_CONFIG names it: a missing named file is an error
     monkeypatch.setenv("LOCALDIFF_CONFIG", str(tmp_path / "config.toml"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     from huggingface_hub import constants
@@ -160,7 +161,7 @@ CASES = [
     ("rm embedded", ["rm", "tiny"], None, {}, 2, "embedded"),
     ("rm never pulled", ["rm", "acme/x"], None, {}, 1, "nothing to remove"),
     ("rm unknown name", ["rm", "nothing-here"], None, {}, 1, "'nothing-here' is not installed"),
-    ("bench zero threads", ["bench", "--threads", "0"], None, {}, 2, "--threads must be ≥ 1 (got 0)"),
+    ("bench zero threads", ["bench", "--threads", "0"], None, {}, 2, "--threads: must be an integer in 1.."),
     ("bench --only empty", ["bench", "--only", ""], None, {}, 2, "--only: name at least one section"),
     ("env t_max below t_min", ["gen", "-p", "x"], None, {"LOCALDIFF_T_MIN": "5", "LOCALDIFF_T_MAX": "0.1"}, 2,
      "LOCALDIFF_T_MAX: t_max: must be ≥ t_min (5.0) (got 0.1)"),
@@ -327,6 +328,7 @@ def test_quantize_refusal_leaves_the_folder_untouched(broken, isolated, ckpt, ca
 def _sub_env(tmp_path) -> dict:
     """A subprocess environment without the user's LOCALDIFF_* / HF_* settings, config and caches in tmp_path."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LOCALDIFF_", "HF_"))}
+    (tmp_path / "c.toml").touch()   # LOCALDIFF_CONFIG names it: a missing named file is an error
     env.update(LOCALDIFF_CONFIG=str(tmp_path / "c.toml"), HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1",
                PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
     return env

@@ -41,6 +41,7 @@ ENDLESS_TOKENS = 60000
 
 def cli_env(tmp_path: Path, **extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LOCALDIFF_", "HF_"))}
+    (tmp_path / "config.toml").touch()   # LOCALDIFF_CONFIG names it: a missing named file is an error
     env.update(LOCALDIFF_CONFIG=str(tmp_path / "config.toml"), HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1",
                TERM="xterm-256color", PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
     env.pop("NO_COLOR", None)
@@ -170,7 +171,8 @@ def test_config_precedence_flag_env_file_checkpoint(tmp_path, monkeypatch, ckpt)
     assert m.sampler_options(**over)["max_denoising_steps"] == 3          # flag > file > checkpoint (4)
     assert m.sampler_options(**sampler_overrides({}, cfg))["max_denoising_steps"] == 10  # file > checkpoint
     monkeypatch.delenv("LOCALDIFF_CONFIG")
-    monkeypatch.setenv("LOCALDIFF_CONFIG", str(tmp_path / "absent.toml"))
+    (tmp_path / "empty.toml").touch()          # (a named file that is missing is an error: test_cli_hardening)
+    monkeypatch.setenv("LOCALDIFF_CONFIG", str(tmp_path / "empty.toml"))
     monkeypatch.delenv("LOCALDIFF_THRESHOLD")
     assert m.sampler_options(**sampler_overrides({}, load_user_config()))["max_denoising_steps"] == 4
 
@@ -248,8 +250,8 @@ def test_gen_verbose_reports_cache_accounting(tmp_path, ckpt):
     assert re.search(r"device budget 1\.00 KiB\b", cache), cache
     assert parse_size(re.search(r", device \S+ \S+ \(peak (\S+ \S+)\)", cache).group(1)) <= 1024
     assert int(re.search(r"moved (\d+) blocks to host", cache).group(1)) > 0
-    config = next(s for s in lines if s.startswith("config: "))     # LOCALDIFF_CONFIG names a file not made yet
-    assert config == f"config: {tmp_path / 'config.toml'} (not found: defaults; the chat's /set creates it)"
+    config = next(s for s in lines if s.startswith("config: "))     # the file LOCALDIFF_CONFIG names (empty)
+    assert config == f"config: {tmp_path / 'config.toml'}"
 
 
 def test_threads_sets_torchs_thread_count(tmp_path, ckpt):

@@ -135,6 +135,7 @@ def test_gen_prints_what_json_returns_when_the_length_cuts_a_block(name, capsys,
     CanvasDone text ran past max_new_tokens (served: a whole slot for max_tokens 1)."""
     from localdiff.cli import main
 
+    (tmp_path / "c.toml").touch()   # LOCALDIFF_CONFIG names it: a missing named file is an error
     monkeypatch.setenv("LOCALDIFF_CONFIG", str(tmp_path / "c.toml"))
     for n in (2, 3, 7, 11):
         args = ["gen", "-m", name, "--seed", "0", "-n", str(n), "-p", "Reverse the letters: d r a g o n", "-q"]

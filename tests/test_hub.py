@@ -57,6 +57,7 @@ def cache(tmp_path, stand_in, monkeypatch):
 
 
 def subprocess_env(tmp_path: Path, stand_in: StandInHub, **extra) -> dict:
+    (tmp_path / "none.toml").touch()   # LOCALDIFF_CONFIG names it: a missing named file is an error
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "LOCALDIFF_"))}
     env.update(HF_HOME=str(tmp_path / "hf"), HF_ENDPOINT=stand_in.url, HF_HUB_DISABLE_XET="1",
                HF_HUB_DISABLE_TELEMETRY="1", LOCALDIFF_CONFIG=str(tmp_path / "none.toml"), NO_COLOR="1",

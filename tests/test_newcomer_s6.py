@@ -16,6 +16,7 @@ from localdiff.cli import main
 def isolated(tmp_path, monkeypatch):
     for k in [k for k in os.environ if k.startswith("LOCALDIFF_")]:
         monkeypatch.delenv(k)
+    (tmp_path / "config.toml").touch()   # LOCALDIFF_CONFIG names it: a missing named file is an error
     monkeypatch.setenv("LOCALDIFF_CONFIG", str(tmp_path / "config.toml"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     from huggingface_hub import constants

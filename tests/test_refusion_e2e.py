@@ -58,6 +58,7 @@ def test_stream_events_and_result(folder):
 
 
 def test_gen_cli_and_bad_option(folder):
+    (folder.parent / "config.toml").touch()   # LOCALDIFF_CONFIG names it: a missing named file is an error
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LOCALDIFF_", "HF_"))}
     env.update(PYTHONPATH=str(Path(__file__).resolve().parents[1]), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
                LOCALDIFF_CONFIG=str(folder.parent / "config.toml"), HF_HOME=str(folder.parent / "hf"))

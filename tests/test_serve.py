@@ -35,6 +35,7 @@ def server():
 def isolated_config(tmp_path, monkeypatch):
     for k in [k for k in os.environ if k.startswith("LOCALDIFF_")]:
         monkeypatch.delenv(k)
+    (tmp_path / "none.toml").touch()   # LOCALDIFF_CONFIG names it: a missing named file is an error
     monkeypatch.setenv("LOCALDIFF_CONFIG", str(tmp_path / "none.toml"))
 
 
@@ -218,6 +219,7 @@ def test_chat_endpoint_in_the_tui(server, tmp_path):
 def test_serve_command_binds_locally_and_refuses_open_hosts_without_a_key(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALDIFF_")}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    (tmp_path / "none.toml").touch()   # LOCALDIFF_CONFIG names it: a missing named file is an error
     env["LOCALDIFF_CONFIG"] = str(tmp_path / "none.toml")
     cmd = [sys.executable, "-m", "localdiff", "serve"]
     r = subprocess.run(cmd + ["--host", "0.0.0.0"], env=env, capture_output=True, text=True, timeout=60)

@@ -255,6 +255,7 @@ def test_chat_command_endpoint_connects_to_the_server(server, monkeypatch, tmp_p
         def isatty(self):
             return True
 
+    (tmp_path / "none.toml").touch()   # LOCALDIFF_CONFIG names it: a missing named file is an error
     monkeypatch.setenv("LOCALDIFF_CONFIG", str(tmp_path / "none.toml"))
     monkeypatch.setattr(sys, "stdin", Tty())
     monkeypatch.setattr(sys, "stdout", Tty())

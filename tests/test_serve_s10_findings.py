@@ -115,6 +115,7 @@ def test_a_stream_left_mid_answer_is_logged_499(server):
 def test_gen_endpoint_json_reports_the_seed_the_server_used(server, capsys, tmp_path, monkeypatch):
     for k in [k for k in os.environ if k.startswith("LOCALDIFF_")]:
         monkeypatch.delenv(k)
+    (tmp_path / "none.toml").touch()   # LOCALDIFF_CONFIG names it: a missing named file is an error
     monkeypatch.setenv("LOCALDIFF_CONFIG", str(tmp_path / "none.toml"))
     capsys.readouterr()
     assert cli_main(["gen", "--endpoint", server.url, "--json", "-p", "What is 1 + 2?"]) == 0

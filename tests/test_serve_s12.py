@@ -163,6 +163,7 @@ def test_endpoint_temperature_flags_map_as_locally(server, capsys, tmp_path, mon
 
     assert request_fields(None, None, {"temperature": 0.0}) == {"temperature": 0.0}
     assert request_fields(None, None, {"t_max": 0.9, "t_min": 0.1}) == {"localdiff": {"t_max": 0.9, "t_min": 0.1}}
+    (tmp_path / "c.toml").touch()   # LOCALDIFF_CONFIG names it: a missing named file is an error
     monkeypatch.setenv("LOCALDIFF_CONFIG", str(tmp_path / "c.toml"))
     assert main(["gen", "--endpoint", server.url, "-m", "tiny", "-p", "hi", "--temperature", "0.9:0.1",
                  "--seed", "1"]) == 0
@@ -187,6 +188,7 @@ def test_ollama_reports_the_load_of_the_model_a_request_named():
 def test_endpoint_refuses_dtype_and_reports_stats_with_v(server, capsys, tmp_path, monkeypatch):
     from localdiff.cli import main
 
+    (tmp_path / "c.toml").touch()   # LOCALDIFF_CONFIG names it: a missing named file is an error
     monkeypatch.setenv("LOCALDIFF_CONFIG", str(tmp_path / "c.toml"))
     assert main(["gen", "--endpoint", server.url, "--dtype", "float32", "-p", "hi"]) == 2
     assert capsys.readouterr().err.strip() == "error: --dtype applies to local models, not to --endpoint"

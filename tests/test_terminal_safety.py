@@ -32,6 +32,7 @@ def evil(tmp_path_factory):
 
 
 def _env(tmp_path):
+    (tmp_path / "c.toml").touch()   # LOCALDIFF_CONFIG names it: a missing named file is an error
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LOCALDIFF_", "HF_"))}
     env.update(LOCALDIFF_CONFIG=str(tmp_path / "c.toml"), HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1",
                TERM="xterm-256color", PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
@@ -144,6 +145,7 @@ def test_list_and_show_print_model_provided_strings_visibly(evil, tmp_path, monk
     cfg = json.loads((ck / "config.json").read_text())
     cfg["architectures"] = ["Evil\x1b]0;PWNED\x07Arch"]
     (ck / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "c.toml").touch()   # LOCALDIFF_CONFIG names it: a missing named file is an error
     monkeypatch.setenv("LOCALDIFF_CONFIG", str(tmp_path / "c.toml"))
     assert main(["show", str(ck)]) == 0
     out = capsys.readouterr().out
@@ -164,6 +166,7 @@ def test_gen_against_an_endpoint_shows_the_servers_text_visibly(evil, tmp_path, 
 
     from localdiff.cli import main
 
+    (tmp_path / "c.toml").touch()   # LOCALDIFF_CONFIG names it: a missing named file is an error
     monkeypatch.setenv("LOCALDIFF_CONFIG", str(tmp_path / "c.toml"))
     server = Running(model=str(evil))
     try:

@@ -40,6 +40,7 @@ class Terminal:
 
     def __init__(self, tmp_path: Path) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("LOCALDIFF_", "HF_"))}
+        (tmp_path / "c.toml").touch()   # LOCALDIFF_CONFIG names it: a missing named file is an error
         env.update(LOCALDIFF_DATA_DIR=str(tmp_path), LOCALDIFF_CONFIG=str(tmp_path / "c.toml"),
                    HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1", TERM="xterm-256color",
                    PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))

@@ -49,6 +49,7 @@ class Tmux:
 
 def test_three_turns_ctrl_c_and_paste_in_tmux(tmp_path):
     script = tmp_path / "run.sh"
+    (tmp_path / "c.toml").touch()   # LOCALDIFF_CONFIG names it: a missing named file is an error
     env = {"PYTHONPATH": str(ROOT), "LOCALDIFF_DATA_DIR": str(tmp_path), "LOCALDIFF_CONFIG": str(tmp_path / "c.toml")}
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     script.write_text(f"#!/bin/sh\ncd {shlex.quote(str(ROOT))}\nexport {exports}\n"

@@ -10,6 +10,14 @@ from localdiff.usage_parser import UsageParser as _Parser
 SECTIONS = ("ref", "eval", "sweep", "history", "memory", "profile", "serve", "masked", "block", "scale",
             "approx", "gguf", "slots", "nap", "dflash", "experts", "precision")
 
+
+def _threads(value: str) -> int:
+    """``--threads N``: 1 … 4 × the CPU count, as for ``localdiff gen`` (``config.check_threads``)."""
+    from localdiff.config import check_threads
+
+    return check_threads(value, "--threads")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="localdiff bench", description="localdiff bench: speed and quality side by side with the reference (transformers), in one run.")
     p.add_argument("--quick", action="store_true", help="a smaller run of every section (≈ 2 min on 2 cores)")
@@ -32,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, help="seeds per model in the reference comparison; seed bases of the "
                    "precision section's paired eval (default quick 2, full 10)")
     p.add_argument("--reps", type=int, help="repetitions per seed in the reference comparison")
-    p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads for the whole run (default 2)")
+    p.add_argument("--threads", type=_threads, default=2, help="torch.set_num_threads for the whole run (default 2)")
     p.add_argument("--batch-size", type=int, default=16, help="eval batch size (default 16)")
     p.add_argument("--history", help="comma-separated history lengths (default: quick 256,1024; full up to 8192)")
     p.add_argument("--out", type=Path, help="results JSON (default bench-results/bench-<time>.json)")

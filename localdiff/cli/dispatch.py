@@ -16,6 +16,7 @@ import sys
 import traceback
 
 from localdiff.errors import LocaldiffError, UsageError
+from localdiff.cli.argv import join_negative_values as _join_negative_values
 from localdiff.usage_parser import UsageParser as _Parser
 
 SAMPLER_HELP = "sampler settings (flag > LOCALDIFF_* env > config file > checkpoint generation_config > built-in)"
@@ -25,6 +26,13 @@ def _dtype(value: str) -> str:
     from localdiff.config import dtype_name
 
     return dtype_name(value, "--dtype")
+
+
+def _threads(value: str) -> int:
+    """``--threads N``: 1 … 4 × the CPU count (``config.check_threads``; 100,000 crashed torch)."""
+    from localdiff.config import check_threads
+
+    return check_threads(value, "--threads")
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -51,8 +59,9 @@ def _add_sampler(p: argparse.ArgumentParser) -> None:
                                                      "(default: free memory measured at load)")
     g.add_argument("--kv-budget", metavar="SIZE", help="device bytes for the KV cache, e.g. 2GiB; older blocks of "
                                                        "full-attention layers move to host memory beyond it")
-    g.add_argument("--threads", type=int, metavar="N", help="CPU threads (torch's intra-op threads, or llama.cpp's "
-                                                            "for a GGUF model; default: all cores; LOCALDIFF_THREADS)")
+    g.add_argument("--threads", type=_threads, metavar="N",
+                   help="CPU threads, 1 to 4 × the CPU count (torch's intra-op threads, or llama.cpp's for a GGUF "
+                        "model; default: 1 for a model under 10M parameters, else all cores; LOCALDIFF_THREADS)")
 
 
 def _add_endpoint(p: argparse.ArgumentParser) -> None:
@@ -267,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
             raise LocaldiffError("stdout is closed; redirect it to a file or to /dev/null (e.g. `>/dev/null`) "
                                  "instead of closing it")
         parser = build_parser()
-        argv = _join_negative_sizes(argv)
+        argv = _join_negative_values(argv, build_parser)
         if argv and argv[0] == "bench":  # bench parses its own flags (argparse REMAINDER rejects leading flags)
             _check_environment()
             try:
@@ -323,24 +332,6 @@ def _internal(e: BaseException, debug: bool) -> int:
         traceback.print_exc()
     _err(f"internal error: {type(e).__name__}: {e} (run with --debug for the traceback)")
     return 1
-
-
-SIZE_FLAGS = ("--kv-budget", "--gpu-mem")
-
-
-def _join_negative_sizes(argv: list[str]) -> list[str]:
-    """``--kv-budget -1GiB`` → ``--kv-budget=-1GiB``: argparse takes a value starting with "-" that is not a plain
-    number for an option and reports "expected one argument"; joined, the size check names the real problem."""
-    out, i = [], 0
-    while i < len(argv):
-        a = argv[i]
-        if a in SIZE_FLAGS and i + 1 < len(argv) and argv[i + 1][:2].startswith("-") and argv[i + 1][1:2].isdigit():
-            out.append(f"{a}={argv[i + 1]}")
-            i += 2
-            continue
-        out.append(a)
-        i += 1
-    return out
 
 
 def _err(msg: str) -> None:

@@ -188,8 +188,8 @@ def run_gen(args) -> int:
     seed = cfg.seed if cfg.seed is not None else random.SystemRandom().randrange(2**31)
     gpu_mem = _size(getattr(args, "gpu_mem", None), "--gpu-mem")
     kv_budget = _size(getattr(args, "kv_budget", None), "--kv-budget")
-    model = _load(cfg.default_model, cfg.device, cfg.quant, gpu_mem, getattr(args, "dtype", None), cfg.threads,
-                  getattr(args, "draft", None))
+    model = _load(cfg.default_model, cfg.device, cfg.quant, gpu_mem, getattr(args, "dtype", None),
+                  cfg.threads or "auto", getattr(args, "draft", None))   # no thread count set: by model size
     cache = model.new_cache(device_budget_bytes=kv_budget) if kv_budget is not None else None
     overrides = model.applicable(overrides, keep=flag_names(_flags(args)))   # saved settings: this decoder's only
     used = model.sampler_options(_typed=flag_names(_flags(args)), **overrides)
@@ -296,8 +296,8 @@ def kv_cache_line(cache: dict) -> str:
 
 
 def config_line() -> str:
-    """"config: PATH" or "config: PATH (not found: defaults; created by the chat's /set)" — a mistyped
-    ``LOCALDIFF_CONFIG`` shows here instead of passing silently."""
+    """"config: PATH" or, for the default place, "config: PATH (not found: defaults; the chat's /set creates it)"
+    (a file named by ``LOCALDIFF_CONFIG`` that is missing stops the command before: ``config.load_user_config``)."""
     from localdiff.config import config_path
 
     path = config_path()
@@ -313,8 +313,9 @@ def backend_line(model) -> str:
     import torch
 
     line = f"backend: torch {torch.__version__}, {model.device}, {str(model.dtype).replace('torch.', '')}"
-    n = torch.get_num_threads()
-    return line + (f", {n} thread{'s' if n != 1 else ''}" if str(model.device) == "cpu" else "")
+    n, why = torch.get_num_threads(), getattr(model, "threads_why", None)
+    return line + (f", {n} thread{'s' if n != 1 else ''}" + (f" ({why})" if why else "")
+                   if str(model.device) == "cpu" else "")
 
 
 def _tau(s) -> str:

@@ -214,7 +214,8 @@ def run_show(args) -> int:
     if "decoder" in out:
         sys.stdout.write(f"\ndecoder: {out['decoder']['policy']}\n")
         for key, o in out["decoder"]["options"].items():
-            sys.stdout.write(visible(f"  {key} = {o['value']}  ({o['flag']}, {o['env']}; {o['allowed']})") + "\n")
+            sys.stdout.write(visible(f"  {key} = {_plain(o['value'])}  ({o['flag']}, {o['env']}; {o['allowed']})")
+                             + "\n")
     if out["cpu_precision"]:
         sys.stdout.write(f"\ncpu precision: {out['cpu_precision']['line']}\n")
     if args.plan:
@@ -232,13 +233,25 @@ def _cpu_precision(cfg: dict, summary: dict) -> dict | None:
     return {**p.to_dict(), "line": p.line()}
 
 
-def _print_tree(d: dict, indent: str) -> None:
+def _plain(v, unset: str = "none") -> str:
+    """A value as a user reads (and TOML writes) it: ``true`` / ``false``, ``unset`` for None, "(none)" for an empty
+    table or list — never Python's ``None`` / ``True`` / ``{}``."""
+    if v is None:
+        return unset
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (dict, list, tuple)) and not v:
+        return "(none)"
+    return str(v)
+
+
+def _print_tree(d: dict, indent: str, unset: str = "none") -> None:
     for k, v in d.items():
         if isinstance(v, dict) and v:
             sys.stdout.write(f"{indent}{visible(k)}:\n")
-            _print_tree(v, indent + "  ")
+            _print_tree(v, indent + "  ", unset)
         else:
-            sys.stdout.write(f"{indent}{visible(k)}: {visible(v)}\n")
+            sys.stdout.write(f"{indent}{visible(k)}: {visible(_plain(v, unset))}\n")
 
 
 def run_config(args) -> int:
@@ -251,7 +264,7 @@ def run_config(args) -> int:
     if args.json:
         _print_json(d)
     else:
-        _print_tree(d, "")
+        _print_tree(d, "", unset="(unset)")   # (unset): the engine's default applies
     return 0
 
 
@@ -342,11 +355,11 @@ def run_chat_cmd(args) -> int:
         model = args.model or ""  # "" = the server's first model
     elif args.model is not None and not args.model.strip():
         raise UsageError("empty model name")     # as gen -m '' ("" stands for the server's first model above)
-    elif args.draft or gpu_mem is not None or cfg.threads is not None:   # --gpu-mem / --threads were ignored
-        import localdiff
+    else:   # --draft / --gpu-mem / --threads reach the load; no thread count set anywhere: by model size ("auto")
+        from localdiff.tui import app as tui_app
 
-        loader = lambda name, device=None, quant=None: localdiff.load(  # noqa: E731
-            name, device=device, quant=quant, draft=args.draft, gpu_mem=gpu_mem, threads=cfg.threads)
+        loader = lambda name, device=None, quant=None: tui_app._default_loader(  # noqa: E731
+            name, device=device, quant=quant, draft=args.draft, gpu_mem=gpu_mem, threads=cfg.threads or "auto")
     # -m wins; without it a resumed conversation keeps its own model, else the configured default model
     return int(run_chat(model=model, default_model=default_model, resume=args.resume, list_only=args.list_only,
                         device=cfg.device, quant=cfg.quant, sampler_options=options, loader=loader,

@@ -87,8 +87,7 @@ def _flag_options(args) -> dict:
         if isinstance(value, str) and ":" in value and not spec.pair_of:   # "--temperature 0.9:0.1": the pair
             spec = next((s for s in specs.values() if s.pair_of and key in s.aliases), spec)   # (t_max, t_min)
         if spec.pair_of and isinstance(value, str) and ":" in value:
-            value, second = value.split(":", 1)
-            out[spec.pair_of] = specs[spec.pair_of].coerce(second, shown.get(key, key))
+            value, out[spec.pair_of] = spec.split_pair(value, specs[spec.pair_of], shown.get(key, key))
         out[spec.name] = spec.coerce(value, shown.get(key, key))
     return out
 
@@ -127,7 +126,7 @@ def run_serve(args) -> int:
     return serve(args.model, cfg.default_model, host=args.host, port=args.port, api_key=key, insecure=args.insecure,
                  device=cfg.device, quant=cfg.quant, sampler=sampler, max_queue=args.max_queue,
                  keep_alive=args.keep_alive or None, max_body=max_body,
-                 gpu_mem=_size(args.gpu_mem, "--gpu-mem"), threads=cfg.threads)
+                 gpu_mem=_size(args.gpu_mem, "--gpu-mem"), threads=cfg.threads or "auto")   # auto: by model size
 
 
 LOCAL_ONLY = ("device", "quant", "dtype", "gpu_mem", "kv_budget", "draft", "threads")   # flags a server ignores

@@ -124,6 +124,22 @@ class OptionSpec:
             raise bad
         return num
 
+    def split_pair(self, value: str, other: "OptionSpec", typed: str) -> tuple:
+        """``"A:B"`` (``--temperature MAX:MIN``) → (A as this option, B as ``other``, the ``pair_of`` option).
+
+        Raises:
+            UsageError: naming the whole value as typed, e.g. ``"--temperature: must be 0 or a number in
+                [0.001, 100], or a pair MAX:MIN of such (got ':')"``.
+        """
+        if value.count(":") != 1:
+            raise UsageError(f"{typed}: expected a value or a pair A:B (got {value!r})")
+        first, second = value.split(":")
+        try:
+            return self.coerce(first, typed), other.coerce(second, typed)
+        except UsageError:
+            pair = (self.metavar or "A[:B]").replace("[", "").replace("]", "")
+            raise UsageError(f"{typed}: must be {self.rule()}, or a pair {pair} of such (got {value!r})") from None
+
 
 def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else str(x)
@@ -195,13 +211,9 @@ class Options:
                 raise unknown_option(key, shown, cls)
             spec = known[name]
             if spec.pair_of and isinstance(v, str) and ":" in v:
-                if v.count(":") > 1:
-                    raise UsageError(f"{shown}: expected a value or a pair A:B (got {v!r})")
-                first, second = v.split(":", 1)
-                out[spec.pair_of] = known[spec.pair_of].coerce(second, shown)
+                v, out[spec.pair_of] = spec.split_pair(v, known[spec.pair_of], shown)
                 if key in typed_in:
                     typed_out[spec.pair_of] = shown
-                v = first
             elif spec.pair_of and key in typed_in:
                 constant[spec.pair_of] = (v, shown)
             out[name] = spec.coerce(v, shown)

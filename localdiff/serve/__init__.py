@@ -77,7 +77,7 @@ def serve(model: str | None, default_model: str, host: str = "127.0.0.1", port: 
           api_key: str | None = None, insecure: bool = False, device: str | None = None, quant: str | None = None,
           sampler: dict | None = None, max_queue: int = 32, keep_alive: float | None = 300.0,
           max_body: int | None = None, log_level: str = "info", gpu_mem: int | None = None,
-          threads: int | None = None) -> int:
+          threads: int | str | None = None) -> int:
     """Run the server in the foreground until Ctrl-C; returns 0.
 
     Args:
@@ -86,8 +86,8 @@ def serve(model: str | None, default_model: str, host: str = "127.0.0.1", port: 
         sampler: sampler options from flags / env / config (requests override them).
         max_queue: requests waiting at most; keep_alive: seconds before an idle model unloads (None = never).
         max_body: request size limit in bytes.
-        gpu_mem / threads: passed to ``localdiff.load`` (device budget in bytes for the memory plan; CPU threads of
-            the gguf backend).
+        gpu_mem / threads: passed to ``localdiff.load`` (device budget in bytes for the memory plan; CPU threads,
+            or "auto": by model size).
     Raises:
         UsageError: bad binding; LocaldiffError: the ASGI stack is missing or the port is taken.
     """

@@ -46,10 +46,11 @@ class ModelFailed(Message):
 _SHORT_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
-def _default_loader(name: str, device: str | None = None, quant: str | None = None):
+def _default_loader(name: str, device: str | None = None, quant: str | None = None, **load_kw):
+    """``localdiff.load``; ``load_kw``: its other arguments (the CLI's draft, gpu_mem, threads)."""
     import localdiff
 
-    return localdiff.load(name, device=device, quant=quant)
+    return localdiff.load(name, device=device, quant=quant, **load_kw)
 
 
 def _describe(exc: BaseException) -> str:
@@ -200,9 +201,13 @@ class ChatApp(ActionsMixin, SlashMixin, App):
         await self.transcript.add_note(self.welcome_text())
 
     async def on_model_failed(self, event: ModelFailed) -> None:
+        await self.transcript.add_note(f"could not load {event.name}: {event.error}", error=True)
+        if self.model is not None:   # a /model switch failed: the loaded model still answers (and quitting is 0)
+            self.status.set_state("ready")
+            await self.transcript.add_note(f"still on {self.model_name}; ctrl+p → Switch model to try another")
+            return
         self.load_error = event.error
         self.status.set_state(f"{event.name} failed to load", error=True)
-        await self.transcript.add_note(f"could not load {event.name}: {event.error}", error=True)
         await self.transcript.add_note("ctrl+p → Switch model, or ctrl+q to quit (exit code 1)")
 
     def model_choices(self) -> list[str]:

@@ -27,10 +27,14 @@ def format_stats(stats) -> str:
     """Per-answer figures, like ``ollama run --verbose``: durations, prompt and answer tokens, forwards, rates."""
     d = stats.as_dict() if hasattr(stats, "as_dict") else dict(stats)
     reused = d.get("prefill_tokens_reused", 0)
+
+    def n(key: str, word: str) -> str:   # "1 canvas", "2 canvases"
+        k = d.get(key, 0)
+        return f"{k} {word if k == 1 else word + ('es' if word.endswith('s') else 's')}"
     return (f"total {d.get('seconds', 0.0):.2f} s · prefill {d.get('prefill_seconds', 0.0):.2f} s"
-            f" · prompt {d.get('prompt_tokens', 0)} tokens ({reused} reused from the cache)\n"
-            f"answer {d.get('new_tokens', 0)} tokens in {d.get('canvases', 0)} canvases"
-            f" · {d.get('forwards', 0)} forwards · TPF {d.get('tokens_per_forward', 0.0):.2f}"
+            f" · prompt {n('prompt_tokens', 'token')} ({reused} reused from the cache)\n"
+            f"answer {n('new_tokens', 'token')} in {n('canvases', 'canvas')}"
+            f" · {n('forwards', 'forward')} · TPF {d.get('tokens_per_forward', 0.0):.2f}"
             f" · {d.get('tokens_per_second', 0.0):.1f} tok/s")
 
 

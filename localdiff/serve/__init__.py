@@ -102,7 +102,7 @@ def serve(models, default_model: str, host: str = "127.0.0.1", port: int = DEFAU
 
     for model in models:                   # a name that cannot load is an error now, not a log line after start
         if gguf_target(model) is None:
-            localdiff._resolve_path(model)
+            _check_not_draft(model, localdiff._resolve_path(model)[0])
     check_port(host, port)
     try:
         import uvicorn
@@ -138,6 +138,27 @@ def serve(models, default_model: str, host: str = "127.0.0.1", port: int = DEFAU
     if stop.seen:
         logging.getLogger("localdiff.serve").info("stopped by %s after draining; exit 0", stop.seen[0])
     return 0
+
+
+def _check_not_draft(name: str, folder) -> None:
+    """``serve -m`` of a DFlash draft: one line now (it does not run alone; it failed on every request).
+
+    Raises:
+        UsageError: naming the draft's catalog targets.
+    """
+    import json
+    from pathlib import Path
+
+    from localdiff.hub import catalog
+
+    try:
+        cfg = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return                                  # the load reports a broken config.json itself
+    if isinstance(cfg, dict) and catalog.is_draft(cfg):
+        targets = catalog.draft_targets(name)
+        raise UsageError(f"-m {name}: a DFlash draft does not run alone, and serve does not pair drafts yet; serve "
+                         f"its target{' (' + ', '.join(targets) + ')' if targets else ''} instead")
 
 
 class StopSignals:

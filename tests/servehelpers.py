@@ -44,7 +44,7 @@ class Running:
         self.worker = ModelWorker(loader or (lambda name: localdiff.load(name, device="cpu")), "tiny", defaults,
                                   max_queue=max_queue, keep_alive=keep_alive)
         settings = ServerSettings(api_key=api_key, **({"max_body": max_body} if max_body else {}))
-        self.app = build_app(self.worker, settings, names)
+        self.app = build_app(self.worker, settings, names) if names is not None else build_app(self.worker, settings)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # (asyncio sets TCP_NODELAY)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))

@@ -51,6 +51,11 @@ def test_list_json_and_all_mark_drafts(no_pulls, capsys):
 def test_gen_and_serve_refuse_a_draft_alone(no_pulls, capsys):
     assert main(["gen", "-m", "tiny-dflash", "-p", "x"]) == 2
     assert "tiny-dflash is a DFlash draft model" in capsys.readouterr().err
-    assert main(["serve", "-m", "tiny-dflash", "--port", "1"]) == 2
+    import socket
+
+    with socket.socket() as taken:          # refused before the port is tried (a free port would start a server)
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        assert main(["serve", "-m", "tiny-dflash", "--port", str(taken.getsockname()[1])]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "a DFlash draft does not run alone" in err and "tiny-qwen3" in err

@@ -45,6 +45,16 @@ class Recorder:
 
 
 @pytest.fixture(scope="module")
+def plain():
+    """A server as tests build it (the installed models and "tiny" offered), no model preloaded; (Running,
+    Recorder)."""
+    loads = Recorder()
+    s = Running(model=None, loader=loads)
+    yield s, loads
+    s.stop()
+
+
+@pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """A server without a preloaded model that offers the installed models and one ``-m`` folder (a copy of the
     embedded tiny-mdm); (Running, Recorder, the -m folder)."""
@@ -60,8 +70,8 @@ def _post(server, path: str, body: dict) -> httpx.Response:
     return httpx.post(server.url + path, json=body, timeout=120)
 
 
-def test_a_path_or_unknown_name_is_one_404_the_same_bytes_and_nothing_loads(served, monkeypatch):
-    server, loads, _ = served
+def test_a_path_or_unknown_name_is_one_404_the_same_bytes_and_nothing_loads(plain, monkeypatch):
+    server, loads = plain
     monkeypatch.chdir(ROOT)                    # relative names resolve against a folder that holds models/tiny
     assert all(Path(n).expanduser().exists() for n in EXISTING)
     assert not any(Path(n).expanduser().exists() for n in MISSING)
@@ -80,6 +90,9 @@ def test_a_path_or_unknown_name_is_one_404_the_same_bytes_and_nothing_loads(serv
         else:
             assert r.json()["error"] == {"message": NOT_OFFERED, "type": "not_found_error", "param": "model",
                                          "code": "model_not_found"}
+    for path in ("/api/show", "/api/pull", "/api/delete", "/api/embed", "/v1/embeddings"):   # no such routes here
+        bodies = {client.post(path, json={"model": name, "name": name}).content for name in EXISTING + MISSING}
+        assert len(bodies) == 1 and b"Not Found" in bodies.pop()
     client.close()
     assert loads.calls == [] and server.worker.model is None          # nothing was loaded, nothing is resident
     assert httpx.get(server.url + "/api/ps", timeout=10).json() == {"models": []}
@@ -170,8 +183,8 @@ def test_the_servers_own_loader_refuses_a_name_it_does_not_offer(monkeypatch):
                                   {"stream_options": {}, "stream": None}])
 @pytest.mark.parametrize("path,extra", [("/v1/chat/completions", {"messages": OK}),
                                         ("/v1/completions", {"prompt": "1 2 3"})])
-def test_stream_options_without_a_stream_is_a_400(served, path, extra, body):
-    server, _, _ = served
+def test_stream_options_without_a_stream_is_a_400(plain, path, extra, body):
+    server, _ = plain
     r = _post(server, path, {"model": "tiny", **extra, **body})
     assert r.status_code == 400 and r.json()["error"]["param"] == "stream_options", r.text
     assert "stream" in r.json()["error"]["message"]

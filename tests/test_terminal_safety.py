@@ -165,7 +165,9 @@ def test_gen_against_an_endpoint_shows_the_servers_text_visibly(evil, tmp_path, 
     from localdiff.cli import main
 
     monkeypatch.setenv("LOCALDIFF_CONFIG", str(tmp_path / "c.toml"))
-    server = Running(model=str(evil))
+    from localdiff.serve.names import ModelNames
+
+    server = Running(model=str(evil), names=ModelNames([str(evil)]))   # a folder: offered as `serve -m` gives it
     try:
         argv = ["gen", "--endpoint", server.url, "-m", str(evil), *ARGS]
         assert main(argv) == 0

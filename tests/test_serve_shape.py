@@ -11,6 +11,7 @@ import pytest
 
 from localdiff.serve.app import ServerSettings
 from localdiff.serve.asgi import GenerationRoutes
+from localdiff.serve.names import ModelNames
 
 
 class _Stats:
@@ -61,7 +62,8 @@ def _call(app, path: str, body: dict) -> tuple[int, bytes]:
 @pytest.mark.parametrize("path,stream", [("/v1/chat/completions", False), ("/v1/chat/completions", True),
                                          ("/api/chat", False), ("/api/chat", True)])
 def test_the_answer_names_the_model_that_ran_it(resident, path, stream):
-    app = GenerationRoutes(_Worker(resident, "new"), ServerSettings(), fallback=None)
+    app = GenerationRoutes(_Worker(resident, "new"), ServerSettings(), fallback=None,
+                           names=ModelNames(["new", "old"], installed=lambda: []))
     status, body = _call(app, path, {"model": "new", "messages": [{"role": "user", "content": "hi"}],
                                      "stream": stream})
     assert status == 200

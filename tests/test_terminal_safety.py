@@ -168,7 +168,9 @@ def test_gen_against_an_endpoint_shows_the_servers_text_visibly(evil, tmp_path, 
 
     (tmp_path / "c.toml").touch()   # LOCALDIFF_CONFIG names it: a missing named file is an error
     monkeypatch.setenv("LOCALDIFF_CONFIG", str(tmp_path / "c.toml"))
-    server = Running(model=str(evil))
+    from localdiff.serve.names import ModelNames
+
+    server = Running(model=str(evil), names=ModelNames([str(evil)]))   # a folder: offered as `serve -m` gives it
     try:
         argv = ["gen", "--endpoint", server.url, "-m", str(evil), *ARGS]
         assert main(argv) == 0

@@ -4,7 +4,8 @@ Subcommands: gen, chat, serve, pull, list, rm, show, config, bench, quantize, co
 the engine) happen inside the command that needs them, so ``localdiff list`` / ``pull`` start fast and ``textual`` is
 imported only for ``chat``.
 
-Exit codes: 0 ok; 1 runtime error; 2 usage error; 130 interrupted (Ctrl-C). Errors are one line on stderr
+Exit codes: 0 ok; 1 runtime error; 2 usage error; 130 interrupted (Ctrl-C: the line ``interrupted``, at load
+as during a generation; ``serve`` stopped by Ctrl-C or SIGTERM after draining exits 0). Errors are one line on stderr
 (``error: ...``); ``--debug`` (or ``LOCALDIFF_DEBUG=1``) prints the traceback too.
 """
 from __future__ import annotations
@@ -121,7 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
     sv = sub.add_parser("serve", help="OpenAI- and Ollama-compatible HTTP API (127.0.0.1 by default)",
                         description="Serve models over HTTP: OpenAI /v1/chat/completions, /v1/completions, "
                                     "/v1/models; Ollama /api/chat, /api/generate, /api/tags, /api/ps; /health.")
-    sv.add_argument("-m", "--model", help="load this model at start (default: on the first request, by name)")
+    sv.add_argument("-m", "--model", action="append", metavar="MODEL",
+                    help="serve this model besides the installed ones (a name or a path; repeatable; the first "
+                         "loads at start and answers requests that name none). Requests name models only by the "
+                         "names GET /v1/models lists, never by a path")
     sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; another address "
                                                          "needs --api-key or --insecure)")
     sv.add_argument("--port", type=int, default=11436, help="port (default 11436)")
@@ -300,8 +304,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.print_help(sys.stderr)
             return 2
         return int(_dispatch(args, argv) or 0)
-    except KeyboardInterrupt:
-        _err("interrupted")
+    except KeyboardInterrupt:   # the same line as gen's Ctrl-C mid-generation (cli/gen.py): not an error
+        _note("interrupted")
         return 130
     except BrokenPipeError:
         _quiet_broken_pipe()
@@ -340,6 +344,15 @@ def _err(msg: str) -> None:
     line = visible(" ".join(str(msg).split())) or "unknown error"
     try:
         sys.stderr.write(f"error: {line}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def _note(line: str) -> None:
+    """One line on stderr without the ``error:`` prefix (Ctrl-C is the user's choice, not a failure)."""
+    try:
+        sys.stderr.write(line + "\n")
         sys.stderr.flush()
     except (OSError, ValueError):
         pass

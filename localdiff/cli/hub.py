@@ -66,9 +66,11 @@ def run_list(args) -> int:
         have = {m["name"] for m in models}
         for e in catalog.entries():
             if e.alias not in have:
+                draft = catalog.is_draft({"model_type": e.model_type})
                 models.append({"name": e.alias, "repo": e.repo, "revision": e.revision, "commit": None,
                                "size_bytes": e.approx_size_bytes, "quant": None, "path": None, "embedded": e.embedded,
-                               "description": e.description, "pulled": False})
+                               "description": e.description, "pulled": False, "draft": draft,
+                               **({"draft_for": catalog.draft_targets(e.alias)} if draft else {})})
     for m in models:
         m.setdefault("pulled", True)
         if m.get("changed"):
@@ -77,15 +79,22 @@ def run_list(args) -> int:
     if args.json:
         _print_json(models)
         return 0
-    rows = []
+    rows, drafts = [], []
     for m in models:
         where = "embedded" if m["embedded"] else (f"{m['repo']}@{(m['commit'] or m['revision'])[:12]}"
                                                   if m.get("commit") else f"{m['repo']}@{_short_rev(m['revision'])}")
         size = human_bytes(m["size_bytes"]) if m["size_bytes"] else "-"
         if not m["pulled"]:
             size = f"~{size} (not pulled)" if m["size_bytes"] else "(not pulled)"
-        rows.append([m["name"], where, size, m.get("quant") or "-", m.get("backend") or "-", m.get("path") or "-"])
+        row = [m["name"], where, size, m.get("quant") or "-", m.get("backend") or "-", m.get("path") or "-"]
+        if m.get("draft"):   # a DFlash draft runs only beside its target: listed apart, never as a model to run
+            drafts.append([row[0], ", ".join(m.get("draft_for") or []) or "-", *row[1:]])
+        else:
+            rows.append(row)
     _table(rows, ["NAME", "SOURCE", "SIZE", "QUANT", "BACKEND", "PATH"])
+    if drafts:
+        sys.stdout.write("\nDFlash drafts (not run alone: gen -m TARGET --draft NAME):\n")
+        _table(drafts, ["DRAFT", "FOR", "SOURCE", "SIZE", "QUANT", "BACKEND", "PATH"])
     return 0
 
 

@@ -93,7 +93,7 @@ def _flag_options(args) -> dict:
 
 
 def run_serve(args) -> int:
-    """Run ``localdiff serve`` in the foreground; returns 0 after Ctrl-C."""
+    """Run ``localdiff serve`` in the foreground; returns 0 once stopped by Ctrl-C or SIGTERM (after draining)."""
     from localdiff.cli.gen import _flags, _size
     from localdiff.serve import check_binding, serve
 
@@ -113,8 +113,9 @@ def run_serve(args) -> int:
         raise UsageError("--draft: localdiff serve does not run DFlash drafts yet (gen and chat do)")
     if args.kv_budget is not None:   # was accepted and ignored
         raise UsageError("--kv-budget: localdiff serve does not apply a KV-cache budget yet (gen does)")
-    cfg = with_flags(load_user_config(), model=args.model, device=args.device, quant=args.quant,
-                     threads=args.threads)
+    models = list(args.model or ())    # -m, repeatable: the first is the default and loads at start
+    cfg = with_flags(load_user_config(), model=models[0] if models else None, device=args.device,
+                     quant=args.quant, threads=args.threads)
     sampler = sampler_overrides(_flags(args), cfg)
     from localdiff.cli.gen import flag_names
     from localdiff.decoding.options import check_overrides
@@ -123,7 +124,7 @@ def run_serve(args) -> int:
     max_body = _size(args.max_body, "--max-body")
     if max_body == 0:   # was silently the 1 MiB default
         raise UsageError(f"--max-body must be > 0 (got {args.max_body!r}; the default is 1MiB)")
-    return serve(args.model, cfg.default_model, host=args.host, port=args.port, api_key=key, insecure=args.insecure,
+    return serve(models, cfg.default_model, host=args.host, port=args.port, api_key=key, insecure=args.insecure,
                  device=cfg.device, quant=cfg.quant, sampler=sampler, max_queue=args.max_queue,
                  keep_alive=args.keep_alive or None, max_body=max_body,
                  gpu_mem=_size(args.gpu_mem, "--gpu-mem"), threads=cfg.threads or "auto")   # auto: by model size

@@ -197,3 +197,19 @@ def suggest(name: str, extra: list[str] | tuple[str, ...] = (), n: int = 3) -> l
     cat = load_catalog()
     primary = [cat[lowered[h]].alias if lowered[h] in cat else lowered[h] for h in hits]
     return list(dict.fromkeys(primary))
+
+
+def is_draft(cfg: dict) -> bool:
+    """True when a config.json is a DFlash draft's (``localdiff.arch``'s "drafts" family: it does not run alone,
+    only as ``--draft`` of its target)."""
+    from localdiff.arch import entry_for
+
+    try:
+        return entry_for(cfg).family == "drafts"
+    except (KeyError, AttributeError, TypeError):
+        return False
+
+
+def draft_targets(alias: str) -> list[str]:
+    """The catalog targets whose ``draft`` pairing is ``alias`` (``tiny-dflash`` → ``["tiny-qwen3"]``)."""
+    return [e.alias for e in entries() if e.draft and e.draft == alias]

@@ -232,6 +232,14 @@ def _weights_kind(cfg: dict) -> str:
     return str(cfg.get("dtype") or cfg.get("torch_dtype") or (cfg.get("text_config") or {}).get("dtype") or "?")
 
 
+def _mark_draft(row: dict, cfg: dict) -> dict:
+    """``row`` with ``draft`` (bool) and, for a draft, ``draft_for`` (its catalog targets)."""
+    row["draft"] = catalog.is_draft(cfg)
+    if row["draft"]:
+        row["draft_for"] = catalog.draft_targets(row["name"])
+    return row
+
+
 def _dir_size(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
@@ -241,16 +249,19 @@ def list_models(cache_dir: Path | None = None) -> list[dict]:
 
     Returns:
         list of dicts with keys name, repo, revision, commit, size_bytes, quant, path, backend ("torch" / "gguf": one
-        row per pulled GGUF file, named ``org/repo:QUANT``), embedded, description and,
+        row per pulled GGUF file, named ``org/repo:QUANT``), embedded, description, draft (a DFlash draft, which runs
+        only as ``--draft`` of a target; then also draft_for: its catalog targets) and,
         for pulled repos, changed (repo paths modified since they were verified: run ``pull NAME --verify``).
         Partial pulls are left out. Repos in the catalog are named by their alias.
     """
     out: list[dict] = []
     for e in catalog.entries():
         if e.embedded and (e.embedded_path / "config.json").is_file():
-            out.append({"name": e.alias, "repo": None, "revision": None, "commit": None,
-                        "size_bytes": _dir_size(e.embedded_path), "quant": _weights_kind(_read_config(e.embedded_path)),
-                        "path": str(e.embedded_path), "backend": "torch", "embedded": True, "description": e.description})
+            cfg = _read_config(e.embedded_path)
+            out.append(_mark_draft({"name": e.alias, "repo": None, "revision": None, "commit": None,
+                                    "size_bytes": _dir_size(e.embedded_path), "quant": _weights_kind(cfg),
+                                    "path": str(e.embedded_path), "backend": "torch", "embedded": True,
+                                    "description": e.description}, cfg))
     for storage in cached_repos(cache_dir):
         repo = repo_id_from_folder(storage)
         for rev, commit in sorted(repo_revisions(storage).items()):
@@ -269,10 +280,11 @@ def list_models(cache_dir: Path | None = None) -> list[dict]:
                 name = entry.alias
             else:
                 name = repo if rev == "main" else f"{repo}@{rev}"
-            out.append({"name": name, "repo": repo, "revision": rev, "commit": commit,
-                        "size_bytes": status.size_bytes, "quant": _weights_kind(cfg), "path": str(snap),
-                        "backend": "torch", "embedded": False, "description": entry.description if entry else "",
-                        "changed": changed_files(storage, commit, allow, ignore)})
+            out.append(_mark_draft({"name": name, "repo": repo, "revision": rev, "commit": commit,
+                                    "size_bytes": status.size_bytes, "quant": _weights_kind(cfg), "path": str(snap),
+                                    "backend": "torch", "embedded": False,
+                                    "description": entry.description if entry else "",
+                                    "changed": changed_files(storage, commit, allow, ignore)}, cfg))
     return out
 
 
@@ -296,7 +308,7 @@ def _gguf_rows(storage: Path, repo: str, rev: str, commit: str) -> list[dict]:
         name = f"{entry.alias}-{quant.lower()}" if entry else (repo if rev == "main" else f"{repo}@{rev}") + f":{quant}"
         rows.append({"name": name, "repo": repo, "revision": rev, "commit": commit, "size_bytes": f.stat().st_size,
                      "quant": quant, "path": str(f), "backend": "gguf", "embedded": False,
-                     "description": entry.description if entry else "",
+                     "description": entry.description if entry else "", "draft": False,
                      "changed": changed_files(storage, commit, (rel,), ())})
     return rows
 

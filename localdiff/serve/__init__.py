@@ -7,6 +7,8 @@ machine without an API key. The app itself is :func:`localdiff.serve.app.build_a
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 
 from localdiff.errors import LocaldiffError, UsageError
 
@@ -73,16 +75,18 @@ def uvicorn_config(app, log_level: str = "info", **kw):
     return uvicorn.Config(app, log_level=log_level, proxy_headers=False, access_log=False, **kw)
 
 
-def serve(model: str | None, default_model: str, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
+def serve(models, default_model: str, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
           api_key: str | None = None, insecure: bool = False, device: str | None = None, quant: str | None = None,
           sampler: dict | None = None, max_queue: int = 32, keep_alive: float | None = 300.0,
           max_body: int | None = None, log_level: str = "info", gpu_mem: int | None = None,
           threads: int | str | None = None) -> int:
-    """Run the server in the foreground until Ctrl-C; returns 0.
+    """Run the server in the foreground until Ctrl-C or SIGTERM; returns 0 once it has drained (a normal stop).
 
     Args:
-        model: load this model at start (``/health`` is 503 until it is ready); None = on the first request.
-        default_model: the model for requests that name none.
+        models: the ``-m`` models (names or paths; a str is one), besides the installed ones: the only paths the
+            server ever loads (:mod:`localdiff.serve.names`); the first is loaded at start (``/health`` is 503 until
+            it is ready). None / empty = load on the first request.
+        default_model: the model for requests that name none (offered too).
         sampler: sampler options from flags / env / config (requests override them).
         max_queue: requests waiting at most; keep_alive: seconds before an idle model unloads (None = never).
         max_body: request size limit in bytes.
@@ -92,39 +96,100 @@ def serve(model: str | None, default_model: str, host: str = "127.0.0.1", port: 
         UsageError: bad binding; LocaldiffError: the ASGI stack is missing or the port is taken.
     """
     check_binding(host, api_key, insecure)
-    if model is not None:                  # a name that cannot load is an error now, not a log line after start
-        import localdiff
-        from localdiff.loader import gguf_target
+    models = [models] if isinstance(models, str) else list(models or ())
+    import localdiff
+    from localdiff.loader import gguf_target
 
+    for model in models:                   # a name that cannot load is an error now, not a log line after start
         if gguf_target(model) is None:
-            localdiff._resolve_path(model)
+            _check_not_draft(model, localdiff._resolve_path(model)[0])
     check_port(host, port)
     try:
         import uvicorn
     except ImportError:
         raise LocaldiffError("`localdiff serve` needs starlette and uvicorn (part of the base install; reinstall "
                              "localdiff or pip install starlette uvicorn)") from None
+    from localdiff.errors import ModelNotFoundError
     from localdiff.serve.app import DEFAULT_MAX_BODY, ServerSettings, build_app
+    from localdiff.serve.names import NOT_OFFERED, ModelNames
     from localdiff.serve.worker import ModelWorker
 
-    def loader(name: str):
-        import localdiff
+    names = ModelNames(models, default_model or (models[0] if models else ""))
 
+    def loader(name: str):
+        if names.resolve(name) != name:      # the HTTP side passes offered names only; this is the second lock
+            raise ModelNotFoundError(NOT_OFFERED)
         return localdiff.load(name, device=device, quant=quant, gpu_mem=gpu_mem, threads=threads)
 
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO), format=LOG_FORMAT)
-    worker = ModelWorker(loader, default_model, sampler, max_queue=max_queue, keep_alive=keep_alive)
-    app = build_app(worker, ServerSettings(api_key=api_key, max_body=max_body or DEFAULT_MAX_BODY))
+    worker = ModelWorker(loader, names.default, sampler, max_queue=max_queue, keep_alive=keep_alive)
+    app = build_app(worker, ServerSettings(api_key=api_key, max_body=max_body or DEFAULT_MAX_BODY), names)
     config = uvicorn_config(app, log_level, host=host, port=port)
     server = uvicorn.Server(config)
-    worker.start(preload=model)
+    worker.start(preload=names.default if models else None)
+    stop = StopSignals(lambda: setattr(server, "should_exit", True))
     try:
         server.run()
     finally:
+        stop.restore()           # a signal while the model thread lets go: Python's own handling again
         worker.stop(wait=30.0)   # the running step ends (at most one step: the job was cancelled at shutdown)
     if not server.started:
         raise LocaldiffError(f"could not listen on {host}:{port} (is the port in use?)")
+    if stop.seen:
+        logging.getLogger("localdiff.serve").info("stopped by %s after draining; exit 0", stop.seen[0])
     return 0
 
 
-__all__ = ["serve", "uvicorn_config", "check_binding", "check_port", "DEFAULT_PORT", "LOCAL_HOSTS"]
+def _check_not_draft(name: str, folder) -> None:
+    """``serve -m`` of a DFlash draft: one line now (it does not run alone; it failed on every request).
+
+    Raises:
+        UsageError: naming the draft's catalog targets.
+    """
+    import json
+    from pathlib import Path
+
+    from localdiff.hub import catalog
+
+    try:
+        cfg = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return                                  # the load reports a broken config.json itself
+    if isinstance(cfg, dict) and catalog.is_draft(cfg):
+        targets = catalog.draft_targets(name)
+        raise UsageError(f"-m {name}: a DFlash draft does not run alone, and serve does not pair drafts yet; serve "
+                         f"its target{' (' + ', '.join(targets) + ')' if targets else ''} instead")
+
+
+class StopSignals:
+    """While a server runs, SIGINT (Ctrl-C) and SIGTERM are its normal stop (exit 0). uvicorn catches them itself,
+    drains the requests, then delivers each again once its own handlers are gone (``signal.raise_signal``, so that
+    Python's defaults would follow: KeyboardInterrupt, exit 130; death by SIGTERM, exit 143); the handlers set here,
+    under uvicorn's, take that second delivery and only note it in :attr:`seen` ("Ctrl-C (SIGINT)", "SIGTERM").
+    :meth:`restore` puts the previous handlers back. ``on_signal()`` runs at each (a signal before uvicorn set its
+    handlers still stops the server). Does nothing outside the main thread (no signals there)."""
+
+    NAMES = {"SIGINT": "Ctrl-C (SIGINT)", "SIGTERM": "SIGTERM"}
+
+    def __init__(self, on_signal=None) -> None:
+        self.seen: list[str] = []
+        self.on_signal = on_signal
+        self._saved: dict = {}
+        if threading.current_thread() is threading.main_thread():
+            for name in self.NAMES:
+                sig = getattr(signal, name)
+                self._saved[sig] = signal.signal(sig, self._note)
+
+    def _note(self, sig, frame) -> None:
+        self.seen.append(self.NAMES.get(signal.Signals(sig).name, str(sig)))
+        if self.on_signal is not None:
+            self.on_signal()
+
+    def restore(self) -> None:
+        """Put the handlers back as they were (once)."""
+        saved, self._saved = self._saved, {}
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+__all__ = ["serve", "StopSignals", "uvicorn_config", "check_binding", "check_port", "DEFAULT_PORT", "LOCAL_HOSTS"]

@@ -22,6 +22,7 @@ from localdiff.serve import ollama_api, openai_api
 from localdiff.serve.asgi import GenerationRoutes, check_key
 from localdiff.serve.errors import ApiError
 from localdiff.serve.jobs import raise_unavailable
+from localdiff.serve.names import ModelNames
 from localdiff.serve.worker import ModelWorker
 
 log = logging.getLogger("localdiff.serve")
@@ -57,9 +58,13 @@ def _check_key(request: Request, settings: ServerSettings) -> None:
     check_key(settings.api_key, request.headers.get("authorization", ""), request.headers.get("x-api-key", ""))
 
 
-def build_app(worker: ModelWorker, settings: ServerSettings | None = None) -> GenerationRoutes:
-    """The ASGI app around ``worker`` (already started or not; the caller owns its lifecycle)."""
+def build_app(worker: ModelWorker, settings: ServerSettings | None = None,
+              names: ModelNames | None = None) -> GenerationRoutes:
+    """The ASGI app around ``worker`` (already started or not; the caller owns its lifecycle). ``names``: the models
+    it answers for (:class:`~localdiff.serve.names.ModelNames`; default: the installed ones and the worker's default
+    model); any other name in a request is one 404."""
     settings = settings or ServerSettings()
+    names = names or ModelNames(default=worker.default_model)
 
     def endpoint(fn, public: bool = False):
         async def handler(request: Request):
@@ -85,23 +90,15 @@ def build_app(worker: ModelWorker, settings: ServerSettings | None = None) -> Ge
     async def root(request: Request):
         return PlainTextResponse("localdiff is running")
 
-    def _names() -> list[str]:
-        from localdiff.engine import installed_models
-
-        names = [] if worker.model is None else [worker.model.name]
-        for m in installed_models():
-            n = str(m.get("name") or "")
-            if n and n not in names:
-                names.append(n)
-        return names
+    def _names() -> list[str]:   # the resident model first, then the offered ones (no DFlash draft)
+        out = [] if worker.model is None else [worker.model.name]
+        return out + [n for n in names.names() if n not in out]
 
     async def v1_models(request: Request):
         return SafeJSONResponse(openai_api.models_list(await asyncio.to_thread(_names)))
 
     async def api_tags(request: Request):
-        from localdiff.engine import installed_models
-
-        return SafeJSONResponse(ollama_api.tags(await asyncio.to_thread(installed_models)))
+        return SafeJSONResponse(ollama_api.tags(await asyncio.to_thread(names.rows)))
 
     async def served_in_front(request: Request):
         raise ApiError(500, "generation routes are served by GenerationRoutes", type="server_error")
@@ -129,4 +126,4 @@ def build_app(worker: ModelWorker, settings: ServerSettings | None = None) -> Ge
         return _error_response(request, ApiError(500, f"internal error: {type(exc).__name__}", type="server_error"))
 
     rest = Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: server_error})
-    return GenerationRoutes(worker, settings, rest)
+    return GenerationRoutes(worker, settings, rest, names)

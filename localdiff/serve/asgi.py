@@ -27,6 +27,7 @@ from localdiff.safetext import has_controls, visible
 from localdiff.serve import ollama_api, openai_api
 from localdiff.serve.errors import ApiError, bad_request, shutting_down
 from localdiff.serve.jobs import ClientGone, collect, pieces
+from localdiff.serve.names import ModelNames
 from localdiff.serve.openai_api import dumps
 from localdiff.serve.transport import flush_now, on_disconnect
 from localdiff.serve.worker import Job
@@ -223,6 +224,9 @@ class GenerationRoutes:
         worker: the :class:`~localdiff.serve.worker.ModelWorker` that runs every generation.
         settings: ``api_key`` / ``max_body`` (``localdiff.serve.app.ServerSettings``).
         fallback: the ASGI app for every other request (Starlette).
+        names: the models it answers for (:class:`~localdiff.serve.names.ModelNames`; None: the installed ones and
+            the worker's default model). A request's ``model`` is looked up there before anything is queued or
+            loaded: any other name is one 404 that reads nothing from the disk.
     """
 
     ROUTES = {"/v1/chat/completions": (openai_api.parse_chat, True, False),
@@ -230,8 +234,9 @@ class GenerationRoutes:
               "/api/chat": (ollama_api.parse_chat, True, True),
               "/api/generate": (ollama_api.parse_generate, False, True)}   # path → (parser, chat, ollama shape)
 
-    def __init__(self, worker, settings, fallback) -> None:
+    def __init__(self, worker, settings, fallback, names: ModelNames | None = None) -> None:
         self.worker, self.settings, self.fallback = worker, settings, fallback
+        self.names = names or ModelNames(default=getattr(worker, "default_model", ""))
 
     async def __call__(self, scope, receive, send) -> None:
         """ASGI entry point."""
@@ -266,6 +271,9 @@ class GenerationRoutes:
             raw = await _read_body(receive, headers.get(b"content-length", b"").decode("latin-1"),
                                    self.settings.max_body)
             req = parse(parse_json(raw))
+            model_name = self.names.lookup(req.model)   # never a path from the request (localdiff.serve.names)
+            req.model = model_name if model_name is not None else await asyncio.to_thread(self.names.resolve,
+                                                                                          req.model)
             if req.load_only:                     # Ollama's load request: the model thread loads, in queue order
                 model = await asyncio.to_thread(self.worker.load, req.model)
                 status = await _send_json(send, 200, ollama_api.loaded(model.name, chat))

@@ -73,6 +73,8 @@ def _common(body: dict, prompt, chat: bool) -> GenRequest:
         if not isinstance(so, dict) or set(so) - {"include_usage"}:
             raise bad_request("'stream_options' must be an object with 'include_usage' only", param="stream_options")
         include_usage = check_bool(so.get("include_usage", False), "stream_options.include_usage")
+        if not stream:   # as OpenAI: 400 (it shapes a stream's chunks; without a stream it was silently dropped)
+            raise bad_request("'stream_options' is only allowed with \"stream\": true", param="stream_options")
     if body.get("user") is not None:
         check_str(body["user"], "user")
     max_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"

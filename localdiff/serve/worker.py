@@ -183,6 +183,7 @@ class ModelWorker:
         self.loader, self.default_model, self.defaults = loader, default_model, dict(defaults or {})
         self.keep_alive = keep_alive
         self.model = None
+        self._key = None      # the name the resident model was loaded by
         self.loading: str | None = None
         self.load_error: str | None = None
         self.last_used = time.monotonic()
@@ -306,7 +307,7 @@ class ModelWorker:
 
     def _ensure(self, name: str, quiet: bool = False):
         """The resident model when it is ``name`` (or ``name`` is empty); else load ``name`` in this thread."""
-        if self.model is not None and (not name or name == self.model.name):
+        if self.model is not None and (not name or name in (self.model.name, self._key)):
             return self.model
         name = name or self.default_model
         self.loading = name
@@ -320,7 +321,7 @@ class ModelWorker:
             raise
         finally:
             self.loading = None
-        self.model, self.load_error = model, None
+        self.model, self.load_error, self._key = model, None, name   # (its label may spell the name otherwise)
         self.last_used = time.monotonic()
         log.info("model %s ready", name)
         return model

@@ -120,6 +120,9 @@ def _load_model(ckpt: Path, device, dtype, quant, recipe, host_layers):
         model = model_cls(cfg)
     pre = checkpoint_recipe(cfg.raw)              # a pre-quantized checkpoint: int8 / int4 tensors + scales on disk
     if pre is not None:
+        if quant in ("int8", "int4") and pre.quant() not in (None, quant):
+            raise CheckpointError(f"{ckpt}: a pre-quantized {pre.quant()} checkpoint; it loads as {pre.quant()} "
+                                  f"(drop --quant {quant}, or quantize the float checkpoint with --quant {quant})")
         convert_modules(model, pre)
     wanted = {}
     for local, t in list(model.named_parameters()) + list(model.named_buffers()):

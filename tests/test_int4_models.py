@@ -95,6 +95,8 @@ def test_quantize_checkpoint_int4_loads_like_on_the_fly(tiny_fp32, tmp_path):
     with pytest.raises(Exception, match="already an int4"):
         quantize_checkpoint(tmp_path / "q4", tmp_path / "q5")
     pre = localdiff.load(tmp_path / "q4", device="cpu", dtype=torch.float32)
+    with pytest.raises(Exception, match="pre-quantized int4 checkpoint"):     # never a silent other precision
+        localdiff.load(tmp_path / "q4", device="cpu", dtype=torch.float32, quant="int8")
     live = localdiff.load(src, device="cpu", dtype=torch.float32, quant="int4")
     assert {type(m) for m in quantized_modules(pre.net).values()} == {int4.Int4Linear, int4.Int4Experts}
     a, b = _denoise_pairs(live.net, pre.net, n_canvases=2, batch=2, canvas_len=8)

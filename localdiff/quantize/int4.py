@@ -61,17 +61,19 @@ def quantize_tensor(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.
         return tuple(torch.stack(p) for p in zip(*parts))  # type: ignore[return-value]
     n, k = w.shape
     g = groups(k)
-    wf = w.detach().float()
     pad = g * GROUP - k
-    lo = F.pad(wf, (0, pad), value=float("inf")).view(n, g, GROUP).amin(-1) if pad else wf.view(n, g, GROUP).amin(-1)
-    hi = F.pad(wf, (0, pad), value=float("-inf")).view(n, g, GROUP).amax(-1) if pad else wf.view(n, g, GROUP).amax(-1)
-    big = torch.maximum(lo.abs(), hi.abs())
-    exact = torch.maximum((hi - lo) / 15.0, big / 256.0)
+    wf = w.detach().float().contiguous()
+    if pad:   # pad each row with its last value (in the last group: its min / max unchanged); codes zeroed below
+        wf = torch.cat([wf, wf[:, k - 1:k].expand(n, pad)], dim=1)
+    elif wf.data_ptr() == w.data_ptr():
+        wf = wf.clone()                                                   # worked on in place below
+    wg = wf.view(n, g, GROUP)
+    lo, hi = torch.aminmax(wg, dim=-1)
+    exact = torch.maximum((hi - lo) / 15.0, torch.maximum(lo.abs(), hi.abs()) / 256.0)
     exact = torch.where(exact > 0, exact, torch.ones_like(exact))          # an all-zero group: s = 1, z = 0
     scale = _round_up_bf16(exact)
     zero = (-lo / scale.float()).to(torch.float16)
-    wp = F.pad(wf, (0, pad)).view(n, g, GROUP)
-    q = torch.round(wp / scale.float()[..., None] + zero.float()[..., None]).clamp_(0, 15).to(torch.uint8)
+    q = wg.div_(scale.float()[..., None]).add_(zero.float()[..., None]).round_().clamp_(0, 15).to(torch.uint8)
     if pad:
         q.view(n, g * GROUP)[:, k:] = 0
     return pack_codes(q.view(n, g * GROUP)), scale, zero

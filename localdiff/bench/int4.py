@@ -213,7 +213,7 @@ def render_md(sec: dict) -> list[str]:
     """Markdown lines of the section."""
     s = sec.get("steps", {})
     lines = [f"### int4 weights: {s.get('shape', '?')}, {s.get('history')} history, one core ({s.get('cpu', '?')})",
-             ""]
+             ""] if "steps" in s else ["### int4 weights", ""]
     if "steps" in s:
         lines += ["| step | median ms | range ms |", "|---|---:|---:|"]
         lines += [f"| {k} | {v['median_ms']:.1f} | {v['range_ms'][0]:.1f} … {v['range_ms'][1]:.1f} |"

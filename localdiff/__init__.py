@@ -54,7 +54,8 @@ def load(name="tiny", device=None, dtype=None, quant=None, gpu_mem=None, threads
             of :func:`localdiff.capability.choose_cpu_dtype` — bf16 where the CPU has native bf16 GEMM and the model
             is stored in 16 bits or has ≥ 100M parameters, fp32 otherwise — and the checkpoint's on CUDA). The
             choice and why: ``Model.precision``.
-        quant: None or "int8" (weight-only int8, see localdiff.quantize.int8).
+        quant: None, "int8" (weight-only int8, see localdiff.quantize.int8) or "int4" (weight-only 4-bit, groups of
+            64: localdiff.quantize.int4); either applies the model's recipe (quant/*.toml) to the same tensors.
         gpu_mem: on CUDA, the device memory budget in bytes for the memory plan (default: free memory measured
             now); expert layers the plan keeps on the host stay in CPU memory and run there (like --n-cpu-moe).
         threads: CPU threads, 1 … 4 × ``os.cpu_count()`` (None = the library's default: all cores; "auto" = by
@@ -119,12 +120,12 @@ def load(name="tiny", device=None, dtype=None, quant=None, gpu_mem=None, threads
     if dev.type == "cpu":
         precision = _cpu_precision(path, dtype)
         dtype = getattr(torch, precision.dtype)
-    if quant not in (None, "none", "int8"):
-        raise UsageError(f"invalid quant {quant!r} (use int8 or none)")
+    if quant not in (None, "none", "int8", "int4"):
+        raise UsageError(f"invalid quant {quant!r} (use int8, int4 or none)")
     quant = None if quant == "none" else quant
     host_layers = ()
     from localdiff.quantize.recipe import recipe_for_model
-    recipe = recipe_for_model(label) if quant == "int8" else None   # the plan and the load follow one recipe
+    recipe = recipe_for_model(label) if quant else None   # the plan and the load follow one recipe (int4: its list)
     if dev.type == "cuda":
         from localdiff.paths import read_json
         from localdiff.quantize.plan import plan_memory

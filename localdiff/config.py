@@ -8,7 +8,7 @@ Config file (``localdiff config path`` prints where; ``LOCALDIFF_CONFIG`` overri
 
     default_model = "tiny"
     device = "cpu"            # or "cuda", "cuda:1", "auto"
-    quant = "int8"            # optional
+    quant = "int8"            # optional: "int8" or "int4"
     max_new_tokens = 256
     seed = 0                  # optional; unset = a fresh random seed per run (printed with --json)
     theme = "textual-dark"    # the chat's theme (ctrl+t and `/set` in the chat write it and the values here)
@@ -62,6 +62,7 @@ _ENV_OTHER = ("LOCALDIFF_CONFIG", "LOCALDIFF_DATA_DIR", "LOCALDIFF_DEBUG", "LOCA
               "LOCALDIFF_REQUIRE_GGUF",                                                      # .ci/run: no GGUF skips
               "LOCALDIFF_INT8_KERNEL",                                                       # quantize/int8.py
               "LOCALDIFF_NATIVE_INT8",                                                       # quantize/native.py
+              "LOCALDIFF_NATIVE_INT4",                                                       # quantize/native4.py
               "LOCALDIFF_VOCAB_KERNEL",                                                      # decoding/vocab_native.py
               "LOCALDIFF_NATIVE_EXPERTS",                                                    # arch/native_experts.py
               "LOCALDIFF_HEAP")                                                              # heap.py
@@ -276,6 +277,7 @@ def dtype_name(value: str, where: str = "--dtype") -> str:
 #: variables with a fixed set of values (checked by :func:`check_environment`; others are checked where read)
 _ENV_CHOICES = {
     "LOCALDIFF_NATIVE_INT8": ("0", "1", "fma", "off", "on", "false", "true", "no", "yes"),   # quantize/native.py
+    "LOCALDIFF_NATIVE_INT4": ("0", "1", "fma", "off", "on", "false", "true", "no", "yes"),   # quantize/native4.py
     "LOCALDIFF_DEBUG": ("0", "1", "off", "on", "false", "true", "no", "yes"),                # cli/dispatch.py
     "LOCALDIFF_NATIVE_EXPERTS": ("0", "1", "avx512", "off", "on", "false", "true", "no", "yes"),  # arch/native_experts
     "LOCALDIFF_HEAP": ("0", "1", "off", "on", "false", "true", "no", "yes"),                 # heap.py

@@ -180,15 +180,18 @@ def _load_model(ckpt: Path, device, dtype, quant, recipe, host_layers):
     mod, cfg = load_config(ckpt)
     model_cls = mod.MODEL_CLASS
     wm = weight_map(ckpt)
-    from localdiff.quantize.int8 import convert_modules, int8_entries, is_quant_state
+    from localdiff.quantize.apply import convert_modules, is_quant_state, quant_entries
     from localdiff.quantize.io import checkpoint_recipe
     from localdiff.quantize.recipe import DEFAULT_RECIPE
     from localdiff.quantize.offload import device_for
 
     with torch.device("meta"), _no_init():
         model = model_cls(cfg)
-    pre = checkpoint_recipe(cfg.raw)              # a pre-quantized checkpoint: int8 tensors + scales on disk
+    pre = checkpoint_recipe(cfg.raw)              # a pre-quantized checkpoint: int8 / int4 tensors + scales on disk
     if pre is not None:
+        if quant in ("int8", "int4") and pre.quant() not in (None, quant):
+            raise CheckpointError(f"{ckpt}: a pre-quantized {pre.quant()} checkpoint; it loads as {pre.quant()} "
+                                  f"(drop --quant {quant}, or quantize the float checkpoint with --quant {quant})")
         convert_modules(model, pre)
     wanted = {}
     for local, t in list(model.named_parameters()) + list(model.named_buffers()):
@@ -200,9 +203,12 @@ def _load_model(ckpt: Path, device, dtype, quant, recipe, host_layers):
             shard = next(iter(set(wm.values())), ckpt)
             raise CheckpointError(f"{shard}: tensor for {local!r} not found (looked for {mod.checkpoint_names(local)})")
     check_all_read(mod, cfg.raw, wm, {cand for cand, _ in wanted.values()})
-    to_quant: tuple[str, ...] = ()
-    if quant == "int8" and pre is None:           # quantize at load, tensor by tensor
-        to_quant = tuple(n + "." for n in convert_modules(model, recipe or DEFAULT_RECIPE))
+    to_quant: dict[str, str] = {}                 # "module." → precision
+    applied = pre
+    if quant in ("int8", "int4") and pre is None:  # quantize at load, tensor by tensor
+        applied = (recipe or DEFAULT_RECIPE).with_precision(quant)
+        to_quant = {n + ".": p for n, p in convert_modules(model, applied).items()}
+    prefixes = tuple(to_quant)
     by_file: dict[Path, list[str]] = {}
     for local, (cand, _) in wanted.items():
         by_file.setdefault(wm[cand], []).append(local)
@@ -216,8 +222,9 @@ def _load_model(ckpt: Path, device, dtype, quant, recipe, host_layers):
                 if tuple(t.shape) != shape:
                     raise CheckpointError(f"{f}: tensor {cand!r} has shape {tuple(t.shape)}, config implies {shape}")
                 dev = device_for(local, host_layers, device)
-                if to_quant and local.startswith(to_quant):
-                    loaded.update(int8_entries(local, t, dev))
+                if prefixes and local.startswith(prefixes):
+                    prec = next(p for n, p in to_quant.items() if local.startswith(n))
+                    loaded.update(quant_entries(local, t, prec, dev))
                     continue
                 to = dtype if (t.is_floating_point() and dtype is not None and not mod.keeps_checkpoint_dtype(local)
                                and not is_quant_state(local)) else None
@@ -230,14 +237,12 @@ def _load_model(ckpt: Path, device, dtype, quant, recipe, host_layers):
             if mod.keeps_checkpoint_dtype(local):
                 loaded[local] = loaded[local].to(dtype)
     model.load_state_dict(loaded, strict=True, assign=True)
-    applied = pre if pre is not None else (recipe or DEFAULT_RECIPE) if quant == "int8" else None
-    if applied is not None and applied.head == "int8":
-        from localdiff.quantize.int8 import quantize_head
-
-        quantize_head(model)                       # an int8 copy of the LM head for the logits (recipe's head)
     if applied is not None:
+        from localdiff.quantize.apply import quantize_head
         from localdiff.quantize.fuse import fuse_model
-        fuse_model(model)                          # q/k/v and gate/up as one int8 matmul each (exact)
+
+        quantize_head(model, applied.head)         # an int8 / int4 copy of the LM head for the logits (recipe's head)
+        fuse_model(model)                          # q/k/v and gate/up as one quantized matmul each (exact)
     if host_layers:
         from localdiff.quantize.offload import place_model
         place_model(model, host_layers, device)   # installs the hooks that run host-layer experts on the CPU

@@ -226,7 +226,7 @@ def test_recipe_errors(small_fp32):
     with pytest.raises(RecipeError, match="embeddings"):
         quantize_model(copy.deepcopy(small_fp32), Recipe.from_dict({"rules": [["embed_tokens", "int8"]]}))
     with pytest.raises(RecipeError, match="precision"):
-        Recipe.from_dict({"rules": [["*", "int4"]]})
+        Recipe.from_dict({"rules": [["*", "int2"]]})
     with pytest.raises(Exception, match="not supported"):
         checkpoint_recipe({"quantization_config": {"quant_method": "gptq"}})
 

@@ -53,7 +53,8 @@ def _add_sampler(p: argparse.ArgumentParser) -> None:
             g.add_argument(flag, dest="opt_" + key, metavar=spec.metavar or key.upper(), help=helptext)
     g.add_argument("--seed", type=int, help="random seed (reproducible output)")
     g.add_argument("--device", help="cpu, cuda or cuda:N (default: CUDA when available)")
-    g.add_argument("--quant", choices=["int8", "none"], help="weight quantization at load")
+    g.add_argument("--quant", choices=["int8", "int4", "none"], help="weight quantization at load (int4: groups of "
+                                                                        "64, 0.56 bytes per weight)")
     g.add_argument("--draft", metavar="MODEL", help="DFlash draft for a Qwen3 / Llama target: speculative decoding, "
                                                      "same output (alias, org/repo or folder; 'auto' = the catalog's)")
     g.add_argument("--gpu-mem", metavar="SIZE", help="CUDA memory budget for the memory plan, e.g. 24GiB "
@@ -175,9 +176,11 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="benchmarks (speed, memory, accuracy)", add_help=False)
     b.add_argument("bench_args", nargs=argparse.REMAINDER)
 
-    q = sub.add_parser("quantize", help="write a pre-quantized int8 checkpoint")
+    q = sub.add_parser("quantize", help="write a pre-quantized int8 / int4 checkpoint")
     q.add_argument("name", help="model to quantize")
     q.add_argument("--recipe", help="quantization recipe name (default: the model's)")
+    q.add_argument("--quant", choices=["int8", "int4"], default=None,
+                   help="precision of the recipe's quantized tensors (default: as the recipe says, int8)")
     q.add_argument("-o", "--output", required=True, metavar="DIR", help="output folder")
     q.add_argument("--device", help="device used while quantizing")
     q.add_argument("--force", action="store_true", help="write into a folder that is not empty")

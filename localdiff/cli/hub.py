@@ -285,7 +285,8 @@ def run_quantize(args) -> int:
     src = hub.resolve_model(args.name)
     made = _check_output_dir(args.output, getattr(args, "force", False))
     try:
-        res = quantize_checkpoint(src, args.output, recipe=args.recipe, device=args.device)
+        res = quantize_checkpoint(src, args.output, recipe=args.recipe, device=args.device,
+                                  quant=getattr(args, "quant", None))
     except BaseException:
         if made is not None and made.is_dir() and not any(made.iterdir()):   # leave nothing behind we created
             made.rmdir()
@@ -293,7 +294,7 @@ def run_quantize(args) -> int:
     info = ""
     if isinstance(res, dict) and "bytes_in" in res and "bytes_out" in res:
         info = (f" (recipe {res.get('recipe')}: {human_bytes(res['bytes_in'])} -> {human_bytes(res['bytes_out'])}, "
-                f"{res.get('quantized_tensors')} int8 tensors)")
+                f"{res.get('quantized_tensors')} {res.get('quant') or 'int8'} tensors)")
     sys.stderr.write(f"wrote {args.output}{info}\n")
     return 0
 

@@ -12,6 +12,7 @@ def describe(net: nn.Module, sampler: str | None = None) -> dict[str, str]:
     dtype (fp32: exact)."""
     from localdiff.arch import native_experts
     from localdiff.arch.layers import MoEExperts
+    from localdiff.quantize.int4 import Int4Experts, Int4Linear
     from localdiff.quantize.int8 import Int8Experts, Int8Linear
 
     if not isinstance(net, nn.Module):        # a backend (GGUF: llama.cpp) — gen -v's backend line says which
@@ -31,6 +32,8 @@ def describe(net: nn.Module, sampler: str | None = None) -> dict[str, str]:
     experts = [m for m in mods if isinstance(m, MoEExperts)]
     if any(isinstance(m, Int8Experts) for m in experts):
         out["experts"] = "int8 weights, one int8 matmul per active expert"
+    elif any(isinstance(m, Int4Experts) for m in experts):
+        out["experts"] = "int4 weights, one int4 matmul per active expert"
     elif experts and cpu and dtype == "bfloat16" and experts[0].kernel == "stream" and native_experts.library():
         out["experts"] = (f"{native_experts.status()}: each expert's weights streamed once over its routed rows "
                           "only, fp32 activation, slots summed in fp32")
@@ -48,6 +51,12 @@ def describe(net: nn.Module, sampler: str | None = None) -> dict[str, str]:
                         "GEMM; more rows: dequantize to bf16 + GEMM" if dtype == "bfloat16" else
                         "≤ 16 rows: the native kernel where it measures faster; more rows: dequantized fp32 GEMM "
                         "(exact)") + (f" ({kernel_summary()})" if cpu else ""))
+    if any(isinstance(m, (Int4Linear, Int4Experts)) for m in mods):
+        from localdiff.quantize import native4
+
+        out["int4"] = (f"{native4.status()}, every row count" if cpu and native4.library() is not None else
+                       "dequantize to fp32 (fp16 for fp16 activations) + GEMM" + (f" ({native4.status()})" if cpu
+                                                                                   else ""))
     if hasattr(net, "self_conditioning"):
         if (sampler or ("exact" if dtype == "float32" else "fast")) == "exact":
             out["self_conditioning"] = "softmax(fp32) then F.linear(p, Eᵀ) in float32 (the reference's ops)"

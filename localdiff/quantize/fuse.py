@@ -1,4 +1,4 @@
-"""One int8 matmul for projections that read the same input: q/k/v of an attention and gate/up of a SwiGLU.
+"""One int8 (or int4) matmul for projections that read the same input: q/k/v of an attention and gate/up of a SwiGLU.
 
 :func:`fuse_model` concatenates the int8 rows and the per-row scales of such :class:`Int8Linear` groups into one
 weight [sum(out), in] and one scale vector, rebinds each module's ``weight`` / ``weight_scale`` to views of them (no
@@ -8,7 +8,9 @@ of the separate projections. Exact: every kernel of :func:`localdiff.quantize.in
 column from its own weight row and scale and from x alone (the native kernel's activation rounding depends on x's
 row only), so the fused output's columns are the unfused outputs, bit for bit (``tests/test_fuse_int8.py``).
 Saves one kernel call (its dispatch, the Python layers, the thread start and one weight-stream ramp) per
-projection dropped: 3 per layer of a dense block model.
+projection dropped: 3 per layer of a dense block model. :class:`localdiff.quantize.int4.Int4Linear` groups fuse the
+same way (codes, scales and zero points concatenated by rows; the int4 kernels also compute each output column from
+its own row alone).
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import torch
 from torch import nn
 
 from localdiff import hugepages
+from localdiff.quantize.int4 import Int4Linear, int4_matmul
 from localdiff.quantize.int8 import Int8Linear, int8_matmul
 
 
@@ -26,14 +29,17 @@ class FusedInt8:
     the modules no longer sit on the fused storage (moved, cast or reloaded since): the caller then runs them one by
     one."""
 
-    def __init__(self, mods: list[Int8Linear]):
+    def __init__(self, mods: list[Int8Linear] | list[Int4Linear]):
         self.mods = mods
         self.sizes = [m.out_features for m in mods]
         self.weight = _cat([m.weight for m in mods])
         self.scale = torch.cat([m.weight_scale for m in mods])
+        self.zero = torch.cat([m.weight_zero for m in mods]) if isinstance(mods[0], Int4Linear) else None
         o = 0
         for m, n in zip(mods, self.sizes):
             m.weight, m.weight_scale = self.weight[o:o + n], self.scale[o:o + n]
+            if self.zero is not None:
+                m.weight_zero = self.zero[o:o + n]
             o += n
 
     def valid(self) -> bool:
@@ -42,11 +48,15 @@ class FusedInt8:
         return (first.weight.data_ptr() == self.weight.data_ptr()
                 and first.weight_scale.data_ptr() == self.scale.data_ptr()
                 and last.weight.untyped_storage().data_ptr() == self.weight.untyped_storage().data_ptr()
-                and last.weight_scale.untyped_storage().data_ptr() == self.scale.untyped_storage().data_ptr())
+                and last.weight_scale.untyped_storage().data_ptr() == self.scale.untyped_storage().data_ptr()
+                and (self.zero is None or (first.weight_zero.data_ptr() == self.zero.data_ptr() and
+                     last.weight_zero.untyped_storage().data_ptr() == self.zero.untyped_storage().data_ptr())))
 
     def __call__(self, x: torch.Tensor):
         if not self.valid():
             return None
+        if self.zero is not None:
+            return int4_matmul(x, self.weight, self.scale, self.zero).split(self.sizes, dim=-1)
         return int8_matmul(x, self.weight, self.scale, self.mods[0].use_bnb).split(self.sizes, dim=-1)
 
 
@@ -60,9 +70,10 @@ def _cat(ts: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat(ts, out=out)
 
 
-def _group(owner: nn.Module, names: tuple[str, ...]) -> list[Int8Linear] | None:
+def _group(owner: nn.Module, names: tuple[str, ...]) -> list[Int8Linear] | list[Int4Linear] | None:
     mods = [getattr(owner, n, None) for n in names]
-    if not all(type(m) is Int8Linear and m.bias is None for m in mods):
+    kind = type(mods[0])
+    if kind not in (Int8Linear, Int4Linear) or not all(type(m) is kind and m.bias is None for m in mods):
         return None
     if len({(m.in_features, m.weight.device, m.weight_scale.dtype) for m in mods}) != 1:
         return None
@@ -71,7 +82,7 @@ def _group(owner: nn.Module, names: tuple[str, ...]) -> list[Int8Linear] | None:
 
 def fuse_model(model: nn.Module) -> int:
     """Fuse every q/k/v (attributes ``q_proj``, ``k_proj``, ``v_proj``) and gate/up (``gate_proj``, ``up_proj``)
-    group of bias-free :class:`Int8Linear` in ``model`` (in place; module docstring). Returns the number of groups.
+    group of bias-free :class:`Int8Linear` (or of :class:`Int4Linear`) in ``model`` (in place; module docstring). Returns the number of groups.
     Owners that already have a fused attribute are skipped."""
     done = 0
     for mod in model.modules():

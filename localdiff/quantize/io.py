@@ -1,11 +1,14 @@
-"""Pre-quantized int8 checkpoints: write them (from a live model or streaming from a float checkpoint) and prepare a
-model to load them.
+"""Pre-quantized int8 / int4 checkpoints: write them (from a live model or streaming from a float checkpoint) and
+prepare a model to load them.
 
 Format: a normal checkpoint folder (``config.json``, safetensors shards, tokenizer files) where each int8 module's
 float weight is replaced by an int8 tensor under the same name plus a bf16 ``<name>_scale`` tensor
-(``...q_proj.weight`` + ``...q_proj.weight_scale``; ``...experts.gate_up_proj`` + ``...experts.gate_up_proj_scale``).
-``config.json`` gains ``quantization_config = {"quant_method": "localdiff-int8", "recipe": {...}}`` and every
-shard's safetensors metadata has ``localdiff.quant`` (the same JSON), so the next load skips the work.
+(``...q_proj.weight`` + ``...q_proj.weight_scale``; ``...experts.gate_up_proj`` + ``...experts.gate_up_proj_scale``),
+and each int4 module's by its packed uint8 codes under the same name plus ``<name>_scale`` (bf16) and
+``<name>_zero`` (fp16) per group (:mod:`localdiff.quantize.int4`). ``config.json`` gains ``quantization_config =
+{"quant_method": "localdiff-int8" | "localdiff-int4", "recipe": {...}}`` (the recipe's rules say which module has
+which precision) and every shard's safetensors metadata has ``localdiff.quant`` (the same JSON), so the next load
+skips the work.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from localdiff.errors import CheckpointError
 from localdiff.quantize.recipe import DEFAULT_RECIPE, Recipe, load_recipe, recipe_for_model
 
 QUANT_METHOD = "localdiff-int8"
+QUANT_METHODS = {"int8": QUANT_METHOD, "int4": "localdiff-int4"}
 META_KEY = "localdiff.quant"
 DEFAULT_SHARD_BYTES = 2 << 30
 COPY_PATTERNS = ("*.json", "tokenizer*", "*.jinja", "*.model", "*.tiktoken", "*.txt")
@@ -28,6 +32,10 @@ COPY_PATTERNS = ("*.json", "tokenizer*", "*.jinja", "*.model", "*.tiktoken", "*.
 
 def quant_info(recipe: Recipe, modules: list[str]) -> dict:
     """The ``quantization_config`` / metadata record of a pre-quantized checkpoint."""
+    if recipe.quant() == "int4":
+        return {"quant_method": QUANT_METHODS["int4"], "bits": 4, "group_size": 64,
+                "scales": "per group of 64 inputs: bf16 scale (max - min) / 15 rounded up, fp16 zero point",
+                "recipe": recipe.to_dict(), "modules": sorted(modules)}
     return {"quant_method": QUANT_METHOD, "bits": 8, "scales": "per-output-channel absmax / 127, bf16 rounded up",
             "recipe": recipe.to_dict(), "modules": sorted(modules)}
 
@@ -41,23 +49,23 @@ def checkpoint_recipe(config: dict) -> Recipe | None:
     qc = config.get("quantization_config")
     if not qc:
         return None
-    if qc.get("quant_method") != QUANT_METHOD:
+    if qc.get("quant_method") not in QUANT_METHODS.values():
         raise CheckpointError(f"config.json: quantization method {qc.get('quant_method')!r} is not supported "
-                              f"(localdiff loads float checkpoints and its own {QUANT_METHOD!r})")
+                              f"(localdiff loads float checkpoints and its own "
+                              f"{' / '.join(map(repr, QUANT_METHODS.values()))})")
     return Recipe.from_dict(qc.get("recipe") or {}, name="checkpoint")
 
 
-def _is_int8_tensor(name: str, ndim: int, recipe: Recipe) -> bool:
-    """Whether checkpoint tensor ``name`` is quantized by ``recipe``: 2-D ``*.weight`` of a linear layer or 3-D
-    stacked experts, never embeddings / LM head / vision tensors."""
+def _precision(name: str, ndim: int, recipe: Recipe) -> str | None:
+    """"int8" / "int4" when checkpoint tensor ``name`` is quantized by ``recipe`` (2-D ``*.weight`` of a linear layer
+    or 3-D stacked experts, never embeddings / LM head / vision tensors), else None."""
     if "vision" in name or name.endswith("embed_tokens.weight") or name.endswith("lm_head.weight"):
-        return False
+        return None
     module = name.rsplit(".", 1)[0]
-    if ndim == 2 and name.endswith(".weight"):
-        return recipe.precision_for(module) == "int8"
-    if ndim == 3 and name.endswith((".gate_up_proj", ".down_proj")):
-        return recipe.precision_for(module) == "int8"
-    return False
+    if (ndim == 2 and name.endswith(".weight")) or (ndim == 3 and name.endswith((".gate_up_proj", ".down_proj"))):
+        prec = recipe.precision_for(module)
+        return prec if prec != "float" else None
+    return None
 
 
 class _ShardWriter:
@@ -138,7 +146,7 @@ def save_quantized(model, out_dir: Path, recipe: Recipe | None = None, source_di
         ``layer_scalar`` under ``model.encoder.language_model.…``), so :func:`localdiff.load` reads it back.
     """
     from localdiff.arch import get_arch
-    from localdiff.quantize.int8 import quantized_modules
+    from localdiff.quantize.apply import quantized_modules
 
     recipe = recipe or getattr(model, "quant_recipe", None) or DEFAULT_RECIPE
     arch = get_arch(model.config.raw or model.config.model_type)
@@ -169,8 +177,9 @@ def _default_recipe_for(src: Path) -> Recipe:
 
 
 def quantize_checkpoint(src: Path, out_dir: Path, recipe: str | Recipe | None = None, device: str | None = None,
-                        max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> dict:
-    """``localdiff quantize``: stream a float checkpoint tensor by tensor into a pre-quantized int8 checkpoint.
+                        max_shard_bytes: int = DEFAULT_SHARD_BYTES, quant: str | None = None) -> dict:
+    """``localdiff quantize``: stream a float checkpoint tensor by tensor into a pre-quantized int8 / int4
+    checkpoint.
 
     Peak host memory ≈ one output shard (``max_shard_bytes``) + the largest input tensor (+ one expert's fp32
     temporary): tensors are read one at a time from the memory-mapped input.
@@ -181,32 +190,36 @@ def quantize_checkpoint(src: Path, out_dir: Path, recipe: str | Recipe | None = 
         recipe: recipe name (``quant/<name>.toml``), a Recipe, or None = the model's own recipe (by repo id /
             folder name), else the default recipe.
         device: device used for the quantization arithmetic ("cpu" default; "cuda" is faster for huge tensors).
+        quant: "int8" / "int4": the recipe's quantized list in that precision (None: as the recipe says).
     Returns:
         dict with ``recipe``, ``quantized_tensors``, ``float_tensors``, ``bytes_in``, ``bytes_out``.
     Raises:
         CheckpointError: missing / unreadable files, already-quantized input; RecipeError: bad recipe.
     """
     from localdiff.paths import read_json
-    from localdiff.quantize.int8 import quantize_tensor
+    from localdiff.quantize.apply import quant_tensor
 
     src = Path(src)
     config = read_json(src / "config.json")
     if checkpoint_recipe(config) is not None:
-        raise CheckpointError(f"{src}: already an int8 checkpoint")
+        kind = "int4" if config["quantization_config"].get("quant_method") == QUANT_METHODS["int4"] else "int8"
+        raise CheckpointError(f"{src}: already an {kind} checkpoint")
     if recipe is None:
         recipe = _default_recipe_for(src)
     elif isinstance(recipe, str):
         recipe = load_recipe(recipe)
+    if quant is not None:
+        recipe = recipe.with_precision(quant)
     files = _weight_files(src)
     out_dir = _prepare_out(out_dir, src)
     modules: set[str] = set()
     bytes_in = 0
-    # First pass over headers only: which tensors become int8 (recorded in every shard's metadata).
+    # First pass over headers only: which tensors are quantized (recorded in every shard's metadata).
     for f in files:
         with safe_open(str(f), framework="pt") as h:
             for name in h.keys():
                 shape = h.get_slice(name).get_shape()
-                if _is_int8_tensor(name, len(shape), recipe):
+                if _precision(name, len(shape), recipe):
                     modules.add(name.rsplit(".", 1)[0])
     info = quant_info(recipe, list(modules))
     w = _ShardWriter(out_dir, {"format": "pt", META_KEY: json.dumps(info)}, max_shard_bytes)
@@ -216,10 +229,10 @@ def quantize_checkpoint(src: Path, out_dir: Path, recipe: str | Recipe | None = 
             for name in h.keys():
                 t = h.get_tensor(name)
                 bytes_in += t.numel() * t.element_size()
-                if _is_int8_tensor(name, t.dim(), recipe):
-                    q, s = quantize_tensor(t.to(device) if device else t)
-                    w.add(name, q.cpu())
-                    w.add(name + "_scale", s.cpu())
+                prec = _precision(name, t.dim(), recipe)
+                if prec:
+                    for suffix, part in quant_tensor(t.to(device) if device else t, prec).items():
+                        w.add(name + suffix, part.cpu())
                     n_q += 1
                 else:
                     w.add(name, t)
@@ -228,5 +241,5 @@ def quantize_checkpoint(src: Path, out_dir: Path, recipe: str | Recipe | None = 
     w.finish()
     _write_config(config, out_dir, info)
     _copy_side_files(src, out_dir)
-    return {"recipe": recipe.name, "quantized_tensors": n_q, "float_tensors": n_f, "bytes_in": bytes_in,
+    return {"recipe": recipe.name, "quant": recipe.quant(), "quantized_tensors": n_q, "float_tensors": n_f, "bytes_in": bytes_in,
             "bytes_out": w.total}

@@ -6,10 +6,10 @@ A recipe file::
     models = ["tiny"]                   # catalog aliases / repo ids it is meant for
     description = "..."
     default = "float"                   # precision of modules no rule matches
-    head = "float"                      # "int8": an int8 copy of the LM head for the logits (models that support it)
+    head = "float"                      # "int8" / "int4": a quantized copy of the LM head for the logits
     [[rules]]                           # first matching rule wins
     pattern = "*router*"                # fnmatch glob on a module name
-    precision = "float"                 # "int8" or "float"
+    precision = "float"                 # "int8", "int4" or "float"
     [[plans]]                           # VRAM plans (see localdiff.quantize.plan.plan_memory)
     gpu_mem = "24GiB"
     kv_budget = "2GiB"
@@ -18,7 +18,10 @@ A recipe file::
 
 Patterns match both our module names (``layers.3.self_attn.q_proj``, ``self_conditioning.mlp.up_proj``) and the
 checkpoint's (``model.decoder.layers.3.self_attn.q_proj``, ``model.decoder.self_conditioning.up_proj``), so write
-them with a leading ``*``. Only linear layers and stacked experts can be int8; everything else stays float.
+them with a leading ``*``. Only linear layers and stacked experts can be int8 / int4; everything else stays float.
+
+``--quant int4`` applies a recipe's int8 list in 4 bits (:meth:`Recipe.with_precision`): the same tensors
+quantized, router / norms / embeddings / self-conditioning float as for int8 (format: localdiff.quantize.int4).
 """
 from __future__ import annotations
 
@@ -36,7 +39,9 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-PRECISIONS = ("int8", "float")
+PRECISIONS = ("int8", "int4", "float")
+#: the weight quantizations ``--quant`` offers (each applies a recipe's quantized tensor list)
+QUANTS = ("int8", "int4")
 
 
 class RecipeError(LocaldiffError):
@@ -80,11 +85,33 @@ class Recipe:
     head: str = "float"
 
     def precision_for(self, module_name: str) -> str:
-        """"int8" or "float" for a module name (first matching rule, else ``default``)."""
+        """"int8", "int4" or "float" for a module name (first matching rule, else ``default``)."""
         for pattern, precision in self.rules:
             if fnmatch.fnmatchcase(module_name, pattern):
                 return precision
         return self.default
+
+    def with_precision(self, quant: str) -> "Recipe":
+        """This recipe with every quantized precision (rules, default, head) set to ``quant`` ("int8" / "int4"):
+        ``--quant int4`` quantizes exactly the tensors the int8 recipe lists. Returns self when nothing changes.
+
+        Raises:
+            RecipeError: ``quant`` is not one of :data:`QUANTS`.
+        """
+        if quant not in QUANTS:
+            raise RecipeError(f"unknown quantization {quant!r} (use {' or '.join(QUANTS)})")
+        swap = lambda p: quant if p in QUANTS else p  # noqa: E731
+        rules = tuple((pat, swap(p)) for pat, p in self.rules)
+        if rules == self.rules and swap(self.default) == self.default and swap(self.head) == self.head:
+            return self
+        return Recipe(name=self.name, rules=rules, default=swap(self.default), models=self.models,
+                      description=self.description, plans=self.plans, source=self.source, head=swap(self.head))
+
+    def quant(self) -> str | None:
+        """The quantized precision this recipe uses ("int4" when any rule / its head says int4, else "int8" when
+        one says int8), None for an all-float recipe."""
+        used = {p for _, p in self.rules} | {self.default, self.head}
+        return "int4" if "int4" in used else "int8" if "int8" in used else None
 
     def to_dict(self) -> dict:
         """JSON-serialisable form (recorded in pre-quantized checkpoints' metadata)."""

@@ -1,0 +1,126 @@
+"""Apply a recipe of int8 and / or int4 precisions to a model: quantize it in place, make empty quantized modules
+for a pre-quantized checkpoint, quantize tensors while loading, and list what is quantized.
+
+The int8 modules are :mod:`localdiff.quantize.int8`'s, the int4 ones :mod:`localdiff.quantize.int4`'s; a recipe
+marks modules ``int8`` / ``int4`` (``--quant int4`` turns a recipe's int8 list into int4 with
+:meth:`localdiff.quantize.recipe.Recipe.with_precision`). The LM head copy of a recipe's ``head`` is an
+:class:`~localdiff.quantize.int8.Int8Head` or :class:`~localdiff.quantize.int4.Int4Head` in ``model.head_int8``
+(the attribute the block models read).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from localdiff.arch.layers import MoEExperts
+from localdiff.quantize import int4, int8
+from localdiff.quantize.recipe import DEFAULT_RECIPE, Recipe, RecipeError
+
+QUANT_TYPES = int8.QUANT_TYPES + int4.QUANT_TYPES
+#: name endings of the scale / zero-point tensors of quantized modules (kept in their stored dtypes)
+STATE_SUFFIXES = int8.SCALE_SUFFIXES + (".weight_zero", ".gate_up_proj_zero", ".down_proj_zero")
+
+
+def _targets(model: nn.Module, recipe: Recipe) -> list[tuple[str, nn.Module, str]]:
+    """(name, module, precision) of the float linear layers / stacked experts the recipe quantizes.
+
+    Raises RecipeError when a rule quantizes an embedding or the LM head (they stay float)."""
+    out = []
+    for name, mod in model.named_modules():
+        prec = recipe.precision_for(name) if name else "float"
+        if prec == "float":
+            continue
+        if isinstance(mod, nn.Embedding) or name == "lm_head" or name.endswith(".lm_head"):
+            raise RecipeError(f"recipe {recipe.name!r} asks {prec} for {name!r}: embeddings and the LM head stay "
+                              f"float")
+        if isinstance(mod, nn.Linear) or (isinstance(mod, MoEExperts) and not isinstance(mod, QUANT_TYPES)):
+            out.append((name, mod, prec))
+    return out
+
+
+def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, new)
+
+
+def quantize_head(model: nn.Module, precision: str) -> bool:
+    """Give ``model`` a ``precision`` ("int8" / "int4") copy of its ``head_weight()`` for the logits (attribute
+    ``head_int8``) when its class reads one (``supports_int8_head``); returns whether it did."""
+    if not getattr(type(model), "supports_int8_head", False) or precision not in ("int8", "int4"):
+        return False
+    w = model.head_weight().detach()
+    model.head_int8 = int8.Int8Head(w) if precision == "int8" else int4.Int4Head(w)
+    return True
+
+
+def quantize_model(model: nn.Module, recipe: Recipe | None = None, quant: str | None = None) -> nn.Module:
+    """Quantize ``model`` in place, module by module (each float weight dropped once its quantized copy exists).
+
+    Args:
+        model: a ``localdiff.arch`` model with materialised weights.
+        recipe: which modules become int8 / int4 (default :data:`DEFAULT_RECIPE`).
+        quant: "int8" / "int4" to apply the recipe's quantized list in that precision; None = as the recipe says.
+    Returns:
+        the same model; ``model.quant_recipe`` records the recipe applied.
+    Raises:
+        RecipeError: the recipe quantizes an embedding / LM head, or ``quant`` is unknown.
+    """
+    recipe = recipe or DEFAULT_RECIPE
+    if quant is not None:
+        recipe = recipe.with_precision(quant)
+    for name, mod, prec in _targets(model, recipe):
+        if isinstance(mod, nn.Linear):
+            new = (int8.Int8Linear if prec == "int8" else int4.Int4Linear).from_linear(mod)
+        else:
+            new = (int8.Int8Experts if prec == "int8" else int4.Int4Experts).from_experts(mod)
+        _replace(model, name, new)
+        del mod
+    quantize_head(model, recipe.head)
+    model.quant_recipe = recipe
+    return model
+
+
+def convert_modules(model: nn.Module, recipe: Recipe | None = None, device=None) -> dict[str, str]:
+    """Swap the modules ``recipe`` quantizes for *empty* quantized modules (no quantization), e.g. on a model built
+    on the meta device before loading a pre-quantized checkpoint. Returns {module name: precision}."""
+    recipe = recipe or DEFAULT_RECIPE
+    names = {}
+    for name, mod, prec in _targets(model, recipe):
+        if isinstance(mod, nn.Linear):
+            cls = int8.Int8Linear if prec == "int8" else int4.Int4Linear
+            new = cls(mod.in_features, mod.out_features, bias=mod.bias is not None, device=device or mod.weight.device)
+        else:
+            e, two_i, h = mod.gate_up_proj.shape
+            cls = int8.Int8Experts if prec == "int8" else int4.Int4Experts
+            new = cls(e, h, two_i // 2, device=device or mod.gate_up_proj.device)
+        _replace(model, name, new)
+        names[name] = prec
+    model.quant_recipe = recipe
+    return names
+
+
+def quant_entries(local: str, t: torch.Tensor, precision: str, device=None) -> dict[str, torch.Tensor]:
+    """Quantize one float checkpoint tensor while loading into modules made by :func:`convert_modules`: the int8
+    (weight + ``_scale``) or int4 (codes + ``_scale`` + ``_zero``) entries of ``local`` on ``device``."""
+    return int8.int8_entries(local, t, device) if precision == "int8" else int4.int4_entries(local, t, device)
+
+
+def quantized_modules(model: nn.Module) -> dict[str, nn.Module]:
+    """name → int8 / int4 module of a (partly) quantized model."""
+    return {n: m for n, m in model.named_modules() if isinstance(m, QUANT_TYPES)}
+
+
+def is_quant_state(local: str) -> bool:
+    """True for the scale / zero-point tensors of quantized modules, which a loader must not cast to the float
+    dtype (bf16 scales, fp16 zero points by construction)."""
+    return local.endswith(STATE_SUFFIXES)
+
+
+def quant_tensor(t: torch.Tensor, precision: str) -> dict[str, torch.Tensor]:
+    """A float checkpoint tensor quantized for a pre-quantized checkpoint: {"": data, "_scale": ..[, "_zero": ..]}
+    (suffixes to append to its name)."""
+    if precision == "int8":
+        q, s = int8.quantize_tensor(t)
+        return {"": q, "_scale": s}
+    q, s, z = int4.quantize_tensor(t)
+    return {"": q, "_scale": s, "_zero": z}

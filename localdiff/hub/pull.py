@@ -108,7 +108,7 @@ def remote_files(t: Target) -> tuple[str, list[RemoteFile]]:
     return info.sha, files
 
 
-def _ram_bytes() -> int:
+def ram_bytes() -> int:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
@@ -128,51 +128,86 @@ def gpu_mem_bytes() -> int:
         return 0
 
 
-def memory_estimate(cfg: dict, weight_bytes: int, gpu: int | None = None, ram: int | None = None):
+def fit_choice(cfg: dict, gpu: int | None = None, ram: int | None = None, recipe=None):
+    """:func:`localdiff.quantize.fit.choose_precision` for ``cfg`` on this machine (``gpu`` / ``ram`` default to the
+    measured ones; 0 = none), or None when the planner does not understand the config."""
+    from localdiff.quantize.fit import choose_precision
+
+    gpu = gpu_mem_bytes() if gpu is None else gpu
+    ram = ram_bytes() if ram is None else ram
+    try:
+        return choose_precision(cfg, gpu, ram, recipe=recipe)
+    except Exception:  # noqa: BLE001 — a config the planner does not know: the byte rule instead
+        return None
+
+
+def memory_estimate(cfg: dict, weight_bytes: int, gpu: int | None = None, ram: int | None = None, recipe=None):
     """How the model will fit this machine, from config.json alone (before the weights are downloaded).
 
-    Uses ``localdiff.quantize.plan.plan_memory`` (int8, experts offloaded to host as needed) when the config is one it
-    understands; otherwise compares the safetensors bytes (bf16; ~0.53× in int8) with GPU memory or RAM.
+    Uses the precision chooser (:func:`fit_choice`: bf16 → int8 → int4, the first that fits) when the config is one
+    the planner understands; otherwise compares the safetensors bytes (16-bit; about half in int8, about
+    ``INT4_BYTES_PER_WEIGHT / 2`` of them in int4) with GPU memory or RAM.
 
     Args:
-        cfg: parsed config.json; weight_bytes: total safetensors bytes from the Hub.
+        cfg: parsed config.json; weight_bytes: total safetensors bytes (from the Hub or the catalog).
         gpu / ram: bytes of GPU memory / RAM (default: measured; 0 = none).
     Returns:
-        (one-line text, is_warning) or None when nothing useful can be said.
+        (one-line text, fits) — fits False when the model runs here in no precision localdiff offers — or None
+        when nothing useful can be said.
     """
-    gpu = gpu_mem_bytes() if gpu is None else gpu
-    ram = _ram_bytes() if ram is None else ram
-    try:
-        from localdiff.quantize.plan import plan_memory
+    from localdiff.quantize.plan import INT4_BYTES_PER_WEIGHT
 
-        d = plan_memory(cfg, gpu or ram, "int8").to_dict()
-    except Exception:  # noqa: BLE001 — unknown architecture / planner missing: fall back to the byte rule
-        d = None
-    if d is not None:
-        need = human_bytes(d["device_total_bytes"])
-        if not gpu:  # RAM holds everything: the planner's device and host parts together
-            total = d["device_total_bytes"] + d["host_weight_bytes"]
-            if total > ram:
-                return f"memory: needs about {human_bytes(total)} of RAM in int8 and no NVIDIA GPU was found; " \
-                       f"this machine has {human_bytes(ram)}", True
-            return f"memory: fits in {human_bytes(ram)} of RAM in int8 (no NVIDIA GPU found)", False
-        if not d["fits"]:
-            return f"memory: does not fit a {human_bytes(gpu)} GPU even in int8 with every expert layer on the " \
-                   f"host (needs {need} on the device)", True
-        if ram and d["host_weight_bytes"] > 0.9 * ram:
-            return f"memory: on this {human_bytes(gpu)} GPU, {d['n_cpu_moe']} expert layers " \
-                   f"({human_bytes(d['host_weight_bytes'])}) must stay in host RAM, which has {human_bytes(ram)}", True
-        where = f"{d['n_cpu_moe']} expert layers on the host" if d["n_cpu_moe"] else "everything on the GPU"
-        return f"memory: fits this {human_bytes(gpu)} GPU in int8 ({where}; `localdiff show NAME --plan`)", False
+    gpu = gpu_mem_bytes() if gpu is None else gpu
+    ram = ram_bytes() if ram is None else ram
+    c = fit_choice(cfg, gpu, ram, recipe)
+    if c is not None:
+        if not c.fits:
+            from localdiff.quantize.fit import machine_text
+
+            return f"needs {c.need_line()}, the smallest precision localdiff offers, and this machine has " \
+                   f"{machine_text(c.gpu_bytes, c.ram_bytes)} ({c.reason})", False
+        return f"memory: {c.reason}" + ("" if c.precision == "bf16" else
+                                         f"; gen loads it in {c.precision} when no --quant is given"), True
     budget = gpu or ram
     where = f"{human_bytes(gpu)} GPU memory" if gpu else f"{human_bytes(ram)} RAM and no NVIDIA GPU"
     if not budget or weight_bytes <= 0.9 * budget:
         return None
-    int8 = 0.53 * weight_bytes
-    if int8 <= 0.9 * budget:
-        return f"memory: weights are {human_bytes(weight_bytes)}, this machine has {where}; load with --quant int8", True
-    return (f"memory: weights are {human_bytes(weight_bytes)} (~{human_bytes(int8)} in int8), this machine has "
-            f"{where}; it will need host offload (see `localdiff show NAME --plan`)"), True
+    for name, factor in (("int8", 0.5), ("int4", INT4_BYTES_PER_WEIGHT / 2)):
+        if factor * weight_bytes <= 0.9 * budget:
+            return (f"memory: weights are {human_bytes(weight_bytes)}, this machine has {where}: about "
+                    f"{human_bytes(factor * weight_bytes)} in {name}"), True
+    return (f"needs about {human_bytes(INT4_BYTES_PER_WEIGHT / 2 * weight_bytes)} for the weights in int4 (the "
+            f"smallest precision localdiff offers; {human_bytes(weight_bytes)} in 16 bits) and this machine has "
+            f"{where}"), False
+
+
+def check_fit(t: "Target", cfg: dict | None, weight_bytes: int, force: bool, progress) -> None:
+    """The fit check of a pull: say on stderr which precision the model fits in here; refuse (HubError) when it fits
+    in none, unless ``force``. ``cfg`` None and ``weight_bytes`` 0: nothing to check."""
+    from localdiff.quantize.recipe import recipe_for_model
+
+    if cfg is None and not weight_bytes:
+        return
+    est = memory_estimate(cfg or {}, weight_bytes, recipe=recipe_for_model(t.entry.alias if t.entry else t.name))
+    if est is None:
+        return
+    text, fits = est
+    if fits:
+        progress.note(text.replace("memory: ", f"memory: {t.name} ", 1))
+        return
+    if not force:
+        raise HubError(f"{t.name} cannot run on this machine: it {text}; nothing was downloaded (pass --force "
+                       "to pull it anyway)")
+    progress.note(f"warning: {t.name} {text}; pulling anyway (--force)")
+
+
+def catalog_config(t: "Target") -> dict | None:
+    """The catalog's stand-in config.json of ``t`` (read from the package; no network), or None."""
+    e = t.entry
+    if e is None or getattr(t, "quant", None) or e.offline_config is None or not e.offline_config.is_file():
+        return None
+    cfg = _load_json(e.offline_config)
+    return cfg or None
 
 
 def _link(blob: Path, pointer: Path) -> None:
@@ -187,7 +222,8 @@ def _link(blob: Path, pointer: Path) -> None:
         os.symlink(os.path.relpath(blob, pointer.parent), pointer)
 
 
-def pull(t: "Target", quiet: bool = False, progress=None, verify: bool = False, check_space: bool = True) -> dict:
+def pull(t: "Target", quiet: bool = False, progress=None, verify: bool = False, check_space: bool = True,
+         force: bool = False) -> dict:
     """Download (or finish downloading) a model into the HF cache.
 
     Args:
@@ -197,12 +233,15 @@ def pull(t: "Target", quiet: bool = False, progress=None, verify: bool = False, 
         verify: re-hash files already in the cache (otherwise their sizes are checked, and files changed since they
             were verified — ``localdiff.hub.guard`` — are re-hashed).
         check_space: refuse when free disk < what is left to download + ``DISK_MARGIN``.
+        force: pull even when the model fits this machine in no precision (the fit check: from the catalog's
+            config before any network access, else from config.json before the weights).
     Returns:
         dict: name, repo, revision, commit, path, files, total_bytes, downloaded_bytes, reused_bytes, up_to_date,
         seconds, warnings (list of str).
     Raises:
         UsageError: a folder or embedded model (nothing to pull).
-        HubError: offline, unreachable, gated, not found, no loadable files, not enough disk, failed verification,
+        HubError: the model fits this machine in no precision (without ``force``; raised before any request),
+            offline, unreachable, gated, not found, no loadable files, not enough disk, failed verification,
             HF_HOME / the hub cache not a folder.
 
     A second pull of the same repo waits for the first (the repo's pull lock; a note says so) and then looks at the
@@ -224,13 +263,17 @@ def pull(t: "Target", quiet: bool = False, progress=None, verify: bool = False, 
             files = filter_files(read_tree(storage, commit) or [], t.allow_patterns, t.ignore_patterns)
             return _result(t, commit, storage, files, 0, sum(f.size for f in files), True, t0,
                            ["offline: not checked for updates"])
+    cfg = catalog_config(t)
+    if cfg is not None:        # the fit check from the catalog, before any network access (offline too)
+        check_fit(t, cfg, t.entry.approx_size_bytes, force, progress)
     commit, all_files = remote_files(t)
     with pull_lock(storage, lambda: progress.note(f"waiting for another pull of {t.name} to finish…")):
-        return _pull_locked(t, progress, verify, check_space, t0, storage, commit, all_files)
+        return _pull_locked(t, progress, verify, check_space, t0, storage, commit, all_files,
+                            force or cfg is not None)
 
 
 def _pull_locked(t, progress, verify: bool, check_space: bool, t0: float, storage: Path, commit: str,
-                 all_files: list) -> dict:
+                 all_files: list, checked: bool = False) -> dict:
     files = sorted(filter_files(all_files, t.allow_patterns, t.ignore_patterns), key=lambda r: (r.size, r.path))
     if getattr(t, "quant", None):
         from localdiff.hub.gguf_names import pick
@@ -284,12 +327,10 @@ def _pull_locked(t, progress, verify: bool, check_space: bool, t0: float, storag
     locks = storage.parent / ".locks" / storage.name
 
     def warn_memory() -> None:
-        est = memory_estimate(_load_json(snap / "config.json"), weights)
-        if est:
-            text, is_warning = est[0].replace("NAME", t.name), est[1]
-            if is_warning:
-                warnings.append(text)
-            progress.note(("warning: " if is_warning else "") + text)
+        """Without a catalog config (and without --force): the fit check from the repo's config.json, which is
+        fetched first, before the weights."""
+        if not checked and not getattr(t, "quant", None):
+            check_fit(t, _load_json(snap / "config.json"), weights, False, progress)
 
     if (snap / "config.json").exists():
         warn_memory()

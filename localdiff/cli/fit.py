@@ -12,7 +12,7 @@ def _machine(device: str | None, gpu_mem: int | None) -> tuple[str, int, int]:
     measured now (as :func:`localdiff.load` plans), the total RAM."""
     import torch
 
-    from localdiff.hub.pull import ram_bytes
+    from localdiff.hub.fit import ram_bytes
 
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
     kind = "cuda" if str(dev).startswith("cuda") else "cpu"
@@ -44,6 +44,8 @@ def auto_quant(name: str, device: str | None = None, gpu_mem: int | None = None,
         return None
     cfg = read_json(folder / "config.json")
     kind, gpu, ram = _machine(device, gpu_mem)
+    if not (gpu if kind == "cuda" else ram):   # the budget is unknown (or CUDA is missing: the load says so)
+        return None
     try:
         if dtype is None and kind == "cpu":       # what the load would pick (without its GEMM probe)
             dtype = choose_cpu_dtype(stored_dtype(cfg), parameter_counts(cfg)["total"], measure=False).dtype

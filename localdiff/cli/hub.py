@@ -139,7 +139,7 @@ def _size_flag(text: str, flag: str) -> int:
 def _gpu_budget(text: str | None) -> int:
     if text:
         return _size_flag(text, "--gpu-mem")
-    from localdiff.hub.pull import gpu_mem_bytes
+    from localdiff.hub.fit import gpu_mem_bytes
 
     n = gpu_mem_bytes()
     if not n:
@@ -243,7 +243,7 @@ def _plan(args, cfg: dict, recipe):
     kv = _size_flag(args.kv_budget, "--kv-budget") if getattr(args, "kv_budget", None) is not None else None
     if cpu:
         if ram is None:
-            from localdiff.hub.pull import ram_bytes
+            from localdiff.hub.fit import ram_bytes
 
             ram = ram_bytes()
             if not ram:
@@ -254,7 +254,7 @@ def _plan(args, cfg: dict, recipe):
         gpu = _gpu_budget(args.gpu_mem)
         plan = plan_memory(cfg, gpu, args.quant or "int8", kv, recipe=recipe, ram_bytes=ram)
     if ram is None:
-        from localdiff.hub.pull import ram_bytes
+        from localdiff.hub.fit import ram_bytes
 
         ram = ram_bytes()
     c = choose_precision(cfg, gpu, ram, recipe=recipe, kv_budget_bytes=kv, cpu_fallback=cpu)

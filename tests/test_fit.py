@@ -168,3 +168,18 @@ def test_benchmarks_doc_holds_the_computed_flagship_tables():
     spec.loader.exec_module(tool)
     doc = (root / "docs" / "BENCHMARKS.md").read_text(encoding="utf-8")
     assert "## Memory plans (computed)" in doc and "\n".join(tool.flagship()) in doc
+
+
+def test_show_quant_alone_plans_this_machine(monkeypatch, capsys):
+    """--quant implies --plan (it was ignored without it); no GPU found and no --gpu-mem: the CPU plan of the RAM."""
+    import localdiff.hub.fit as machine
+    from localdiff.cli import main
+
+    monkeypatch.setattr(machine, "gpu_mem_bytes", lambda: 0)
+    monkeypatch.setattr(machine, "ram_bytes", lambda: 32 * GIB)
+    assert main(["show", FLAGSHIP, "--quant", "int4"]) == 0
+    out = capsys.readouterr().out
+    assert "Memory plan for 32.00 GiB of RAM (CPU, no GPU): int4 weights" in out and "RAM total 16.97 GiB" in out
+    monkeypatch.setattr(machine, "gpu_mem_bytes", lambda: 24 * GIB)
+    assert main(["show", FLAGSHIP, "--quant", "int4"]) == 0
+    assert "Memory plan for a 24.00 GiB device: int4 weights" in capsys.readouterr().out

@@ -154,9 +154,10 @@ def build_parser() -> argparse.ArgumentParser:
     sh.add_argument("--gpu-mem", metavar="SIZE", help="device memory budget, e.g. 24GiB (default: measured; "
                     "implies --plan)")
     sh.add_argument("--quant", choices=["int8", "int4", "none", "bf16"], default=None,
-                    help="precision for the plan (default: int8)")
+                    help="precision for the plan (default: int8; implies --plan)")
     sh.add_argument("--device", choices=["cuda", "cpu"], default=None,
-                    help="plan for a GPU (default) or for the CPU alone (RAM: --ram)")
+                    help="plan for a GPU or for the CPU alone (RAM: --ram); default: the GPU when one is found "
+                         "or --gpu-mem is given, else the CPU")
     sh.add_argument("--kv-budget", metavar="SIZE", help="KV-cache bytes in the plan, e.g. 512MiB (default: "
                     "min(context, 32768) tokens)")
     sh.add_argument("--ram", metavar="SIZE", help="RAM for the plan, e.g. 32GiB (default: measured): the budget "

@@ -195,7 +195,8 @@ def run_show(args) -> int:
     if summary.get("family") in FAMILY_POLICY:   # a family whose decoders are not wired yet shows its model only
         out["decoder"] = describe(summary["family"], folder if cfg is not None else None,
                                   cfg.get("model_type") if cfg is not None else summary.get("model_type"))
-    if any(getattr(args, k, None) is not None for k in ("gpu_mem", "ram", "device", "kv_budget")) and not args.plan:
+    if any(getattr(args, k, None) is not None for k in ("gpu_mem", "ram", "device", "kv_budget", "quant")) \
+            and not args.plan:
         args.plan = True                          # a budget asks for the plan against it (was silently ignored)
     if args.plan and cfg is None:
         raise UsageError("--plan: a GGUF model runs on the CPU through llama.cpp; there is no device plan")
@@ -231,12 +232,16 @@ def run_show(args) -> int:
 
 def _plan(args, cfg: dict, recipe):
     """``show --plan``: the plan for ``--device`` (GPU: ``--gpu-mem``, else measured; CPU: ``--ram``, else
-    measured) in ``--quant`` (default int8), and the precision chooser's pick for the same machine
+    measured; neither given and no GPU found: the CPU) in ``--quant`` (default int8), and the precision chooser's pick for the same machine
     (:func:`localdiff.quantize.fit.choose_precision`) as {precision, device, line}. Raises UsageError."""
     from localdiff.quantize.fit import choose_precision
     from localdiff.quantize.plan import plan_memory
 
     cpu = getattr(args, "device", None) == "cpu"
+    if getattr(args, "device", None) is None and args.gpu_mem is None:
+        from localdiff.hub.fit import gpu_mem_bytes
+
+        cpu = not gpu_mem_bytes()              # no GPU here and no --gpu-mem: plan this machine's RAM
     if cpu and args.gpu_mem is not None:
         raise UsageError("--gpu-mem plans a GPU; with --device cpu give the RAM with --ram SIZE")
     ram = _size_flag(args.ram, "--ram") if getattr(args, "ram", None) is not None else None

@@ -34,7 +34,8 @@ def flagship() -> list[str]:
             for c in p.components:
                 rows.setdefault(c["label"], {"params": c["params"]})[q] = format_bytes(c["bytes"])
         for label, r in rows.items():
-            out.append(f"| {label} | {r['params']:,} | {r.get('bf16', '')} | {r.get('int8', '')} | {r.get('int4', '')} |")
+            cells = " | ".join(r.get(q, "") for q in ("bf16", "int8", "int4"))
+            out.append(f"| {label} | {r['params']:,} | {cells} |")
         p4 = plans["int4"]
         kv = f"KV cache budget ({p4.kv_tokens:,} tokens)"
         extra = [("weights, total", lambda p: p.weight_bytes), (kv, lambda p: p.kv_budget_bytes),
@@ -74,7 +75,8 @@ def every_model() -> list[str]:
             c = choose_precision(cfg, gpu, ram, recipe=recipe, cpu_fallback=device == "cpu")
             where = "" if c.precision is None or c.device == "cpu" else (
                 " resident" if c.plan.resident else f", {c.plan.n_cpu_moe} expert layers on host")
-            picks.append(f"{c.precision}{where}" if c.fits else f"none (int4 needs {format_bytes(c.plan.resident_bytes)})")
+            picks.append(f"{c.precision}{where}" if c.fits
+                         else f"none (int4 needs {format_bytes(c.plan.resident_bytes)})")
         out.append(f"| {e.alias} | {w} | " + " | ".join(picks) + " |")
     return out
 

@@ -26,10 +26,8 @@ def auto_quant(name: str, device: str | None = None, gpu_mem: int | None = None,
                write=None) -> str | None:
     """The ``quant`` for :func:`localdiff.load` when none was asked: None (16-bit) when that fits, else "int8" or
     "int4"; one line on stderr (``write``) when it picks a lower precision or when nothing fits (then the smallest,
-    int4, is tried). None without a line for a model the planner cannot size (a GGUF file, an unknown config).
-
-    Raises:
-        ModelNotFoundError / CheckpointError: as :func:`localdiff.hub.models.resolve_model` (the load would too).
+    int4, is tried). None without a line for a model the planner cannot size (a GGUF file, an unknown config, a
+    name the load will refuse with its own message).
     """
     from localdiff.capability import choose_cpu_dtype, stored_dtype
     from localdiff.hub import models as hub
@@ -38,11 +36,19 @@ def auto_quant(name: str, device: str | None = None, gpu_mem: int | None = None,
     from localdiff.quantize.recipe import recipe_for_model
     from localdiff.summary import parameter_counts
 
+    from localdiff.errors import LocaldiffError
+    from localdiff.loader import gguf_target
+
     write = write or sys.stderr.write
-    folder = hub.resolve_model(name)
-    if not folder.is_dir():                       # a GGUF file: llama.cpp's own quantization
+    try:
+        if gguf_target(name) is not None:         # a GGUF file: llama.cpp's own quantization
+            return None
+        folder = hub.resolve_model(name)
+        if not folder.is_dir() or gguf_target(folder) is not None:
+            return None
+        cfg = read_json(folder / "config.json")
+    except LocaldiffError:                        # the load reports a bad name / folder itself
         return None
-    cfg = read_json(folder / "config.json")
     kind, gpu, ram = _machine(device, gpu_mem)
     if not (gpu if kind == "cuda" else ram):   # the budget is unknown (or CUDA is missing: the load says so)
         return None

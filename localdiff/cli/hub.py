@@ -232,8 +232,9 @@ def run_show(args) -> int:
 
 def _plan(args, cfg: dict, recipe):
     """``show --plan``: the plan for ``--device`` (GPU: ``--gpu-mem``, else measured; CPU: ``--ram``, else
-    measured; neither given and no GPU found: the CPU) in ``--quant`` (default int8), and the precision chooser's pick for the same machine
-    (:func:`localdiff.quantize.fit.choose_precision`) as {precision, device, line}. Raises UsageError."""
+    measured; neither given and no GPU found: the CPU) in ``--quant`` (default int8), and the precision chooser's
+    pick for the same machine (:func:`localdiff.quantize.fit.choose_precision`) as {precision, device, line}.
+    Raises UsageError."""
     from localdiff.quantize.fit import choose_precision
     from localdiff.quantize.plan import plan_memory
 

@@ -1,5 +1,5 @@
-"""Does a model fit this machine, and in which precision — before a pull downloads it (issue 40 item 5) and when
-``gen`` picks its precision: the machine's RAM and GPU memory (:func:`ram_bytes`, :func:`gpu_mem_bytes`, measured
+"""Does a model fit this machine, and in which precision — before a pull downloads it and when ``gen`` picks its
+precision: the machine's RAM and GPU memory (:func:`ram_bytes`, :func:`gpu_mem_bytes`, measured
 without torch), the precision chooser on a config (:func:`fit_choice`, :func:`memory_estimate`) and the pull's check
 (:func:`check_fit`: a note on stderr, or a one-line refusal unless ``--force``)."""
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The precision chooser: for a model (its config.json) and a machine (GPU memory and / or RAM), the widest weight
-precision of bf16 → int8 → int4 that fits, and one line that says which and why (issue 42: ``pull`` and ``gen`` use
-it when no ``--quant`` is given, and say so; issue 40: ``pull`` refuses a model that fits in no precision before any
-download). The bytes come from :func:`localdiff.quantize.plan.plan_memory` (config only, no weights).
+precision of bf16 → int8 → int4 that fits, and one line that says which and why (``pull`` and ``gen`` use it when no
+``--quant`` is given, and say so; ``pull`` refuses a model that fits in no precision before any download). The
+bytes come from :func:`localdiff.quantize.plan.plan_memory` (config only, no weights).
 
 Rules:
 

@@ -27,7 +27,7 @@ from localdiff.summary import config_tensors, layer_geometry, parameter_counts, 
 
 FLOAT_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
 SCALE_BYTES = 2  # int8 per-channel scales are stored as bf16
-# The int4 weight-only format (issue 42), in one place: groups of INT4_GROUP input features, packed uint4 codes
+# The int4 weight-only format, in one place: groups of INT4_GROUP input features, packed uint4 codes
 # (two per byte) + a 16-bit scale and a 16-bit zero per group: 36 bytes per 64 weights = 0.5625 bytes per weight.
 INT4_GROUP = 64
 INT4_GROUP_BYTES = INT4_GROUP // 2 + 2 + 2
@@ -221,7 +221,8 @@ class Plan:
 
     @property
     def weights_text(self) -> str:
-        """"int8 weights (recipe R)", "int4 weights (...; groups of 64, 0.5625 bytes per weight)", "bfloat16 weights"."""
+        """"int8 weights (recipe R)", "int4 weights (...; groups of 64, 0.5625 bytes per weight)" or
+        "bfloat16 weights"."""
         if self.quant == "int4":
             return (f"int4 weights (recipe {self.recipe}'s quantized set; groups of {INT4_GROUP}, "
                     f"{INT4_BYTES_PER_WEIGHT:g} bytes per weight)")

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from localdiff.hub import catalog
-from localdiff.paths import models_dir
 from localdiff.quantize.fit import choose_precision
 from localdiff.quantize.plan import int4_bytes, plan_memory, tensor_bytes
 from localdiff.quantize.recipe import recipe_for_model

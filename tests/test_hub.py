@@ -53,10 +53,10 @@ def cache(tmp_path, stand_in, monkeypatch):
     monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    import localdiff.hub.fit as pull_mod                       # the fit check sees a fixed machine, not this one
+    import localdiff.hub.fit as machine                        # the fit check sees a fixed machine, not this one
 
-    monkeypatch.setattr(pull_mod, "ram_bytes", lambda: 64 * 2**30)
-    monkeypatch.setattr(pull_mod, "gpu_mem_bytes", lambda: 0)
+    monkeypatch.setattr(machine, "ram_bytes", lambda: 64 * 2**30)
+    monkeypatch.setattr(machine, "gpu_mem_bytes", lambda: 0)
     return hub_dir
 
 

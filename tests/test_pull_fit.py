@@ -10,7 +10,7 @@ import pytest
 
 from hub_stand_in import StandInHub, tiny_checkpoint_files
 
-import localdiff.hub.fit as pull_mod
+import localdiff.hub.fit as machine
 from localdiff.errors import HubError
 from localdiff.hub import catalog
 from localdiff.hub import models as hub
@@ -20,8 +20,8 @@ MINI_REPO = catalog.lookup("llada2:mini").repo
 
 
 def _machine(monkeypatch, ram_gib: float, gpu_gib: float = 0) -> None:
-    monkeypatch.setattr(pull_mod, "ram_bytes", lambda: int(ram_gib * GIB))
-    monkeypatch.setattr(pull_mod, "gpu_mem_bytes", lambda: int(gpu_gib * GIB))
+    monkeypatch.setattr(machine, "ram_bytes", lambda: int(ram_gib * GIB))
+    monkeypatch.setattr(machine, "gpu_mem_bytes", lambda: int(gpu_gib * GIB))
 
 
 @pytest.fixture
@@ -124,7 +124,7 @@ def test_a_repo_outside_the_catalog_is_refused_after_its_config_before_the_weigh
 def test_gen_without_quant_loads_in_the_chosen_precision_and_says_so(tmp_path, monkeypatch, capsys):
     """gen's choice, the loader monkeypatched (the int4 load lands from its own branch): a folder with LLaDA2-mini's
     config on a machine without a GPU."""
-    import localdiff.cli.gen as gen
+    from localdiff.cli import gen
     from localdiff.cli import main
 
     folder = tmp_path / "mini"

@@ -203,10 +203,6 @@ def run_show(args) -> int:
     if cfg is not None:
         out["cpu_precision"] = _cpu_precision(cfg, summary)
     if args.plan:
-        try:
-            from localdiff.quantize.plan import plan_memory
-        except ImportError:
-            raise LocaldiffError("the memory planner (localdiff.quantize.plan) is not available in this build") from None
         from localdiff.quantize.recipe import recipe_for_model
         plan, choice = _plan(args, cfg, recipe_for_model(name))
         out["plan"] = plan.to_dict()

@@ -53,6 +53,10 @@ def cache(tmp_path, stand_in, monkeypatch):
     monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    import localdiff.hub.fit as machine                        # the fit check sees a fixed machine, not this one
+
+    monkeypatch.setattr(machine, "ram_bytes", lambda: 64 * 2**30)
+    monkeypatch.setattr(machine, "gpu_mem_bytes", lambda: 0)
     return hub_dir
 
 
@@ -347,21 +351,28 @@ def test_cli_pull_list_rm_and_offline(tmp_path, stand_in):
 
 
 def test_memory_estimate_before_download():
+    """The estimate says which precision fits (bf16 → int8 → int4, the first) and whether it fits at all."""
     from localdiff.hub.pull import memory_estimate
 
     cfg = json.loads((ROOT / "models" / "offline" / "diffusiongemma-26b-a4b" / "config.json").read_text())
-    text, warn = memory_estimate(cfg, 51_600_000_000, gpu=24 * 2**30, ram=64 * 2**30)
-    assert not warn and "fits this" in text and "expert layers on the host" in text
-    text, warn = memory_estimate(cfg, 51_600_000_000, gpu=24 * 2**30, ram=2 * 2**30)
-    assert warn and "must stay in host RAM" in text
-    text, warn = memory_estimate(cfg, 51_600_000_000, gpu=4 * 2**30, ram=64 * 2**30)
-    assert warn and "does not fit" in text
-    text, warn = memory_estimate(cfg, 51_600_000_000, gpu=0, ram=16 * 2**30)
-    assert warn and "no NVIDIA GPU" in text
+    text, fits = memory_estimate(cfg, 51_600_000_000, gpu=24 * 2**30, ram=64 * 2**30)
+    assert fits and "fits this 24.00 GiB GPU in int4, everything on the GPU, not in bf16 or int8" in text
+    text, fits = memory_estimate(cfg, 51_600_000_000, gpu=16 * 2**30, ram=64 * 2**30)
+    assert fits and "in int4 with the experts of 3 layers" in text
+    text, fits = memory_estimate(cfg, 51_600_000_000, gpu=4 * 2**30, ram=2 * 2**30)
+    assert not fits and text.startswith("needs about 16.97 GiB of RAM in int4, the smallest precision localdiff "
+                                        "offers, and this machine has a 4.00 GiB GPU and 2.00 GiB of RAM (no "
+                                        "precision fits this 4.00 GiB GPU")
+    text, fits = memory_estimate(cfg, 51_600_000_000, gpu=0, ram=32 * 2**30)
+    assert fits and "fits 32.00 GiB of RAM in int8 on the CPU, not in bf16" in text
     # a config the planner does not understand: the byte rule
     assert memory_estimate({}, 10**9, gpu=0, ram=64 * 2**30) is None
-    text, warn = memory_estimate({}, 100 * 10**9, gpu=0, ram=64 * 2**30)
-    assert warn and "--quant int8" in text
+    text, fits = memory_estimate({}, 100 * 10**9, gpu=0, ram=64 * 2**30)
+    assert fits and "in int8" in text
+    text, fits = memory_estimate({}, 100 * 10**9, gpu=0, ram=48 * 2**30)
+    assert fits and "in int4" in text
+    text, fits = memory_estimate({}, 100 * 10**9, gpu=0, ram=8 * 2**30)
+    assert not fits and "in int4" in text
 
 
 def test_pull_a_real_checkpoint_then_show_and_generate_from_the_cache(cache, stand_in, tmp_path_factory, capsys):

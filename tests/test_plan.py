@@ -190,7 +190,7 @@ def test_sizes_and_bad_inputs():
             parse_bytes(bad)
     assert issubclass(RecipeError, LocaldiffError)
     with pytest.raises(RecipeError):
-        plan_memory(json.loads(STANDIN.read_text()), GIB, "int4")
+        plan_memory(json.loads(STANDIN.read_text()), GIB, "int3")
     with pytest.raises(RecipeError, match="available"):
         load_recipe("no-such-recipe")
 

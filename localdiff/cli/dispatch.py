@@ -53,8 +53,8 @@ def _add_sampler(p: argparse.ArgumentParser) -> None:
             g.add_argument(flag, dest="opt_" + key, metavar=spec.metavar or key.upper(), help=helptext)
     g.add_argument("--seed", type=int, help="random seed (reproducible output)")
     g.add_argument("--device", help="cpu, cuda or cuda:N (default: CUDA when available)")
-    g.add_argument("--quant", choices=["int8", "int4", "none"], help="weight quantization at load (int4: groups of "
-                                                                        "64, 0.56 bytes per weight)")
+    g.add_argument("--quant", choices=["int8", "int4", "none"], help="weight quantization at load (gen default: "
+                                                                    "bf16, int8 or int4, the first that fits)")
     g.add_argument("--draft", metavar="MODEL", help="DFlash draft for a Qwen3 / Llama target: speculative decoding, "
                                                      "same output (alias, org/repo or folder; 'auto' = the catalog's)")
     g.add_argument("--gpu-mem", metavar="SIZE", help="CUDA memory budget for the memory plan, e.g. 24GiB "
@@ -148,6 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                      "Q4_K_M; same as NAME:Q4_K_M)")
     pl.add_argument("--no-space-check", dest="check_space", action="store_false",
                     help="download even when free disk is below what is left to fetch + a 64 MiB margin")
+    pl.add_argument("--force", action="store_true", help="download even when the model fits this machine's GPU "
+                                                         "memory / RAM in no precision (bf16, int8, int4)")
     _add_common(pl)
 
     ls = sub.add_parser("list", aliases=["ls"], help="list models ready to run")
@@ -164,7 +166,15 @@ def build_parser() -> argparse.ArgumentParser:
     sh.add_argument("--plan", action="store_true", help="print the memory plan for a device budget")
     sh.add_argument("--gpu-mem", metavar="SIZE", help="device memory budget, e.g. 24GiB (default: measured; "
                     "implies --plan)")
-    sh.add_argument("--quant", choices=["int8", "none", "bf16"], default=None, help="precision for the plan")
+    sh.add_argument("--quant", choices=["int8", "int4", "none", "bf16"], default=None,
+                    help="precision for the plan (default: int8; implies --plan)")
+    sh.add_argument("--device", choices=["cuda", "cpu"], default=None,
+                    help="plan for a GPU or for the CPU alone (RAM: --ram); default: the GPU when one is found "
+                         "or --gpu-mem is given, else the CPU")
+    sh.add_argument("--kv-budget", metavar="SIZE", help="KV-cache bytes in the plan, e.g. 512MiB (default: "
+                    "min(context, 32768) tokens)")
+    sh.add_argument("--ram", metavar="SIZE", help="RAM for the plan, e.g. 32GiB (default: measured): the budget "
+                    "with --device cpu; what host expert layers must fit on a GPU plan")
     sh.add_argument("--json", action="store_true", help="JSON output")
     _add_common(sh)
 

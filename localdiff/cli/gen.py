@@ -188,8 +188,13 @@ def run_gen(args) -> int:
     seed = cfg.seed if cfg.seed is not None else random.SystemRandom().randrange(2**31)
     gpu_mem = _size(getattr(args, "gpu_mem", None), "--gpu-mem")
     kv_budget = _size(getattr(args, "kv_budget", None), "--kv-budget")
-    model = _load(cfg.default_model, cfg.device, cfg.quant, gpu_mem, getattr(args, "dtype", None),
-                  cfg.threads or "auto", getattr(args, "draft", None))   # no thread count set: by model size
+    quant = cfg.quant
+    if quant is None:                  # no --quant / LOCALDIFF_QUANT / config: the plan picks bf16, int8 or int4
+        from localdiff.cli.fit import auto_quant
+
+        quant = auto_quant(cfg.default_model, cfg.device, gpu_mem, getattr(args, "dtype", None))
+    model = _load(cfg.default_model, cfg.device, quant, gpu_mem, getattr(args, "dtype", None), cfg.threads or "auto",
+                  getattr(args, "draft", None))
     cache = model.new_cache(device_budget_bytes=kv_budget) if kv_budget is not None else None
     overrides = model.applicable(overrides, keep=flag_names(_flags(args)))   # saved settings: this decoder's only
     used = model.sampler_options(_typed=flag_names(_flags(args)), **overrides)

@@ -41,7 +41,8 @@ def _gguf_name(name: str, quant: str | None) -> str:
 def run_pull(args) -> int:
     args.name = _gguf_name(args.name, getattr(args, "quant", None))
     try:
-        res = hub.pull(args.name, quiet=args.quiet, verify=args.verify, check_space=getattr(args, "check_space", True))
+        res = hub.pull(args.name, quiet=args.quiet, verify=args.verify, check_space=getattr(args, "check_space", True),
+                       force=getattr(args, "force", False))
     except KeyboardInterrupt:
         sys.stderr.write(f"interrupted; run `localdiff pull {args.name}` again to resume\n")
         return 130
@@ -131,20 +132,23 @@ def _basic_summary(cfg: dict) -> dict:
             **{k: t.get(k) for k in keys if k in t}}
 
 
+def _size_flag(text: str, flag: str) -> int:
+    """A memory size flag's value in bytes (> 0). Raises UsageError naming the flag."""
+    from localdiff.quantize.recipe import parse_bytes
+
+    try:
+        n = parse_bytes(text)
+    except LocaldiffError as e:
+        raise UsageError(f"{flag}: {e}") from None
+    if n <= 0:
+        raise UsageError(f"{flag} must be > 0")
+    return n
+
+
 def _gpu_budget(text: str | None) -> int:
     if text:
-        try:
-            from localdiff.quantize.recipe import parse_bytes
-        except ImportError:  # pragma: no cover
-            raise LocaldiffError("memory sizes need localdiff.quantize.recipe") from None
-        try:
-            n = parse_bytes(text)
-        except LocaldiffError as e:
-            raise UsageError(f"--gpu-mem: {e}") from None
-        if n <= 0:
-            raise UsageError("--gpu-mem must be > 0")
-        return n
-    from localdiff.hub.pull import gpu_mem_bytes
+        return _size_flag(text, "--gpu-mem")
+    from localdiff.hub.fit import gpu_mem_bytes
 
     n = gpu_mem_bytes()
     if not n:
@@ -200,21 +204,19 @@ def run_show(args) -> int:
     if summary.get("family") in FAMILY_POLICY:   # a family whose decoders are not wired yet shows its model only
         out["decoder"] = describe(summary["family"], folder if cfg is not None else None,
                                   cfg.get("model_type") if cfg is not None else summary.get("model_type"))
-    if getattr(args, "gpu_mem", None) is not None and not args.plan:
+    if any(getattr(args, k, None) is not None for k in ("gpu_mem", "ram", "device", "kv_budget", "quant")) \
+            and not args.plan:
         args.plan = True                          # a budget asks for the plan against it (was silently ignored)
     if args.plan and cfg is None:
         raise UsageError("--plan: a GGUF model runs on the CPU through llama.cpp; there is no device plan")
     if cfg is not None:
         out["cpu_precision"] = _cpu_precision(cfg, summary)
     if args.plan:
-        try:
-            from localdiff.quantize.plan import plan_memory
-        except ImportError:
-            raise LocaldiffError("the memory planner (localdiff.quantize.plan) is not available in this build") from None
         from localdiff.quantize.recipe import recipe_for_model
-        plan = plan_memory(cfg, _gpu_budget(args.gpu_mem), args.quant or "int8", recipe=recipe_for_model(name))
+        plan, choice = _plan(args, cfg, recipe_for_model(name))
         out["plan"] = plan.to_dict()
         out["plan_text"] = plan.to_text()
+        out["precision_choice"] = choice
     if args.json:
         _print_json(out)
         return 0
@@ -229,7 +231,47 @@ def run_show(args) -> int:
         sys.stdout.write(f"\ncpu precision: {out['cpu_precision']['line']}\n")
     if args.plan:
         sys.stdout.write("\nmemory plan:\n" + out["plan_text"].rstrip("\n") + "\n")
+        if out["precision_choice"]:
+            sys.stdout.write(f"\nprecision (what pull and gen pick): {out['precision_choice']['line']}\n")
     return 0
+
+
+def _plan(args, cfg: dict, recipe):
+    """``show --plan``: the plan for ``--device`` (GPU: ``--gpu-mem``, else measured; CPU: ``--ram``, else
+    measured; neither given and no GPU found: the CPU) in ``--quant`` (default int8), and the precision chooser's
+    pick for the same machine (:func:`localdiff.quantize.fit.choose_precision`) as {precision, device, line}.
+    Raises UsageError."""
+    from localdiff.quantize.fit import choose_precision
+    from localdiff.quantize.plan import plan_memory
+
+    cpu = getattr(args, "device", None) == "cpu"
+    if getattr(args, "device", None) is None and args.gpu_mem is None:
+        from localdiff.hub.fit import gpu_mem_bytes
+
+        cpu = not gpu_mem_bytes()              # no GPU here and no --gpu-mem: plan this machine's RAM
+    if cpu and args.gpu_mem is not None:
+        raise UsageError("--gpu-mem plans a GPU; with --device cpu give the RAM with --ram SIZE")
+    ram = _size_flag(args.ram, "--ram") if getattr(args, "ram", None) is not None else None
+    kv = _size_flag(args.kv_budget, "--kv-budget") if getattr(args, "kv_budget", None) is not None else None
+    if cpu:
+        if ram is None:
+            from localdiff.hub.fit import ram_bytes
+
+            ram = ram_bytes()
+            if not ram:
+                raise UsageError("cannot measure this machine's RAM; give it with --ram SIZE (e.g. 32GiB)")
+        plan = plan_memory(cfg, ram, args.quant or "int8", kv, recipe=recipe, device="cpu")
+        gpu = 0
+    else:
+        gpu = _gpu_budget(args.gpu_mem)
+        plan = plan_memory(cfg, gpu, args.quant or "int8", kv, recipe=recipe, ram_bytes=ram)
+    if ram is None:
+        from localdiff.hub.fit import ram_bytes
+
+        ram = ram_bytes()
+    c = choose_precision(cfg, gpu, ram, recipe=recipe, kv_budget_bytes=kv, cpu_fallback=cpu)
+    line = f"{c.precision}: {c.reason}" if c.fits else f"none: needs {c.need_line()} ({c.reason})"
+    return plan, {"precision": c.precision, "device": c.device, "line": line}
 
 
 def _cpu_precision(cfg: dict, summary: dict) -> dict | None:

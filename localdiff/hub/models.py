@@ -351,11 +351,13 @@ def remove(name: str) -> dict:
     return {"name": name, "repo": t.repo, "commit": commit, "freed_bytes": freed}
 
 
-def pull(name: str, quiet: bool = False, progress=None, verify: bool = False, check_space: bool = True) -> dict:
-    """Download a model into the HF cache, resuming partial files (see ``localdiff.hub.pull.pull``)."""
+def pull(name: str, quiet: bool = False, progress=None, verify: bool = False, check_space: bool = True,
+         force: bool = False) -> dict:
+    """Download a model into the HF cache, resuming partial files (see ``localdiff.hub.pull.pull``; ``force``: pull
+    even when the model fits this machine in no precision)."""
     from localdiff.hub.pull import pull as _pull
 
-    return _pull(parse_name(name), quiet=quiet, progress=progress, verify=verify, check_space=check_space)
+    return _pull(parse_name(name), quiet=quiet, progress=progress, verify=verify, check_space=check_space, force=force)
 
 
 def model_config(name: str, allow_network: bool = True) -> tuple[dict, Path | None, str]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from localdiff.errors import HubError, UsageError
 from localdiff.hub.guard import changed_since_verified, pull_lock, record_verified
 from localdiff.hub.hf_cache import (check_cache_folders, filter_files, read_ref, read_tree, snapshot_status,
                                     storage_folder, write_ref, write_tree)
+from localdiff.hub.fit import catalog_config, check_fit, gpu_mem_bytes, memory_estimate  # noqa: F401 — re-exported
 from localdiff.hub.progress import QuietProgress, human_bytes, make_progress
 
 DISK_MARGIN = 64 * 1024 * 1024  # bytes kept free beyond the download (said in the message; --no-space-check skips)
@@ -108,73 +108,6 @@ def remote_files(t: Target) -> tuple[str, list[RemoteFile]]:
     return info.sha, files
 
 
-def _ram_bytes() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 0
-
-
-def gpu_mem_bytes() -> int:
-    """Total memory of the first NVIDIA GPU via ``nvidia-smi`` (no torch import), or 0 when there is none."""
-    exe = shutil.which("nvidia-smi")
-    if not exe:
-        return 0
-    try:
-        out = subprocess.run([exe, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=5).stdout
-        return int(out.split()[0]) * 1024 * 1024
-    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
-        return 0
-
-
-def memory_estimate(cfg: dict, weight_bytes: int, gpu: int | None = None, ram: int | None = None):
-    """How the model will fit this machine, from config.json alone (before the weights are downloaded).
-
-    Uses ``localdiff.quantize.plan.plan_memory`` (int8, experts offloaded to host as needed) when the config is one it
-    understands; otherwise compares the safetensors bytes (bf16; ~0.53× in int8) with GPU memory or RAM.
-
-    Args:
-        cfg: parsed config.json; weight_bytes: total safetensors bytes from the Hub.
-        gpu / ram: bytes of GPU memory / RAM (default: measured; 0 = none).
-    Returns:
-        (one-line text, is_warning) or None when nothing useful can be said.
-    """
-    gpu = gpu_mem_bytes() if gpu is None else gpu
-    ram = _ram_bytes() if ram is None else ram
-    try:
-        from localdiff.quantize.plan import plan_memory
-
-        d = plan_memory(cfg, gpu or ram, "int8").to_dict()
-    except Exception:  # noqa: BLE001 — unknown architecture / planner missing: fall back to the byte rule
-        d = None
-    if d is not None:
-        need = human_bytes(d["device_total_bytes"])
-        if not gpu:  # RAM holds everything: the planner's device and host parts together
-            total = d["device_total_bytes"] + d["host_weight_bytes"]
-            if total > ram:
-                return f"memory: needs about {human_bytes(total)} of RAM in int8 and no NVIDIA GPU was found; " \
-                       f"this machine has {human_bytes(ram)}", True
-            return f"memory: fits in {human_bytes(ram)} of RAM in int8 (no NVIDIA GPU found)", False
-        if not d["fits"]:
-            return f"memory: does not fit a {human_bytes(gpu)} GPU even in int8 with every expert layer on the " \
-                   f"host (needs {need} on the device)", True
-        if ram and d["host_weight_bytes"] > 0.9 * ram:
-            return f"memory: on this {human_bytes(gpu)} GPU, {d['n_cpu_moe']} expert layers " \
-                   f"({human_bytes(d['host_weight_bytes'])}) must stay in host RAM, which has {human_bytes(ram)}", True
-        where = f"{d['n_cpu_moe']} expert layers on the host" if d["n_cpu_moe"] else "everything on the GPU"
-        return f"memory: fits this {human_bytes(gpu)} GPU in int8 ({where}; `localdiff show NAME --plan`)", False
-    budget = gpu or ram
-    where = f"{human_bytes(gpu)} GPU memory" if gpu else f"{human_bytes(ram)} RAM and no NVIDIA GPU"
-    if not budget or weight_bytes <= 0.9 * budget:
-        return None
-    int8 = 0.53 * weight_bytes
-    if int8 <= 0.9 * budget:
-        return f"memory: weights are {human_bytes(weight_bytes)}, this machine has {where}; load with --quant int8", True
-    return (f"memory: weights are {human_bytes(weight_bytes)} (~{human_bytes(int8)} in int8), this machine has "
-            f"{where}; it will need host offload (see `localdiff show NAME --plan`)"), True
-
-
 def _link(blob: Path, pointer: Path) -> None:
     pointer.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -187,7 +120,8 @@ def _link(blob: Path, pointer: Path) -> None:
         os.symlink(os.path.relpath(blob, pointer.parent), pointer)
 
 
-def pull(t: "Target", quiet: bool = False, progress=None, verify: bool = False, check_space: bool = True) -> dict:
+def pull(t: "Target", quiet: bool = False, progress=None, verify: bool = False, check_space: bool = True,
+         force: bool = False) -> dict:
     """Download (or finish downloading) a model into the HF cache.
 
     Args:
@@ -197,12 +131,15 @@ def pull(t: "Target", quiet: bool = False, progress=None, verify: bool = False, 
         verify: re-hash files already in the cache (otherwise their sizes are checked, and files changed since they
             were verified — ``localdiff.hub.guard`` — are re-hashed).
         check_space: refuse when free disk < what is left to download + ``DISK_MARGIN``.
+        force: pull even when the model fits this machine in no precision (the fit check: from the catalog's
+            config before any network access, else from config.json before the weights).
     Returns:
         dict: name, repo, revision, commit, path, files, total_bytes, downloaded_bytes, reused_bytes, up_to_date,
         seconds, warnings (list of str).
     Raises:
         UsageError: a folder or embedded model (nothing to pull).
-        HubError: offline, unreachable, gated, not found, no loadable files, not enough disk, failed verification,
+        HubError: the model fits this machine in no precision (without ``force``; raised before any request),
+            offline, unreachable, gated, not found, no loadable files, not enough disk, failed verification,
             HF_HOME / the hub cache not a folder.
 
     A second pull of the same repo waits for the first (the repo's pull lock; a note says so) and then looks at the
@@ -224,13 +161,17 @@ def pull(t: "Target", quiet: bool = False, progress=None, verify: bool = False, 
             files = filter_files(read_tree(storage, commit) or [], t.allow_patterns, t.ignore_patterns)
             return _result(t, commit, storage, files, 0, sum(f.size for f in files), True, t0,
                            ["offline: not checked for updates"])
+    cfg = catalog_config(t)
+    if cfg is not None:        # the fit check from the catalog, before any network access (offline too)
+        check_fit(t, cfg, t.entry.approx_size_bytes, force, progress)
     commit, all_files = remote_files(t)
     with pull_lock(storage, lambda: progress.note(f"waiting for another pull of {t.name} to finish…")):
-        return _pull_locked(t, progress, verify, check_space, t0, storage, commit, all_files)
+        return _pull_locked(t, progress, verify, check_space, t0, storage, commit, all_files,
+                            force or cfg is not None)
 
 
 def _pull_locked(t, progress, verify: bool, check_space: bool, t0: float, storage: Path, commit: str,
-                 all_files: list) -> dict:
+                 all_files: list, checked: bool = False) -> dict:
     files = sorted(filter_files(all_files, t.allow_patterns, t.ignore_patterns), key=lambda r: (r.size, r.path))
     if getattr(t, "quant", None):
         from localdiff.hub.gguf_names import pick
@@ -284,12 +225,11 @@ def _pull_locked(t, progress, verify: bool, check_space: bool, t0: float, storag
     locks = storage.parent / ".locks" / storage.name
 
     def warn_memory() -> None:
-        est = memory_estimate(_load_json(snap / "config.json"), weights)
-        if est:
-            text, is_warning = est[0].replace("NAME", t.name), est[1]
-            if is_warning:
-                warnings.append(text)
-            progress.note(("warning: " if is_warning else "") + text)
+        """Without a catalog config (and without --force): the fit check from the repo's config.json, which is
+        fetched first, before the weights."""
+        if not checked and not getattr(t, "quant", None):
+            check_fit(t, _load_json(snap / "config.json"), weights, False, progress,
+                      "only config.json was downloaded, not the weights")
 
     if (snap / "config.json").exists():
         warn_memory()

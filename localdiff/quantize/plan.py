@@ -5,8 +5,11 @@ the experts of the first N layers live on the host).
 Byte model (all exact for weights; runtime buffers are stated estimates):
 
 * weights: every tensor of :func:`localdiff.summary.config_tensors`; an int8 tensor costs 1 byte per weight plus one
-  bf16 scale per output channel (per expert for stacked experts); float tensors cost the float dtype's bytes.
-  Which modules are int8 comes from the recipe (default: attention projections, dense MLP, experts).
+  bf16 scale per output channel (per expert for stacked experts); an int4 tensor costs :func:`int4_bytes` (groups of
+  64 input features: packed uint4 codes + a 16-bit scale and zero per group = 0.5625 bytes per weight); float tensors
+  cost the float dtype's bytes. Which modules are quantized (int8 or int4 alike) comes from the recipe (default:
+  attention projections, dense MLP, experts); router, norms, embeddings and self-conditioning stay float.
+* device "cpu" (``plan_memory(..., device="cpu")``): the budget is RAM and everything lives there (no offload).
 * KV cache per token: K and V for every layer (full-attention layers too: the reference caches the normed, roped
   keys and the un-roped values separately), ``2 · kv_heads · head_dim`` elements; sliding layers hold at most
   ``sliding_window − 1`` tokens plus one canvas of slack (``localdiff.cache.kv`` keeps it for prefix reuse). The canvas'
@@ -24,6 +27,12 @@ from localdiff.summary import config_tensors, layer_geometry, parameter_counts, 
 
 FLOAT_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
 SCALE_BYTES = 2  # int8 per-channel scales are stored as bf16
+# The int4 weight-only format, in one place: groups of INT4_GROUP input features, packed uint4 codes
+# (two per byte) + a 16-bit scale and a 16-bit zero per group: 36 bytes per 64 weights = 0.5625 bytes per weight.
+INT4_GROUP = 64
+INT4_GROUP_BYTES = INT4_GROUP // 2 + 2 + 2
+INT4_BYTES_PER_WEIGHT = INT4_GROUP_BYTES / INT4_GROUP
+QUANTS = ("bf16", "int8", "int4")   # the weight precisions localdiff offers, widest first
 INT8_ELIGIBLE = ("attention", "dense_mlp", "experts", "shared_expert", "self_conditioning", "router", "lm_head")
 DEFAULT_RESERVE = 1 << 30
 DEFAULT_KV_TOKENS = 32768
@@ -56,6 +65,21 @@ def plan_fields(config: dict) -> dict:
             "num_hidden_layers": c.num_hidden_layers, "max_position_embeddings": c.max_position_embeddings}
 
 
+def int4_bytes(rows: int, in_features: int) -> int:
+    """Bytes of an int4 weight of ``rows`` output rows (× experts for stacked experts) by ``in_features``: every row
+    holds ``ceil(in_features / INT4_GROUP)`` groups of ``INT4_GROUP_BYTES`` (a last partial group is padded)."""
+    return rows * -(-in_features // INT4_GROUP) * INT4_GROUP_BYTES
+
+
+def normalize_quant(quant: str | None) -> str | None:
+    """None (16-bit weights), "int8" or "int4" from a user's spelling; raises RecipeError for anything else."""
+    if quant in (None, "none", "float", "bf16", "bfloat16"):
+        return None
+    if quant not in QUANTS:
+        raise RecipeError(f"unknown quantization {quant!r} (use bf16, int8 or int4)")
+    return quant
+
+
 def _module_of(name: str) -> str:
     """Module name of a tensor name (``layers.0.self_attn.q_proj.weight`` → ``layers.0.self_attn.q_proj``;
     stacked experts ``layers.0.experts.gate_up_proj`` → ``layers.0.experts``)."""
@@ -67,28 +91,33 @@ def tensor_bytes(config: dict, quant: str | None = "int8", dtype: str = "bfloat1
     """Bytes of every weight tensor: list of {component, layer, name, shape, params, precision, bytes}.
 
     An int8 tensor (a 2-D ``.weight`` or a 3-D stacked expert tensor whose module the recipe marks int8) costs
-    ``numel + SCALE_BYTES · (rows)`` where rows = out_features (2-D) or experts × out_features (3-D).
-    Raises RecipeError (unknown dtype / recipe problem) or CheckpointError (config lacks fields).
+    ``numel + SCALE_BYTES · (rows)`` where rows = out_features (2-D) or experts × out_features (3-D); with
+    ``quant="int4"`` the same tensors cost :func:`int4_bytes` (rows, in_features = the last dimension). A recipe's
+    int8 LM-head copy (``head = "int8"``) stays int8 under int4 too.
+    Raises RecipeError (unknown dtype / quant / recipe problem) or CheckpointError (config lacks fields).
     """
     if dtype not in FLOAT_BYTES:
         raise RecipeError(f"unknown float dtype {dtype!r} (use one of {', '.join(FLOAT_BYTES)})")
     fb = FLOAT_BYTES[dtype]
+    quant = normalize_quant(quant)
     recipe = recipe or DEFAULT_RECIPE
     out = []
     for t in config_tensors(config):
-        prec = "float"
-        if quant == "int8" and t.component in INT8_ELIGIBLE and len(t.shape) >= 2 and \
+        prec = dtype
+        if quant and t.component in INT8_ELIGIBLE and len(t.shape) >= 2 and \
                 recipe.precision_for(_module_of(t.name)) == "int8":
-            prec = "int8"
+            prec = quant
+        rows = t.shape[0] if len(t.shape) <= 2 else t.shape[0] * t.shape[1]
         if prec == "int8":
-            rows = t.shape[0] if len(t.shape) == 2 else t.shape[0] * t.shape[1]
             b = t.numel + SCALE_BYTES * rows
+        elif prec == "int4":
+            b = int4_bytes(rows, t.shape[-1])
         else:
             b = t.numel * fb
         out.append({"component": t.component, "layer": t.layer, "name": t.name, "shape": t.shape,
-                    "params": t.numel, "precision": "int8" if prec == "int8" else dtype, "bytes": b})
+                    "params": t.numel, "precision": prec, "bytes": b})
     head = [r for r in out if r["component"] == "lm_head"] or [r for r in out if r["component"] == "embeddings"]
-    if quant == "int8" and recipe.head == "int8" and head:    # localdiff.quantize.int8.Int8Head: a second copy
+    if quant and recipe.head == "int8" and head:    # localdiff.quantize.int8.Int8Head: a second copy
         h = head[0]
         out.append(dict(h, component="head_int8", name="head_int8.weight", params=0, precision="int8",
                         bytes=h["params"] + SCALE_BYTES * h["shape"][0]))
@@ -157,7 +186,9 @@ def activation_bytes(config: dict, batch_size: int = 1, dtype: str = "bfloat16",
 
 @dataclass
 class Plan:
-    """A memory plan. Byte fields are ints; see :func:`plan_memory` for their meaning."""
+    """A memory plan. Byte fields are ints; see :func:`plan_memory` for their meaning. ``gpu_mem_bytes`` is the
+    budget of the plan's ``device``: GPU memory for "cuda", RAM for "cpu" (then nothing is offloaded);
+    ``ram_bytes`` (None = not checked) is the host RAM that a GPU plan's host expert layers must fit."""
 
     gpu_mem_bytes: int
     quant: str | None
@@ -175,11 +206,27 @@ class Plan:
     batch_size: int
     parameters: dict
     notes: list[str] = field(default_factory=list)
+    device: str = "cuda"
+    ram_bytes: int | None = None
 
     @property
     def n_cpu_moe(self) -> int:
         """Number of expert layers kept on host (llama.cpp ``--n-cpu-moe`` equivalent)."""
         return len(self.host_expert_layers)
+
+    @property
+    def precision(self) -> str:
+        """"bf16" (16-bit / float weights: the ``dtype``), "int8" or "int4"."""
+        return self.quant or "bf16"
+
+    @property
+    def weights_text(self) -> str:
+        """"int8 weights (recipe R)", "int4 weights (...; groups of 64, 0.5625 bytes per weight)" or
+        "bfloat16 weights"."""
+        if self.quant == "int4":
+            return (f"int4 weights (recipe {self.recipe}'s quantized set; groups of {INT4_GROUP}, "
+                    f"{INT4_BYTES_PER_WEIGHT:g} bytes per weight)")
+        return f"int8 weights (recipe {self.recipe})" if self.quant == "int8" else f"{self.dtype} weights"
 
     @property
     def weight_bytes(self) -> int:
@@ -199,12 +246,32 @@ class Plan:
                 + self.reserve_bytes)
 
     @property
+    def resident_bytes(self) -> int:
+        """What the device holds with every expert layer on it: weights + KV budget + buffers + reserve."""
+        return self.device_total_bytes + self.host_weight_bytes
+
+    @property
     def free_bytes(self) -> int:
         return self.gpu_mem_bytes - self.device_total_bytes
 
     @property
+    def host_total_bytes(self) -> int:
+        """Host RAM a GPU plan needs: its host expert layers plus the runtime reserve of the process (0 layers: 0)."""
+        return self.host_weight_bytes + self.reserve_bytes if self.host_expert_layers else 0
+
+    @property
+    def host_fits(self) -> bool:
+        """The host expert layers fit ``ram_bytes`` (True when RAM is not checked or nothing is on the host)."""
+        return self.ram_bytes is None or self.host_total_bytes <= self.ram_bytes
+
+    @property
+    def resident(self) -> bool:
+        """Everything on the plan's device (no expert layer on the host) and it fits."""
+        return self.fits and not self.host_expert_layers
+
+    @property
     def fits(self) -> bool:
-        return self.free_bytes >= 0
+        return self.free_bytes >= 0 and self.host_fits
 
     def device_for_layer_experts(self, layer: int) -> str:
         """"host" or "device" for the experts of ``layer``."""
@@ -212,7 +279,8 @@ class Plan:
 
     def to_dict(self) -> dict:
         """JSON-serialisable plan (all sizes in bytes)."""
-        return {"gpu_mem_bytes": self.gpu_mem_bytes, "quant": self.quant, "dtype": self.dtype, "recipe": self.recipe,
+        return {"device": self.device, "gpu_mem_bytes": self.gpu_mem_bytes, "ram_bytes": self.ram_bytes,
+                "quant": self.quant, "precision": self.precision, "dtype": self.dtype, "recipe": self.recipe,
                 "batch_size": self.batch_size, "parameters": self.parameters, "components": self.components,
                 "weight_bytes": self.weight_bytes, "device_weight_bytes": self.device_weight_bytes,
                 "host_weight_bytes": self.host_weight_bytes, "expert_layer_bytes": self.expert_layer_bytes,
@@ -220,70 +288,28 @@ class Plan:
                 "kv_budget_bytes": self.kv_budget_bytes, "kv_tokens": self.kv_tokens,
                 "kv_bytes_per_token": self.kv_bytes_per_token, "sc_buffer_bytes": self.sc_buffer_bytes,
                 "activation_bytes": self.activation_bytes, "reserve_bytes": self.reserve_bytes,
-                "device_total_bytes": self.device_total_bytes, "free_bytes": self.free_bytes, "fits": self.fits,
-                "notes": self.notes}
+                "device_total_bytes": self.device_total_bytes, "resident_bytes": self.resident_bytes,
+                "host_total_bytes": self.host_total_bytes, "free_bytes": self.free_bytes, "fits": self.fits,
+                "resident": self.resident, "notes": self.notes}
 
     def to_text(self) -> str:
-        """The plan as a small table for ``localdiff show --plan``."""
-        w = "int8 weights (recipe " + self.recipe + ")" if self.quant == "int8" else f"{self.dtype} weights"
-        lines = [f"Memory plan for a {format_bytes(self.gpu_mem_bytes)} device: {w}, float parts in {self.dtype}, "
-                 f"batch {self.batch_size}",
-                 f"  parameters: {self.parameters['total'] / 1e9:.2f} B total, "
-                 f"{self.parameters['active_per_token'] / 1e9:.2f} B active per token",
-                 f"  {'component':<28}{'params':>14}  {'precision':<10}{'bytes':>12}  where"]
-        for c in self.components:
-            where = "device"
-            if c["component"] == "experts" and self.host_expert_layers:
-                nd = sum(1 for b in self.expert_layer_bytes if b) - self.n_cpu_moe
-                where = f"device {nd} layers, host {self.n_cpu_moe} layers ({_ranges(self.host_expert_layers)})"
-            lines.append(f"  {c['label']:<28}{c['params']:>14,}  {c['precision']:<10}{format_bytes(c['bytes']):>12}  "
-                         f"{where}")
-        kv = self.kv_bytes_per_token
-        lines += [
-            f"  {'KV cache budget':<28}{self.kv_tokens:>14,}  {'tokens':<10}{format_bytes(self.kv_budget_bytes):>12}  "
-            f"device ({format_bytes(kv['full_attention'])}/token on full-attention layers, "
-            f"sliding layers capped at {format_bytes(kv['sliding_cap_bytes'])})",
-        ]
-        if self.sc_buffer_bytes:
-            lines.append(f"  {'self-conditioning buffers':<28}{'C×V fp32 ×2':>14}  {'':<10}"
-                         f"{format_bytes(self.sc_buffer_bytes):>12}  device")
-        lines += [
-            f"  {'activation workspace':<28}{'':>14}  {'':<10}{format_bytes(self.activation_bytes):>12}  device",
-            f"  {'runtime reserve':<28}{'':>14}  {'':<10}{format_bytes(self.reserve_bytes):>12}  device",
-            f"  device total {format_bytes(self.device_total_bytes)} of {format_bytes(self.gpu_mem_bytes)}: "
-            + (f"fits ({format_bytes(self.free_bytes)} free)" if self.fits
-               else f"does NOT fit ({format_bytes(-self.free_bytes)} over)"),
-        ]
-        if not self.host_expert_layers and any(self.expert_layer_bytes):
-            lines.append("  host: no expert layers (every expert layer fits on the device)")
-        if self.host_expert_layers:
-            lines.append(f"  host: experts of layers {_ranges(self.host_expert_layers)} "
-                         f"({format_bytes(self.host_weight_bytes)}; like llama.cpp --n-cpu-moe {self.n_cpu_moe})")
-        lines += [f"  note: {n}" for n in self.notes]
-        return "\n".join(lines)
+        """The plan as a small table for ``localdiff show --plan`` (:func:`localdiff.quantize.plan_text.plan_text`)."""
+        from localdiff.quantize.plan_text import plan_text
 
-
-def _ranges(xs: list[int]) -> str:
-    """[0,1,2,5] → "0-2, 5"."""
-    out, start = [], None
-    for i, x in enumerate(xs):
-        if start is None:
-            start = x
-        if i + 1 == len(xs) or xs[i + 1] != x + 1:
-            out.append(f"{start}" if start == x else f"{start}-{x}")
-            start = None
-    return ", ".join(out)
+        return plan_text(self)
 
 
 def plan_memory(config: dict, gpu_mem_bytes: int, quant: str | None = "int8", kv_budget_bytes: int | None = None, *,
                 recipe: Recipe | None = None, dtype: str = "bfloat16", reserve_bytes: int | None = None,
-                batch_size: int = 1, prefill_chunk: int | None = None) -> Plan:
-    """Plan device memory for a DiffusionGemma or block-family (LLaDA2.x) config.
+                batch_size: int = 1, prefill_chunk: int | None = None, device: str = "cuda",
+                ram_bytes: int | None = None) -> Plan:
+    """Plan device memory for any architecture whose spec gives the config's tensors (every family).
 
     Args:
         config: parsed config.json (no weights needed).
-        gpu_mem_bytes: the device budget in bytes (card memory, or measured free memory).
-        quant: "int8" (modules per ``recipe``) or None / "none" / "float" / "bf16" (all weights in ``dtype``).
+        gpu_mem_bytes: the device budget in bytes (card memory, or measured free memory; RAM for device "cpu").
+        quant: "int8" / "int4" (the modules ``recipe`` quantizes) or None / "none" / "float" / "bf16" (all weights in
+            ``dtype``).
         kv_budget_bytes: bytes reserved for the KV cache; None = enough for min(context length, 32768) tokens
             per sequence.
         recipe: which modules are int8 (default :data:`localdiff.quantize.recipe.DEFAULT_RECIPE`).
@@ -291,6 +317,8 @@ def plan_memory(config: dict, gpu_mem_bytes: int, quant: str | None = "int8", kv
         reserve_bytes: runtime reserve (default 1 GiB: CUDA context, cuBLAS workspace, allocator slack).
         batch_size: sequences decoded together (scales KV, self-conditioning buffers and activations).
         prefill_chunk: tokens per prefill forward when larger than the canvas (activation workspace).
+        device: "cuda" (expert layers may go to the host) or "cpu" (the budget is RAM; everything lives there).
+        ram_bytes: host RAM that the host expert layers (+ the reserve) must fit on a GPU plan (None = not checked).
     Returns:
         a :class:`Plan`: every component's bytes, which expert layers stay on host (the first N, as llama.cpp's
         ``--n-cpu-moe``), and whether the device total fits. Everything except the experts stays on the device;
@@ -298,10 +326,9 @@ def plan_memory(config: dict, gpu_mem_bytes: int, quant: str | None = "int8", kv
     Raises:
         CheckpointError: the config lacks required fields; RecipeError: bad quant, recipe or dtype.
     """
-    if quant in ("none", "float", "bf16", "bfloat16"):
-        quant = None
-    if quant not in (None, "int8"):
-        raise RecipeError(f"unknown quantization {quant!r} (use int8 or none)")
+    quant = normalize_quant(quant)
+    if device not in ("cuda", "cpu"):
+        raise RecipeError(f"unknown plan device {device!r} (use cuda or cpu)")
     recipe = recipe or DEFAULT_RECIPE
     pf = plan_fields(config)
     rows = tensor_bytes(config, quant, dtype, recipe)
@@ -342,22 +369,29 @@ def plan_memory(config: dict, gpu_mem_bytes: int, quant: str | None = "int8", kv
                 activation_bytes=activation_bytes(config, batch_size, dtype, prefill_chunk),
                 reserve_bytes=DEFAULT_RESERVE if reserve_bytes is None else int(reserve_bytes),
                 batch_size=batch_size, parameters={k: v for k, v in params.items() if k != "by_component"},
-                notes=notes)
+                notes=notes, device=device, ram_bytes=None if ram_bytes is None or device == "cpu" else int(ram_bytes))
+    if device == "cpu":
+        if not plan.fits:
+            notes.append("does not fit this RAM: a lower precision (int8, int4), a smaller KV budget, or more RAM")
+        return plan
     # Offload expert layers (first layers first, like --n-cpu-moe; layers without experts are skipped) until the
     # device total fits.
     movable = [i for i in range(n_layers) if expert_layer[i]]
-    while not plan.fits and len(plan.host_expert_layers) < len(movable):
+    while plan.free_bytes < 0 and len(plan.host_expert_layers) < len(movable):
         plan.host_expert_layers.append(movable[len(plan.host_expert_layers)])
-    if not plan.fits:
-        notes.append("does not fit even with every expert layer on the host: lower the KV budget, use int8, or a "
-                     "larger device")
+    if plan.free_bytes < 0:
+        notes.append("does not fit even with every expert layer on the host: lower the KV budget, a lower precision "
+                     "(int8, int4), or a larger device")
+    elif not plan.host_fits:
+        notes.append(f"the host expert layers need {format_bytes(plan.host_total_bytes)} of RAM with the runtime "
+                     f"reserve; this machine has {format_bytes(plan.ram_bytes)}")
     elif plan.host_expert_layers:
         notes.append(f"experts of {plan.n_cpu_moe} of {len(movable)} MoE layers run on the host (CPU); the rest of the "
                      "model, the KV cache and the runtime buffers stay on the device")
     return plan
 
 
-def plan_for_recipe(config: dict, recipe: Recipe, index: int = 0) -> Plan:
-    """The plan for the ``index``-th stored VRAM plan of ``recipe`` (int8 per the recipe)."""
+def plan_for_recipe(config: dict, recipe: Recipe, index: int = 0, quant: str = "int8") -> Plan:
+    """The plan for the ``index``-th stored VRAM plan of ``recipe`` (``quant`` on the recipe's quantized set)."""
     vp = recipe.plans[index]
-    return plan_memory(config, vp.gpu_mem, "int8", vp.kv_budget, recipe=recipe, reserve_bytes=vp.reserve)
+    return plan_memory(config, vp.gpu_mem, quant, vp.kv_budget, recipe=recipe, reserve_bytes=vp.reserve)

@@ -18,6 +18,7 @@ from localdiff.engine.block import split_prompt
 from localdiff.errors import UsageError
 
 B = 4
+pytestmark = pytest.mark.usefixtures("one_thread")     # tiny tensors: one thread is far faster on a busy machine
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +33,7 @@ def _prompt(n, seed):
     return torch.randint(0, EOS - 2, (n,), generator=g).tolist()
 
 
-def _upstream(ref, prompt, steps, strategy, n_new, tau=0.85, eb=None):
+def _upstream(ref, prompt, steps, strategy, n_new, tau=0.85, eb=None, **sampling):
     from upstream_sdar import sdar_generate
 
     def logits_fn(ids):   # a model that never predicts the mask token (ours never commits it: see decoding/sdar.py)
@@ -41,7 +42,7 @@ def _upstream(ref, prompt, steps, strategy, n_new, tau=0.85, eb=None):
         return out
 
     x = sdar_generate(logits_fn, torch.tensor([prompt]), MASK, n_new, B, steps,
-                      strategy, tau, stopping_criteria_idx=[EOS], eb_threshold=eb)
+                      strategy, tau, stopping_criteria_idx=[EOS], eb_threshold=eb, **sampling)
     return x
 
 
@@ -80,7 +81,7 @@ def test_entropy_bounded_equals_upstream(sdar, plen):
     temperature 0, steps = B (upstream's ``steps + 1`` forwards then never leave masks behind)."""
     ref, m = sdar
     tpf = []
-    for seed, eb in [(0, 4.0), (1, 9.0), (2, 14.0)]:
+    for seed, eb in [(0, 4.0), (1, 9.0), (2, 14.0), (3, 6.0)]:     # 5 prompt lengths x 4 seeds = 20 prompts
         prompt = _prompt(plen, seed)
         x = _upstream(ref, prompt, B, "entropy_bounded", 14, eb=eb)
         up = strip_generated(x[0, plen:], [EOS], m.pad_token_id, keep_eos=True)[:14]
@@ -89,6 +90,29 @@ def test_entropy_bounded_equals_upstream(sdar, plen):
         assert g.token_ids == up, (seed, eb, g.token_ids, up)
         tpf.append(len(g.token_ids) / g.stats.forwards)
     assert min(tpf) < 1.2 and max(tpf) > 1.5, tpf      # the bound really changes how many commit per step
+
+
+@pytest.mark.parametrize("base,strategy,kw", [(40, "low_confidence_dynamic", {}),
+                                              (50, "low_confidence_static", {"top_k": 5}),
+                                              (60, "sequential", {"top_p": 0.8}), (70, "entropy_bounded", {"eb": 9.0})])
+def test_seeded_sampling_equals_upstream(sdar, base, strategy, kw):
+    """Temperature 0.8 with ``seed=S`` equals upstream run after ``torch.manual_seed(S)`` (its multinomial over the
+    block's [block, vocab] probabilities each step, as our draw), steps = B (no prompt overwrite); 5 prompts per
+    strategy, 20 in all."""
+    ref, m = sdar
+    eb = kw.pop("eb", None)
+    up_kw = {"top_k": kw.get("top_k", 0), "top_p": kw.get("top_p", 1.0)}
+    for i in range(5):
+        plen = (9, 8, 12, 5, 7)[i]
+        prompt = _prompt(plen, base + i)
+        with torch.random.fork_rng():
+            torch.manual_seed(base + i)
+            x = _upstream(ref, prompt, B, strategy, 14, tau=0.3, eb=eb, temperature=0.8, **up_kw)
+        up = strip_generated(x[0, plen:], [EOS], m.pad_token_id, keep_eos=True)[:14]
+        opt = {"eb_threshold": eb} if eb is not None else {}
+        g = m.generate(prompt, max_new_tokens=14, seed=base + i, steps=B, remasking_strategy=strategy,
+                       confidence_threshold=0.3, temperature=0.8, **kw, **opt)
+        assert g.token_ids == up, (i, g.token_ids, up)
 
 
 def test_entropy_bounded_choice():

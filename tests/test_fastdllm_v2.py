@@ -14,6 +14,7 @@ from localdiff.errors import UsageError
 from upstream_fastdllm_v2 import v2_generate
 
 BLK = 6
+pytestmark = pytest.mark.usefixtures("one_thread")     # tiny tensors: one thread is far faster on a busy machine
 
 
 @pytest.fixture(scope="module")
@@ -58,11 +59,12 @@ def _logits_fn(ref):
     return fn
 
 
-@pytest.mark.parametrize("plen", [3, 7, 12, 13])
+@pytest.mark.parametrize("plen", [3, 5, 7, 12, 13])
 @pytest.mark.parametrize("threshold,sbs,budget", [(0.05, 3, None), (1.0, 2, 0), (0.2, 3, 0), (0.1, 6, None)])
 def test_sub_block_cache_equals_upstream(v2, plen, threshold, sbs, budget):
-    """``use_block_cache``: tokens equal the transcription of upstream's cached forward (its stale block K/V
-    included); with small_block_size = the block size upstream's cache is exact, and both equal the uncached path."""
+    """``kv_cache="dual"`` (= upstream's ``use_block_cache``): tokens equal the transcription of upstream's cached
+    forward (its stale block K/V included), 20 prompts; with small_block_size = the block size upstream's cache is
+    exact, and both equal the uncached path; ``kv_cache`` none / prefix are the exact block cache alone."""
     from upstream_fastdllm_v2 import Cached
 
     ref, m = v2
@@ -70,26 +72,44 @@ def test_sub_block_cache_equals_upstream(v2, plen, threshold, sbs, budget):
     x = v2_generate(Cached(ref), prompt, 4 * BLK, MASK, threshold, sbs, BLK, EOS, use_block_cache=True)
     want = [t for t in x[0, plen:].tolist() if t != m.pad_token_id][:14]
     got = m.generate(prompt[0].tolist(), max_new_tokens=14, threshold=threshold, small_block_size=sbs,
-                     use_block_cache=True, cache=m.new_cache(budget))
+                     kv_cache="dual", cache=m.new_cache(budget))
     assert got.token_ids == want
+    same = m.generate(prompt[0].tolist(), max_new_tokens=14, threshold=threshold, small_block_size=sbs,
+                      use_block_cache=True)
+    assert same.token_ids == want
     plain = m.generate(prompt[0].tolist(), max_new_tokens=14, threshold=threshold, small_block_size=sbs)
+    for kv in ("none", "prefix"):
+        assert m.generate(prompt[0].tolist(), max_new_tokens=14, threshold=threshold, small_block_size=sbs,
+                          kv_cache=kv).token_ids == plain.token_ids
     if sbs == BLK:
         up = v2_generate(_logits_fn(ref), prompt, 4 * BLK, MASK, threshold, sbs, BLK, EOS)
         assert got.token_ids == plain.token_ids == [t for t in up[0, plen:].tolist() if t != m.pad_token_id][:14]
     assert got.stats.forwards == plain.stats.forwards or sbs < BLK
 
 
-def test_sub_block_cache_runs_fewer_rows(v2):
-    """The cached path's sub-block passes really run only the sub-block (the arch method is called)."""
+def test_kv_cache_option(v2):
+    _, m = v2
+    spec = m.options_cls.spec("kv_cache")
+    assert spec.default == "prefix" and spec.choices == ("none", "prefix", "dual")
+    with pytest.raises(UsageError, match="sub-block cache is kv_cache dual"):
+        m.generate([5, 6, 7], max_new_tokens=4, use_block_cache=True, kv_cache="prefix")
+
+
+@pytest.mark.parametrize("kw,runs", [({"use_block_cache": True}, True), ({"kv_cache": "dual"}, True),
+                                     ({"kv_cache": "prefix"}, False), ({}, False)])
+def test_sub_block_cache_runs_fewer_rows(v2, kw, runs):
+    """The cached path's sub-block passes really run only the sub-block (the arch method is called), and only with
+    the sub-block cache. (On this random model its approximation never changes a token: the equality tests above
+    cannot tell it is on.)"""
     ref, m = v2
     calls = []
     orig = m.net.denoise_sub
     m.net.denoise_sub = lambda ids, *a: calls.append(ids.shape[1]) or orig(ids, *a)
     try:
-        m.generate([5, 6, 7, 8], max_new_tokens=12, threshold=1.0, small_block_size=3, use_block_cache=True)
+        m.generate([5, 6, 7, 8], max_new_tokens=12, threshold=1.0, small_block_size=3, **kw)
     finally:
         del m.net.denoise_sub
-    assert calls and set(calls) == {3}
+    assert (calls and set(calls) == {3}) if runs else not calls
 
 
 def test_cancel_is_polled_before_every_step(v2):

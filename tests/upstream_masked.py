@@ -2,10 +2,14 @@
 full recompute (or Fast-dLLM's cached forwards through ``forward_window``), no stopping (the whole gen_length is
 decoded, as upstream does). The decoders under test are independent code (``localdiff.decoding``).
 
-* :func:`llada_generate` — ML-GSAI/LLaDA ``generate.py`` ``generate`` (temperature 0 or a Gumbel generator).
+* :func:`llada_generate` — ML-GSAI/LLaDA ``generate.py`` ``generate`` (temperature 0);
+  :func:`llada_generate_sampled` — the same at any temperature and remasking, drawing from the global torch RNG as
+  upstream (``add_gumbel_noise``, ``torch.rand``), softmax in the logits' dtype.
 * :func:`fastdllm_generate` — NVlabs/Fast-dLLM ``llada/generate.py`` ``generate`` (threshold / factor),
   :func:`fastdllm_prefix_cache` / :func:`fastdllm_dual_cache` — its ``generate_with_prefix_cache`` /
-  ``generate_with_dual_cache`` with the model's past_key_values expressed through ``forward_window``.
+  ``generate_with_dual_cache`` with the model's past_key_values expressed through ``forward_window``; with
+  ``temperature`` > 0 or ``remasking="random"`` they use :func:`get_transfer_index_sampled` (upstream's
+  ``get_transfer_index``, global RNG; the prefix cache's extra unused ``add_gumbel_noise`` call kept).
 * :func:`dream_generate` — HKUNLP/Dream ``generation_utils.py`` ``_sample`` (one block, shifted logits).
 """
 from __future__ import annotations
@@ -72,6 +76,83 @@ def llada_generate(model, prompt, steps, gen_length, block_length, cfg_scale=0.0
     return x
 
 
+def add_gumbel_noise(logits, temperature):
+    """Upstream's, on the global RNG: exp(logits64) / (−log u)^T, u ~ U[0, 1) float64 of the logits' shape."""
+    if temperature == 0:
+        return logits
+    logits = logits.to(torch.float64)
+    noise = torch.rand_like(logits, dtype=torch.float64)
+    gumbel_noise = (-torch.log(noise)) ** temperature
+    return logits.exp() / gumbel_noise
+
+
+def llada_generate_sampled(model, prompt, steps, gen_length, block_length, temperature, remasking="low_confidence",
+                           cfg_scale=0.0, mask_id=36):
+    """LLaDA ``generate`` as written (global RNG; ``low_confidence``'s softmax in the logits' dtype)."""
+    x = _canvas(prompt, gen_length, mask_id)
+    prompt_index = x != mask_id
+    assert gen_length % block_length == 0
+    num_blocks = gen_length // block_length
+    assert steps % num_blocks == 0
+    steps = steps // num_blocks
+    for num_block in range(num_blocks):
+        lo = prompt.shape[1] + num_block * block_length
+        num_transfer_tokens = get_num_transfer_tokens(x[:, lo:lo + block_length] == mask_id, steps)
+        for i in range(steps):
+            mask_index = x == mask_id
+            if cfg_scale > 0.0:
+                un_x = x.clone()
+                un_x[prompt_index] = mask_id
+                logits, un_logits = torch.chunk(model(torch.cat([x, un_x], dim=0)), 2, dim=0)
+                logits = un_logits + (cfg_scale + 1) * (logits - un_logits)
+            else:
+                logits = model(x)
+            logits_with_noise = add_gumbel_noise(logits, temperature=temperature)
+            x0 = torch.argmax(logits_with_noise, dim=-1)
+            if remasking == "low_confidence":
+                p = F.softmax(logits, dim=-1)
+                x0_p = torch.squeeze(torch.gather(p, dim=-1, index=torch.unsqueeze(x0, -1)), -1)
+            elif remasking == "random":
+                x0_p = torch.rand((x0.shape[0], x0.shape[1]), device=x0.device)
+            else:
+                raise NotImplementedError(remasking)
+            x0_p[:, lo + block_length:] = -np.inf
+            x0 = torch.where(mask_index, x0, x)
+            confidence = torch.where(mask_index, x0_p, -np.inf)
+            transfer_index = torch.zeros_like(x0, dtype=torch.bool)
+            for j in range(confidence.shape[0]):
+                _, select_index = torch.topk(confidence[j], k=int(num_transfer_tokens[j, i]))
+                transfer_index[j, select_index] = True
+            x[transfer_index] = x0[transfer_index]
+    return x
+
+
+def get_transfer_index_sampled(logits, temperature, remasking, mask_index, x, num_transfer_tokens, threshold=None):
+    """Fast-dLLM ``get_transfer_index`` as written (global RNG)."""
+    logits_with_noise = add_gumbel_noise(logits, temperature=temperature)
+    x0 = torch.argmax(logits_with_noise, dim=-1)
+    if remasking == "low_confidence":
+        p = F.softmax(logits.to(torch.float64), dim=-1)
+        x0_p = torch.squeeze(torch.gather(p, dim=-1, index=torch.unsqueeze(x0, -1)), -1)
+    elif remasking == "random":
+        x0_p = torch.rand((x0.shape[0], x0.shape[1]), device=x0.device)
+    else:
+        raise NotImplementedError(remasking)
+    x0 = torch.where(mask_index, x0, x)
+    confidence = torch.where(mask_index, x0_p, -np.inf)
+    transfer_index = torch.zeros_like(x0, dtype=torch.bool)
+    if threshold is not None:
+        num_transfer_tokens = mask_index.sum(dim=1, keepdim=True)
+    for j in range(confidence.shape[0]):
+        _, select_index = torch.topk(confidence[j], k=int(num_transfer_tokens[j]))
+        transfer_index[j, select_index] = True
+        if threshold is not None:
+            for k in range(1, int(num_transfer_tokens[j])):
+                if confidence[j, select_index[k]] < threshold:
+                    transfer_index[j, select_index[k]] = False
+    return x0, transfer_index
+
+
 def _low_confidence(logits, mask_index, x):
     """Fast-dLLM's shared start of both transfer rules at temperature 0: the argmax x0 (kept tokens where not
     masked) and its float64 softmax probability as confidence (−inf where not masked)."""
@@ -117,7 +198,10 @@ def get_transfer_index_dynamic(logits, mask_index, x, factor):
     return x0, transfer_index
 
 
-def _pick(logits, mask_index, x, ntt, threshold, factor):
+def _pick(logits, mask_index, x, ntt, threshold, factor, temperature=0.0, remasking="low_confidence"):
+    if temperature > 0 or remasking != "low_confidence":
+        assert factor is None
+        return get_transfer_index_sampled(logits, temperature, remasking, mask_index, x, ntt, threshold)
     if factor is None:
         return get_transfer_index(logits, mask_index, x, ntt if threshold is None else None, threshold)
     return get_transfer_index_dynamic(logits, mask_index, x, factor)
@@ -133,7 +217,8 @@ def _blocks(x, prompt_len, steps, gen_length, block_length, mask_id):
                                                                    steps // num_blocks)
 
 
-def fastdllm_generate(model, prompt, steps, gen_length, block_length, mask_id=36, threshold=None, factor=None):
+def fastdllm_generate(model, prompt, steps, gen_length, block_length, mask_id=36, threshold=None, factor=None,
+                      temperature=0.0, remasking="low_confidence"):
     """Fast-dLLM ``generate`` (no cache). Returns (x, nfe)."""
     x = _canvas(prompt, gen_length, mask_id)
     nfe = 0
@@ -145,7 +230,7 @@ def fastdllm_generate(model, prompt, steps, gen_length, block_length, mask_id=36
             logits = model(x)
             mask_index[:, end:] = 0
             x0, transfer_index = _pick(logits, mask_index, x, ntt[:, i] if threshold is None and factor is None
-                                       else None, threshold, factor)
+                                       else None, threshold, factor, temperature, remasking)
             x[transfer_index] = x0[transfer_index]
             i += 1
             if (x[:, start:end] == mask_id).sum() == 0:
@@ -153,17 +238,22 @@ def fastdllm_generate(model, prompt, steps, gen_length, block_length, mask_id=36
     return x, nfe
 
 
-def fastdllm_prefix_cache(net, prompt, steps, gen_length, block_length, mask_id=36, threshold=None, factor=None):
+def fastdllm_prefix_cache(net, prompt, steps, gen_length, block_length, mask_id=36, threshold=None, factor=None,
+                         **sampling):
     """Fast-dLLM ``generate_with_prefix_cache``; past_key_values[:, :, :start] → ``forward_window``'s kv."""
-    return _fastdllm_cached(net, prompt, steps, gen_length, block_length, mask_id, threshold, factor, dual=False)
+    return _fastdllm_cached(net, prompt, steps, gen_length, block_length, mask_id, threshold, factor, dual=False,
+                            **sampling)
 
 
-def fastdllm_dual_cache(net, prompt, steps, gen_length, block_length, mask_id=36, threshold=None, factor=None):
+def fastdllm_dual_cache(net, prompt, steps, gen_length, block_length, mask_id=36, threshold=None, factor=None,
+                         **sampling):
     """Fast-dLLM ``generate_with_dual_cache``; replace_position = the block window of ``forward_window``."""
-    return _fastdllm_cached(net, prompt, steps, gen_length, block_length, mask_id, threshold, factor, dual=True)
+    return _fastdllm_cached(net, prompt, steps, gen_length, block_length, mask_id, threshold, factor, dual=True,
+                            **sampling)
 
 
-def _fastdllm_cached(net, prompt, steps, gen_length, block_length, mask_id, threshold, factor, dual):
+def _fastdllm_cached(net, prompt, steps, gen_length, block_length, mask_id, threshold, factor, dual,
+                     temperature=0.0, remasking="low_confidence"):
     """The two cached loops: per block one full forward that also returns the K/V, then forwards of the window —
     the block and everything after it over the prefix's K/V (prefix cache), or the block alone over the whole
     sequence's K/V (dual cache). Returns (x, nfe)."""
@@ -174,7 +264,7 @@ def _fastdllm_cached(net, prompt, steps, gen_length, block_length, mask_id, thre
         logits, past_key_values = net.forward_window(x, 0, None, None, return_kv=True)
         mask_index = x == mask_id
         mask_index[:, end:] = 0
-        x0, transfer_index = _pick(logits, mask_index, x, ntt[:, 0], threshold, factor)
+        x0, transfer_index = _pick(logits, mask_index, x, ntt[:, 0], threshold, factor, temperature, remasking)
         x[transfer_index] = x0[transfer_index]
         if not dual:
             past_key_values = [tuple(t[:, :, :start] for t in layer) for layer in past_key_values]
@@ -187,8 +277,10 @@ def _fastdllm_cached(net, prompt, steps, gen_length, block_length, mask_id, thre
             mask_index = x[:, start:stop] == mask_id
             mask_index[:, block_length:] = 0
             logits = net.forward_window(x[:, start:stop], start, past_key_values)
+            if not dual:                                # generate_with_prefix_cache's unused noise
+                add_gumbel_noise(logits, temperature=temperature)
             x0, transfer_index = _pick(logits, mask_index, x[:, start:stop], ntt[:, i] if i < ntt.shape[1] else None,
-                                       threshold, factor)
+                                       threshold, factor, temperature, remasking)
             x[:, start:stop][transfer_index] = x0[transfer_index]
             i += 1
     return x, nfe

@@ -19,7 +19,8 @@ Sections (``--only`` picks some; ``--eval`` alone = the eval section only):
   ``render_md``): ``masked`` (cache modes, threshold decoding, tiny-mdm accuracy), ``block`` (SDAR-shaped block step
   vs AR step), ``scale`` / ``approx`` (flagship-proportioned sizes, self-conditioning approximations), ``gguf``
   (llama.cpp backend vs llama.cpp's own diffusion loop), ``slots`` (ReFusion), ``nap`` (ARness and NAP decoding),
-  ``dflash`` (speculative decoding), ``experts`` (the bf16 MoE experts alone, native vs torch); the list is
+  ``dflash`` (speculative decoding), ``experts`` (the bf16 MoE experts alone, native vs torch), ``v2cache``
+  (Fast-dLLM v2's step time without / with its sub-block cache); the list is
   :data:`localdiff.bench.args.SECTIONS`.
 
 Output: JSON (``--out``, default ``bench-results/bench-<time>.json``), a Markdown report printed and written next to

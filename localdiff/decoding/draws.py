@@ -173,3 +173,34 @@ def categorical(probs: torch.Tensor, generator: torch.Generator | None, rows: to
     if rows is not None and 2 * int(rows.sum()) > rows.numel():
         rows = None   # most rows are read: one vectorised pass over all is faster
     return _fast(probs, generator, rows)
+
+
+def uniform_rows(shape: tuple[int, int, int], lo: int, hi: int, generator: torch.Generator | None,
+                 device) -> torch.Tensor:
+    """Rows ``lo:hi`` (dim 1) of ``torch.rand(shape, dtype=float64, generator=generator, device=device)`` —
+    FloatTensor[B, hi − lo, V], float64 — leaving ``generator`` where that whole draw leaves it.
+
+    On the CPU torch's ``uniform_`` is a serial loop over the generator (two MT19937 words per float64, in memory
+    order), so a draw split into consecutive pieces gives the same numbers: the rows outside ``lo:hi`` are drawn
+    into a reused buffer of at most 8 MB and dropped, never held whole. Elsewhere (CUDA's Philox: a value depends
+    on the whole draw's shape) the whole tensor is drawn and sliced: B·T·V·8 bytes.
+    """
+    b, t, v = shape
+    dev = torch.device(device)
+    if dev.type != "cpu":
+        return torch.rand(shape, dtype=torch.float64, generator=generator, device=dev)[:, lo:hi]
+    out = torch.empty(b, hi - lo, v, dtype=torch.float64)
+    buf = torch.empty(min(max(lo, t - hi) * v, 1 << 20), dtype=torch.float64)
+    for r in range(b):
+        _drop(buf, lo * v, generator)
+        out[r].uniform_(generator=generator)
+        _drop(buf, (t - hi) * v, generator)
+    return out
+
+
+def _drop(buf: torch.Tensor, n: int, generator: torch.Generator | None) -> None:
+    """Advance ``generator`` by ``n`` float64 uniforms (drawn into ``buf`` piece by piece and dropped)."""
+    while n > 0:
+        m = min(n, buf.numel())
+        buf[:m].uniform_(generator=generator)
+        n -= m

@@ -15,7 +15,7 @@ What differs from the generic loop (:mod:`localdiff.decoding.loop`):
   confidence (the sampled token's probability) exceeds ``threshold`` and always the most confident one;
 * a row stops once an EOS is committed with no mask before it (upstream's ``stop_token`` check).
 
-* **sub-block cache** (``use_block_cache``, off by default as upstream): a step whose sub-block starts with a mask
+* **sub-block cache** (``kv_cache="dual"`` or ``use_block_cache``, off by default as upstream): a step whose sub-block starts with a mask
   (or the block's first step) runs the whole block and keeps its K/V (upstream ``block_past_key_values``); any
   other step runs only the sub-block's tokens, writes their K/V over the kept ones (``replace_position``) and attends
   to the prefix cache and the whole kept block — the K/V of the block's other positions are from that last full
@@ -117,7 +117,7 @@ def run(net, options, cache, max_new_tokens: int, eos_ids: list[int], pad_id: in
                     logits = net.denoise_sub(canvas[:, s0:s0 + sbs], cache, block_kv, s0)
                     shifted = torch.cat([logits[:, :1], logits[:, :-1]], 1)
                 else:
-                    if options.use_block_cache:
+                    if options.sub_block_cache:
                         logits, block_kv = net.denoise_capture(canvas, cache)
                     else:
                         logits = net.denoise(canvas, cache)

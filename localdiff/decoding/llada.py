@@ -8,12 +8,31 @@ more in the first steps). Per step: predictions x0 = argmax of the logits — wi
 softmax(logits, float64)[x0] (``low_confidence``) or uniform noise (``random``); then the schedule's k most confident
 are committed, or Fast-dLLM's threshold / factor rule (:mod:`localdiff.decoding.parallel`) decides. Classifier-free
 guidance (``cfg_scale``) is applied by the loop before the logits arrive here (``guided``).
+
+The random numbers (``noise``). ``block`` (default): each step draws u, float64 [B, L, V], and for ``random``
+remasking r, float32 [B, L], over the block only. ``upstream``: each step draws what the upstream function for the
+options draws, from the same generator in the same order, and uses the block's part — so with ``seed=S`` the tokens
+are those of upstream run after ``torch.manual_seed(S)`` (same device; a seed makes a ``torch.Generator`` on the
+model's device, which draws as the default one seeded alike):
+
+* ``kv_cache`` none, step schedule: LLaDA ``generate.py`` — u over the whole sequence [B, P + gen_length, V] (then r
+  over [B, P + gen_length]) at every step, and every block runs all its steps: steps a block does not need (its
+  masks fewer than its steps) still draw, and their draws are skipped when the next block begins;
+* ``kv_cache`` none with ``threshold`` / ``factor``: Fast-dLLM ``generate`` — the same shapes, no idle steps;
+* ``kv_cache`` prefix: ``generate_with_prefix_cache`` — the block's first step over the whole sequence, later steps
+  over [B, P + gen_length − block start] and u twice (upstream adds noise once, unused, before
+  ``get_transfer_index`` adds its own);
+* ``kv_cache`` dual: ``generate_with_dual_cache`` — the first step over the whole sequence, later steps the block.
+
+Not reproduced: upstream's softmax for ``low_confidence`` in LLaDA ``generate.py`` runs in the logits' dtype (bf16
+for the released checkpoints); ours is float64, as Fast-dLLM's — the same token unless two confidences tie in bf16.
 """
 from __future__ import annotations
 
 import torch
 
 from localdiff.decoding import parallel
+from localdiff.decoding.draws import uniform_rows
 from localdiff.decoding.options import LLaDAOptions
 
 
@@ -29,7 +48,8 @@ def schedule_rows(counts: list[int], steps: int) -> list[list[int]]:
 
 
 def predictions(logits: torch.Tensor, temperature: float, remasking: str, gen: torch.Generator,
-                masked: torch.Tensor, base: torch.Tensor | None = None):
+                masked: torch.Tensor, base: torch.Tensor | None = None, u: torch.Tensor | None = None,
+                r: torch.Tensor | None = None):
     """LLaDA's per-position proposal and confidence (``generate.py``) at the ``masked`` positions: x0 = argmax of the
     logits, with Gumbel-max noise in float64 when ``temperature`` > 0 (``add_gumbel_noise``); confidence =
     softmax(logits, float64)[x0] (``low_confidence``) or uniform noise (``random``). Vocab-sized work runs on the
@@ -39,13 +59,17 @@ def predictions(logits: torch.Tensor, temperature: float, remasking: str, gen: t
     Args: logits FloatTensor[B, L, V]; masked BoolTensor[B, L]; base LongTensor[B, L] or None: x0's values where
         not masked (None = 0) — the block itself, so the caller needs no ``where`` (a step runs few, small ops: on the
         CPU each costs more than its arithmetic).
+        u: FloatTensor[B, L, V] float64 / r: FloatTensor[B, L]: the Gumbel uniforms / random remasking's numbers
+        already drawn (``noise="upstream"``), or None to draw them here.
     Returns: (x0 LongTensor[B, L], ``base`` (0) where not masked; confidence FloatTensor[B, L], −inf where not
         masked).
     """
     lm = logits[masked]
     cm = None
     if temperature > 0:
-        u = torch.rand(logits.shape, dtype=torch.float64, generator=gen, device=logits.device)[masked]
+        if u is None:
+            u = torch.rand(logits.shape, dtype=torch.float64, generator=gen, device=logits.device)
+        u = u[masked]
         x0m = (lm.to(torch.float64).exp() / (-torch.log(u)) ** temperature).argmax(-1)
     elif remasking == "low_confidence":
         # greedy: the float64 softmax's max is the probability at the logits' argmax, and its index that argmax
@@ -62,7 +86,7 @@ def predictions(logits: torch.Tensor, temperature: float, remasking: str, gen: t
         conf = torch.full(masked.shape, -float("inf"), dtype=torch.float64, device=logits.device)
         conf.masked_scatter_(masked, cm)
     else:
-        x0_p = torch.rand(masked.shape, generator=gen, device=logits.device)
+        x0_p = torch.rand(masked.shape, generator=gen, device=logits.device) if r is None else r
         conf = torch.where(masked, x0_p, torch.tensor(-float("inf"), dtype=x0_p.dtype, device=x0_p.device))
     return x0, conf
 
@@ -79,7 +103,8 @@ class LLaDA:
         options: :class:`LLaDAOptions`. generator: torch.Generator for Gumbel noise / random remasking.
         mask_id: the model's mask token id.
     Attributes the loop reads: ``cfg_scale`` (> 0: give guided logits), ``parallel`` (True: threshold / factor
-    decide, steps are not capped by the schedule).
+    decide, steps are not capped by the schedule). ``length``: the sequence's length P + gen_length, which the runner
+    sets (``noise="upstream"`` draws over it).
     """
 
     Options = LLaDAOptions
@@ -88,11 +113,15 @@ class LLaDA:
         self.o, self.gen, self.mask_id = options, generator, mask_id
         self.cfg_scale = options.cfg_scale
         self.parallel = options.threshold is not None or options.factor is not None
+        self.length, self.span, self.idle = None, (0, 0), 0
 
     def begin_block(self, masked: torch.Tensor, steps: int, offset: int = 0) -> None:
         """A new block: ``masked`` BoolTensor[B, L] (its masked positions), ``steps`` its step budget, ``offset`` its
-        position in the sequence (unused here)."""
-        self.steps = steps
+        position in the sequence."""
+        if self.idle and self.o.noise == "upstream":
+            self._skip_idle_steps()
+        self.steps, self.span = steps, (offset, offset + masked.shape[1])
+        self.idle = steps if self.o.kv_cache == "none" and not self.parallel else 0
         self.schedule = list(zip(*schedule_rows(masked.sum(dim=1).tolist(), steps)))   # per step: k of each row
 
     def step(self, logits: torch.Tensor, xb: torch.Tensor, masked: torch.Tensor, i: int):
@@ -102,10 +131,41 @@ class LLaDA:
         Returns:
             (x0 LongTensor[B, L] proposals (= ``xb`` where not masked), transfer BoolTensor[B, L] ⊆ masked).
         """
-        x0, conf = predictions(logits, self.o.temperature, self.o.remasking, self.gen, masked, xb)
+        u = r = None
+        if self.o.noise == "upstream":
+            u, r = self._upstream_draws(logits, i)
+        self.idle = max(0, self.idle - 1)
+        x0, conf = predictions(logits, self.o.temperature, self.o.remasking, self.gen, masked, xb, u, r)
         if self.parallel:
             return x0, parallel.select(conf, masked, None, self.o.threshold, self.o.factor) & masked
         # the schedule's k never exceeds the row's masks (its ks sum to the block's masks; past the budget k = the
         # masks left), and confidence is −inf elsewhere: the top k are masked positions
         k = self.schedule[i] if i < self.steps else masked.sum(1).tolist()
         return x0, parallel.topk_transfer(conf, k)
+
+    def _upstream_draws(self, logits: torch.Tensor, i: int):
+        """(u, r) of step ``i`` as upstream draws them (module docstring), cut to the block: FloatTensor[B, L, V]
+        float64 or None (temperature 0), FloatTensor[B, L] or None (``low_confidence``)."""
+        (start, end), kv = self.span, self.o.kv_cache
+        lo = 0 if kv == "none" or i == 0 else start
+        hi = end if kv == "dual" and i > 0 else self.length
+        b, v, dev = logits.shape[0], logits.shape[-1], logits.device
+        self.shape = (b, v, dev)
+        u = r = None
+        if self.o.temperature > 0:
+            if kv == "prefix" and i > 0:                # upstream's unused add_gumbel_noise
+                uniform_rows((b, hi - lo, v), 0, 0, self.gen, dev)
+            u = uniform_rows((b, hi - lo, v), start - lo, end - lo, self.gen, dev)
+        if self.o.remasking == "random":
+            r = torch.rand((b, hi - lo), generator=self.gen, device=dev)[:, start - lo:end - lo]
+        return u, r
+
+    def _skip_idle_steps(self) -> None:
+        """Draw and drop the previous block's steps that LLaDA ``generate.py`` runs and this loop did not."""
+        b, v, dev = self.shape
+        for _ in range(self.idle):
+            if self.o.temperature > 0:
+                uniform_rows((b, self.length, v), 0, 0, self.gen, dev)
+            if self.o.remasking == "random":
+                torch.rand((b, self.length), generator=self.gen, device=dev)
+        self.idle = 0

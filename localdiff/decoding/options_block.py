@@ -60,8 +60,10 @@ class FastDLLMv2Options(Options):
     tokens, left to right); per step the masked positions of the sub-block whose confidence exceeds ``threshold``
     are committed, and always the most confident one; logits are token-shifted; a block's first token is decoded
     autoregressively from the previous block's last logits. Sampling: temperature 0 = the top token; else top-p.
-    ``use_block_cache``: upstream's sub-block cache (``block_past_key_values``,
-    :mod:`localdiff.decoding.fastdllm_v2`)."""
+    The finished blocks' K/V are always cached (exact: ``kv_cache`` none and prefix both mean this); ``kv_cache``
+    dual, or upstream's ``use_block_cache``, adds upstream's sub-block DualCache (``block_past_key_values``,
+    :mod:`localdiff.decoding.fastdllm_v2`). Errors: :class:`UsageError` for ``use_block_cache`` with another
+    ``kv_cache`` than dual."""
 
     POLICY: ClassVar[str] = "fast_dllm_v2"
 
@@ -76,3 +78,15 @@ class FastDLLMv2Options(Options):
     use_block_cache: bool = opt(False, "Fast-dLLM v2's sub-block cache: once a sub-block's first token is known, "
                                 "steps run only the sub-block over the block's cached K/V (approximate unless "
                                 "small_block_size = the block size)")
+    kv_cache: str = opt("prefix", "none / prefix: the finished blocks' exact K/V; dual: also Fast-dLLM v2's "
+                        "sub-block cache inside a block (= use_block_cache)", choices=("none", "prefix", "dual"))
+
+    @property
+    def sub_block_cache(self) -> bool:
+        """Whether upstream's sub-block cache runs (``kv_cache`` dual or ``use_block_cache``)."""
+        return self.use_block_cache or self.kv_cache == "dual"
+
+    def check(self, typed: Mapping[str, str]) -> None:
+        if self.use_block_cache and self.kv_cache != "dual" and "kv_cache" in typed:
+            raise UsageError(f"{typed.get('use_block_cache', 'use_block_cache')}: the sub-block cache is kv_cache "
+                             f"dual; give one of them (got kv_cache={self.kv_cache!r})")

@@ -37,7 +37,8 @@ class _FastDLLM(Options):
 class LLaDAOptions(_FastDLLM):
     """LLaDA's decoder (ML-GSAI/LLaDA ``generate.py``, arXiv 2502.09992): ``gen_length`` (our max_new_tokens) masks,
     semi-autoregressive blocks, ``steps`` split over blocks and within a block, low-confidence / random remasking,
-    Gumbel-max sampling, classifier-free guidance; plus Fast-dLLM's options."""
+    Gumbel-max sampling, classifier-free guidance; plus Fast-dLLM's options. ``noise``: whose draw shapes
+    (:mod:`localdiff.decoding.llada`)."""
 
     POLICY: ClassVar[str] = "llada"
 
@@ -48,6 +49,9 @@ class LLaDAOptions(_FastDLLM):
                              lo=0, hi=100, min_positive=1e-3, metavar="T")
     cfg_scale: float = opt(0.0, "classifier-free guidance scale (unconditional = prompt masked)", lo=0, metavar="W")
     remasking: str = opt("low_confidence", "which predictions to commit", choices=("low_confidence", "random"))
+    noise: str = opt("block", "random numbers of the Gumbel noise / random remasking: block (the block's only) or "
+                     "upstream (the shapes upstream's generate draws: a seed then gives upstream's tokens; costs a "
+                     "vocabulary of draws per sequence position per step)", choices=("block", "upstream"))
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,7 @@ def stream(model, req):
                              f"the model's context ({model.config.max_position_embeddings} tokens)")
     else:
         policy = POLICY_CLASSES[options.POLICY](options, req.generator, model.mask_token_id)
+        policy.length = ids.shape[1] + n_new          # LLaDA's noise="upstream" draws over the whole sequence
     try:
         yield from masked_loop.run(model.net, policy, ids, mask, n_new, options.block_length,
                                    options.steps, options.kv_cache, model.mask_token_id, model.eos_token_ids,

@@ -6,7 +6,9 @@ block's step budget is split as ``get_num_transfer_tokens`` does (masked count /
 more in the first steps). Per step: predictions x0 = argmax of the logits — with Gumbel-max noise in float64 when
 ``temperature`` > 0 (``add_gumbel_noise``: exp(logits) / (−log u)^T) — and a confidence per masked position:
 softmax(logits, float64)[x0] (``low_confidence``) or uniform noise (``random``); then the schedule's k most confident
-are committed, or Fast-dLLM's threshold / factor rule (:mod:`localdiff.decoding.parallel`) decides. Classifier-free
+are committed, or Fast-dLLM's threshold / factor rule (:mod:`localdiff.decoding.parallel`) decides, or one of dInfer's
+decoders (``parallel_decoding``: :mod:`~localdiff.decoding.dinfer_threshold`, :mod:`~localdiff.decoding.dinfer_credit`,
+:mod:`~localdiff.decoding.dinfer_hierarchy`) makes the whole step's proposal and decision. Classifier-free
 guidance (``cfg_scale``) is applied by the loop before the logits arrive here (``guided``).
 """
 from __future__ import annotations
@@ -14,6 +16,9 @@ from __future__ import annotations
 import torch
 
 from localdiff.decoding import parallel
+from localdiff.decoding.dinfer_credit import CreditDecoder
+from localdiff.decoding.dinfer_hierarchy import HierarchyDecoder
+from localdiff.decoding.dinfer_threshold import ThresholdDecoder
 from localdiff.decoding.options import LLaDAOptions
 
 
@@ -88,11 +93,17 @@ class LLaDA:
         self.o, self.gen, self.mask_id = options, generator, mask_id
         self.cfg_scale = options.cfg_scale
         self.parallel = options.threshold is not None or options.factor is not None
+        self.dinfer = _dinfer(options, generator, mask_id)
+        self.parallel = self.parallel or self.dinfer is not None
+        #: blocks at multiples of block_length from the sequence start (dInfer's BlockIterator, start_block_align)
+        self.block_align = getattr(options, "start_block_align", False)
 
     def begin_block(self, masked: torch.Tensor, steps: int, offset: int = 0) -> None:
         """A new block: ``masked`` BoolTensor[B, L] (its masked positions), ``steps`` its step budget, ``offset`` its
         position in the sequence (unused here)."""
         self.steps = steps
+        if self.dinfer is not None:
+            self.dinfer.begin_block()
         self.schedule = list(zip(*schedule_rows(masked.sum(dim=1).tolist(), steps)))   # per step: k of each row
 
     def step(self, logits: torch.Tensor, xb: torch.Tensor, masked: torch.Tensor, i: int):
@@ -102,6 +113,8 @@ class LLaDA:
         Returns:
             (x0 LongTensor[B, L] proposals (= ``xb`` where not masked), transfer BoolTensor[B, L] ⊆ masked).
         """
+        if self.dinfer is not None:
+            return self.dinfer.step(logits, xb, masked)
         x0, conf = predictions(logits, self.o.temperature, self.o.remasking, self.gen, masked, xb)
         if self.parallel:
             return x0, parallel.select(conf, masked, None, self.o.threshold, self.o.factor) & masked
@@ -109,3 +122,16 @@ class LLaDA:
         # masks left), and confidence is −inf elsewhere: the top k are masked positions
         k = self.schedule[i] if i < self.steps else masked.sum(1).tolist()
         return x0, parallel.topk_transfer(conf, k)
+
+
+def _dinfer(o: LLaDAOptions, generator: torch.Generator, mask_id: int):
+    """The dInfer decoder part ``o.parallel_decoding`` names (None when off)."""
+    kind = getattr(o, "parallel_decoding", None)
+    if kind == "threshold":
+        return ThresholdDecoder(o.threshold, o.temperature, generator, mask_id)
+    if kind == "credit":
+        return CreditDecoder(o.threshold, o.temperature, generator, mask_id, o.credit_alpha, o.boost_gamma,
+                             o.decay_beta)
+    if kind == "hierarchy":
+        return HierarchyDecoder(o.threshold, o.low_threshold, o.temperature, generator)
+    return None

@@ -268,5 +268,5 @@ def test_gen_without_a_thread_setting_runs_a_small_model_on_one_thread(isolated,
     err = capsys.readouterr().err
     assert ", 1 thread (model under 10M parameters; --threads N to change)" in err, err
     assert main(["gen", "-m", "tiny-mdm", "-p", "x", "-n", "2", "-v", "--threads", "2"]) == 0
-    line = next(l for l in capsys.readouterr().err.splitlines() if l.startswith("backend: "))
+    line = next(s for s in capsys.readouterr().err.splitlines() if s.startswith("backend: "))
     assert line.endswith(", 2 threads"), line

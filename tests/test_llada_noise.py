@@ -4,7 +4,6 @@ with random remasking) equal upstream's run after ``torch.manual_seed(S)`` — L
 drawing from the global RNG as upstream) — for 20 prompts each, on the fake masked model (CPU)."""
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 import torch

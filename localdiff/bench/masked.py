@@ -12,7 +12,8 @@ is installed, on the shipped ``tiny-mdm``:
   (``localdiff.generate`` end to end).
 * **accuracy** (tiny-mdm only): held-out exact match and TPF per decoder setting (:data:`EVAL_SETTINGS`) on its
   eval set; targets: threshold decoding at TPF ≥ 2.5 within 1 point of one token per step, prefix / dual caches
-  within 1 point of no cache.
+  within 1 point of no cache; dInfer's threshold / credit / hierarchy decoders and its vicinity cache refresh beside
+  Fast-dLLM's threshold rows.
 """
 from __future__ import annotations
 
@@ -106,6 +107,16 @@ EVAL_SETTINGS = [("block 32, one token per step", {"block_length": 32}),
                  ("block 8, prefix cache", {"block_length": 8, "kv_cache": "prefix"}),
                  ("block 8, dual cache", {"block_length": 8, "kv_cache": "dual"}),
                  ("block 8, threshold 0.7, dual cache", {"block_length": 8, "threshold": 0.7, "kv_cache": "dual"})]
+#: dInfer's decoders (inclusionAI/dInfer, defaults: τ 0.9, low_threshold 0.3, credit α 0.7 γ 0.2 β 0.8, vicinity
+#: 16 / 16 / 4 warmup steps, aligned blocks) beside Fast-dLLM threshold decoding (the rows above)
+EVAL_SETTINGS += [
+    ("block 32, dInfer threshold", {"block_length": 32, "parallel_decoding": "threshold", "start_block_align": True}),
+    ("block 32, dInfer credit", {"block_length": 32, "parallel_decoding": "credit", "start_block_align": True}),
+    ("block 32, dInfer hierarchy", {"block_length": 32, "parallel_decoding": "hierarchy", "start_block_align": True}),
+    ("block 8, dInfer threshold, vicinity cache", {"block_length": 8, "parallel_decoding": "threshold",
+                                                   "start_block_align": True, "kv_cache": "vicinity"}),
+    ("block 8, dInfer hierarchy, vicinity cache", {"block_length": 8, "parallel_decoding": "hierarchy",
+                                                   "start_block_align": True, "kv_cache": "vicinity"})]
 
 
 def accuracy(model, items: list[dict], log=print) -> list[dict]:
@@ -179,7 +190,7 @@ def render_md(sec: dict) -> list[str]:
                   "| setting | accuracy | ± | TPF |", "|---|---:|---:|---:|"]
         for r in acc:
             bl = r["options"].get("block_length")
-            base = next(b["accuracy"] for b in acc if b["options"] == {"block_length": bl})
+            base = next((b["accuracy"] for b in acc if b["options"] == {"block_length": bl}), r["accuracy"])
             lines.append(f"| {r['setting']} | {100 * r['accuracy']:.1f}% | {100 * (r['accuracy'] - base):+.1f} | "
                          f"{r['tpf']:.2f} |")
         lines.append("")

@@ -6,7 +6,9 @@ block's step budget is split as ``get_num_transfer_tokens`` does (masked count /
 more in the first steps). Per step: predictions x0 = argmax of the logits — with Gumbel-max noise in float64 when
 ``temperature`` > 0 (``add_gumbel_noise``: exp(logits) / (−log u)^T) — and a confidence per masked position:
 softmax(logits, float64)[x0] (``low_confidence``) or uniform noise (``random``); then the schedule's k most confident
-are committed, or Fast-dLLM's threshold / factor rule (:mod:`localdiff.decoding.parallel`) decides. Classifier-free
+are committed, or Fast-dLLM's threshold / factor rule (:mod:`localdiff.decoding.parallel`) decides, or one of dInfer's
+decoders (``parallel_decoding``: :mod:`~localdiff.decoding.dinfer_threshold`, :mod:`~localdiff.decoding.dinfer_credit`,
+:mod:`~localdiff.decoding.dinfer_hierarchy`) makes the whole step's proposal and decision. Classifier-free
 guidance (``cfg_scale``) is applied by the loop before the logits arrive here (``guided``).
 
 The random numbers (``noise``). ``block`` (default): each step draws u, float64 [B, L, V], and for ``random``
@@ -33,6 +35,9 @@ import torch
 
 from localdiff.decoding import parallel
 from localdiff.decoding.draws import uniform_rows
+from localdiff.decoding.dinfer_credit import CreditDecoder
+from localdiff.decoding.dinfer_hierarchy import HierarchyDecoder
+from localdiff.decoding.dinfer_threshold import ThresholdDecoder
 from localdiff.decoding.options import LLaDAOptions
 
 
@@ -114,6 +119,10 @@ class LLaDA:
         self.cfg_scale = options.cfg_scale
         self.parallel = options.threshold is not None or options.factor is not None
         self.length, self.span, self.idle = None, (0, 0), 0
+        self.dinfer = _dinfer(options, generator, mask_id)
+        self.parallel = self.parallel or self.dinfer is not None
+        #: blocks at multiples of block_length from the sequence start (dInfer's BlockIterator, start_block_align)
+        self.block_align = getattr(options, "start_block_align", False)
 
     def begin_block(self, masked: torch.Tensor, steps: int, offset: int = 0) -> None:
         """A new block: ``masked`` BoolTensor[B, L] (its masked positions), ``steps`` its step budget, ``offset`` its
@@ -122,6 +131,8 @@ class LLaDA:
             self._skip_idle_steps()
         self.steps, self.span = steps, (offset, offset + masked.shape[1])
         self.idle = steps if self.o.kv_cache == "none" and not self.parallel else 0
+        if self.dinfer is not None:
+            self.dinfer.begin_block()
         self.schedule = list(zip(*schedule_rows(masked.sum(dim=1).tolist(), steps)))   # per step: k of each row
 
     def step(self, logits: torch.Tensor, xb: torch.Tensor, masked: torch.Tensor, i: int):
@@ -131,6 +142,8 @@ class LLaDA:
         Returns:
             (x0 LongTensor[B, L] proposals (= ``xb`` where not masked), transfer BoolTensor[B, L] ⊆ masked).
         """
+        if self.dinfer is not None:
+            return self.dinfer.step(logits, xb, masked)
         u = r = None
         if self.o.noise == "upstream":
             u, r = self._upstream_draws(logits, i)
@@ -169,3 +182,15 @@ class LLaDA:
             if self.o.remasking == "random":
                 torch.rand((b, self.length), generator=self.gen, device=dev)
         self.idle = 0
+
+def _dinfer(o: LLaDAOptions, generator: torch.Generator, mask_id: int):
+    """The dInfer decoder part ``o.parallel_decoding`` names (None when off)."""
+    kind = getattr(o, "parallel_decoding", None)
+    if kind == "threshold":
+        return ThresholdDecoder(o.threshold, o.temperature, generator, mask_id)
+    if kind == "credit":
+        return CreditDecoder(o.threshold, o.temperature, generator, mask_id, o.credit_alpha, o.boost_gamma,
+                             o.decay_beta)
+    if kind == "hierarchy":
+        return HierarchyDecoder(o.threshold, o.low_threshold, o.temperature, generator)
+    return None

@@ -7,7 +7,9 @@ small loop. It owns: the sequence x = prompt + ``max_new_tokens`` masks (LLaDA `
 recompute (``kv_cache="none"``), or Fast-dLLM's approximate caches (NVlabs/Fast-dLLM ``generate_with_prefix_cache`` /
 ``generate_with_dual_cache``, arXiv 2505.22618): each block starts with a full pass that refreshes the per-layer
 K/V, then ``prefix`` recomputes the block and everything after it over the cached prefix, ``dual`` recomputes only the
-block over the cached prefix and suffix — Dream's logit shift (the raw logit at i − 1 predicts token i), classifier-free
+block over the cached prefix and suffix, ``vicinity`` (dInfer: :mod:`localdiff.decoding.vicinity`) the block and its
+neighbours on dInfer's refresh schedule; blocks may start at multiples of ``block_length`` from the sequence start
+(dInfer's ``start_block_align``, the policy's ``block_align``: the first block is shorter) — Dream's logit shift (the raw logit at i − 1 predicts token i), classifier-free
 guidance, stopping (a finished block holding EOS ends the row; nothing after it is decoded or counted: Fast-dLLM issue
 #10), events (a block is a "canvas" in :mod:`localdiff.events`) and stats, including the decoding order
 (``stats.commit_step``). A decoder policy (:class:`localdiff.decoding.llada.LLaDA`,
@@ -21,7 +23,6 @@ upstream, which runs the forward again; forwards count what was run).
 """
 from __future__ import annotations
 
-import math
 import time
 
 import torch
@@ -31,20 +32,25 @@ from localdiff.decoding.detok import IncrementalText
 from localdiff.decoding.llada import guided
 from localdiff.decoding.loop import count_tokens, kept_positions, strip_generated
 from localdiff.decoding.stopping import finalize_canvas
+from localdiff.decoding.vicinity import VicinityRefresh
 from localdiff.events import CanvasDone, Done, GenerationStats, StepEvent
 
 
-def block_plan(gen_length: int, block_length: int | None, steps: int | None) -> list[tuple[int, int, int]]:
+def block_plan(gen_length: int, block_length: int | None, steps: int | None,
+               first: int | None = None) -> list[tuple[int, int, int]]:
     """(offset, length, steps) per block of the answer: blocks of ``block_length`` (None or longer than the answer =
-    one block; the last block is shorter when it does not divide), ``steps`` (None = one per token) split over the
-    blocks as evenly as LLaDA's ``steps // num_blocks`` (the first ``steps % num_blocks`` blocks one more), ≥ 1."""
+    one block; the last block is shorter when it does not divide; ``first``: the first block's length when it
+    differs — aligned blocks), ``steps`` (None = one per token) split over the blocks as evenly as LLaDA's
+    ``steps // num_blocks`` (the first ``steps % num_blocks`` blocks one more), ≥ 1."""
     bl = gen_length if block_length is None else min(block_length, gen_length)
-    nb = math.ceil(gen_length / bl)
+    sizes = [min(first, gen_length)] if first else []
+    while sum(sizes) < gen_length:
+        sizes.append(min(bl, gen_length - sum(sizes)))
+    nb = len(sizes)
     total = gen_length if steps is None else steps
     out = []
-    for b in range(nb):
-        length = min(bl, gen_length - b * bl)
-        out.append((b * bl, length, max(1, total // nb + (1 if b < total % nb else 0))))
+    for b, length in enumerate(sizes):
+        out.append((sum(sizes[:b]), length, max(1, total // nb + (1 if b < total % nb else 0))))
     return out
 
 
@@ -60,7 +66,8 @@ def run(net, policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
             mask id where masked) prefills the answer region.
         prompt_ids: LongTensor[B, P] (left padding must not be ``mask_id``); prompt_mask: BoolTensor[B, P] or None.
         max_new_tokens: the answer's length in masks (LLaDA's gen_length).
-        block_length / steps: see :func:`block_plan`. cache: "none" | "prefix" | "dual".
+        block_length / steps: see :func:`block_plan`. cache: "none" | "prefix" | "dual" | "vicinity" (the policy's
+            options carry ``prefix_look``, ``after_look``, ``warmup_steps``).
         mask_id / eos_ids / pad_id: special ids (pad replaces tokens after EOS in CanvasDone, as in the canvas loop).
         decode: ids → text (row 0), or None.
         store: where the prefix / dual caches' K/V live: ``store.place(per-layer (K, V) list)`` returns the
@@ -89,8 +96,17 @@ def run(net, policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
     forwards, gstep, reason = 0, 0, "length"
     finals: list[torch.Tensor] = []
     detok = IncrementalText(decode)   # row 0's text, block by block
-    for ci, (off, length, n_steps) in enumerate(block_plan(g, block_length, steps)):
+    align = getattr(policy, "block_align", False) and block_length is not None
+    vic = None
+    if cache == "vicinity":
+        o = policy.o
+        vic = VicinityRefresh(o.prefix_look, o.after_look, o.warmup_steps)
+    for ci, (off, length, n_steps) in enumerate(block_plan(g, block_length, steps,
+                                                           block_length - p % block_length if align else None)):
         start, end = p + off, p + off + length
+        ws = max(0, end - block_length) if align and ci == 0 else start     # the block as dInfer's iterator has it
+        if vic is not None:
+            vic.begin_block(ci, ws, end)
         active = ~finished if stop_at_eos else torch.ones_like(finished)
         n_active = int(active.sum())                       # rows still decoding (fixed within a block)
         all_active = n_active == b
@@ -108,8 +124,9 @@ def run(net, policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
                 if logits is None:
                     sel = masked if SKIP_COMMITTED else None
                     tp = time.perf_counter() if i == 0 else 0.0
-                    logits, kv = _block_logits(net, policy, x, amask, start, end, shift, cache, kv, i == 0, p,
-                                               mask_id, store, sel)
+                    logits, kv = _block_logits(net, policy, x, amask, start, end, shift, cache, kv,
+                                               i == 0 if vic is None else (vic.next(), vic.window(x.shape[1])), p,
+                                               mask_id, store, sel, ws)
                     if i == 0:   # prefill time: the block's first pass (over the prompt and the blocks before
                         st.prefill_seconds += time.perf_counter() - tp   # it; the caches' refresh)
                     logits = _no_mask(logits, mask_id)
@@ -161,13 +178,15 @@ def run(net, policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
 SKIP_COMMITTED = True
 
 
-def _block_logits(net, policy, x, amask, start, end, shift, cache, kv, first, p, mask_id, store, sel=None):
+def _block_logits(net, policy, x, amask, start, end, shift, cache, kv, first, p, mask_id, store, sel=None, ws=None):
     """Position-aligned logits FloatTensor[B, L, V] of the block [start, end) and the (possibly refreshed) per-layer
     K/V (a :class:`WindowKV` placed in ``store``'s tiers). ``first``: the block's first step (the cache refresh: a
-    full pass). ``sel``: BoolTensor[B, L] positions whose logits are read (the LM head skips the others, which are
-    0), or None (all)."""
+    full pass), or with ``cache`` "vicinity" the step's kind (:meth:`VicinityRefresh.next`). ``sel``: BoolTensor[B, L]
+    positions whose logits are read (the LM head skips the others, which are 0), or None (all). ``ws``: where the
+    cached windows start (≤ ``start``: an aligned block's part in the prompt is recomputed too; None = start)."""
     lo = start - shift            # with shifted logits the raw row lo predicts position start
     n = end - start
+    d = start - (start if ws is None else ws)     # the block's rows within a window from ws
 
     def call(fn, rows, *args, select=sel, **kw):   # the head on `rows` (and `select`) when the net can, else sliced
         if getattr(net, "selects_rows", False):
@@ -175,6 +194,14 @@ def _block_logits(net, policy, x, amask, start, end, shift, cache, kv, first, p,
         out = fn(*args, **kw)
         return (out[0][:, rows[0]:rows[1]], out[1]) if kw.get("return_kv") else out[:, rows[0]:rows[1]]
 
+    if cache == "vicinity":
+        kind, (a, z) = first
+        if kind == "full":
+            return call(net.logits_full, (lo, lo + n), x, amask), kv
+        if kind == "window":
+            a = min(a, lo)
+            return call(net.forward_window, (lo - a, lo - a + n), x[:, a:z], a, kv, amask), kv
+        first = True                                   # a refresh: as the dual cache's
     if cache == "none" or first:
         if policy.cfg_scale > 0:
             un = x.clone()
@@ -188,9 +215,10 @@ def _block_logits(net, policy, x, amask, start, end, shift, cache, kv, first, p,
             return call(net.logits_full, (lo, lo + n), x, amask), kv
         raw, fresh = call(net.forward_window, (lo, lo + n), x, 0, None, amask, return_kv=True)
         return raw, store.place(fresh)
+    w = lo - d
     if cache == "prefix":
-        return call(net.forward_window, (0, n), x[:, lo:], lo, kv.prefix(lo), amask), kv
-    return call(net.forward_window, (0, n), x[:, lo:end], lo, kv, amask), kv      # dual
+        return call(net.forward_window, (d, d + n), x[:, w:], w, kv.prefix(w), amask), kv
+    return call(net.forward_window, (d, d + n), x[:, w:end], w, kv, amask), kv      # dual
 
 
 def _no_mask(logits: torch.Tensor, mask_id: int) -> torch.Tensor:

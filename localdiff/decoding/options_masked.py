@@ -52,6 +52,40 @@ class LLaDAOptions(_FastDLLM):
     noise: str = opt("block", "random numbers of the Gumbel noise / random remasking: block (the block's only) or "
                      "upstream (the shapes upstream's generate draws: a seed then gives upstream's tokens; costs a "
                      "vocabulary of draws per sequence position per step)", choices=("block", "upstream"))
+    kv_cache: str = opt("none", "approximate K/V cache (Fast-dLLM): none, prefix (prompt + finished blocks), dual "
+                        "(also the masked suffix), refreshed at each block; vicinity (dInfer): dual, each step "
+                        "recomputing the block and --prefix-look / --after-look tokens around it",
+                        choices=("none", "prefix", "dual", "vicinity"))
+    parallel_decoding: str | None = opt(None, "dInfer's parallel decoders (inclusionAI/dInfer): threshold (the "
+                                        "top-1 and every confidence ≥ τ), credit (threshold over credit-fused "
+                                        "logits), hierarchy (each masked run's best above --low-threshold, or "
+                                        "> τ); τ = --threshold, default 0.9 (off = Fast-dLLM's rules / the schedule)",
+                                        kind=str, choices=("threshold", "credit", "hierarchy"), optional=True,
+                                        metavar="DECODER")
+    low_threshold: float = opt(0.3, "dInfer hierarchy decoding: a masked run's most confident position is committed "
+                               "only above this", lo=0, hi=1, metavar="P")
+    credit_alpha: float = opt(0.7, "dInfer credit decoding: weight of log(1 + credit) added to the logits", lo=0,
+                              metavar="A")
+    boost_gamma: float = opt(0.2, "dInfer credit decoding: credit added per step = top-1 probability ^ gamma", lo=0,
+                             metavar="G")
+    decay_beta: float = opt(0.8, "dInfer credit decoding: per-step decay of the credit", lo=0, hi=1, metavar="B")
+    start_block_align: bool = opt(False, "dInfer's block layout: blocks at multiples of --block-length from the "
+                                  "sequence start (the first one shares the prompt's tail), not from the answer's")
+    prefix_look: int = opt(16, "kv_cache vicinity: tokens before the block recomputed each step", lo=0,
+                           hi=1_000_000, metavar="N")
+    after_look: int = opt(16, "kv_cache vicinity: tokens after the block recomputed each step", lo=0, hi=1_000_000,
+                          metavar="N")
+    warmup_steps: int = opt(4, "kv_cache vicinity: the generation's first N steps are uncached full passes", lo=0,
+                            hi=1_000_000, metavar="N", aliases=("warmup_times",))
+
+    def check(self, typed: Mapping[str, str]) -> None:
+        super().check(typed)
+        if self.parallel_decoding is not None and self.factor is not None:
+            raise UsageError(f"{typed.get('factor', 'factor')}: the factor rule is Fast-dLLM's, not one of dInfer's "
+                             f"decoders (got parallel_decoding={self.parallel_decoding!r})")
+        if self.parallel_decoding is not None and self.remasking != "low_confidence":
+            raise UsageError(f"{typed.get('remasking', 'remasking')}: dInfer's decoders commit by confidence; "
+                             f"remasking must be low_confidence (got {self.remasking!r})")
 
 
 @dataclass(frozen=True)

@@ -173,7 +173,7 @@ def test_sdar_recipe_int8_head(tmp_path):
     assert rec.name == "sdar" and rec.head == "int8" and DEFAULT_RECIPE.head == "float"
     assert Recipe.from_dict(rec.to_dict()).head == "int8"                  # kept in pre-quantized metadata
     with pytest.raises(RecipeError, match="head precision"):
-        Recipe.from_dict({"head": "int4"})
+        Recipe.from_dict({"head": "fp8"})
     _, net = build_net("a2d-qwen3-bd3lm", seed=5)                          # tied embeddings
     ids = torch.randint(0, 120, (1, 8), generator=torch.Generator().manual_seed(6))
     ref = net.logits_full(ids)

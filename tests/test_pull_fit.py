@@ -137,6 +137,7 @@ def test_gen_without_quant_loads_in_the_chosen_precision_and_says_so(tmp_path, m
         raise KeyboardInterrupt      # stop here: the choice is what is tested
 
     monkeypatch.setattr(gen, "_load", fake_load)
+    (tmp_path / "none.toml").touch()    # a LOCALDIFF_CONFIG file must exist
     monkeypatch.setenv("LOCALDIFF_CONFIG", str(tmp_path / "none.toml"))
     monkeypatch.delenv("LOCALDIFF_QUANT", raising=False)
     for ram, want, words in ((64, None, None), (24, "int8", "in int8 on the CPU, not in bf16"),

@@ -175,7 +175,7 @@ def test_a_truncated_gguf_gives_one_line(files, tmp_path, capsys):
 def test_without_the_extra_a_gguf_model_names_it(files, monkeypatch, capsys):
     import sys
 
-    import localdiff.backends.gguf as backend
+    import localdiff.backends.llama_lib as backend
 
     _, path = files["llada"]["f32"]
     monkeypatch.setattr(backend, "_LIB", None)

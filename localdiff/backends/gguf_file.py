@@ -349,6 +349,16 @@ def config_from_header(h: GGUFHeader) -> GGUFConfig:
                       family=family, block_size=size, token_shift=mt == "Fast_dLLM_Qwen")
 
 
+def cache_modes(family: str, architecture: str | None = None) -> str:
+    """What a GGUF model's caches are (``list`` / ``show`` / ``gen -v``): the block family's exact block cache, or
+    the masked family's ``kv_cache`` modes — all in llama.cpp's K/V memory."""
+    if family == "block":
+        return "exact block cache (llama.cpp K/V memory)"
+    if architecture == "llada-moe":
+        return "kv_cache none (prefix / dual: no llama.cpp twin with K/V memory)"
+    return "kv_cache none | prefix | dual (llama.cpp K/V memory)"
+
+
 def describe(path) -> tuple[GGUFHeader, GGUFConfig]:
     """Header + config of a GGUF file, after the completeness check. Raises CheckpointError (one line)."""
     h = read_header(path)

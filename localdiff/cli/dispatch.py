@@ -53,6 +53,9 @@ def _add_sampler(p: argparse.ArgumentParser) -> None:
                                                        "full-attention layers move to host memory beyond it")
     g.add_argument("--threads", type=int, metavar="N", help="CPU threads (torch's intra-op threads, or llama.cpp's "
                                                             "for a GGUF model; default: all cores; LOCALDIFF_THREADS)")
+    g.add_argument("--gpu-layers", metavar="N|all", help="GGUF models: layers llama.cpp offloads to the GPU of a Metal "
+                                                         "or CUDA build of llama-cpp-python (n_gpu_layers; default: "
+                                                         "all when the build can offload, else 0)")
 
 
 def _add_endpoint(p: argparse.ArgumentParser) -> None:

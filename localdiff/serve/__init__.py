@@ -77,7 +77,7 @@ def serve(model: str | None, default_model: str, host: str = "127.0.0.1", port: 
           api_key: str | None = None, insecure: bool = False, device: str | None = None, quant: str | None = None,
           sampler: dict | None = None, max_queue: int = 32, keep_alive: float | None = 300.0,
           max_body: int | None = None, log_level: str = "info", gpu_mem: int | None = None,
-          threads: int | None = None) -> int:
+          threads: int | None = None, gpu_layers=None) -> int:
     """Run the server in the foreground until Ctrl-C; returns 0.
 
     Args:
@@ -86,8 +86,8 @@ def serve(model: str | None, default_model: str, host: str = "127.0.0.1", port: 
         sampler: sampler options from flags / env / config (requests override them).
         max_queue: requests waiting at most; keep_alive: seconds before an idle model unloads (None = never).
         max_body: request size limit in bytes.
-        gpu_mem / threads: passed to ``localdiff.load`` (device budget in bytes for the memory plan; CPU threads of
-            the gguf backend).
+        gpu_mem / threads / gpu_layers: passed to ``localdiff.load`` (device budget in bytes for the memory plan;
+            CPU threads and GPU layers of the gguf backend).
     Raises:
         UsageError: bad binding; LocaldiffError: the ASGI stack is missing or the port is taken.
     """
@@ -110,7 +110,8 @@ def serve(model: str | None, default_model: str, host: str = "127.0.0.1", port: 
     def loader(name: str):
         import localdiff
 
-        return localdiff.load(name, device=device, quant=quant, gpu_mem=gpu_mem, threads=threads)
+        return localdiff.load(name, device=device, quant=quant, gpu_mem=gpu_mem, threads=threads,
+                              gpu_layers=gpu_layers)
 
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO), format=LOG_FORMAT)
     worker = ModelWorker(loader, default_model, sampler, max_queue=max_queue, keep_alive=keep_alive)

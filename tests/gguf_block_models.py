@@ -64,9 +64,10 @@ def gguf_tensors(cfg: dict, sd: dict) -> dict:
     return {k: v.float().numpy() for k, v in out.items()}
 
 
-def write_gguf(kind: str, folder, path, model_type: str | None = None) -> None:
+def write_gguf(kind: str, folder, path, model_type: str | None = None, tokenizer: bool = False) -> None:
     """The F32 GGUF of the checkpoint ``folder`` (module docstring); ``model_type`` overrides
-    ``localdiff.model_type`` (a bad-input test)."""
+    ``localdiff.model_type`` (a bad-input test); ``tokenizer``: the folder's own tokenizer.json and chat template
+    (an embedded model's Metaspace BPE, written by the bench's converter, ``localdiff.bench.gguf_convert``)."""
     import gguf
     from safetensors.torch import load_file
 
@@ -96,16 +97,21 @@ def write_gguf(kind: str, folder, path, model_type: str | None = None) -> None:
     w.add_string("localdiff.family", "block")
     w.add_uint32("localdiff.mask_token_id", cfg["mask_token_id"])
     w.add_uint32("localdiff.block_length", cfg.get("block_size") or cfg.get("bd_size"))
-    toks, types, merges = _vocab(cfg["vocab_size"], cfg["mask_token_id"])
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(toks)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(cfg["bos_token_id"])
-    w.add_eos_token_id(cfg["eos_token_id"])
-    w.add_pad_token_id(cfg["pad_token_id"])
-    w.add_add_bos_token(False)
+    if tokenizer:
+        from localdiff.bench.gguf_convert import _tokenizer
+
+        _tokenizer(w, folder, cfg)
+    else:
+        toks, types, merges = _vocab(cfg["vocab_size"], cfg["mask_token_id"])
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("default")
+        w.add_token_list(toks)
+        w.add_token_types(types)
+        w.add_token_merges(merges)
+        w.add_bos_token_id(cfg["bos_token_id"])
+        w.add_eos_token_id(cfg["eos_token_id"])
+        w.add_pad_token_id(cfg["pad_token_id"])
+        w.add_add_bos_token(False)
     for name, t in gguf_tensors(cfg, sd).items():
         w.add_tensor(name, t)
     w.write_header_to_file()

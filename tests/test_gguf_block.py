@@ -201,3 +201,39 @@ def test_bad_block_files_and_options_give_one_line(files, tmp_path, capsys):
         assert main(argv) == code, argv
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and text in err, err
+
+
+def test_serve_answers_from_gguf_files_of_both_families(tmp_path):
+    """``localdiff serve`` with GGUF files: the embedded tiny-bd (SDAR) and tiny-mdm (LLaDA) converted with their
+    tokenizers and chat templates; the HTTP answer is the direct generation's, and tiny-bd's GGUF gives the torch
+    checkpoint's tokens."""
+    _need("gguf")
+    _need("llama_cpp")
+    import httpx
+    from servehelpers import Running
+
+    import gguf_block_models as gb
+    import localdiff
+    from localdiff.bench.gguf_convert import convert_llada
+    from localdiff.paths import models_dir
+
+    bd = tmp_path / "tiny-bd.gguf"
+    gb.write_gguf("sdar", models_dir() / "tiny-bd", bd, tokenizer=True)
+    mdm = convert_llada(models_dir() / "tiny-mdm", tmp_path / "tiny-mdm.gguf")
+    q, opts = "What is 41 + 93?", {"seed": 3, "num_predict": 16, "steps": 4, "remasking_strategy":
+                                   "low_confidence_dynamic", "confidence_threshold": 0.9}
+    torch_bd = localdiff.load("tiny-bd").generate(q, max_new_tokens=16, seed=3).token_ids
+    s = Running(model=str(bd))
+    try:
+        for path in (bd, mdm):
+            kw = {k: v for k, v in opts.items() if k in ("seed", "num_predict")} if path == mdm else opts
+            want = localdiff.load(str(path), threads=1).generate(
+                q, max_new_tokens=16, seed=3, **{k: v for k, v in kw.items() if k not in ("seed", "num_predict")})
+            r = httpx.post(s.url + "/api/chat", json={"model": str(path), "stream": False, "messages": [
+                {"role": "user", "content": q}], "options": kw}, timeout=120)
+            assert r.status_code == 200, r.text
+            assert r.json()["message"]["content"] == want.text
+            if path == bd:         # the same ids (llama.cpp's detokenizer keeps the first word's "▁" as a space)
+                assert want.token_ids == torch_bd and want.text.strip() == r.json()["message"]["content"].strip()
+    finally:
+        s.stop()

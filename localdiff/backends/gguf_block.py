@@ -94,6 +94,7 @@ class GGUFBlockNet:
         self.kv_f32 = config.quant == "F32"
         self.ctx: SeqContext | None = None
         self.owner: GGUFBlockCache | None = None      # the cache whose ids the memory holds
+        self.min_ubatch = 0                           # the context's micro-batch at least (the bench's history)
         self.rows_held = 0
 
     # -- the context ------------------------------------------------------------------------------------------------
@@ -105,7 +106,7 @@ class GGUFBlockNet:
         """The context, holding ``cache``'s cells for ``b`` rows, with room for ``more`` positions per row."""
         blk = self.config.block_size
         need = b * (cache.seq_len + more) + b * blk
-        seqs, ubatch = b, b * blk
+        seqs, ubatch = b, max(b * blk, self.min_ubatch)
         ctx = self.ctx
         if ctx is None or ctx.n_ctx < need or ctx.n_seq < seqs or ctx.n_ubatch < ubatch:
             n_ctx = size_for(max(need, ctx.n_ctx if ctx is not None else 0))

@@ -237,8 +237,8 @@ class GGUFConfig:
 
     ``shift_logits``: ``diffusion.shift_logits`` when present, else True — llama.cpp's ``diffusion-cli.cpp`` rule
     (Dream's converter writes no key; LLaDA's and LLaDA-MoE's write false); False for block models. ``quant``: the
-    file's quantization label. ``family``: "masked" or "block"; ``block_size`` (block models: ``localdiff.block_length``)
-    and ``token_shift`` (Fast-dLLM v2). ``raw``: the header's metadata (long arrays as :class:`ArrayLen`)."""
+    file's quantization label. ``family``: "masked" or "block"; ``block_size`` (block models:
+    ``localdiff.block_length``) and ``token_shift`` (Fast-dLLM v2). ``raw``: the header's metadata (long arrays as :class:`ArrayLen`)."""
 
     model_type: str
     architecture: str

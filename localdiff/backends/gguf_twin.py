@@ -94,8 +94,8 @@ class Twin:
         finally:
             data.close()
         if not self.model or missing:
-            why = (f"no tensor {sorted(set(m.split('.', 2)[-1] for m in missing))}" if missing else _LOG_TAIL[-1] if _LOG_TAIL else
-                   "llama.cpp could not load it")
+            why = (f"no tensor {sorted(set(m.split('.', 2)[-1] for m in missing))}" if missing else
+                   _LOG_TAIL[-1] if _LOG_TAIL else "llama.cpp could not load it")
             self.close()
             raise CheckpointError(f"{path}: llama.cpp refused the file as {twin!r} ({why})")
 

@@ -11,10 +11,10 @@ the torch path's ``kv_cache`` semantics (``localdiff.decoding.masked_loop``; ``M
 
 llama.cpp's diffusion architectures (``llada``, ``dream``) run without K/V memory, so these passes run on the same
 file loaded as the autoregressive architecture with the same graph — LLaDA as ``llama`` (llama.cpp's LLaDA graph is
-its Llama graph without the cache, the interleaved RoPE included), Dream as ``qwen2`` — through llama.cpp's metadata
-metadata renamed (``general.architecture`` and the ``<arch>.*`` hyper-parameters; :mod:`localdiff.backends.gguf_twin`),
-with non-causal attention; the twin holds a second copy of the weights in memory. LLaDA-MoE has no such twin (llama.cpp's OLMoE graph normalises q/k
-over the whole projection, LLaDA-MoE's per head): refused with one line.
+its Llama graph without the cache, the interleaved RoPE included), Dream as ``qwen2`` — with the metadata renamed
+(``general.architecture`` and the ``<arch>.*`` hyper-parameters; :mod:`localdiff.backends.gguf_twin`) and
+non-causal attention; the twin holds a second copy of the weights in memory. LLaDA-MoE has no such twin (llama.cpp's
+OLMoE graph normalises q/k over the whole projection, LLaDA-MoE's per head): refused with one line.
 
 The dual cache needs one trick: llama.cpp accepts a batch of a sequence only right after that sequence's last cached
 position, and the suffix's cells come after the block. After the block's first pass the suffix cells are relabelled

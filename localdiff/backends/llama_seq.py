@@ -1,8 +1,8 @@
 """A llama.cpp context WITH K/V memory, for localdiff's caches on GGUF files (docs/ARCHITECTURE.md "GGUF backend").
 
 llama.cpp keeps K/V in cells tagged with a position and a set of sequence ids; a token of a batch attends to every
-cell that carries its (first) sequence id — with ``llama_set_causal_attn(ctx, false)`` whatever the cell's position —
-and to the batch's own tokens of that sequence. What localdiff builds on it:
+cell that carries its (first) sequence id — with ``llama_set_causal_attn(ctx, false)`` whatever the cell's
+position — and to the batch's own tokens of that sequence. What localdiff builds on it:
 
 * ``rm(seq, p0, p1)`` (``llama_memory_seq_rm``) drops cells: a denoising step's block is decoded over the cache and
   its cells dropped again.

@@ -8,7 +8,7 @@ from localdiff.errors import UsageError
 from localdiff.usage_parser import UsageParser as _Parser
 
 SECTIONS = ("ref", "eval", "sweep", "history", "memory", "profile", "serve", "masked", "block", "scale",
-            "approx", "gguf", "slots", "nap", "dflash", "experts", "precision")
+            "approx", "gguf", "gguf-block", "slots", "nap", "dflash", "experts", "precision")
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="localdiff bench", description="localdiff bench: speed and quality side by side with the reference (transformers), in one run.")

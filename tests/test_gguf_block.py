@@ -197,6 +197,8 @@ def test_bad_block_files_and_options_give_one_line(files, tmp_path, capsys):
                    "use_block_cache: not on a GGUF model"))
     cases.append((["gen", "-m", str(path), "--raw", "-p", "hi", "-n", "4", "--gpu-layers", "-3"], 2,
                    "--gpu-layers"))
+    cases.append((["gen", "-m", str(path), "--raw", "-p", "hi", "-n", "4", "--kv-budget", "1MiB"], 2,
+                   "--kv-budget: a GGUF model's K/V live in llama.cpp's memory"))
     for argv, code, text in cases:
         assert main(argv) == code, argv
         err = capsys.readouterr().err.strip()

@@ -122,5 +122,7 @@ def test_llada_moe_caches_are_refused_in_one_line(tmp_path, capsys):
     assert main(["gen", "-m", str(path), "--raw", "-p", "hi", "-n", "4", "--kv-cache", "dual"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "kv_cache prefix/dual: not for GGUF architecture 'llada-moe'" in err
+    assert main(["gen", "-m", str(path), "--raw", "-p", "hi", "-n", "4", "--kv-budget", "1MiB"]) == 2
+    assert "--kv-budget: a GGUF model's K/V live in llama.cpp's memory" in capsys.readouterr().err
     assert main(["gen", "-m", str(path), "--raw", "-p", "hi", "-n", "4", "--kv-cache", "none", "-v"]) == 0
     assert "cache kv_cache none (full pass per step)" in capsys.readouterr().err

@@ -45,6 +45,7 @@ class GGUFNet:
     """
 
     roles = frozenset({ROLE_LOGITS})
+    kv_in_backend = True             # the prefix / dual caches' K/V live in llama.cpp (no device budget)
 
     def __init__(self, path: Path, config: GGUFConfig, threads: int | None = None, gpu_layers: int | None = None):
         lib = llama_cpp()

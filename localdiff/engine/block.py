@@ -40,11 +40,11 @@ def prepare(model) -> None:
 
 def new_cache(model, device_budget_bytes: int | None = None) -> KVCache:
     """A fresh block KV cache (blocks of one block size; see ``localdiff.cache.kv``) — or the net's own when its
-    K/V live elsewhere (a GGUF model: llama.cpp's memory, ``localdiff.backends.gguf_block``; no device budget
-    there). Raises UsageError for a negative budget."""
+    K/V live elsewhere (a GGUF model: llama.cpp's memory, ``localdiff.backends.gguf_block``). Raises UsageError
+    for a negative budget, or any budget for such a net (it has no device tier)."""
     if hasattr(model.net, "new_cache"):
-        if device_budget_bytes is not None and device_budget_bytes < 0:
-            raise UsageError(f"kv budget: must be >= 0 bytes (got {device_budget_bytes})")
+        if device_budget_bytes is not None:
+            raise UsageError("--kv-budget: a GGUF model's K/V live in llama.cpp's memory (no device budget)")
         return model.net.new_cache()
     return KVCache(**model.net.cache_layout(), device_budget_bytes=device_budget_bytes)
 

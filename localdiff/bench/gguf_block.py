@@ -19,7 +19,8 @@ flash attention off (localdiff's setting; exactness). The history is written by 
 change the step's cost). Reported: ms (median, range), localdiff ÷ bare 4-token (target ≤ 1.15: our loop, cache
 bookkeeping and sampling add ≤ 15 %) and the **break-even TPF** = localdiff's block step ÷ llama.cpp's 1-token step
 (a block decoder beats autoregressive decoding of the same model in the same engine above it). ``--quick``: a
-smaller shape (hidden 512, 4 layers). Files are kept in ``$LOCALDIFF_BENCH_CACHE`` when set (else a temporary folder).
+smaller shape (hidden 512, 4 layers). Then the masked family's caches on GGUF (:func:`masked_steps`: the dual
+cache's step vs the uncached step at a 1k-token prompt; target ≥ 5×). Files are kept in ``$LOCALDIFF_BENCH_CACHE`` when set (else a temporary folder).
 """
 from __future__ import annotations
 
@@ -208,6 +209,52 @@ def step_times(path: Path, history: int, reps: int, log=print) -> dict:
             "bare_4tok_over_1tok": med["llama_cpp_4tok"] / med["llama_cpp_1tok"]}
 
 
+def masked_steps(folder: Path, quick: bool, reps: int, log=print) -> dict:
+    """The masked family's caches on GGUF: ms of one denoising step at a 1,024-token prompt with 128 answer positions
+    (4 blocks of 32; the first block being decoded) — no cache (a full pass), the block's refresh pass, a prefix-cache
+    step (the block and everything after it) and a dual-cache step (the block alone; the block's first one also
+    relabels the suffix cells) — on tiny-mdm's GGUF (quick) or
+    the bench's random 108M LLaDA (:mod:`localdiff.bench.gguf_random`), F32, one thread."""
+    import torch
+
+    import localdiff
+    from localdiff.bench.gguf import _tiny_mdm
+    from localdiff.bench.gguf_convert import convert_llada
+    from localdiff.bench.gguf_random import random_llada
+
+    src = _tiny_mdm()
+    ckpt = src if quick else random_llada(src, folder / "random-llada")[0]
+    path = folder / ("tiny-mdm-F32.gguf" if quick else "random-llada-F32.gguf")
+    if not path.is_file():
+        convert_llada(ckpt, path)
+    m = localdiff.load(str(path), threads=1)
+    net, p, g = m.net, 1024, 128
+    x = torch.randint(10, m.config.vocab_size - 10, (1, p + g), generator=torch.Generator().manual_seed(0))
+    x[0, p:] = m.config.mask_token_id
+    rows = (p, p + 32)
+    refresh = lambda: net.forward_window(x, 0, None, return_kv=True, rows=rows)  # noqa: E731
+    dual = lambda: net.forward_window(x[:, p:p + 32], p, [None], rows=(0, 32))    # noqa: E731
+    # per repetition, in order: a full pass; a refresh then a prefix step; a refresh, the block's first dual step
+    # (it relabels the suffix cells once per block) and a later one
+    calls = [("none_full_pass", lambda: net.logits_full(x, rows=rows)), ("refresh_pass", refresh),
+             ("prefix_step", lambda: net.forward_window(x[:, p:], p, [None], rows=(0, 32))), (None, refresh),
+             ("dual_first_step", dual), ("dual_step", dual)]
+    times = {k: [] for k, _ in calls if k}
+    for _ in range(reps):
+        for k, f in calls:
+            t0 = time.perf_counter()
+            f()
+            if k:
+                times[k].append((time.perf_counter() - t0) * 1e3)
+    net.close()
+    med = {k: statistics.median(v) for k, v in times.items()}
+    log("gguf-block: masked at a 1k prompt: " + ", ".join(f"{k} {v:.1f} ms" for k, v in med.items()))
+    return {"model": path.name, "prompt": p, "answer": g, "block": 32, "ms": med,
+            "range_ms": {k: [min(v), max(v)] for k, v in times.items()},
+            "dual_speedup": med["none_full_pass"] / med["dual_step"],
+            "prefix_speedup": med["none_full_pass"] / med["prefix_step"]}
+
+
 def measure(quick: bool, log=print) -> dict:
     """The section's result dict (module docstring). Raises LocaldiffError (skipped) without llama-cpp-python /
     gguf."""
@@ -245,6 +292,10 @@ def measure(quick: bool, log=print) -> dict:
                 log(f"gguf-block: quantized to {q} in {time.perf_counter() - t0:.0f} s")
             res["files"][q] = {"bytes": path.stat().st_size,
                                "history": {str(n): step_times(path, n, reps, log) for n in hist}}
+        try:
+            res["masked"] = masked_steps(folder, quick, 3, log)
+        except LocaldiffError as e:          # tiny-mdm missing: the block part stands alone
+            res["masked"] = {"skipped": str(e)}
         return res
     finally:
         if tmp is not None:
@@ -268,5 +319,17 @@ def render_md(sec: dict) -> list[str]:
                          f"{cell('localdiff_denoise')} | {cell('llama_cpp_4tok')} | {cell('llama_cpp_1tok')} | "
                          f"{cell('llama_cpp_1tok_default_ctx')} | {r['overhead_vs_bare_4tok']:.2f} | "
                          f"{r['break_even_tpf']:.2f} ({r['break_even_tpf_default_ctx']:.2f} default ctx) |")
-    return lines + ["", "Break-even TPF = localdiff's block step ÷ llama.cpp's 1-token step on the same file: a block "
-                    "decoder beats autoregressive decoding of the same model in the same engine above it."]
+    lines += ["", "Break-even TPF = localdiff's block step ÷ llama.cpp's 1-token step on the same file: a block "
+              "decoder beats autoregressive decoding of the same model in the same engine above it."]
+    mk = sec.get("masked")
+    if mk and "skipped" in mk:
+        lines += ["", f"Masked caches on GGUF: skipped ({mk['skipped']})."]
+    elif mk:
+        ms = mk["ms"]
+        lines += ["", f"Masked caches on GGUF ({mk['model']}, {mk['prompt']}-token prompt, {mk['answer']} answer "
+                  f"positions, blocks of {mk['block']}, 1 thread), ms per step: no cache {ms['none_full_pass']:.1f}, "
+                  f"refresh {ms['refresh_pass']:.1f}, prefix {ms['prefix_step']:.1f}, dual {ms['dual_step']:.1f} (the "
+                  f"block's first {ms['dual_first_step']:.1f}: it relabels the suffix cells) — "
+                  f"dual **{mk['dual_speedup']:.1f}×** the uncached step (target ≥ 5×), prefix "
+                  f"{mk['prefix_speedup']:.1f}×."]
+    return lines

@@ -239,3 +239,37 @@ def test_serve_answers_from_gguf_files_of_both_families(tmp_path):
                 assert want.token_ids == torch_bd and want.text.strip() == r.json()["message"]["content"].strip()
     finally:
         s.stop()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_q8_0_and_q4_k_m_top1_agreement_with_f32(kind, tmp_path, capsys):
+    """A block model with rows llama.cpp's quantizer takes (hidden 256; Q4_K blocks hold 256 values), written F32
+    and quantized by llama.cpp (``llama_model_quantize``): top-1 agreement of the quantized files' logits with the
+    F32 file's over 2 × 64 positions, printed and held to a loose floor: random tiny models have small top-1 margins
+    (measured: Q8_0 0.84–0.93, Q4_K_M 0.31–0.61 over SDAR, SDAR-MoE, Fast-dLLM v2; llama.cpp also rounds the
+    activations to 8 bits in these matmuls)."""
+    _need("gguf")
+    _need("llama_cpp")
+    import gguf_block_models as gb
+
+    import localdiff
+    from localdiff.bench.gguf_block import QUANTS, quantize
+
+    size = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2)
+    if kind != "Fast_dLLM_Qwen":
+        size.update(head_dim=64)
+    if kind == "sdar_moe":
+        size.update(moe_intermediate_size=256)
+    _, f32 = gb.write_both(kind, tmp_path, seed=4, **size)
+    ids = torch.randint(3, 125, (2, 64), generator=torch.Generator().manual_seed(0))
+    base = localdiff.load(str(f32), threads=1).net.logits_full(ids)
+    for q, ftype in QUANTS.items():
+        path = tmp_path / f"m-{q}.gguf"
+        quantize(f32, path, ftype, 1)
+        m = localdiff.load(str(path), threads=1)
+        assert m.quant == q
+        got = m.net.logits_full(ids)
+        agree = (got.argmax(-1) == base.argmax(-1)).float().mean().item()
+        with capsys.disabled():
+            print(f"\n{kind} {q}: top-1 agreement with F32 {agree:.3f}")
+        assert agree >= (0.75 if q == "Q8_0" else 0.2), (kind, q, agree)    # chance: 1 / 131

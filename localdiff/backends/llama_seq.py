@@ -96,7 +96,7 @@ class SeqContext:
         n = self.lib.llama_state_seq_get_size(self.ctx, seq)
         buf = (ctypes.c_uint8 * n)()
         got = self.lib.llama_state_seq_get_data(self.ctx, buf, n, seq)
-        return bytes(buf[:got])
+        return ctypes.string_at(buf, got)
 
     def set_state(self, seq: int, data: bytes) -> None:
         """Replace ``seq``'s cells by a :meth:`state` blob. Raises LocaldiffError when llama.cpp refuses it."""

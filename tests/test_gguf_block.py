@@ -197,6 +197,10 @@ def test_bad_block_files_and_options_give_one_line(files, tmp_path, capsys):
                    "use_block_cache: not on a GGUF model"))
     cases.append((["gen", "-m", str(path), "--raw", "-p", "hi", "-n", "4", "--gpu-layers", "-3"], 2,
                    "--gpu-layers"))
+    cases.append((["gen", "--endpoint", "http://127.0.0.1:1", "-p", "hi", "--gpu-layers", "2"], 2,
+                   "--gpu-layers applies to local models, not to --endpoint"))
+    cases.append((["gen", "-m", str(hf), "-p", "hi", "-n", "4", "--gpu-layers", "all"], 2,
+                   "--gpu-layers: only for GGUF models"))
     cases.append((["gen", "-m", str(path), "--raw", "-p", "hi", "-n", "4", "--kv-budget", "1MiB"], 2,
                    "--kv-budget: a GGUF model's K/V live in llama.cpp's memory"))
     for argv, code, text in cases:

@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 import ctypes
+from typing import TYPE_CHECKING
 
 from localdiff.tokenizer import Tokenizer
+
+if TYPE_CHECKING:   # annotations only (gguf.py imports this module)
+    from localdiff.backends.gguf import GGUFNet
 
 
 class GGUFTokenizer(Tokenizer):

@@ -15,6 +15,7 @@ with ``mlp_only_layers = []`` and ``norm_topk_prob = True``. F32 files.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from block_models import write_checkpoint
 
@@ -98,8 +99,6 @@ def write_gguf(kind: str, folder, path, model_type: str | None = None, tokenizer
     w.add_uint32("localdiff.mask_token_id", cfg["mask_token_id"])
     w.add_uint32("localdiff.block_length", cfg.get("block_size") or cfg.get("bd_size"))
     if tokenizer:
-        from localdiff.bench.gguf_convert import _tokenizer
-
         _tokenizer(w, folder, cfg)
     else:
         toks, types, merges = _vocab(cfg["vocab_size"], cfg["mask_token_id"])
@@ -126,3 +125,42 @@ def write_both(kind: str, folder, seed: int = 0, **over):
     path = folder / "model-F32.gguf"
     write_gguf(kind, hf, path)
     return hf, path
+
+
+def _tokenizer(w, ckpt: Path, cfg: dict) -> None:
+    """The SentencePiece-style vocabulary of a Metaspace BPE ``tokenizer.json`` (module docstring)."""
+    tj = json.loads((ckpt / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab = tj["model"]["vocab"]
+    n = max(int(cfg["vocab_size"]), max(vocab.values()) + 1)
+    toks = [f"[PAD{i}]" for i in range(n)]
+    for s, i in vocab.items():
+        toks[i] = s
+    scores = [0.0] * n
+    for rank, m in enumerate(tj["model"].get("merges", [])):
+        a, b = m if isinstance(m, list) else m.split(" ", 1)
+        if a + b in vocab:
+            scores[vocab[a + b]] = -float(rank + 1)
+    special = {a["id"] for a in tj.get("added_tokens", []) if a.get("special")}
+    types = [3 if i in special else (5 if toks[i].startswith("[PAD") else 1) for i in range(n)]
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(toks)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_add_space_prefix(False)
+    w.add_add_bos_token(False)
+    for key, fn in (("bos_token_id", w.add_bos_token_id), ("eos_token_id", w.add_eos_token_id),
+                    ("pad_token_id", w.add_pad_token_id), ("mask_token_id", w.add_mask_token_id)):
+        v = cfg.get(key)
+        if isinstance(v, list):
+            v = v[0]
+        if v is not None:
+            fn(int(v))
+    gen = ckpt / "generation_config.json"
+    ends = json.loads(gen.read_text()).get("eos_token_id") if gen.is_file() else None
+    ends = [e for e in (ends if isinstance(ends, list) else [ends]) if e is not None and e != cfg.get("eos_token_id")]
+    if ends:
+        w.add_eot_token_id(int(ends[0]))            # e.g. <end_of_turn>: generation ends there too
+    tpl = ckpt / "chat_template.jinja"
+    if tpl.is_file():
+        w.add_chat_template(tpl.read_text(encoding="utf-8"))

@@ -2,12 +2,8 @@
 from __future__ import annotations
 
 import ctypes
-from typing import TYPE_CHECKING
 
 from localdiff.tokenizer import Tokenizer
-
-if TYPE_CHECKING:   # annotations only (gguf.py imports this module)
-    from localdiff.backends.gguf import GGUFNet
 
 
 class GGUFTokenizer(Tokenizer):
@@ -15,7 +11,8 @@ class GGUFTokenizer(Tokenizer):
     pre-tokenizer the file declares) and its chat template (``tokenizer.chat_template``), rendered in the same jinja
     sandbox as safetensors checkpoints (:meth:`localdiff.tokenizer.Tokenizer.apply_chat_template`)."""
 
-    def __init__(self, net: GGUFNet, eos_ids: list[int], pad_id: int | None):
+    def __init__(self, net: GGUFNet,  # noqa: F821 (backends.gguf.GGUFNet imports this module)
+                 eos_ids: list[int], pad_id: int | None):
         self.lib, self.vocab = net.lib, net.vocab
         md = net.config.raw
         tpl = md.get("tokenizer.chat_template")

@@ -60,9 +60,7 @@ _ENV_OTHER = ("LOCALDIFF_CONFIG", "LOCALDIFF_DATA_DIR", "LOCALDIFF_DEBUG", "LOCA
               "LOCALDIFF_API_KEY", "LOCALDIFF_DTYPE", "LOCALDIFF_TIMEOUT",
               "LOCALDIFF_LLAMA_CPP_SDIST", "LOCALDIFF_BENCH_CACHE", "LOCALDIFF_BENCH_TINY_MDM",  # bench gguf section
               "LOCALDIFF_REQUIRE_GGUF",                                                      # .ci/run: no GGUF skips
-              "LOCALDIFF_INT8_KERNEL",                                                       # quantize/int8.py
-              "LOCALDIFF_NATIVE_INT8",                                                       # quantize/native.py
-              "LOCALDIFF_NATIVE_INT4",                                                       # quantize/native4.py
+              "LOCALDIFF_INT8_KERNEL", "LOCALDIFF_NATIVE_INT8", "LOCALDIFF_NATIVE_INT4",    # quantize/
               "LOCALDIFF_VOCAB_KERNEL",                                                      # decoding/vocab_native.py
               "LOCALDIFF_NATIVE_EXPERTS",                                                    # arch/native_experts.py
               "LOCALDIFF_HEAP")                                                              # heap.py

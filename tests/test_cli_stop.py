@@ -24,6 +24,7 @@ README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 def _env(tmp_path: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LOCALDIFF_", "HF_"))}
+    (tmp_path / "config.toml").touch()    # a LOCALDIFF_CONFIG file must exist
     env.update(LOCALDIFF_CONFIG=str(tmp_path / "config.toml"), HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1",
                PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
     return env
@@ -85,6 +86,7 @@ def test_serve_stopped_by_sigterm_drains_and_exits_0(tmp_path):
 
 def test_serve_stopped_by_ctrl_c_drains_and_exits_0(tmp_path, monkeypatch, capsys, caplog):
     """In this process (``main`` as the command line runs it): before, Ctrl-C ended ``error: interrupted``, 130."""
+    (tmp_path / "config.toml").touch()    # a LOCALDIFF_CONFIG file must exist
     monkeypatch.setenv("LOCALDIFF_CONFIG", str(tmp_path / "config.toml"))
     port = _free_port()
 
@@ -105,6 +107,7 @@ def test_serve_stopped_by_ctrl_c_drains_and_exits_0(tmp_path, monkeypatch, capsy
 def test_gen_ctrl_c_is_the_same_line_at_load_and_while_generating(monkeypatch, capsys, tmp_path, tiny):
     import localdiff.cli.gen as gen_mod
 
+    (tmp_path / "config.toml").touch()    # a LOCALDIFF_CONFIG file must exist
     monkeypatch.setenv("LOCALDIFF_CONFIG", str(tmp_path / "config.toml"))
 
     def interrupted_load(*a, **kw):

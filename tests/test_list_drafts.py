@@ -16,6 +16,7 @@ def no_pulls(tmp_path, monkeypatch):
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    (tmp_path / "config.toml").touch()    # a LOCALDIFF_CONFIG file must exist
     monkeypatch.setenv("LOCALDIFF_CONFIG", str(tmp_path / "config.toml"))
 
 

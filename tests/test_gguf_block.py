@@ -229,7 +229,9 @@ def test_serve_answers_from_gguf_files_of_both_families(tmp_path):
     q, opts = "What is 41 + 93?", {"seed": 3, "num_predict": 16, "steps": 4, "remasking_strategy":
                                    "low_confidence_dynamic", "confidence_threshold": 0.9}
     torch_bd = localdiff.load("tiny-bd").generate(q, max_new_tokens=16, seed=3).token_ids
-    s = Running(model=str(bd))
+    from localdiff.serve.names import ModelNames
+
+    s = Running(model=str(bd), names=ModelNames([str(bd), str(mdm)], installed=lambda: []))   # serve -m bd -m mdm
     try:
         for path in (bd, mdm):
             kw = {k: v for k, v in opts.items() if k in ("seed", "num_predict")} if path == mdm else opts

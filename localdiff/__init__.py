@@ -44,7 +44,7 @@ def _resolve_path(name):
     raise ModelNotFoundError(f"model {name!r} not found")
 
 
-def load(name="tiny", device=None, dtype=None, quant=None, gpu_mem=None, threads=None, draft=None):
+def load(name="tiny", device=None, dtype=None, quant=None, gpu_mem=None, threads=None, draft=None, gpu_layers=None):
     """Load a model: a catalog alias ("tiny"), a pulled "org/repo[@rev]", a checkpoint folder, or a ``.gguf`` file
     (or a pulled GGUF repo: the gguf backend, llama.cpp through llama-cpp-python; ``localdiff.backends.gguf``).
 
@@ -63,6 +63,8 @@ def load(name="tiny", device=None, dtype=None, quant=None, gpu_mem=None, threads
             The gguf backend's per-model thread count; on the torch backend, torch's process-wide intra-op thread
             count (``torch.set_num_threads``, like ``llama-cli -t``), which the native kernels split their rows
             over too.
+        gpu_layers: GGUF models only: layers llama.cpp offloads to the GPU of a Metal / CUDA build of
+            llama-cpp-python (``n_gpu_layers``): an int, "all", or None = all when the build can offload, else 0.
         draft: a DFlash draft for a causal target (Qwen3 / Llama): a catalog alias, "org/repo[@rev]" or a folder;
             "auto" = the target's catalog pairing. Generation then runs DFlash speculative decoding.
     Returns:
@@ -90,12 +92,16 @@ def load(name="tiny", device=None, dtype=None, quant=None, gpu_mem=None, threads
         if device not in (None, "cpu") or quant not in (None, "none") or dtype not in (None, "float32", "fp32"):
             raise UsageError("a GGUF model runs on the CPU in its own quantization (gguf backend): "
                              "drop --device / --quant / dtype")
-        from localdiff.backends.gguf import open_gguf, version
+        from localdiff.backends.gguf import gpu_layers_value, open_gguf, version
 
-        net, cfg, tok, gen_cfg = open_gguf(gguf, threads)
+        net, cfg, tok, gen_cfg = open_gguf(gguf, threads, gpu_layers)
         m = Model(net, cfg, tok, gguf, label, "cpu", torch.float32, cfg.quant, gen_cfg)
         m.backend, m.backend_version, m.threads = "gguf", version(), net.threads
+        m.gpu_layers = gpu_layers_value(gpu_layers)
         return m
+    if gpu_layers is not None:
+        raise UsageError("--gpu-layers: only for GGUF models (llama.cpp); a checkpoint folder uses --device and "
+                         "--gpu-mem")
     if threads:
         torch.set_num_threads(int(threads))
     if device is None:

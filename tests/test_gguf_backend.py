@@ -134,21 +134,14 @@ def test_gen_cli_on_a_gguf_file(files, capsys):
     cap = capsys.readouterr()
     out = json.loads(cap.out)
     assert len(out["token_ids"]) <= 8 and out["quant"] == "F32"
-    assert "backend: gguf (llama-cpp-python " in cap.err and ", F32, 1 thread\n" in cap.err
+    assert "backend: gguf (llama-cpp-python " in cap.err and ", engine llama.cpp, F32, " in cap.err
+    assert ", 1 thread\n" in cap.err
     import localdiff
 
     m = localdiff.load(str(path), threads=1)
     ids = m.encode_prompt("hello there")                          # chat template from the GGUF
     assert ids[0][:2] == [122, 120] and ids[0][-1] == 121
     assert m.tokenizer.decode(m.tokenizer.encode("the cat sat")) == "the cat sat"
-
-
-def test_kv_cache_modes_are_refused_in_one_line(files, capsys):
-    _need("llama_cpp")
-    _, path = files["llada"]["f32"]
-    assert main(["gen", "-m", str(path), "--raw", "-p", "hi", "-n", "4", "--kv-cache", "dual"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "kv_cache" in err
 
 
 def test_an_autoregressive_gguf_is_refused(files, tmp_path, capsys):
@@ -175,7 +168,7 @@ def test_a_truncated_gguf_gives_one_line(files, tmp_path, capsys):
 def test_without_the_extra_a_gguf_model_names_it(files, monkeypatch, capsys):
     import sys
 
-    import localdiff.backends.gguf as backend
+    import localdiff.backends.llama_lib as backend
 
     _, path = files["llada"]["f32"]
     monkeypatch.setattr(backend, "_LIB", None)

@@ -166,7 +166,7 @@ def test_a_missing_package_is_one_line_naming_the_extra(missing, tmp_path, capsy
     import sys
 
     need("gguf")
-    from localdiff.backends import gguf as backend
+    from localdiff.backends import llama_lib as backend      # the shared llama.cpp loader
 
     ck = block_checkpoint("sdar", tmp_path / "ck")
     monkeypatch.setattr(backend, "_LIB", None)

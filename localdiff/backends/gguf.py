@@ -14,8 +14,8 @@ loop shifts, as for Dream checkpoints.
 
 Left padding (a batch of prompts): padding tokens are left out of the llama.cpp batch and the real tokens keep
 their positions in the padded row — the torch path's rule (padding keys masked, positions = row index). Rows run as
-separate passes. The Fast-dLLM approximate caches (``kv_cache`` prefix / dual) need per-layer K/V, which llama.cpp
-does not expose for these architectures: they are refused with one line.
+separate passes. The Fast-dLLM approximate caches (``kv_cache`` prefix / dual) run on a second llama.cpp context with
+K/V memory (:mod:`localdiff.backends.gguf_window`).
 """
 from __future__ import annotations
 
@@ -27,89 +27,33 @@ import torch
 
 from localdiff.arch.base import ROLE_LOGITS
 from localdiff.backends.gguf_file import GGUFConfig, describe
+from localdiff.backends.gguf_tokenizer import GGUFTokenizer
+# the shared llama.cpp setup (re-exported: other modules import these names from here)
+from localdiff.backends.llama_lib import (EXTRA_HINT, GROW, BackendMissingError, _LOG_TAIL,  # noqa: F401
+                                          gpu_layers_value, llama_cpp, load_model, version)
 from localdiff.errors import CheckpointError, LocaldiffError, UsageError
-from localdiff.tokenizer import Tokenizer
-
-EXTRA_HINT = 'GGUF models need the gguf extra: pip install "localdiff[gguf]"'
-
-
-class BackendMissingError(LocaldiffError):
-    """The optional backend's package is not installed (the message names the extra)."""
-
-
-_LIB = None
-GROW = 64          # contexts are sized to the sequence rounded up to this many tokens (never shrunk)
-_LOG_TAIL: list[str] = []
-
-
-def llama_cpp():
-    """The ``llama_cpp`` module, initialised once (backend init, llama.cpp's log kept off the terminal: its last
-    error lines are kept for our one-line messages). Raises BackendMissingError naming the extra."""
-    global _LIB
-    if _LIB is not None:
-        return _LIB
-    try:
-        import llama_cpp as lib
-    except ImportError:
-        raise BackendMissingError(EXTRA_HINT) from None
-    except OSError as e:           # the package is there, its shared library is not loadable
-        raise BackendMissingError(f"llama-cpp-python is installed but cannot load its library ({e}); "
-                                  f"reinstall the gguf extra: pip install \"localdiff[gguf]\"") from None
-
-    @lib.llama_log_callback
-    def _log(level, text, user_data):
-        if level < 3:    # ggml_log_level: NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5
-            return
-        _LOG_TAIL.append(text.decode("utf-8", "replace").strip())
-        del _LOG_TAIL[:-8]
-
-    lib._localdiff_log = _log      # keep the callback alive
-    lib.llama_log_set(_log, ctypes.c_void_p(0))
-    lib.llama_backend_init()
-    _LIB = lib
-    return lib
-
-
-def version() -> str:
-    """"llama-cpp-python X (ggml V, commit C)" — the backend's identity for ``gen -v`` and ``bench``."""
-    lib = llama_cpp()
-    out = f"llama-cpp-python {getattr(lib, '__version__', '?')}"
-    try:
-        from llama_cpp._ggml import libggml
-
-        for fn in ("ggml_version", "ggml_commit"):
-            getattr(libggml, fn).restype = ctypes.c_char_p
-        out += f" (ggml {libggml.ggml_version().decode()}, commit {libggml.ggml_commit().decode()})"
-    except Exception:  # an older build without these symbols
-        pass
-    return out
-
 
 class GGUFNet:
     """A loaded GGUF model presenting the masked family's ``logits`` role.
 
     Args:
         path: the ``.gguf`` file. config: its :class:`GGUFConfig`. threads: llama.cpp threads (None = all cores).
+        gpu_layers: layers llama.cpp offloads to a GPU (Metal / CUDA builds; :func:`gpu_layers_value`).
     Attributes: ``config``, ``roles`` = {logits}, ``shift_logits``, ``n_ctx`` (the current context's size).
     Raises:
         CheckpointError: llama.cpp refused the file (its last log line is quoted), or it is not a diffusion model.
     """
 
     roles = frozenset({ROLE_LOGITS})
+    kv_in_backend = True             # the prefix / dual caches' K/V live in llama.cpp (no device budget)
 
-    def __init__(self, path: Path, config: GGUFConfig, threads: int | None = None):
+    def __init__(self, path: Path, config: GGUFConfig, threads: int | None = None, gpu_layers: int | None = None):
         lib = llama_cpp()
         self.lib, self.path, self.config = lib, Path(path), config
         self.threads = int(threads) if threads else max(1, (torch.get_num_threads()))
-        mp = lib.llama_model_default_params()
-        mp.n_gpu_layers = 0
-        if hasattr(mp, "use_extra_bufts"):   # no AMX / repacked weight buffers: with a native build on an AMX CPU
-            mp.use_extra_bufts = False       # (llama-cpp-python 0.3.36) the non-causal Q8_0 pass segfaults in them
-        _LOG_TAIL.clear()
-        self.model = lib.llama_model_load_from_file(str(path).encode(), mp)
-        if not self.model:
-            why = _LOG_TAIL[-1] if _LOG_TAIL else "llama.cpp could not load it"
-            raise CheckpointError(f"{path}: llama.cpp refused the file ({why})")
+        self.gpu_layers = gpu_layers
+        self.model = load_model(lib, path, gpu_layers)
+        self._twin = None                # the prefix / dual caches' context (localdiff.backends.gguf_window)
         if not lib.llama_model_is_diffusion(self.model):
             lib.llama_model_free(self.model)
             self.model = None
@@ -247,14 +191,24 @@ class GGUFNet:
         rest = [i for i in range(self.n_vocab) if self.lib.llama_vocab_is_eog(self.vocab, i) and i not in first]
         return first + rest
 
-    def forward_window(self, *a, **k):
-        """Refused: llama.cpp keeps no per-layer K/V for diffusion architectures (Fast-dLLM caches need them)."""
-        raise UsageError("kv_cache prefix/dual: the gguf backend cannot reuse K/V (llama.cpp keeps no K/V memory "
-                         "for diffusion models); use kv_cache none")
+    def forward_window(self, input_ids: torch.Tensor, start: int = 0, kv=None, attention_mask=None,
+                       return_kv: bool = False, rows: tuple[int, int] | None = None,
+                       select: torch.Tensor | None = None):
+        """The Fast-dLLM prefix / dual caches' window pass on llama.cpp (``MaskedLM.forward_window``'s contract;
+        :mod:`localdiff.backends.gguf_window` holds the K/V in llama.cpp's memory). Raises UsageError for a file
+        whose architecture has no llama.cpp twin with K/V memory (LLaDA-MoE)."""
+        if self._twin is None:
+            from localdiff.backends.gguf_window import WindowTwin
+
+            self._twin = WindowTwin(self)
+        return self._twin.forward_window(input_ids, start, kv, attention_mask, return_kv, rows, select)
 
     def close(self) -> None:
         """Free the llama.cpp context, batch and model."""
         lib = self.lib
+        if getattr(self, "_twin", None) is not None:
+            self._twin.close()
+            self._twin = None
         if getattr(self, "ctx", None):
             lib.llama_batch_free(self._batch)
             lib.llama_free(self.ctx)
@@ -270,79 +224,27 @@ class GGUFNet:
             pass
 
 
-class GGUFTokenizer(Tokenizer):
-    """The GGUF's own tokenizer (llama.cpp ``llama_tokenize`` / ``llama_detokenize``: the vocabulary, merges and
-    pre-tokenizer the file declares) and its chat template (``tokenizer.chat_template``), rendered in the same jinja
-    sandbox as safetensors checkpoints (:meth:`localdiff.tokenizer.Tokenizer.apply_chat_template`)."""
-
-    def __init__(self, net: GGUFNet, eos_ids: list[int], pad_id: int | None):
-        self.lib, self.vocab = net.lib, net.vocab
-        md = net.config.raw
-        tpl = md.get("tokenizer.chat_template")
-        self.chat_template = tpl if isinstance(tpl, str) else None
-        bos = md.get("tokenizer.ggml.bos_token_id")
-        eos = md.get("tokenizer.ggml.eos_token_id")
-        self.special = {"bos_token": self._text(bos), "eos_token": self._text(eos), "pad_token": None,
-                        "unk_token": None}
-        self.bos_token, self.eos_token = self.special["bos_token"], self.special["eos_token"]
-        self.eos_token_ids, self.pad_token_id = list(eos_ids), pad_id
-        self.vocab_size = net.n_vocab
-        self._env = None
-        self._template = None   # compiled chat template (localdiff.tokenizer.Tokenizer.apply_chat_template)
-
-    def _text(self, i):
-        if i is None:
-            return None
-        return self.lib.llama_vocab_get_text(self.vocab, int(i)).decode("utf-8", "replace")
-
-    def encode(self, text: str) -> list[int]:
-        """Text → ids (special tokens in the text are parsed; no BOS added: chat templates carry their own)."""
-        data = text.encode("utf-8")
-        cap = len(data) + 8
-        buf = (self.lib.llama_token * cap)()
-        n = self.lib.llama_tokenize(self.vocab, data, len(data), buf, cap, False, True)
-        if n < 0:
-            cap = -n
-            buf = (self.lib.llama_token * cap)()
-            n = self.lib.llama_tokenize(self.vocab, data, len(data), buf, cap, False, True)
-        return list(buf[:n])
-
-    def decode(self, ids, skip_special_tokens: bool = True) -> str:
-        """Ids (list or LongTensor[T]) → text; special tokens dropped by default."""
-        if hasattr(ids, "tolist"):
-            ids = ids.tolist()
-        ids = [int(i) for i in ids]
-        if not ids:
-            return ""
-        arr = (self.lib.llama_token * len(ids))(*ids)
-        cap = 16 * len(ids) + 16
-        for _ in range(2):
-            buf = ctypes.create_string_buffer(cap)
-            n = self.lib.llama_detokenize(self.vocab, arr, len(ids), buf, cap, skip_special_tokens,
-                                          not skip_special_tokens)
-            if n >= 0:
-                return buf.raw[:n].decode("utf-8", "replace")
-            cap = -n + 16
-        return ""
-
-    def id_to_token(self, i: int) -> str | None:
-        """The vocabulary string of one id."""
-        return self._text(i)
-
-
-def open_gguf(path, threads: int | None = None):
-    """Open a ``.gguf`` file for the engine (CPU; llama.cpp computes, localdiff decodes).
+def open_gguf(path, threads: int | None = None, gpu_layers=None):
+    """Open a ``.gguf`` file for the engine (llama.cpp computes, localdiff decodes): a masked-diffusion file
+    (:class:`GGUFNet`) or a block-diffusion one (``localdiff.family = "block"``:
+    :class:`localdiff.backends.gguf_block.GGUFBlockNet`).
 
     Args:
-        path: the file. threads: llama.cpp threads (None = as many as torch uses).
+        path: the file. threads: llama.cpp threads (None = as many as torch uses). gpu_layers: layers offloaded to
+            a GPU (:func:`gpu_layers_value`: None = all when the build can offload, else 0; "all"; an int).
     Returns:
-        (GGUFNet, GGUFConfig, GGUFTokenizer, generation config dict {"eos_token_id": llama.cpp's end tokens}).
+        (net, GGUFConfig, GGUFTokenizer, generation config dict {"eos_token_id": llama.cpp's end tokens}).
     Raises:
         CheckpointError: not GGUF, truncated, not a diffusion model, unsupported architecture (one line each);
-        BackendMissingError: llama-cpp-python missing (names the extra).
+        BackendMissingError: llama-cpp-python missing (names the extra); UsageError: a bad ``gpu_layers``.
     """
     path = Path(path)
     _, cfg = describe(path)
-    net = GGUFNet(path, cfg, threads)
+    if cfg.family == "block":
+        from localdiff.backends.gguf_block import GGUFBlockNet
+
+        net = GGUFBlockNet(path, cfg, threads, gpu_layers)
+    else:
+        net = GGUFNet(path, cfg, threads, gpu_layers)
     eos = net.end_tokens()
     return net, cfg, GGUFTokenizer(net, eos, cfg.pad_token_id), ({"eos_token_id": eos} if eos else {})

@@ -8,7 +8,7 @@ from localdiff.errors import UsageError
 from localdiff.usage_parser import UsageParser as _Parser
 
 SECTIONS = ("ref", "eval", "sweep", "history", "memory", "profile", "serve", "masked", "block", "scale",
-            "approx", "gguf", "slots", "nap", "dflash", "experts", "precision", "int4", "v2cache")
+            "approx", "gguf", "gguf-block", "slots", "nap", "dflash", "experts", "precision", "int4", "v2cache")
 
 
 def _threads(value: str) -> int:

@@ -160,7 +160,7 @@ def _own_md(name: str):
     """The Markdown renderer of a section in its own file: ``localdiff.bench.<name>.render_md(sec) -> [lines]``."""
     from importlib import import_module
 
-    return import_module(f"localdiff.bench.{name}").render_md
+    return import_module(f"localdiff.bench.{name.replace('-', '_')}").render_md
 
 
 def render(res: dict) -> str:

@@ -290,7 +290,7 @@ def _own_file(ctx: _Ctx, name: str) -> dict:
     beside which a section may write files), else ``measure(quick, log)``."""
     from importlib import import_module
 
-    mod = import_module(f"localdiff.bench.{name}")
+    mod = import_module(f"localdiff.bench.{name.replace('-', '_')}")
     return mod.run(ctx) if hasattr(mod, "run") else mod.measure(ctx.args.quick, log=ctx.log)
 
 

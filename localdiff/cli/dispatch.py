@@ -64,6 +64,9 @@ def _add_sampler(p: argparse.ArgumentParser) -> None:
     g.add_argument("--threads", type=_threads, metavar="N",
                    help="CPU threads, 1 to 4 × the CPU count (torch's intra-op threads, or llama.cpp's for a GGUF "
                         "model; default: 1 for a model under 10M parameters, else all cores; LOCALDIFF_THREADS)")
+    g.add_argument("--gpu-layers", metavar="N|all", help="GGUF models: layers llama.cpp offloads to the GPU of a Metal "
+                                                         "or CUDA build of llama-cpp-python (n_gpu_layers; default: "
+                                                         "all when the build can offload, else 0)")
 
 
 def _add_endpoint(p: argparse.ArgumentParser) -> None:

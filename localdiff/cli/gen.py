@@ -169,12 +169,13 @@ def _size(text, flag):
     return n
 
 
-def _load(name: str, device, quant, gpu_mem=None, dtype=None, threads=None, draft=None):
+def _load(name: str, device, quant, gpu_mem=None, dtype=None, threads=None, draft=None, gpu_layers=None):
     try:
         from localdiff import load
     except ImportError as e:  # pragma: no cover — engine missing from a broken install
         raise LocaldiffError(f"the generation engine is not available: {e}") from None
-    return load(name, device=device, quant=quant, gpu_mem=gpu_mem, dtype=dtype, threads=threads, draft=draft)
+    return load(name, device=device, quant=quant, gpu_mem=gpu_mem, dtype=dtype, threads=threads, draft=draft,
+                gpu_layers=gpu_layers)
 
 
 def run_gen(args) -> int:
@@ -194,7 +195,7 @@ def run_gen(args) -> int:
 
         quant = auto_quant(cfg.default_model, cfg.device, gpu_mem, getattr(args, "dtype", None))
     model = _load(cfg.default_model, cfg.device, quant, gpu_mem, getattr(args, "dtype", None), cfg.threads or "auto",
-                  getattr(args, "draft", None))
+                  getattr(args, "draft", None), getattr(args, "gpu_layers", None))
     cache = model.new_cache(device_budget_bytes=kv_budget) if kv_budget is not None else None
     overrides = model.applicable(overrides, keep=flag_names(_flags(args)))   # saved settings: this decoder's only
     used = model.sampler_options(_typed=flag_names(_flags(args)), **overrides)
@@ -247,7 +248,7 @@ def run_gen(args) -> int:
         kernels = getattr(model, "kernels", None)
         if callable(kernels):
             sys.stderr.write("kernels: " + ", ".join(f"{k}={v}" for k, v in kernels().items()) + "\n")
-        sys.stderr.write(backend_line(model) + "\n")
+        sys.stderr.write(backend_line(model, used) + "\n")
         sys.stderr.write(config_line() + "\n")
         if getattr(s, "arness", None):     # how left to right the decoding order was (masked family, issue #21)
             sys.stderr.write("arness: " + ", ".join(f"{k} {v:.3f}" for k, v in s.arness.items()) + "\n")
@@ -309,12 +310,20 @@ def config_line() -> str:
     return f"config: {path}" + ("" if path.exists() else " (not found: defaults; the chat's /set creates it)")
 
 
-def backend_line(model) -> str:
-    """"backend: gguf (llama-cpp-python X (ggml V, commit C)), Q8_0, 2 threads" or "backend: torch X, cpu, float32,
-    2 threads"."""
+def backend_line(model, options: dict | None = None) -> str:
+    """"backend: gguf (llama-cpp-python X (ggml V, commit C)), engine llama.cpp, Q8_0, cache kv_cache dual (llama.cpp
+    K/V memory), 0 GPU layers, 2 threads" (the cache: the block family's exact block cache, or the masked family's
+    ``kv_cache`` of ``options``) or "backend: torch X, cpu, float32, 2 threads"."""
     if getattr(model, "backend", None) == "gguf":
         n = model.threads
-        return f"backend: gguf ({model.backend_version}), {model.quant}, {n} thread{'s' if n != 1 else ''}"
+        if model.family == "block":
+            cache = "exact block cache (llama.cpp K/V memory)"
+        else:
+            mode = (options or {}).get("kv_cache", "none")
+            cache = f"kv_cache {mode}" + (" (llama.cpp K/V memory)" if mode != "none" else " (full pass per step)")
+        gpu = getattr(model, "gpu_layers", 0)
+        return (f"backend: gguf ({model.backend_version}), engine llama.cpp, {model.quant}, cache {cache}, "
+                f"{'all' if gpu < 0 else gpu} GPU layers, {n} thread{'s' if n != 1 else ''}")
     import torch
 
     line = f"backend: torch {torch.__version__}, {model.device}, {str(model.dtype).replace('torch.', '')}"

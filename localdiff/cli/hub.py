@@ -87,7 +87,10 @@ def run_list(args) -> int:
         size = human_bytes(m["size_bytes"]) if m["size_bytes"] else "-"
         if not m["pulled"]:
             size = f"~{size} (not pulled)" if m["size_bytes"] else "(not pulled)"
-        row = [m["name"], where, size, m.get("quant") or "-", m.get("backend") or "-", m.get("path") or "-"]
+        backend = m.get("backend") or "-"
+        if m.get("engine"):                        # a GGUF file: the engine and its cache modes
+            backend = f"{backend} ({m['engine']}; {m.get('cache', '')})"
+        row = [m["name"], where, size, m.get("quant") or "-", backend, m.get("path") or "-"]
         if m.get("draft"):   # a DFlash draft runs only beside its target: listed apart, never as a model to run
             drafts.append([row[0], ", ".join(m.get("draft_for") or []) or "-", *row[1:]])
         else:
@@ -173,10 +176,11 @@ def _gguf_file(name: str):
 
 def gguf_summary(path) -> dict:
     """``show``'s summary of a GGUF file (its header; torch-free, no llama-cpp-python needed)."""
-    from localdiff.backends.gguf_file import describe as read_gguf
+    from localdiff.backends.gguf_file import cache_modes, describe as read_gguf
 
     h, c = read_gguf(path)
-    out = {"backend": "gguf (llama.cpp through llama-cpp-python)", "quant": c.quant, "family": "masked",
+    out = {"backend": "gguf (llama.cpp through llama-cpp-python)", "engine": "llama.cpp", "quant": c.quant,
+           "family": c.family, "cache": cache_modes(c.family, c.architecture),
            "model_type": c.model_type, "gguf_architecture": c.architecture, "hidden_size": c.hidden_size,
            "num_hidden_layers": c.num_hidden_layers, "num_attention_heads": c.num_attention_heads,
            "num_key_value_heads": c.num_key_value_heads, "vocab_size": c.vocab_size,
@@ -185,6 +189,8 @@ def gguf_summary(path) -> dict:
            "tensors": len(h.tensors)}
     if c.num_experts:
         out["experts"] = {"total": c.num_experts, "top_k": c.num_experts_per_tok}
+    if c.family == "block":
+        out.update(block_size=c.block_size, token_shift=c.token_shift)
     return out
 
 
@@ -227,7 +233,7 @@ def run_show(args) -> int:
         for key, o in out["decoder"]["options"].items():
             sys.stdout.write(visible(f"  {key} = {_plain(o['value'])}  ({o['flag']}, {o['env']}; {o['allowed']})")
                              + "\n")
-    if out["cpu_precision"]:
+    if out.get("cpu_precision"):
         sys.stdout.write(f"\ncpu precision: {out['cpu_precision']['line']}\n")
     if args.plan:
         sys.stdout.write("\nmemory plan:\n" + out["plan_text"].rstrip("\n") + "\n")
@@ -371,7 +377,8 @@ def run_chat_cmd(args) -> int:
         from localdiff.tui import app as tui_app
 
         loader = lambda name, device=None, quant=None: tui_app._default_loader(  # noqa: E731
-            name, device=device, quant=quant, draft=args.draft, gpu_mem=gpu_mem, threads=cfg.threads or "auto")
+            name, device=device, quant=quant, draft=args.draft, gpu_mem=gpu_mem, threads=cfg.threads or "auto",
+            gpu_layers=getattr(args, "gpu_layers", None))
     # -m wins; without it a resumed conversation keeps its own model, else the configured default model
     return int(run_chat(model=model, default_model=default_model, resume=args.resume, list_only=args.list_only,
                         device=cfg.device, quant=cfg.quant, sampler_options=options, loader=loader,

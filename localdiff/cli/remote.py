@@ -127,10 +127,12 @@ def run_serve(args) -> int:
     return serve(models, cfg.default_model, host=args.host, port=args.port, api_key=key, insecure=args.insecure,
                  device=cfg.device, quant=cfg.quant, sampler=sampler, max_queue=args.max_queue,
                  keep_alive=args.keep_alive or None, max_body=max_body,
-                 gpu_mem=_size(args.gpu_mem, "--gpu-mem"), threads=cfg.threads or "auto")   # auto: by model size
+                 gpu_mem=_size(args.gpu_mem, "--gpu-mem"), threads=cfg.threads or "auto",   # auto: by model size
+                 gpu_layers=getattr(args, "gpu_layers", None))
 
 
-LOCAL_ONLY = ("device", "quant", "dtype", "gpu_mem", "kv_budget", "draft", "threads")   # flags a server ignores
+# flags a server ignores
+LOCAL_ONLY = ("device", "quant", "dtype", "gpu_mem", "kv_budget", "draft", "threads", "gpu_layers")
 
 
 def refuse_local_flags(args) -> None:

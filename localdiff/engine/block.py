@@ -39,8 +39,13 @@ def prepare(model) -> None:
 
 
 def new_cache(model, device_budget_bytes: int | None = None) -> KVCache:
-    """A fresh block KV cache (blocks of one block size; see ``localdiff.cache.kv``). Raises UsageError for a
-    negative budget."""
+    """A fresh block KV cache (blocks of one block size; see ``localdiff.cache.kv``) — or the net's own when its
+    K/V live elsewhere (a GGUF model: llama.cpp's memory, ``localdiff.backends.gguf_block``). Raises UsageError
+    for a negative budget, or any budget for such a net (it has no device tier)."""
+    if hasattr(model.net, "new_cache"):
+        if device_budget_bytes is not None:
+            raise UsageError("--kv-budget: a GGUF model's K/V live in llama.cpp's memory (no device budget)")
+        return model.net.new_cache()
     return KVCache(**model.net.cache_layout(), device_budget_bytes=device_budget_bytes)
 
 
@@ -70,6 +75,9 @@ def stream(model, req):
     if v2 and cfg.block_size % options.small_block_size:
         raise UsageError(f"small_block_size: must divide the model's block size {cfg.block_size} "
                          f"(got {options.small_block_size})")
+    if v2 and options.use_block_cache and not hasattr(net, "denoise_capture"):
+        raise UsageError("use_block_cache: not on a GGUF model (llama.cpp cannot rewrite cells inside a block); "
+                         "leave it off (the exact block cache is used)")
     if not v2 and options.POLICY not in POLICY_CLASSES:
         raise UsageError(f"the {options.POLICY} decoder does not run on block-diffusion models")
     blk = cfg.block_size

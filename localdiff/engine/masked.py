@@ -35,8 +35,11 @@ def new_cache(model, device_budget_bytes: int | None = None) -> WindowStore | No
     (whole layers past the budget on the host tier). None for an unlimited budget.
 
     Raises:
-        UsageError: a negative budget.
+        UsageError: a negative budget, or a budget for a net whose K/V live in its own memory (a GGUF model's
+            llama.cpp context: ``kv_in_backend``).
     """
+    if device_budget_bytes is not None and getattr(model.net, "kv_in_backend", False):
+        raise UsageError("--kv-budget: a GGUF model's K/V live in llama.cpp's memory (no device budget)")
     return None if device_budget_bytes is None else WindowStore(model.device, device_budget_bytes)
 
 

@@ -291,7 +291,7 @@ def list_models(cache_dir: Path | None = None) -> list[dict]:
 def _gguf_rows(storage: Path, repo: str, rev: str, commit: str) -> list[dict]:
     """One row per complete GGUF file of a snapshot without config.json: named ``org/repo[@rev]:QUANT`` (or the
     catalog's ``<alias>-<quant>``), backend "gguf", quant from the file's header."""
-    from localdiff.backends.gguf_file import read_header
+    from localdiff.backends.gguf_file import cache_modes, read_header
 
     snap = storage / "snapshots" / commit
     rows = []
@@ -300,14 +300,17 @@ def _gguf_rows(storage: Path, repo: str, rev: str, commit: str) -> list[dict]:
         if not f.is_file() or not snapshot_status(storage, commit, (rel,), ()).complete:
             continue
         try:
-            quant = read_header(f).quant
+            h = read_header(f)
+            quant = h.quant
         except CheckpointError:
             continue
+        family = "block" if h.metadata.get("localdiff.family") == "block" else "masked"
         entry = next((e for e in catalog.entries() if e.gguf_repo and e.gguf_repo.lower() == repo.lower()
                       and e.gguf_revision in (rev, commit)), None)
         name = f"{entry.alias}-{quant.lower()}" if entry else (repo if rev == "main" else f"{repo}@{rev}") + f":{quant}"
         rows.append({"name": name, "repo": repo, "revision": rev, "commit": commit, "size_bytes": f.stat().st_size,
-                     "quant": quant, "path": str(f), "backend": "gguf", "embedded": False,
+                     "quant": quant, "path": str(f), "backend": "gguf", "embedded": False, "engine": "llama.cpp",
+                     "family": family, "cache": cache_modes(family, h.architecture),
                      "description": entry.description if entry else "", "draft": False,
                      "changed": changed_files(storage, commit, (rel,), ())})
     return rows

@@ -79,7 +79,7 @@ def serve(models, default_model: str, host: str = "127.0.0.1", port: int = DEFAU
           api_key: str | None = None, insecure: bool = False, device: str | None = None, quant: str | None = None,
           sampler: dict | None = None, max_queue: int = 32, keep_alive: float | None = 300.0,
           max_body: int | None = None, log_level: str = "info", gpu_mem: int | None = None,
-          threads: int | str | None = None) -> int:
+          threads: int | str | None = None, gpu_layers=None) -> int:
     """Run the server in the foreground until Ctrl-C or SIGTERM; returns 0 once it has drained (a normal stop).
 
     Args:
@@ -90,8 +90,8 @@ def serve(models, default_model: str, host: str = "127.0.0.1", port: int = DEFAU
         sampler: sampler options from flags / env / config (requests override them).
         max_queue: requests waiting at most; keep_alive: seconds before an idle model unloads (None = never).
         max_body: request size limit in bytes.
-        gpu_mem / threads: passed to ``localdiff.load`` (device budget in bytes for the memory plan; CPU threads,
-            or "auto": by model size).
+        gpu_mem / threads / gpu_layers: passed to ``localdiff.load`` (device budget in bytes for the memory plan;
+            CPU threads, or "auto": by model size; GPU layers of the gguf backend).
     Raises:
         UsageError: bad binding; LocaldiffError: the ASGI stack is missing or the port is taken.
     """
@@ -119,7 +119,8 @@ def serve(models, default_model: str, host: str = "127.0.0.1", port: int = DEFAU
     def loader(name: str):
         if names.resolve(name) != name:      # the HTTP side passes offered names only; this is the second lock
             raise ModelNotFoundError(NOT_OFFERED)
-        return localdiff.load(name, device=device, quant=quant, gpu_mem=gpu_mem, threads=threads)
+        return localdiff.load(name, device=device, quant=quant, gpu_mem=gpu_mem, threads=threads,
+                              gpu_layers=gpu_layers)
 
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO), format=LOG_FORMAT)
     worker = ModelWorker(loader, names.default, sampler, max_queue=max_queue, keep_alive=keep_alive)

@@ -159,8 +159,9 @@ def test_the_checker_rejects_what_localdiff_does_not_have(known, ref):
     assert known.check(ref) is not None
 
 
-@pytest.mark.parametrize("ref", ["--kv-cache vicinity", "--remasking-strategy entropy_bounded", "-n", "--no-stop-at-eos",
-                                 "kv_cache=none", "denoising_steps", "mask_token_id", "block_size", "attention_mask",
-                                 "stream", "llada2", "stop", "llada2.1:mini", "localdiff/decoding/sdar.py"])
+@pytest.mark.parametrize("ref", ["--kv-cache vicinity", "--remasking-strategy entropy_bounded", "-n",
+                                 "--no-stop-at-eos", "kv_cache=none", "denoising_steps", "mask_token_id", "block_size",
+                                 "attention_mask", "stream", "llada2", "stop", "llada2.1:mini",
+                                 "localdiff/decoding/sdar.py"])
 def test_the_checker_accepts_what_localdiff_has(known, ref):
     assert known.check(ref) is None

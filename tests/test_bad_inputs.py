@@ -262,6 +262,12 @@ CASES = [
      "latin1.txt is not a folder (set LOCALDIFF_DATA_DIR to a folder)"),
     ("hub cache a file", ["pull", "acme/x"], None, {"@hub": "{tmp}/latin1.txt"}, 1,
      "latin1.txt is not a folder (set HF_HOME or HF_HUB_CACHE to a folder)"),
+    # newcomer check, round 3: a name past the file system's 255 bytes was "internal error: OSError: [Errno 36]"
+    ("model name too long", ["gen", "-m", "a" * 5000, "-p", "x"], None, {}, 2,
+     "name too long for a file or folder: 'aaaa"),
+    ("show a name too long", ["show", "b" * 300], None, {}, 2, "(300 characters; the file system allows 255"),
+    ("pull a name too long", ["pull", "c" * 300], None, {}, 2, "give a shorter model name or path"),
+    ("rm a name too long", ["rm", "d" * 300], None, {}, 2, "name too long for a file or folder"),
 ]
 
 

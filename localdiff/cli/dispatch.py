@@ -327,6 +327,11 @@ def main(argv: list[str] | None = None) -> int:
         _quiet_broken_pipe()
         return 141
     except OSError as e:
+        if e.errno == errno.ENAMETOOLONG:   # a model name, -f or -o of thousands of characters
+            if debug:
+                traceback.print_exc()
+            _err(_too_long(e.filename))
+            return 2
         if e.errno not in _ENVIRONMENT_ERRNOS:
             return _internal(e, debug)
         if debug:
@@ -345,6 +350,15 @@ def main(argv: list[str] | None = None) -> int:
 
 #: errno values that say the machine, not localdiff, failed: disk full, quota, I/O error, read-only file system
 _ENVIRONMENT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS)
+
+
+def _too_long(name) -> str:
+    """The line for a name the file system cannot hold (ENAMETOOLONG: a part over 255 bytes, or over 4096 in
+    all), with the name cut short (it may be thousands of characters)."""
+    text = os.fsdecode(name) if isinstance(name, (str, bytes)) else ""
+    shown = repr(text if len(text) <= 60 else text[:40] + "…" + text[-12:])
+    return (f"name too long for a file or folder: {shown} ({len(text)} characters; the file system allows 255 "
+            "bytes per part of a path): give a shorter model name or path")
 
 
 def _internal(e: BaseException, debug: bool) -> int:

@@ -17,7 +17,7 @@ import sys
 import traceback
 
 from localdiff.errors import LocaldiffError, UsageError
-from localdiff.cli.argv import join_negative_values as _join_negative_values
+from localdiff.cli.argv import join_negative_values as _join_negative_values, name_too_long
 from localdiff.usage_parser import UsageParser as _Parser
 
 SAMPLER_HELP = "sampler settings (flag > LOCALDIFF_* env > config file > checkpoint generation_config > built-in)"
@@ -327,16 +327,14 @@ def main(argv: list[str] | None = None) -> int:
         _quiet_broken_pipe()
         return 141
     except OSError as e:
-        if e.errno == errno.ENAMETOOLONG:   # a model name, -f or -o of thousands of characters
-            if debug:
-                traceback.print_exc()
-            _err(_too_long(e.filename))
-            return 2
-        if e.errno not in _ENVIRONMENT_ERRNOS:
+        if e.errno not in _ENVIRONMENT_ERRNOS and e.errno != errno.ENAMETOOLONG:
             return _internal(e, debug)
         if debug:
             traceback.print_exc()
         _flush_or_silence_stdout()
+        if e.errno == errno.ENAMETOOLONG:   # a model name, -f or -o of thousands of characters
+            _err(name_too_long(e.filename))
+            return 2
         _err(f"{e.strerror}" + (f": {e.filename}" if e.filename else ""))   # e.g. `>/dev/full`, a full disk
         return 1
     except LocaldiffError as e:
@@ -350,15 +348,6 @@ def main(argv: list[str] | None = None) -> int:
 
 #: errno values that say the machine, not localdiff, failed: disk full, quota, I/O error, read-only file system
 _ENVIRONMENT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS)
-
-
-def _too_long(name) -> str:
-    """The line for a name the file system cannot hold (ENAMETOOLONG: a part over 255 bytes, or over 4096 in
-    all), with the name cut short (it may be thousands of characters)."""
-    text = os.fsdecode(name) if isinstance(name, (str, bytes)) else ""
-    shown = repr(text if len(text) <= 60 else text[:40] + "…" + text[-12:])
-    return (f"name too long for a file or folder: {shown} ({len(text)} characters; the file system allows 255 "
-            "bytes per part of a path): give a shorter model name or path")
 
 
 def _internal(e: BaseException, debug: bool) -> int:

@@ -318,6 +318,23 @@ def test_serve_on_a_taken_port_is_one_line(capsys):
                    "there? use --port)"]
 
 
+@pytest.mark.parametrize("which,said", [("{tmp}", "config.json: file not found"), ("{broken:no_config}", "config.json: file not found"),
+                                        ("{broken:corrupt_config}", "config.json: not valid JSON")],
+                         ids=["not-a-checkpoint", "no-config", "corrupt-config"])
+def test_serve_a_folder_that_cannot_load_is_one_line_before_listening(which, said, broken, isolated, capsys):
+    """(`serve -m /etc` listened, logged "could not load /etc" and answered every request with an error; the port
+    here is taken so that the old order, port check first, fails fast instead of serving)"""
+    import socket
+
+    folder = _fill([which], None, broken, isolated)[0]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        assert main(["serve", "-m", folder, "--port", str(s.getsockname()[1])]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: -m {folder}: ") and said in err, err
+
+
 def test_corpus_names_are_unique_and_fragments_specific():
     """Each case is its own scenario (ids unique) and checks a message fragment more specific than the prefix."""
     ids = [c[0] for c in CASES]

@@ -10,7 +10,7 @@ import logging
 import signal
 import threading
 
-from localdiff.errors import LocaldiffError, UsageError
+from localdiff.errors import CheckpointError, LocaldiffError, UsageError
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 DEFAULT_PORT = 11436
@@ -98,11 +98,16 @@ def serve(models, default_model: str, host: str = "127.0.0.1", port: int = DEFAU
     check_binding(host, api_key, insecure)
     models = [models] if isinstance(models, str) else list(models or ())
     import localdiff
-    from localdiff.loader import gguf_target
+    from localdiff.loader import gguf_target, load_config
 
     for model in models:                   # a name that cannot load is an error now, not a log line after start
         if gguf_target(model) is None:
-            _check_not_draft(model, localdiff._resolve_path(model)[0])
+            folder = localdiff._resolve_path(model)[0]
+            try:
+                load_config(folder)        # a folder that is no checkpoint (serve -m /etc) too
+            except CheckpointError as e:
+                raise CheckpointError(f"-m {model}: {e}") from None
+            _check_not_draft(model, folder)
     check_port(host, port)
     try:
         import uvicorn

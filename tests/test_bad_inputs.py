@@ -268,6 +268,10 @@ CASES = [
     ("show a name too long", ["show", "b" * 300], None, {}, 2, "(300 characters; the file system allows 255"),
     ("pull a name too long", ["pull", "c" * 300], None, {}, 2, "give a shorter model name or path"),
     ("rm a name too long", ["rm", "d" * 300], None, {}, 2, "name too long for a file or folder"),
+    ("quantize on a device torch does not know", ["quantize", "{ckpt}", "-o", "{tmp}/q", "--device", "tpu"], None, {},
+     2, "--device: invalid device 'tpu' (use cpu, cuda or cuda:N)"),
+    ("quantize on the meta device", ["quantize", "{ckpt}", "-o", "{tmp}/q", "--device", "meta"], None, {}, 2,
+     "--device: unsupported device 'meta'"),
 ]
 
 
@@ -340,6 +344,17 @@ def test_corpus_names_are_unique_and_fragments_specific():
     ids = [c[0] for c in CASES]
     assert len(set(ids)) == len(ids)
     assert all(len(c[5]) >= 4 and c[5] not in ("error", "error: ") for c in CASES)
+
+
+def test_quantize_on_cuda_without_a_gpu_is_one_line_and_writes_nothing(ckpt, isolated, capsys, monkeypatch):
+    """(it was "internal error: AssertionError: Torch not compiled with CUDA enabled", after -o was created)"""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["quantize", str(ckpt), "-o", str(isolated / "q"), "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: --device cuda: no CUDA GPU is available (leave --device out to quantize on the CPU)\n"
+    assert not (isolated / "q").exists()
 
 
 def test_quantize_refusal_leaves_the_folder_untouched(broken, isolated, ckpt, capsys):

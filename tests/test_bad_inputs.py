@@ -195,6 +195,8 @@ CASES = [
     ("serve env key with --insecure", ["serve", "--host", "0.0.0.0", "--insecure"], None,
      {"LOCALDIFF_API_KEY": "k"}, 2, "--insecure contradicts LOCALDIFF_API_KEY (set in the environment)"),
     ("serve empty --api-key", ["serve", "--api-key", ""], None, {}, 2, "--api-key: empty key"),
+    ("serve empty --host", ["serve", "--host", ""], None, {}, 2, "--host: empty host name (leave --host out"),
+    ("serve blank --host with a key", ["serve", "--host", " ", "--api-key", "k"], None, {}, 2, "--host: empty host"),
     ("list with invalid config TOML", ["list"], None, {"@config": "steps = = 3"}, 2, "not valid TOML"),
     ("ls --json with unknown config key", ["ls", "--json"], None, {"@config": "[sampler]\nthresold = 0.9\n"}, 2,
      "did you mean 'threshold'"),

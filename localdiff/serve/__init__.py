@@ -41,11 +41,13 @@ def check_port(host: str, port: int) -> None:
 
 
 def check_binding(host: str, api_key: str | None, insecure: bool) -> None:
-    """Refuse a non-loopback ``host`` unless an API key is set or ``insecure`` is explicit.
+    """Refuse an empty ``host``, and a non-loopback one unless an API key is set or ``insecure`` is explicit.
 
     Raises:
         UsageError: with the two ways out in the message.
     """
+    if not host.strip():     # getaddrinfo reads "" as every interface; the refusal read "listen on  without"
+        raise UsageError("--host: empty host name (leave --host out for 127.0.0.1)")
     if host not in LOCAL_HOSTS and not api_key and not insecure:
         raise UsageError(f"refusing to listen on {host} without --api-key KEY (or --insecure to serve anyone who "
                          f"can reach this machine)")

@@ -283,7 +283,8 @@ CASES = [
     ("bench --readme a folder", ["bench", "--quick", "--only", "ref", "--readme", "{tmp}"], None, {}, 2,
      "is a folder; give the README file"),
     ("bench --random-model not a checkpoint",
-     ["bench", "--only", "ref", "--ref-on", "random", "--random-model", "{tmp}"], None, {}, 2, "not a checkpoint folder (no config.json)"),
+     ["bench", "--only", "ref", "--ref-on", "random", "--random-model", "{tmp}"], None, {}, 2,
+     "not a checkpoint folder (no config.json)"),
     ("quantize on a device torch does not know", ["quantize", "{ckpt}", "-o", "{tmp}/q", "--device", "tpu"], None, {},
      2, "--device: invalid device 'tpu' (use cpu, cuda or cuda:N)"),
     ("quantize on the meta device", ["quantize", "{ckpt}", "-o", "{tmp}/q", "--device", "meta"], None, {}, 2,
@@ -338,7 +339,8 @@ def test_serve_on_a_taken_port_is_one_line(capsys):
                    "there? use --port)"]
 
 
-@pytest.mark.parametrize("which,said", [("{tmp}", "config.json: file not found"), ("{broken:no_config}", "config.json: file not found"),
+@pytest.mark.parametrize("which,said", [("{tmp}", "config.json: file not found"),
+                                        ("{broken:no_config}", "config.json: file not found"),
                                         ("{broken:corrupt_config}", "config.json: not valid JSON")],
                          ids=["not-a-checkpoint", "no-config", "corrupt-config"])
 def test_serve_a_folder_that_cannot_load_is_one_line_before_listening(which, said, broken, isolated, capsys):

@@ -431,6 +431,33 @@ def test_a_stdin_pipe_that_stays_open_is_announced_after_a_second(ckpt, tmp_path
     assert err.count(b"waiting for stdin") == 1 and out.strip()
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_a_named_pipe_as_prompt_file_is_announced_then_read(ckpt, tmp_path):
+    """(`-f FIFO` with no writer yet waited without a word, where a stdin pipe says so after a second)"""
+    import time
+
+    fifo = tmp_path / "prompt.fifo"
+    os.mkfifo(fifo)
+    proc = subprocess.Popen([sys.executable, "-m", "localdiff", "gen", "-m", str(ckpt), "--raw", "-f", str(fifo),
+                             "-n", "8"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=_sub_env(tmp_path), cwd=ROOT)
+    try:
+        os.set_blocking(proc.stderr.fileno(), False)
+        err, deadline = b"", time.monotonic() + 60
+        while b"nothing has written to it yet" not in err:
+            assert time.monotonic() < deadline and proc.poll() is None, err
+            time.sleep(0.1)
+            err += proc.stderr.read() or b""
+        fifo.write_bytes(b"context\n")      # the writer comes: the prompt is read, generation goes on
+        os.set_blocking(proc.stderr.fileno(), True)
+        out, rest = proc.stdout.read(), proc.stderr.read()
+        proc.wait(120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and out.strip(), err + rest
+    assert err.decode().startswith(f"waiting for prompt file {fifo}: it is a pipe and nothing has written to it yet")
+
+
 @pytest.mark.parametrize("argv,stdin,code,env", [
     (["gen", "-p", "x"], b"\xc3\x28 invalid", 2, {}),
     (["gen", "--steps", "abc", "-p", "x"], b"", 2, {}),

@@ -473,6 +473,20 @@ def test_bad_inputs_as_subprocess(argv, stdin, code, env, ckpt, broken, tmp_path
     assert b"internal error" not in r.stderr and b"offline mode" not in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("json_out", [False, True], ids=["table", "json"])
+def test_list_with_a_hub_cache_that_is_a_file_warns_and_lists_the_embedded(json_out, isolated, monkeypatch, capsys):
+    """(the embedded models alone, without a word, where pull says the cache is not a folder)"""
+    from huggingface_hub import constants
+
+    (isolated / "latin1.txt").write_bytes(b"caf\xe9")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(isolated / "latin1.txt"))
+    assert main(["list", *(["--json"] if json_out else [])]) == 0
+    out, err = capsys.readouterr()
+    assert err == (f"warning: the Hugging Face cache {isolated / 'latin1.txt'} is not a folder (set HF_HOME or "
+                   "HF_HUB_CACHE to a folder); only the embedded models are listed\n")
+    assert "tiny" in out
+
+
 def test_config_path_answers_with_an_invalid_config_file(isolated, capsys):
     """Every command refuses a broken config file except ``config path``, which is how to find it."""
     (isolated / "config.toml").write_text("steps = = 3")

@@ -195,6 +195,8 @@ CASES = [
     ("serve env key with --insecure", ["serve", "--host", "0.0.0.0", "--insecure"], None,
      {"LOCALDIFF_API_KEY": "k"}, 2, "--insecure contradicts LOCALDIFF_API_KEY (set in the environment)"),
     ("serve empty --api-key", ["serve", "--api-key", ""], None, {}, 2, "--api-key: empty key"),
+    ("serve empty --host", ["serve", "--host", ""], None, {}, 2, "--host: empty host name (leave --host out"),
+    ("serve blank --host with a key", ["serve", "--host", " ", "--api-key", "k"], None, {}, 2, "--host: empty host"),
     ("list with invalid config TOML", ["list"], None, {"@config": "steps = = 3"}, 2, "not valid TOML"),
     ("ls --json with unknown config key", ["ls", "--json"], None, {"@config": "[sampler]\nthresold = 0.9\n"}, 2,
      "did you mean 'threshold'"),
@@ -262,6 +264,31 @@ CASES = [
      "latin1.txt is not a folder (set LOCALDIFF_DATA_DIR to a folder)"),
     ("hub cache a file", ["pull", "acme/x"], None, {"@hub": "{tmp}/latin1.txt"}, 1,
      "latin1.txt is not a folder (set HF_HOME or HF_HUB_CACHE to a folder)"),
+    # newcomer check, round 3: a name past the file system's 255 bytes was "internal error: OSError: [Errno 36]"
+    ("model name too long", ["gen", "-m", "a" * 5000, "-p", "x"], None, {}, 2,
+     "name too long for a file or folder: 'aaaa"),
+    ("show a name too long", ["show", "b" * 300], None, {}, 2, "(300 characters; the file system allows 255"),
+    ("pull a name too long", ["pull", "c" * 300], None, {}, 2, "give a shorter model name or path"),
+    ("rm a name too long", ["rm", "d" * 300], None, {}, 2, "name too long for a file or folder"),
+    ("bench --model unknown, before any section", ["bench", "--only", "eval", "--model", "no-such-model"], None, {},
+     1, "unknown model 'no-such-model'"),
+    ("bench --model of another family", ["bench", "--only", "eval", "--model", "tiny-mdm"], None, {}, 2,
+     "--model tiny-mdm: a llada checkpoint; --model runs a DiffusionGemma model such as tiny"),
+    ("bench --model not a checkpoint", ["bench", "--only", "eval", "--model", "{tmp}"], None, {}, 1,
+     "config.json: file not found"),
+    ("bench --eval-file a device", ["bench", "--eval", "--eval-file", "/dev/zero"], None, {}, 2,
+     "--eval-file /dev/zero: is not a regular file; give a JSONL file of eval items"),
+    ("bench --eval-file a folder", ["bench", "--eval", "--eval-file", "{tmp}"], None, {}, 2,
+     ": is a folder; give a JSONL"),
+    ("bench --readme a folder", ["bench", "--quick", "--only", "ref", "--readme", "{tmp}"], None, {}, 2,
+     "is a folder; give the README file"),
+    ("bench --random-model not a checkpoint",
+     ["bench", "--only", "ref", "--ref-on", "random", "--random-model", "{tmp}"], None, {}, 2,
+     "not a checkpoint folder (no config.json)"),
+    ("quantize on a device torch does not know", ["quantize", "{ckpt}", "-o", "{tmp}/q", "--device", "tpu"], None, {},
+     2, "--device: invalid device 'tpu' (use cpu, cuda or cuda:N)"),
+    ("quantize on the meta device", ["quantize", "{ckpt}", "-o", "{tmp}/q", "--device", "meta"], None, {}, 2,
+     "--device: unsupported device 'meta'"),
 ]
 
 
@@ -312,11 +339,40 @@ def test_serve_on_a_taken_port_is_one_line(capsys):
                    "there? use --port)"]
 
 
+@pytest.mark.parametrize("which,said", [("{tmp}", "config.json: file not found"),
+                                        ("{broken:no_config}", "config.json: file not found"),
+                                        ("{broken:corrupt_config}", "config.json: not valid JSON")],
+                         ids=["not-a-checkpoint", "no-config", "corrupt-config"])
+def test_serve_a_folder_that_cannot_load_is_one_line_before_listening(which, said, broken, isolated, capsys):
+    """(`serve -m /etc` listened, logged "could not load /etc" and answered every request with an error; the port
+    here is taken so that the old order, port check first, fails fast instead of serving)"""
+    import socket
+
+    folder = _fill([which], None, broken, isolated)[0]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        assert main(["serve", "-m", folder, "--port", str(s.getsockname()[1])]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: -m {folder}: ") and said in err, err
+
+
 def test_corpus_names_are_unique_and_fragments_specific():
     """Each case is its own scenario (ids unique) and checks a message fragment more specific than the prefix."""
     ids = [c[0] for c in CASES]
     assert len(set(ids)) == len(ids)
     assert all(len(c[5]) >= 4 and c[5] not in ("error", "error: ") for c in CASES)
+
+
+def test_quantize_on_cuda_without_a_gpu_is_one_line_and_writes_nothing(ckpt, isolated, capsys, monkeypatch):
+    """(it was "internal error: AssertionError: Torch not compiled with CUDA enabled", after -o was created)"""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["quantize", str(ckpt), "-o", str(isolated / "q"), "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: --device cuda: no CUDA GPU is available (leave --device out to quantize on the CPU)\n"
+    assert not (isolated / "q").exists()
 
 
 def test_quantize_refusal_leaves_the_folder_untouched(broken, isolated, ckpt, capsys):
@@ -375,6 +431,33 @@ def test_a_stdin_pipe_that_stays_open_is_announced_after_a_second(ckpt, tmp_path
     assert err.count(b"waiting for stdin") == 1 and out.strip()
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_a_named_pipe_as_prompt_file_is_announced_then_read(ckpt, tmp_path):
+    """(`-f FIFO` with no writer yet waited without a word, where a stdin pipe says so after a second)"""
+    import time
+
+    fifo = tmp_path / "prompt.fifo"
+    os.mkfifo(fifo)
+    proc = subprocess.Popen([sys.executable, "-m", "localdiff", "gen", "-m", str(ckpt), "--raw", "-f", str(fifo),
+                             "-n", "8"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=_sub_env(tmp_path), cwd=ROOT)
+    try:
+        os.set_blocking(proc.stderr.fileno(), False)
+        err, deadline = b"", time.monotonic() + 60
+        while b"nothing has written to it yet" not in err:
+            assert time.monotonic() < deadline and proc.poll() is None, err
+            time.sleep(0.1)
+            err += proc.stderr.read() or b""
+        fifo.write_bytes(b"context\n")      # the writer comes: the prompt is read, generation goes on
+        os.set_blocking(proc.stderr.fileno(), True)
+        out, rest = proc.stdout.read(), proc.stderr.read()
+        proc.wait(120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and out.strip(), err + rest
+    assert err.decode().startswith(f"waiting for prompt file {fifo}: it is a pipe and nothing has written to it yet")
+
+
 @pytest.mark.parametrize("argv,stdin,code,env", [
     (["gen", "-p", "x"], b"\xc3\x28 invalid", 2, {}),
     (["gen", "--steps", "abc", "-p", "x"], b"", 2, {}),
@@ -388,6 +471,20 @@ def test_bad_inputs_as_subprocess(argv, stdin, code, env, ckpt, broken, tmp_path
     assert r.returncode == code
     assert r.stdout == b"" and r.stderr.count(b"\n") == 1 and b"Traceback" not in r.stderr
     assert b"internal error" not in r.stderr and b"offline mode" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("json_out", [False, True], ids=["table", "json"])
+def test_list_with_a_hub_cache_that_is_a_file_warns_and_lists_the_embedded(json_out, isolated, monkeypatch, capsys):
+    """(the embedded models alone, without a word, where pull says the cache is not a folder)"""
+    from huggingface_hub import constants
+
+    (isolated / "latin1.txt").write_bytes(b"caf\xe9")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(isolated / "latin1.txt"))
+    assert main(["list", *(["--json"] if json_out else [])]) == 0
+    out, err = capsys.readouterr()
+    assert err == (f"warning: the Hugging Face cache {isolated / 'latin1.txt'} is not a folder (set HF_HOME or "
+                   "HF_HUB_CACHE to a folder); only the embedded models are listed\n")
+    assert "tiny" in out
 
 
 def test_config_path_answers_with_an_invalid_config_file(isolated, capsys):

@@ -85,6 +85,23 @@ def test_out_of_range_value_gives_the_same_message_from_every_source(spec, tmp_p
     assert bodies["api"].startswith("must be ") and f"(got {bad!r})" in bodies["api"]
 
 
+@pytest.mark.parametrize("spec", [s for s in SPECS if s.optional and s.kind is not bool], ids=lambda s: s.name)
+def test_an_empty_value_is_refused_not_read_as_off(spec):
+    """(`--threshold ""` — an unset `"$TAU"` — silently turned locking off and exited 0; so did a request's
+    `{"localdiff": {"threshold": ""}}`) "none" / "off" still turn an optional option off."""
+    with pytest.raises(UsageError, match=r"\(got ''\)"):
+        spec.coerce("", spec.cli_flag)
+    with pytest.raises(UsageError):
+        spec.coerce("  ", spec.cli_flag)
+    assert spec.coerce("none", spec.cli_flag) is None and spec.coerce("OFF", spec.cli_flag) is None
+
+
+def test_an_empty_flag_value_is_one_usage_line(capsys):
+    assert main(["gen", "-p", "What is 1 + 1?", "--threshold", ""]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == "error: --threshold: must be a number in (0, 1] (got '')\n"
+
+
 def _write(tmp_path, name, bad):
     f = tmp_path / f"bad-{name}.toml"
     f.write_text(f'[sampler]\n{name} = "{bad}"\n')

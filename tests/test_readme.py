@@ -16,6 +16,14 @@ def test_clone_and_cd_come_before_the_two_unchanged_commands():
     assert clone < README.find(RUN) < README.find(TEST)
 
 
+def test_the_venv_and_cpu_wheel_hints_come_before_the_first_command():
+    """(newcomer check, round 3: they came after both commands, so a reader who runs the first command as written
+    on a CPU-only Linux machine had downloaded the several-GB CUDA wheel into the system Python before reading them)"""
+    first = README.find(RUN)
+    assert -1 < README.find("python -m venv .venv") < first
+    assert -1 < README.find("--index-url https://download.pytorch.org/whl/cpu") < first
+
+
 def test_readme_states_duration_exit_141_stdin_and_batch_order():
     assert re.search(r"takes about \d+ minutes", README)
     assert "141" in README and "</dev/null" in README and "draw order" in README

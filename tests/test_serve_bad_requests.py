@@ -129,6 +129,25 @@ def test_an_unreadable_body_is_said_in_words(server, path, body, says):
     assert "Error" not in message and "codec" not in message
 
 
+@pytest.mark.parametrize("path,body,key", [
+    (CHAT, b'{"model": "tiny", "max_tokens": 1, "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]}',
+     "max_tokens"),
+    (CHAT, b'{"model": "tiny", "messages": [{"role": "user", "content": "x", "content": "y"}]}', "content"),
+    (CHAT, b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "localdiff": {"threshold": 0.5, '
+           b'"threshold": 0.9}}', "threshold"),
+    (OGEN, b'{"model": "tiny", "prompt": "x", "options": {"seed": 1, "seed": 2}}', "seed"),
+    (OGEN, b'{"model": "tiny", "prompt": "x", "\ud800": 1, "\ud800": 2}', "\\ud800"),
+], ids=["top level", "in a message", "decoder option", "ollama option", "lone surrogate key"])
+def test_a_key_given_twice_is_a_400_naming_it(server, path, body, key):
+    """(JSON parsers keep the last value: `"max_tokens": 1, "max_tokens": 2` ran with 2, the 1 dropped unsaid;
+    README: a setting given twice is a 400 naming the field)"""
+    r = _post(server, path, body)
+    err = r.json()["error"]
+    message = err["message"] if isinstance(err, dict) else err
+    assert r.status_code == 400, r.text
+    assert message == f'"{key}" appears twice in one object of the request body: send it once', message
+
+
 def test_auth_size_and_method_errors(server):
     body = {"model": "tiny", "messages": OK, "max_tokens": 4}
     assert httpx.post(server.url + CHAT, json=body).status_code == 401                       # no key

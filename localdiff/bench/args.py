@@ -62,3 +62,32 @@ def _sections(args) -> list[str]:
     return ["eval"] if args.eval else list(SECTIONS)
 
 
+def check_inputs(args) -> None:
+    """Before any section runs: the files and the model named on the command line are there. A section that cannot
+    run is otherwise "skipped" in the report with exit 0 (``--eval --eval-file /dev/zero`` ended 0, ``--model
+    nonexistent --quick`` ran every other section for minutes first).
+
+    Raises:
+        UsageError: ``--eval-file`` not a regular file, ``--random-model`` not a checkpoint folder.
+        ModelNotFoundError / UsageError / CheckpointError: ``--model`` names no model or a folder that is no
+            checkpoint (as ``localdiff gen -m``), or a model of another family than DiffusionGemma.
+    """
+    if args.eval_file is not None and not args.eval_file.is_file():
+        what = ("is a folder" if args.eval_file.is_dir() else "does not exist" if not args.eval_file.exists()
+                else "is not a regular file")
+        raise UsageError(f"--eval-file {args.eval_file}: {what}; give a JSONL file of eval items")
+    if args.random_model is not None and not (args.random_model / "config.json").is_file():
+        raise UsageError(f"--random-model {args.random_model}: not a checkpoint folder (no config.json)")
+    import localdiff
+    from localdiff.errors import CheckpointError
+    from localdiff.loader import load_config
+
+    folder = localdiff._resolve_path(args.model)[0]    # an unknown name, a missing folder: the line gen -m gives
+    try:
+        mod, _ = load_config(folder)
+    except CheckpointError as e:
+        raise CheckpointError(f"--model {args.model}: {e}") from None
+    arch = mod.__name__.rsplit(".", 1)[-1]
+    if arch != "diffusion_gemma":     # eval, sweep, ref, ... read canvas fields (tiny-mdm: an AttributeError)
+        raise UsageError(f"--model {args.model}: a {arch} checkpoint; --model runs a DiffusionGemma model such as "
+                         "tiny (the other families have their own sections: --only masked, block, slots, nap, dflash)")

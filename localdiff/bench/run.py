@@ -39,7 +39,7 @@ import sys
 import time
 from pathlib import Path
 
-from localdiff.bench.args import SECTIONS, _sections, build_parser  # noqa: F401  (re-exported)
+from localdiff.bench.args import SECTIONS, _sections, build_parser, check_inputs  # noqa: F401  (re-exported)
 from localdiff.errors import LocaldiffError, UsageError
 
 # (quick, full) sizes
@@ -339,7 +339,8 @@ def _check_outputs(out: Path, md: Path | None, readme: Path | None) -> None:
         if not os.access(path.parent, os.W_OK):
             raise UsageError(f"{flag} {path}: {path.parent} is not writable")
     if readme is not None and not readme.is_file():
-        raise UsageError(f"--readme: {readme} does not exist")
+        raise UsageError(f"--readme: {readme} " + ("is a folder; give the README file" if readme.is_dir() else
+                                                   "does not exist" if not readme.exists() else "is not a file"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -356,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = args.out or Path("bench-results") / f"bench-{stamp}.json"
     _check_outputs(out, args.md, args.readme)
+    check_inputs(args)
 
     def log(msg):
         print(msg, file=sys.stderr, flush=True)

@@ -1,7 +1,9 @@
-"""The command line before argparse sees it: a negative number given as a flag's value joined to its flag."""
+"""The command line before argparse sees it: a negative number given as a flag's value joined to its flag; the
+line for a name too long for the file system."""
 from __future__ import annotations
 
 import argparse
+import os
 
 
 def _value_flags(build_parser) -> set[str]:
@@ -52,3 +54,12 @@ def join_negative_values(argv: list[str], build_parser) -> list[str]:
         out.append(a)
         i += 1
     return out
+
+
+def name_too_long(name) -> str:
+    """The line for a name the file system cannot hold (ENAMETOOLONG: a part over 255 bytes, or over 4096 in
+    all), with the name cut short (it may be thousands of characters)."""
+    text = os.fsdecode(name) if isinstance(name, (str, bytes)) else ""
+    shown = repr(text if len(text) <= 60 else text[:40] + "…" + text[-12:])
+    return (f"name too long for a file or folder: {shown} ({len(text)} characters; the file system allows 255 "
+            "bytes per part of a path): give a shorter model name or path")

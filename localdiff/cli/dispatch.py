@@ -17,7 +17,7 @@ import sys
 import traceback
 
 from localdiff.errors import LocaldiffError, UsageError
-from localdiff.cli.argv import join_negative_values as _join_negative_values
+from localdiff.cli.argv import join_negative_values as _join_negative_values, name_too_long
 from localdiff.usage_parser import UsageParser as _Parser
 
 SAMPLER_HELP = "sampler settings (flag > LOCALDIFF_* env > config file > checkpoint generation_config > built-in)"
@@ -327,11 +327,14 @@ def main(argv: list[str] | None = None) -> int:
         _quiet_broken_pipe()
         return 141
     except OSError as e:
-        if e.errno not in _ENVIRONMENT_ERRNOS:
+        if e.errno not in _ENVIRONMENT_ERRNOS and e.errno != errno.ENAMETOOLONG:
             return _internal(e, debug)
         if debug:
             traceback.print_exc()
         _flush_or_silence_stdout()
+        if e.errno == errno.ENAMETOOLONG:   # a model name, -f or -o of thousands of characters
+            _err(name_too_long(e.filename))
+            return 2
         _err(f"{e.strerror}" + (f": {e.filename}" if e.filename else ""))   # e.g. `>/dev/full`, a full disk
         return 1
     except LocaldiffError as e:

@@ -100,11 +100,26 @@ def _read_file(path: str) -> str:
         if text is None:
             raise UsageError("-f - given but stdin is a terminal")
         return text
+    import os
+    import stat
+    import threading
+
+    try:   # a named pipe (`mkfifo`, `-f <(cmd)`) waits for its writer: say so once, as for stdin
+        waits = stat.S_ISFIFO(os.stat(path).st_mode)
+    except OSError:
+        waits = False
+    note = threading.Timer(STDIN_NOTE_AFTER_S, lambda: sys.stderr.write(
+        f"waiting for prompt file {visible(path)}: it is a pipe and nothing has written to it yet (Ctrl-C to stop)\n"))
+    note.daemon = True
+    if waits:
+        note.start()
     try:
         with open(path, "rb") as f:
             data = f.read(MAX_PROMPT_BYTES + 1)
     except OSError as e:
         raise UsageError(f"cannot read prompt file {path}: {e.strerror or e}") from None
+    finally:
+        note.cancel()
     if len(data) > MAX_PROMPT_BYTES:
         raise UsageError(_too_long(f"prompt file {path}"))
     return _decode(data, f"prompt file {path}")

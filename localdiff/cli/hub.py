@@ -62,6 +62,12 @@ def run_pull(args) -> int:
 
 
 def run_list(args) -> int:
+    from localdiff.hub.hf_cache import check_cache_folders
+
+    try:   # HF_HUB_CACHE naming a file listed the embedded models alone without a word (pull refuses it)
+        check_cache_folders()
+    except LocaldiffError as e:
+        sys.stderr.write(visible(f"warning: {e}; only the embedded models are listed") + "\n")
     models = hub.list_models()
     if args.all:
         have = {m["name"] for m in models}

@@ -13,6 +13,7 @@ def run_quantize(args) -> int:
     except ImportError as e:
         raise LocaldiffError(f"`localdiff quantize` is not available in this build ({e})") from None
     src = hub.resolve_model(args.name)
+    _check_device(args.device)
     made = _check_output_dir(args.output, getattr(args, "force", False))
     try:
         res = quantize_checkpoint(src, args.output, recipe=args.recipe, device=args.device,
@@ -27,6 +28,30 @@ def run_quantize(args) -> int:
                 f"{res.get('quantized_tensors')} {res.get('quant') or 'int8'} tensors)")
     sys.stderr.write(f"wrote {args.output}{info}\n")
     return 0
+
+
+def _check_device(device: str | None) -> None:
+    """``--device``: cpu, cuda or cuda:N of a GPU that is there, checked before any file is written (``--device
+    cuda`` without a GPU was "internal error: AssertionError: Torch not compiled with CUDA enabled", ``--device
+    tpu`` a RuntimeError listing torch's device types).
+
+    Raises:
+        UsageError: naming the device and the accepted ones.
+    """
+    if not device:
+        return
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise UsageError(f"--device: invalid device {device!r} (use cpu, cuda or cuda:N)") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise UsageError(f"--device: unsupported device {device!r} (use cpu, cuda or cuda:N)")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"--device {device}: no CUDA GPU is available (leave --device out to quantize on the CPU)")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise UsageError(f"--device {device}: there are {torch.cuda.device_count()} CUDA GPUs (cuda:0 ...)")
 
 
 def _check_output_dir(path: str, force: bool):

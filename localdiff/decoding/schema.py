@@ -86,7 +86,8 @@ class OptionSpec:
             UsageError: ``"<typed>: must be <rule> (got <value>)"``.
         """
         bad = UsageError(f"{typed}: must be {self.rule()} (got {value!r})")
-        if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "off", "")
+        # "none" / "off" turn an optional option off; "" does not (an unset `--threshold "$TAU"` is a mistake)
+        if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "off")
                              and self.optional and self.kind is not bool):
             if self.optional:
                 return None

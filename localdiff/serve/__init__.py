@@ -10,7 +10,7 @@ import logging
 import signal
 import threading
 
-from localdiff.errors import LocaldiffError, UsageError
+from localdiff.errors import CheckpointError, LocaldiffError, UsageError
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 DEFAULT_PORT = 11436
@@ -41,11 +41,13 @@ def check_port(host: str, port: int) -> None:
 
 
 def check_binding(host: str, api_key: str | None, insecure: bool) -> None:
-    """Refuse a non-loopback ``host`` unless an API key is set or ``insecure`` is explicit.
+    """Refuse an empty ``host``, and a non-loopback one unless an API key is set or ``insecure`` is explicit.
 
     Raises:
         UsageError: with the two ways out in the message.
     """
+    if not host.strip():     # getaddrinfo reads "" as every interface; the refusal read "listen on  without"
+        raise UsageError("--host: empty host name (leave --host out for 127.0.0.1)")
     if host not in LOCAL_HOSTS and not api_key and not insecure:
         raise UsageError(f"refusing to listen on {host} without --api-key KEY (or --insecure to serve anyone who "
                          f"can reach this machine)")
@@ -98,11 +100,16 @@ def serve(models, default_model: str, host: str = "127.0.0.1", port: int = DEFAU
     check_binding(host, api_key, insecure)
     models = [models] if isinstance(models, str) else list(models or ())
     import localdiff
-    from localdiff.loader import gguf_target
+    from localdiff.loader import gguf_target, load_config
 
     for model in models:                   # a name that cannot load is an error now, not a log line after start
         if gguf_target(model) is None:
-            _check_not_draft(model, localdiff._resolve_path(model)[0])
+            folder = localdiff._resolve_path(model)[0]
+            try:
+                load_config(folder)        # a folder that is no checkpoint (serve -m /etc) too
+            except CheckpointError as e:
+                raise CheckpointError(f"-m {model}: {e}") from None
+            _check_not_draft(model, folder)
     check_port(host, port)
     try:
         import uvicorn

@@ -72,11 +72,23 @@ def _no_constant(name: str):
     raise bad_request(f"request body is not valid JSON: {name} is not a JSON number")
 
 
+def _no_repeats(pairs: list) -> dict:
+    """``json.loads``' hook for each object: a key given twice is a 400 naming it (JSON parsers keep the last value
+    and drop the first without a word: ``{"max_tokens": 1, "max_tokens": 2}`` ran with 2)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen = set()
+        key = next(k for k, _ in pairs if k in seen or seen.add(k))
+        shown = json.dumps(key if len(key) <= 60 else key[:60] + "…")   # ASCII: a key may hold a lone surrogate
+        raise bad_request(f"{shown} appears twice in one object of the request body: send it once", param=shown[1:-1])
+    return out
+
+
 def parse_json(raw: bytes) -> dict:
     """A request body → a JSON object. Raises ApiError(400) with a plain message (no Python exception names): empty,
-    not UTF-8, not JSON (or nested past the parser's depth; ``NaN`` / ``Infinity``), not an object, or a string with
-    an unpaired surrogate escape such as ``"\\ud800"`` (JSON allows it, but it is no Unicode text: the tokenizer and
-    the log cannot encode it)."""
+    not UTF-8, not JSON (or nested past the parser's depth; ``NaN`` / ``Infinity``), not an object, a key given
+    twice in one object, or a string with an unpaired surrogate escape such as ``"\\ud800"`` (JSON allows it, but it
+    is no Unicode text: the tokenizer and the log cannot encode it)."""
     if not raw.strip():
         raise bad_request("empty request body: send a JSON object")
     try:
@@ -85,7 +97,7 @@ def parse_json(raw: bytes) -> dict:
         raise bad_request(f"request body is not UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}): send JSON "
                           "encoded as UTF-8") from None
     try:
-        body = json.loads(text, parse_constant=_no_constant)
+        body = json.loads(text, parse_constant=_no_constant, object_pairs_hook=_no_repeats)
     except json.JSONDecodeError as e:
         where = f"line {e.lineno}, column {e.colno}"
         msg = e.msg[:80].removesuffix(" at")          # ("Invalid control character at" ends with it)

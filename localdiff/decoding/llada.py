@@ -119,7 +119,7 @@ class LLaDA:
         self.cfg_scale = options.cfg_scale
         self.parallel = options.threshold is not None or options.factor is not None
         self.length, self.span, self.idle = None, (0, 0), 0
-        self.dinfer = _dinfer(options, generator, mask_id)
+        self.dinfer = dinfer_decoder(options, generator, mask_id)
         self.parallel = self.parallel or self.dinfer is not None
         #: blocks at multiples of block_length from the sequence start (dInfer's BlockIterator, start_block_align)
         self.block_align = getattr(options, "start_block_align", False)
@@ -183,8 +183,13 @@ class LLaDA:
                 torch.rand((b, self.length), generator=self.gen, device=dev)
         self.idle = 0
 
-def _dinfer(o: LLaDAOptions, generator: torch.Generator, mask_id: int):
-    """The dInfer decoder part ``o.parallel_decoding`` names (None when off)."""
+
+def dinfer_decoder(o, generator: torch.Generator, mask_id: int):
+    """The dInfer decoder ``o.parallel_decoding`` names (None when off), shared by the ``llada`` and ``llada2``
+    policies: ``o`` has ``parallel_decoding``, ``threshold``, ``temperature``, ``low_threshold``, ``credit_alpha``,
+    ``boost_gamma``, ``decay_beta`` (:class:`LLaDAOptions` or
+    :class:`localdiff.decoding.options_llada2.LLaDA2Options`). Returns an object with ``begin_block()`` and
+    ``step(logits FloatTensor[B, L, V], block LongTensor[B, L], masked BoolTensor[B, L]) -> (x0, transfer)``."""
     kind = getattr(o, "parallel_decoding", None)
     if kind == "threshold":
         return ThresholdDecoder(o.threshold, o.temperature, generator, mask_id)

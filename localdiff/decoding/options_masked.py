@@ -77,12 +77,20 @@ class LLaDAOptions(_FastDLLM):
                           metavar="N")
     warmup_steps: int = opt(4, "kv_cache vicinity: the generation's first N steps are uncached full passes", lo=0,
                             hi=1_000_000, metavar="N", aliases=("warmup_times",))
+    logits_eos_inf: bool = opt(False, "LLaDA's logits_eos_inf (paper's Appendix B.4): the EOS token's logit is −inf at "
+                               "every step, so it is never predicted")
+    confidence_eos_eot_inf: bool = opt(False, "LLaDA's confidence_eos_eot_inf as its generate.py runs it: the "
+                                       "end-of-turn token's logit is −inf in the confidence softmax (a predicted "
+                                       "EoT gets confidence 0: committed last)")
 
     def check(self, typed: Mapping[str, str]) -> None:
         super().check(typed)
         if self.parallel_decoding is not None and self.factor is not None:
             raise UsageError(f"{typed.get('factor', 'factor')}: the factor rule is Fast-dLLM's, not one of dInfer's "
                              f"decoders (got parallel_decoding={self.parallel_decoding!r})")
+        if self.parallel_decoding is not None and self.confidence_eos_eot_inf:
+            raise UsageError(f"{typed.get('confidence_eos_eot_inf', 'confidence_eos_eot_inf')}: dInfer's decoders "
+                             f"compute their own confidences (got parallel_decoding={self.parallel_decoding!r})")
         if self.parallel_decoding is not None and self.remasking != "low_confidence":
             raise UsageError(f"{typed.get('remasking', 'remasking')}: dInfer's decoders commit by confidence; "
                              f"remasking must be low_confidence (got {self.remasking!r})")

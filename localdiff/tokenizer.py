@@ -67,6 +67,10 @@ class Tokenizer:
             ids = ids.tolist()
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
+    def token_id(self, token: str) -> int | None:
+        """The id of one token string (e.g. ``"<|eot_id|>"``), or None when the vocabulary has no such token."""
+        return self._tok.token_to_id(token)
+
     def id_to_token(self, i: int) -> str | None:
         """The token string of one id (for the canvas view)."""
         return self._tok.id_to_token(int(i))

@@ -64,6 +64,22 @@ def test_equals_the_hub_llada20_generate(llada2, steps, threshold, minimal_topk,
     assert eos_seen, "no answer reached EOS: the EOS paths were not exercised"
 
 
+@pytest.mark.parametrize("top_k,top_p", [(3, None), (None, 0.5), (6, 0.7)])
+def test_top_k_top_p_at_temperature_0_equal_the_hub_llada20_generate(llada2, top_k, top_p):
+    """The 2.0 generate filters at temperature 0 too: the top token's probability renormalised over the kept tokens
+    is the confidence the threshold sees (more commits per step than unfiltered)."""
+    m, fn = llada2, _logits_fn(llada2)
+    fewer = 0
+    for plen in (3, 4, 5, 6, 9):
+        prompt = _prompt(plen, 60 + plen)
+        want, fwd = llada20_generate(fn, torch.tensor([prompt]), B, 4, 14, 0.6, 1, False, EOS, MASK, top_k, top_p)
+        g = m.generate(prompt, max_new_tokens=14, steps=4, threshold=0.6, top_k=top_k, top_p=top_p, temperature=0)
+        assert g.token_ids == want, (plen, g.token_ids, want)
+        assert g.stats.forwards == fwd
+        fewer += fwd < m.generate(prompt, max_new_tokens=14, steps=4, threshold=0.6, temperature=0).stats.forwards
+    assert fewer, "the filters never changed a confidence past the threshold: the path was not exercised"
+
+
 @pytest.mark.parametrize("editing_threshold,max_post_steps,per_step", [(0.2, 16, 1), (0.35, 2, 1), (0.2, 0, 1),
                                                                        (0.2, 3, 2)])
 def test_equals_the_hub_llada21_generate(llada2, editing_threshold, max_post_steps, per_step):
@@ -117,8 +133,9 @@ def test_events_report_edits_and_the_step_cap(llada2):
 
 
 def test_options_and_errors(llada2):
-    with pytest.raises(UsageError, match="top-k"):
-        llada2.generate(_prompt(5, 1), max_new_tokens=4, top_k=3, temperature=0)
+    with pytest.raises(UsageError, match="top-k / top-p need temperature > 0") as e:   # 2.1 ignores them at T 0
+        llada2.generate(_prompt(5, 1), max_new_tokens=4, top_k=3, temperature=0, editing_threshold=0.5)
+    assert "\n" not in str(e.value)
     with pytest.raises(UsageError, match="editing_threshold"):
         llada2.generate(_prompt(5, 1), max_new_tokens=4, editing_threshold=1.5)
     with pytest.raises(UsageError, match="sdar"):

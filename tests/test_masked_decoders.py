@@ -145,12 +145,12 @@ def test_cache_windows_follow_fast_dllm(make):
     for shift in (False, True):
         m = make(shift_logits=shift, model_type="Dream" if shift else "fake_llada")
         p = PROMPTS[0]
-        s = int(shift)
-        for cache in ("prefix", "dual"):
+        for cache, rule in [("prefix", "dream"), ("dual", "dream"), ("prefix", "fastdllm"), ("dual", "fastdllm")]:
             m.net.windows.clear()
-            _gen(m, p, 8, steps=8, block_length=4, kv_cache=cache)
+            _gen(m, p, 8, steps=8, block_length=4, kv_cache=cache, **({"block_rule": rule} if shift else {}))
             w = m.net.windows
             assert w[0] == (0, len(p) + 8, False)                      # block 1 refresh: a full pass
+            s = int(shift and rule == "dream")     # Fast-dLLM's Dream loop starts its windows at the block
             start = len(p) - s
             n = len(p) + 8 - start if cache == "prefix" else 4 + s
             assert w[1] == (start, n, True)
@@ -178,7 +178,7 @@ def test_dream_parallel_and_cached_run_and_stay_close(make):
     for p in PROMPTS:
         ref = _gen(m, p, 16, block_length=8, steps=16).token_ids
         for kw in ({"threshold": 0.9}, {"kv_cache": "dual"}, {"kv_cache": "prefix", "threshold": 0.5}):
-            g = _gen(m, p, 16, block_length=8, steps=16, **kw)
+            g = _gen(m, p, 16, block_length=8, steps=16, block_rule="dream", **kw)   # the caches' approximation only
             assert len(g.token_ids) == 16 and MASK not in g.token_ids
             same += sum(a == b for a, b in zip(g.token_ids, ref))
             total += 16

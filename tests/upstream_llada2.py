@@ -2,7 +2,8 @@
 forward over the whole sequence under the block-causal mask, as upstream runs it):
 
 * :func:`llada20_generate` — the Hub ``modeling_llada2_moe.py`` ``generate`` of LLaDA2.0 (threshold, step
-  schedule, ``minimal_topk``, ``eos_early_stop``);
+  schedule, ``minimal_topk``, ``eos_early_stop``, and ``top_k`` / ``top_p``, which its sampler applies at
+  temperature 0 too);
 * :func:`llada21_generate` — the Hub ``generate`` of LLaDA2.1 (``num_to_transfer``, token editing with
   ``editing_threshold``, ``max_post_steps``), as mirrored in dllm's ``modeling_llada21_moe.py``.
 
@@ -28,6 +29,40 @@ def _greedy(logits):
     return x0, torch.gather(probs, -1, x0[..., None])[..., 0]
 
 
+def _top_k_logits(logits, k):
+    if k is None or k <= 0:
+        return logits
+    values, _ = torch.topk(logits, k)
+    min_values = values[..., -1, None]
+    return torch.where(logits < min_values, torch.full_like(logits, float("-inf")), logits)
+
+
+def _top_p_logits(logits, p):
+    if p is None or p >= 1.0:
+        return logits
+    sorted_logits, sorted_indices = torch.sort(logits, descending=True)
+    cumulative_probs = torch.cumsum(torch.softmax(sorted_logits, dim=-1), dim=-1)
+    sorted_mask = cumulative_probs > p
+    sorted_mask[..., 1:] = sorted_mask[..., :-1].clone()
+    sorted_mask[..., 0] = False
+    mask_indices = torch.scatter(torch.full_like(logits, False, dtype=torch.bool), -1, sorted_indices, sorted_mask)
+    return logits.masked_fill(mask_indices, float("-inf"))
+
+
+def _sample_t0_llada20(logits, top_k=None, top_p=None):
+    """The 2.0 ``_sample_with_temperature_topk_topp`` at temperature 0 (lingjiechen2/dllm
+    ``dllm/pipelines/llada2/models/modeling_llada2_moe.py`` at 8e1d3d7b): the filters, then the softmax over the kept
+    tokens, its argmax and probability."""
+    orig_shape = logits.shape[:-1]
+    logits = logits.reshape(-1, logits.shape[-1])
+    logits = _top_k_logits(logits, top_k)
+    logits = _top_p_logits(logits, top_p)
+    probs = torch.softmax(logits, dim=-1)
+    token = torch.argmax(probs, dim=-1, keepdim=True)
+    token_prob = torch.gather(probs, -1, token)
+    return token.view(*orig_shape), token_prob.view(*orig_shape)
+
+
 def _answer(x, prompt_len, gen_length, eos_id):
     gen = x[0, prompt_len:prompt_len + gen_length]
     hits = (gen == eos_id).nonzero()
@@ -35,7 +70,7 @@ def _answer(x, prompt_len, gen_length, eos_id):
 
 
 def llada20_generate(logits_fn, prompt, block_length, steps, gen_length, threshold, minimal_topk=1,
-                     eos_early_stop=False, eos_id=None, mask_id=None):
+                     eos_early_stop=False, eos_id=None, mask_id=None, top_k=None, top_p=None):
     steps = min(steps, gen_length // minimal_topk)
     p = prompt.shape[1]
     nb = (p + gen_length + block_length - 1) // block_length
@@ -51,7 +86,7 @@ def llada20_generate(logits_fn, prompt, block_length, steps, gen_length, thresho
             if active.sum() == 0:
                 break
             forwards += 1
-            x0, x0_p = _greedy(logits_fn(cur)[:, -block_length:])
+            x0, x0_p = _sample_t0_llada20(logits_fn(cur)[:, -block_length:], top_k, top_p)
             k = int(sched[step])
             conf = torch.where(active, x0_p, -torch.inf)
             high = conf[0] > threshold

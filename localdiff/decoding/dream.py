@@ -12,6 +12,17 @@ The logits arrive position-aligned (the loop applies Dream's shift: the raw logi
   the most confident, or drawn from softmax(confidence / alg_temp) when ``alg_temp`` > 0.
 * ``threshold`` / ``factor`` (Fast-dLLM, its Dream ``confidence_threshold``): the top-1 probability is the
   confidence and :mod:`localdiff.decoding.parallel` decides.
+
+``block_rule`` (:meth:`DreamOptions.fastdllm_blocks`) picks what a block's first step does. ``dream``: the rule above
+from the block's first pass on. ``fastdllm`` (Fast-dLLM v1's Dream block loop, ``generation_utils_block.py``
+``_sample``): the first pass (the caches' refresh) commits the block's first position, whatever its confidence; steps
+i ≥ 1 then run the rule above with timesteps ts[i], ts[i + 1] (the schedule's last step commits the rest), or the
+threshold rule until the block is full; ``alg_temp`` draws over the cached window as upstream's (the block and the
+rest of the sequence with the prefix cache, the block with the dual cache). Its cached passes start at the block (the
+loop's ``window_at_block``): the block's first row gets the window's own first logits, upstream's shift, and is never
+read. At temperature > 0 the first position's token is drawn from its own row only (upstream samples every
+position of the sequence and keeps one), so seeded draws differ from upstream's; at temperature 0 the tokens are
+upstream's (tests).
 """
 from __future__ import annotations
 
@@ -21,6 +32,7 @@ import torch.nn.functional as F
 from localdiff.decoding import parallel
 from localdiff.decoding.sampling import sample_tokens
 from localdiff.decoding.options import DreamOptions
+from localdiff.errors import UsageError
 
 
 class Dream:
@@ -36,6 +48,10 @@ class Dream:
     def __init__(self, options: DreamOptions, generator: torch.Generator, mask_id: int):
         self.o, self.gen, self.mask_id = options, generator, mask_id
         self.parallel = options.threshold is not None or options.factor is not None
+        #: Fast-dLLM's Dream block loop (module docstring); the loop then starts cached windows at the block
+        self.fastdllm = options.fastdllm_blocks()
+        self.window_at_block = self.fastdllm
+        self.length = None      # the sequence's length P + max_new_tokens (the runner sets it)
 
     def begin_block(self, masked: torch.Tensor, steps: int, offset: int = 0) -> None:
         """A new block (``masked`` BoolTensor[B, L]) with a budget of ``steps``: its timesteps. ``offset``: the
@@ -43,6 +59,15 @@ class Dream:
         same generator state picks the same positions)."""
         self.steps, self.offset = steps, offset
         self.ts = torch.linspace(1, self.o.eps, steps + 1, device=masked.device)
+        if self.fastdllm and not self.parallel and steps < 2 and masked.shape[1] > 1:
+            raise UsageError(f"steps: Fast-dLLM's Dream block loop needs at least 2 steps per block (its first pass "
+                             f"commits one position; got {steps} for a block of {masked.shape[1]}): give more steps "
+                             f"or block_rule dream")
+        # where upstream's alg_temp draw runs: Dream over the whole sequence (the block at `offset`); Fast-dLLM's
+        # block loop over its cached window (the block, then the rest of the sequence without the dual cache)
+        end = offset + masked.shape[1]
+        rest = (self.length or end) - end if self.o.kv_cache != "dual" else 0
+        self.pad = (0, rest) if self.fastdllm else (offset, 0)
 
     def _sample(self, logits, **kw):
         o = self.o
@@ -52,6 +77,11 @@ class Dream:
         """One step (see :meth:`localdiff.decoding.llada.LLaDA.step` for the shapes). Returns (x0, transfer)."""
         o, b = self.o, xb.shape[0]
         x0 = xb.clone()
+        if self.fastdllm and i == 0:        # the refresh pass commits the block's first position
+            first = torch.zeros_like(masked)
+            first[:, 0] = masked[:, 0]
+            _, x0[first] = self._sample(logits[first])
+            return x0, first
         mask_logits = logits[masked]
         if self.parallel:
             conf, tok = self._sample(mask_logits)
@@ -83,7 +113,7 @@ class Dream:
                 idx = torch.topk(full, n).indices
             else:
                 full = torch.where(rows[:, None], full, torch.zeros_like(full))   # rows with nothing masked
-                full = F.pad(full, (self.offset, 0), value=-torch.inf)
-                idx = torch.multinomial(F.softmax(full / o.alg_temp, dim=-1), n, generator=self.gen) - self.offset
+                full = F.pad(full, self.pad, value=-torch.inf)
+                idx = torch.multinomial(F.softmax(full / o.alg_temp, dim=-1), n, generator=self.gen) - self.pad[0]
             transfer[torch.arange(b, device=xb.device)[:, None].expand_as(idx), idx] = True
         return x0, transfer & masked & rows[:, None]

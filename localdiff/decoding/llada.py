@@ -26,6 +26,12 @@ model's device, which draws as the default one seeded alike):
   ``get_transfer_index`` adds its own);
 * ``kv_cache`` dual: ``generate_with_dual_cache`` — the first step over the whole sequence, later steps the block.
 
+LLaDA's ``logits_eos_inf`` sets the EOS token's logit to −inf before anything reads the logits;
+``confidence_eos_eot_inf`` does what ``generate.py`` (ML-GSAI/LLaDA at b7e6c35) does: once x0 is chosen, the
+end-of-turn token's logit is −inf in the confidence softmax (its chained assignment also writes −inf into the noised
+logits, which nothing reads after the argmax). The runner gives the ids (upstream hard-codes LLaDA-8B's 126081 and
+126348): :func:`localdiff.engine.masked.eos_and_eot`.
+
 Not reproduced: upstream's softmax for ``low_confidence`` in LLaDA ``generate.py`` runs in the logits' dtype (bf16
 for the released checkpoints); ours is float64, as Fast-dLLM's — the same token unless two confidences tie in bf16.
 """
@@ -54,7 +60,7 @@ def schedule_rows(counts: list[int], steps: int) -> list[list[int]]:
 
 def predictions(logits: torch.Tensor, temperature: float, remasking: str, gen: torch.Generator,
                 masked: torch.Tensor, base: torch.Tensor | None = None, u: torch.Tensor | None = None,
-                r: torch.Tensor | None = None):
+                r: torch.Tensor | None = None, drop_in_confidence: int | None = None):
     """LLaDA's per-position proposal and confidence (``generate.py``) at the ``masked`` positions: x0 = argmax of the
     logits, with Gumbel-max noise in float64 when ``temperature`` > 0 (``add_gumbel_noise``); confidence =
     softmax(logits, float64)[x0] (``low_confidence``) or uniform noise (``random``). Vocab-sized work runs on the
@@ -66,6 +72,8 @@ def predictions(logits: torch.Tensor, temperature: float, remasking: str, gen: t
         CPU each costs more than its arithmetic).
         u: FloatTensor[B, L, V] float64 / r: FloatTensor[B, L]: the Gumbel uniforms / random remasking's numbers
         already drawn (``noise="upstream"``), or None to draw them here.
+        drop_in_confidence: a token id whose logit is −inf in the confidence softmax only (after x0 is chosen:
+            LLaDA's ``confidence_eos_eot_inf``), or None.
     Returns: (x0 LongTensor[B, L], ``base`` (0) where not masked; confidence FloatTensor[B, L], −inf where not
         masked).
     """
@@ -76,7 +84,7 @@ def predictions(logits: torch.Tensor, temperature: float, remasking: str, gen: t
             u = torch.rand(logits.shape, dtype=torch.float64, generator=gen, device=logits.device)
         u = u[masked]
         x0m = (lm.to(torch.float64).exp() / (-torch.log(u)) ** temperature).argmax(-1)
-    elif remasking == "low_confidence":
+    elif remasking == "low_confidence" and drop_in_confidence is None:
         # greedy: the float64 softmax's max is the probability at the logits' argmax, and its index that argmax
         # (softmax is monotone; ties → the first index in both): one reduction instead of argmax + gather
         cm, x0m = torch.softmax(lm, dim=-1, dtype=torch.float64).max(-1)
@@ -87,7 +95,9 @@ def predictions(logits: torch.Tensor, temperature: float, remasking: str, gen: t
     x0 = base.masked_scatter(masked, x0m)            # row-major, as boolean indexing
     if remasking == "low_confidence":
         if cm is None:
-            cm = torch.softmax(lm, dim=-1, dtype=torch.float64).gather(-1, x0m[:, None]).squeeze(-1)
+            lc = lm if drop_in_confidence is None else lm.index_fill(-1, torch.tensor([drop_in_confidence],
+                                                                                   device=lm.device), -torch.inf)
+            cm = torch.softmax(lc, dim=-1, dtype=torch.float64).gather(-1, x0m[:, None]).squeeze(-1)
         conf = torch.full(masked.shape, -float("inf"), dtype=torch.float64, device=logits.device)
         conf.masked_scatter_(masked, cm)
     else:
@@ -119,7 +129,9 @@ class LLaDA:
         self.cfg_scale = options.cfg_scale
         self.parallel = options.threshold is not None or options.factor is not None
         self.length, self.span, self.idle = None, (0, 0), 0
-        self.dinfer = _dinfer(options, generator, mask_id)
+        #: the EOS / EoT ids of logits_eos_inf / confidence_eos_eot_inf (the runner sets them)
+        self.eos_id = self.eot_id = None
+        self.dinfer = dinfer_decoder(options, generator, mask_id)
         self.parallel = self.parallel or self.dinfer is not None
         #: blocks at multiples of block_length from the sequence start (dInfer's BlockIterator, start_block_align)
         self.block_align = getattr(options, "start_block_align", False)
@@ -142,13 +154,16 @@ class LLaDA:
         Returns:
             (x0 LongTensor[B, L] proposals (= ``xb`` where not masked), transfer BoolTensor[B, L] ⊆ masked).
         """
+        if self.o.logits_eos_inf and self.eos_id is not None:      # never predicted (LLaDA's logits_eos_inf)
+            logits[..., self.eos_id] = -torch.inf
         if self.dinfer is not None:
             return self.dinfer.step(logits, xb, masked)
         u = r = None
         if self.o.noise == "upstream":
             u, r = self._upstream_draws(logits, i)
         self.idle = max(0, self.idle - 1)
-        x0, conf = predictions(logits, self.o.temperature, self.o.remasking, self.gen, masked, xb, u, r)
+        drop = self.eot_id if self.o.confidence_eos_eot_inf else None
+        x0, conf = predictions(logits, self.o.temperature, self.o.remasking, self.gen, masked, xb, u, r, drop)
         if self.parallel:
             return x0, parallel.select(conf, masked, None, self.o.threshold, self.o.factor) & masked
         # the schedule's k never exceeds the row's masks (its ks sum to the block's masks; past the budget k = the
@@ -183,8 +198,13 @@ class LLaDA:
                 torch.rand((b, self.length), generator=self.gen, device=dev)
         self.idle = 0
 
-def _dinfer(o: LLaDAOptions, generator: torch.Generator, mask_id: int):
-    """The dInfer decoder part ``o.parallel_decoding`` names (None when off)."""
+
+def dinfer_decoder(o, generator: torch.Generator, mask_id: int):
+    """The dInfer decoder ``o.parallel_decoding`` names (None when off), shared by the ``llada`` and ``llada2``
+    policies: ``o`` has ``parallel_decoding``, ``threshold``, ``temperature``, ``low_threshold``, ``credit_alpha``,
+    ``boost_gamma``, ``decay_beta`` (:class:`LLaDAOptions` or
+    :class:`localdiff.decoding.options_llada2.LLaDA2Options`). Returns an object with ``begin_block()`` and
+    ``step(logits FloatTensor[B, L, V], block LongTensor[B, L], masked BoolTensor[B, L]) -> (x0, transfer)``."""
     kind = getattr(o, "parallel_decoding", None)
     if kind == "threshold":
         return ThresholdDecoder(o.threshold, o.temperature, generator, mask_id)

@@ -15,6 +15,17 @@ probability is the confidence) or a sample, then
 * ``eos_early_stop``: a row stops as soon as this step committed an EOS and every generated position before the
   first EOS is filled (LLaDA2.0's generate), even mid-block; its later positions are dropped.
 
+Sampling: temperature / top-k / top-p as :class:`SDAR`, and at temperature 0 the 2.0 generate's
+``_sample_with_temperature_topk_topp``: ``top_k`` / ``top_p`` still filter the logits, the token is the top one and
+its confidence its probability renormalised over the kept tokens (so the threshold sees larger confidences).
+
+dInfer's decoders (``parallel_decoding`` threshold / credit / hierarchy: inclusionAI/dInfer ``serving.py``
+``init_generator`` with ``use_bd``, ``generate_uniform.py`` ``BlockDiffusionLLM``, which runs them on LLaDA2 in the
+same block layout): each step the decoder (:mod:`localdiff.decoding.dinfer_threshold` and its siblings) reads the
+block's logits and commits — dInfer's threshold rule is the top-1 and every confidence ≥ τ (float32 softmax), where
+LLaDA2's is > τ with the schedule's quota — with no step schedule (``steps`` / ``minimal_topk`` unread) until the
+block is full.
+
 Where we differ from upstream, on purpose: the EOS search looks at generated positions only (the 2.0 generate also
 finds an EOS inside the prompt — a chat history — and then returns an empty answer); the post-mask steps are
 bounded as the 2.1 generate bounds them (at most ``max_post_steps`` forwards; diffusers runs one more); the quota
@@ -27,6 +38,7 @@ from __future__ import annotations
 import torch
 
 from localdiff.decoding.editing import EditingConfig, block_finished, edit_positions
+from localdiff.decoding.llada import dinfer_decoder
 from localdiff.decoding.options import LLaDA2Options, SDAROptions
 from localdiff.decoding.sdar import SDAR, transfer_schedule
 
@@ -52,33 +64,48 @@ class LLaDA2(SDAR):
                                      confidence_threshold=options.threshold, temperature=options.temperature,
                                      top_k=options.top_k, top_p=options.top_p), batch, block, mask_id, device, generator)
         self.options = options
+        #: the 2.0 generate filters at temperature 0; the 2.1 generate (editing on) does not
+        self.filter_at_zero = options.editing_threshold is None
         self.editing = EditingConfig(options.editing_threshold, options.max_post_steps)
         self.mask_steps = steps
         self.schedule = transfer_schedule(block, steps)
         if self.editing.enabled:
             self.max_steps = steps + options.max_post_steps
+        #: dInfer's decoder (``parallel_decoding``) or None; each of its steps commits ≥ 1 mask: ≤ block steps
+        self.dinfer = dinfer_decoder(options, generator, mask_id)
+        if self.dinfer is not None:
+            self.max_steps = block
         self.eos = torch.tensor(list(eos_ids), dtype=torch.long, device=device) if eos_ids else None
 
     def begin_block(self, start: torch.Tensor | None = None) -> None:
         """As :class:`SDAR`; the start's non-mask positions (the prompt's tail) are never edited."""
         super().begin_block(start)
         self.prompt = self.canvas != self.mask_id
+        if self.dinfer is not None:
+            self.dinfer.begin_block()
         self.post = torch.zeros(self.b, dtype=torch.long, device=self.dev)
 
     def assess(self, logits: torch.Tensor, step: int):
         """As :class:`SDAR` (the mask token is never a prediction), with the quota of step ``min(step, steps)``
         (post-mask steps have no masks)."""
+        if self.dinfer is not None:          # dInfer's decoders read the logits (the mask token never predicted)
+            self.logits = logits.float().clone()
+            self.logits[..., self.mask_id] = -torch.inf
         return super().assess(logits, min(step, self.mask_steps))
 
     def ends_block(self, a, step: int) -> bool:
-        """With editing a block's end depends on the draws' edits: never known in advance."""
-        return False if self.editing.enabled else super().ends_block(a, step)
+        """With editing (or dInfer's decoders) a block's end depends on the step: never known in advance."""
+        return False if self.editing.enabled or self.dinfer is not None else super().ends_block(a, step)
 
     def advance(self, a) -> dict:
         """Commit masks, edit committed tokens, stop rows; returns the StepEvent fields (device tensors)."""
-        x0, conf = self.draw(a)
         live = ~self.done[:, None]
-        commit = self._select(conf, a.masked, a.k) & live
+        if self.dinfer is not None:
+            x0, commit = self.dinfer.step(self.logits, self.canvas, a.masked & live)
+            conf = a.probs.gather(-1, x0[..., None]).squeeze(-1)
+        else:
+            x0, conf = self.draw(a)
+            commit = self._select(conf, a.masked, a.k) & live
         edits = edit_positions(self.canvas, ~a.masked & ~self.prompt & live, x0, conf, self.editing)
         changed = commit | edits
         self.canvas = torch.where(changed, x0, self.canvas)

@@ -215,10 +215,29 @@ def _block_logits(net, policy, x, amask, start, end, shift, cache, kv, first, p,
             return call(net.logits_full, (lo, lo + n), x, amask), kv
         raw, fresh = call(net.forward_window, (lo, lo + n), x, 0, None, amask, return_kv=True)
         return raw, store.place(fresh)
+    if shift and getattr(policy, "window_at_block", False):      # Fast-dLLM's Dream block loop (see there)
+        return _shifted_in_window(call, net, x, amask, start, end, cache, kv, sel), kv
     w = lo - d
     if cache == "prefix":
         return call(net.forward_window, (d, d + n), x[:, w:], w, kv.prefix(w), amask), kv
     return call(net.forward_window, (d, d + n), x[:, w:end], w, kv, amask), kv      # dual
+
+
+def _shifted_in_window(call, net, x, amask, start, end, cache, kv, sel):
+    """Fast-dLLM v1's cached Dream pass (``generation_utils_block.py``): the window starts at the block (prefix:
+    the block and the rest of the sequence; dual: the block) and its raw logits are shifted inside it — position
+    start + j gets raw row j − 1, the block's first position the window's first row (that position is committed by
+    the refresh pass; its logits are never read). Returns FloatTensor[B, end − start, V]."""
+    n = end - start
+    raw_sel = None
+    if sel is not None:
+        raw_sel = torch.zeros_like(sel)
+        raw_sel[:, :-1] = sel[:, 1:]
+        raw_sel[:, 0] |= sel[:, 0]
+    win = x[:, start:] if cache == "prefix" else x[:, start:end]
+    raw = call(net.forward_window, (0, n), win, start, kv.prefix(start) if cache == "prefix" else kv, amask,
+               select=raw_sel)
+    return torch.cat([raw[:, :1], raw[:, :-1]], dim=1)
 
 
 def _no_mask(logits: torch.Tensor, mask_id: int) -> torch.Tensor:

@@ -9,10 +9,11 @@ eos_early_stop True: the catalog's ``llada2.1:mini`` sampler). The block length 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Mapping
 
 from localdiff.decoding.options_block import BlockSampling
 from localdiff.decoding.schema import opt
+from localdiff.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,17 @@ class LLaDA2Options(BlockSampling):
     quota's most confident; with ``editing_threshold``, already committed (non-prompt) tokens of the block are
     replaced when the model's top token differs and its probability exceeds it, for at most ``max_post_steps`` extra
     steps once the block has no masks left (LLaDA2.1 token editing, arXiv 2602.08676). Sampling:
-    :class:`BlockSampling`."""
+    :class:`BlockSampling`, except that at temperature 0 ``top_k`` / ``top_p`` still filter the logits and the
+    confidence is the top token's probability renormalised over the kept tokens (the 2.0 generate's
+    ``_sample_with_temperature_topk_topp``); with editing on (the 2.1 generate, which ignores them at temperature 0)
+    they are refused there.
+
+    ``parallel_decoding`` replaces the threshold rule and the step schedule with one of dInfer's decoders (as
+    dInfer's ``BlockDiffusionLLM`` runs them on LLaDA2: :mod:`localdiff.decoding.llada2`), with the ``llada``
+    decoder's parameters of the same names.
+
+    Errors: :class:`UsageError` for ``top_k`` / ``top_p`` typed at temperature 0 with ``editing_threshold``, and for
+    ``parallel_decoding`` with ``editing_threshold``."""
 
     POLICY: ClassVar[str] = "llada2"
 
@@ -41,3 +52,27 @@ class LLaDA2Options(BlockSampling):
                               hi=10_000, metavar="N")
     eos_early_stop: bool = opt(False, "stop as soon as an EOS is committed and every generated position before it "
                                "is filled (mid-block)")
+    parallel_decoding: str | None = opt(None, "dInfer's parallel decoders on LLaDA2 (inclusionAI/dInfer "
+                                        "BlockDiffusionLLM): threshold (the top-1 and every confidence ≥ τ), credit, "
+                                        "hierarchy; τ = --threshold; no step schedule (off = LLaDA2's threshold rule)",
+                                        kind=str, choices=("threshold", "credit", "hierarchy"), optional=True,
+                                        metavar="DECODER")
+    low_threshold: float = opt(0.3, "dInfer hierarchy decoding: a masked run's most confident position is committed "
+                               "only above this", lo=0, hi=1, metavar="P")
+    credit_alpha: float = opt(0.7, "dInfer credit decoding: weight of log(1 + credit) added to the logits", lo=0,
+                              metavar="A")
+    boost_gamma: float = opt(0.2, "dInfer credit decoding: credit added per step = top-1 probability ^ gamma", lo=0,
+                             metavar="G")
+    decay_beta: float = opt(0.8, "dInfer credit decoding: per-step decay of the credit", lo=0, hi=1, metavar="B")
+
+    def check(self, typed: Mapping[str, str]) -> None:
+        if self.parallel_decoding is not None and self.editing_threshold is not None:
+            raise UsageError(f"{typed.get('parallel_decoding', 'parallel_decoding')}: dInfer's decoders do not edit "
+                             f"committed tokens; leave editing_threshold unset (got {self.editing_threshold})")
+        if self.editing_threshold is None:
+            return                       # LLaDA2.0: top-k / top-p apply at temperature 0 too
+        if self.temperature == 0 and (self.top_k is not None or self.top_p not in (None, 1.0)) and (
+                "top_k" in typed or "top_p" in typed):
+            key = "top_k" if "top_k" in typed else "top_p"
+            raise UsageError(f"{typed[key]}: with editing_threshold (LLaDA2.1, whose generate ignores them at "
+                             f"temperature 0) top-k / top-p need temperature > 0 (got temperature 0)")

@@ -77,12 +77,20 @@ class LLaDAOptions(_FastDLLM):
                           metavar="N")
     warmup_steps: int = opt(4, "kv_cache vicinity: the generation's first N steps are uncached full passes", lo=0,
                             hi=1_000_000, metavar="N", aliases=("warmup_times",))
+    logits_eos_inf: bool = opt(False, "LLaDA's logits_eos_inf (paper's Appendix B.4): the EOS token's logit is −inf at "
+                               "every step, so it is never predicted")
+    confidence_eos_eot_inf: bool = opt(False, "LLaDA's confidence_eos_eot_inf as its generate.py runs it: the "
+                                       "end-of-turn token's logit is −inf in the confidence softmax (a predicted "
+                                       "EoT gets confidence 0: committed last)")
 
     def check(self, typed: Mapping[str, str]) -> None:
         super().check(typed)
         if self.parallel_decoding is not None and self.factor is not None:
             raise UsageError(f"{typed.get('factor', 'factor')}: the factor rule is Fast-dLLM's, not one of dInfer's "
                              f"decoders (got parallel_decoding={self.parallel_decoding!r})")
+        if self.parallel_decoding is not None and self.confidence_eos_eot_inf:
+            raise UsageError(f"{typed.get('confidence_eos_eot_inf', 'confidence_eos_eot_inf')}: dInfer's decoders "
+                             f"compute their own confidences (got parallel_decoding={self.parallel_decoding!r})")
         if self.parallel_decoding is not None and self.remasking != "low_confidence":
             raise UsageError(f"{typed.get('remasking', 'remasking')}: dInfer's decoders commit by confidence; "
                              f"remasking must be low_confidence (got {self.remasking!r})")
@@ -111,3 +119,23 @@ class DreamOptions(_FastDLLM):
     alg_temp: float | None = opt(None, "sample the committed positions from softmax(confidence / alg_temp) "
                                  "(off or 0 = the most confident)", kind=float, lo=0, optional=True, metavar="T")
     eps: float = opt(1e-3, "last timestep of the schedule", lo=0, hi=1, lo_open=True, hi_open=True, metavar="E")
+    block_rule: str = opt("auto", "each block's steps: dream (Dream's rule per block, its first step from the "
+                          "refresh pass), fastdllm (Fast-dLLM v1's Dream block loop: the refresh pass commits the "
+                          "block's first position, later steps rank by entropy or apply --threshold), auto = "
+                          "fastdllm with --kv-cache prefix / dual (and --alg entropy or --threshold), else dream",
+                          choices=("auto", "dream", "fastdllm"))
+
+    def check(self, typed: Mapping[str, str]) -> None:
+        super().check(typed)
+        if self.block_rule == "fastdllm" and self.alg != "entropy" and self.threshold is None \
+                and self.factor is None:
+            raise UsageError(f"{typed.get('alg', 'alg')}: Fast-dLLM's Dream block loop (block_rule fastdllm) ranks "
+                             f"by entropy; use alg entropy or block_rule dream (got alg={self.alg!r})")
+
+    def fastdllm_blocks(self) -> bool:
+        """True when the blocks run Fast-dLLM v1's Dream loop (``block_rule``; ``auto``: a prefix / dual cache with
+        ``alg`` entropy, upstream's ranking, or a parallel rule, which ranks by the top-1 probability in both)."""
+        if self.block_rule != "auto":
+            return self.block_rule == "fastdllm"
+        parallel = self.threshold is not None or self.factor is not None
+        return self.kv_cache in ("prefix", "dual") and (self.alg == "entropy" or parallel)

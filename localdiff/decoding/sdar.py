@@ -77,6 +77,8 @@ class SDAR:
     """
 
     Options = SDAROptions
+    #: top-k / top-p filter the logits at temperature 0 too (LLaDA2.0's generate; SDAR's refuses them there)
+    filter_at_zero = False
 
     def __init__(self, options: SDAROptions, batch: int, block: int, mask_id: int, device,
                  generator: torch.Generator | None):
@@ -102,8 +104,9 @@ class SDAR:
         x = logits.float().clone()
         x[..., self.mask_id] = -torch.inf
         o = self.o
-        if o.temperature > 0:
-            x = x / o.temperature
+        if o.temperature > 0 or self.filter_at_zero:
+            if o.temperature > 0:
+                x = x / o.temperature
             if o.top_k:
                 x = top_k_logits(x, o.top_k)
             if o.top_p is not None and o.top_p < 1.0:

@@ -69,6 +69,8 @@ def stream(model, req):
     else:
         policy = POLICY_CLASSES[options.POLICY](options, req.generator, model.mask_token_id)
         policy.length = ids.shape[1] + n_new          # LLaDA's noise="upstream" draws over the whole sequence
+        if getattr(options, "logits_eos_inf", False) or getattr(options, "confidence_eos_eot_inf", False):
+            policy.eos_id, policy.eot_id = eos_and_eot(model, options.confidence_eos_eot_inf)
     try:
         yield from masked_loop.run(model.net, policy, ids, mask, n_new, options.block_length,
                                    options.steps, options.kv_cache, model.mask_token_id, model.eos_token_ids,
@@ -78,3 +80,23 @@ def stream(model, req):
     finally:
         if req.cache is not None:
             req.cache.release()
+
+
+def eos_and_eot(model, need_eot: bool) -> tuple[int | None, int | None]:
+    """The ids LLaDA's ``logits_eos_inf`` / ``confidence_eos_eot_inf`` name (its generate.py hard-codes LLaDA-8B's
+    126081 and 126348): EOS = config.json's (first) ``eos_token_id``; EoT = the tokenizer's ``<|eot_id|>``, else the
+    model's first other EOS id (a generation_config list), else None.
+
+    Raises:
+        UsageError: ``need_eot`` and the model has no EoT token.
+    """
+    eos_cfg = getattr(model.config, "eos_token_id", None)
+    eos_list = list(eos_cfg) if isinstance(eos_cfg, (list, tuple)) else [eos_cfg]
+    eos = next((int(e) for e in eos_list if e is not None), model.eos_token_ids[0] if model.eos_token_ids else None)
+    eot = model.tokenizer.token_id("<|eot_id|>") if hasattr(model.tokenizer, "token_id") else None
+    if eot is None:
+        eot = next((e for e in model.eos_token_ids if e != eos), None)
+    if need_eot and eot is None:
+        raise UsageError("confidence_eos_eot_inf: this model has no end-of-turn token (no <|eot_id|> in its "
+                         "tokenizer, no second EOS id)")
+    return eos, eot

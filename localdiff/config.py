@@ -34,7 +34,7 @@ from typing import Any, Mapping
 
 import platformdirs
 
-from localdiff.decoding.options import all_specs, resolve_key, unknown_option
+from localdiff.decoding.options import all_specs, resolve_key, specs_by_key, unknown_option
 from localdiff.errors import UsageError
 
 if sys.version_info >= (3, 11):
@@ -44,9 +44,6 @@ else:  # pragma: no cover
 
 APP_NAME = "localdiff"
 
-#: decoder options by name (derived from the option schema)
-OPTION_SPECS = {spec.name: spec for spec in all_specs()}
-OPTION_SPECS.update({a: spec for spec in all_specs() for a in spec.aliases if a not in OPTION_SPECS})
 _TOP_KEYS: dict[str, type] = {
     "default_model": str,
     "device": str,
@@ -332,10 +329,10 @@ def load_user_config(env: Mapping[str, str] | None = None, path: Path | None = N
             if not isinstance(value, dict):
                 raise UsageError(f"{where}: [sampler] must be a table")
             for word, sv in value.items():
-                sk = resolve_key(word)
-                if sk not in OPTION_SPECS:
+                sk, specs = resolve_key(word), specs_by_key()   # decoder options by name (the option schema)
+                if sk not in specs:
                     raise unknown_option(word, f"{where}: [sampler] {word}")
-                sampler[sk] = OPTION_SPECS[sk].coerce(sv, f"{where}: [sampler] {word}")
+                sampler[sk] = specs[sk].coerce(sv, f"{where}: [sampler] {word}")
                 origins[sk] = "file"
         elif key in _TOP_KEYS:
             top[key] = coerce(key, value, _TOP_KEYS[key], where)
@@ -379,7 +376,7 @@ def sampler_overrides(flags: Mapping[str, Any], config: Config) -> dict:
     for key, value in flags.items():
         if value is None:
             continue
-        if key not in OPTION_SPECS:
+        if key not in specs_by_key():
             raise unknown_option(key, "--" + key.replace("_", "-"))
         out[key] = value          # checked by the model's own decoder options (they resolve shared flag words)
 

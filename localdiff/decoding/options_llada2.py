@@ -9,12 +9,12 @@ eos_early_stop True: the catalog's ``llada2.1:mini`` sampler). The block length 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 from localdiff.decoding.options_block import BlockSampling
-from localdiff.decoding.schema import opt
+from localdiff.decoding.schema import decoder, opt
 
 
+@decoder("llada2", "block", policy="localdiff.decoding.llada2:LLaDA2", model_types=("llada2_moe",))
 @dataclass(frozen=True)
 class LLaDA2Options(BlockSampling):
     """LLaDA2.x's block decoder (:mod:`localdiff.decoding.llada2`): per block, the step schedule
@@ -24,8 +24,6 @@ class LLaDA2Options(BlockSampling):
     replaced when the model's top token differs and its probability exceeds it, for at most ``max_post_steps`` extra
     steps once the block has no masks left (LLaDA2.1 token editing, arXiv 2602.08676). Sampling:
     :class:`BlockSampling`."""
-
-    POLICY: ClassVar[str] = "llada2"
 
     steps: int | None = opt(None, "denoising steps per block before editing (default: the block length, at least "
                             "one token per step)", kind=int, lo=1, hi=100_000, optional=True, metavar="N",

@@ -77,6 +77,8 @@ class SDAR:
     """
 
     Options = SDAROptions
+    #: whether the constructor also takes the answer's budget and the EOS ids (``max_new_tokens=``, ``eos_ids=``)
+    TAKES_BUDGET = False
 
     def __init__(self, options: SDAROptions, batch: int, block: int, mask_id: int, device,
                  generator: torch.Generator | None):

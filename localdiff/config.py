@@ -58,8 +58,8 @@ _ENV_OTHER = ("LOCALDIFF_CONFIG", "LOCALDIFF_DATA_DIR", "LOCALDIFF_DEBUG", "LOCA
               "LOCALDIFF_LLAMA_CPP_SDIST", "LOCALDIFF_BENCH_CACHE", "LOCALDIFF_BENCH_TINY_MDM", "LOCALDIFF_BENCH_GGUF_HISTORY",
               "LOCALDIFF_REQUIRE_GGUF",                                                      # .ci/run: no GGUF skips
               "LOCALDIFF_INT8_KERNEL", "LOCALDIFF_NATIVE_INT8", "LOCALDIFF_NATIVE_INT4",    # quantize/
-              "LOCALDIFF_VOCAB_KERNEL",                                                      # decoding/vocab_native.py
-              "LOCALDIFF_NATIVE_EXPERTS",                                                    # arch/native_experts.py
+              "LOCALDIFF_VOCAB_KERNEL",                                                      # kernels/vocab.py
+              "LOCALDIFF_NATIVE_EXPERTS",                                                    # kernels/experts.py
               "LOCALDIFF_HEAP")                                                              # heap.py
 _ENV_TOP = {"LOCALDIFF_MODEL": "default_model", "LOCALDIFF_DEVICE": "device", "LOCALDIFF_QUANT": "quant",
             "LOCALDIFF_MAX_NEW_TOKENS": "max_new_tokens", "LOCALDIFF_SEED": "seed",
@@ -271,14 +271,14 @@ def dtype_name(value: str, where: str = "--dtype") -> str:
 
 #: variables with a fixed set of values (checked by :func:`check_environment`; others are checked where read)
 _ENV_CHOICES = {
-    "LOCALDIFF_NATIVE_INT8": ("0", "1", "fma", "off", "on", "false", "true", "no", "yes"),   # quantize/native.py
-    "LOCALDIFF_NATIVE_INT4": ("0", "1", "fma", "off", "on", "false", "true", "no", "yes"),   # quantize/native4.py
+    "LOCALDIFF_NATIVE_INT8": ("0", "1", "fma", "off", "on", "false", "true", "no", "yes"),   # kernels/int8.py
+    "LOCALDIFF_NATIVE_INT4": ("0", "1", "fma", "off", "on", "false", "true", "no", "yes"),   # kernels/int4.py
     "LOCALDIFF_DEBUG": ("0", "1", "off", "on", "false", "true", "no", "yes"),                # cli/dispatch.py
-    "LOCALDIFF_NATIVE_EXPERTS": ("0", "1", "avx512", "off", "on", "false", "true", "no", "yes"),  # arch/native_experts
+    "LOCALDIFF_NATIVE_EXPERTS": ("0", "1", "avx512", "off", "on", "false", "true", "no", "yes"),  # kernels/experts
     "LOCALDIFF_HEAP": ("0", "1", "off", "on", "false", "true", "no", "yes"),                 # heap.py
     "LOCALDIFF_INT8_KERNEL": ("auto", "native", "int8pack", "dequant"),                      # quantize/choose.py
     "LOCALDIFF_DTYPE": DTYPES,                                                               # localdiff.load
-    "LOCALDIFF_VOCAB_KERNEL": ("auto", "native", "torch"),                                   # decoding/vocab_native.py
+    "LOCALDIFF_VOCAB_KERNEL": ("auto", "native", "torch"),                                   # kernels/vocab.py
 }
 
 

@@ -56,7 +56,8 @@ def one_thread():
 @pytest.fixture
 def broken_cc(monkeypatch, tmp_path):
     """$CC set to a compiler that always fails ("cc: error: something broke"), and the native kernels' build cache
-    (:func:`localdiff.kernels.build.cache_dir`) in ``tmp_path``, so no cached library is found: for the fallback tests."""
+    (:func:`localdiff.kernels.build.cache_dir`) in ``tmp_path``, so no cached library is found: for the fallback
+    tests."""
     from localdiff.kernels import build as native
 
     bad = tmp_path / "cc"

@@ -124,3 +124,28 @@ def test_kernels_sit_at_the_bottom():
     sources = sorted(p.relative_to(PKG).as_posix() for p in PKG.rglob("*.c"))
     assert sources and all(s.startswith("kernels/") and (PKG / s).with_suffix(".py").is_file()
                            for s in sources), sources
+
+
+def test_every_registry_family_is_listed_and_every_listed_family_runs():
+    """``arch.base.FAMILIES`` names exactly the registry's families, and each of them but "drafts" (attached to a
+    causal target, never run alone) has a runner and a default decoder."""
+    from localdiff.arch import REGISTRY
+    from localdiff.arch.base import FAMILIES
+    from localdiff.decoding.options import has_decoder
+    from localdiff.engine import RUNNERS
+
+    assert {e.family for e in REGISTRY.values()} == set(FAMILIES)
+    assert set(RUNNERS) == set(FAMILIES) - {"drafts"}
+    assert all(has_decoder(f) for f in RUNNERS)
+
+
+def test_model_type_aliases_are_resolved_once_by_the_registry():
+    """Specs ask the registry (``localdiff.arch.canonical_type``) instead of keeping their own alias tables."""
+    from localdiff.arch import canonical_type
+
+    assert canonical_type({"model_type": "llada", "architectures": ["LLaDAMoEModelLM"]}) == "lladamoe"
+    assert canonical_type({"model_type": "dream"}) == "Dream"
+    assert canonical_type({"model_type": "a2d-qwen3", "block_size": 4}) == "a2d-qwen3-bd3lm"
+    assert canonical_type({"model_type": "qwen3", "mask_token_id": 5}) == "refusion"
+    specs = [p for p in (PKG / "arch").glob("*_spec.py")]
+    assert not [p.name for p in specs if "def canonical_type" in p.read_text(encoding="utf-8")]

@@ -1,7 +1,8 @@
 """Runner of the block family (SDAR, SDAR-MoE, Tiny-A2D BD3LM, Fast-dLLM v2; LLaDA2.x builds on it): the exact block
 KV cache (``localdiff.cache.kv.KVCache``: device budget, host offload) reused across chat turns, the generic block
 loop (:mod:`localdiff.decoding.loop`) with the family's decoder policy (the class its declaration names,
-:func:`localdiff.decoding.options.policy_class`) — or Fast-dLLM v2's own loop (:mod:`localdiff.decoding.fastdllm_v2`: token shift, AR first token).
+:func:`localdiff.decoding.options.policy_class`) — or Fast-dLLM v2's own loop (:mod:`localdiff.decoding.fastdllm_v2`:
+token shift, AR first token).
 
 Blocks sit at absolute positions (block k = positions k·B .. k·B + B − 1, as upstream SDAR / Fast-dLLM v2 / dllm
 align them). The cache holds whole blocks only: the prompt's complete blocks are prefilled (fused with the first

@@ -9,7 +9,7 @@ carries ``mask_token_id`` here; ``model_type: "refusion"`` is accepted too.
 Math: Qwen3 (transformers ``models/qwen3/modeling_qwen3.py``; ReFusion's ``qwen3/modeling_qwen3_refusion.py`` is
 the same forward with explicit ``position_ids``): per-head q/k RMSNorm before RoPE, no q/k/v bias by default
 (``attention_bias``), SwiGLU, untied LM head unless ``tie_word_embeddings``. Tensor names are ours (as in
-:mod:`localdiff.arch.masked_spec`); :func:`localdiff.arch.refusion.checkpoint_names` maps them to ``model.*``.
+:mod:`localdiff.arch.llama_base_spec`); :func:`localdiff.arch.llama_base.checkpoint_names` maps them to ``model.*``.
 """
 from __future__ import annotations
 

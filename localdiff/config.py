@@ -34,7 +34,7 @@ from typing import Any, Mapping
 
 import platformdirs
 
-from localdiff.decoding.options import all_specs, resolve_key, unknown_option
+from localdiff.decoding.options import all_specs, resolve_key, specs_by_key, unknown_option
 from localdiff.errors import UsageError
 
 if sys.version_info >= (3, 11):
@@ -44,9 +44,6 @@ else:  # pragma: no cover
 
 APP_NAME = "localdiff"
 
-#: decoder options by name (derived from the option schema)
-OPTION_SPECS = {spec.name: spec for spec in all_specs()}
-OPTION_SPECS.update({a: spec for spec in all_specs() for a in spec.aliases if a not in OPTION_SPECS})
 _TOP_KEYS: dict[str, type] = {
     "default_model": str,
     "device": str,
@@ -61,8 +58,8 @@ _ENV_OTHER = ("LOCALDIFF_CONFIG", "LOCALDIFF_DATA_DIR", "LOCALDIFF_DEBUG", "LOCA
               "LOCALDIFF_LLAMA_CPP_SDIST", "LOCALDIFF_BENCH_CACHE", "LOCALDIFF_BENCH_TINY_MDM", "LOCALDIFF_BENCH_GGUF_HISTORY",
               "LOCALDIFF_REQUIRE_GGUF",                                                      # .ci/run: no GGUF skips
               "LOCALDIFF_INT8_KERNEL", "LOCALDIFF_NATIVE_INT8", "LOCALDIFF_NATIVE_INT4",    # quantize/
-              "LOCALDIFF_VOCAB_KERNEL",                                                      # decoding/vocab_native.py
-              "LOCALDIFF_NATIVE_EXPERTS",                                                    # arch/native_experts.py
+              "LOCALDIFF_VOCAB_KERNEL",                                                      # kernels/vocab.py
+              "LOCALDIFF_NATIVE_EXPERTS",                                                    # kernels/experts.py
               "LOCALDIFF_HEAP")                                                              # heap.py
 _ENV_TOP = {"LOCALDIFF_MODEL": "default_model", "LOCALDIFF_DEVICE": "device", "LOCALDIFF_QUANT": "quant",
             "LOCALDIFF_MAX_NEW_TOKENS": "max_new_tokens", "LOCALDIFF_SEED": "seed",
@@ -274,14 +271,14 @@ def dtype_name(value: str, where: str = "--dtype") -> str:
 
 #: variables with a fixed set of values (checked by :func:`check_environment`; others are checked where read)
 _ENV_CHOICES = {
-    "LOCALDIFF_NATIVE_INT8": ("0", "1", "fma", "off", "on", "false", "true", "no", "yes"),   # quantize/native.py
-    "LOCALDIFF_NATIVE_INT4": ("0", "1", "fma", "off", "on", "false", "true", "no", "yes"),   # quantize/native4.py
+    "LOCALDIFF_NATIVE_INT8": ("0", "1", "fma", "off", "on", "false", "true", "no", "yes"),   # kernels/int8.py
+    "LOCALDIFF_NATIVE_INT4": ("0", "1", "fma", "off", "on", "false", "true", "no", "yes"),   # kernels/int4.py
     "LOCALDIFF_DEBUG": ("0", "1", "off", "on", "false", "true", "no", "yes"),                # cli/dispatch.py
-    "LOCALDIFF_NATIVE_EXPERTS": ("0", "1", "avx512", "off", "on", "false", "true", "no", "yes"),  # arch/native_experts
+    "LOCALDIFF_NATIVE_EXPERTS": ("0", "1", "avx512", "off", "on", "false", "true", "no", "yes"),  # kernels/experts
     "LOCALDIFF_HEAP": ("0", "1", "off", "on", "false", "true", "no", "yes"),                 # heap.py
     "LOCALDIFF_INT8_KERNEL": ("auto", "native", "int8pack", "dequant"),                      # quantize/choose.py
     "LOCALDIFF_DTYPE": DTYPES,                                                               # localdiff.load
-    "LOCALDIFF_VOCAB_KERNEL": ("auto", "native", "torch"),                                   # decoding/vocab_native.py
+    "LOCALDIFF_VOCAB_KERNEL": ("auto", "native", "torch"),                                   # kernels/vocab.py
 }
 
 
@@ -332,10 +329,10 @@ def load_user_config(env: Mapping[str, str] | None = None, path: Path | None = N
             if not isinstance(value, dict):
                 raise UsageError(f"{where}: [sampler] must be a table")
             for word, sv in value.items():
-                sk = resolve_key(word)
-                if sk not in OPTION_SPECS:
+                sk, specs = resolve_key(word), specs_by_key()   # decoder options by name (the option schema)
+                if sk not in specs:
                     raise unknown_option(word, f"{where}: [sampler] {word}")
-                sampler[sk] = OPTION_SPECS[sk].coerce(sv, f"{where}: [sampler] {word}")
+                sampler[sk] = specs[sk].coerce(sv, f"{where}: [sampler] {word}")
                 origins[sk] = "file"
         elif key in _TOP_KEYS:
             top[key] = coerce(key, value, _TOP_KEYS[key], where)
@@ -379,7 +376,7 @@ def sampler_overrides(flags: Mapping[str, Any], config: Config) -> dict:
     for key, value in flags.items():
         if value is None:
             continue
-        if key not in OPTION_SPECS:
+        if key not in specs_by_key():
             raise unknown_option(key, "--" + key.replace("_", "-"))
         out[key] = value          # checked by the model's own decoder options (they resolve shared flag words)
 

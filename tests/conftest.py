@@ -56,8 +56,9 @@ def one_thread():
 @pytest.fixture
 def broken_cc(monkeypatch, tmp_path):
     """$CC set to a compiler that always fails ("cc: error: something broke"), and the native kernels' build cache
-    (:func:`localdiff.arch.native_build.cache_dir`) in ``tmp_path``, so no cached library is found: for the fallback tests."""
-    from localdiff.arch import native_build as native
+    (:func:`localdiff.kernels.build.cache_dir`) in ``tmp_path``, so no cached library is found: for the fallback
+    tests."""
+    from localdiff.kernels import build as native
 
     bad = tmp_path / "cc"
     bad.write_text("#!/bin/sh\necho 'cc: error: something broke' >&2\nexit 1\n")

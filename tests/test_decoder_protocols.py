@@ -4,14 +4,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from localdiff.decoding.options import policy_classes
 from localdiff.decoding.protocols import BlockPolicy, WindowPolicy, conforms
-from localdiff.engine import block as block_runner
-from localdiff.engine import masked as masked_runner
-from localdiff.decoding.canvas_eb import CanvasEB
 from localdiff.decoding.canvas_reuse import CanvasEBReuse
 
-BLOCK = {"canvas_eb": CanvasEB, "canvas_reuse": CanvasEBReuse, **block_runner.POLICY_CLASSES}
-WINDOW = dict(masked_runner.POLICY_CLASSES)
+# every declared decoder with a policy class, by the loop that drives it (the canvas and block families' block loop,
+# the masked family's window loop)
+BLOCK = {**policy_classes("canvas"), "canvas_reuse": CanvasEBReuse, **policy_classes("block")}
+WINDOW = policy_classes("masked")
 
 
 @pytest.mark.parametrize("name", sorted(BLOCK))

@@ -26,6 +26,11 @@ def test_embedded_model_found_from_built_wheel(tmp_path):
                         "-q", "-w", str(wheels)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     whl = next(wheels.glob("localdiff-*.whl"))
+    import zipfile
+
+    shipped = set(zipfile.ZipFile(whl).namelist())
+    sources = {"localdiff/" + p.relative_to(ROOT / "localdiff").as_posix() for p in (ROOT / "localdiff").rglob("*.c")}
+    assert sources and sources <= shipped, sources - shipped    # the native kernels' C sources (built on first use)
     target = tmp_path / "site"
     r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(whl)],
                        capture_output=True, text=True)

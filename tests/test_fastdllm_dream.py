@@ -4,7 +4,6 @@ dual cache) equals the transcription of NVlabs/Fast-dLLM ``generation_utils_bloc
 logits (random weights: few steps per block)."""
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 import torch

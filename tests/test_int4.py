@@ -9,8 +9,9 @@ import shutil
 import pytest
 import torch
 
-from localdiff.arch import native_build
-from localdiff.quantize import int4, native4
+from localdiff.kernels import build as native_build
+from localdiff.kernels import int4 as native4
+from localdiff.quantize import int4
 from localdiff.quantize.int4 import dequantize, int4_matmul, quantize_tensor
 
 SHAPES = [(1, 1), (7, 5), (13, 64), (37, 100), (9, 129), (65, 257), (31, 1100), (17, 2049)]   # (N, K)

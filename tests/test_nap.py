@@ -124,7 +124,7 @@ def reference(net, prompt, m, think, summary, steps, budget):
 def _run(model, prompt, **kw):
     done = None
     events = []
-    for ev in model.stream(prompt, seed=0, chat=False, **kw):
+    for ev in model.stream(prompt, seed=0, chat=False, decoder="nap", **kw):
         if isinstance(ev, StepEvent):
             events.append(ev)
         elif isinstance(ev, Done):
@@ -186,17 +186,26 @@ def test_deterministic_and_lower_arness_than_left_to_right(make):
     assert a.stats.tokens_per_forward > 1.0
 
 
-def test_policy_selection_and_errors(make):
+def test_the_decoder_option_selects_nap_and_a_nap_option_alone_names_it(make):
     model = make()
-    assert model.sampler_options()["remasking"] == "low_confidence"       # the family default (llada)
-    assert model.sampler_options(trajectories=2)["trajectories"] == 2      # a NAP-only option selects NAP
-    with pytest.raises(UsageError, match="trajectories.*nap decoder"):
-        model.sampler_options(trajectories=2, threshold=0.9)
+    assert model.sampler_options()["decoder"] == "llada"                   # the family default
+    assert model.sampler_options()["remasking"] == "low_confidence"
+    assert model.sampler_options(decoder="nap", trajectories=2)["trajectories"] == 2
+    with pytest.raises(UsageError, match=r"^trajectories: an option of the nap decoder.*give decoder nap"):
+        model.sampler_options(trajectories=2)                             # no implicit switch
+    with pytest.raises(UsageError, match=r"^threshold: an option of the llada decoder.*give decoder llada"):
+        model.sampler_options(decoder="nap", trajectories=2, threshold=0.9)
     with pytest.raises(UsageError, match="trajectories"):
-        model.sampler_options(trajectories=0)
-    gc = make(gen_config={"trajectories": 2, "think_length": 4, "summary_length": 3})
+        model.sampler_options(decoder="nap", trajectories=0)
+    with pytest.raises(UsageError, match=r"^decoder: this model runs the decoders llada, nap; sdar is a block"):
+        model.sampler_options(decoder="sdar")
+    with pytest.raises(UsageError, match=r"^--decoder: must be one of canvas_eb, llada"):
+        model.sampler_options(_typed={"decoder": "--decoder"}, decoder="nope")
+    gc = make(gen_config={"decoder": "nap", "trajectories": 2, "think_length": 4, "summary_length": 3})
     assert gc.sampler_options()["trajectories"] == 2                     # a checkpoint can default to NAP
-    assert "remasking" in gc.sampler_options(remasking="random")           # ... and still run LLaDA's decoder
+    assert gc.sampler_options(decoder="llada", remasking="random")["remasking"] == "random"   # ... and run LLaDA's
+    keys = make(gen_config={"trajectories": 2, "think_length": 4, "summary_length": 3})
+    assert keys.sampler_options()["decoder"] == "llada"                   # NAP's keys alone select nothing
 
 
 def test_needs_a_tokenizer(make):
@@ -231,9 +240,10 @@ def test_runs_with_the_approximate_caches(make):
 def test_show_reports_the_checkpoints_default_decoder(tmp_path):
     from localdiff.decoding.defaults import describe
 
-    (tmp_path / "generation_config.json").write_text('{"trajectories": 3, "steps": 32, "block_length": 8}')
+    (tmp_path / "generation_config.json").write_text('{"decoder": "nap", "trajectories": 3, "steps": 32}')
     d = describe("masked", tmp_path)
-    assert d["policy"] == "nap" and d["options"]["trajectories"]["value"] == 3
+    assert d["policy"] == "nap" and d["options"]["trajectories"]["value"] == 3 and d["decoders"] == ["llada", "nap"]
     assert d["options"]["steps"]["value"] is None           # LLaDA's step count does not carry over to NAP
-    (tmp_path / "generation_config.json").write_text('{"steps": 32}')
-    assert describe("masked", tmp_path)["policy"] == "llada"
+    assert describe("masked", tmp_path, decoder="llada")["options"]["steps"]["value"] == 32
+    (tmp_path / "generation_config.json").write_text('{"trajectories": 3, "steps": 32}')
+    assert describe("masked", tmp_path)["policy"] == "llada"     # NAP's keys alone select nothing

@@ -1,4 +1,4 @@
-"""The native bf16 MoE experts (localdiff.arch.native_experts): the kernel against the experts' math in float64 on odd
+"""The native bf16 MoE experts (localdiff.kernels.experts): the kernel against the experts' math in float64 on odd
 sizes (both of its paths, thread counts), MoEExperts and a whole bf16 DiffusionGemma with and without it, the switch,
 the fallback, and the FLOP counter seeing it."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import localdiff
-from localdiff.arch import native_experts as ne
+from localdiff.kernels import experts as ne
 from localdiff.arch.layers import MoEExperts
 
 needs_kernel = pytest.mark.skipif(ne.library() is None, reason=f"no native experts here: {ne.status()}")
@@ -201,7 +201,7 @@ def test_switch_off_and_bad_value(fresh):
 
 
 def test_no_compiler_keeps_the_torch_path(fresh):
-    from localdiff.arch import native_build as native
+    from localdiff.kernels import build as native
 
     fresh.setattr(native, "compiler", lambda: None)
     assert ne.library() is None

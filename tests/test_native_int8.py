@@ -1,4 +1,4 @@
-"""The native small-M int8 matmul (localdiff.quantize.native): numerics against dequantize-then-matmul in float64,
+"""The native small-M int8 matmul (localdiff.kernels.int8): numerics against dequantize-then-matmul in float64,
 both of its paths (AMX-INT8 where this CPU has it, the fp32-FMA kernel everywhere), thread counts, a portable
 build, the fallback without a compiler, and a whole int8 block model against the torch int8 path."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import shutil
 import pytest
 import torch
 
-from localdiff.quantize import native
+from localdiff.kernels import int8 as native
 from localdiff.quantize.choose import kernel_summary, reset_kernels
 from localdiff.quantize.int8 import dequantize, int8_matmul, quantize_model, quantize_tensor
 

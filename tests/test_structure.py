@@ -1,6 +1,7 @@
 """Layout rules (docs/ARCHITECTURE.md): imports inside ``localdiff/`` flow one way — cli → {tui, serve} → engine →
-{decoding, cache, quantize, backends} → arch, with loader and hub beside — and form no cycle; ``arch`` imports only
-arch / errors / units; decoders work on logits and ids; the chat talks to the engine only."""
+{decoding, cache, quantize, backends} → arch → kernels, with loader and hub beside — and form no cycle; ``arch``
+imports only arch / kernels / errors / units; ``kernels`` (the native C kernels) only kernels / errors; decoders work
+on logits and ids; the chat talks to the engine only."""
 from __future__ import annotations
 
 import ast
@@ -18,6 +19,8 @@ FORBIDDEN = {
     "tui": {"hub", "cli", "serve", "loader", "bench"},
     "engine": {"cli", "tui", "serve", "bench"},
     "hub": {"engine", "cli", "tui", "serve", "decoding", "cache", "bench"},
+    "kernels": {"arch", "engine", "loader", "cli", "tui", "serve", "decoding", "cache", "quantize", "hub", "bench",
+                "backends", "config", "summary", "tokenizer"},
 }
 
 
@@ -102,10 +105,47 @@ def test_files_stay_under_about_400_lines():
     assert not big, big
 
 
-def test_arch_imports_only_arch_errors_units():
+def test_arch_imports_only_arch_kernels_errors_units():
     """The positive form of arch's rule (the blacklist above let a new top-level module slip in)."""
     graph = _imports(_modules())
     allowed = {"localdiff.errors", "localdiff.units"}
-    bad = {m: sorted(d for d in deps if not d.startswith("localdiff.arch") and d not in allowed)
+    bad = {m: sorted(d for d in deps if not d.startswith(("localdiff.arch", "localdiff.kernels")) and d not in allowed)
            for m, deps in graph.items() if m.startswith("localdiff.arch")}
     assert not {m: d for m, d in bad.items() if d}, bad
+
+
+def test_kernels_sit_at_the_bottom():
+    """``localdiff.kernels`` imports only itself and ``localdiff.errors``; every C source sits in it, beside its
+    loader (one build-and-cache module, ``kernels/build.py``)."""
+    graph = _imports(_modules())
+    bad = {m: sorted(d for d in deps if not d.startswith("localdiff.kernels") and d != "localdiff.errors")
+           for m, deps in graph.items() if m.startswith("localdiff.kernels")}
+    assert not {m: d for m, d in bad.items() if d}, bad
+    sources = sorted(p.relative_to(PKG).as_posix() for p in PKG.rglob("*.c"))
+    assert sources and all(s.startswith("kernels/") and (PKG / s).with_suffix(".py").is_file()
+                           for s in sources), sources
+
+
+def test_every_registry_family_is_listed_and_every_listed_family_runs():
+    """``arch.base.FAMILIES`` names exactly the registry's families, and each of them but "drafts" (attached to a
+    causal target, never run alone) has a runner and a default decoder."""
+    from localdiff.arch import REGISTRY
+    from localdiff.arch.base import FAMILIES
+    from localdiff.decoding.options import has_decoder
+    from localdiff.engine import RUNNERS
+
+    assert {e.family for e in REGISTRY.values()} == set(FAMILIES)
+    assert set(RUNNERS) == set(FAMILIES) - {"drafts"}
+    assert all(has_decoder(f) for f in RUNNERS)
+
+
+def test_model_type_aliases_are_resolved_once_by_the_registry():
+    """Specs ask the registry (``localdiff.arch.canonical_type``) instead of keeping their own alias tables."""
+    from localdiff.arch import canonical_type
+
+    assert canonical_type({"model_type": "llada", "architectures": ["LLaDAMoEModelLM"]}) == "lladamoe"
+    assert canonical_type({"model_type": "dream"}) == "Dream"
+    assert canonical_type({"model_type": "a2d-qwen3", "block_size": 4}) == "a2d-qwen3-bd3lm"
+    assert canonical_type({"model_type": "qwen3", "mask_token_id": 5}) == "refusion"
+    specs = [p for p in (PKG / "arch").glob("*_spec.py")]
+    assert not [p.name for p in specs if "def canonical_type" in p.read_text(encoding="utf-8")]

@@ -1,4 +1,4 @@
-"""The fused native vocab pass (issue #24, ``localdiff/decoding/native_vocab.c``) against a float64 computation of
+"""The fused native vocab pass (issue #24, ``localdiff/kernels/vocab.c``) against a float64 computation of
 the same math, in its vector build and its portable build; the raw-logit hand-over from the model; the switch.
 
 Stated error (fp32 kernel, float64 reference, random logits of std 4 (max ≈ 16, soft-capped at 30, T ≠ 1)):
@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from localdiff.arch import native_build as native
+from localdiff.kernels import build as native
 from localdiff.arch.soft_embedding import RawLogits
-from localdiff.decoding import vocab_native
+from localdiff.kernels import vocab as vocab_native
 from localdiff.decoding.vocab_pass import VocabPass
 from localdiff.errors import UsageError
 

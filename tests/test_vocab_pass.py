@@ -17,7 +17,7 @@ from localdiff.decoding.vocab_pass import VocabPass
 @pytest.mark.parametrize("native", [False, True])
 @pytest.mark.parametrize("temp", [0.8, 0.4])
 def test_vocab_pass_equals_the_exact_formulas(temp, native):
-    from localdiff.decoding import vocab_native
+    from localdiff.kernels import vocab as vocab_native
 
     if native and vocab_native.library() is None:
         pytest.skip(vocab_native.status())

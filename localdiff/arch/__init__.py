@@ -67,19 +67,27 @@ def supported() -> list[str]:
     return sorted(REGISTRY)
 
 
+def canonical_type(config: dict | str) -> str | None:
+    """The registry key of a config.json dict (or a model_type string) — the one place model_type aliases are
+    resolved: :data:`ALIASES` (by ``architectures``), then :data:`FIELD_ALIASES` (by a key the config sets), then a
+    nested ``text_config``'s model_type; a type the registry does not know comes back unchanged (specs call this
+    too: ``masked_spec`` sees "lladamoe" for LLaDA-MoE's "llada", ``block_spec`` "a2d-qwen3-bd3lm")."""
+    if isinstance(config, str):
+        return _resolve(config, ())
+    mt = _resolve(config.get("model_type"), config.get("architectures"))
+    mt = next((key for (t, f), key in FIELD_ALIASES.items() if t == mt and config.get(f) is not None), mt)
+    if mt not in REGISTRY:   # a nested text_config may name it
+        mt = (config.get("text_config") or {}).get("model_type", mt)
+    return mt
+
+
 def entry_for(config: dict | str) -> ArchEntry:
-    """The registry entry of a config.json dict (or a model_type string), after :data:`ALIASES`.
+    """The registry entry of a config.json dict (or a model_type string), after :func:`canonical_type`.
 
     Raises:
         KeyError: unknown model_type; its message lists the supported ones.
     """
-    if isinstance(config, str):
-        mt = _resolve(config, ())
-    else:
-        mt = _resolve(config.get("model_type"), config.get("architectures"))
-        mt = next((key for (t, f), key in FIELD_ALIASES.items() if t == mt and config.get(f) is not None), mt)
-        if mt not in REGISTRY:   # a nested text_config may name it
-            mt = (config.get("text_config") or {}).get("model_type", mt)
+    mt = canonical_type(config)
     if mt not in REGISTRY:
         raise KeyError(f"unknown model_type {mt!r} (supported: {', '.join(supported())})")
     return REGISTRY[mt]

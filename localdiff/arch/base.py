@@ -44,8 +44,9 @@ ROLE_WINDOW = "window"
 ROLE_DRAFT = "draft"
 ROLES = (ROLE_PREFILL, ROLE_DENOISE, ROLE_LOGITS, ROLE_WINDOW, ROLE_DRAFT)
 
-#: decoding families (docs/ARCHITECTURE.md): which generic loop and decoder policies apply
-FAMILIES = ("canvas", "masked", "block", "slots", "drafts", "autoregressive", "causal")
+#: the families of the registry (docs/ARCHITECTURE.md): each but "drafts" has a runner (``localdiff.engine.RUNNERS``:
+#: its loop and decoders); a DFlash draft is not run alone but attached to a causal target
+FAMILIES = ("canvas", "masked", "block", "slots", "causal", "drafts")
 
 
 @dataclass(frozen=True)

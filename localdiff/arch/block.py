@@ -31,8 +31,8 @@ import torch.nn.functional as F
 from localdiff.arch.base import ROLE_DENOISE, ROLE_LOGITS, ROLE_PREFILL
 from localdiff.arch.block_spec import BlockConfig
 from localdiff.arch.dense import DenseStack, rope_cos_sin
-from localdiff.arch.masked import CHECKPOINT_RULES  # noqa: F401  (contract name: the same layout)
-from localdiff.arch.masked import checkpoint_names, keeps_checkpoint_dtype  # noqa: F401  (contract names)
+from localdiff.arch.llama_base import CHECKPOINT_RULES  # noqa: F401  (contract name: the Llama / Qwen layout)
+from localdiff.arch.llama_base import checkpoint_names, keeps_checkpoint_dtype  # noqa: F401  (contract names)
 
 
 def block_causal_mask(positions: torch.Tensor, key_positions: torch.Tensor, block: int) -> torch.Tensor:

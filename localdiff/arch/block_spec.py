@@ -1,5 +1,5 @@
 """Block-diffusion configs (torch-free): SDAR (dense and MoE), Fast-dLLM v2 and dllm's Tiny-A2D BD3LM Qwen3, parsed
-into one :class:`BlockConfig` on the dense / MoE layout of :mod:`localdiff.arch.masked_spec` (same tensor names,
+into one :class:`BlockConfig` on the dense / MoE layout of :mod:`localdiff.arch.llama_base_spec` (same tensor names,
 same shared blocks in :mod:`localdiff.arch.dense` / :mod:`localdiff.arch.moe`).
 
 Block diffusion (BD3-LM, arXiv 2503.09573; SDAR, arXiv 2510.06303; Fast-dLLM v2, arXiv 2509.26328): the sequence
@@ -30,8 +30,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from localdiff.arch import canonical_type as _registry_type
 from localdiff.arch.base import LayerGeom, Tensorish
-from localdiff.arch.masked_spec import MaskedConfig, config_tensor_shapes
+from localdiff.arch.llama_base_spec import LlamaConfig, config_tensor_shapes
 from localdiff.arch.spec_parts import (_int, _rope, check_heads, check_mask_id, check_top_k, full_attention_geometry,
                                        id_tuple, moe_parameter_counts)
 
@@ -50,10 +51,10 @@ _BLOCK_KEY = {"Fast_dLLM_Qwen": "bd_size"}
 
 
 @dataclass(frozen=True)
-class BlockConfig(MaskedConfig):
-    """A block-diffusion checkpoint's hyper-parameters: :class:`MaskedConfig`'s dense / MoE fields plus
-    ``block_size`` (tokens per block, B) and ``token_shift`` (``logits[:, i]`` predicts token ``i + 1``,
-    Fast-dLLM v2)."""
+class BlockConfig(LlamaConfig):
+    """A block-diffusion checkpoint's hyper-parameters: the dense / MoE fields of
+    :class:`localdiff.arch.llama_base_spec.LlamaConfig` plus ``block_size`` (tokens per block, B) and ``token_shift``
+    (``logits[:, i]`` predicts token ``i + 1``, Fast-dLLM v2)."""
 
     block_size: int = 4
     token_shift: bool = False
@@ -62,14 +63,6 @@ class BlockConfig(MaskedConfig):
     def canvas_length(self) -> int:
         """The generic loop's canvas length C: one block (``localdiff.decoding.loop``)."""
         return self.block_size
-
-
-def canonical_type(raw: dict) -> str:
-    """The registry key of a config dict: an ``a2d-qwen3`` config with a ``block_size`` is the BD3LM one."""
-    mt = raw.get("model_type")
-    if mt == "a2d-qwen3" and raw.get("block_size") is not None:
-        return "a2d-qwen3-bd3lm"
-    return mt
 
 
 def _moe(raw: dict, n: int) -> dict:
@@ -90,7 +83,7 @@ def parse_config(raw: dict) -> BlockConfig:
         ValueError: a missing field the family needs or an unsupported option (both named in one line), the mask
             id missing (no default inside the vocabulary) or equal to the pad id, a block size < 1.
     """
-    mt = canonical_type(raw)
+    mt = _registry_type(raw)
     if mt not in DEFAULT_IDS:
         raise ValueError(f"model_type {raw.get('model_type')!r} is not a block-diffusion type ({', '.join(MODEL_TYPES)})")
     if raw.get("use_sliding_window"):
@@ -133,7 +126,7 @@ def layer_geometry(raw: dict) -> list[LayerGeom]:
 
 
 def tensor_shapes(raw: dict, include_buffers: bool = True) -> list[Tensorish]:
-    """Every weight tensor, our names (the dense / MoE layout of ``masked_spec.config_tensor_shapes``)."""
+    """Every weight tensor, our names (the dense / MoE layout of ``llama_base_spec.config_tensor_shapes``)."""
     return config_tensor_shapes(parse_config(raw), include_buffers)
 
 
@@ -155,4 +148,4 @@ def summary_fields(raw: dict) -> dict:
 
 def architecture_name(raw: dict) -> str:
     """The upstream class name of a config (for ``show`` when config.json lacks ``architectures``)."""
-    return _ARCHITECTURES.get(canonical_type(raw), ARCHITECTURE)
+    return _ARCHITECTURES.get(_registry_type(raw), ARCHITECTURE)

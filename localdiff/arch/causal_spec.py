@@ -2,9 +2,9 @@
 (``"llama"``, ``LlamaForCausalLM``: Llama 2 / 3 / 3.1 / 3.2, SmolLM2), parsed into one :class:`CausalConfig`.
 
 They are the targets of DFlash speculative decoding (arXiv 2602.06036) and plain AR models in their own right. Keys
-as transformers 5.23.0 ``models/{qwen3,llama}/configuration_*.py``; tensor names as :mod:`localdiff.arch.masked_spec`
-(one dense stack, :func:`localdiff.arch.masked_spec.config_tensor_shapes`), the checkpoint's ``model.`` prefix added by
-:mod:`localdiff.arch.causal`.
+as transformers 5.23.0 ``models/{qwen3,llama}/configuration_*.py``; tensor names as
+:mod:`localdiff.arch.llama_base_spec` (one dense stack, :func:`localdiff.arch.llama_base_spec.config_tensor_shapes`),
+the checkpoint's ``model.`` prefix added by :mod:`localdiff.arch.llama_base`.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from localdiff.arch.base import LayerGeom, Tensorish
 from localdiff.arch.base import parameter_counts as _counts
-from localdiff.arch.masked_spec import config_tensor_shapes as stack_shapes
+from localdiff.arch.llama_base_spec import config_tensor_shapes as stack_shapes
 from localdiff.arch.spec_parts import DenseOnly, StackShape, _int, _rope, check_heads, full_attention_geometry, id_tuple
 
 MODEL_TYPE = "qwen3"
@@ -82,7 +82,7 @@ def layer_geometry(raw: dict) -> list[LayerGeom]:
 
 
 def tensor_shapes(raw: dict, include_buffers: bool = True) -> list[Tensorish]:
-    """Every weight tensor (our names, :func:`localdiff.arch.masked_spec.config_tensor_shapes`)."""
+    """Every weight tensor (our names, :func:`localdiff.arch.llama_base_spec.config_tensor_shapes`)."""
     return stack_shapes(parse_config(raw), include_buffers)
 
 

@@ -10,7 +10,7 @@ per-head q/k RMSNorm as Qwen3, optional q/k/v clipping as OLMoE), :class:`SwiGLU
 passes a bidirectional key-padding mask and the block family will pass block-causal masks.
 
 The hyper-parameters come from an args object with the attributes of
-:class:`localdiff.arch.masked_spec.MaskedConfig` (hidden_size, num_attention_heads, num_key_value_heads, head_dim,
+:class:`localdiff.arch.llama_base_spec.LlamaConfig` (hidden_size, num_attention_heads, num_key_value_heads, head_dim,
 rms_norm_eps, rope_parameters, rope_fp32, qkv_bias, qk_norm, clip_qkv, intermediate_size, MoE fields, ...).
 Math as transformers 5.23.0 ``models/{llama,qwen2,qwen3,qwen3_moe}/modeling_*.py``; tests compare logits to 1e-4.
 """

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from localdiff.arch.base import LayerGeom, Tensorish
 from localdiff.arch.base import parameter_counts as _counts
-from localdiff.arch.masked_spec import config_tensor_shapes as stack_shapes
+from localdiff.arch.llama_base_spec import config_tensor_shapes as stack_shapes
 from localdiff.arch.spec_parts import DenseOnly, StackShape, _int, _rope, check_heads, full_attention_geometry
 
 MODEL_TYPE = "dflash"

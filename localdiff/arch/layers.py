@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from localdiff.arch import native_experts
+from localdiff.kernels import experts as native_experts
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -226,7 +226,7 @@ class MoEExperts(nn.Module):
 
         On CPU without autograd, both expert matmuls run as one ``torch._grouped_mm`` each over the expert-sorted
         rows (group ends from a cumulative bincount: no host sync); it equals the per-expert loop bit for bit.
-        In bf16 there (``kernel == "stream"``): the native kernel (:mod:`localdiff.arch.native_experts`, AMX-BF16 or
+        In bf16 there (``kernel == "stream"``): the native kernel (:mod:`localdiff.kernels.experts`, AMX-BF16 or
         AVX512-BF16) where it built, else :func:`stream_experts`."""
         n, k = index.shape
         flat = index.reshape(-1)

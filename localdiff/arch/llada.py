@@ -22,7 +22,8 @@ applied in fp32 (``rope_full_precision``), RMSNorm with ``rms_norm_eps``; logits
 from __future__ import annotations
 
 from localdiff.arch.base import CheckpointRules
-from localdiff.arch.masked import MaskedLM, keeps_checkpoint_dtype  # noqa: F401  (contract names)
+from localdiff.arch.llama_base import keeps_checkpoint_dtype  # noqa: F401  (contract name)
+from localdiff.arch.masked import MaskedLM
 
 _T = "model.transformer."
 _LAYER = {"self_attn.q_proj": "q_proj", "self_attn.k_proj": "k_proj", "self_attn.v_proj": "v_proj",

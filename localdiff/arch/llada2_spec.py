@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from localdiff.arch.base import LayerGeom, Tensorish
-from localdiff.arch.masked_spec import config_tensor_shapes
+from localdiff.arch.llama_base_spec import config_tensor_shapes
 from localdiff.arch.spec_parts import (StackShape, _int, _refuse, _rope, check_heads, check_mask_id, check_top_k,
                                        full_attention_geometry, id_tuple, moe_parameter_counts)
 

@@ -28,15 +28,17 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from localdiff.arch.base import ROLE_LOGITS, ROLE_WINDOW, CheckpointRules
+from localdiff.arch.base import ROLE_LOGITS, ROLE_WINDOW
 from localdiff.arch.dense import DenseStack
-from localdiff.arch.masked_spec import MaskedConfig
+from localdiff.arch.llama_base import CHECKPOINT_RULES  # noqa: F401  (contract name: the Llama / Qwen layout)
+from localdiff.arch.llama_base import checkpoint_names, keeps_checkpoint_dtype  # noqa: F401  (contract names)
+from localdiff.arch.llama_base_spec import LlamaConfig
 
 
 class MaskedLM(DenseStack):
     """A bidirectional masked-diffusion LM (see the module docstring for the roles and the cache semantics).
 
-    ``config``: :class:`localdiff.arch.masked_spec.MaskedConfig` (``vocab_size``, ``mask_token_id``,
+    ``config``: :class:`localdiff.arch.llama_base_spec.LlamaConfig` (``vocab_size``, ``mask_token_id``,
     ``eos_token_id`` tuple, ``pad_token_id``, ``bos_token_id``, ``shift_logits``, ``max_position_embeddings``,
     ``model_type``, ``raw``)."""
 
@@ -44,7 +46,7 @@ class MaskedLM(DenseStack):
     #: logits_full / forward_window take ``rows`` / ``select`` (the LM head only where a decoder reads)
     selects_rows = True
 
-    def __init__(self, cfg: MaskedConfig):
+    def __init__(self, cfg: LlamaConfig):
         super().__init__(cfg)
         self.config = cfg
 
@@ -162,27 +164,6 @@ def head_rows(select: torch.Tensor, min_rows: int = HEAD_MIN_ROWS) -> torch.Tens
     flat = sel.view(-1)
     flat[torch.nonzero(~flat).view(-1)[:need]] = True
     return sel
-
-
-# -- checkpoint names (Llama / Qwen layout: LLaDA-MoE, Dream, DiffuCoder, A2D Qwen3) --------------------------------
-def checkpoint_names(local: str) -> list[str]:
-    """Checkpoint tensor names for our ``local`` name: ``model.<local>``, the LM head as ``lm_head.weight``."""
-    if local.startswith("lm_head."):
-        return [local]
-    return ["model." + local]
-
-
-def keeps_checkpoint_dtype(local: str) -> bool:
-    """No tensor of these models keeps the checkpoint dtype when ``dtype=`` asks for another."""
-    return False
-
-
-#: what a Llama / Qwen layout checkpoint may hold unread (:class:`localdiff.arch.base.CheckpointRules`): rotary
-#: caches; ``lm_head.weight`` when it equals the tied embeddings; the fields that would read more tensors
-CHECKPOINT_RULES = CheckpointRules(
-    tied=((r"lm_head\.weight", "model.embed_tokens.weight"),),
-    switches=(("qk_layernorm", True), ("tie_word_embeddings", False), ("attention_bias", True),
-              ("moe_router_enable_expert_bias", True)))
 
 
 MODEL_CLASS = MaskedLM

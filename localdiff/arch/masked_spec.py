@@ -1,5 +1,6 @@
 """Masked-diffusion configs (torch-free): LLaDA (OLMo-style ``config.json`` keys), LLaDA-MoE, Dream / DiffuCoder
-(Qwen2 keys) and dllm-hub's A2D Qwen3 (Qwen3 keys), parsed into one :class:`MaskedConfig`.
+(Qwen2 keys) and dllm-hub's A2D Qwen3 (Qwen3 keys), parsed into one
+:class:`localdiff.arch.llama_base_spec.LlamaConfig`.
 
 Sources (read, not copied): LLaDA ``configuration_llada.py`` / ``modeling_llada.py`` (``LLaDALlamaBlock``;
 ``effective_n_kv_heads``; ``embedding_size``; ``weight_tying``), the LLaDA-MoE Hub ``configuration_lladamoe.py`` /
@@ -8,18 +9,15 @@ dllm renames it ``"lladamoe"``), Dream's ``configuration_dream.py`` (``model_typ
 151643), dllm ``a2d/models/qwen3`` (``model_type: "a2d-qwen3"``, a Qwen3Config; the tokenizer appends
 ``<|mask|>`` = 151669 after Qwen3's 151669 tokens).
 
-Tensor names are ours (the model's ``named_parameters``): ``embed_tokens.weight``, ``layers.N.self_attn.{q,k,v,o}_proj``,
-``layers.N.self_attn.{q,k}_norm``, ``layers.N.mlp.{gate,up,down}_proj`` (dense) or ``layers.N.mlp.gate`` +
-``layers.N.mlp.experts.E.*`` (+ ``layers.N.mlp.expert_bias``, ``layers.N.shared_expert.*``),
-``layers.N.{input,post_attention}_layernorm``, ``norm.weight``, ``lm_head.weight`` (absent when tied); the model
-modules map them to each checkpoint's names.
+Config and tensor names: the Llama-style stack's (:class:`localdiff.arch.llama_base_spec.LlamaConfig`,
+:func:`localdiff.arch.llama_base_spec.config_tensor_shapes`); the model modules map them to each checkpoint's names.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
+from localdiff.arch import canonical_type as _registry_type
 from localdiff.arch.base import LayerGeom, Tensorish
-from localdiff.arch.spec_parts import (StackShape, _int, _refuse, _rope, check_heads, check_mask_id, check_top_k,
+from localdiff.arch.llama_base_spec import LlamaConfig, config_tensor_shapes
+from localdiff.arch.spec_parts import (_int, _refuse, _rope, check_heads, check_mask_id, check_top_k,
                                        full_attention_geometry, id_tuple, moe_parameter_counts)
 
 MODEL_TYPE = "llada"
@@ -34,53 +32,7 @@ DEFAULT_IDS = {"llada": (126336, 126081, 126081, 126080), "lladamoe": (156895, 1
                "Dream": (151666, 151643, 151643, 151643), "a2d-qwen3": (151669, 151645, 151643, 151643)}
 
 
-@dataclass(frozen=True)
-class MaskedConfig(StackShape):
-    """Hyper-parameters of a masked-diffusion checkpoint (every layout normalised to Llama/Qwen names).
-
-    ``vocab_size``: logits width (token ids); ``embedding_rows``: rows of the embedding / LM head matrices (LLaDA's
-    ``embedding_size`` may pad the vocabulary; logits are cut to ``vocab_size``). ``shift_logits``: True when
-    ``logits[:, i]`` predicts token ``i + 1`` (Dream / DiffuCoder). ``moe_layers[i]``: layer i uses the MoE.
-    """
-
-    model_type: str
-    embedding_rows: int
-    mask_token_id: int
-    eos_token_id: tuple
-    pad_token_id: int | None
-    bos_token_id: int | None
-    rms_norm_eps: float = 1e-6
-    rope_fp32: bool = False
-    max_position_embeddings: int = 4096
-    tie_word_embeddings: bool = False
-    qkv_bias: bool = False
-    qk_norm: bool = False
-    clip_qkv: float | None = None
-    num_experts: int = 0
-    num_experts_per_tok: int = 0
-    moe_intermediate_size: int = 0
-    shared_expert_intermediate_size: int = 0
-    norm_topk_prob: bool = False
-    expert_bias: bool = False
-    moe_layers: tuple = ()
-    shift_logits: bool = False
-    raw: dict = field(default_factory=dict, compare=False, repr=False)
-
-    def is_moe_layer(self, i: int) -> bool:
-        """Whether layer i's feed-forward is the sparse MoE."""
-        return bool(self.moe_layers) and bool(self.moe_layers[i])
-
-
 # -- parsing ------------------------------------------------------------------------------------------------------
-def canonical_type(raw: dict) -> str:
-    """The spec's model_type of a config dict: LLaDA-MoE's Hub config says "llada" with architecture
-    ``LLaDAMoEModelLM``; "dream" (lower case) is accepted for "Dream"."""
-    mt = raw.get("model_type")
-    if mt == "llada" and "LLaDAMoEModelLM" in (raw.get("architectures") or []):
-        return "lladamoe"
-    return {"dream": "Dream"}.get(mt, mt)
-
-
 def _ids(raw: dict, mt: str, vocab: int) -> tuple:
     """(mask, eos tuple, pad, bos) from the config, else the model_type's defaults (a default eos / pad / bos
     outside the vocabulary — a tiny test checkpoint — is dropped; the mask id never is)."""
@@ -162,14 +114,15 @@ def _hf(raw: dict, mt: str) -> dict:
     return out
 
 
-def parse_config(raw: dict) -> MaskedConfig:
-    """The :class:`MaskedConfig` of a config.json dict.
+def parse_config(raw: dict) -> LlamaConfig:
+    """The :class:`LlamaConfig` of a masked-diffusion config.json dict (its model_type: the registry's
+    :func:`localdiff.arch.canonical_type`, e.g. LLaDA-MoE's "llada" with ``LLaDAMoEModelLM`` is "lladamoe").
 
     Raises:
         ValueError: a missing field the family needs, an unsupported option (both named), mask id missing with no
             known default, mask id equal to the pad id, or ids outside the vocabulary.
     """
-    mt = canonical_type(raw)
+    mt = _registry_type(raw)
     if mt not in DEFAULT_IDS:
         raise ValueError(f"model_type {raw.get('model_type')!r} is not a masked-diffusion type ({', '.join(MODEL_TYPES)})")
     fields = _llada(raw) if mt == "llada" else _hf(raw, mt)
@@ -177,7 +130,7 @@ def parse_config(raw: dict) -> MaskedConfig:
     check_mask_id(mask, pad, fields["vocab_size"])
     check_heads(fields["hidden_size"], fields["num_attention_heads"], fields["num_key_value_heads"],
                 fields["head_dim"], fields["num_hidden_layers"])
-    return MaskedConfig(model_type=mt, mask_token_id=mask, eos_token_id=eos, pad_token_id=pad,
+    return LlamaConfig(model_type=mt, mask_token_id=mask, eos_token_id=eos, pad_token_id=pad,
                         bos_token_id=None if bos is None else int(bos), raw=raw, **fields)
 
 
@@ -192,59 +145,6 @@ def tensor_shapes(raw: dict, include_buffers: bool = True) -> list[Tensorish]:
     ``embeddings``, ``lm_head`` (untied only), ``attention``, ``attention_norms``, ``dense_mlp``, ``router``
     (gate + the ``expert_bias`` buffer), ``experts``, ``shared_expert``, ``norms``."""
     return config_tensor_shapes(parse_config(raw), include_buffers)
-
-
-def config_tensor_shapes(c, include_buffers: bool = True, attention=None) -> list[Tensorish]:
-    """:func:`tensor_shapes` of a parsed config (any config with :class:`MaskedConfig`'s attributes: the block
-    family's :class:`localdiff.arch.block_spec.BlockConfig`, LLaDA2's config and the dense Qwen3 / Llama ones share
-    the dense / MoE layout). ``attention(c, i, prefix) -> list[Tensorish]``: layer i's attention tensors
-    (default :func:`qkv_attention_shapes`; LLaDA2 fuses q/k/v)."""
-    attention = attention or qkv_attention_shapes
-    h = c.hidden_size
-    out = [Tensorish("embeddings", None, "embed_tokens.weight", (c.embedding_rows, h))]
-    for i in range(c.num_hidden_layers):
-        p = f"layers.{i}."
-        out += attention(c, i, p)
-        if c.is_moe_layer(i):
-            out.append(Tensorish("router", i, f"{p}mlp.gate.weight", (c.num_experts, h)))
-            if c.expert_bias and include_buffers:
-                out.append(Tensorish("router", i, f"{p}mlp.expert_bias", (c.num_experts,), buffer=True))
-            out += _swiglu("experts", i, f"{p}mlp.experts.{{e}}.", h, c.moe_intermediate_size, c.num_experts)
-            if c.shared_expert_intermediate_size:
-                out += _swiglu("shared_expert", i, f"{p}shared_expert.", h, c.shared_expert_intermediate_size, 1)
-        else:
-            out += _swiglu("dense_mlp", i, f"{p}mlp.", h, c.intermediate_size, 1)
-        out += [Tensorish("norms", i, f"{p}{n}.weight", (h,)) for n in ("input_layernorm", "post_attention_layernorm")]
-    out.append(Tensorish("norms", None, "norm.weight", (h,)))
-    if not c.tie_word_embeddings:
-        out.append(Tensorish("lm_head", None, "lm_head.weight", (c.embedding_rows, h)))
-    return out
-
-
-def qkv_attention_shapes(c, i: int, p: str) -> list[Tensorish]:
-    """Layer i's separate ``q_proj`` / ``k_proj`` / ``v_proj`` (+ biases when ``qkv_bias``), ``o_proj`` and the
-    per-head ``q_norm`` / ``k_norm`` when ``qk_norm``; ``p`` is the layer's name prefix."""
-    h, d = c.hidden_size, c.head_dim
-    out = []
-    for name, o in (("q_proj", c.num_attention_heads * d), ("k_proj", c.num_key_value_heads * d),
-                    ("v_proj", c.num_key_value_heads * d)):
-        out.append(Tensorish("attention", i, f"{p}self_attn.{name}.weight", (o, h)))
-        if c.qkv_bias:
-            out.append(Tensorish("attention", i, f"{p}self_attn.{name}.bias", (o,)))
-    out.append(Tensorish("attention", i, f"{p}self_attn.o_proj.weight", (h, c.num_attention_heads * d)))
-    if c.qk_norm:
-        out += [Tensorish("attention_norms", i, f"{p}self_attn.{n}.weight", (d,)) for n in ("q_norm", "k_norm")]
-    return out
-
-
-def _swiglu(component: str, i: int, prefix: str, h: int, inter: int, copies: int) -> list[Tensorish]:
-    out = []
-    for e in range(copies):
-        p = prefix.format(e=e)
-        out += [Tensorish(component, i, f"{p}gate_proj.weight", (inter, h)),
-                Tensorish(component, i, f"{p}up_proj.weight", (inter, h)),
-                Tensorish(component, i, f"{p}down_proj.weight", (h, inter))]
-    return out
 
 
 def parameter_counts(raw: dict) -> dict:
@@ -274,4 +174,4 @@ def summary_fields(raw: dict) -> dict:
 
 def architecture_name(raw: dict) -> str:
     """The upstream class name of a config (for ``show`` when config.json lacks ``architectures``)."""
-    return _ARCHITECTURES.get(canonical_type(raw), ARCHITECTURE)
+    return _ARCHITECTURES.get(_registry_type(raw), ARCHITECTURE)

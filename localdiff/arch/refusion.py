@@ -23,9 +23,9 @@ import torch.nn.functional as F
 
 from localdiff.arch.base import ROLE_LOGITS
 from localdiff.arch.dense import DenseStack
-from localdiff.arch.masked import CHECKPOINT_RULES  # noqa: F401  (contract name: the same layout)
-from localdiff.arch.masked import checkpoint_names, keeps_checkpoint_dtype  # noqa: F401  (the same layout)
-from localdiff.arch.masked_spec import MaskedConfig
+from localdiff.arch.llama_base import CHECKPOINT_RULES  # noqa: F401  (contract name: the Llama / Qwen layout)
+from localdiff.arch.llama_base import checkpoint_names, keeps_checkpoint_dtype  # noqa: F401  (the same layout)
+from localdiff.arch.llama_base_spec import LlamaConfig
 
 
 class SlotKV:
@@ -76,11 +76,13 @@ def rope_at(inv: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, t
 
 
 class RefusionLM(DenseStack):
-    """ReFusion's Qwen3 causal LM (module docstring). ``config``: :class:`MaskedConfig`."""
+    """ReFusion's Qwen3 causal LM (module docstring).
+
+    ``config``: :class:`localdiff.arch.llama_base_spec.LlamaConfig`."""
 
     roles = frozenset({ROLE_LOGITS})
 
-    def __init__(self, cfg: MaskedConfig):
+    def __init__(self, cfg: LlamaConfig):
         super().__init__(cfg)
         self.config = cfg
 

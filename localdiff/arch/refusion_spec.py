@@ -9,13 +9,13 @@ carries ``mask_token_id`` here; ``model_type: "refusion"`` is accepted too.
 Math: Qwen3 (transformers ``models/qwen3/modeling_qwen3.py``; ReFusion's ``qwen3/modeling_qwen3_refusion.py`` is
 the same forward with explicit ``position_ids``): per-head q/k RMSNorm before RoPE, no q/k/v bias by default
 (``attention_bias``), SwiGLU, untied LM head unless ``tie_word_embeddings``. Tensor names are ours (as in
-:mod:`localdiff.arch.masked_spec`); :func:`localdiff.arch.refusion.checkpoint_names` maps them to ``model.*``.
+:mod:`localdiff.arch.llama_base_spec`); :func:`localdiff.arch.llama_base.checkpoint_names` maps them to ``model.*``.
 """
 from __future__ import annotations
 
 from localdiff.arch.base import LayerGeom, Tensorish
 from localdiff.arch.base import parameter_counts as _counts
-from localdiff.arch.masked_spec import MaskedConfig, config_tensor_shapes
+from localdiff.arch.llama_base_spec import LlamaConfig, config_tensor_shapes
 from localdiff.arch.spec_parts import _int, _rope, check_heads, check_mask_id, full_attention_geometry, id_tuple
 
 MODEL_TYPE = "refusion"
@@ -34,9 +34,9 @@ def _opt_id(raw: dict, key: str, default: int, vocab: int):
     return None if v is None else int(v)
 
 
-def parse_config(raw: dict) -> MaskedConfig:
+def parse_config(raw: dict) -> LlamaConfig:
     """The args of a config.json dict (Qwen3 keys) as the Llama/Qwen field set every dense model here shares
-    (:class:`localdiff.arch.masked_spec.MaskedConfig`), with ``model_type`` "refusion" (the registry key),
+    (:class:`localdiff.arch.llama_base_spec.LlamaConfig`), with ``model_type`` "refusion" (the registry key),
     ``qk_norm`` on (Qwen3), ``embedding_rows`` = ``vocab_size``.
 
     Raises:
@@ -58,7 +58,7 @@ def parse_config(raw: dict) -> MaskedConfig:
     eos = id_tuple(_opt_id(raw, "eos_token_id", EOS_ID, vocab))
     pad = _opt_id(raw, "pad_token_id", PAD_ID, vocab)
     check_mask_id(mask, pad, vocab)
-    return MaskedConfig(
+    return LlamaConfig(
         model_type=MODEL_TYPE, vocab_size=vocab, embedding_rows=vocab, qk_norm=True, hidden_size=h, intermediate_size=_int(raw, "intermediate_size"), num_hidden_layers=layers,
         num_attention_heads=heads, num_key_value_heads=kv, head_dim=head_dim, rope_parameters=_rope(raw),
         mask_token_id=mask, eos_token_id=eos, pad_token_id=pad, bos_token_id=_opt_id(raw, "bos_token_id", BOS_ID, vocab),

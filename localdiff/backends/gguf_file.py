@@ -232,7 +232,7 @@ DEFAULT_MASK = {"llada": 126336, "lladamoe": 156895, "Dream": 151666}
 
 @dataclass(frozen=True)
 class GGUFConfig:
-    """What the engine reads from a model's config (the fields of ``localdiff.arch.masked_spec.MaskedConfig`` /
+    """What the engine reads from a model's config (the fields of ``localdiff.arch.llama_base_spec.LlamaConfig`` /
     ``block_spec.BlockConfig`` that the runners and loops use), from a GGUF header.
 
     ``shift_logits``: ``diffusion.shift_logits`` when present, else True — llama.cpp's ``diffusion-cli.cpp`` rule

@@ -4,8 +4,8 @@ One MoE layer of the scale section's flagship-proportioned shapes (:data:`locald
 experts, top-8, expert width hidden/4; ``150M`` hidden 448, ``1B`` hidden 1024, the latter in full runs only) over a
 canvas of 256 rows with a uniform random routing (what a random model's router gives), weights std 0.02 in huge
 pages (:func:`localdiff.hugepages.resident`), as :class:`localdiff.arch.layers.MoEExperts` runs it in bf16: the
-native kernel (:mod:`localdiff.arch.native_experts`) and the torch path (:func:`localdiff.arch.layers.stream_experts`
-with its gather and scatter, inside :func:`localdiff.arch.native_experts.disabled`), alternating within each
+native kernel (:mod:`localdiff.kernels.experts`) and the torch path (:func:`localdiff.arch.layers.stream_experts`
+with its gather and scatter, inside :func:`localdiff.kernels.experts.disabled`), alternating within each
 repetition (the order flips every repetition), CPU time per call, median and range. Before every timed call a
 768 MiB buffer is read, so the layer's weights (38.5 MB at 150M, 201 MB at 1B) come from memory as they do in a step,
 where every other layer's weights pass through the cache in between (this CPU reports a 480 MB last-level cache: a
@@ -37,7 +37,7 @@ def measure(quick: bool, reps: int | None = None, sizes: list[str] | None = None
     {"bandwidth_gbs", "peak_gflops", "native", "reps", "canvas", "sizes": [per shape: "kernels", "speedup", ...]}."""
     from torch import nn
 
-    from localdiff.arch import native_experts
+    from localdiff.kernels import experts as native_experts
     from localdiff.arch.layers import MoEExperts
     from localdiff.bench.roofline import _rand, bandwidth
     from localdiff.bench.scale import CANVAS, SHAPES, _gemm_peak, text_config

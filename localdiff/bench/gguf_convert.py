@@ -19,7 +19,7 @@ def convert_llada(ckpt: Path, out: Path) -> Path:
         ImportError: the ``gguf`` package is missing (the gguf extra). ValueError: not a LLaDA checkpoint.
         CheckpointError: a layout llama.cpp cannot compute (one line).
     """
-    from localdiff.arch.masked_spec import canonical_type
+    from localdiff.arch import canonical_type
     from localdiff.backends.gguf_convert import convert_checkpoint
     from localdiff.paths import read_json
 

@@ -99,7 +99,7 @@ def steps(quick: bool, log=print, history: int = 512, layers: int | None = None,
     """The step timings, resident bytes and targets of the module docstring (one pinned core)."""
     import torch
 
-    from localdiff.quantize import native, native4
+    from localdiff.kernels import int4 as native4, int8 as native
     from localdiff.quantize.apply import quantize_model, quantized_modules
     from localdiff.quantize.int8 import resident_bytes
     from localdiff.quantize.fuse import fuse_model

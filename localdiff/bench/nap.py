@@ -52,13 +52,12 @@ def find_models() -> dict:
 
 @contextlib.contextmanager
 def policy(model, name: str):
-    """Run ``model`` with the masked family's decoder ``name`` as its own (Dream's decoder on a LLaDA-layout model;
-    bench only). NAP needs nothing: its options select it."""
+    """Run ``model`` with the masked family's decoder ``name`` as its default (Dream's decoder on a LLaDA-layout
+    model: bench only; NAP's, which any masked model can also select with ``decoder``)."""
     from localdiff.decoding.options import POLICIES
 
     before = model.options_cls
-    if name != "nap":
-        model.options_cls = POLICIES[name]
+    model.options_cls = POLICIES[name]
     try:
         yield model
     finally:
@@ -94,11 +93,12 @@ def run_decoder(model, items: list[dict], pol: str, opts: dict, batch: int = 16)
                     if s:
                         glob.append(s["global@1"])
                         loc.append(s["local@1"])
+        sampler = model.sampler_options(**opts) if pol == "nap" else None
     n = len(items)
     return {"accuracy": correct / n, "correct": correct, "n": n, "tpf": decoded / max(forwards, 1),
             "forwards": forwards, "global_arness": sum(glob) / max(len(glob), 1),
             "local_arness": sum(loc) / max(len(loc), 1), "seconds": time.perf_counter() - t0,
-            "sampler": model.sampler_options(**opts) if pol == "nap" else None}
+            "sampler": sampler}
 
 
 def order_of(model, prompt: str, pol: str, opts: dict) -> list[int]:

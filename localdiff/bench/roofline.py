@@ -9,7 +9,7 @@ streaming read rate (best of 5 ``sum`` over 256 MiB of fp32) and ``peak`` its me
 operands in huge pages (best of 3, CPU time), with the kernels localdiff's bf16 default runs:
 
 - experts: :class:`localdiff.arch.layers.MoEExperts` as the step runs it in bf16 (the native kernel of
-  :mod:`localdiff.arch.native_experts` where it built, else :func:`localdiff.arch.layers.stream_experts`) over a
+  :mod:`localdiff.kernels.experts` where it built, else :func:`localdiff.arch.layers.stream_experts`) over a
   random top-k routing (FLOPs: the routed rows; the padded rows it also computes are in ``computed_flops``);
 - LM head: :func:`localdiff.arch.soft_embedding.raw_head` (``F.linear(h, E)`` into a reused buffer, [C, H] ×
   [H, V]); self-conditioning product: ``F.linear(p, Eᵀ)`` ([C, V] × [V, H]);
@@ -20,7 +20,7 @@ operands in huge pages (best of 3, CPU time), with the kernels localdiff's bf16 
   statistics and the probabilities in bf16 — no matmul FLOPs, so its bound is its bytes ÷ bandwidth: B = 4 bytes
   per [C, V] element (bf16 logits in, bf16 probabilities out, a row kept in cache between its passes);
   ``bytes_as_coded`` counts what the code moves: 4 bytes with the fused native kernel
-  (:mod:`localdiff.decoding.vocab_native`), 92 with the torch passes (``LOCALDIFF_VOCAB_KERNEL=torch`` or no
+  (:mod:`localdiff.kernels.vocab`), 92 with the torch passes (``LOCALDIFF_VOCAB_KERNEL=torch`` or no
   compiler); ``kernel`` says which ran.
 
 ``reachable`` for the whole step = Σ F ÷ Σ (F_i ÷ bound_i) ÷ peak: the fraction of peak a step made of these
@@ -64,7 +64,7 @@ def components(text: dict, canvas: int, prompt: int, vocab: int | None = None) -
     """{component: {"flops", "bytes", "seconds"} (whole step, all layers)} at ``text``'s shapes, measured now."""
     from torch import nn
 
-    from localdiff.arch import native_experts
+    from localdiff.kernels import experts as native_experts
     from localdiff.arch.layers import MoEExperts, attention
     from localdiff.arch.soft_embedding import RawLogits, raw_head
     from localdiff.decoding.vocab_pass import VocabPass

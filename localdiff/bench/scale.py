@@ -92,11 +92,11 @@ def flops_per_step(text: dict, canvas: int = CANVAS, history: int = PROMPT, voca
 
 def expert_padding(text: dict, canvas: int = CANVAS, samples: int = 16) -> float:
     """How many expert rows localdiff's bf16 experts compute per row routed, the mean over ``samples`` uniform random
-    routings (what a random model's router gives): with the native kernel (:mod:`localdiff.arch.native_experts`)
+    routings (what a random model's router gives): with the native kernel (:mod:`localdiff.kernels.experts`)
     each expert's rows padded to its 16-row tile, else the stream kernel's
     (:func:`localdiff.arch.layers.stream_experts`) experts × the largest group, ÷ (canvas × top-k). The reference's grouped_mm computes the routed rows only
     (factor 1)."""
-    from localdiff.arch import native_experts
+    from localdiff.kernels import experts as native_experts
 
     g = torch.Generator().manual_seed(0)
     e, k = text["num_experts"], text["top_k_experts"]

@@ -7,7 +7,7 @@ plus formulas torch 2.13 has none for, written here: ``aten._grouped_mm`` (trans
 2·rows·K·N over the rows its ``offs`` cover), ``aten._scaled_dot_product_flash_attention_for_cpu`` and
 ``aten.scaled_dot_product_attention`` (2·B·Hq·L·S·(D + Dv), every key of the mask computed, as the CPU kernel
 does), ``localdiff.experts_bf16`` (the native experts: 2·3·H·I per row it computes, each expert's rows padded to
-its 16-row tile, :func:`localdiff.arch.native_experts.computed_rows`), and ``aten.linear`` / ``aten.matmul``
+its 16-row tile, :func:`localdiff.kernels.experts.computed_rows`), and ``aten.linear`` / ``aten.matmul``
 (2·output elements·K), which under ``torch.inference_mode`` (localdiff's model code) reach the mode whole instead
 of as the ``mm`` / ``bmm`` they decompose into (never both). Each op is filed under a component by its shapes: a product with a vocabulary-sized side is the LM head (output V wide) or the
 self-conditioning product (reduction over V); a batched product over ``num_experts`` matrices (bmm) or a grouped
@@ -22,7 +22,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
-import localdiff.arch.native_experts  # noqa: F401 (registers torch.ops.localdiff.experts_bf16)
+import localdiff.kernels.experts  # noqa: F401 (registers torch.ops.localdiff.experts_bf16)
 
 aten = torch.ops.aten
 
@@ -45,7 +45,7 @@ def _matmul_flops(out, a, b, *rest, **kw) -> int:
 
 
 def _native_experts_flops(out, x, flat, order, weights, gate_up, down, *rest, **kw) -> int:
-    from localdiff.arch.native_experts import computed_rows
+    from localdiff.kernels.experts import computed_rows
 
     return 2 * 3 * x.shape[1] * (gate_up.shape[1] // 2) * computed_rows(flat, gate_up.shape[0])
 

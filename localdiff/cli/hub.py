@@ -211,9 +211,9 @@ def run_show(args) -> int:
         summary = _summarize(cfg, folder)
     out = {"name": name, "source": source, "path": str(folder) if folder else None, "summary": summary}
     from localdiff.decoding.defaults import describe
-    from localdiff.decoding.options import FAMILY_POLICY
+    from localdiff.decoding.options import has_decoder
 
-    if summary.get("family") in FAMILY_POLICY:   # a family whose decoders are not wired yet shows its model only
+    if has_decoder(summary.get("family")):   # a family whose decoders are not wired yet shows its model only
         out["decoder"] = describe(summary["family"], folder if cfg is not None else None,
                                   cfg.get("model_type") if cfg is not None else summary.get("model_type"))
     if any(getattr(args, k, None) is not None for k in ("gpu_mem", "ram", "device", "kv_budget", "quant")) \
@@ -235,7 +235,9 @@ def run_show(args) -> int:
     sys.stdout.write(visible(f"{name}  ({source})") + "\n")
     _print_tree(summary, "  ")
     if "decoder" in out:
-        sys.stdout.write(f"\ndecoder: {out['decoder']['policy']}\n")
+        others = [d for d in out["decoder"]["decoders"] if d != out["decoder"]["policy"]]
+        also = f"  (--decoder {' | '.join(others)} also runs)" if others else ""
+        sys.stdout.write(f"\ndecoder: {out['decoder']['policy']}{also}\n")
         for key, o in out["decoder"]["options"].items():
             sys.stdout.write(visible(f"  {key} = {_plain(o['value'])}  ({o['flag']}, {o['env']}; {o['allowed']})")
                              + "\n")

@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from localdiff.decoding.options import POLICIES, all_specs, policy_for_family
-from localdiff.decoding.policy_select import select as select_policy
+from localdiff.decoding.options import DECODER, POLICIES, all_specs, policy_for_family, runnable
 
 
 def read_generation_config(path: Path) -> dict:
@@ -32,23 +31,27 @@ def read_generation_config(path: Path) -> dict:
     return out
 
 
-def describe(family: str, folder: Path | None, model_type: str | None = None) -> dict:
-    """``localdiff show``'s decoder section: the policy of the family (and ``model_type``: the pulled config's, else
-    the one given — a stand-in config's, or a GGUF file's metadata) and, per option, its effective default
-    (built-in < the checkpoint's generation_config), flag, environment variable, allowed values and help."""
+def describe(family: str, folder: Path | None, model_type: str | None = None, decoder: str | None = None) -> dict:
+    """``localdiff show``'s decoder section: the decoder a model of ``family`` (and ``model_type``: the pulled
+    config's, else the one given — a stand-in config's, or a GGUF file's metadata) runs — ``decoder`` when given and
+    runnable, else the one its generation_config names, else its own — the decoders it can run, and per option of
+    that decoder its effective default (built-in < the checkpoint's generation_config), flag, environment variable,
+    allowed values and help."""
     if folder is not None and (Path(folder) / "config.json").is_file():
         try:
             model_type = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8")).get("model_type")
         except (json.JSONDecodeError, UnicodeDecodeError, OSError, AttributeError):
             pass
     gen = read_generation_config(folder) if folder is not None else {}
-    own = POLICIES[policy_for_family(family, model_type)]
-    cls = POLICIES[select_policy(own.POLICY, family, (), gen)]      # a checkpoint may default to NAP (tiny-nap)
-    if cls is not own:       # as the engine does: the model's own decoder's values do not carry over
-        gen = {k: v for k, v in gen.items() if k not in own.names()}
+    own = policy_for_family(family, model_type)
+    decoders = runnable(family, own)
+    name = next((d for d in (decoder, gen.get(DECODER)) if d in decoders), own)
+    cls = POLICIES[name]
+    if name != own:          # as the engine does: the model's own decoder's values do not carry over
+        gen = {k: v for k, v in gen.items() if k not in POLICIES[own].names()}
     opts = {}
     for spec in cls.specs():
         value = gen.get(spec.name, spec.default)
         opts[spec.name] = {"value": value, "flag": spec.cli_flag, "env": spec.env, "allowed": spec.rule(),
                            "help": spec.help, "from": "generation_config" if spec.name in gen else "built-in"}
-    return {"policy": cls.POLICY, "options": opts}
+    return {"policy": name, "decoders": decoders, "options": opts}

@@ -54,6 +54,7 @@ class LLaDA2(SDAR):
     """
 
     Options = LLaDA2Options
+    TAKES_BUDGET = True
 
     def __init__(self, options: LLaDA2Options, batch: int, block: int, mask_id: int, device,
                  generator: torch.Generator | None, max_new_tokens: int | None = None, eos_ids=()):

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from localdiff.decoding.llada import num_transfer_tokens, predictions
-from localdiff.decoding.options_nap import NAPOptions
+from localdiff.decoding.options import NAPOptions
 from localdiff.errors import TokenizerMissingError
 
 SUMMARY_TAG = "<summary>"

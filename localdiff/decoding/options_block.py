@@ -3,9 +3,9 @@ frozen dataclass here (registered in :mod:`localdiff.decoding.options`) plus its
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Mapping
+from typing import Mapping
 
-from localdiff.decoding.schema import Options, opt
+from localdiff.decoding.schema import Options, decoder, opt, temperature_opt
 from localdiff.errors import UsageError
 
 
@@ -15,8 +15,7 @@ class BlockSampling(Options):
     same three): temperature 0 = the top token, its probability = the confidence; else top-k / top-p filtered
     sampling. Errors: :class:`UsageError` for top-k / top-p given at temperature 0."""
 
-    temperature: float = opt(0.0, "sampling temperature (0 = the top token, its probability = confidence)", lo=0,
-                             hi=100, min_positive=1e-3, metavar="T")
+    temperature: float = temperature_opt(0.0, "sampling temperature (0 = the top token, its probability = confidence)")
     top_k: int | None = opt(None, "sample among the k most likely tokens", kind=int, lo=1, hi=1_000_000_000,
                             optional=True, metavar="K")
     top_p: float | None = opt(None, "nucleus sampling mass", kind=float, lo=0, hi=1, lo_open=True, optional=True,
@@ -29,6 +28,7 @@ class BlockSampling(Options):
             raise UsageError(f"{typed[key]}: top-k / top-p sampling needs temperature > 0 (got temperature 0)")
 
 
+@decoder("sdar", "block", policy="localdiff.decoding.sdar:SDAR", family_default=True)
 @dataclass(frozen=True)
 class SDAROptions(BlockSampling):
     """SDAR's block decoder (JetAstra/SDAR ``generate.py`` ``block_diffusion_generate``, arXiv 2510.06303): per block,
@@ -37,8 +37,6 @@ class SDAROptions(BlockSampling):
     ``confidence_threshold`` when at least ``k`` are (``low_confidence_dynamic``); ``sequential`` commits the first
     ``k`` masks; ``entropy_bounded`` commits the lowest-entropy masks while their entropies sum below
     ``eb_threshold`` (at least one). Sampling: :class:`BlockSampling`."""
-
-    POLICY: ClassVar[str] = "sdar"
 
     steps: int | None = opt(None, "denoising steps per block (default: the block size, one token per step)",
                             kind=int, lo=1, hi=100_000, optional=True, metavar="N", aliases=("denoising_steps",))
@@ -53,6 +51,7 @@ class SDAROptions(BlockSampling):
                               "entropies (nats) sum below this (at least one per step)", lo=0, metavar="G")
 
 
+@decoder("fast_dllm_v2", "block", model_types=("fast_dllm_qwen",))
 @dataclass(frozen=True)
 class FastDLLMv2Options(Options):
     """Fast-dLLM v2's decoder (``Efficient-Large-Model/Fast_dLLM_v2_*`` ``modeling.py`` ``generate``, arXiv
@@ -65,15 +64,12 @@ class FastDLLMv2Options(Options):
     :mod:`localdiff.decoding.fastdllm_v2`). Errors: :class:`UsageError` for ``use_block_cache`` with another
     ``kv_cache`` than dual."""
 
-    POLICY: ClassVar[str] = "fast_dllm_v2"
-
     threshold: float = opt(0.9, "commit every masked position of the sub-block with confidence above this (and "
                            "always the most confident one); 1 = one token per step", lo=0, hi=1, metavar="TAU",
                            aliases=("tau",))
     small_block_size: int = opt(8, "sub-block length (tokens); must divide the block size", lo=1, hi=100_000,
                                 metavar="N")
-    temperature: float = opt(0.0, "sampling temperature (0 = the top token)",
-                             lo=0, hi=100, min_positive=1e-3, metavar="T")
+    temperature: float = temperature_opt(0.0, "sampling temperature (0 = the top token)")
     top_p: float = opt(0.95, "nucleus sampling mass (temperature > 0)", lo=0, hi=1, lo_open=True, metavar="P")
     use_block_cache: bool = opt(False, "Fast-dLLM v2's sub-block cache: once a sub-block's first token is known, "
                                 "steps run only the sub-block over the block's cached K/V (approximate unless "

@@ -2,27 +2,25 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Mapping
+from typing import Mapping
 
-from localdiff.decoding.schema import Options, opt
+from localdiff.decoding.schema import Options, decoder, opt, temperature_opt
 from localdiff.errors import UsageError
 
 
+@decoder("canvas_eb", "canvas", policy="localdiff.decoding.canvas_eb:CanvasEB", family_default=True)
 @dataclass(frozen=True)
 class CanvasEBOptions(Options):
     """DiffusionGemma's canvas decoder: uniform-noise canvas, temperature schedule, entropy-bound acceptance,
     optional τ-locking and Re-Noising correction, self-conditioning (transformers 5.23.0
     ``DiffusionGemmaForBlockDiffusion.generate``; keys = its ``generation_config``)."""
 
-    POLICY: ClassVar[str] = "canvas_eb"
-
     max_denoising_steps: int = opt(48, "max denoising steps per canvas", lo=1, hi=100_000, flag="--steps",
                                    metavar="N", aliases=("steps", "max_steps"))
-    t_min: float = opt(0.4, "temperature at the last step (linear schedule)",
-                       lo=0, hi=100, min_positive=1e-3, flag="--t-min", metavar="T")
-    t_max: float = opt(0.8, "temperature at the first step; --temperature T is a constant T, MAX:MIN a schedule",
-                       lo=0, hi=100, min_positive=1e-3, flag="--temperature", metavar="MAX[:MIN]", pair_of="t_min",
-                       aliases=("temperature",))
+    t_min: float = temperature_opt(0.4, "temperature at the last step (linear schedule)", flag="--t-min")
+    t_max: float = temperature_opt(0.8, "temperature at the first step; --temperature T is a constant T, MAX:MIN a "
+                                   "schedule", flag="--temperature", metavar="MAX[:MIN]", pair_of="t_min",
+                                   aliases=("temperature",))
     entropy_bound: float = opt(0.1, "entropy-bound acceptance budget (nats)", lo=0, lo_open=True, metavar="X",
                                aliases=("eb",))
     stability_threshold: int = opt(1, "steps a canvas must stay unchanged before it stops early", lo=0,

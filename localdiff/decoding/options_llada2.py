@@ -9,13 +9,14 @@ eos_early_stop True: the catalog's ``llada2.1:mini`` sampler). The block length 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Mapping
+from typing import Mapping
 
 from localdiff.decoding.options_block import BlockSampling
-from localdiff.decoding.schema import opt
+from localdiff.decoding.schema import decoder, opt
 from localdiff.errors import UsageError
 
 
+@decoder("llada2", "block", policy="localdiff.decoding.llada2:LLaDA2", model_types=("llada2_moe",))
 @dataclass(frozen=True)
 class LLaDA2Options(BlockSampling):
     """LLaDA2.x's block decoder (:mod:`localdiff.decoding.llada2`): per block, the step schedule
@@ -35,8 +36,6 @@ class LLaDA2Options(BlockSampling):
 
     Errors: :class:`UsageError` for ``top_k`` / ``top_p`` typed at temperature 0 with ``editing_threshold``, and for
     ``parallel_decoding`` with ``editing_threshold``."""
-
-    POLICY: ClassVar[str] = "llada2"
 
     steps: int | None = opt(None, "denoising steps per block before editing (default: the block length, at least "
                             "one token per step)", kind=int, lo=1, hi=100_000, optional=True, metavar="N",

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Mapping
+from typing import Mapping
 
-from localdiff.decoding.schema import Options, opt
+from localdiff.decoding.schema import Options, decoder, opt, temperature_opt
 from localdiff.errors import UsageError
 
 
@@ -33,6 +33,7 @@ class _FastDLLM(Options):
                              f"needs kv_cache none (got {self.kv_cache!r})")
 
 
+@decoder("llada", "masked", policy="localdiff.decoding.llada:LLaDA", family_default=True)
 @dataclass(frozen=True)
 class LLaDAOptions(_FastDLLM):
     """LLaDA's decoder (ML-GSAI/LLaDA ``generate.py``, arXiv 2502.09992): ``gen_length`` (our max_new_tokens) masks,
@@ -40,13 +41,10 @@ class LLaDAOptions(_FastDLLM):
     Gumbel-max sampling, classifier-free guidance; plus Fast-dLLM's options. ``noise``: whose draw shapes
     (:mod:`localdiff.decoding.llada`)."""
 
-    POLICY: ClassVar[str] = "llada"
-
     steps: int | None = opt(None, "denoising steps over the whole answer, split evenly over blocks (default: one "
                             "token per step)", kind=int, lo=1, hi=1_000_000, optional=True, metavar="N")
     block_length: int = opt(32, "semi-autoregressive block length (tokens)", lo=1, hi=1_000_000, metavar="N")
-    temperature: float = opt(0.0, "Gumbel-max sampling temperature (0 = argmax)",
-                             lo=0, hi=100, min_positive=1e-3, metavar="T")
+    temperature: float = temperature_opt(0.0, "Gumbel-max sampling temperature (0 = argmax)")
     cfg_scale: float = opt(0.0, "classifier-free guidance scale (unconditional = prompt masked)", lo=0, metavar="W")
     remasking: str = opt("low_confidence", "which predictions to commit", choices=("low_confidence", "random"))
     noise: str = opt("block", "random numbers of the Gumbel noise / random remasking: block (the block's only) or "
@@ -96,19 +94,18 @@ class LLaDAOptions(_FastDLLM):
                              f"remasking must be low_confidence (got {self.remasking!r})")
 
 
+@decoder("dream", "masked", policy="localdiff.decoding.dream:Dream", model_types=("dream",))
 @dataclass(frozen=True)
 class DreamOptions(_FastDLLM):
     """Dream's decoder (HKUNLP/Dream ``generation_utils.py`` ``diffusion_generate``, arXiv 2508.15487): timesteps
     linspace(1, eps, steps + 1), ``alg``, ``alg_temp``, temperature / top_p / top_k, shifted logits; ``block_length``
     (Fast-dLLM's Dream) splits the answer into semi-autoregressive blocks; plus Fast-dLLM's options."""
 
-    POLICY: ClassVar[str] = "dream"
-
     steps: int | None = opt(None, "denoising steps over the whole answer (default: one token per step)", kind=int,
                             lo=1, hi=1_000_000, optional=True, metavar="N")
     block_length: int | None = opt(None, "semi-autoregressive block length (default: one block)", kind=int, lo=1,
                                    hi=1_000_000, optional=True, metavar="N")
-    temperature: float = opt(0.0, "sampling temperature (0 = argmax)", lo=0, hi=100, min_positive=1e-3, metavar="T")
+    temperature: float = temperature_opt(0.0, "sampling temperature (0 = argmax)")
     top_p: float | None = opt(None, "nucleus sampling mass", kind=float, lo=0, hi=1, lo_open=True, optional=True,
                               metavar="P")
     top_k: int | None = opt(None, "sample among the k most likely tokens", kind=int, lo=1, hi=1_000_000_000,

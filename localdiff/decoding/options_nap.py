@@ -3,12 +3,13 @@ masked family (:mod:`localdiff.decoding.nap`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Mapping
+from typing import Mapping
 
-from localdiff.decoding.schema import Options, opt
+from localdiff.decoding.schema import Options, decoder, opt, temperature_opt
 from localdiff.errors import UsageError
 
 
+@decoder("nap", "masked", policy="localdiff.decoding.nap:NAP", selectable=True)
 @dataclass(frozen=True)
 class NAPOptions(Options):
     """Parallel-forced decoding (NAP, Li et al., arXiv 2602.23225; pixeli99/NAP): a canvas of ``trajectories`` think
@@ -16,8 +17,6 @@ class NAPOptions(Options):
     <summary> …``); every step unmasks in every unfinished think block (the step's budget split by ``budget``), by
     confidence inside a block; then the summary, LLaDA low-confidence. The canvas length is the template's
     (max_new_tokens does not apply)."""
-
-    POLICY: ClassVar[str] = "nap"
 
     trajectories: int = opt(2, "parallel-forced decoding: number of think blocks m (independent reasoning "
                             "trajectories) before the summary", lo=1, hi=16, metavar="M")
@@ -29,8 +28,7 @@ class NAPOptions(Options):
     steps: int | None = opt(None, "denoising steps over the whole canvas, split between the think phase and the "
                             "summary by their lengths (default: one token per think block per step, then one per "
                             "step)", kind=int, lo=2, hi=1_000_000, optional=True, metavar="N")
-    temperature: float = opt(0.0, "Gumbel-max sampling temperature (0 = argmax)",
-                             lo=0, hi=100, min_positive=1e-3, metavar="T")
+    temperature: float = temperature_opt(0.0, "Gumbel-max sampling temperature (0 = argmax)")
     kv_cache: str = opt("none", "approximate K/V cache (Fast-dLLM): none, prefix or dual; the canvas is one block",
                         choices=("none", "prefix", "dual"))
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
-from localdiff.decoding.schema import Options, opt
+from localdiff.decoding.schema import Options, decoder, opt, temperature_opt
 
 
+@decoder("refusion", "slots", policy="localdiff.decoding.refusion:Refusion", family_default=True)
 @dataclass(frozen=True)
 class RefusionOptions(Options):
     """ReFusion's decoder (:mod:`localdiff.decoding.refusion`): the answer (``gen_length`` = our max_new_tokens,
@@ -15,8 +15,6 @@ class RefusionOptions(Options):
     each round plans (slot score = probability of a slot's first drafted token; slots above ``slot_threshold``, else
     the best one), verifies the picked drafts globally and otherwise infills them autoregressively in parallel,
     accepting tokens whose verify probability exceeds ``token_threshold``."""
-
-    POLICY: ClassVar[str] = "refusion"
 
     slot_size: int = opt(8, "tokens per slot (the unit planned, infilled and committed)", lo=1, hi=4096,
                          metavar="K")
@@ -26,6 +24,4 @@ class RefusionOptions(Options):
                                 "single best slot)", lo=0, hi=1, metavar="P")
     token_threshold: float = opt(0.9, "verify: accept a drafted token when the causal pass gives it a probability "
                                  "above this", lo=0, hi=1, metavar="P")
-    temperature: float = opt(0.0, "Gumbel-max sampling temperature of the plan's drafts (0 = argmax)",
-                             lo=0, hi=100, min_positive=1e-3,
-                             metavar="T")
+    temperature: float = temperature_opt(0.0, "Gumbel-max sampling temperature of the plan's drafts (0 = argmax)")

@@ -151,6 +151,13 @@ def opt(default: Any, help: str, kind: type | None = None, **meta) -> Any:
     return field(default=default, metadata={"opt": dict(meta, help=help, kind=kind)})
 
 
+def temperature_opt(default: float, help: str, **meta) -> Any:
+    """A sampling-temperature field, every decoder's bounds in one place: 0 (greedy / argmax) or a number in
+    [1e-3, 100] (below 1e-3, ``logits / T`` overflows float32 on large logits); ``metavar`` T unless given."""
+    meta.setdefault("metavar", "T")
+    return opt(default, help, lo=0, hi=100, min_positive=1e-3, **meta)
+
+
 _SPECS: dict = {}   # Options subclass → its OptionSpecs (Options.specs)
 
 
@@ -235,10 +242,72 @@ class Options:
         return dataclasses.asdict(self)
 
 
-#: every decoder policy's options by policy name, and the /set / config-file aliases → option name: filled by
-#: :mod:`localdiff.decoding.options` (the registry), read here by :func:`unknown_option`
+@dataclass(frozen=True)
+class Decoder:
+    """One decoder's registration, declared next to its options class with :func:`decoder` (docs/ARCHITECTURE.md,
+    "Adding a decoder"); every table the front ends and runners read is derived from these
+    (:mod:`localdiff.decoding.options`).
+
+    Attributes:
+        name: the ``decoder`` option's value and ``Options.POLICY`` ("sdar").
+        family: the model family whose runner runs it (``localdiff.arch`` registry families: "masked", "block", ...).
+        options: its :class:`Options` subclass.
+        policy: ``"module:Class"`` of the policy class its family's loop drives (imported on first use, so the
+            registry stays torch-free); None where the runner's own loop is the decoder (Fast-dLLM v2, ReFusion).
+        model_types: ``model_type`` values (lower case) that run it by default ("dream", "fast_dllm_qwen").
+        family_default: the decoder of the family's other models.
+        selectable: every model of the family may run it (``decoder`` option), not only its own model types.
+    """
+
+    name: str
+    family: str
+    options: type
+    policy: str | None = None
+    model_types: tuple[str, ...] = ()
+    family_default: bool = False
+    selectable: bool = False
+
+
+#: every decoder's declaration by name, in declaration order (:mod:`localdiff.decoding.options` imports the option
+#: modules in a fixed order: the first declaration of a shared option name gives its flag's help), and the derived
+#: name → options class map; both filled by :func:`decoder`, read by the registry and :func:`unknown_option`
+DECODERS: dict[str, Decoder] = {}
 POLICIES: dict[str, type[Options]] = {}
 ALIASES: dict[str, str] = {}
+
+
+def decoder(name: str, family: str, policy: str | None = None, model_types: tuple[str, ...] = (),
+            family_default: bool = False, selectable: bool = False):
+    """Class decorator declaring an :class:`Options` subclass as the options of decoder ``name`` (arguments: the
+    :class:`Decoder` fields); sets ``cls.POLICY = name`` and registers it.
+
+    Raises:
+        ValueError: ``name`` is declared by another class already.
+    """
+    def register(cls):
+        old = POLICIES.get(name)
+        if old is not None and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
+            raise ValueError(f"decoder {name!r} is declared twice ({old.__qualname__}, {cls.__qualname__})")
+        cls.POLICY = name
+        DECODERS[name] = Decoder(name, family, cls, policy, tuple(t.lower() for t in model_types), family_default,
+                                 selectable)
+        POLICIES[name] = cls
+        for spec in cls.specs():
+            for a in spec.aliases:
+                ALIASES.setdefault(a, spec.name)
+        return cls
+    return register
+
+
+def undeclare(name: str) -> None:
+    """Remove decoder ``name`` from the registry (tests that declare one of their own)."""
+    DECODERS.pop(name, None)
+    POLICIES.pop(name, None)
+    ALIASES.clear()
+    for cls in POLICIES.values():
+        for spec in cls.specs():
+            for a in spec.aliases:
+                ALIASES.setdefault(a, spec.name)
 
 
 def unknown_option(key: str, typed: str, cls: type[Options] | None = None) -> UsageError:

@@ -79,6 +79,8 @@ class SDAR:
     Options = SDAROptions
     #: top-k / top-p filter the logits at temperature 0 too (LLaDA2.0's generate; SDAR's refuses them there)
     filter_at_zero = False
+    #: whether the constructor also takes the answer's budget and the EOS ids (``max_new_tokens=``, ``eos_ids=``)
+    TAKES_BUDGET = False
 
     def __init__(self, options: SDAROptions, batch: int, block: int, mask_id: int, device,
                  generator: torch.Generator | None):

@@ -8,7 +8,7 @@ the model's self-conditioning) made ~20 vocab-sized passes, most into freshly al
 ``s = Σ e``, top-1 probability ``1 / s``), rounded differently, so it is used only off the reference-exact fp32
 path (:class:`localdiff.decoding.canvas_eb.CanvasEB` with a 16-bit compute dtype).
 
-Native (:mod:`localdiff.decoding.vocab_native`, when a C compiler builds it and ``LOCALDIFF_VOCAB_KERNEL`` is not
+Native (:mod:`localdiff.kernels.vocab`, when a C compiler builds it and ``LOCALDIFF_VOCAB_KERNEL`` is not
 ``torch``): the model's raw 16-bit logits (:class:`localdiff.arch.soft_embedding.RawLogits`) are read once and the
 probabilities written once in the self-conditioning dtype. Torch fallback: the fp32 cast and soft-capping as the
 model's ``logits`` does them, then 7 passes, 6 in place, into one reused buffer.
@@ -20,7 +20,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from localdiff.arch.soft_embedding import RawLogits
-from localdiff.decoding import vocab_native
+from localdiff.kernels import vocab as vocab_native
 
 
 class VocabResult(NamedTuple):

@@ -18,8 +18,7 @@ import torch
 from localdiff import inputs
 from localdiff.arch import entry_for
 from localdiff.decoding.defaults import read_generation_config  # noqa: F401
-from localdiff.decoding.options import FAMILY_POLICIES, POLICIES, policy_for_family
-from localdiff.decoding.policy_select import select as select_policy
+from localdiff.decoding.options import DECODER, POLICIES, choose, policy_for_family, runnable
 from localdiff.engine.request import Request
 from localdiff.errors import TokenizerMissingError, UsageError
 from localdiff.events import Done, GenerationStats
@@ -67,7 +66,11 @@ class Model:
         self.precision = None   # localdiff.capability.Precision, set by localdiff.load on CPU
         self.generation_config = gen_config
         self.family = entry_for(config.model_type).family
-        self.options_cls = POLICIES[policy_for_family(self.family, getattr(config, "model_type", None))]
+        own = policy_for_family(self.family, getattr(config, "model_type", None))
+        #: the decoders this model can run (its own first; the ``decoder`` option picks one)
+        self.decoders = runnable(self.family, own)
+        #: the options class of the decoder it runs by default: its own, or the one its generation_config names
+        self.options_cls = POLICIES[gen_config.get(DECODER) if gen_config.get(DECODER) in self.decoders else own]
         self._lock = threading.Lock()
         self._owner: int | None = None
         eos = gen_config.get("eos_token_id", list(config.eos_token_id))
@@ -109,38 +112,45 @@ class Model:
 
     # -- options ------------------------------------------------------------------------------------------------
     def sampler_options(self, _typed: dict | None = None, **overrides) -> dict:
-        """Effective decoder options of this model's policy (``self.options_cls``, from
-        :mod:`localdiff.decoding.options`): built-in < checkpoint generation_config < ``overrides`` (None = unset).
+        """Effective decoder options: ``decoder`` (the decoder that runs: ``overrides``' ``decoder``, else the
+        model's, :attr:`options_cls`) and its options (:mod:`localdiff.decoding.options`): built-in < checkpoint
+        generation_config < ``overrides`` (None = unset).
 
         Raises:
-            UsageError: an unknown option, an option of another family's decoder, or a bad value / combination
-                (the message names the keyword).
+            UsageError: an unknown option, a decoder this model cannot run, an option of another decoder (naming
+                the ``decoder`` value that has it), or a bad value / combination (the message names the keyword).
         """
-        return self._options(overrides, _typed).as_dict()
+        options = self._options(overrides, _typed)
+        return {DECODER: options.POLICY, **options.as_dict()}
 
     def applicable(self, settings: dict, keep=()) -> dict:
-        """``settings`` without the options that belong only to another family's decoder — settings saved for
+        """``settings`` without the options that belong only to decoders this model cannot run — settings saved for
         every model (config file ``[sampler]``, ``LOCALDIFF_*`` variables, the chat's ``/set``) apply to the models
-        whose decoder has them. Keys in ``keep`` (typed as flags for this run) and unknown keys stay, so they are
-        still checked (one-line errors) by :meth:`sampler_options`."""
-        mine = [self.options_cls] + [POLICIES[p] for p in FAMILY_POLICIES.get(self.family, ())]   # + NAP's
+        whose decoders have them (a saved ``decoder`` to the models that can run it). Keys in ``keep`` (typed as
+        flags for this run) and unknown keys stay, so they are still checked (one-line errors) by
+        :meth:`sampler_options`."""
+        mine = [POLICIES[p] for p in self.decoders]
         own = {n for c in mine for n in (*c.names(), *c.aliases())}
         foreign = {n for c in POLICIES.values() if c not in mine for n in (*c.names(), *c.aliases())}
-        return {k: v for k, v in settings.items() if k in own or k in keep or k not in foreign}
+        return {k: v for k, v in settings.items() if k in keep or (
+            v in self.decoders if k == DECODER else (k in own or k not in foreign))}
 
     def _options(self, overrides: dict, typed: dict | None = None):
-        given = [k for k, v in overrides.items() if v is not None]   # another family policy's options select it
-        cls = POLICIES[select_policy(self.options_cls.POLICY, self.family, given, self.generation_config)]
+        typed = typed or {}
+        given = {k: v for k, v in overrides.items() if v is not None}
+        cls = POLICIES[choose(self.options_cls.POLICY, self.decoders, given.pop(DECODER, None),
+                              typed.get(DECODER, DECODER))]
+        for k in given:              # an option of another decoder this model can run: name the decoder to choose
+            owner = next((p for p in self.decoders if k in POLICIES[p].names() and p != cls.POLICY), None)
+            if owner is not None and k not in cls.names() and k not in cls.aliases():
+                raise UsageError(f"{typed.get(k, k)}: an option of the {owner} decoder, not of {cls.POLICY} (the "
+                                 f"decoder this runs); give decoder {owner} to use it (--decoder {owner})")
         names = set(cls.names())
-        if cls is not self.options_cls:   # the checkpoint's values of the model's own decoder do not carry over
-            names -= set(self.options_cls.names())
+        if cls.POLICY != self.decoders[0]:   # the checkpoint's values of the model's own decoder do not carry over
+            names -= set(POLICIES[self.decoders[0]].names())
         values = {k: v for k, v in self.generation_config.items() if k in names}
-        shown = {}
-        for k, v in overrides.items():
-            if v is not None:
-                values[k] = v
-                shown[k] = (typed or {}).get(k, k)
-        return cls.build(values, shown)
+        values.update(given)
+        return cls.build(values, {k: typed.get(k, k) for k in given})
 
     # -- prompts ------------------------------------------------------------------------------------------------
     def encode_prompt(self, prompt, chat: bool = True, system: str | None = None) -> list[list[int]]:
@@ -205,7 +215,7 @@ class Model:
         """
         max_new_tokens, seed = inputs.check_max_new_tokens(max_new_tokens), inputs.check_seed(seed)
         options = self._options(sampler_options)
-        opts = options.as_dict()
+        opts = {DECODER: options.POLICY, **options.as_dict()}
         n_new = self.default_max_new_tokens if max_new_tokens is None else int(max_new_tokens)
         if n_new <= 0:
             raise UsageError("max_new_tokens must be > 0")

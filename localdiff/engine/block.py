@@ -1,7 +1,8 @@
 """Runner of the block family (SDAR, SDAR-MoE, Tiny-A2D BD3LM, Fast-dLLM v2; LLaDA2.x builds on it): the exact block
 KV cache (``localdiff.cache.kv.KVCache``: device budget, host offload) reused across chat turns, the generic block
-loop (:mod:`localdiff.decoding.loop`) with the family's decoder policy (:data:`POLICY_CLASSES`, by the options'
-policy) — or Fast-dLLM v2's own loop (:mod:`localdiff.decoding.fastdllm_v2`: token shift, AR first token).
+loop (:mod:`localdiff.decoding.loop`) with the family's decoder policy (the class its declaration names,
+:func:`localdiff.decoding.options.policy_class`) — or Fast-dLLM v2's own loop (:mod:`localdiff.decoding.fastdllm_v2`:
+token shift, AR first token).
 
 Blocks sit at absolute positions (block k = positions k·B .. k·B + B − 1, as upstream SDAR / Fast-dLLM v2 / dllm
 align them). The cache holds whole blocks only: the prompt's complete blocks are prefilled (fused with the first
@@ -15,18 +16,10 @@ import torch
 
 from localdiff.cache.kv import KVCache
 from localdiff.decoding import fastdllm_v2, loop
-from localdiff.decoding.llada2 import LLaDA2
-from localdiff.decoding.sdar import SDAR
+from localdiff.decoding.options import DECODERS, policy_class
 from localdiff.engine import masked
 from localdiff.engine.canvas import common_prefix
 from localdiff.errors import UsageError
-
-#: decoder policy name (``localdiff.decoding.options.POLICIES``) → its class ``(options, batch, block, mask_id,
-#: device, generator)`` with the loop's four calls; a block-family decoder adds one line here
-POLICY_CLASSES = {"sdar": SDAR}
-POLICY_CLASSES["llada2"] = LLaDA2
-#: policies that also take the answer's budget and the EOS ids (``max_new_tokens=``, ``eos_ids=``)
-POLICY_CONTEXT = {"llada2"}
 
 
 def prepare(model) -> None:
@@ -78,7 +71,7 @@ def stream(model, req):
     if v2 and options.use_block_cache and not hasattr(net, "denoise_capture"):
         raise UsageError("use_block_cache: not on a GGUF model (llama.cpp cannot rewrite cells inside a block); "
                          "leave it off (the exact block cache is used)")
-    if not v2 and options.POLICY not in POLICY_CLASSES:
+    if not v2 and (DECODERS[options.POLICY].family != "block" or not DECODERS[options.POLICY].policy):
         raise UsageError(f"the {options.POLICY} decoder does not run on block-diffusion models")
     blk = cfg.block_size
     pad = model.pad_token_id if model.pad_token_id is not None else 0
@@ -107,10 +100,9 @@ def stream(model, req):
         return
     first = torch.full((ids.shape[0], blk), model.mask_token_id, dtype=torch.long, device=ids.device)
     first[:, :tail] = ids[:, whole:]
-    context = ({"max_new_tokens": req.max_new_tokens, "eos_ids": model.eos_token_ids}
-               if options.POLICY in POLICY_CONTEXT else {})
-    policy = POLICY_CLASSES[options.POLICY](options, ids.shape[0], blk, model.mask_token_id, model.device,
-                                            req.generator, **context)
+    cls = policy_class(options.POLICY)     # a class ``(options, batch, block, mask_id, device, generator)``
+    context = {"max_new_tokens": req.max_new_tokens, "eos_ids": model.eos_token_ids} if cls.TAKES_BUDGET else {}
+    policy = cls(options, ids.shape[0], blk, model.mask_token_id, model.device, req.generator, **context)
     yield from loop.run(net, policy, cache, ids.shape[0], req.max_new_tokens, model.eos_token_ids,
                         model.pad_token_id, prefill_ids=todo, prefill_mask=todo_mask, start_canvas=first,
                         emit_steps=req.emit_steps, decode=req.decode, stats=req.stats, lead=tail,

@@ -10,7 +10,7 @@ def describe(net: nn.Module, sampler: str | None = None) -> dict[str, str]:
     """name → one-line description of the kernels ``net`` runs (keys: dtype, device, weights and heap (CPU),
     experts, int8, self_conditioning, sampler). ``sampler``: "exact" | "fast" (``Precision.sampler_path``), None = by
     dtype (fp32: exact)."""
-    from localdiff.arch import native_experts
+    from localdiff.kernels import experts as native_experts
     from localdiff.arch.layers import MoEExperts
     from localdiff.quantize.int4 import Int4Experts, Int4Linear
     from localdiff.quantize.int8 import Int8Experts, Int8Linear
@@ -52,7 +52,7 @@ def describe(net: nn.Module, sampler: str | None = None) -> dict[str, str]:
                         "≤ 16 rows: the native kernel where it measures faster; more rows: dequantized fp32 GEMM "
                         "(exact)") + (f" ({kernel_summary()})" if cpu else ""))
     if any(isinstance(m, (Int4Linear, Int4Experts)) for m in mods):
-        from localdiff.quantize import native4
+        from localdiff.kernels import int4 as native4
 
         out["int4"] = (f"{native4.status()}, every row count" if cpu and native4.library() is not None else
                        "dequantize to fp32 (fp16 for fp16 activations) + GEMM" + (f" ({native4.status()})" if cpu
@@ -63,7 +63,7 @@ def describe(net: nn.Module, sampler: str | None = None) -> dict[str, str]:
             out["sampler"] = "the reference's ops and random stream (reference-exact)"
         else:
             out["self_conditioning"] = f"the sampler's probabilities, F.linear(p, Eᵀ) in {dtype}"
-            from localdiff.decoding import vocab_native
+            from localdiff.kernels import vocab as vocab_native
 
             native = cpu and vocab_native.library() is not None
             out["sampler"] = (("vocab pass: one fused native pass over the raw logits, probabilities written in "

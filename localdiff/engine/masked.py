@@ -1,18 +1,16 @@
 """Runner of the masked family (LLaDA, LLaDA-MoE, Dream, DiffuCoder, A2D Qwen3): no cache between generations (the
 approximate caches are the ``kv_cache`` option, inside one generation), :mod:`localdiff.decoding.masked_loop` with
-the LLaDA or Dream policy."""
+the decoder's policy (LLaDA's, Dream's, NAP's or any masked-family declaration's:
+:func:`localdiff.decoding.options.policy_class`)."""
 from __future__ import annotations
 
 import torch
 
 from localdiff.cache.window import WindowStore
 from localdiff.decoding import masked_loop
-from localdiff.decoding.dream import Dream
-from localdiff.decoding.llada import LLaDA
 from localdiff.decoding.nap import NAP
+from localdiff.decoding.options import policy_class
 from localdiff.errors import CheckpointError, UsageError
-
-POLICY_CLASSES = {"llada": LLaDA, "dream": Dream, "nap": NAP}
 
 
 def prepare(model, kind: str = "masked-diffusion") -> None:
@@ -67,7 +65,7 @@ def stream(model, req):
             raise UsageError(f"prompt ({ids.shape[1]} tokens) + the multi-trajectory canvas ({n_new} tokens) exceeds "
                              f"the model's context ({model.config.max_position_embeddings} tokens)")
     else:
-        policy = POLICY_CLASSES[options.POLICY](options, req.generator, model.mask_token_id)
+        policy = policy_class(options.POLICY)(options, req.generator, model.mask_token_id)
         policy.length = ids.shape[1] + n_new          # LLaDA's noise="upstream" draws over the whole sequence
         if getattr(options, "logits_eos_inf", False) or getattr(options, "confidence_eos_eot_inf", False):
             policy.eos_id, policy.eot_id = eos_and_eot(model, options.confidence_eos_eot_inf)

@@ -15,15 +15,15 @@ def cpu_kernel(m: int, k: int, n: int, dtype: torch.dtype = torch.bfloat16) -> s
     """The faster CPU kernel for activations [m, k] of ``dtype`` (bf16 or fp32) × int8 weight [n, k], measured once
     per (row bucket, k, n, dtype) in this process (best of 3 each on a random weight of min(n, 4096) rows, ~ms):
 
-    * ``"native"`` — :mod:`localdiff.quantize.native` (AMX-INT8 or the fp32-FMA kernel), a candidate up to
-      :data:`localdiff.quantize.native.MAX_ROWS` rows when it built; with AMX it is taken without a probe (below);
+    * ``"native"`` — :mod:`localdiff.kernels.int8` (AMX-INT8 or the fp32-FMA kernel), a candidate up to
+      :data:`localdiff.kernels.int8.MAX_ROWS` rows when it built; with AMX it is taken without a probe (below);
     * ``"int8pack"`` — ``torch._weight_int8pack_mm`` (bf16 only, ``k % 16 == 0``);
     * ``"dequant"`` — cast the weight to the activation dtype + GEMM (the exact fp32 path for fp32).
 
     Machines differ (int8pack below 48 rows was the rule measured on one with AVX512-BF16 at 2 threads; on an AMX
     one at 1 thread int8pack lost at every row count tried), hence the measurement. ``LOCALDIFF_INT8_KERNEL``
     (``native`` / ``int8pack`` / ``dequant``) forces one where it applies."""
-    from localdiff.quantize import native
+    from localdiff.kernels import int8 as native
 
     fp32 = dtype == torch.float32
     cands = ["dequant"] if fp32 else (["int8pack", "dequant"] if k % 16 == 0 else ["dequant"])
@@ -71,7 +71,7 @@ def cpu_bf16_kernel(m: int, k: int, n: int) -> str:
 
 def reset_kernels() -> None:
     """Forget the measured kernel table and the native library's state (tests that change the environment)."""
-    from localdiff.quantize import native
+    from localdiff.kernels import int8 as native
 
     native.reset()
     _KERNELS.clear()
@@ -79,7 +79,7 @@ def reset_kernels() -> None:
 
 def kernel_summary() -> str:
     """One line for ``gen -v`` / ``bench``: the native kernel's status and the measured choices so far."""
-    from localdiff.quantize import native
+    from localdiff.kernels import int8 as native
 
     from collections import Counter
 

@@ -17,7 +17,7 @@ quantization as in GPTQ / AWQ's group-wise int4 (arXiv 2210.17323, 2306.00978) a
 
 Which kernel runs (:func:`int4_matmul`):
 
-* CPU with a C compiler: the native kernel of :mod:`localdiff.quantize.native4` for every row count
+* CPU with a C compiler: the native kernel of :mod:`localdiff.kernels.int4` for every row count
   (bf16 activations: AVX512-BF16 dot products where the CPU has them; otherwise, and for fp32 activations, fp32
   FMAs on weights dequantized in registers). It streams 0.5625 bytes per weight once per call.
 * Otherwise (no compiler, CUDA, fp16): dequantize to fp32 (to fp16 for fp16 activations) and one GEMM — the exact
@@ -134,7 +134,7 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero
     if x2.shape[0] == 0:
         return x.new_zeros(*shape[:-1], n)
     if x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16):
-        from localdiff.quantize import native4
+        from localdiff.kernels import int4 as native4
 
         if native4.library() is not None:
             return native4.matmul(x2, packed, scale, zero).reshape(*shape[:-1], n)

@@ -8,7 +8,7 @@ Which kernel runs (measured on this project's 2-core AVX-512 CPU, torch 2.13; nu
 :func:`int8_matmul`):
 
 * CPU, up to 16 rows (block steps, 1-token steps, the experts' rows): the native kernel of
-  :mod:`localdiff.quantize.native` (AMX-INT8 where the CPU has it, else fp32 FMAs; built on first use) when it
+  :mod:`localdiff.kernels.int8` (AMX-INT8 where the CPU has it, else fp32 FMAs; built on first use) when it
   measures fastest for the shape (:func:`cpu_kernel`); on this project's AMX CPU it reads the weights at ~9 GB/s
   for 1–16 rows where ``torch._weight_int8pack_mm`` falls from ~7 GB/s (1 row) to 1.6 GB/s (16 rows).
 * CPU, bf16 activations: whichever of the two below measures faster for the shape on this machine
@@ -122,7 +122,7 @@ def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, use_bnb: 
     elif x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float32) and q.dtype == torch.int8 and (
             kind := cpu_kernel(m, k, q.shape[0], x.dtype)) != "dequant":
         if kind == "native":
-            from localdiff.quantize import native
+            from localdiff.kernels import int8 as native
 
             y = native.matmul(x2 if x2.stride(-1) == 1 else x2.contiguous(), q.contiguous(), scale.contiguous())
         else:

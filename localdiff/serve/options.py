@@ -7,7 +7,6 @@ takes. Rules that depend on the model (its family's decoder, its context length)
 """
 from __future__ import annotations
 
-import functools
 import json
 import math
 from dataclasses import dataclass, field
@@ -103,14 +102,12 @@ def check_stop(value, name: str = "stop") -> list[str]:
     return list(items)
 
 
-@functools.lru_cache(maxsize=1)
 def option_specs() -> dict:
-    """Every decoder option of every policy by name (the schema's ``OptionSpec``; built once, the registry is fixed
-    at import)."""
+    """Every decoder option of every policy by name, ``decoder`` included (the schema's ``OptionSpec``; derived on
+    each request from the declarations)."""
     return {spec.name: spec for spec in all_specs()}
 
 
-@functools.cache
 def _meanings() -> dict:
     """Option name or alias → {its rule in words: its type} over every decoder that knows it. A key with more than one
     (``steps``: [1, 100000] for DiffusionGemma's sampler and SDAR, [1, 1000000] for LLaDA; ``remasking``'s choices

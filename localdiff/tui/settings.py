@@ -9,14 +9,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from localdiff.decoding.options import ALIASES as SCHEMA_ALIASES
-from localdiff.decoding.options import all_specs, resolve_for
+from localdiff.decoding.options import DECODER, all_specs, resolve_for
 from localdiff.errors import LocaldiffError, UsageError
 
-#: Short names accepted by /set → engine keyword: the option schema's aliases plus the session settings.
-ALIASES = {**SCHEMA_ALIASES, "max_tokens": "max_new_tokens", "tokens": "max_new_tokens"}
+#: Short names of the session settings accepted by /set → engine keyword (besides the option schema's aliases).
+SESSION_ALIASES = {"max_tokens": "max_new_tokens", "tokens": "max_new_tokens"}
 
-#: Decoder options /set knows (name → OptionSpec), from the one schema (localdiff.decoding.options).
-KNOWN = {spec.name: spec for spec in all_specs()}
+
+def aliases() -> dict:
+    """Short names accepted by /set → engine keyword: the option schema's aliases plus the session settings."""
+    return {**SCHEMA_ALIASES, **SESSION_ALIASES}
+
+
+def known() -> dict:
+    """Decoder options /set knows (name → OptionSpec), from the one schema (localdiff.decoding.options)."""
+    return {spec.name: spec for spec in all_specs()}
 
 
 @dataclass
@@ -97,7 +104,7 @@ def apply_set(settings: ChatSettings, args: str, model_options: dict | None = No
     if len(words) != 2:
         raise UsageError("usage: /set KEY VALUE  (keys: steps, threshold, entropy_bound, seed, max_tokens, ...)")
     word, raw = words[0].lower(), words[1]
-    key = "max_new_tokens" if ALIASES.get(word) == "max_new_tokens" else resolve_for(word, model_options)
+    key = "max_new_tokens" if SESSION_ALIASES.get(word) == "max_new_tokens" else resolve_for(word, model_options)
     if key == "seed":
         settings.seed = None if raw.lower() in ("none", "off", "random") else _coerce("seed", raw, int, 0, 2**63 - 1)
         return f"seed = {settings.seed if settings.seed is not None else 'none'}"
@@ -108,11 +115,11 @@ def apply_set(settings: ChatSettings, args: str, model_options: dict | None = No
     if raw.lower() in ("default", "reset"):
         settings.sampler.pop(key, None)
         return f"{key} = model default"
-    model_options = model_options or {}
-    if key not in KNOWN or (model_options and key not in model_options):
-        names = sorted({*(model_options or KNOWN), "seed", "max_tokens"})
+    model_options, specs = model_options or {}, known()
+    if key not in specs or (model_options and key not in model_options):
+        names = sorted({*(model_options or specs), "seed", "max_tokens"})
         raise UsageError(f"/set: unknown setting {words[0]!r}; one of: {', '.join(names)}")
-    settings.sampler[key] = KNOWN[key].coerce(raw, f"/set {words[0]}")
+    settings.sampler[key] = specs[key].coerce(raw, f"/set {words[0]}")
     settings.typed[key] = f"/set {words[0]}"
     return f"{key} = {settings.sampler[key]}"
 
@@ -127,7 +134,7 @@ def apply_set_checked(settings: ChatSettings, args: str, model=None) -> str:
     defaults: dict = {}
     if model is not None and hasattr(model, "sampler_options"):
         try:
-            defaults = dict(model.sampler_options())
+            defaults = dict(model.sampler_options(decoder=settings.sampler.get(DECODER)))   # the chosen decoder's
         except Exception:
             defaults = {}
     before = (settings.max_new_tokens, settings.seed, dict(settings.sampler))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 from localdiff.errors import LocaldiffError
-from localdiff.tui.settings import ALIASES, KNOWN, apply_set_checked
+from localdiff.tui.settings import aliases, apply_set_checked, known
 
 HELP = (
     "Enter sends · ctrl+j / alt+enter newline · ↑/↓ earlier prompts · Tab completes /commands · PgUp/PgDn scroll\n"
@@ -61,7 +61,7 @@ class SlashMixin:
         if cmd.lower() == "model":
             return [f"/model {n}" for n in self.model_choices() if n.startswith(arg)]
         if cmd.lower() == "set" and " " not in arg:
-            keys = sorted({*ALIASES, *KNOWN, "seed"})
+            keys = sorted({*aliases(), *known(), "seed"})
             return [f"/set {k} " for k in keys if k.startswith(arg.lower())]
         return []
 

@@ -116,11 +116,12 @@ def load_init(net, mod, path: Path) -> None:
 
 
 def write_generation_config(out: Path, enc) -> None:
-    """generation_config.json: NAP's keys, so the checkpoint runs parallel-forced decoding by default."""
+    """generation_config.json: ``decoder`` nap and NAP's keys, so the checkpoint runs parallel-forced decoding by
+    default."""
     gc = json.loads((out / "generation_config.json").read_text())
     for k in ("steps", "block_length", "remasking"):
         gc.pop(k, None)
-    gc.update({"trajectories": 2, "think_length": THINK, "summary_length": SUMMARY, "budget": "even",
+    gc.update({"decoder": "nap", "trajectories": 2, "think_length": THINK, "summary_length": SUMMARY, "budget": "even",
                "max_new_tokens": len(layout(enc, 2, THINK, SUMMARY))})
     (out / "generation_config.json").write_text(json.dumps(gc, indent=2) + "\n")
 

@@ -1,5 +1,5 @@
-"""The native bf16 MoE experts (``native_experts.c``): the routed experts' gated FFN, weighting and sum over the
-top-k slots in one call, compiled on first use (:mod:`localdiff.arch.native_build`) and loaded with ctypes.
+"""The native bf16 MoE experts (``experts.c``): the routed experts' gated FFN, weighting and sum over the
+top-k slots in one call, compiled on first use (:mod:`localdiff.kernels.build`) and loaded with ctypes.
 
 Why: a canvas of 256 tokens with top-8 of 128 experts gives each expert ~16 rows, so a step reads every expert's
 weights once for a few rows (weight-bandwidth-bound). The torch path (:func:`localdiff.arch.layers.stream_experts`)
@@ -29,14 +29,12 @@ from pathlib import Path
 
 import torch
 
-from localdiff.arch import native_build as _native
+from localdiff.kernels import build as _native
 
-SOURCE = Path(__file__).with_name("native_experts.c")
+SOURCE = Path(__file__).with_name("experts.c")
 ENV = "LOCALDIFF_NATIVE_EXPERTS"
 
-_LIB: ctypes.CDLL | None = None
 _PATH = 0                      # 2 AMX-BF16, 1 AVX512-BF16
-_STATUS: str | None = None     # None = not tried yet
 _OFF = False                   # set by disabled()
 _SCRATCH = threading.local()   # .ys: this thread's reused [rows · H] bf16 slot-output buffer
 _SCRATCH_MAX = 16 << 20        # bytes kept between calls (a canvas step's; longer prefills allocate theirs)
@@ -51,49 +49,32 @@ def _load(path: Path) -> ctypes.CDLL:
     return lib
 
 
-def library() -> ctypes.CDLL | None:
-    """The loaded kernel library (built on the first call), or None when it cannot run here (see :func:`status`)."""
-    global _LIB, _PATH, _STATUS
-    if _STATUS is not None:
-        return _LIB
-    if _native.switched_off(ENV):
-        _STATUS = f"native experts off ({ENV}=0)"
-        return None
-    cc = _native.compiler()
-    if cc is None:
-        _STATUS = "native experts unavailable: no C compiler (cc / gcc / clang) on PATH"
-        return None
-    try:
-        lib, flags = _native.load_first(lambda f: _native.build(SOURCE, "liblocaldiff_experts.so", cc, f), _load)
-    except RuntimeError as e:
-        _STATUS = f"native experts unavailable: {e}"
-        return None
+def _ready(lib: ctypes.CDLL, cc: str, flags: tuple) -> tuple:
+    global _PATH
     has = lib.localdiff_experts_has()
     if has == 0:
-        _STATUS = "native experts unavailable: this CPU or build has no AVX512-BF16 (torch path)"
-        return None
+        return None, "native experts unavailable: this CPU or build has no AVX512-BF16 (torch path)"
     forced = os.environ.get(ENV, "").strip().lower() == "avx512"
     if has == 1 and not forced:
-        _STATUS = ("native experts not used: no AMX here, and the AVX512-BF16 path measured slower than the torch "
-                   f"path (0.57-0.93x, bench --only experts; {ENV}=avx512 forces it)")
-        return None
-    has = 1 if forced else has
-    _LIB, _PATH = lib, has
-    _STATUS = f"native experts: {'AMX-BF16 tiles' if has == 2 else 'AVX512-BF16 dot products'} ({Path(cc).name} " \
-              f"{' '.join(flags[:2])})"
-    return _LIB
+        return None, ("native experts not used: no AMX here, and the AVX512-BF16 path measured slower than the torch "
+                      f"path (0.57-0.93x, bench --only experts; {ENV}=avx512 forces it)")
+    _PATH = 1 if forced else has
+    return lib, (f"native experts: {'AMX-BF16 tiles' if _PATH == 2 else 'AVX512-BF16 dot products'} "
+                 f"({_native.built_with(cc, flags)})")
 
 
-def status() -> str:
-    """One line: which native experts path runs, or why none does (builds it first if not tried yet)."""
-    library()
-    return _STATUS or ""
+_KERNEL = _native.Kernel(SOURCE, "liblocaldiff_experts.so", _load, _ready,
+                         unavailable=lambda why: f"native experts unavailable: {why}",
+                         off=lambda: f"native experts off ({ENV}=0)" if _native.switched_off(ENV) else None)
+library = _KERNEL.library       # the loaded library (built on the first call), or None when it cannot run here
+status = _KERNEL.status         # one line: which native experts path runs, or why none does
 
 
 def reset() -> None:
     """Forget the loaded library / failure (tests that change the environment)."""
-    global _LIB, _PATH, _STATUS
-    _LIB, _PATH, _STATUS = None, 0, None
+    global _PATH
+    _KERNEL.reset()
+    _PATH = 0
 
 
 @contextlib.contextmanager
@@ -137,7 +118,7 @@ def moe(x: torch.Tensor, flat: torch.Tensor, order: torch.Tensor, weights: torch
 @torch.library.custom_op("localdiff::experts_bf16", mutates_args=(), device_types="cpu")
 def _experts_bf16(x: torch.Tensor, flat: torch.Tensor, order: torch.Tensor, weights: torch.Tensor,
                   gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    lib = _LIB if _LIB is not None else library()
+    lib = _KERNEL.lib if _KERNEL.lib is not None else library()
     n, h = x.shape
     e, two_i, _ = gate_up.shape
     k = flat.numel() // max(n, 1)

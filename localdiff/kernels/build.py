@@ -1,10 +1,8 @@
-"""Compile-on-first-use machinery shared by localdiff's native C kernels (``localdiff/quantize/native_int8.c``,
-``localdiff/arch/native_experts.c``, ``localdiff/decoding/native_vocab.c``): find the system C compiler, build a
-source into a shared library in the user cache, keyed so a finished build is reused, and load the first flag set
-that compiles.
+"""The build-and-cache module of localdiff's native C kernels (``localdiff/kernels/*.c``): find the system C
+compiler, build a source into a shared library in the user cache, keyed so a finished build is reused, load the
+first flag set that compiles, and keep one loaded library and its status line per kernel (:class:`Kernel`).
 
-It lives in ``arch``, the lowest layer, so that every kernel loader may import it (``arch`` imports only arch /
-errors / units: tests/test_structure.py); it imports no localdiff module.
+It imports no localdiff module (``kernels`` is the lowest layer: tests/test_structure.py).
 
 Build: ``$CC`` (else ``cc`` / ``gcc`` / ``clang`` on PATH) ``-O3 -march=native -fPIC -shared`` (without
 ``-march=native`` when the compiler refuses it) into ``platformdirs.user_cache_dir("localdiff")/native/<key>``, the
@@ -22,6 +20,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 from typing import Callable
+
+NO_COMPILER = "no C compiler (cc / gcc / clang) on PATH"
 
 FLAGS = ("-O3", "-march=native", "-fPIC", "-shared")
 #: the fallback flag set: the same without ``-march=native`` (a compiler that refuses it; a portable build)
@@ -116,3 +116,66 @@ def load_first(builder: Callable[[tuple[str, ...]], Path], loader: Callable[[Pat
         except (RuntimeError, OSError, AttributeError) as e:
             err = str(e).splitlines()[0] if str(e) else type(e).__name__
     raise RuntimeError(err)
+
+
+class Kernel:
+    """One native kernel library, compiled on first use and loaded once per process; the kernel modules
+    (:mod:`localdiff.kernels.int8`, ...) keep one each and expose its :meth:`library`, :meth:`status` and
+    :meth:`reset`.
+
+    Args:
+        source: the ``.c`` file. lib_name: the shared library's file name.
+        load: path → the loaded library with its ctypes signatures set (may raise OSError / AttributeError).
+        ready: (library, compiler path, flags) → (the library to use or None, the status line).
+        unavailable: why → the status line when it cannot run (no compiler, no flag set built).
+        off: () → the status line when the user switched it off, else None (read on each first try).
+        compiler: () → the compiler path or None (default: this module's :func:`compiler`, looked up on each try so
+            that tests can patch it; a kernel module may pass its own name).
+    """
+
+    def __init__(self, source: Path, lib_name: str, load: Callable[[Path], ctypes.CDLL],
+                 ready: Callable[[ctypes.CDLL, str, tuple], tuple], unavailable: Callable[[str], str],
+                 off: Callable[[], str | None] = lambda: None, compiler: Callable[[], str | None] | None = None):
+        self.source, self.lib_name, self.load, self.ready = source, lib_name, load, ready
+        self.unavailable, self.off, self.compiler = unavailable, off, compiler
+        self.lib: ctypes.CDLL | None = None
+        self.line: str | None = None         # None = not tried yet
+
+    def build(self, cc: str, flags: tuple[str, ...] = FLAGS, out_dir: Path | None = None) -> Path:
+        """Compile the source with ``cc`` and ``flags`` (:func:`build`); returns the library's path.
+        Raises RuntimeError (the compiler's first error line) when it fails."""
+        return build(self.source, self.lib_name, cc, flags, out_dir, cache=cache_dir())
+
+    def library(self) -> ctypes.CDLL | None:
+        """The loaded library, built on the first call; None when off or unavailable (see :meth:`status`)."""
+        if self.line is not None:
+            return self.lib
+        off = self.off()
+        if off is not None:
+            self.line = off
+            return None
+        cc = self.compiler() if self.compiler is not None else compiler()
+        if cc is None:
+            self.line = self.unavailable(NO_COMPILER)
+            return None
+        try:
+            lib, flags = load_first(lambda f: self.build(cc, f), self.load)
+        except RuntimeError as e:
+            self.line = self.unavailable(str(e))
+            return None
+        self.lib, self.line = self.ready(lib, cc, flags)
+        return self.lib
+
+    def status(self) -> str:
+        """One line: what runs, or why the kernel does not (builds it first if not tried yet)."""
+        self.library()
+        return self.line or ""
+
+    def reset(self) -> None:
+        """Forget the loaded library / failure (tests that change the environment)."""
+        self.lib, self.line = None, None
+
+
+def built_with(cc: str, flags: tuple[str, ...]) -> str:
+    """``"cc -O3 -march=native"``: the compiler and the first two flags, for status lines."""
+    return f"{Path(cc).name} {' '.join(flags[:2])}"

@@ -1,4 +1,4 @@
-"""The native small-M int8 matmul (``native_int8.c``): compiled on first use with the system C compiler, loaded
+"""The native small-M int8 matmul (``int8.c``): compiled on first use with the system C compiler, loaded
 with ctypes.
 
 ``y[m, n] = scale[n] · Σ_k x[m, k] · q[n, k]`` for fp32 activations x [M, K] and the per-output-channel int8 weights
@@ -7,9 +7,9 @@ element converted to fp32 once and multiplied with all M rows (fused multiply-ad
 a small-M product reads ~1 byte per weight instead of casting the weight per call. No activation quantization: the
 result is ``dequantize(q, scale) @ xᵀ`` in fp32 up to the summation order.
 
-Build: :mod:`localdiff.arch.native_build` (``$CC -O3 -march=native -fPIC -shared``, without ``-march=native`` when the compiler
-refuses it, into the user cache, keyed by the source, compiler, flags and CPU flags; a finished build is reused).
-``LOCALDIFF_NATIVE_INT8=fma`` keeps the FMA kernel where AMX would run.
+Build: :mod:`localdiff.kernels.build` (``$CC -O3 -march=native -fPIC -shared``, without ``-march=native`` when the
+compiler refuses it, into the user cache, keyed by the source, compiler, flags and CPU flags; a finished build is
+reused). ``LOCALDIFF_NATIVE_INT8=fma`` keeps the FMA kernel where AMX would run.
 No compiler, a failed compile or ``LOCALDIFF_NATIVE_INT8=0`` → :func:`library` is None and :func:`status` says why in
 one line (the callers keep their torch kernels).
 """
@@ -21,34 +21,17 @@ from pathlib import Path
 
 import torch
 
-from localdiff.arch import native_build as _native
-from localdiff.arch.native_build import compiler as _compiler  # a module name here: tests patch it
+from localdiff.kernels import build as _native
+from localdiff.kernels.build import compiler as _compiler  # a module name here: tests patch it
 
-SOURCE = Path(__file__).with_name("native_int8.c")
+SOURCE = Path(__file__).with_name("int8.c")
 ENV = "LOCALDIFF_NATIVE_INT8"
-_FLAGS = _native.FLAGS
 
 #: most activation rows the native kernel is offered for (its AMX path's tile width; more rows are prefill, where
 #: the torch GEMMs win)
 MAX_ROWS = 16
 
-_LIB: ctypes.CDLL | None = None
 _HAS_AMX: dict = {}            # id(library) → bool
-_STATUS: str | None = None     # None = not tried yet
-
-
-def _cache_dir() -> Path:
-    return _native.cache_dir()
-
-
-def build(cc: str, flags: tuple[str, ...] = _FLAGS, out_dir: Path | None = None) -> Path:
-    """Compile ``native_int8.c`` with ``cc`` and ``flags`` into ``out_dir`` (default: the keyed cache folder);
-    returns the shared library's path (:func:`localdiff.arch.native_build.build`; an existing build of the same key is reused).
-
-    Raises:
-        RuntimeError: the compiler failed (message: its first error line) or timed out.
-    """
-    return _native.build(SOURCE, "liblocaldiff_int8.so", cc, flags, out_dir, cache=_cache_dir())
 
 
 def _load(path: Path) -> ctypes.CDLL:
@@ -67,29 +50,24 @@ def _load(path: Path) -> ctypes.CDLL:
     return lib
 
 
-def library() -> ctypes.CDLL | None:
-    """The loaded kernel library, built on the first call; None when unavailable (see :func:`status`)."""
-    global _LIB, _STATUS
-    if _STATUS is not None:
-        return _LIB
-    if _native.switched_off(ENV):
-        _STATUS = f"native int8 kernel off ({ENV}=0)"
-        return None
-    cc = _compiler()
-    if cc is None:
-        _STATUS = "native int8 kernel unavailable: no C compiler (cc / gcc / clang) on PATH"
-        return None
-    try:
-        _LIB, flags = _native.load_first(lambda f: build(cc, f), _load)
-    except RuntimeError as e:
-        _STATUS = f"native int8 kernel unavailable: {e}"
-        return None
-    width = _LIB.localdiff_int8_vector_width()
-    amx = bool(os.environ.get(ENV, "").strip().lower() != "fma" and _LIB.localdiff_int8_has_amx())
-    _HAS_AMX[id(_LIB)] = amx
-    _STATUS = (f"native int8 kernel: {'AMX-INT8 tiles, ' if amx else ''}{width}-lane fp32 FMA "
-               f"({Path(cc).name} {' '.join(flags[:2])})")
-    return _LIB
+def _ready(lib: ctypes.CDLL, cc: str, flags: tuple) -> tuple:
+    amx = bool(os.environ.get(ENV, "").strip().lower() != "fma" and lib.localdiff_int8_has_amx())
+    _HAS_AMX[id(lib)] = amx
+    width = lib.localdiff_int8_vector_width()
+    return lib, (f"native int8 kernel: {'AMX-INT8 tiles, ' if amx else ''}{width}-lane fp32 FMA "
+                 f"({_native.built_with(cc, flags)})")
+
+
+_KERNEL = _native.Kernel(SOURCE, "liblocaldiff_int8.so", _load, _ready,
+                         unavailable=lambda why: f"native int8 kernel unavailable: {why}",
+                         off=lambda: f"native int8 kernel off ({ENV}=0)" if _native.switched_off(ENV) else None,
+                         compiler=lambda: _compiler())
+#: :meth:`Kernel.build`: compile ``int8.c`` with ``cc`` and ``flags`` into ``out_dir`` (default: the keyed cache
+#: folder); returns the library's path. Raises RuntimeError (the compiler's first error line) when it fails.
+build = _KERNEL.build
+library = _KERNEL.library          # the loaded library, built on the first call; None when unavailable (status())
+status = _KERNEL.status            # one line: which native kernel is loaded, or why none is
+reset = _KERNEL.reset              # forget the loaded library / failure (also localdiff.quantize.int8.reset_kernels)
 
 
 def has_amx() -> bool:
@@ -98,23 +76,10 @@ def has_amx() -> bool:
     return lib is not None and bool(_HAS_AMX.get(id(lib)))
 
 
-def status() -> str:
-    """One line: which native kernel is loaded, or why none is (builds it first if not tried yet)."""
-    library()
-    return _STATUS or ""
-
-
-def reset() -> None:
-    """Forget the loaded library / failure (tests that change the environment; see also
-    :func:`localdiff.quantize.int8.reset_kernels`)."""
-    global _LIB, _STATUS
-    _LIB, _STATUS = None, None
-
-
 def matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, threads: int | None = None) -> torch.Tensor:
     """``(x @ qᵀ) · scale`` by the native kernel (:func:`library` must not be None): AMX-INT8 when this CPU and
     process have it and M ≤ :data:`MAX_ROWS` (exact integer products of q with x rounded to 27 bits below its row's
-    largest power of two, see ``native_int8.c``), else fp32 FMAs (x cast to fp32; exact fp32 products).
+    largest power of two, see ``int8.c``), else fp32 FMAs (x cast to fp32; exact fp32 products).
 
     Args:
         x: bf16 or fp32 Tensor[M, K] with unit stride along K (any row stride).
@@ -125,7 +90,7 @@ def matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, threads: int |
     Raises:
         ValueError: other dtypes or layouts.
     """
-    lib = _LIB if _LIB is not None else library()
+    lib = _KERNEL.lib if _KERNEL.lib is not None else library()
     m, k = x.shape
     n = q.shape[0]
     if x.dtype not in (torch.float32, torch.bfloat16) or x.stride(1) != 1 or not q.is_contiguous() \

@@ -1,6 +1,6 @@
 /* localdiff: small-M weight-only int8 matmul for CPUs, y[m, n] = scale[n] * sum_k x[m, k] * q[n, k].
  *
- * Two paths, one file (Python side: localdiff/quantize/native.py):
+ * Two paths, one file (Python side: localdiff/kernels/int8.py):
  * - localdiff_int8_mm_amx: AMX-INT8 tiles (Sapphire Rapids and later, when -march=native enables AMX and Linux
  *   grants the tile state): the weights are used as stored, x as exact-integer fixed-point digits (see below).
  *   On this project's AMX CPU it reads a 1.84 GB int8 model (with its LM head) at ~10-11 GB/s for 1..4 rows (one core).

@@ -1,5 +1,5 @@
-"""The fused native vocab pass (``native_vocab.c``, issue #24): compiled on first use with the system C compiler
-(:mod:`localdiff.arch.native_build`), loaded with ctypes; :class:`localdiff.decoding.vocab_pass.VocabPass` runs it and
+"""The fused native vocab pass (``vocab.c``, issue #24): compiled on first use with the system C compiler
+(:mod:`localdiff.kernels.build`), loaded with ctypes; :class:`localdiff.decoding.vocab_pass.VocabPass` runs it and
 keeps its torch passes as the fallback.
 
 Per row of logits: soft-capping ``cap·tanh(x/cap)``, ``/ temperature``, max and first argmax, ``exp``, ``Σe`` and
@@ -21,15 +21,13 @@ from pathlib import Path
 
 import torch
 
-from localdiff.arch import native_build as native
 from localdiff.errors import UsageError
+from localdiff.kernels import build as native
 
-SOURCE = Path(__file__).with_name("native_vocab.c")
+SOURCE = Path(__file__).with_name("vocab.c")
 ENV = "LOCALDIFF_VOCAB_KERNEL"
 CHOICES = ("auto", "native", "torch")
 
-_LIB: ctypes.CDLL | None = None
-_STATUS: str | None = None     # None = not tried yet
 
 
 def choice() -> str:
@@ -38,12 +36,6 @@ def choice() -> str:
     if v not in CHOICES:
         raise UsageError(f"{ENV}: invalid value {os.environ.get(ENV)!r} (use {', '.join(CHOICES)})")
     return v
-
-
-def build(cc: str, flags: tuple[str, ...] = native.FLAGS, out_dir: Path | None = None) -> Path:
-    """Compile ``native_vocab.c`` (:func:`localdiff.arch.native_build.build`). Raises RuntimeError when the compiler
-    fails or times out."""
-    return native.build(SOURCE, "liblocaldiff_vocab.so", cc, flags, out_dir)
 
 
 def load(path: Path) -> ctypes.CDLL:
@@ -58,43 +50,27 @@ def load(path: Path) -> ctypes.CDLL:
     return lib
 
 
-def library() -> ctypes.CDLL | None:
-    """The loaded kernel, built on the first call; None when off or unavailable (see :func:`status`).
-    Raises UsageError for a bad ``LOCALDIFF_VOCAB_KERNEL``."""
-    global _LIB, _STATUS
-    if _STATUS is not None:
-        return _LIB
-    if choice() == "torch":
-        _STATUS = f"vocab pass: torch passes ({ENV}=torch)"
-        return None
-    cc = native.compiler()
-    if cc is None:
-        _STATUS = "vocab pass: torch passes (no C compiler: cc / gcc / clang on PATH)"
-        return None
-    err = ""
-    for flags in (native.FLAGS, native.PORTABLE_FLAGS):
-        try:
-            _LIB = load(build(cc, flags))
-            width = _LIB.localdiff_vocab_vector_width()
-            _STATUS = (f"vocab pass: native fused kernel, {'AVX-512 16-lane' if width == 16 else 'portable scalar'}"
-                       f" ({Path(cc).name} {' '.join(flags[:2])})")
-            return _LIB
-        except (RuntimeError, OSError, AttributeError) as e:
-            err = str(e).splitlines()[0] if str(e) else type(e).__name__
-    _STATUS = f"vocab pass: torch passes (native kernel unavailable: {err})"
-    return None
+def _ready(lib: ctypes.CDLL, cc: str, flags: tuple) -> tuple:
+    width = lib.localdiff_vocab_vector_width()
+    return lib, (f"vocab pass: native fused kernel, {'AVX-512 16-lane' if width == 16 else 'portable scalar'}"
+                 f" ({native.built_with(cc, flags)})")
 
 
-def status() -> str:
-    """One line: which vocab pass runs, and why (builds the kernel first if not tried yet)."""
-    library()
-    return _STATUS or ""
+def _off() -> str | None:
+    return f"vocab pass: torch passes ({ENV}=torch)" if choice() == "torch" else None
 
 
-def reset() -> None:
-    """Forget the loaded library / failure (tests that change the environment)."""
-    global _LIB, _STATUS
-    _LIB, _STATUS = None, None
+_KERNEL = native.Kernel(SOURCE, "liblocaldiff_vocab.so", load, _ready, off=_off,
+                        unavailable=lambda why: "vocab pass: torch passes (" + (
+                            "no C compiler: cc / gcc / clang on PATH" if why == native.NO_COMPILER
+                            else f"native kernel unavailable: {why}") + ")")
+#: :meth:`Kernel.build`: compile ``vocab.c``. Raises RuntimeError when the compiler fails or times out.
+build = _KERNEL.build
+#: the loaded kernel, built on the first call; None when off or unavailable (see ``status()``). Raises UsageError
+#: for a bad ``LOCALDIFF_VOCAB_KERNEL``.
+library = _KERNEL.library
+status = _KERNEL.status         # one line: which vocab pass runs, and why
+reset = _KERNEL.reset           # forget the loaded library / failure (tests that change the environment)
 
 
 def vocab_pass(x: torch.Tensor, cap: float | None, temperature: float, out: torch.Tensor,
@@ -113,7 +89,7 @@ def vocab_pass(x: torch.Tensor, cap: float | None, temperature: float, out: torc
     Raises:
         ValueError: other dtypes, devices, shapes or layouts.
     """
-    lib = _LIB if _LIB is not None else library()
+    lib = _KERNEL.lib if _KERNEL.lib is not None else library()
     n, v = x.shape
     if (x.dtype not in (torch.bfloat16, torch.float32) or out.dtype not in (torch.bfloat16, torch.float32)
             or x.device.type != "cpu" or out.device.type != "cpu" or tuple(out.shape) != (n, v)

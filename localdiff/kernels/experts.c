@@ -1,4 +1,4 @@
-/* localdiff: the routed experts' gated FFN in bf16 for x86 CPUs (Python side: localdiff/arch/native_experts.py).
+/* localdiff: the routed experts' gated FFN in bf16 for x86 CPUs (Python side: localdiff/kernels/experts.py).
  *
  * For each expert e with rows (token t, slot j) routed to it (sorted by expert: `order`, group ends `ends`):
  *   a = gelu_tanh(x_t · Wg_eᵀ) * (x_t · Wu_eᵀ) * w_tj          (gate_up_e = [Wg; Wu]: bf16 [2I, H], fp32 sums)

@@ -1,11 +1,11 @@
-"""The native int4 matmul (``native_int4.c``): compiled on first use with the system C compiler, loaded with ctypes.
+"""The native int4 matmul (``int4.c``): compiled on first use with the system C compiler, loaded with ctypes.
 
 ``y = x @ dequantize(packed, scale, zero)ᵀ`` for the group-wise int4 format of :mod:`localdiff.quantize.int4`
 (packed uint8 [N, G·32], scale bf16 [N, G], zero fp16 [N, G]) and fp32 or bf16 activations x [M, K], any M. The
 weight is streamed once per call, 0.5625 bytes per weight, and dequantized in registers; no activation
 quantization (the result equals a float64 dequantize-then-matmul up to fp32 summation: tests/test_int4.py).
 
-Paths (one per build; ``native_int4.c`` says how each works):
+Paths (one per build; ``int4.c`` says how each works):
 
 * ``bf16-dot`` — bf16 activations on a CPU with AVX512-BF16 (e.g. AMD Zen 4, Intel Sapphire Rapids):
   ``vdpbf16ps`` on exact bf16 codes, one FMA per group for the scale. It needs half the instructions of fp32 FMAs,
@@ -13,7 +13,7 @@ Paths (one per build; ``native_int4.c`` says how each works):
 * ``fma`` — fp32 FMAs on weights dequantized in registers: fp32 activations, bf16 ones without AVX512-BF16 (cast to
   fp32 first), or forced with ``LOCALDIFF_NATIVE_INT4=fma``. zmm on AVX-512, ymm on AVX2, plain C vectors elsewhere.
 
-Build: :mod:`localdiff.arch.native_build` (``$CC -O3 -march=native -fPIC -shared``, without ``-march=native`` when
+Build: :mod:`localdiff.kernels.build` (``$CC -O3 -march=native -fPIC -shared``, without ``-march=native`` when
 the compiler refuses it, into the user cache keyed by source, compiler, flags and CPU flags; a finished build is
 reused). No compiler, a failed compile or ``LOCALDIFF_NATIVE_INT4=0`` → :func:`library` is None, :func:`status`
 says why in one line, and :func:`localdiff.quantize.int4.int4_matmul` dequantizes and runs a torch GEMM instead.
@@ -27,21 +27,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from localdiff.arch import native_build as _native
-from localdiff.arch.native_build import compiler as _compiler  # a module name here: tests patch it
+from localdiff.kernels import build as _native
+from localdiff.kernels.build import compiler as _compiler  # a module name here: tests patch it
 
-SOURCE = Path(__file__).with_name("native_int4.c")
+SOURCE = Path(__file__).with_name("int4.c")
 ENV = "LOCALDIFF_NATIVE_INT4"
 GROUP = 64
-
-_LIB: ctypes.CDLL | None = None
-_STATUS: str | None = None     # None = not tried yet
-
-
-def build(cc: str, flags: tuple[str, ...] = _native.FLAGS, out_dir: Path | None = None) -> Path:
-    """Compile ``native_int4.c`` with ``cc`` and ``flags`` into ``out_dir`` (default: the keyed cache folder);
-    returns the library's path. Raises RuntimeError (the compiler's first error line) when it fails."""
-    return _native.build(SOURCE, "liblocaldiff_int4.so", cc, flags, out_dir, cache=_native.cache_dir())
 
 
 def load(path: Path) -> ctypes.CDLL:
@@ -56,29 +47,6 @@ def load(path: Path) -> ctypes.CDLL:
     return lib
 
 
-def library() -> ctypes.CDLL | None:
-    """The loaded kernel library, built on the first call; None when unavailable (see :func:`status`)."""
-    global _LIB, _STATUS
-    if _STATUS is not None:
-        return _LIB
-    if _native.switched_off(ENV):
-        _STATUS = f"native int4 kernel off ({ENV}=0)"
-        return None
-    cc = _compiler()
-    if cc is None:
-        _STATUS = "native int4 kernel unavailable: no C compiler (cc / gcc / clang) on PATH"
-        return None
-    try:
-        _LIB, flags = _native.load_first(lambda f: build(cc, f), load)
-    except RuntimeError as e:
-        _STATUS = f"native int4 kernel unavailable: {e}"
-        return None
-    width = _LIB.localdiff_int4_vector_width()
-    dot = "AVX512-BF16 dot products for bf16 activations, " if bf16_dot(_LIB) else ""
-    _STATUS = f"native int4 kernel: {dot}{width}-lane fp32 FMA ({Path(cc).name} {' '.join(flags[:2])})"
-    return _LIB
-
-
 def bf16_dot(lib: ctypes.CDLL | None = None) -> bool:
     """Whether bf16 activations run the AVX512-BF16 path with ``lib`` (default: the loaded library) in this process
     (not when ``LOCALDIFF_NATIVE_INT4=fma``)."""
@@ -87,16 +55,22 @@ def bf16_dot(lib: ctypes.CDLL | None = None) -> bool:
         os.environ.get(ENV, "").strip().lower() != "fma"
 
 
-def status() -> str:
-    """One line: which native int4 kernel is loaded, or why none is (builds it first if not tried yet)."""
-    library()
-    return _STATUS or ""
+def _ready(lib: ctypes.CDLL, cc: str, flags: tuple) -> tuple:
+    dot = "AVX512-BF16 dot products for bf16 activations, " if bf16_dot(lib) else ""
+    return lib, (f"native int4 kernel: {dot}{lib.localdiff_int4_vector_width()}-lane fp32 FMA "
+                 f"({_native.built_with(cc, flags)})")
 
 
-def reset() -> None:
-    """Forget the loaded library / failure (tests that change the environment)."""
-    global _LIB, _STATUS
-    _LIB, _STATUS = None, None
+_KERNEL = _native.Kernel(SOURCE, "liblocaldiff_int4.so", load, _ready,
+                         unavailable=lambda why: f"native int4 kernel unavailable: {why}",
+                         off=lambda: f"native int4 kernel off ({ENV}=0)" if _native.switched_off(ENV) else None,
+                         compiler=lambda: _compiler())
+#: :meth:`Kernel.build`: compile ``int4.c`` with ``cc`` and ``flags`` into ``out_dir`` (default: the keyed cache
+#: folder); returns the library's path. Raises RuntimeError (the compiler's first error line) when it fails.
+build = _KERNEL.build
+library = _KERNEL.library          # the loaded library, built on the first call; None when unavailable (status())
+status = _KERNEL.status            # one line: which native int4 kernel is loaded, or why none is
+reset = _KERNEL.reset              # forget the loaded library / failure (tests that change the environment)
 
 
 def matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
@@ -115,7 +89,7 @@ def matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: tor
     Raises:
         ValueError: other dtypes or shapes.
     """
-    lib = lib if lib is not None else (_LIB if _LIB is not None else library())
+    lib = lib if lib is not None else (_KERNEL.lib if _KERNEL.lib is not None else library())
     m, k = x.shape
     n, g = scale.shape
     if x.dtype not in (torch.float32, torch.bfloat16) or packed.dtype != torch.uint8 \

@@ -3,7 +3,7 @@
  * Format (localdiff/quantize/int4.py): groups of 64 input features; q: uint8 [N, Kp / 2] (Kp = 64 * G), byte i of
  * group g holds k = 64g + i (low nibble) and k = 64g + 32 + i (high nibble); scale: bf16 bits [N, G]; zero: fp16
  * bits [N, G]. x: [M, Kp] (row stride ldx), zero past the true K (the Python side pads it). y: fp32 [M, N].
- * Python side: localdiff/quantize/native4.py.
+ * Python side: localdiff/kernels/int4.py.
  *
  * Two paths, both streaming the 0.5625 bytes per weight once per call (R output rows at a time; every row of x is
  * applied while they are in L1):

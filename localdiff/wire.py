@@ -44,17 +44,16 @@ class EventEncoder:
 
     def __init__(self, model) -> None:
         self.model = model
-        tok = getattr(model, "tokenizer", None)
+        tok = model.tokenizer
         self._piece = PieceDecoder(tok) if tok is not None else None
         self._seen: set[int] = set()
 
     def begin(self) -> dict:
         """The first event: what a client needs to draw the canvas."""
         m = self.model
-        return {"event": "begin", "family": getattr(m, "family", None),
-                "canvas_length": getattr(m.config, "canvas_length", None),
-                "eos_token_ids": list(getattr(m, "eos_token_ids", []) or []),
-                "mask_token_id": getattr(m, "mask_token_id", None)}
+        return {"event": "begin", "family": m.family,
+                "canvas_length": getattr(m.config, "canvas_length", None),     # (the canvas family's config)
+                "eos_token_ids": list(m.eos_token_ids), "mask_token_id": m.mask_token_id}
 
     def _pieces(self, ids: list[int]) -> dict:
         out = {}

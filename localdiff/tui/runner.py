@@ -225,7 +225,7 @@ def run_generation(model, cache, job: GenerationJob, slot: FrameSlot, post: Call
                     break
                 if last is None or last.canvas_index != ev.canvas_index:
                     prev_acc = None
-                last = frame_from_step(ev, token_text, prev_acc, getattr(model, "mask_token_id", None))
+                last = frame_from_step(ev, token_text, prev_acc, model.mask_token_id)
                 prev_acc = [bool(a) for a in ev.accepted[0].tolist()]
                 forwards += 1
                 last.forwards, last.answer_tokens = forwards, done_tokens + sum(prev_acc)

@@ -248,7 +248,7 @@ def run_gen(args) -> int:
         sys.stderr.write("kernels: " + ", ".join(f"{k}={v}" for k, v in model.kernels().items()) + "\n")
         sys.stderr.write(backend_line(model, used) + "\n")
         sys.stderr.write(config_line() + "\n")
-        if getattr(s, "arness", None):     # how left to right the decoding order was (masked family, issue #21)
+        if s.arness:     # how left to right the decoding order was (masked family, issue #21)
             sys.stderr.write("arness: " + ", ".join(f"{k} {v:.3f}" for k, v in s.arness.items()) + "\n")
     elif done is not None and not args.quiet and _stderr_tty():
         s = done.stats
@@ -332,7 +332,7 @@ def backend_line(model, options: dict | None = None) -> str:
 
 def _tau(s) -> str:
     """The DFlash part of a stats line: acceptance length τ over the drafted blocks ("" without a draft)."""
-    n = len(getattr(s, "acceptance_lengths", None) or ())
+    n = len(s.acceptance_lengths)
     return f", DFlash τ {s.acceptance_length:.2f} over {n} drafted block{'s' if n != 1 else ''}" if n else ""
 
 

@@ -152,10 +152,11 @@ def step_event(d: dict) -> StepEvent:
     ids = _ids(d.get("canvas_ids"), "canvas_ids")
     n = ids.shape[1]
     masks = {name: _mask(d.get(name), name, n) for name in _MASKS}
-    return StepEvent(_int(d, "canvas"), _int(d, "step"), _int(d, "max_steps"), ids,
-                     _ids(d.get("argmax_ids"), "argmax_ids", n), masks["accepted"], masks["renoised"],
-                     masks["reopened"], _floats(d.get("confidence"), "confidence", n),
-                     _floats(d.get("entropy"), "entropy", n), masks["locked"])
+    return StepEvent(_int(d, "canvas"), _int(d, "step"), _int(d, "max_steps"), canvas_ids=ids,
+                     argmax_ids=_ids(d.get("argmax_ids"), "argmax_ids", n), accepted=masks["accepted"],
+                     renoised=masks["renoised"], reopened=masks["reopened"],
+                     confidence=_floats(d.get("confidence"), "confidence", n),
+                     entropy=_floats(d.get("entropy"), "entropy", n), locked=masks["locked"])
 
 
 def canvas_done(d: dict, text: str = "") -> CanvasDone:

@@ -95,10 +95,8 @@ def load(name="tiny", device=None, dtype=None, quant=None, gpu_mem=None, threads
         from localdiff.backends.gguf import gpu_layers_value, open_gguf, version
 
         net, cfg, tok, gen_cfg = open_gguf(gguf, threads, gpu_layers)
-        m = Model(net, cfg, tok, gguf, label, "cpu", torch.float32, cfg.quant, gen_cfg)
-        m.backend, m.backend_version, m.threads = "gguf", version(), net.threads
-        m.gpu_layers = gpu_layers_value(gpu_layers)
-        return m
+        return Model(net, cfg, tok, gguf, label, "cpu", torch.float32, cfg.quant, gen_cfg, backend="gguf",
+                     backend_version=version(), threads=net.threads, gpu_layers=gpu_layers_value(gpu_layers))
     if gpu_layers is not None:
         raise UsageError("--gpu-layers: only for GGUF models (llama.cpp); a checkpoint folder uses --device and "
                          "--gpu-mem")
@@ -151,9 +149,8 @@ def load(name="tiny", device=None, dtype=None, quant=None, gpu_mem=None, threads
     gen_cfg = read_generation_config(path)
     eos = gen_cfg.get("eos_token_id", list(cfg.eos_token_id))
     tok = load_tokenizer(path, eos if isinstance(eos, list) else [eos], gen_cfg.get("pad_token_id", cfg.pad_token_id))
-    model = Model(net, cfg, tok, path, label, dev, next(net.parameters()).dtype, quant, gen_cfg)
-    model.precision = precision   # localdiff.capability.Precision on CPU (dtype, why, the detected capability)
-    model.threads_why = why       # why threads="auto" chose torch's thread count (gen -v), else None
+    model = Model(net, cfg, tok, path, label, dev, next(net.parameters()).dtype, quant, gen_cfg,
+                  precision=precision, threads_why=why)
     if draft is not None:
         from localdiff.engine.causal import load_draft
 

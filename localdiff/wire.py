@@ -44,17 +44,16 @@ class EventEncoder:
 
     def __init__(self, model) -> None:
         self.model = model
-        tok = getattr(model, "tokenizer", None)
+        tok = model.tokenizer
         self._piece = PieceDecoder(tok) if tok is not None else None
         self._seen: set[int] = set()
 
     def begin(self) -> dict:
         """The first event: what a client needs to draw the canvas."""
         m = self.model
-        return {"event": "begin", "family": getattr(m, "family", None),
-                "canvas_length": getattr(m.config, "canvas_length", None),
-                "eos_token_ids": list(getattr(m, "eos_token_ids", []) or []),
-                "mask_token_id": getattr(m, "mask_token_id", None)}
+        return {"event": "begin", "family": m.family,
+                "canvas_length": getattr(m.config, "canvas_length", None),     # (the canvas family's config)
+                "eos_token_ids": list(m.eos_token_ids), "mask_token_id": m.mask_token_id}
 
     def _pieces(self, ids: list[int]) -> dict:
         out = {}
@@ -153,10 +152,11 @@ def step_event(d: dict) -> StepEvent:
     ids = _ids(d.get("canvas_ids"), "canvas_ids")
     n = ids.shape[1]
     masks = {name: _mask(d.get(name), name, n) for name in _MASKS}
-    return StepEvent(_int(d, "canvas"), _int(d, "step"), _int(d, "max_steps"), ids,
-                     _ids(d.get("argmax_ids"), "argmax_ids", n), masks["accepted"], masks["renoised"],
-                     masks["reopened"], _floats(d.get("confidence"), "confidence", n),
-                     _floats(d.get("entropy"), "entropy", n), masks["locked"])
+    return StepEvent(_int(d, "canvas"), _int(d, "step"), _int(d, "max_steps"), canvas_ids=ids,
+                     argmax_ids=_ids(d.get("argmax_ids"), "argmax_ids", n), accepted=masks["accepted"],
+                     renoised=masks["renoised"], reopened=masks["reopened"],
+                     confidence=_floats(d.get("confidence"), "confidence", n),
+                     entropy=_floats(d.get("entropy"), "entropy", n), locked=masks["locked"])
 
 
 def canvas_done(d: dict, text: str = "") -> CanvasDone:

@@ -11,7 +11,7 @@ import torch
 
 import localdiff
 from block_ref import EOS, MASK, ref_logits, write_upstream
-from localdiff.decoding.loop import strip_generated
+from localdiff.decoding.answer import strip_generated
 from localdiff.decoding.options import SDAROptions
 from localdiff.decoding.sdar import SDAR, transfer_schedule
 from localdiff.engine.block import split_prompt
@@ -247,10 +247,10 @@ def test_decoder_options_of_another_family_are_refused(sdar):
 def test_strip_generated_matches_the_position_rule():
     """strip_generated (list.index / count) keeps exactly the ids at kept_positions (the per-position rule: up to the
     first EOS, included with keep_eos, pad skipped), for any EOS set, pad id (also one equal to an EOS id), tensor
-    or list input; and a kept row without its trailing EOS is the text's ids (what done_event decodes)."""
+    or list input; and a kept row without its trailing EOS is the text's ids (what Answer.done decodes)."""
     import random
 
-    from localdiff.decoding.loop import kept_positions
+    from localdiff.decoding.answer import kept_positions
 
     rng = random.Random(3)
     for _ in range(5000):

@@ -51,12 +51,15 @@ def test_canvas_tokens_same_with_skipped_draws(ref_small, opts, monkeypatch):
 def test_masked_head_skip_gives_identical_tokens(family, tmp_path, monkeypatch):
     """The masked loop's LM head runs only on still-masked rows of the block: same tokens with and without the skip,
     for each cache mode, LLaDA (greedy, sampled, threshold) and Dream (entropy, origin sampled) decoders."""
+    import dataclasses
+
     from masked_ref import MASK, write_upstream
 
     from localdiff.decoding import masked_loop
     from localdiff.decoding.dream import Dream
     from localdiff.decoding.llada import LLaDA
     from localdiff.decoding.options import DreamOptions, LLaDAOptions
+    from localdiff.decoding.request import Request
     from localdiff.loader import load_model
 
     write_upstream(family, tmp_path)
@@ -73,8 +76,9 @@ def test_masked_head_skip_gives_identical_tokens(family, tmp_path, monkeypatch):
 
     def tokens(cls, o, cache):
         pol = cls(o, torch.Generator().manual_seed(3), MASK)
-        evs = list(masked_loop.run(net, pol, prompt, None, 24, o.block_length, o.steps, cache, MASK, [], None,
-                                   emit_steps=False))
+        req = Request(options=dataclasses.replace(o, kv_cache=cache), ids=prompt, max_new_tokens=24, mask_id=MASK,
+                      emit_steps=False)
+        evs = list(masked_loop.run(net, pol, req))
         return evs[-1].token_ids, evs[-1].stats.forwards
 
     for cls, o in cases:

@@ -78,7 +78,7 @@ def load_reference(path: Path):
 
 def normalize(ids: list[int], eos_ids: list[int], pad_id: int | None) -> list[int]:
     """New-token ids up to and including the first EOS, pad removed (the reference pads after EOS)."""
-    from localdiff.decoding.loop import strip_generated
+    from localdiff.decoding.answer import strip_generated
 
     return strip_generated(ids, eos_ids, pad_id, keep_eos=True)
 

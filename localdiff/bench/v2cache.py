@@ -97,6 +97,7 @@ def served_share(config: dict) -> float:
     from localdiff.cache.kv import KVCache
     from localdiff.decoding import fastdllm_v2
     from localdiff.decoding.options import FastDLLMv2Options
+    from localdiff.decoding.request import Request
 
     small = dict(config, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=1024, mask_token_id=1000, eos_token_id=1001, pad_token_id=1002,
@@ -107,8 +108,8 @@ def served_share(config: dict) -> float:
     net.denoise_sub = lambda ids, *a: calls.append(1) or orig(ids, *a)
     opts = FastDLLMv2Options.build({"threshold": 1.0, "small_block_size": SUB, "kv_cache": "dual"})
     prompt = torch.randint(0, 900, (1, config["bd_size"]), generator=torch.Generator().manual_seed(1))
-    events = list(fastdllm_v2.run(net, opts, KVCache(**net.cache_layout()), config["bd_size"] - 1, [], None, 1000,
-                                  prompt, None, prompt[:, :0], emit_steps=False))
+    req = Request(options=opts, ids=prompt, max_new_tokens=config["bd_size"] - 1, mask_id=1000, emit_steps=False)
+    events = list(fastdllm_v2.run(net, req, KVCache(**net.cache_layout()), (prompt, None), prompt[:, :0]))
     return len(calls) / events[-1].stats.forwards
 
 

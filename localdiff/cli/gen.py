@@ -258,14 +258,12 @@ def run_gen(args) -> int:
                          f"computed / {s.prefill_tokens_reused} reused, seed {seed}{_tau(s)}\n")
         if s.cache:        # the canvas family's block cache, a masked model's prefix / dual K/V tiers
             sys.stderr.write(kv_cache_line(s.cache) + "\n")
-        if getattr(model, "precision", None) is not None:
+        if model.precision is not None:
             sys.stderr.write(f"precision: {model.precision.line()}\n")
-        kernels = getattr(model, "kernels", None)
-        if callable(kernels):
-            sys.stderr.write("kernels: " + ", ".join(f"{k}={v}" for k, v in kernels().items()) + "\n")
+        sys.stderr.write("kernels: " + ", ".join(f"{k}={v}" for k, v in model.kernels().items()) + "\n")
         sys.stderr.write(backend_line(model, used) + "\n")
         sys.stderr.write(config_line() + "\n")
-        if getattr(s, "arness", None):     # how left to right the decoding order was (masked family, issue #21)
+        if s.arness:     # how left to right the decoding order was (masked family, issue #21)
             sys.stderr.write("arness: " + ", ".join(f"{k} {v:.3f}" for k, v in s.arness.items()) + "\n")
     elif done is not None and not args.quiet and _stderr_tty():
         s = done.stats
@@ -329,27 +327,27 @@ def backend_line(model, options: dict | None = None) -> str:
     """"backend: gguf (llama-cpp-python X (ggml V, commit C)), engine llama.cpp, Q8_0, cache kv_cache dual (llama.cpp
     K/V memory), 0 GPU layers, 2 threads" (the cache: the block family's exact block cache, or the masked family's
     ``kv_cache`` of ``options``) or "backend: torch X, cpu, float32, 2 threads"."""
-    if getattr(model, "backend", None) == "gguf":
+    if model.backend == "gguf":
         n = model.threads
         if model.family == "block":
             cache = "exact block cache (llama.cpp K/V memory)"
         else:
             mode = (options or {}).get("kv_cache", "none")
             cache = f"kv_cache {mode}" + (" (llama.cpp K/V memory)" if mode != "none" else " (full pass per step)")
-        gpu = getattr(model, "gpu_layers", 0)
+        gpu = model.gpu_layers
         return (f"backend: gguf ({model.backend_version}), engine llama.cpp, {model.quant}, cache {cache}, "
                 f"{'all' if gpu < 0 else gpu} GPU layers, {n} thread{'s' if n != 1 else ''}")
     import torch
 
     line = f"backend: torch {torch.__version__}, {model.device}, {str(model.dtype).replace('torch.', '')}"
-    n, why = torch.get_num_threads(), getattr(model, "threads_why", None)
+    n, why = torch.get_num_threads(), model.threads_why
     return line + (f", {n} thread{'s' if n != 1 else ''}" + (f" ({why})" if why else "")
                    if str(model.device) == "cpu" else "")
 
 
 def _tau(s) -> str:
     """The DFlash part of a stats line: acceptance length τ over the drafted blocks ("" without a draft)."""
-    n = len(getattr(s, "acceptance_lengths", None) or ())
+    n = len(s.acceptance_lengths)
     return f", DFlash τ {s.acceptance_length:.2f} over {n} drafted block{'s' if n != 1 else ''}" if n else ""
 
 
@@ -377,8 +375,8 @@ def _json_result(model, text: str, done, seed: int, sampler: dict, interrupted: 
     return {
         "text": text,
         "token_ids": list(ids),
-        "model": describe_path(model.path) if getattr(model, "path", None) else str(getattr(model, "name", "")),
-        "model_name": str(getattr(model, "name", "")),
+        "model": describe_path(model.path) if model.path else str(model.name),
+        "model_name": str(model.name),
         "seed": seed,
         "sampler": sampler,
         "usage": {"prompt_tokens": stats.get("prompt_tokens", 0), "completion_tokens": len(ids),
@@ -389,8 +387,8 @@ def _json_result(model, text: str, done, seed: int, sampler: dict, interrupted: 
         "forwards": stats.get("forwards"),
         "canvases": stats.get("canvases"),
         "finish_reason": "cancelled" if interrupted else (done.finish_reason if done is not None else None),
-        "device": str(getattr(model, "device", "")),
-        "quant": getattr(model, "quant", None),
-        "draft": getattr(model, "draft_name", None),
+        "device": str(model.device),
+        "quant": model.quant,
+        "draft": model.draft_name,
         "stats": stats,
     }

@@ -22,37 +22,36 @@ import time
 
 import torch
 
-from localdiff.decoding.detok import IncrementalText
+from localdiff.decoding.answer import Answer
 from localdiff.decoding.dflash import DFlash, pick
-from localdiff.decoding.loop import count_tokens, strip_generated
-from localdiff.events import CanvasDone, Done, GenerationStats, StepEvent
+from localdiff.decoding.request import Request
+from localdiff.events import CanvasDone, StepEvent
 
 
-def run(target, cache, prompt_ids: torch.Tensor, max_new_tokens: int, eos_ids: list[int], options, generator,
-        draft=None, draft_cache=None, block_size: int | None = None, emit_steps: bool = True, decode=None,
-        stats: GenerationStats | None = None, cancel=None):
-    """Generate after ``prompt_ids`` LongTensor[1, P]; yields StepEvent (with a draft and ``emit_steps``),
+def run(target, req: Request, cache, draft=None, draft_cache=None):
+    """Generate after ``req.ids`` LongTensor[1, P]; yields StepEvent (with a draft and ``req.emit_steps``),
     CanvasDone per step, then Done (token ids: the new tokens, EOS kept).
 
     Args:
         target: a :class:`localdiff.arch.causal.CausalLM` (``prefill`` with ``layers``, ``embed_tokens``,
-            ``head_weight()``); cache: its empty block KV cache.
-        options: CausalOptions; generator: torch.Generator.
+            ``head_weight()``).
+        req: the generation (:class:`localdiff.decoding.request.Request`): ``options`` (CausalOptions; its
+            ``block_size``: tokens per block, default the draft's, 1 = plain AR even with a draft),
+            ``generator``, ``max_new_tokens``, ``eos_ids``, ``cancel`` (polled before every target forward, the
+            prefill and each step; True ends the generator there, no Done, as the other families' loops).
+        cache: the target's empty block KV cache.
         draft / draft_cache: a :class:`localdiff.arch.dflash.DFlashDraft` and its empty cache, or None (plain AR).
-        block_size: tokens per block (default: the draft's); 1 = plain AR even with a draft.
-        cancel: ``cancel() -> bool`` polled before every target forward (the prefill and each step); True ends the
-            generator there (no Done), as the other families' loops.
     """
-    st = stats or GenerationStats()
-    t0 = time.perf_counter()
+    options, generator, st = req.options, req.generator, req.stats
+    prompt_ids = req.ids
+    answer = Answer(req, 1, prompt_ids.device)
     p = prompt_ids.shape[1]
-    max_length = p + max_new_tokens
-    bs = 1 if draft is None else int(block_size or draft.block_size)
+    max_length = p + req.max_new_tokens
+    bs = 1 if draft is None else int(options.block_size or draft.block_size)
     layers = draft.target_layer_ids if bs > 1 else None
     policy = DFlash(options, generator)
-    eos = set(eos_ids or ())
-    text = IncrementalText(decode)
-    if cancel is not None and cancel():
+    eos = set(answer.eos_ids)
+    if req.cancel is not None and req.cancel():
         return
     tp = time.perf_counter()
     logits, feats = target.prefill(prompt_ids, cache, layers=layers, last_only=True)
@@ -62,13 +61,13 @@ def run(target, cache, prompt_ids: torch.Tensor, max_new_tokens: int, eos_ids: l
     last = int(pick(logits[:, -1], options, generator)[0])
     out = [last]
     ctx_ids = prompt_ids
-    yield CanvasDone(0, torch.tensor([[last]]), text.add([last] if last not in eos else []), 1,
+    yield CanvasDone(0, torch.tensor([[last]]), answer.detok.add([last] if last not in eos else []), 1,
                      torch.tensor([last in eos]))
     start, step, reason = p, 0, "length"
     stopped = last in eos
     dev = prompt_ids.device
     while start + 1 < max_length and not stopped:
-        if cancel is not None and cancel():
+        if req.cancel is not None and req.cancel():
             return
         n = min(bs, max_length - start)
         block = torch.full((1, n), draft.mask_token_id if n > 1 else 0, dtype=torch.long, device=dev)
@@ -79,7 +78,7 @@ def run(target, cache, prompt_ids: torch.Tensor, max_new_tokens: int, eos_ids: l
             dl = draft.draft(draft.embed(block, w), feats, draft_cache, target.head_weight(), feature_ids=ctx_ids)
             st.draft_forwards += 1
             block[:, 1:] = policy.propose(dl[:, 1:])
-            if emit_steps:
+            if req.emit_steps:
                 conf = torch.softmax(dl[0, 1:], -1).max(-1).values
         tl, new_feats = target.prefill(block, cache, layers=layers if n > 1 else None)
         st.forwards += 1
@@ -100,17 +99,16 @@ def run(target, cache, prompt_ids: torch.Tensor, max_new_tokens: int, eos_ids: l
             feats, ctx_ids = new_feats[:, :produced], block[:, :produced]
         last = new[-1]
         step += 1
-        if emit_steps and n > 1:
+        if req.emit_steps and n > 1:
             yield _event(step, block, acc, conf)
-        yield CanvasDone(step, torch.tensor([new]), text.add([t for t in new if t not in eos]), 1,
+        yield CanvasDone(step, torch.tensor([new]), answer.detok.add([t for t in new if t not in eos]), 1,
                          torch.tensor([stopped]))
     if last in eos:
         reason = "eos"
     st.canvases = step + 1
     st.acceptance_length = sum(st.acceptance_lengths) / max(len(st.acceptance_lengths), 1)
     st.cache = cache.stats() if hasattr(cache, "stats") else {}
-    count_tokens(st, [out], time.perf_counter() - t0)
-    yield Done(decode(strip_generated(out, eos_ids, None)) if decode else "", out, st, reason)
+    yield answer.done([out], reason)
 
 
 def _event(step: int, block: torch.Tensor, acc: int, conf: torch.Tensor | None) -> StepEvent:
@@ -122,5 +120,5 @@ def _event(step: int, block: torch.Tensor, acc: int, conf: torch.Tensor | None) 
     if conf is not None:
         c[0, 1:] = conf.float().cpu()
     none = torch.zeros(1, n, dtype=torch.bool)
-    return StepEvent(step, 1, 1, block.cpu().clone(), block.cpu().clone(), accepted, rejected, none, c,
-                     torch.zeros(1, n), drafted=True)
+    return StepEvent(step, 1, 1, canvas_ids=block.cpu().clone(), argmax_ids=block.cpu().clone(), accepted=accepted,
+                     renoised=rejected, reopened=none, confidence=c, entropy=torch.zeros(1, n), drafted=True)

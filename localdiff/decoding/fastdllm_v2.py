@@ -34,12 +34,11 @@ import time
 
 import torch
 
-from localdiff.decoding.sampling import top_p_logits
-from localdiff.decoding.detok import IncrementalText
+from localdiff.decoding.answer import Answer
 from localdiff.decoding.draws import categorical
-from localdiff.decoding.loop import done_event, strip_generated
-from localdiff.decoding.stopping import finalize_canvas
-from localdiff.events import CanvasDone, GenerationStats, StepEvent
+from localdiff.decoding.request import Request
+from localdiff.decoding.sampling import top_p_logits
+from localdiff.events import StepEvent
 
 
 def _pick(logits: torch.Tensor, o, gen, mask_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,42 +55,37 @@ def _pick(logits: torch.Tensor, o, gen, mask_id: int) -> tuple[torch.Tensor, tor
     return x, probs.gather(-1, x[..., None]).squeeze(-1)
 
 
-def run(net, options, cache, max_new_tokens: int, eos_ids: list[int], pad_id: int | None, mask_id: int,
-        prefill_ids, prefill_mask, tail_ids, generator=None, emit_steps: bool = True, decode=None,
-        stats: GenerationStats | None = None, cancel=None):
-    """Generate after a prompt; yields StepEvent (when ``emit_steps``), CanvasDone per block, then Done.
+def run(net, req: Request, cache, prefill: tuple | None, tail_ids: torch.Tensor):
+    """Generate after a prompt; yields StepEvent (when ``req.emit_steps``), CanvasDone per block, then Done.
 
     Args:
         net: a block model (``prefill(..., last_logits=True)``, ``denoise``; ``config.block_size``).
-        options: :class:`localdiff.decoding.options.FastDLLMv2Options`.
-        cache: the block KV cache (holding any reused prefix). ``prefill_ids`` LongTensor[B, T'] (whole blocks
-            still to prefill, maybe empty) with its padding mask Bool[B, T'] or None; ``tail_ids`` LongTensor[B, t]:
-            the prompt tokens sharing the first block (t may be 0).
-        max_new_tokens / eos_ids / pad_id / mask_id: as the generic loop.
-        cancel: ``cancel() -> bool`` polled before every denoising forward; True ends the generator there (no Done),
-            as in :func:`localdiff.decoding.loop.run`.
+        req: the generation (:class:`localdiff.decoding.request.Request`): ``options``
+            (:class:`localdiff.decoding.options.FastDLLMv2Options`), ``max_new_tokens``, ``eos_ids`` / ``pad_id`` /
+            ``mask_id`` as the generic loop, ``generator``, ``cancel`` (polled before every denoising forward; True
+            ends the generator there, no Done, as in :func:`localdiff.decoding.loop.run`).
+        cache: the block KV cache (holding any reused prefix).
+        prefill: (ids LongTensor[B, T'], padding mask Bool[B, T'] or None): the whole blocks still to prefill, or
+            None. tail_ids: LongTensor[B, t]: the prompt tokens sharing the first block (t may be 0).
     Raises:
         ValueError: ``small_block_size`` does not divide the block size.
     """
+    options, generator, mask_id, pad_id = req.options, req.generator, req.mask_id, req.pad_id
     blk, sbs = net.config.block_size, options.small_block_size
     if blk % sbs:
         raise ValueError(f"small_block_size: must divide the block size {blk} (got {sbs})")
-    st = stats or GenerationStats()
-    detok = IncrementalText(decode)   # row 0's text, block by block
-    t0 = time.perf_counter()
+    st = req.stats
     b, dev = tail_ids.shape[0], tail_ids.device
-    eos_t = torch.tensor(eos_ids, device=dev) if eos_ids else None
-    finished = torch.zeros(b, dtype=torch.bool, device=dev)
+    answer = Answer(req, b, dev)
     forwards = torch.zeros(b, dtype=torch.long, device=dev)
     lead = tail_ids.shape[1]
     last = None
-    if prefill_ids is not None and prefill_ids.shape[1]:
+    if prefill is not None and prefill[0].shape[1]:
         tp = time.perf_counter()
-        last = net.prefill(prefill_ids, cache, prefill_mask, last_logits=lead == 0)
+        last = net.prefill(prefill[0], cache, prefill[1], last_logits=lead == 0)
         st.prefill_seconds += time.perf_counter() - tp
-        st.prefill_tokens_computed += prefill_ids.shape[1]
-    generated, reason, made = [], "length", 0
-    n_blocks = math.ceil((max_new_tokens + lead) / blk)
+        st.prefill_tokens_computed += prefill[0].shape[1]
+    n_blocks = math.ceil((req.max_new_tokens + lead) / blk)
     for ci in range(n_blocks):
         skip = lead if ci == 0 else 0
         canvas = torch.full((b, blk), mask_id, dtype=torch.long, device=dev)
@@ -109,9 +103,9 @@ def run(net, options, cache, max_new_tokens: int, eos_ids: list[int], pad_id: in
                 sub = masked[:, s0:s0 + sbs] & ~stop[:, None]
                 if not bool(sub.any()):
                     break
-                if cancel is not None and cancel():
+                if req.cancel is not None and req.cancel():
                     return
-                forwards += ~(stop | finished)
+                forwards += ~(stop | answer.finished)
                 steps += 1
                 if block_kv is not None and not bool((canvas[:, s0] == mask_id).any()):
                     logits = net.denoise_sub(canvas[:, s0:s0 + sbs], cache, block_kv, s0)
@@ -128,33 +122,38 @@ def run(net, options, cache, max_new_tokens: int, eos_ids: list[int], pad_id: in
                 commit[torch.arange(b, device=dev), conf.argmax(-1)] = True
                 commit &= sub
                 canvas[:, s0:s0 + sbs] = torch.where(commit, x1, canvas[:, s0:s0 + sbs])
-                stop |= _stopped(canvas, skip, mask_id, eos_t)
-                if emit_steps:
-                    left = canvas == mask_id
-                    full_conf = torch.ones(b, blk, device=dev)
-                    full_conf[:, s0:s0 + sbs] = torch.where(sub, p1, 1.0)
-                    yield StepEvent(ci, steps, blk, canvas.cpu(), canvas.cpu(), (~left).cpu(), left.cpu(),
-                                    torch.zeros_like(left).cpu(), full_conf.cpu(), torch.zeros(b, blk))
+                stop |= _stopped(canvas, skip, mask_id, answer.eos_t)
+                if req.emit_steps:
+                    yield _event(ci, steps, canvas, sub, p1, s0, mask_id)
         block = torch.where(canvas == mask_id, torch.full_like(canvas, pad_id if pad_id is not None else 0),
                             canvas)
-        final, finished = finalize_canvas(block[:, skip:], finished, eos_t, pad_id)
-        generated.append(final)
-        st.canvases += 1
-        room = max_new_tokens - made
-        made += final.shape[1]
-        text = detok.add(strip_generated(final[0, :room], eos_ids, pad_id))
-        yield CanvasDone(ci, final.cpu(), text, steps, finished.cpu())
-        if bool(finished.all()):
-            reason = "eos"
-            break
-        if ci + 1 == n_blocks:
+        yield answer.end_block(ci, block[:, skip:], steps)
+        if answer.all_finished or ci + 1 == n_blocks:
             break
         tp = time.perf_counter()
         last = net.prefill(block, cache, None, last_logits=True)
-        forwards += ~finished
+        forwards += ~answer.finished
         st.prefill_seconds += time.perf_counter() - tp
         st.prefill_tokens_computed += blk
-    yield done_event(generated, b, max_new_tokens, eos_ids, pad_id, forwards, st, t0, cache, decode, reason)
+    rows = answer.rows()
+    st.forwards = int(forwards.sum())
+    if hasattr(cache, "stats"):
+        st.cache = cache.stats()
+    yield answer.done(rows, answer.reason(rows))
+
+
+def _event(ci: int, step: int, canvas: torch.Tensor, sub: torch.Tensor, p1: torch.Tensor, s0: int,
+           mask_id: int) -> StepEvent:
+    """The StepEvent of one step over LongTensor[B, blk] ``canvas`` (CPU tensors): accepted = the committed
+    positions, renoised = the masks left; confidence = the sampled tokens' probabilities ``p1`` at the sub-block's
+    masked positions ``sub`` (BoolTensor[B, sbs] from ``s0``), 1 elsewhere."""
+    b, blk = canvas.shape
+    left = canvas == mask_id
+    conf = torch.ones(b, blk, device=canvas.device)
+    conf[:, s0:s0 + sub.shape[1]] = torch.where(sub, p1, 1.0)
+    return StepEvent(ci, step, blk, canvas_ids=canvas.cpu(), argmax_ids=canvas.cpu(), accepted=(~left).cpu(),
+                     renoised=left.cpu(), reopened=torch.zeros_like(left).cpu(), confidence=conf.cpu(),
+                     entropy=torch.zeros(b, blk))
 
 
 def _stopped(canvas: torch.Tensor, skip: int, mask_id: int, eos_t) -> torch.Tensor:

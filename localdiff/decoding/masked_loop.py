@@ -28,12 +28,11 @@ import time
 import torch
 
 from localdiff.decoding import arness
-from localdiff.decoding.detok import IncrementalText
+from localdiff.decoding.answer import Answer, kept_positions
 from localdiff.decoding.llada import guided
-from localdiff.decoding.loop import count_tokens, kept_positions, strip_generated
-from localdiff.decoding.stopping import finalize_canvas
+from localdiff.decoding.request import Request
 from localdiff.decoding.vicinity import VicinityRefresh
-from localdiff.events import CanvasDone, Done, GenerationStats, StepEvent
+from localdiff.events import StepEvent
 
 
 def block_plan(gen_length: int, block_length: int | None, steps: int | None,
@@ -54,60 +53,56 @@ def block_plan(gen_length: int, block_length: int | None, steps: int | None,
     return out
 
 
-def run(net, policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None, max_new_tokens: int,
-        block_length: int | None, steps: int | None, cache: str, mask_id: int, eos_ids: list[int],
-        pad_id: int | None, emit_steps: bool = True, decode=None, stats: GenerationStats | None = None,
-        store=None, cancel=None, stop_at_eos: bool = True):
-    """Generate after a left-padded prompt; yields StepEvent (when ``emit_steps``), CanvasDone per block, then Done.
+def run(net, policy, req: Request, store=None):
+    """Generate after a left-padded prompt; yields StepEvent (when ``req.emit_steps``), CanvasDone per block, then
+    Done.
 
     Args:
         net: roles ``logits`` + ``window`` (:mod:`localdiff.arch.base`); ``net.shift_logits``.
         policy: LLaDA / Dream / NAP policy (module docstring); its optional ``template`` (LongTensor[max_new_tokens],
             mask id where masked) prefills the answer region.
-        prompt_ids: LongTensor[B, P] (left padding must not be ``mask_id``); prompt_mask: BoolTensor[B, P] or None.
-        max_new_tokens: the answer's length in masks (LLaDA's gen_length).
-        block_length / steps: see :func:`block_plan`. cache: "none" | "prefix" | "dual" | "vicinity" (the policy's
-            options carry ``prefix_look``, ``after_look``, ``warmup_steps``).
-        mask_id / eos_ids / pad_id: special ids (pad replaces tokens after EOS in CanvasDone, as in the canvas loop).
-        decode: ids → text (row 0), or None.
+        req: the generation (:class:`localdiff.decoding.request.Request`): ``ids`` LongTensor[B, P] the prompt (left
+            padding must not be ``mask_id``) with ``mask`` BoolTensor[B, P] or None; ``max_new_tokens``: the
+            answer's length in masks (LLaDA's gen_length); ``mask_id`` / ``eos_ids`` / ``pad_id`` (pad replaces
+            tokens after EOS in CanvasDone, as in the canvas loop); ``cancel``: polled before every denoising step
+            (True ends the generator there, no Done). From ``req.options``: ``block_length`` / ``steps`` (see
+            :func:`block_plan`), ``kv_cache`` "none" | "prefix" | "dual" | "vicinity" (with ``prefix_look``,
+            ``after_look``, ``warmup_steps``) and ``stop_at_eos`` (default True: end after the block where every
+            row has an EOS; False: every block is decoded, for every row, as LLaDA ``generate.py`` and llama.cpp
+            ``examples/diffusion``; the returned rows are the same, cut at each row's first EOS: later blocks never
+            change earlier ones).
         store: where the prefix / dual caches' K/V live: ``store.place(per-layer (K, V) list)`` returns the
             indexable K/V with ``.prefix(end)`` (the engine passes :class:`localdiff.cache.window.WindowStore`: device
             budget, host tier); None = the list as returned, on the device.
-        cancel: ``cancel() -> bool`` polled before every denoising step; True ends the generator there (no Done).
-        stop_at_eos: end after the block where every row has an EOS (False: every block is decoded, for every row,
-            as LLaDA ``generate.py`` and llama.cpp ``examples/diffusion``; the returned rows are the same, cut at
-            each row's first EOS: later blocks never change earlier ones).
     """
-    st = stats or GenerationStats()
-    t0 = time.perf_counter()
+    o, st = req.options, req.stats
+    block_length, cache, mask_id = o.block_length, o.kv_cache, req.mask_id
+    stop_at_eos = getattr(o, "stop_at_eos", True)       # (NAP's canvas is one block: no such option)
+    prompt_ids, prompt_mask = req.ids, req.mask
     dev = prompt_ids.device
     store = store if store is not None else _OnDevice()
     b, p = prompt_ids.shape
-    g = max_new_tokens
+    g = req.max_new_tokens
+    answer = Answer(req, b, dev)
     x = torch.cat([prompt_ids, torch.full((b, g), mask_id, dtype=torch.long, device=dev)], dim=1)
     if getattr(policy, "template", None) is not None:      # a canvas with prefilled tokens (NAP's tags)
         x[:, p:] = policy.template.to(dev)[:g]
     amask = None if prompt_mask is None else torch.cat([prompt_mask.bool(), torch.ones(b, g, dtype=torch.bool,
                                                                                       device=dev)], dim=1)
     shift = 1 if getattr(net, "shift_logits", False) else 0
-    eos_t = torch.tensor(eos_ids, device=dev) if eos_ids else None
-    finished = torch.zeros(b, dtype=torch.bool, device=dev)
     commit = torch.zeros(b, g, dtype=torch.long, device=dev)   # global step at which each position was committed
-    forwards, gstep, reason = 0, 0, "length"
-    finals: list[torch.Tensor] = []
-    detok = IncrementalText(decode)   # row 0's text, block by block
+    forwards, gstep = 0, 0
     align = getattr(policy, "block_align", False) and block_length is not None
     vic = None
     if cache == "vicinity":
-        o = policy.o
         vic = VicinityRefresh(o.prefix_look, o.after_look, o.warmup_steps)
-    for ci, (off, length, n_steps) in enumerate(block_plan(g, block_length, steps,
+    for ci, (off, length, n_steps) in enumerate(block_plan(g, block_length, o.steps,
                                                            block_length - p % block_length if align else None)):
         start, end = p + off, p + off + length
         ws = max(0, end - block_length) if align and ci == 0 else start     # the block as dInfer's iterator has it
         if vic is not None:
             vic.begin_block(ci, ws, end)
-        active = ~finished if stop_at_eos else torch.ones_like(finished)
+        active = ~answer.finished if stop_at_eos else torch.ones_like(answer.finished)
         n_active = int(active.sum())                       # rows still decoding (fixed within a block)
         all_active = n_active == b
         xv = x[:, start:end]                               # a view: commits write x through it
@@ -118,7 +113,7 @@ def run(net, policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
         i = 0
         cap = n_steps + length if policy.parallel else n_steps     # parallel rules commit ≥ 1 per step
         while bool(masked.any()) and i < cap:
-            if cancel is not None and cancel():
+            if req.cancel is not None and req.cancel():
                 return
             with torch.inference_mode():   # the step's ops skip autograd's dispatch (nothing needs gradients)
                 if logits is None:
@@ -143,24 +138,17 @@ def run(net, policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
                 else:
                     new_logits = logits
                 now = xv == mask_id if all_active else (xv == mask_id) & active[:, None]
-            if emit_steps:     # outside inference mode: the consumer runs between yields
+            if req.emit_steps:     # outside inference mode: the consumer runs between yields
                 yield _event(ci, used, n_steps, x[:, start:end], logits, xb, masked, mask_id)
             logits, masked = new_logits, now
             i += 1
-        row0_done = bool(finished[0])
-        final, finished = finalize_canvas(x[:, start:end], finished, eos_t, pad_id)
-        finals.append(final)
-        st.canvases += 1
-        text = detok.add(strip_generated(final[0], eos_ids, pad_id)) if not row0_done else ""
-        yield CanvasDone(ci, final.cpu(), text, used, finished.cpu())
-        if bool(finished.all()):
-            reason = "eos"
-            if stop_at_eos:
-                break
-    out = torch.cat(finals, dim=1)
+        yield answer.end_block(ci, x[:, start:end], used)
+        if answer.all_finished and stop_at_eos:
+            break
+    out = torch.cat(answer.blocks, dim=1)
     rows, order = [], []
     for r in range(b):
-        keep = kept_positions(out[r].tolist(), eos_ids, pad_id)[:max_new_tokens]
+        keep = kept_positions(out[r].tolist(), answer.eos_ids, req.pad_id)[:g]
         rows.append([int(out[r, k]) for k in keep])
         order.append([int(commit[r, k]) for k in keep])
     st.forwards = forwards
@@ -168,9 +156,7 @@ def run(net, policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
         st.cache = store.accounting()
     st.commit_step = order if b > 1 else order[0]
     st.arness = arness.summary(st.commit_step)
-    count_tokens(st, rows, time.perf_counter() - t0)
-    texts = [decode(strip_generated(r, eos_ids, pad_id)) if decode else "" for r in rows]
-    yield Done(texts[0] if b == 1 else texts, rows if b > 1 else rows[0], st, reason)
+    yield answer.done(rows, "eos" if answer.all_finished else "length")
 
 
 #: the LM head runs only on the block's still-masked positions (committed positions' logits are never read by the
@@ -273,6 +259,7 @@ def _event(ci, step, max_steps, block, logits, before, masked, mask_id) -> StepE
     ent[masked] = -(probs * torch.log(probs.clamp_min(1e-30))).sum(-1)
     acc = block != mask_id
     none = torch.zeros_like(acc)
-    return StepEvent(ci, step, max_steps, block.clone().cpu(), torch.where(masked, arg, before).cpu(), acc.cpu(), none.cpu(),
-                     none.cpu(), conf.cpu(), ent.cpu())
+    return StepEvent(ci, step, max_steps, canvas_ids=block.clone().cpu(),
+                     argmax_ids=torch.where(masked, arg, before).cpu(), accepted=acc.cpu(), renoised=none.cpu(),
+                     reopened=none.cpu(), confidence=conf.cpu(), entropy=ent.cpu())
 

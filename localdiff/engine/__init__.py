@@ -23,7 +23,8 @@ from localdiff.engine.request import Request
 from localdiff.errors import TokenizerMissingError, UsageError
 from localdiff.events import Done, GenerationStats
 
-#: model family (``localdiff.arch`` registry) → its runner module: ``prepare(model)`` (checks at load),
+#: model family (``localdiff.arch`` registry) → its runner module: ``prepare(model)`` (checks at load; returns the
+#: mask token id the family decodes with, or None),
 #: ``new_cache(model, device_budget_bytes)`` and ``stream(model, request)`` (yields events). A family is one line here
 #: plus its runner file.
 RUNNERS: dict[str, str] = {
@@ -56,14 +57,30 @@ class Generation:
 class Model:
     """A loaded diffusion LM. Build with :func:`localdiff.load`.
 
-    Attributes: ``config`` (architecture config), ``tokenizer`` (or None), ``name``, ``path``, ``device``,
-    ``dtype``, ``quant``, ``net`` (the torch module).
+    Attributes (all set here, at construction):
+        config: the architecture config. tokenizer: or None. name, path: as loaded. device, dtype, quant.
+        net: the torch module (or a GGUF backend's). family: the model family (``localdiff.arch`` registry).
+        eos_token_ids (list[int]), pad_token_id (int or None), mask_token_id (int or None: the mask token the
+            masked / block / slots families decode with, from the runner's ``prepare``; None for canvas and causal
+            models), default_max_new_tokens, generation_config (dict).
+        backend: "torch" or "gguf" (llama.cpp); backend_version: the gguf backend's version line, else None.
+        threads: the gguf backend's thread count (None on torch: torch's process-wide count applies).
+        gpu_layers: layers llama.cpp offloads to a GPU (gguf; -1 = all), 0 on torch.
+        precision: :class:`localdiff.capability.Precision` of a CPU torch load (dtype, why, the detected
+            capability), else None. threads_why: why ``threads="auto"`` chose torch's thread count, else None.
+        draft: the attached DFlash draft net (causal family; :func:`localdiff.engine.causal.attach_draft`) or None;
+            draft_name: its name as given, or None.
     """
 
-    def __init__(self, net, config, tokenizer, path: Path, name: str, device, dtype, quant, gen_config: dict):
+    def __init__(self, net, config, tokenizer, path: Path, name: str, device, dtype, quant, gen_config: dict, *,
+                 backend: str = "torch", backend_version: str | None = None, threads: int | None = None,
+                 gpu_layers: int = 0, precision=None, threads_why: str | None = None):
         self.net, self.config, self.tokenizer = net, config, tokenizer
         self.path, self.name, self.device, self.dtype, self.quant = path, name, torch.device(device), dtype, quant
-        self.precision = None   # localdiff.capability.Precision, set by localdiff.load on CPU
+        self.backend, self.backend_version = backend, backend_version
+        self.threads, self.gpu_layers, self.threads_why = threads, gpu_layers, threads_why
+        self.precision = precision
+        self.draft = self.draft_name = None
         self.generation_config = gen_config
         self.family = entry_for(config.model_type).family
         own = policy_for_family(self.family, getattr(config, "model_type", None))
@@ -81,7 +98,7 @@ class Model:
         if tokenizer is not None:
             tokenizer.eos_token_ids = self.eos_token_ids
         self.runner = runner_for(self.family)
-        self.runner.prepare(self)
+        self.mask_token_id = self.runner.prepare(self)
 
     # -- building blocks ----------------------------------------------------------------------------------------
     def kernels(self) -> dict[str, str]:
@@ -231,7 +248,10 @@ class Model:
             mask = attention_mask.to(self.device).bool()
         stats = GenerationStats(prompt_tokens=len(rows[0]) if mask is None else int(mask[0].sum()))
         decode = self.tokenizer.decode if self.tokenizer is not None else None
-        req = Request(options, rows, ids, mask, n_new, gen, stats, emit_steps, cache, start_canvas, decode, cancel)
+        req = Request(options=options, ids=ids, max_new_tokens=n_new, mask=mask, rows=rows,
+                      eos_ids=self.eos_token_ids, pad_id=self.pad_token_id, mask_id=self.mask_token_id,
+                      generator=gen, stats=stats, emit_steps=emit_steps, cache=cache, start_canvas=start_canvas,
+                      decode=decode, cancel=cancel)
         with self._generation():
             for ev in self.runner.stream(self, req):
                 if isinstance(ev, Done):

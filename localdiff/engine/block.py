@@ -22,13 +22,14 @@ from localdiff.engine.canvas import common_prefix
 from localdiff.errors import UsageError
 
 
-def prepare(model) -> None:
-    """Sets ``model.mask_token_id`` (the chat shows still-masked cells of the block being denoised).
+def prepare(model) -> int:
+    """The model's mask token id (``Model.mask_token_id``; the chat shows still-masked cells of the block being
+    denoised).
 
     Raises:
         CheckpointError: no mask id, or pad id = mask id (padding would read as masks).
     """
-    masked.prepare(model, "block-diffusion")
+    return masked.prepare(model, "block-diffusion")
 
 
 def new_cache(model, device_budget_bytes: int | None = None) -> KVCache:
@@ -94,16 +95,11 @@ def stream(model, req):
     todo = ids[:, start:whole]
     todo_mask = None if mask is None else mask[:, start:whole]
     if v2:
-        yield from fastdllm_v2.run(net, options, cache, req.max_new_tokens, model.eos_token_ids, model.pad_token_id,
-                                   model.mask_token_id, todo, todo_mask, ids[:, whole:], req.generator,
-                                   req.emit_steps, req.decode, req.stats, cancel=req.cancel)
+        yield from fastdllm_v2.run(net, req, cache, (todo, todo_mask), ids[:, whole:])
         return
     first = torch.full((ids.shape[0], blk), model.mask_token_id, dtype=torch.long, device=ids.device)
     first[:, :tail] = ids[:, whole:]
     cls = policy_class(options.POLICY)     # a class ``(options, batch, block, mask_id, device, generator)``
     context = {"max_new_tokens": req.max_new_tokens, "eos_ids": model.eos_token_ids} if cls.TAKES_BUDGET else {}
     policy = cls(options, ids.shape[0], blk, model.mask_token_id, model.device, req.generator, **context)
-    yield from loop.run(net, policy, cache, ids.shape[0], req.max_new_tokens, model.eos_token_ids,
-                        model.pad_token_id, prefill_ids=todo, prefill_mask=todo_mask, start_canvas=first,
-                        emit_steps=req.emit_steps, decode=req.decode, stats=req.stats, lead=tail,
-                        cancel=req.cancel)
+    yield from loop.run(net, policy, req, cache, prefill=(todo, todo_mask), start_canvas=first, lead=tail)

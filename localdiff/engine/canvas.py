@@ -9,7 +9,7 @@ from localdiff.errors import UsageError
 
 
 def prepare(model) -> None:
-    """Nothing to check beyond the config parser."""
+    """Nothing to check beyond the config parser; no mask token (the canvas is noised with uniform tokens)."""
 
 
 def new_cache(model, device_budget_bytes: int | None = None) -> KVCache:
@@ -39,14 +39,11 @@ def stream(model, req):
     elif getattr(cache, "seq_len", 0):
         raise UsageError("cache reuse works for a single prompt; pass cache=None for batches")
     cfg = model.config
-    prec = getattr(model, "precision", None)     # the fast sampler in fp32 where bf16 would be the default
+    prec = model.precision     # the fast sampler in fp32 where bf16 would be the default
     fast = True if prec is not None and prec.sampler == "fast" else None
     policy = policy_class(req.options)(req.options, ids.shape[0], cfg.canvas_length, cfg.vocab_size, model.device,
                                        req.generator, model.net.embed_tokens.weight.dtype, fast=fast)
-    yield from loop.run(model.net, policy, cache, ids.shape[0], req.max_new_tokens, model.eos_token_ids,
-                        model.pad_token_id, prefill_ids=todo, prefill_mask=todo_mask, start_canvas=req.start_canvas,
-                        emit_steps=req.emit_steps, decode=req.decode, stats=req.stats,
-                        cancel=req.cancel)
+    yield from loop.run(model.net, policy, req, cache, prefill=(todo, todo_mask), start_canvas=req.start_canvas)
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

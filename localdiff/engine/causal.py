@@ -12,8 +12,8 @@ _BLOCK_ROOM = 64
 
 
 def prepare(model) -> None:
-    """No draft until :func:`attach_draft`."""
-    model.draft = getattr(model, "draft", None)
+    """Nothing to check beyond the config parser; no mask token (a draft has its own). ``model.draft`` is None
+    until :func:`attach_draft`."""
 
 
 def attach_draft(model, draft_net, where: str = "draft") -> None:
@@ -83,6 +83,4 @@ def stream(model, req):
     draft_cache = None
     if model.draft is not None:
         draft_cache = KVCache(**model.draft.cache_layout(_BLOCK_ROOM))
-    yield from causal_loop.run(model.net, cache, req.ids, req.max_new_tokens, model.eos_token_ids, opts,
-                               req.generator, model.draft, draft_cache, opts.block_size, req.emit_steps, req.decode,
-                               req.stats, cancel=req.cancel)
+    yield from causal_loop.run(model.net, req, cache, model.draft, draft_cache)

@@ -4,6 +4,8 @@ the decoder's policy (LLaDA's, Dream's, NAP's or any masked-family declaration's
 :func:`localdiff.decoding.options.policy_class`)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from localdiff.cache.window import WindowStore
@@ -13,18 +15,20 @@ from localdiff.decoding.options import policy_class
 from localdiff.errors import CheckpointError, UsageError
 
 
-def prepare(model, kind: str = "masked-diffusion") -> None:
-    """Sets ``model.mask_token_id`` (``kind`` names the family in the error; the block family's runner uses it too).
+def prepare(model, kind: str = "masked-diffusion") -> int:
+    """The model's mask token id (``Model.mask_token_id``), checked (``kind`` names the family in the error; the
+    block and slots families' runners use it too).
 
     Raises:
         CheckpointError: no mask_token_id in config.json, or pad id = mask id (padding would read as masks).
     """
-    model.mask_token_id = getattr(model.config, "mask_token_id", None)
-    if model.mask_token_id is None:
+    mask = getattr(model.config, "mask_token_id", None)
+    if mask is None:
         raise CheckpointError(f"{model.path}: config.json has no mask_token_id (a {kind} model needs it)")
-    if model.pad_token_id == model.mask_token_id:
-        raise CheckpointError(f"{model.path}: pad_token_id equals mask_token_id ({model.mask_token_id}); padding "
-                              "would read as masks")
+    if model.pad_token_id == mask:
+        raise CheckpointError(f"{model.path}: pad_token_id equals mask_token_id ({mask}); padding would read as "
+                              "masks")
+    return mask
 
 
 def new_cache(model, device_budget_bytes: int | None = None) -> WindowStore | None:
@@ -70,11 +74,7 @@ def stream(model, req):
         if getattr(options, "logits_eos_inf", False) or getattr(options, "confidence_eos_eot_inf", False):
             policy.eos_id, policy.eot_id = eos_and_eot(model, options.confidence_eos_eot_inf)
     try:
-        yield from masked_loop.run(model.net, policy, ids, mask, n_new, options.block_length,
-                                   options.steps, options.kv_cache, model.mask_token_id, model.eos_token_ids,
-                                   model.pad_token_id, emit_steps=req.emit_steps, decode=req.decode,
-                                   stats=req.stats, store=req.cache, cancel=req.cancel,
-                                   stop_at_eos=getattr(options, "stop_at_eos", True))
+        yield from masked_loop.run(model.net, policy, replace(req, ids=ids, max_new_tokens=n_new), store=req.cache)
     finally:
         if req.cache is not None:
             req.cache.release()

@@ -120,8 +120,7 @@ def frame_from_step(ev: StepEvent, token_text: TokenText, prev_accepted: list[bo
     conf = [float(c) for c in ev.confidence[0].tolist()]
     tokens = [MASK_TEXT if st == MASK else token_text(i) for i, st in zip(ids, states)]
     return CanvasFrame(ev.canvas_index, ev.step, ev.max_steps, tokens, states, conf,
-                       slots=slots_note(getattr(ev, "slots", None)),
-                       drafted=bool(getattr(ev, "drafted", False)))
+                       slots=slots_note(ev.slots), drafted=bool(ev.drafted))
 
 
 def frame_from_done(ev: CanvasDone, token_text: TokenText, last: CanvasFrame | None) -> CanvasFrame:
@@ -225,7 +224,7 @@ def run_generation(model, cache, job: GenerationJob, slot: FrameSlot, post: Call
                     break
                 if last is None or last.canvas_index != ev.canvas_index:
                     prev_acc = None
-                last = frame_from_step(ev, token_text, prev_acc, getattr(model, "mask_token_id", None))
+                last = frame_from_step(ev, token_text, prev_acc, model.mask_token_id)
                 prev_acc = [bool(a) for a in ev.accepted[0].tolist()]
                 forwards += 1
                 last.forwards, last.answer_tokens = forwards, done_tokens + sum(prev_acc)

@@ -44,7 +44,8 @@ def run(target, cache, prompt_ids: torch.Tensor, max_new_tokens: int, eos_ids: l
         target: a :class:`localdiff.arch.causal.CausalLM` (``prefill`` with ``layers``, ``embed_tokens``,
             ``head_weight()``); cache: its block KV cache (empty, or holding the positions before ``prompt_ids``).
         options: CausalOptions; generator: torch.Generator.
-        draft / draft_cache: a :class:`localdiff.arch.dflash.DFlashDraft` and its empty cache, or None (plain AR).
+        draft / draft_cache: a :class:`localdiff.arch.dflash.DFlashDraft` and its cache (empty, or holding the
+            context K/V of the positions before ``pending``'s features), or None (plain AR).
         block_size: tokens per block (default: the draft's); 1 = plain AR even with a draft.
         cancel: ``cancel() -> bool`` polled before every target forward (the prefill and each step); True ends the
             generator there (no Done), as the other families' loops.

@@ -223,8 +223,8 @@ def test_cli_gen_draft_json_equals_the_target_alone_and_reports_tau(pairs, capsy
         sum(lengths) / len(lengths))
     assert main(base[:-3] + ["-v", "--draft", str(draft), "-p", ids]) == 0
     assert "DFlash τ" in capsys.readouterr().err
-    assert main(["serve", "--draft", str(draft)]) == 2
-    assert "does not run DFlash drafts" in capsys.readouterr().err
+    assert main(["serve", "--draft", str(target)]) == 2       # serve runs drafts (tests/test_serve_drafts.py)
+    assert "not a DFlash draft model" in capsys.readouterr().err
 
 
 def test_the_shipped_tiny_pair_is_lossless_and_drafts_more_than_one_token():

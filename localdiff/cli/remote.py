@@ -109,8 +109,6 @@ def run_serve(args) -> int:
         raise UsageError(f"--max-queue must be ≥ 1 (got {args.max_queue})")
     if not (args.keep_alive >= 0 and args.keep_alive != float("inf")):   # NaN fails both (it was accepted)
         raise UsageError(f"--keep-alive must be a number of seconds ≥ 0; 0 = never unload (got {args.keep_alive:g})")
-    if getattr(args, "draft", None):
-        raise UsageError("--draft: localdiff serve does not run DFlash drafts yet (gen and chat do)")
     if args.kv_budget is not None:   # was accepted and ignored
         raise UsageError("--kv-budget: localdiff serve does not apply a KV-cache budget yet (gen does)")
     models = list(args.model or ())    # -m, repeatable: the first is the default and loads at start
@@ -128,7 +126,7 @@ def run_serve(args) -> int:
                  device=cfg.device, quant=cfg.quant, sampler=sampler, max_queue=args.max_queue,
                  keep_alive=args.keep_alive or None, max_body=max_body,
                  gpu_mem=_size(args.gpu_mem, "--gpu-mem"), threads=cfg.threads or "auto",   # auto: by model size
-                 gpu_layers=getattr(args, "gpu_layers", None))
+                 gpu_layers=getattr(args, "gpu_layers", None), draft=getattr(args, "draft", None))
 
 
 # flags a server ignores

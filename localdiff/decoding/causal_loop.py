@@ -15,6 +15,12 @@ StepEvent whose canvas is the drafted block (accepted = the last token and the a
 rejected drafts, confidence = the draft's top-1 probability), then a CanvasDone with the new tokens and their text.
 Stats: ``forwards`` = target forwards (prefill included), ``canvases`` = steps, ``acceptance_lengths`` = tokens each
 step produced (upstream's list), ``acceptance_length`` τ = their mean, ``draft_forwards``.
+
+Across turns (``localdiff.cache.causal.CausalCache``): the target cache may already hold the positions before
+``prompt_ids`` (then only these are prefilled, at the positions after), and ``pending`` may carry the target features
+of positions the draft cache does not hold yet (those right before ``prompt_ids``): the first draft pass reads them
+and the prompt's features together. ``pending.keep_features`` is told after every change, so a cache left by a
+finished or cancelled generation is consistent for the next one.
 """
 from __future__ import annotations
 
@@ -28,9 +34,10 @@ from localdiff.decoding.request import Request
 from localdiff.events import CanvasDone, StepEvent
 
 
-def run(target, req: Request, cache, draft=None, draft_cache=None):
-    """Generate after ``req.ids`` LongTensor[1, P]; yields StepEvent (with a draft and ``req.emit_steps``),
-    CanvasDone per step, then Done (token ids: the new tokens, EOS kept).
+def run(target, req: Request, cache, draft=None, draft_cache=None, prompt_ids: torch.Tensor | None = None,
+        pending=None):
+    """Generate after ``prompt_ids`` (default ``req.ids``) LongTensor[1, P]; yields StepEvent (with a draft and
+    ``req.emit_steps``), CanvasDone per step, then Done (token ids: the new tokens, EOS kept).
 
     Args:
         target: a :class:`localdiff.arch.causal.CausalLM` (``prefill`` with ``layers``, ``embed_tokens``,
@@ -39,14 +46,19 @@ def run(target, req: Request, cache, draft=None, draft_cache=None):
             ``block_size``: tokens per block, default the draft's, 1 = plain AR even with a draft),
             ``generator``, ``max_new_tokens``, ``eos_ids``, ``cancel`` (polled before every target forward, the
             prefill and each step; True ends the generator there, no Done, as the other families' loops).
-        cache: the target's empty block KV cache.
-        draft / draft_cache: a :class:`localdiff.arch.dflash.DFlashDraft` and its empty cache, or None (plain AR).
+        cache: the target's block KV cache (empty, or holding the positions before ``prompt_ids``).
+        draft / draft_cache: a :class:`localdiff.arch.dflash.DFlashDraft` and its cache (empty, or holding the
+            context K/V of the positions before ``pending``'s features), or None (plain AR).
+        prompt_ids: the tokens not yet in ``cache`` (a conversation cache's new part), default ``req.ids``.
+        pending: a :class:`localdiff.cache.causal.CausalCache` (``feats`` / ``feat_ids`` of the positions after
+            ``draft_cache``, before ``prompt_ids``; ``keep_features``) or None.
     """
     options, generator, st = req.options, req.generator, req.stats
-    prompt_ids = req.ids
+    prompt_ids = req.ids if prompt_ids is None else prompt_ids
     answer = Answer(req, 1, prompt_ids.device)
     p = prompt_ids.shape[1]
-    max_length = p + req.max_new_tokens
+    past = cache.seq_len
+    max_length = past + p + req.max_new_tokens
     bs = 1 if draft is None else int(options.block_size or draft.block_size)
     layers = draft.target_layer_ids if bs > 1 else None
     policy = DFlash(options, generator)
@@ -61,9 +73,13 @@ def run(target, req: Request, cache, draft=None, draft_cache=None):
     last = int(pick(logits[:, -1], options, generator)[0])
     out = [last]
     ctx_ids = prompt_ids
+    if layers is not None and pending is not None:
+        if pending.feats is not None and pending.feats.shape[1]:
+            feats, ctx_ids = torch.cat([pending.feats, feats], 1), torch.cat([pending.feat_ids, ctx_ids], 1)
+        pending.keep_features(feats, ctx_ids)
     yield CanvasDone(0, torch.tensor([[last]]), answer.detok.add([last] if last not in eos else []), 1,
                      torch.tensor([last in eos]))
-    start, step, reason = p, 0, "length"
+    start, step, reason = past + p, 0, "length"
     stopped = last in eos
     dev = prompt_ids.device
     while start + 1 < max_length and not stopped:
@@ -77,6 +93,8 @@ def run(target, req: Request, cache, draft=None, draft_cache=None):
             w = target.embed_tokens.weight
             dl = draft.draft(draft.embed(block, w), feats, draft_cache, target.head_weight(), feature_ids=ctx_ids)
             st.draft_forwards += 1
+            if pending is not None:
+                pending.keep_features(None, None)
             block[:, 1:] = policy.propose(dl[:, 1:])
             if req.emit_steps:
                 conf = torch.softmax(dl[0, 1:], -1).max(-1).values
@@ -97,6 +115,8 @@ def run(target, req: Request, cache, draft=None, draft_cache=None):
             st.acceptance_lengths.append(produced)
         if n > 1:
             feats, ctx_ids = new_feats[:, :produced], block[:, :produced]
+            if pending is not None:
+                pending.keep_features(feats, ctx_ids)
         last = new[-1]
         step += 1
         if req.emit_steps and n > 1:

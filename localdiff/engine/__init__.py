@@ -110,7 +110,9 @@ class Model:
     def new_cache(self, device_budget_bytes: int | None = None):
         """A fresh cache for this model's family, to reuse across chat turns: the block KV cache of the canvas family
         (``device_budget_bytes``: K/V bytes allowed on the device, None = unlimited, 0 = all on the host; see
-        ``localdiff.cache.kv``); None for the masked family (its approximate caches live inside one generation).
+        ``localdiff.cache.kv``), the causal family's conversation cache (target K/V, and a DFlash draft's context
+        K/V and pending features: ``localdiff.cache.causal``); None for the masked family (its approximate caches
+        live inside one generation).
         Raises UsageError for a negative budget."""
         return self.runner.new_cache(self, device_budget_bytes)
 

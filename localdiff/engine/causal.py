@@ -3,6 +3,7 @@ when a draft is attached (:func:`attach_draft`; ``localdiff.load(..., draft=...)
 :mod:`localdiff.decoding.causal_loop` and the :class:`localdiff.decoding.dflash.DFlash` policy."""
 from __future__ import annotations
 
+from localdiff.cache.causal import CausalCache
 from localdiff.cache.kv import KVCache
 from localdiff.decoding import causal_loop
 from localdiff.errors import CheckpointError, UsageError
@@ -60,17 +61,22 @@ def load_draft(model, name, resolve, dtype=None) -> None:
     model.draft_name = label
 
 
-def new_cache(model, device_budget_bytes: int | None = None) -> KVCache:
-    """A fresh target KV cache (full attention, blocks of 64 tokens). Raises UsageError for a negative budget."""
-    return KVCache(**model.net.cache_layout(_BLOCK_ROOM), device_budget_bytes=device_budget_bytes)
+def new_cache(model, device_budget_bytes: int | None = None) -> CausalCache:
+    """A fresh conversation cache (:class:`localdiff.cache.causal.CausalCache`: the target's KV cache, full
+    attention, blocks of 64 tokens; the draft's parts are added at the first drafted turn), to pass to every turn.
+    Raises UsageError for a negative budget."""
+    return CausalCache(KVCache(**model.net.cache_layout(_BLOCK_ROOM), device_budget_bytes=device_budget_bytes))
 
 
 def stream(model, req):
-    """Prefill the prompt and decode (with the draft when one is attached); yields the loop's events. A cache
-    passed in is reset first (no prefix reuse across turns yet).
+    """Prefill the prompt and decode (with the draft when one is attached); yields the loop's events. A cache from
+    :func:`new_cache` passed in keeps the prefix of the prompt it already holds — the target's K/V and, when this
+    turn drafts, the draft's context K/V and pending features (``CausalCache.reuse``); only the rest is prefilled
+    (``stats.prefill_tokens_reused``). The tokens are those of a run without the cache.
 
     Raises:
-        UsageError: a batch of several prompts, or ``block_size`` without a draft.
+        UsageError: a batch of several prompts, ``block_size`` without a draft, or a cache that is not one of this
+            family's.
     """
     if len(req.rows) != 1:
         raise UsageError("causal models decode one prompt at a time (batch of "
@@ -78,9 +84,13 @@ def stream(model, req):
     opts = req.options
     if opts.block_size is not None and model.draft is None:
         raise UsageError(f"block_size: needs a DFlash draft (--draft) (got {opts.block_size})")
-    cache = req.cache if req.cache is not None else new_cache(model)
-    cache.reset()
-    draft_cache = None
-    if model.draft is not None:
-        draft_cache = KVCache(**model.draft.cache_layout(_BLOCK_ROOM))
-    yield from causal_loop.run(model.net, req, cache, model.draft, draft_cache)
+    conv = req.cache if req.cache is not None else new_cache(model)
+    if not isinstance(conv, CausalCache):
+        raise UsageError("cache: pass the cache of this model's new_cache() (a causal model's conversation cache)")
+    draft = model.draft
+    drafts = draft is not None and int(opts.block_size or draft.block_size) > 1
+    kept = conv.reuse(req.rows[0], draft if drafts else None,
+                      draft.cache_layout(_BLOCK_ROOM) if drafts else None)
+    req.stats.prefill_tokens_reused = kept
+    yield from causal_loop.run(model.net, req, conv.target, draft, conv.draft if drafts else None,
+                               prompt_ids=req.ids[:, kept:], pending=conv)

@@ -81,7 +81,7 @@ def serve(models, default_model: str, host: str = "127.0.0.1", port: int = DEFAU
           api_key: str | None = None, insecure: bool = False, device: str | None = None, quant: str | None = None,
           sampler: dict | None = None, max_queue: int = 32, keep_alive: float | None = 300.0,
           max_body: int | None = None, log_level: str = "info", gpu_mem: int | None = None,
-          threads: int | str | None = None, gpu_layers=None) -> int:
+          threads: int | str | None = None, gpu_layers=None, draft: str | None = None) -> int:
     """Run the server in the foreground until Ctrl-C or SIGTERM; returns 0 once it has drained (a normal stop).
 
     Args:
@@ -94,8 +94,9 @@ def serve(models, default_model: str, host: str = "127.0.0.1", port: int = DEFAU
         max_body: request size limit in bytes.
         gpu_mem / threads / gpu_layers: passed to ``localdiff.load`` (device budget in bytes for the memory plan;
             CPU threads, or "auto": by model size; GPU layers of the gguf backend).
+        draft: a DFlash draft for the causal models ("auto": each one's catalog pairing; :mod:`localdiff.serve.drafts`).
     Raises:
-        UsageError: bad binding; LocaldiffError: the ASGI stack is missing or the port is taken.
+        UsageError: bad binding, a bad ``draft``; LocaldiffError: the ASGI stack is missing or the port is taken.
     """
     check_binding(host, api_key, insecure)
     models = [models] if isinstance(models, str) else list(models or ())
@@ -110,6 +111,10 @@ def serve(models, default_model: str, host: str = "127.0.0.1", port: int = DEFAU
             except CheckpointError as e:
                 raise CheckpointError(f"-m {model}: {e}") from None
             _check_not_draft(model, folder)
+    from localdiff.serve.drafts import Drafts
+
+    drafts = Drafts(draft)
+    drafts.check(models)
     check_port(host, port)
     try:
         import uvicorn
@@ -127,7 +132,7 @@ def serve(models, default_model: str, host: str = "127.0.0.1", port: int = DEFAU
         if names.resolve(name) != name:      # the HTTP side passes offered names only; this is the second lock
             raise ModelNotFoundError(NOT_OFFERED)
         return localdiff.load(name, device=device, quant=quant, gpu_mem=gpu_mem, threads=threads,
-                              gpu_layers=gpu_layers)
+                              gpu_layers=gpu_layers, draft=drafts.for_model(name))
 
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO), format=LOG_FORMAT)
     worker = ModelWorker(loader, names.default, sampler, max_queue=max_queue, keep_alive=keep_alive)
@@ -165,8 +170,8 @@ def _check_not_draft(name: str, folder) -> None:
         return                                  # the load reports a broken config.json itself
     if isinstance(cfg, dict) and catalog.is_draft(cfg):
         targets = catalog.draft_targets(name)
-        raise UsageError(f"-m {name}: a DFlash draft does not run alone, and serve does not pair drafts yet; serve "
-                         f"its target{' (' + ', '.join(targets) + ')' if targets else ''} instead")
+        raise UsageError(f"-m {name}: a DFlash draft does not run alone; serve its target"
+                         f"{' (' + ', '.join(targets) + ')' if targets else ''} with --draft {name} instead")
 
 
 class StopSignals:

@@ -40,11 +40,21 @@ class Result:
     sampler: dict
 
     def extension(self) -> dict:
-        """localdiff's own numbers, sent under the ``localdiff`` key of OpenAI responses."""
+        """localdiff's own numbers, sent under the ``localdiff`` key of OpenAI responses (and of Ollama's last line
+        when a draft ran): with a DFlash draft also ``acceptance_length`` (τ, tokens per verification step),
+        ``acceptance_lengths`` (per step) and ``draft_forwards``."""
         s = self.stats
-        return {"seed": self.seed, "forwards": s.get("forwards"), "steps": s.get("forwards"),
-                "canvases": s.get("canvases"), "tokens_per_forward": s.get("tokens_per_forward"),
-                "seconds": s.get("seconds"), "tokens_per_second": s.get("tokens_per_second"), "sampler": self.sampler}
+        out = {"seed": self.seed, "forwards": s.get("forwards"), "steps": s.get("forwards"),
+               "canvases": s.get("canvases"), "tokens_per_forward": s.get("tokens_per_forward"),
+               "seconds": s.get("seconds"), "tokens_per_second": s.get("tokens_per_second"), "sampler": self.sampler}
+        if s.get("acceptance_lengths"):
+            out.update({k: s[k] for k in ("acceptance_length", "acceptance_lengths", "draft_forwards") if k in s})
+        return out
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens served from the conversation cache kept across requests (not prefilled again)."""
+        return int(self.stats.get("prefill_tokens_reused") or 0)
 
 
 class StopMatcher:

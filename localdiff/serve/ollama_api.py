@@ -150,7 +150,7 @@ class Shape:
 
     def final(self, r: Result, streamed: bool) -> dict:
         """The last line (``done: true``) with counts and durations in nanoseconds; the whole answer when not
-        streamed."""
+        streamed; with a DFlash draft, localdiff's numbers (τ included) under ``localdiff``."""
         body = self.piece("" if streamed else r.text)
         s = r.stats
         secs = float(s.get("seconds") or 0.0)
@@ -159,6 +159,8 @@ class Shape:
                     load_duration=int(load * 1e9),
                     prompt_eval_count=r.prompt_tokens, prompt_eval_duration=int(pre * 1e9),
                     eval_count=r.completion_tokens, eval_duration=int(max(secs - pre, 0.0) * 1e9))
+        if s.get("acceptance_lengths"):     # a DFlash draft ran: its τ, as the OpenAI routes' extension has it
+            body["localdiff"] = r.extension()
         return body
 
 

@@ -192,9 +192,11 @@ class Shape:
 
     @staticmethod
     def usage(r: Result) -> dict:
-        """OpenAI ``usage`` from a Result."""
+        """OpenAI ``usage`` from a Result (``prompt_tokens_details.cached_tokens``: the prompt's tokens served from
+        the conversation cache kept across requests)."""
         return {"prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens,
-                "total_tokens": r.prompt_tokens + r.completion_tokens}
+                "total_tokens": r.prompt_tokens + r.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": r.cached_tokens}}
 
     def full(self, r: Result) -> dict:
         """The non-streaming response."""

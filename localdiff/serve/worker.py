@@ -17,6 +17,8 @@ event or error, so a short streamed answer costs the loop one wake-up in all; it
 run ``START_WAIT`` (50 ms) without any, so a client of a long canvas still learns soon that its request runs. The
 HTTP side adds ``("gone",)`` itself when the client disconnects (``localdiff.serve.asgi``).
 
+A resident causal model keeps its conversation cache across requests (``Model.new_cache``; exact prefix reuse).
+
 Cancellation (client gone, stop string hit): the engine polls the job's ``cancel`` flag before every denoising step
 (``Model.stream(cancel=...)``), so at most the step already running finishes; no step events are needed for it.
 """
@@ -196,6 +198,7 @@ class ModelWorker:
         self._stop = False
         self._ended = None    # the last job's engine stream, not closed yet (:meth:`_close_ended`)
         self._applicable: tuple = (None, {})   # (model, its share of ``defaults``)
+        self._conversation: tuple = (None, None)   # (causal model, its conversation cache kept across requests)
         self.threads = torch.get_num_threads()   # applied in the worker thread (see the module docstring)
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
@@ -303,7 +306,7 @@ class ModelWorker:
         if (self.model is not None and self.keep_alive is not None
                 and time.monotonic() - self.last_used > self.keep_alive):
             log.info("unloading %s after %.0f s idle", self.model.name, self.keep_alive)
-            self.model = None
+            self.model, self._conversation = None, (None, None)
 
     def _ensure(self, name: str, quiet: bool = False):
         """The resident model when it is ``name`` (or ``name`` is empty); else load ``name`` in this thread."""
@@ -333,6 +336,12 @@ class ModelWorker:
         if self._applicable[0] is not model:
             self._applicable = (model, model.applicable(self.defaults))
         return self._applicable[1]
+
+    def _cache_for(self, model):
+        """``model``'s conversation cache kept across requests (causal family; None for the others; one model's)."""
+        if self._conversation[0] is not model:
+            self._conversation = (model, model.new_cache() if model.family == "causal" else None)
+        return self._conversation[1]
 
     def _generate(self, job: Job) -> None:
         req = job.req
@@ -364,7 +373,7 @@ class ModelWorker:
             ids = model.encode_prompt(req.prompt, req.chat)[0]   # rendered and tokenized once per request
             job.prompt_tokens = len(ids)
             stream = model.stream(ids, max_new_tokens=req.max_new_tokens, seed=seed, emit_steps=req.events == "steps",
-                                  cancel=cancel, **sampler)
+                                  cancel=cancel, cache=self._cache_for(model), **sampler)
             for ev in stream:
                 if isinstance(ev, StepEvent):
                     job.post(("step", wire.step(ev)), wake=False)

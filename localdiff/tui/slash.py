@@ -24,7 +24,8 @@ _TAKES_ARGS = {"model", "set", "system"}
 
 
 def format_stats(stats) -> str:
-    """Per-answer figures, like ``ollama run --verbose``: durations, prompt and answer tokens, forwards, rates."""
+    """Per-answer figures, like ``ollama run --verbose``: durations, prompt and answer tokens, forwards, rates; with
+    DFlash drafts, this answer's acceptance length τ (tokens per verification step) over its drafted blocks."""
     d = stats.as_dict() if hasattr(stats, "as_dict") else dict(stats)
     reused = d.get("prefill_tokens_reused", 0)
 
@@ -35,7 +36,13 @@ def format_stats(stats) -> str:
             f" · prompt {n('prompt_tokens', 'token')} ({reused} reused from the cache)\n"
             f"answer {n('new_tokens', 'token')} in {n('canvases', 'canvas')}"
             f" · {n('forwards', 'forward')} · TPF {d.get('tokens_per_forward', 0.0):.2f}"
-            f" · {d.get('tokens_per_second', 0.0):.1f} tok/s")
+            f" · {d.get('tokens_per_second', 0.0):.1f} tok/s" + _tau(d))
+
+
+def _tau(d: dict) -> str:
+    """" · DFlash τ 3.20 over 5 drafted blocks" ("" without drafts)."""
+    n = len(d.get("acceptance_lengths") or ())
+    return f" · DFlash τ {d.get('acceptance_length', 0.0):.2f} over {n} drafted block{'s' * (n != 1)}" if n else ""
 
 
 def clipboard_note(n_chars: int, env=None) -> str:

@@ -54,6 +54,7 @@ class StatusLine(Static):
         self.tpf: float | None = None
         self.tps: float | None = None
         self.arness: float | None = None     # Global ARness@1 of the last answer (masked family)
+        self.tau: float | None = None        # DFlash acceptance length τ of the last answer (with a draft)
         self.state = "starting"
         self.memory_fn = rss_bytes
         self.live: tuple[float, int, int] | None = None  # (elapsed seconds, tokens so far, forwards so far)
@@ -74,7 +75,8 @@ class StatusLine(Static):
         self._redraw()
 
     def show_stats(self, stats) -> None:
-        """Show TPF and tok/s from a GenerationStats (None clears them)."""
+        """Show TPF and tok/s (and DFlash's τ) from a GenerationStats (None clears them)."""
+        self.tau = float(stats.acceptance_length) if getattr(stats, "acceptance_lengths", None) else None
         self.tpf = None if stats is None else float(stats.tokens_per_forward)
         self.tps = None if stats is None else float(stats.tokens_per_second)
         self.arness = None if stats is None else (getattr(stats, "arness", None) or {}).get("global@1")
@@ -102,6 +104,8 @@ class StatusLine(Static):
         tps = "— tok/s" if self.tps is None else f"{self.tps:.1f} tok/s"
         if self.arness is not None:
             tps += f" · ARness {self.arness:.2f}"
+        if self.tau is not None:
+            tps += f" · τ {self.tau:.2f}"
         rss = self.memory_fn()
         mem = f"RSS {human_bytes(rss)}" if rss else "RSS ?"
         return visible(f"{self.state} │ {self.model} · {self.device} · {self.quant} │ {tpf} · {tps} │ {mem}")

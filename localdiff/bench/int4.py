@@ -10,6 +10,8 @@
   (parameters + buffers + the head copy) ≤ 0.3× bf16's.
 * **llama.cpp**: when llama-cpp-python imports, a Q4_K_M GGUF of the same shape and weights' distribution
   (:mod:`localdiff.bench.gguf_qwen3`), its 1-token step at 512 history in the same rounds.
+* **Canvas**: DiffusionGemma's denoising step int4 vs bf16 at the flagship's proportions
+  (:mod:`localdiff.bench.int4_dg`; target ≤ 0.75× bf16).
 * **Accuracy**: the embedded model's held-out eval (``eval.jsonl``) in exact fp32 and with int4 weights,
   paired over seeds as ``--only precision`` does (:func:`localdiff.bench.precision.paired`); target: int4 within
   2 points of fp32 (mean paired difference; its 95 % interval reported).
@@ -204,7 +206,10 @@ def accuracy(ctx, seeds: int) -> dict:
 
 def run(ctx) -> dict:
     a = ctx.args
-    sec = {"steps": steps(bool(a.quick), ctx.log, layers=8 if a.quick else None)}
+    from localdiff.bench.int4_dg import canvas_steps
+
+    sec = {"steps": steps(bool(a.quick), ctx.log, layers=8 if a.quick else None),
+           "canvas": canvas_steps(bool(a.quick), ctx.log)}
     sec["accuracy"] = accuracy(ctx, a.seeds or (2 if a.quick else 4))
     return sec
 
@@ -226,6 +231,10 @@ def render_md(sec: dict) -> list[str]:
                   f"kernels: int4 — {s['kernels']['int4']}; int8 — {s['kernels']['int8']}."]
         if "skipped" in s.get("llama_cpp", {}):
             lines.append(f"llama.cpp: skipped ({s['llama_cpp']['skipped']}).")
+    if sec.get("canvas"):
+        from localdiff.bench.int4_dg import render_md as canvas_md
+
+        lines += [""] + canvas_md(sec["canvas"])
     acc = sec.get("accuracy")
     if acc:
         p = acc["int4_minus_float32"]

@@ -177,3 +177,19 @@ def test_bad_shapes_are_one_line_errors():
     if shutil.which("cc") or shutil.which("gcc"):
         with pytest.raises(ValueError, match="native int4"):
             native4.matmul(torch.randn(2, 100), p, s.float(), z)
+
+
+@pytest.mark.parametrize("mode", ["", "fma"])
+def test_kernel_rounds_bf16_results_exactly_as_a_cast(fresh, mode):
+    """bf16 results come rounded by the kernel (no fp32 tensor and cast): equal, bit for bit, to the fp32 result
+    cast to bf16 (round to nearest even), on both paths."""
+    fresh.setenv("LOCALDIFF_NATIVE_INT4", mode)
+    if native4.library() is None:
+        pytest.skip(native4.status())
+    p, s, z = quantize_tensor(_weights(37, 200, seed=5))
+    for m in (1, 5, 17):
+        for dtype in (torch.bfloat16, torch.float32):
+            x = (torch.randn(m, 200, generator=torch.Generator().manual_seed(m)) * 30).to(dtype)
+            y16 = native4.matmul(x, p, s, z, out_dtype=torch.bfloat16)
+            y32 = native4.matmul(x, p, s, z, out_dtype=torch.float32)
+            assert y16.dtype == torch.bfloat16 and torch.equal(y16, y32.to(torch.bfloat16)), (m, dtype)

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from localdiff.arch.layers import MoEExperts, gelu_tanh
+from localdiff.quantize import native4
 
 GROUP = 64
 #: bytes per weight of the format (4-bit code + a 16-bit scale and a 16-bit zero per group of 64)
@@ -133,11 +134,8 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero
     x2 = x.reshape(-1, k)
     if x2.shape[0] == 0:
         return x.new_zeros(*shape[:-1], n)
-    if x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16):
-        from localdiff.quantize import native4
-
-        if native4.library() is not None:
-            return native4.matmul(x2, packed, scale, zero).reshape(*shape[:-1], n)
+    if x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) and native4.library() is not None:
+        return native4.matmul(x2, packed, scale, zero).reshape(*shape[:-1], n)
     ct = torch.float16 if x.dtype == torch.float16 else torch.float32
     y = F.linear(x2.to(ct), dequantize(packed, scale, zero, k, ct))
     return y.to(x.dtype).reshape(*shape[:-1], n)

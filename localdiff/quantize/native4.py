@@ -50,7 +50,8 @@ def load(path: Path) -> ctypes.CDLL:
     f = lib.localdiff_int4_mm
     f.restype = ctypes.c_int
     f.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_void_p,
-                  ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
+                  ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_int,
+                  ctypes.c_int]
     lib.localdiff_int4_has_bf16.restype = ctypes.c_int
     lib.localdiff_int4_vector_width.restype = ctypes.c_int
     return lib
@@ -109,7 +110,8 @@ def matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: tor
         packed: uint8 Tensor[N, G·32]; scale: bf16 Tensor[N, G]; zero: fp16 Tensor[N, G] (made contiguous).
         threads: threads splitting N (default ``torch.get_num_threads()``).
         lib: a library from :func:`load` (tests of other builds); default :func:`library`, which must not be None.
-        out_dtype: the result's dtype (default x's; fp32 gives the kernel's sums unrounded).
+        out_dtype: the result's dtype (default x's; fp32 gives the kernel's sums unrounded; bf16 is rounded by
+            the kernel itself, equal to casting the fp32 result).
     Returns:
         Tensor[M, N] in ``out_dtype`` (computed in fp32).
     Raises:
@@ -130,10 +132,11 @@ def matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: tor
     elif xx.stride(1) != 1:
         xx = xx.contiguous()
     packed, scale, zero = packed.contiguous(), scale.contiguous(), zero.contiguous()
-    y = torch.empty(m, n, dtype=torch.float32)
+    out_dtype = out_dtype or x.dtype
+    ybf = out_dtype == torch.bfloat16          # the kernel rounds to bf16 itself: no fp32 result and cast
+    y = torch.empty(m, n, dtype=torch.bfloat16 if ybf else torch.float32)
     rc = lib.localdiff_int4_mm(xx.data_ptr(), int(dot), xx.stride(0), m, g, packed.data_ptr(), n, scale.data_ptr(),
-                               zero.data_ptr(), y.data_ptr(), n, threads or torch.get_num_threads())
+                               zero.data_ptr(), y.data_ptr(), n, threads or torch.get_num_threads(), int(ybf))
     if rc == -2:
         raise MemoryError("native int4 matmul: out of memory")
-    out_dtype = out_dtype or x.dtype
-    return y if out_dtype == torch.float32 else y.to(out_dtype)
+    return y if out_dtype in (torch.float32, torch.bfloat16) else y.to(out_dtype)

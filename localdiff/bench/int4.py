@@ -23,15 +23,8 @@ import os
 import statistics
 import time
 
-
-def _pin() -> tuple[set, int]:
-    """Pin this process to its last allowed core, one torch thread. Returns (the previous affinity, threads)."""
-    import torch
-
-    before, threads = os.sched_getaffinity(0), torch.get_num_threads()
-    os.sched_setaffinity(0, {max(before)})
-    torch.set_num_threads(1)
-    return before, threads
+from localdiff.bench.onecore import cpu_name, resident  # noqa: F401  (resident: the section's byte count)
+from localdiff.bench.onecore import pin as _pin
 
 
 def _random_sdar(layers: int | None):
@@ -55,15 +48,6 @@ def _random_sdar(layers: int | None):
     return net.eval()
 
 
-def resident(net) -> int:
-    """Bytes of parameters, buffers and the quantized LM head copy (``head_int8``) of ``net``."""
-    from localdiff.quantize.int8 import resident_bytes
-
-    head = getattr(net, "head_int8", None)
-    extra = sum(t.numel() * t.element_size() for t in vars(head).values() if hasattr(t, "numel")) if head else 0
-    return resident_bytes(net) + extra
-
-
 def _cache(net, history: int):
     import torch
 
@@ -78,19 +62,6 @@ def _cache(net, history: int):
         cache.append(i, k, v)
     cache.commit(history, None, 1)
     return cache
-
-
-def cpu_name() -> str:
-    """The CPU's model name (/proc/cpuinfo), else the platform's processor string."""
-    import platform
-
-    try:
-        for line in open("/proc/cpuinfo", encoding="utf-8", errors="replace"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _stats(v: list[float]) -> dict:

@@ -22,7 +22,8 @@ def canvas_steps(quick: bool, log=print, size: str | None = None, reps: int | No
     import torch
 
     from localdiff.bench import scale
-    from localdiff.bench.int4 import _pin, cpu_name, resident
+    from localdiff.bench.onecore import cpu_name, resident
+    from localdiff.bench.onecore import pin as _pin
     from localdiff.cache.kv import KVCache
     from localdiff.loader import load_model
     from localdiff.quantize.recipe import load_recipe

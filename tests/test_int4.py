@@ -193,3 +193,24 @@ def test_kernel_rounds_bf16_results_exactly_as_a_cast(fresh, mode):
             y16 = native4.matmul(x, p, s, z, out_dtype=torch.bfloat16)
             y32 = native4.matmul(x, p, s, z, out_dtype=torch.float32)
             assert y16.dtype == torch.bfloat16 and torch.equal(y16, y32.to(torch.bfloat16)), (m, dtype)
+
+
+def test_many_bf16_rows_run_dequantized_bf16_blocks_and_a_gemm(fresh):
+    """bf16 activations of DEQUANT_ROWS rows or more: the library's bf16 dequantization (bit-equal to
+    ``dequantize(..., bfloat16)``) a block of rows at a time, then torch's GEMM — equal to F.linear on the whole
+    bf16-dequantized weight; fewer rows and fp32 stay on the exact kernel."""
+    if native4.library() is None:
+        pytest.skip(native4.status())
+    p, s, z = quantize_tensor(_weights(300, 200, seed=9))
+    buf = torch.empty(300, 256, dtype=torch.bfloat16)
+    w16 = dequantize(p, s, z, 200, torch.bfloat16)
+    assert torch.equal(native4.dequantize_bf16(p, s, z, 0, 300, buf)[:, :200], w16)
+    assert torch.equal(native4.dequantize_bf16(p, s, z, 7, 19, buf)[:, :200], w16[7:19])
+    x = torch.randn(2, int4.DEQUANT_ROWS, 200).to(torch.bfloat16)
+    want = torch.nn.functional.linear(x, w16)
+    fresh.setattr(int4, "_BLOCK_BYTES", 64 * 256 * 2)               # several blocks of 64 rows
+    got = int4_matmul(x, p, s, z)
+    assert got.dtype == torch.bfloat16 and got.shape == (2, int4.DEQUANT_ROWS, 300)
+    torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-2)
+    few = x[:1, : int4.DEQUANT_ROWS - 1]                              # the exact kernel below the threshold
+    assert torch.equal(int4_matmul(few, p, s, z), native4.matmul(few.reshape(-1, 200), p, s, z).reshape(1, -1, 300))

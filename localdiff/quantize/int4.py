@@ -17,9 +17,10 @@ quantization as in GPTQ / AWQ's group-wise int4 (arXiv 2210.17323, 2306.00978) a
 
 Which kernel runs (:func:`int4_matmul`):
 
-* CPU with a C compiler: the native kernel of :mod:`localdiff.quantize.native4` for every row count
-  (bf16 activations: AVX512-BF16 dot products where the CPU has them; otherwise, and for fp32 activations, fp32
-  FMAs on weights dequantized in registers). It streams 0.5625 bytes per weight once per call.
+* CPU with a C compiler: the native kernel of :mod:`localdiff.quantize.native4` (bf16 activations: AVX512-BF16 dot
+  products where the CPU has them; otherwise, and for fp32 activations, fp32 FMAs on weights dequantized in
+  registers). It streams 0.5625 bytes per weight once per call. bf16 activations of :data:`DEQUANT_ROWS` rows or
+  more: the weight dequantized to bf16 (the library, a block of rows at a time) and torch's bf16 GEMM.
 * Otherwise (no compiler, CUDA, fp16): dequantize to fp32 (to fp16 for fp16 activations) and one GEMM — the exact
   reference computation, slow on CPU since the weight is expanded on every call.
 """
@@ -114,6 +115,30 @@ def dequantize(packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, k:
     return (w if k is None else w[..., :k]).to(dtype)
 
 
+#: bf16 activations with at least this many rows: weights dequantized to bf16 a block of rows at a time, then torch's
+#: bf16 GEMM (the native kernel is exact but reaches about half the GEMM's throughput there; int8 does the same
+#: above 16 rows). Fewer rows, or fp32 activations: the native kernel.
+DEQUANT_ROWS = 32
+_BLOCK_BYTES = 8 << 20
+
+
+def _dequant_gemm(x2: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+    """bf16 x2 [M, K] @ bf16(dequantize(...))ᵀ: blocks of rows dequantized by the native library (≤ 8 MiB each)."""
+    n, g = scale.shape
+    kp = g * GROUP
+    packed, scale, zero = packed.contiguous(), scale.contiguous(), zero.contiguous()
+    xp = F.pad(x2, (0, kp - x2.shape[1])) if x2.shape[1] < kp else x2
+    nb = min(n, max(16, _BLOCK_BYTES // (kp * 2)))
+    buf = torch.empty(nb, kp, dtype=torch.bfloat16)
+    if nb == n:
+        return F.linear(xp, native4.dequantize_bf16(packed, scale, zero, 0, n, buf))
+    y = torch.empty(x2.shape[0], n, dtype=torch.bfloat16)
+    for a in range(0, n, nb):
+        b = min(n, a + nb)
+        y[:, a:b] = F.linear(xp, native4.dequantize_bf16(packed, scale, zero, a, b, buf))
+    return y
+
+
 def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
     """``x @ dequantize(packed, scale, zero)ᵀ`` with the kernel of the module docstring.
 
@@ -135,6 +160,8 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero
     if x2.shape[0] == 0:
         return x.new_zeros(*shape[:-1], n)
     if x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) and native4.library() is not None:
+        if x.dtype == torch.bfloat16 and x2.shape[0] >= DEQUANT_ROWS:
+            return _dequant_gemm(x2, packed, scale, zero).reshape(*shape[:-1], n)
         return native4.matmul(x2, packed, scale, zero).reshape(*shape[:-1], n)
     ct = torch.float16 if x.dtype == torch.float16 else torch.float32
     y = F.linear(x2.to(ct), dequantize(packed, scale, zero, k, ct))

@@ -52,6 +52,9 @@ def load(path: Path) -> ctypes.CDLL:
     f.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_void_p,
                   ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_int,
                   ctypes.c_int]
+    d = lib.localdiff_int4_dequant_bf16
+    d.restype = ctypes.c_int
+    d.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 3 + [ctypes.c_void_p]
     lib.localdiff_int4_has_bf16.restype = ctypes.c_int
     lib.localdiff_int4_vector_width.restype = ctypes.c_int
     return lib
@@ -140,3 +143,15 @@ def matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: tor
     if rc == -2:
         raise MemoryError("native int4 matmul: out of memory")
     return y if out_dtype in (torch.float32, torch.bfloat16) else y.to(out_dtype)
+
+
+def dequantize_bf16(packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, n0: int, n1: int,
+                    out: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """Rows ``n0 .. n1 − 1`` of ``dequantize(packed, scale, zero)`` rounded to bf16, written into ``out``
+    (bf16 Tensor[≥ n1 − n0, G·64], contiguous) by the kernel library: bit-equal to
+    :func:`localdiff.quantize.int4.dequantize` with ``dtype=torch.bfloat16``. Returns ``out[: n1 − n0]``.
+    packed / scale / zero: the contiguous int4 format ([N, G·32] uint8, [N, G] bf16, [N, G] fp16)."""
+    lib = lib if lib is not None else library()
+    g = scale.shape[1]
+    lib.localdiff_int4_dequant_bf16(packed.data_ptr(), scale.data_ptr(), zero.data_ptr(), g, n0, n1, out.data_ptr())
+    return out[: n1 - n0]

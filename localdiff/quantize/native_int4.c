@@ -386,3 +386,28 @@ int localdiff_int4_mm(const void *x, int x_bf16, long ldx, long M, long G, const
     free(xsum);
     return rc;
 }
+
+/* out[n, k] = bf16((q[n, k] - z[n, g]) * s[n, g]) for rows n0 .. n1 - 1 (fp32 arithmetic, rounded to nearest even:
+ * bit-equal to localdiff/quantize/int4.py's dequantize(..., dtype=bfloat16)); out: [n1 - n0, 64 * G] bf16 bits. For
+ * int4_matmul's many-row path (dequantize a block of rows, then a bf16 GEMM). Returns 0. */
+int localdiff_int4_dequant_bf16(const uint8_t *q, const uint16_t *scale, const uint16_t *zero, long G, long n0,
+                                long n1, uint16_t *out) {
+    const long K = G * GROUP;
+    for (long n = n0; n < n1; n++) {
+        uint16_t *o = out + (n - n0) * K;
+        for (long g = 0; g < G; g++) {
+            const uint8_t *p = q + n * G * GBYTES + g * GBYTES;
+            const float sc = bf16_f(scale[n * G + g]), zf = f16_f(zero[n * G + g]);
+            uint16_t *og = o + g * GROUP;
+            for (int i = 0; i < GBYTES; i++) {
+                float lo = ((float)(p[i] & 15) - zf) * sc, hi = ((float)(p[i] >> 4) - zf) * sc;
+                uint32_t a, b;
+                memcpy(&a, &lo, sizeof a);
+                memcpy(&b, &hi, sizeof b);
+                og[i] = (uint16_t)((a + 0x7FFFu + ((a >> 16) & 1u)) >> 16);
+                og[i + GBYTES] = (uint16_t)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+            }
+        }
+    }
+    return 0;
+}

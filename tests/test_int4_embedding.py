@@ -135,3 +135,19 @@ def test_flagship_int4_plan_resident_on_16gib_with_every_component_counted():
     assert not old.resident and old.n_cpu_moe == 3
     assert old.device_total_bytes + old.host_weight_bytes - p16.device_total_bytes == \
         262144 * 2816 * 2 - int4_bytes(262144, 2816)
+
+
+@pytest.mark.parametrize("precision", ["int4", "int8"])
+def test_save_quantized_tables_load_without_a_second_pass(precision, tmp_path):
+    import localdiff
+    from localdiff.loader import load_model
+    from localdiff.quantize.io import save_quantized
+
+    net, _ = load_model(models_dir() / "tiny", "cpu", torch.float32)
+    recipe = Recipe.from_dict(dict(load_recipe("tiny").to_dict(), int4_embeddings=precision))
+    q = quantize_model(net, recipe, quant="int4")
+    save_quantized(q, tmp_path / "q", source_dir=models_dir() / "tiny")
+    m = localdiff.load(tmp_path / "q", device="cpu", dtype=torch.float32)
+    e = m.net.embed_tokens
+    assert isinstance(e, QuantEmbedding) and e.precision == precision and e.dtype == torch.float32
+    assert torch.equal(e.weight, q.embed_tokens.weight) and isinstance(m.net.head_int8, TiedHead)

@@ -214,3 +214,28 @@ def test_many_bf16_rows_run_dequantized_bf16_blocks_and_a_gemm(fresh):
     torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-2)
     few = x[:1, : int4.DEQUANT_ROWS - 1]                              # the exact kernel below the threshold
     assert torch.equal(int4_matmul(few, p, s, z), native4.matmul(few.reshape(-1, 200), p, s, z).reshape(1, -1, 300))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int4_experts_in_one_library_call_equal_the_per_expert_loop(fresh, dtype):
+    """Int4Experts.forward's grouped library call (rows sorted by expert, one call per projection) gives the
+    per-expert loop's result bit for bit (experts with no rows included); 32+ rows per expert in bf16 take the loop."""
+    from localdiff.arch.layers import MoEExperts
+
+    if native4.library() is None:
+        pytest.skip(native4.status())
+    torch.manual_seed(0)
+    ex = MoEExperts(6, 100, 40)
+    with torch.no_grad():
+        ex.gate_up_proj.normal_(0, 0.1)
+        ex.down_proj.normal_(0, 0.1)
+    q = int4.Int4Experts.from_experts(ex)
+    x = torch.randn(9, 100).to(dtype)
+    index = torch.tensor([[0, 2], [2, 5], [0, 5], [2, 0], [5, 2], [0, 2], [2, 5], [5, 0], [0, 2]])   # 1, 3, 4: none
+    weights = torch.rand(9, 2)
+    with torch.inference_mode():
+        calls = []
+        fresh.setattr(native4, "grouped_matmul", lambda *a, _f=native4.grouped_matmul: calls.append(1) or _f(*a))
+        got = q(x, weights, index)
+        want = MoEExperts.forward(q, x, weights, index)            # the per-expert loop (expert_ffn)
+    assert len(calls) == 2 and got.dtype == dtype and torch.equal(got, want)

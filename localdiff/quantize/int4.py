@@ -232,6 +232,30 @@ class Int4Experts(MoEExperts):
         m.down_proj, m.down_proj_scale, m.down_proj_zero = quantize_tensor(ex.down_proj)
         return m
 
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """As :meth:`MoEExperts.forward` (x [N, H], fp32 weights [N, K], index [N, K] → [N, H]). On CPU with the
+        native library and fewer than :data:`DEQUANT_ROWS` rows per expert (fp32: any): both projections of all
+        experts in one library call each (:func:`localdiff.quantize.native4.grouped_matmul`; bit-equal to the
+        per-expert loop, without its per-expert Python); otherwise the loop."""
+        if not (x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) and not torch.is_grad_enabled()
+                and native4.library() is not None):
+            return super().forward(x, weights, index)
+        k = index.shape[1]
+        flat = index.reshape(-1)
+        counts = torch.bincount(flat, minlength=self.num_experts)
+        if x.dtype == torch.bfloat16 and int(counts.max()) >= DEQUANT_ROWS:
+            return super().forward(x, weights, index)
+        order = torch.argsort(flat, stable=True)
+        token = order // k
+        off = torch.zeros(self.num_experts + 1, dtype=torch.int64)
+        torch.cumsum(counts, 0, out=off[1:])
+        gate, up = native4.grouped_matmul(x.index_select(0, token), off, self.gate_up_proj, self.gate_up_proj_scale,
+                                          self.gate_up_proj_zero).chunk(2, dim=-1)
+        ys = native4.grouped_matmul(gelu_tanh(gate) * up, off, self.down_proj, self.down_proj_scale,
+                                    self.down_proj_zero)
+        ys = (ys * weights.reshape(-1)[order, None]).to(x.dtype)
+        return torch.zeros_like(x).index_add_(0, token, ys)
+
     def expert_ffn(self, e: int, x: torch.Tensor) -> torch.Tensor:
         """Expert ``e`` on x: Tensor[N, H] → Tensor[N, H] (gelu-tanh gated FFN on int4 weights)."""
         gate, up = int4_matmul(x, self.gate_up_proj[e], self.gate_up_proj_scale[e],

@@ -52,6 +52,11 @@ def load(path: Path) -> ctypes.CDLL:
     f.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_void_p,
                   ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_int,
                   ctypes.c_int]
+    f = lib.localdiff_int4_mm_grouped
+    f.restype = ctypes.c_int
+    f.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_long,
+                  ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long,
+                  ctypes.c_int, ctypes.c_int]
     d = lib.localdiff_int4_dequant_bf16
     d.restype = ctypes.c_int
     d.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 3 + [ctypes.c_void_p]
@@ -155,3 +160,38 @@ def dequantize_bf16(packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tenso
     g = scale.shape[1]
     lib.localdiff_int4_dequant_bf16(packed.data_ptr(), scale.data_ptr(), zero.data_ptr(), g, n0, n1, out.data_ptr())
     return out[: n1 - n0]
+
+
+def grouped_matmul(xs: torch.Tensor, offsets: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
+                   zero: torch.Tensor, threads: int | None = None) -> torch.Tensor:
+    """Stacked int4 experts in one call: rows ``offsets[e] .. offsets[e + 1] − 1`` of ``xs`` times expert e's weight,
+    each row computed as :func:`matmul` computes it (bit-equal to one call per expert).
+
+    Args:
+        xs: bf16 or fp32 Tensor[R, K], rows sorted by expert; offsets: int64 Tensor[E + 1] (offsets[0] = 0,
+            offsets[E] = R); packed: uint8 Tensor[E, N, G·32]; scale: bf16 / zero: fp16 Tensor[E, N, G].
+    Returns:
+        Tensor[R, N] in xs's dtype.
+    Raises:
+        ValueError: other dtypes or shapes; MemoryError: the kernel ran out of memory.
+    """
+    lib = _LIB if _LIB is not None else library()
+    r, k = xs.shape
+    e, n, g = scale.shape
+    if xs.dtype not in (torch.float32, torch.bfloat16) or tuple(packed.shape) != (e, n, g * GROUP // 2) \
+            or tuple(zero.shape) != (e, n, g) or k > g * GROUP or tuple(offsets.shape) != (e + 1,):
+        raise ValueError("native int4 grouped matmul: x [R, K], offsets [E+1], codes [E, N, G*32], scale / zero "
+                         "[E, N, G], K <= 64 G")
+    dot = xs.dtype == torch.bfloat16 and bf16_dot(lib)
+    xx = xs if dot else xs.float()
+    xx = F.pad(xx, (0, g * GROUP - k)) if k < g * GROUP else xx.contiguous()
+    ybf = xs.dtype == torch.bfloat16
+    y = torch.empty(r, n, dtype=torch.bfloat16 if ybf else torch.float32)
+    off = offsets.to(torch.int64).contiguous()
+    packed, scale, zero = packed.contiguous(), scale.contiguous(), zero.contiguous()
+    rc = lib.localdiff_int4_mm_grouped(xx.data_ptr(), int(dot), xx.stride(0), off.data_ptr(), e, g,
+                                       packed.data_ptr(), n, scale.data_ptr(), zero.data_ptr(), y.data_ptr(), n,
+                                       threads or torch.get_num_threads(), int(ybf))
+    if rc == -2:
+        raise MemoryError("native int4 matmul: out of memory")
+    return y

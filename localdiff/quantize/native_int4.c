@@ -411,3 +411,23 @@ int localdiff_int4_dequant_bf16(const uint8_t *q, const uint16_t *scale, const u
     }
     return 0;
 }
+
+/* Stacked experts: for each expert e, rows off[e] .. off[e + 1] - 1 of x (rows sorted by expert) times expert e's
+ * weight (q, scale, zero: [E, N, ...] stacked) into the same rows of y; localdiff_int4_mm per expert, one call from
+ * Python for all of them. Returns as localdiff_int4_mm (the first -2, else -1 when any expert returned it). */
+int localdiff_int4_mm_grouped(const void *x, int x_bf16, long ldx, const long *off, long E, long G, const uint8_t *q,
+                              long N, const uint16_t *scale, const uint16_t *zero, void *y, long ldy, int threads,
+                              int y_bf16) {
+    const long xel = x_bf16 ? 2 : 4, yel = y_bf16 ? 2 : 4;
+    int rc = 0;
+    for (long e = 0; e < E; e++) {
+        const long m0 = off[e], m = off[e + 1] - off[e];
+        if (m <= 0) continue;
+        int r = localdiff_int4_mm((const char *)x + m0 * ldx * xel, x_bf16, ldx, m, G, q + e * N * G * GBYTES, N,
+                                  scale + e * N * G, zero + e * N * G, (char *)y + m0 * ldy * yel, ldy, threads,
+                                  y_bf16);
+        if (r == -2) return -2;
+        if (r) rc = r;
+    }
+    return rc;
+}

@@ -120,6 +120,10 @@ def dequantize(packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, k:
 #: above 16 rows). Fewer rows, or fp32 activations: the native kernel.
 DEQUANT_ROWS = 32
 _BLOCK_BYTES = 8 << 20
+#: bf16 experts with fewer rows than this each run in one native call for all experts (Int4Experts.forward): past
+#: DEQUANT_ROWS the kernel is a little slower per expert than dequantize + GEMM, but the per-expert Python it saves
+#: costs more (a canvas of 256 tokens, top-8 of 128: ~16 rows each, the largest often 32-60)
+GROUPED_MAX_ROWS = 128
 
 
 def _dequant_gemm(x2: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
@@ -234,7 +238,7 @@ class Int4Experts(MoEExperts):
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         """As :meth:`MoEExperts.forward` (x [N, H], fp32 weights [N, K], index [N, K] → [N, H]). On CPU with the
-        native library and fewer than :data:`DEQUANT_ROWS` rows per expert (fp32: any): both projections of all
+        native library and fewer than :data:`GROUPED_MAX_ROWS` rows per expert (fp32: any): both projections of all
         experts in one library call each (:func:`localdiff.quantize.native4.grouped_matmul`; bit-equal to the
         per-expert loop, without its per-expert Python); otherwise the loop."""
         if not (x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) and not torch.is_grad_enabled()
@@ -243,7 +247,7 @@ class Int4Experts(MoEExperts):
         k = index.shape[1]
         flat = index.reshape(-1)
         counts = torch.bincount(flat, minlength=self.num_experts)
-        if x.dtype == torch.bfloat16 and int(counts.max()) >= DEQUANT_ROWS:
+        if x.dtype == torch.bfloat16 and int(counts.max()) >= GROUPED_MAX_ROWS:
             return super().forward(x, weights, index)
         order = torch.argsort(flat, stable=True)
         token = order // k

@@ -57,7 +57,7 @@ _ENV_OTHER = ("LOCALDIFF_CONFIG", "LOCALDIFF_DATA_DIR", "LOCALDIFF_DEBUG", "LOCA
               "LOCALDIFF_API_KEY", "LOCALDIFF_DTYPE", "LOCALDIFF_TIMEOUT",
               "LOCALDIFF_LLAMA_CPP_SDIST", "LOCALDIFF_BENCH_CACHE", "LOCALDIFF_BENCH_TINY_MDM", "LOCALDIFF_BENCH_GGUF_HISTORY",
               "LOCALDIFF_REQUIRE_GGUF",                                                      # .ci/run: no GGUF skips
-              "LOCALDIFF_INT8_KERNEL", "LOCALDIFF_NATIVE_INT8", "LOCALDIFF_NATIVE_INT4",    # quantize/
+              "LOCALDIFF_INT8_KERNEL", "LOCALDIFF_NATIVE_INT8", "LOCALDIFF_NATIVE_INT4", "LOCALDIFF_CUDA_INT4",  # quantize/
               "LOCALDIFF_VOCAB_KERNEL",                                                      # kernels/vocab.py
               "LOCALDIFF_NATIVE_EXPERTS",                                                    # kernels/experts.py
               "LOCALDIFF_HEAP")                                                              # heap.py

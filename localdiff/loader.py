@@ -243,6 +243,9 @@ def _load_model(ckpt: Path, device, dtype, quant, recipe, host_layers):
 
         quantize_head(model, applied.head)         # an int8 / int4 copy of the LM head for the logits (recipe's head)
         fuse_model(model)                          # q/k/v and gate/up as one quantized matmul each (exact)
+        if torch.device(device).type == "cuda":    # int4 layers in a CUDA library's layout (quantize.cuda4)
+            from localdiff.quantize.cuda4 import convert_model
+            convert_model(model)
     if host_layers:
         from localdiff.quantize.offload import place_model
         place_model(model, host_layers, device)   # installs the hooks that run host-layer experts on the CPU

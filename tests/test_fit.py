@@ -12,7 +12,7 @@ import torch
 from localdiff.hub import catalog
 from localdiff.quantize.fit import choose_precision
 from localdiff.quantize.plan import int4_bytes, plan_memory, tensor_bytes
-from localdiff.quantize.recipe import recipe_for_model
+from localdiff.quantize.recipe import recipe_for_model, table_precision
 
 GIB = 1 << 30
 FLAGSHIP = "diffusiongemma:26b-a4b"
@@ -50,12 +50,16 @@ def test_int4_quantizes_exactly_the_int8_set_and_plans_every_catalog_model(alias
     recipe = recipe_for_model(alias)
     i8 = {r["name"]: r for r in tensor_bytes(cfg, "int8", recipe=recipe)}
     i4 = {r["name"]: r for r in tensor_bytes(cfg, "int4", recipe=recipe)}
-    assert i8.keys() == i4.keys()
+    tables = table_precision(cfg, "int4", recipe)           # the recipe's int4_embeddings (block / canvas models)
+    assert i8.keys() - {"head_int8.weight"} == i4.keys() - {"head_int8.weight"}
     q8 = {n for n, r in i8.items() if r["precision"] == "int8" and n != "head_int8.weight"}
     q4 = {n for n, r in i4.items() if r["precision"] == "int4"}
-    assert q8 == q4 and q4                                   # the same tensors, and some
+    t4 = {n for n, r in i4.items() if r["component"] in ("embeddings", "lm_head")}
+    assert q4 == q8 | (t4 if tables == "int4" else set()) and q4   # the same tensors (+ the tables), and some
+    assert ("head_int8.weight" in i4) == ("head_int8.weight" in i8 and not tables)   # tables: no head copy
     for n, r in i4.items():
-        if r["component"] in ("router", "norms", "embeddings", "self_conditioning", "attention_norms"):
+        if r["component"] in ("router", "norms", "self_conditioning", "attention_norms") or \
+                (r["component"] == "embeddings" and not tables):
             assert r["precision"] == "bfloat16", n          # stay 16-bit
         if r["precision"] == "int4":                         # weights stored [out, in] / [E, out, in]
             rows = r["shape"][0] if len(r["shape"]) == 2 else r["shape"][0] * r["shape"][1]
@@ -76,16 +80,16 @@ def test_flagship_int4_plans_16_24_gib_gpu_and_32_gib_ram():
     cfg, recipe = _cfg(FLAGSHIP), recipe_for_model(FLAGSHIP)
     comp = {c["component"]: c for c in plan_memory(cfg, 16 * GIB, "int4", recipe=recipe).components}
     assert comp["experts"]["bytes"] == comp["experts"]["params"] * 0.5625 == 12_846_366_720
-    assert comp["embeddings"]["precision"] == "bfloat16" and comp["embeddings"]["bytes"] == 738_197_504 * 2
+    # the recipe's int4_embeddings: the tied embedding / LM head in int4 (396 MiB instead of 1.38 GiB in bf16)
+    assert comp["embeddings"]["precision"] == "int4" and comp["embeddings"]["bytes"] == 262144 * 44 * 36
     p16 = plan_memory(cfg, 16 * GIB, "int4", recipe=recipe)
-    # honest arithmetic: with the default KV budget (32,768 tokens) int4 needs 16.97 GiB whole on the device — about
-    # 0.97 GiB more than 16 GiB — so the 16 GiB plan keeps the experts of layers 0-2 (1.20 GiB) on the host
-    assert 16.9 * GIB < p16.resident_bytes < 17.0 * GIB
-    assert p16.fits and not p16.resident and p16.host_expert_layers == [0, 1, 2]
-    assert "not resident: the whole model on the device would need 16.97 GiB" in p16.to_text()
-    # even a 256 MiB KV budget (1,191 tokens) leaves one expert layer on the host
+    # with the default KV budget (32,768 tokens) and the 1 GiB runtime reserve int4 needs 15.98 GiB: resident
+    assert 15.9 * GIB < p16.resident_bytes < 16 * GIB
+    assert p16.fits and p16.resident and p16.host_expert_layers == []
+    assert "host: no expert layers" in p16.to_text()
+    # a 256 MiB KV budget (1,191 tokens) leaves 0.64 GiB free
     small = plan_memory(cfg, 16 * GIB, "int4", 256 << 20, recipe=recipe)
-    assert small.host_expert_layers == [0] and small.resident_bytes > 16 * GIB
+    assert small.resident and small.free_bytes > 0.6 * GIB
     p24 = plan_memory(cfg, 24 * GIB, "int4", recipe=recipe)
     assert p24.resident and p24.free_bytes > 6 * GIB       # int8 at 24 GiB kept 5 layers on the host
     assert plan_memory(cfg, 24 * GIB, "int8", recipe=recipe).n_cpu_moe == 5
@@ -105,13 +109,14 @@ def test_host_ram_is_checked_when_given():
 @pytest.mark.parametrize("name,gpu,ram,want,device,words", [
     (FLAGSHIP, 80, 128, "bf16", "cuda", "everything on the GPU"),
     (FLAGSHIP, 24, 64, "int4", "cuda", "not in bf16 or int8"),
-    (FLAGSHIP, 16, 64, "int4", "cuda", "with the experts of 3 layers"),
+    (FLAGSHIP, 16, 64, "int4", "cuda", "in int4, everything on the GPU"),
     (FLAGSHIP, 0, 32, "int8", "cpu", "fits 32.00 GiB of RAM in int8 on the CPU, not in bf16"),
     (FLAGSHIP, 0, 24, "int4", "cpu", "not in bf16 or int8"),
-    (FLAGSHIP, 0, 8, None, "cpu", "int4 needs 16.97 GiB of RAM"),
+    (FLAGSHIP, 0, 8, None, "cpu", "int4 needs 15.98 GiB of RAM"),
     ("llada2:mini", 24, 64, "int8", "cuda", "in int8, everything on the GPU, not in bf16"),
     ("llada2:mini", 0, 24, "int8", "cpu", "not in bf16"),
-    ("sdar:8b", 12, 16, "int8", "cpu", "no precision fits this 12.00 GiB GPU"),
+    ("sdar:8b", 12, 16, "int4", "cuda", "fits this 12.00 GiB GPU in int4, everything on the GPU"),   # int4 tables
+    ("sdar:8b", 8, 16, "int8", "cpu", "no precision fits this 8.00 GiB GPU"),
     ("qwen3-mdm:0.6b", 0, 8, "bf16", "cpu", "in bf16 on the CPU"),
 ])
 def test_chooser_takes_the_first_precision_that_fits(name, gpu, ram, want, device, words):
@@ -126,12 +131,12 @@ def test_chooser_takes_the_first_precision_that_fits(name, gpu, ram, want, devic
         else:
             assert not plan_memory(cfg, gpu * GIB, q, recipe=recipe).resident
     if want is None:
-        assert c.need_line() == "about 16.97 GiB of RAM in int4"
+        assert c.need_line() == "about 15.98 GiB of RAM in int4"
 
 
 def test_chooser_on_a_gpu_load_does_not_fall_back_to_the_cpu():
-    c = choose_precision(_cfg("sdar:8b"), 12 * GIB, 16 * GIB, recipe=recipe_for_model("sdar:8b"), cpu_fallback=False)
-    assert c.precision is None and c.device == "cuda" and "no precision fits this 12.00 GiB GPU" in c.reason
+    c = choose_precision(_cfg("sdar:8b"), 8 * GIB, 16 * GIB, recipe=recipe_for_model("sdar:8b"), cpu_fallback=False)
+    assert c.precision is None and c.device == "cuda" and "no precision fits this 8.00 GiB GPU" in c.reason
 
 
 def test_show_plans_int4_on_a_gpu_and_on_the_cpu(capsys):
@@ -141,7 +146,7 @@ def test_show_plans_int4_on_a_gpu_and_on_the_cpu(capsys):
     out = capsys.readouterr().out
     assert "int4 weights" in out and "0.5625 bytes per weight" in out
     assert "experts                     22,837,985,280  int4         11.96 GiB" in out
-    assert "host: experts of layers 0-2" in out and "not resident" in out
+    assert "host: no expert layers" in out and "fits (19.61 MiB free)" in out
     assert "precision (what pull and gen pick): int4" in out
     assert main(["show", FLAGSHIP, "--quant", "int4", "--gpu-mem", "24GiB"]) == 0
     out = capsys.readouterr().out
@@ -178,7 +183,7 @@ def test_show_quant_alone_plans_this_machine(monkeypatch, capsys):
     monkeypatch.setattr(machine, "ram_bytes", lambda: 32 * GIB)
     assert main(["show", FLAGSHIP, "--quant", "int4"]) == 0
     out = capsys.readouterr().out
-    assert "Memory plan for 32.00 GiB of RAM (CPU, no GPU): int4 weights" in out and "RAM total 16.97 GiB" in out
+    assert "Memory plan for 32.00 GiB of RAM (CPU, no GPU): int4 weights" in out and "RAM total 15.98 GiB" in out
     monkeypatch.setattr(machine, "gpu_mem_bytes", lambda: 24 * GIB)
     assert main(["show", FLAGSHIP, "--quant", "int4"]) == 0
     assert "Memory plan for a 24.00 GiB device: int4 weights" in capsys.readouterr().out

@@ -178,3 +178,65 @@ def test_bad_shapes_are_one_line_errors():
     if shutil.which("cc") or shutil.which("gcc"):
         with pytest.raises(ValueError, match="native int4"):
             native4.matmul(torch.randn(2, 100), p, s.float(), z)
+
+
+@pytest.mark.parametrize("mode", ["", "fma"])
+def test_kernel_rounds_bf16_results_exactly_as_a_cast(fresh, mode):
+    """bf16 results come rounded by the kernel (no fp32 tensor and cast): equal, bit for bit, to the fp32 result
+    cast to bf16 (round to nearest even), on both paths."""
+    fresh.setenv("LOCALDIFF_NATIVE_INT4", mode)
+    if native4.library() is None:
+        pytest.skip(native4.status())
+    p, s, z = quantize_tensor(_weights(37, 200, seed=5))
+    for m in (1, 5, 17):
+        for dtype in (torch.bfloat16, torch.float32):
+            x = (torch.randn(m, 200, generator=torch.Generator().manual_seed(m)) * 30).to(dtype)
+            y16 = native4.matmul(x, p, s, z, out_dtype=torch.bfloat16)
+            y32 = native4.matmul(x, p, s, z, out_dtype=torch.float32)
+            assert y16.dtype == torch.bfloat16 and torch.equal(y16, y32.to(torch.bfloat16)), (m, dtype)
+
+
+def test_many_bf16_rows_run_dequantized_bf16_blocks_and_a_gemm(fresh):
+    """bf16 activations of DEQUANT_ROWS rows or more: the library's bf16 dequantization (bit-equal to
+    ``dequantize(..., bfloat16)``) a block of rows at a time, then torch's GEMM — equal to F.linear on the whole
+    bf16-dequantized weight; fewer rows and fp32 stay on the exact kernel."""
+    if native4.library() is None:
+        pytest.skip(native4.status())
+    p, s, z = quantize_tensor(_weights(300, 200, seed=9))
+    buf = torch.empty(300, 256, dtype=torch.bfloat16)
+    w16 = dequantize(p, s, z, 200, torch.bfloat16)
+    assert torch.equal(native4.dequantize_bf16(p, s, z, 0, 300, buf)[:, :200], w16)
+    assert torch.equal(native4.dequantize_bf16(p, s, z, 7, 19, buf)[:, :200], w16[7:19])
+    x = torch.randn(2, int4.DEQUANT_ROWS, 200).to(torch.bfloat16)
+    want = torch.nn.functional.linear(x, w16)
+    fresh.setattr(int4, "_BLOCK_BYTES", 64 * 256 * 2)               # several blocks of 64 rows
+    got = int4_matmul(x, p, s, z)
+    assert got.dtype == torch.bfloat16 and got.shape == (2, int4.DEQUANT_ROWS, 300)
+    torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-2)
+    few = x[:1, : int4.DEQUANT_ROWS - 1]                              # the exact kernel below the threshold
+    assert torch.equal(int4_matmul(few, p, s, z), native4.matmul(few.reshape(-1, 200), p, s, z).reshape(1, -1, 300))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int4_experts_in_one_library_call_equal_the_per_expert_loop(fresh, dtype):
+    """Int4Experts.forward's grouped library call (rows sorted by expert, one call per projection) gives the
+    per-expert loop's result bit for bit (experts with no rows included)."""
+    from localdiff.arch.layers import MoEExperts
+
+    if native4.library() is None:
+        pytest.skip(native4.status())
+    torch.manual_seed(0)
+    ex = MoEExperts(6, 100, 40)
+    with torch.no_grad():
+        ex.gate_up_proj.normal_(0, 0.1)
+        ex.down_proj.normal_(0, 0.1)
+    q = int4.Int4Experts.from_experts(ex)
+    x = torch.randn(9, 100).to(dtype)
+    index = torch.tensor([[0, 2], [2, 5], [0, 5], [2, 0], [5, 2], [0, 2], [2, 5], [5, 0], [0, 2]])   # 1, 3, 4: none
+    weights = torch.rand(9, 2)
+    with torch.inference_mode():
+        calls = []
+        fresh.setattr(native4, "grouped_matmul", lambda *a, _f=native4.grouped_matmul: calls.append(1) or _f(*a))
+        got = q(x, weights, index)
+        want = MoEExperts.forward(q, x, weights, index)            # the per-expert loop (expert_ffn)
+    assert len(calls) == 2 and got.dtype == dtype and torch.equal(got, want)

@@ -68,3 +68,12 @@ def test_stepper_without_llama_cpp_says_why(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", fake)
     why = gguf_qwen3.stepper(2, 8)
     assert isinstance(why, str) and "llama_cpp" in why
+
+
+def test_canvas_part_runs_at_the_smoke_shape():
+    from localdiff.bench import int4_dg
+
+    r = int4_dg.canvas_steps(True, lambda *_: None, size="smoke", reps=1)
+    assert set(r["steps"]) == {"bf16", "int4"} and r["resident_bytes"]["int4"] < r["resident_bytes"]["bf16"]
+    md = "\n".join(int4_dg.render_md(r))
+    assert "| int4 |" in md and "target ≤ 0.75" in md

@@ -17,6 +17,7 @@ from localdiff.loader import load_model
 from localdiff.paths import models_dir
 from localdiff.quantize import int4
 from localdiff.quantize.apply import quantize_model, quantized_modules
+from localdiff.quantize.embedding import QuantEmbedding
 from localdiff.quantize.io import checkpoint_recipe, quantize_checkpoint, save_quantized
 from localdiff.quantize.recipe import load_recipe
 from test_arch_contract import _build, _forward
@@ -97,8 +98,9 @@ def test_quantize_checkpoint_int4_loads_like_on_the_fly(tiny_fp32, tmp_path):
     pre = localdiff.load(tmp_path / "q4", device="cpu", dtype=torch.float32)
     with pytest.raises(Exception, match="pre-quantized int4 checkpoint"):     # never a silent other precision
         localdiff.load(tmp_path / "q4", device="cpu", dtype=torch.float32, quant="int8")
-    live = localdiff.load(src, device="cpu", dtype=torch.float32, quant="int4")
+    live = localdiff.load("tiny", device="cpu", dtype=torch.float32, quant="int4")      # the same recipe, tiny's
     assert {type(m) for m in quantized_modules(pre.net).values()} == {int4.Int4Linear, int4.Int4Experts}
+    assert isinstance(pre.net.embed_tokens, QuantEmbedding) and isinstance(live.net.embed_tokens, QuantEmbedding)
     a, b = _denoise_pairs(live.net, pre.net, n_canvases=2, batch=2, canvas_len=8)
     assert torch.equal(a, b)
     # a live int4 model saved and loaded back: the same logits again

@@ -5,9 +5,8 @@ One set of weights plays two roles (reference: transformers 5.23.0 ``modeling_di
 * **prefill** — the causal encoder pass over prompt / finished canvases; it appends K/V to the cache.
 * **denoise** — the bidirectional decoder pass over a canvas of C tokens that attends to the cached prefix
   (read-only) and to itself, with self-conditioning on the previous step's logits; returns logits[B, C, V].
-* **fused** — both in one forward: tokens to prefill followed by a canvas (the generation loop prefills the prompt
-  and each finished canvas this way, with the next canvas's first step). Linear layers and norms run on all rows;
-  attention and expert grouping run per role, so the result is bit-identical to the two passes.
+* **fused** — both in one forward: tokens to prefill, then a canvas (the loop prefills the prompt and each finished
+  canvas with the next canvas's first step); attention and expert grouping per role: bit-identical to two passes.
 
 Each layer: attention (q/k/v norms, scale 1.0, RoPE "default" on sliding layers and "proportional" with a partial
 rotary factor on full-attention layers, which have their own head_dim / KV-head count and share k = v), then a
@@ -26,7 +25,7 @@ from localdiff.arch.diffusion_gemma_spec import (CHECKPOINT_RULES, MODEL_TYPE, D
                                                  checkpoint_names, is_skipped_checkpoint_tensor, keeps_checkpoint_dtype)
 from localdiff.arch.layers import (GatedMLP, MoEExperts, RMSNorm, Router, apply_rope, attention, backs, embed_scale, linear, norm, rms_norm, rope_inv_freq, rope_tables)
 from localdiff.arch.masks import canvas_keys, prefill_mask
-from localdiff.arch.soft_embedding import raw_head, soft_embedding
+from localdiff.arch.soft_embedding import RawLogits, raw_head, soft_embedding
 
 
 class Attention(nn.Module):
@@ -168,6 +167,7 @@ class DiffusionGemma(nn.Module):
     #: None = the exact self-conditioning soft embedding; k = the top-k approximation (opt-in, not reference-exact;
     #: :mod:`localdiff.arch.soft_embedding`)
     sc_topk: int | None = None
+    supports_int8_head = True    # logits read ``head_int8`` when set; embed_tokens may be a quantized table then
 
     def __init__(self, cfg: DiffusionGemmaConfig):
         super().__init__()
@@ -215,8 +215,8 @@ class DiffusionGemma(nn.Module):
         return t
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
-        w = self.embed_tokens.weight
-        return nn.functional.embedding(ids, w) * self._scale(w.dtype, w.device)
+        x = self.embed_tokens(ids)
+        return x * self._scale(x.dtype, x.device)
 
     def _rope(self, start: int, n: int, dtype, device) -> dict:
         """cos/sin per layer type for positions start..start+n-1, memoised (computed once per canvas)."""
@@ -233,11 +233,11 @@ class DiffusionGemma(nn.Module):
     def logits(self, h: torch.Tensor, raw: bool = False):
         """Final hidden states Tensor[B, C, H] → soft-capped fp32 logits Tensor[B, C, V]; ``raw``: the head's output
         and the cap as :class:`localdiff.arch.soft_embedding.RawLogits` (the fast path's vocab pass soft-caps)."""
-        w = self.lm_head.weight if self.lm_head is not None else self.embed_tokens.weight
-        cap = self.config.final_logit_softcapping
+        cap, head = self.config.final_logit_softcapping, getattr(self, "head_int8", None)   # quantized head
+        w = None if head else self.lm_head.weight if self.lm_head is not None else self.embed_tokens.weight
         if raw:       # into a reused buffer, valid until the next raw call
-            return raw_head(h, w, cap, self.__dict__.setdefault("_head_buffers", {}))
-        y = nn.functional.linear(h, w).float()            # a fresh tensor: soft-cap in place (same ops, no copies)
+            return RawLogits(head(h), cap) if head else raw_head(h, w, cap, self.__dict__.setdefault("_hb", {}))
+        y = (head(h) if head else nn.functional.linear(h, w)).float()   # fresh: soft-cap in place (same ops, no copies)
         if cap is None:
             return y
         if y.requires_grad:                                 # training (the recipe): autograd needs tanh's output
@@ -330,8 +330,8 @@ class DiffusionGemma(nn.Module):
             xc = self._embed(canvas_ids)
             soft = None
             if sc_logits is not None:
-                soft = soft_embedding(sc_logits, self.embed_tokens.weight, self.sc_topk) * self._scale(xc.dtype,
-                                                                                                      xc.device)
+                e = self.embed_tokens.weight if isinstance(self.embed_tokens, nn.Embedding) else self.embed_tokens
+                soft = soft_embedding(sc_logits, e, self.sc_topk) * self._scale(xc.dtype, xc.device)
             parts.append(self.self_conditioning(xc, soft))
         return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
 

@@ -58,7 +58,9 @@ def soft_embedding(sc_logits, weight: torch.Tensor, topk: int | None = None) -> 
 
     Args:
         sc_logits: FloatTensor[B, C, V] (the previous step's temperature-scaled logits), or :class:`Probabilities`.
-        weight: the embedding matrix Tensor[V, H] (its dtype is the compute dtype).
+        weight: the embedding matrix Tensor[V, H] (its dtype is the compute dtype), or a quantized table with
+            ``dtype``, ``weighted_sum(p)`` (= p @ table) and ``__call__(ids)`` (row lookup), e.g.
+            ``localdiff.quantize.embedding.QuantEmbedding`` (the same computation on the dequantized table).
         topk: None = exact; k = only the k largest logits of each position (renormalised).
     Returns:
         Tensor[B, C, H] in weight's dtype (not yet multiplied by the embedding scale).
@@ -66,16 +68,22 @@ def soft_embedding(sc_logits, weight: torch.Tensor, topk: int | None = None) -> 
     if isinstance(sc_logits, Probabilities):
         probs = sc_logits.probs
         if topk is None or topk >= probs.shape[-1]:
-            return F.linear(probs.to(weight.dtype), weight.t())
+            return _weighted(probs.to(weight.dtype), weight)
         # the top-k of the distribution renormalised, as below (of the logits where they came along)
         sc_logits = sc_logits.logits if sc_logits.logits is not None else probs.float().log()
     if topk is None or topk >= sc_logits.shape[-1]:
         probs = torch.softmax(sc_logits, dim=-1, dtype=torch.float32).to(weight.dtype)
         # F.linear(p, Eᵀ): the layout that is fast in bf16 on every CPU measured (torch.matmul(p, E) took 35 s per
         # step in bf16 on an AVX2-only CPU, this 1 s); bit-identical to p @ E in fp32 and bf16 here
-        return F.linear(probs, weight.t())
+        return _weighted(probs, weight)
     vals, idx = sc_logits.topk(topk, dim=-1)
     p = torch.softmax(vals, dim=-1, dtype=torch.float32).to(weight.dtype)       # [B, C, k]
     b, c, k = idx.shape
-    rows = F.embedding(idx.reshape(b * c, k), weight)                           # [B·C, k, H]
+    ids = idx.reshape(b * c, k)
+    rows = F.embedding(ids, weight) if isinstance(weight, torch.Tensor) else weight(ids)    # [B·C, k, H]
     return torch.bmm(p.reshape(b * c, 1, k), rows).reshape(b, c, -1)
+
+
+def _weighted(p: torch.Tensor, weight) -> torch.Tensor:
+    """p Tensor[..., V] @ the table Tensor[V, H] (or a quantized table's ``weighted_sum``)."""
+    return F.linear(p, weight.t()) if isinstance(weight, torch.Tensor) else weight.weighted_sum(p)

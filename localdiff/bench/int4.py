@@ -10,6 +10,8 @@
   (parameters + buffers + the head copy) ≤ 0.3× bf16's.
 * **llama.cpp**: when llama-cpp-python imports, a Q4_K_M GGUF of the same shape and weights' distribution
   (:mod:`localdiff.bench.gguf_qwen3`), its 1-token step at 512 history in the same rounds.
+* **Canvas**: DiffusionGemma's denoising step int4 vs bf16 at the flagship's proportions
+  (:mod:`localdiff.bench.int4_dg`; target ≤ 0.75× bf16).
 * **Accuracy**: the embedded model's held-out eval (``eval.jsonl``) in exact fp32 and with int4 weights,
   paired over seeds as ``--only precision`` does (:func:`localdiff.bench.precision.paired`); target: int4 within
   2 points of fp32 (mean paired difference; its 95 % interval reported).
@@ -21,15 +23,8 @@ import os
 import statistics
 import time
 
-
-def _pin() -> tuple[set, int]:
-    """Pin this process to its last allowed core, one torch thread. Returns (the previous affinity, threads)."""
-    import torch
-
-    before, threads = os.sched_getaffinity(0), torch.get_num_threads()
-    os.sched_setaffinity(0, {max(before)})
-    torch.set_num_threads(1)
-    return before, threads
+from localdiff.bench.onecore import cpu_name, resident  # noqa: F401  (resident: the section's byte count)
+from localdiff.bench.onecore import pin as _pin
 
 
 def _random_sdar(layers: int | None):
@@ -53,15 +48,6 @@ def _random_sdar(layers: int | None):
     return net.eval()
 
 
-def resident(net) -> int:
-    """Bytes of parameters, buffers and the quantized LM head copy (``head_int8``) of ``net``."""
-    from localdiff.quantize.int8 import resident_bytes
-
-    head = getattr(net, "head_int8", None)
-    extra = sum(t.numel() * t.element_size() for t in vars(head).values() if hasattr(t, "numel")) if head else 0
-    return resident_bytes(net) + extra
-
-
 def _cache(net, history: int):
     import torch
 
@@ -76,19 +62,6 @@ def _cache(net, history: int):
         cache.append(i, k, v)
     cache.commit(history, None, 1)
     return cache
-
-
-def cpu_name() -> str:
-    """The CPU's model name (/proc/cpuinfo), else the platform's processor string."""
-    import platform
-
-    try:
-        for line in open("/proc/cpuinfo", encoding="utf-8", errors="replace"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _stats(v: list[float]) -> dict:
@@ -204,7 +177,10 @@ def accuracy(ctx, seeds: int) -> dict:
 
 def run(ctx) -> dict:
     a = ctx.args
-    sec = {"steps": steps(bool(a.quick), ctx.log, layers=8 if a.quick else None)}
+    from localdiff.bench.int4_dg import canvas_steps
+
+    sec = {"steps": steps(bool(a.quick), ctx.log, layers=8 if a.quick else None),
+           "canvas": canvas_steps(bool(a.quick), ctx.log)}
     sec["accuracy"] = accuracy(ctx, a.seeds or (2 if a.quick else 4))
     return sec
 
@@ -226,6 +202,10 @@ def render_md(sec: dict) -> list[str]:
                   f"kernels: int4 — {s['kernels']['int4']}; int8 — {s['kernels']['int8']}."]
         if "skipped" in s.get("llama_cpp", {}):
             lines.append(f"llama.cpp: skipped ({s['llama_cpp']['skipped']}).")
+    if sec.get("canvas"):
+        from localdiff.bench.int4_dg import render_md as canvas_md
+
+        lines += [""] + canvas_md(sec["canvas"])
     acc = sec.get("accuracy")
     if acc:
         p = acc["int4_minus_float32"]

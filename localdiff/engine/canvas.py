@@ -42,7 +42,7 @@ def stream(model, req):
     prec = model.precision     # the fast sampler in fp32 where bf16 would be the default
     fast = True if prec is not None and prec.sampler == "fast" else None
     policy = policy_class(req.options)(req.options, ids.shape[0], cfg.canvas_length, cfg.vocab_size, model.device,
-                                       req.generator, model.net.embed_tokens.weight.dtype, fast=fast)
+                                       req.generator, _float_dtype(model.net.embed_tokens), fast=fast)
     yield from loop.run(model.net, policy, req, cache, prefill=(todo, todo_mask), start_canvas=req.start_canvas)
 
 
@@ -54,3 +54,9 @@ def common_prefix(a: list[int], b: list[int]) -> int:
             break
         n += 1
     return n
+
+
+def _float_dtype(emb):
+    """The model's float dtype from its token embedding: an nn.Embedding's weight dtype, or a quantized table's
+    ``dtype`` (localdiff.quantize.embedding.QuantEmbedding: its weight holds codes)."""
+    return emb.weight.dtype if emb.weight.is_floating_point() else emb.dtype

@@ -112,10 +112,23 @@ typedef struct {
     const float *xsum;                     /* [M][G] group sums of x (bf16 path) */
     const uint8_t *q;
     const uint16_t *s, *z;
-    float *y;
+    void *y;                               /* fp32, or bf16 bits when y_bf16 */
     long ldy, n_begin, n_end;
-    int bf16;
+    int bf16, y_bf16;
 } job_t;
+
+/* y[i] = v: fp32, or rounded to bf16 as torch's fp32 -> bf16 cast does (to nearest, ties to even; NaN -> 0x7FC0). */
+static inline void store_y(const job_t *j, long i, float v) {
+    if (!j->y_bf16) {
+        ((float *)j->y)[i] = v;
+        return;
+    }
+    uint32_t u;
+    memcpy(&u, &v, sizeof u);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) u = 0x7FC00000u;
+    else u += 0x7FFFu + ((u >> 16) & 1u);
+    ((uint16_t *)j->y)[i] = (uint16_t)(u >> 16);
+}
 
 
 /* The R rows' per-group fp32 scales sb[r][g] and biases bb[r][g] = -z * s (FMA path), or, for the bf16 path, the
@@ -196,7 +209,7 @@ static inline __attribute__((always_inline)) void tile_fma(const job_t *j, long 
         for (int r = 0; r < R; r++) {
             float t = 0.0f;
             for (int l = 0; l < VW; l++) t += acc[m][r][l];
-            j->y[(m0 + m) * j->ldy + n0 + r] = t;
+            store_y(j, (m0 + m) * j->ldy + n0 + r, t);
         }
 }
 
@@ -247,7 +260,7 @@ static inline __attribute__((always_inline)) void tile_bf16(const job_t *j, long
     for (int m = 0; m < MT; m++)
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++)
-            j->y[(m0 + m) * j->ldy + n0 + r] = _mm512_reduce_add_ps(acc[m][r]) - zacc[m][r];
+            store_y(j, (m0 + m) * j->ldy + n0 + r, _mm512_reduce_add_ps(acc[m][r]) - zacc[m][r]);
 }
 #endif
 
@@ -325,9 +338,10 @@ int localdiff_int4_vector_width(void) { return VW; }
 
 /* y = x @ dequantize(q, s, z)^T. x: bf16 bits (x_bf16 = 1; needs localdiff_int4_has_bf16) or fp32, [M, 64 * G].
  * Returns 0; -1 when a thread could not be started (the result is still complete: the caller's thread ran that
- * range); -2 for bf16 x without the bf16 path, or no memory (nothing written). */
+ * range); -2 for bf16 x without the bf16 path, or no memory (nothing written). y: fp32 [M, ldy], or bf16 bits
+ * when y_bf16 (each fp32 sum rounded once, as a cast of the fp32 result would be). */
 int localdiff_int4_mm(const void *x, int x_bf16, long ldx, long M, long G, const uint8_t *q, long N,
-                      const uint16_t *scale, const uint16_t *zero, float *y, long ldy, int threads) {
+                      const uint16_t *scale, const uint16_t *zero, void *y, long ldy, int threads, int y_bf16) {
     float *xsum = NULL;
 #ifdef HAVE_BF16
     if (x_bf16) {
@@ -357,7 +371,7 @@ int localdiff_int4_mm(const void *x, int x_bf16, long ldx, long M, long G, const
     int started[MAX_THREADS];
     int nj = 0, rc = 0;
     for (long b = 0; b < N; b += per) {
-        job_t jb = {x, ldx, M, G, xsum, q, scale, zero, y, ldy, b, b + per < N ? b + per : N, x_bf16};
+        job_t jb = {x, ldx, M, G, xsum, q, scale, zero, y, ldy, b, b + per < N ? b + per : N, x_bf16, y_bf16};
         jobs[nj++] = jb;
     }
     for (int i = 1; i < nj; i++) started[i] = pthread_create(&tid[i], NULL, thread_main, &jobs[i]) == 0;
@@ -370,5 +384,50 @@ int localdiff_int4_mm(const void *x, int x_bf16, long ldx, long M, long G, const
         }
     }
     free(xsum);
+    return rc;
+}
+
+/* out[n, k] = bf16((q[n, k] - z[n, g]) * s[n, g]) for rows n0 .. n1 - 1 (fp32 arithmetic, rounded to nearest even:
+ * bit-equal to localdiff/quantize/int4.py's dequantize(..., dtype=bfloat16)); out: [n1 - n0, 64 * G] bf16 bits. For
+ * int4_matmul's many-row path (dequantize a block of rows, then a bf16 GEMM). Returns 0. */
+int localdiff_int4_dequant_bf16(const uint8_t *q, const uint16_t *scale, const uint16_t *zero, long G, long n0,
+                                long n1, uint16_t *out) {
+    const long K = G * GROUP;
+    for (long n = n0; n < n1; n++) {
+        uint16_t *o = out + (n - n0) * K;
+        for (long g = 0; g < G; g++) {
+            const uint8_t *p = q + n * G * GBYTES + g * GBYTES;
+            const float sc = bf16_f(scale[n * G + g]), zf = f16_f(zero[n * G + g]);
+            uint16_t *og = o + g * GROUP;
+            for (int i = 0; i < GBYTES; i++) {
+                float lo = ((float)(p[i] & 15) - zf) * sc, hi = ((float)(p[i] >> 4) - zf) * sc;
+                uint32_t a, b;
+                memcpy(&a, &lo, sizeof a);
+                memcpy(&b, &hi, sizeof b);
+                og[i] = (uint16_t)((a + 0x7FFFu + ((a >> 16) & 1u)) >> 16);
+                og[i + GBYTES] = (uint16_t)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+            }
+        }
+    }
+    return 0;
+}
+
+/* Stacked experts: for each expert e, rows off[e] .. off[e + 1] - 1 of x (rows sorted by expert) times expert e's
+ * weight (q, scale, zero: [E, N, ...] stacked) into the same rows of y; localdiff_int4_mm per expert, one call from
+ * Python for all of them. Returns as localdiff_int4_mm (the first -2, else -1 when any expert returned it). */
+int localdiff_int4_mm_grouped(const void *x, int x_bf16, long ldx, const long *off, long E, long G, const uint8_t *q,
+                              long N, const uint16_t *scale, const uint16_t *zero, void *y, long ldy, int threads,
+                              int y_bf16) {
+    const long xel = x_bf16 ? 2 : 4, yel = y_bf16 ? 2 : 4;
+    int rc = 0;
+    for (long e = 0; e < E; e++) {
+        const long m0 = off[e], m = off[e + 1] - off[e];
+        if (m <= 0) continue;
+        int r = localdiff_int4_mm((const char *)x + m0 * ldx * xel, x_bf16, ldx, m, G, q + e * N * G * GBYTES, N,
+                                  scale + e * N * G, zero + e * N * G, (char *)y + m0 * ldy * yel, ldy, threads,
+                                  y_bf16);
+        if (r == -2) return -2;
+        if (r) rc = r;
+    }
     return rc;
 }

@@ -41,7 +41,16 @@ def load(path: Path) -> ctypes.CDLL:
     f = lib.localdiff_int4_mm
     f.restype = ctypes.c_int
     f.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_void_p,
-                  ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
+                  ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_int,
+                  ctypes.c_int]
+    f = lib.localdiff_int4_mm_grouped
+    f.restype = ctypes.c_int
+    f.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_long,
+                  ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long,
+                  ctypes.c_int, ctypes.c_int]
+    d = lib.localdiff_int4_dequant_bf16
+    d.restype = ctypes.c_int
+    d.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 3 + [ctypes.c_void_p]
     lib.localdiff_int4_has_bf16.restype = ctypes.c_int
     lib.localdiff_int4_vector_width.restype = ctypes.c_int
     return lib
@@ -83,7 +92,8 @@ def matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: tor
         packed: uint8 Tensor[N, G·32]; scale: bf16 Tensor[N, G]; zero: fp16 Tensor[N, G] (made contiguous).
         threads: threads splitting N (default ``torch.get_num_threads()``).
         lib: a library from :func:`load` (tests of other builds); default :func:`library`, which must not be None.
-        out_dtype: the result's dtype (default x's; fp32 gives the kernel's sums unrounded).
+        out_dtype: the result's dtype (default x's; fp32 gives the kernel's sums unrounded; bf16 is rounded by
+            the kernel itself, equal to casting the fp32 result).
     Returns:
         Tensor[M, N] in ``out_dtype`` (computed in fp32).
     Raises:
@@ -104,10 +114,58 @@ def matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: tor
     elif xx.stride(1) != 1:
         xx = xx.contiguous()
     packed, scale, zero = packed.contiguous(), scale.contiguous(), zero.contiguous()
-    y = torch.empty(m, n, dtype=torch.float32)
+    out_dtype = out_dtype or x.dtype
+    ybf = out_dtype == torch.bfloat16          # the kernel rounds to bf16 itself: no fp32 result and cast
+    y = torch.empty(m, n, dtype=torch.bfloat16 if ybf else torch.float32)
     rc = lib.localdiff_int4_mm(xx.data_ptr(), int(dot), xx.stride(0), m, g, packed.data_ptr(), n, scale.data_ptr(),
-                               zero.data_ptr(), y.data_ptr(), n, threads or torch.get_num_threads())
+                               zero.data_ptr(), y.data_ptr(), n, threads or torch.get_num_threads(), int(ybf))
     if rc == -2:
         raise MemoryError("native int4 matmul: out of memory")
-    out_dtype = out_dtype or x.dtype
-    return y if out_dtype == torch.float32 else y.to(out_dtype)
+    return y if out_dtype in (torch.float32, torch.bfloat16) else y.to(out_dtype)
+
+
+def dequantize_bf16(packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, n0: int, n1: int,
+                    out: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """Rows ``n0 .. n1 − 1`` of ``dequantize(packed, scale, zero)`` rounded to bf16, written into ``out``
+    (bf16 Tensor[≥ n1 − n0, G·64], contiguous) by the kernel library: bit-equal to
+    :func:`localdiff.quantize.int4.dequantize` with ``dtype=torch.bfloat16``. Returns ``out[: n1 − n0]``.
+    packed / scale / zero: the contiguous int4 format ([N, G·32] uint8, [N, G] bf16, [N, G] fp16)."""
+    lib = lib if lib is not None else library()
+    g = scale.shape[1]
+    lib.localdiff_int4_dequant_bf16(packed.data_ptr(), scale.data_ptr(), zero.data_ptr(), g, n0, n1, out.data_ptr())
+    return out[: n1 - n0]
+
+
+def grouped_matmul(xs: torch.Tensor, offsets: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
+                   zero: torch.Tensor, threads: int | None = None) -> torch.Tensor:
+    """Stacked int4 experts in one call: rows ``offsets[e] .. offsets[e + 1] − 1`` of ``xs`` times expert e's weight,
+    each row computed as :func:`matmul` computes it (bit-equal to one call per expert).
+
+    Args:
+        xs: bf16 or fp32 Tensor[R, K], rows sorted by expert; offsets: int64 Tensor[E + 1] (offsets[0] = 0,
+            offsets[E] = R); packed: uint8 Tensor[E, N, G·32]; scale: bf16 / zero: fp16 Tensor[E, N, G].
+    Returns:
+        Tensor[R, N] in xs's dtype.
+    Raises:
+        ValueError: other dtypes or shapes; MemoryError: the kernel ran out of memory.
+    """
+    lib = _KERNEL.lib if _KERNEL.lib is not None else library()
+    r, k = xs.shape
+    e, n, g = scale.shape
+    if xs.dtype not in (torch.float32, torch.bfloat16) or tuple(packed.shape) != (e, n, g * GROUP // 2) \
+            or tuple(zero.shape) != (e, n, g) or k > g * GROUP or tuple(offsets.shape) != (e + 1,):
+        raise ValueError("native int4 grouped matmul: x [R, K], offsets [E+1], codes [E, N, G*32], scale / zero "
+                         "[E, N, G], K <= 64 G")
+    dot = xs.dtype == torch.bfloat16 and bf16_dot(lib)
+    xx = xs if dot else xs.float()
+    xx = F.pad(xx, (0, g * GROUP - k)) if k < g * GROUP else xx.contiguous()
+    ybf = xs.dtype == torch.bfloat16
+    y = torch.empty(r, n, dtype=torch.bfloat16 if ybf else torch.float32)
+    off = offsets.to(torch.int64).contiguous()
+    packed, scale, zero = packed.contiguous(), scale.contiguous(), zero.contiguous()
+    rc = lib.localdiff_int4_mm_grouped(xx.data_ptr(), int(dot), xx.stride(0), off.data_ptr(), e, g,
+                                       packed.data_ptr(), n, scale.data_ptr(), zero.data_ptr(), y.data_ptr(), n,
+                                       threads or torch.get_num_threads(), int(ybf))
+    if rc == -2:
+        raise MemoryError("native int4 matmul: out of memory")
+    return y

@@ -5,7 +5,9 @@ The int8 modules are :mod:`localdiff.quantize.int8`'s, the int4 ones :mod:`local
 marks modules ``int8`` / ``int4`` (``--quant int4`` turns a recipe's int8 list into int4 with
 :meth:`localdiff.quantize.recipe.Recipe.with_precision`). The LM head copy of a recipe's ``head`` is an
 :class:`~localdiff.quantize.int8.Int8Head` or :class:`~localdiff.quantize.int4.Int4Head` in ``model.head_int8``
-(the attribute the block models read).
+(the attribute the block models read). A recipe's quantized ``embeddings`` (``int4_embeddings`` under ``--quant int4``)
+replace the token embedding with a :class:`~localdiff.quantize.embedding.QuantEmbedding` (and an untied LM head with
+a quantized linear layer) on models whose class reads ``head_int8``; the head then reads those tensors, no copy.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from torch import nn
 
 from localdiff.arch.layers import MoEExperts
 from localdiff.quantize import int4, int8
+from localdiff.quantize.embedding import QuantEmbedding, TiedHead
 from localdiff.quantize.recipe import DEFAULT_RECIPE, Recipe, RecipeError
 
 QUANT_TYPES = int8.QUANT_TYPES + int4.QUANT_TYPES
@@ -38,15 +41,55 @@ def _targets(model: nn.Module, recipe: Recipe) -> list[tuple[str, nn.Module, str
     return out
 
 
+def _embedding_targets(model: nn.Module, recipe: Recipe) -> list[tuple[str, nn.Module, str]]:
+    """(name, module, precision) of the float token embedding (and untied LM head) when ``recipe.embeddings`` is
+    quantized and the model's class reads its head through ``head_int8`` (else nothing: they stay float)."""
+    prec = recipe.embeddings
+    if prec not in ("int8", "int4") or not getattr(type(model), "supports_int8_head", False):
+        return []
+    out = []
+    emb, lm = getattr(model, "embed_tokens", None), getattr(model, "lm_head", None)
+    if isinstance(emb, nn.Embedding):
+        out.append(("embed_tokens", emb, prec))
+    if isinstance(lm, nn.Linear):
+        out.append(("lm_head", lm, prec))
+    return out
+
+
 def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
     parent, _, child = name.rpartition(".")
     setattr(model.get_submodule(parent) if parent else model, child, new)
 
 
+class LinearHead:
+    """An untied LM head quantized in place (an int8 / int4 linear layer ``model.lm_head``) as ``head_int8``:
+    ``__call__(h: Tensor[..., H]) -> Tensor[..., V]`` (kept outside the state dict; no copy)."""
+
+    def __init__(self, lin: nn.Module):
+        self.linear = lin
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        return self.linear(h)
+
+
 def quantize_head(model: nn.Module, precision: str) -> bool:
-    """Give ``model`` a ``precision`` ("int8" / "int4") copy of its ``head_weight()`` for the logits (attribute
-    ``head_int8``) when its class reads one (``supports_int8_head``); returns whether it did."""
-    if not getattr(type(model), "supports_int8_head", False) or precision not in ("int8", "int4"):
+    """Set ``model.head_int8`` when its class reads one (``supports_int8_head``); returns whether it did. A
+    quantized tied embedding (:class:`QuantEmbedding`, whose float ``dtype`` becomes the model's, that of
+    ``model.norm.weight``) or a quantized ``lm_head`` serves as the head itself; otherwise a ``precision``
+    ("int8" / "int4") copy of ``head_weight()`` is made (nothing for "float")."""
+    if not getattr(type(model), "supports_int8_head", False):
+        return False
+    emb, lm = getattr(model, "embed_tokens", None), getattr(model, "lm_head", None)
+    if isinstance(emb, QuantEmbedding):
+        norm = getattr(getattr(model, "norm", None), "weight", None)
+        emb.dtype = norm.dtype if norm is not None and norm.is_floating_point() else emb.dtype
+        if lm is None:
+            model.head_int8 = TiedHead(emb)
+            return True
+    if isinstance(lm, QUANT_TYPES):
+        model.head_int8 = LinearHead(lm)
+        return True
+    if precision not in ("int8", "int4"):
         return False
     w = model.head_weight().detach()
     model.head_int8 = int8.Int8Head(w) if precision == "int8" else int4.Int4Head(w)
@@ -75,6 +118,13 @@ def quantize_model(model: nn.Module, recipe: Recipe | None = None, quant: str | 
             new = (int8.Int8Experts if prec == "int8" else int4.Int4Experts).from_experts(mod)
         _replace(model, name, new)
         del mod
+    for name, mod, prec in _embedding_targets(model, recipe):
+        if isinstance(mod, nn.Embedding):
+            new = QuantEmbedding.from_embedding(mod, prec)
+        else:
+            new = (int8.Int8Linear if prec == "int8" else int4.Int4Linear).from_linear(mod)
+        _replace(model, name, new)
+        del mod
     quantize_head(model, recipe.head)
     model.quant_recipe = recipe
     return model
@@ -93,6 +143,15 @@ def convert_modules(model: nn.Module, recipe: Recipe | None = None, device=None)
             e, two_i, h = mod.gate_up_proj.shape
             cls = int8.Int8Experts if prec == "int8" else int4.Int4Experts
             new = cls(e, h, two_i // 2, device=device or mod.gate_up_proj.device)
+        _replace(model, name, new)
+        names[name] = prec
+    for name, mod, prec in _embedding_targets(model, recipe):
+        dev = device or mod.weight.device
+        if isinstance(mod, nn.Embedding):
+            new = QuantEmbedding(mod.num_embeddings, mod.embedding_dim, prec, mod.weight.dtype, device=dev)
+        else:
+            cls = int8.Int8Linear if prec == "int8" else int4.Int4Linear
+            new = cls(mod.in_features, mod.out_features, bias=mod.bias is not None, device=dev)
         _replace(model, name, new)
         names[name] = prec
     model.quant_recipe = recipe

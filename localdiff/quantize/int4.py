@@ -17,9 +17,10 @@ quantization as in GPTQ / AWQ's group-wise int4 (arXiv 2210.17323, 2306.00978) a
 
 Which kernel runs (:func:`int4_matmul`):
 
-* CPU with a C compiler: the native kernel of :mod:`localdiff.kernels.int4` for every row count
-  (bf16 activations: AVX512-BF16 dot products where the CPU has them; otherwise, and for fp32 activations, fp32
-  FMAs on weights dequantized in registers). It streams 0.5625 bytes per weight once per call.
+* CPU with a C compiler: the native kernel of :mod:`localdiff.kernels.int4` (bf16 activations: AVX512-BF16 dot
+  products where the CPU has them; otherwise, and for fp32 activations, fp32 FMAs on weights dequantized in
+  registers). It streams 0.5625 bytes per weight once per call. bf16 activations of :data:`DEQUANT_ROWS` rows or
+  more: the weight dequantized to bf16 (the library, a block of rows at a time) and torch's bf16 GEMM.
 * Otherwise (no compiler, CUDA, fp16): dequantize to fp32 (to fp16 for fp16 activations) and one GEMM — the exact
   reference computation, slow on CPU since the weight is expanded on every call.
 """
@@ -30,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from localdiff.arch.layers import MoEExperts, gelu_tanh
+from localdiff.kernels import int4 as native4
 
 GROUP = 64
 #: bytes per weight of the format (4-bit code + a 16-bit scale and a 16-bit zero per group of 64)
@@ -113,6 +115,34 @@ def dequantize(packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, k:
     return (w if k is None else w[..., :k]).to(dtype)
 
 
+#: bf16 activations with at least this many rows: weights dequantized to bf16 a block of rows at a time, then torch's
+#: bf16 GEMM (the native kernel is exact but reaches about half the GEMM's throughput there; int8 does the same
+#: above 16 rows). Fewer rows, or fp32 activations: the native kernel.
+DEQUANT_ROWS = 32
+_BLOCK_BYTES = 8 << 20
+#: bf16 experts with fewer rows than this each run in one native call for all experts (Int4Experts.forward): past
+#: DEQUANT_ROWS the kernel is a little slower per expert than dequantize + GEMM, but the per-expert Python it saves
+#: costs more (a canvas of 256 tokens, top-8 of 128: ~16 rows each, the largest often 32-60)
+GROUPED_MAX_ROWS = 128
+
+
+def _dequant_gemm(x2: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+    """bf16 x2 [M, K] @ bf16(dequantize(...))ᵀ: blocks of rows dequantized by the native library (≤ 8 MiB each)."""
+    n, g = scale.shape
+    kp = g * GROUP
+    packed, scale, zero = packed.contiguous(), scale.contiguous(), zero.contiguous()
+    xp = F.pad(x2, (0, kp - x2.shape[1])) if x2.shape[1] < kp else x2
+    nb = min(n, max(16, _BLOCK_BYTES // (kp * 2)))
+    buf = torch.empty(nb, kp, dtype=torch.bfloat16)
+    if nb == n:
+        return F.linear(xp, native4.dequantize_bf16(packed, scale, zero, 0, n, buf))
+    y = torch.empty(x2.shape[0], n, dtype=torch.bfloat16)
+    for a in range(0, n, nb):
+        b = min(n, a + nb)
+        y[:, a:b] = F.linear(xp, native4.dequantize_bf16(packed, scale, zero, a, b, buf))
+    return y
+
+
 def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
     """``x @ dequantize(packed, scale, zero)ᵀ`` with the kernel of the module docstring.
 
@@ -133,11 +163,10 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero
     x2 = x.reshape(-1, k)
     if x2.shape[0] == 0:
         return x.new_zeros(*shape[:-1], n)
-    if x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16):
-        from localdiff.kernels import int4 as native4
-
-        if native4.library() is not None:
-            return native4.matmul(x2, packed, scale, zero).reshape(*shape[:-1], n)
+    if x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) and native4.library() is not None:
+        if x.dtype == torch.bfloat16 and x2.shape[0] >= DEQUANT_ROWS:
+            return _dequant_gemm(x2, packed, scale, zero).reshape(*shape[:-1], n)
+        return native4.matmul(x2, packed, scale, zero).reshape(*shape[:-1], n)
     ct = torch.float16 if x.dtype == torch.float16 else torch.float32
     y = F.linear(x2.to(ct), dequantize(packed, scale, zero, k, ct))
     return y.to(x.dtype).reshape(*shape[:-1], n)
@@ -206,6 +235,30 @@ class Int4Experts(MoEExperts):
         m.gate_up_proj, m.gate_up_proj_scale, m.gate_up_proj_zero = quantize_tensor(ex.gate_up_proj)
         m.down_proj, m.down_proj_scale, m.down_proj_zero = quantize_tensor(ex.down_proj)
         return m
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """As :meth:`MoEExperts.forward` (x [N, H], fp32 weights [N, K], index [N, K] → [N, H]). On CPU with the
+        native library and fewer than :data:`GROUPED_MAX_ROWS` rows per expert (fp32: any): both projections of all
+        experts in one library call each (:func:`localdiff.kernels.int4.grouped_matmul`; bit-equal to the
+        per-expert loop, without its per-expert Python); otherwise the loop."""
+        if not (x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) and not torch.is_grad_enabled()
+                and native4.library() is not None):
+            return super().forward(x, weights, index)
+        k = index.shape[1]
+        flat = index.reshape(-1)
+        counts = torch.bincount(flat, minlength=self.num_experts)
+        if x.dtype == torch.bfloat16 and int(counts.max()) >= GROUPED_MAX_ROWS:
+            return super().forward(x, weights, index)
+        order = torch.argsort(flat, stable=True)
+        token = order // k
+        off = torch.zeros(self.num_experts + 1, dtype=torch.int64)
+        torch.cumsum(counts, 0, out=off[1:])
+        gate, up = native4.grouped_matmul(x.index_select(0, token), off, self.gate_up_proj, self.gate_up_proj_scale,
+                                          self.gate_up_proj_zero).chunk(2, dim=-1)
+        ys = native4.grouped_matmul(gelu_tanh(gate) * up, off, self.down_proj, self.down_proj_scale,
+                                    self.down_proj_zero)
+        ys = (ys * weights.reshape(-1)[order, None]).to(x.dtype)
+        return torch.zeros_like(x).index_add_(0, token, ys)
 
     def expert_ffn(self, e: int, x: torch.Tensor) -> torch.Tensor:
         """Expert ``e`` on x: Tensor[N, H] → Tensor[N, H] (gelu-tanh gated FFN on int4 weights)."""

@@ -56,11 +56,14 @@ def checkpoint_recipe(config: dict) -> Recipe | None:
     return Recipe.from_dict(qc.get("recipe") or {}, name="checkpoint")
 
 
-def _precision(name: str, ndim: int, recipe: Recipe) -> str | None:
+def _precision(name: str, ndim: int, recipe: Recipe, tables: bool = False) -> str | None:
     """"int8" / "int4" when checkpoint tensor ``name`` is quantized by ``recipe`` (2-D ``*.weight`` of a linear layer
-    or 3-D stacked experts, never embeddings / LM head / vision tensors), else None."""
-    if "vision" in name or name.endswith("embed_tokens.weight") or name.endswith("lm_head.weight"):
+    or 3-D stacked experts; the token embedding / LM head only with ``tables`` — the model class reads a quantized
+    head — and the recipe's ``embeddings`` quantized; never vision tensors), else None."""
+    if "vision" in name:
         return None
+    if name.endswith(("embed_tokens.weight", "lm_head.weight")):
+        return recipe.embeddings if tables and ndim == 2 and recipe.embeddings in ("int8", "int4") else None
     module = name.rsplit(".", 1)[0]
     if (ndim == 2 and name.endswith(".weight")) or (ndim == 3 and name.endswith((".gate_up_proj", ".down_proj"))):
         prec = recipe.precision_for(module)
@@ -211,6 +214,8 @@ def quantize_checkpoint(src: Path, out_dir: Path, recipe: str | Recipe | None = 
     if quant is not None:
         recipe = recipe.with_precision(quant)
     files = _weight_files(src)
+    from localdiff.arch import get_arch
+    tables = bool(getattr(get_arch(config).MODEL_CLASS, "supports_int8_head", False))   # as apply's targets
     out_dir = _prepare_out(out_dir, src)
     modules: set[str] = set()
     bytes_in = 0
@@ -219,7 +224,7 @@ def quantize_checkpoint(src: Path, out_dir: Path, recipe: str | Recipe | None = 
         with safe_open(str(f), framework="pt") as h:
             for name in h.keys():
                 shape = h.get_slice(name).get_shape()
-                if _precision(name, len(shape), recipe):
+                if _precision(name, len(shape), recipe, tables):
                     modules.add(name.rsplit(".", 1)[0])
     info = quant_info(recipe, list(modules))
     w = _ShardWriter(out_dir, {"format": "pt", META_KEY: json.dumps(info)}, max_shard_bytes)
@@ -229,7 +234,7 @@ def quantize_checkpoint(src: Path, out_dir: Path, recipe: str | Recipe | None = 
             for name in h.keys():
                 t = h.get_tensor(name)
                 bytes_in += t.numel() * t.element_size()
-                prec = _precision(name, t.dim(), recipe)
+                prec = _precision(name, t.dim(), recipe, tables)
                 if prec:
                     for suffix, part in quant_tensor(t.to(device) if device else t, prec).items():
                         w.add(name + suffix, part.cpu())

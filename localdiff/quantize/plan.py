@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from localdiff.quantize.recipe import DEFAULT_RECIPE, Recipe, RecipeError, format_bytes
+from localdiff.quantize.recipe import DEFAULT_RECIPE, Recipe, RecipeError, format_bytes, table_precision
 from localdiff.summary import config_tensors, layer_geometry, parameter_counts, summarize, text_config  # noqa: F401
 
 FLOAT_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
@@ -93,7 +93,7 @@ def tensor_bytes(config: dict, quant: str | None = "int8", dtype: str = "bfloat1
     An int8 tensor (a 2-D ``.weight`` or a 3-D stacked expert tensor whose module the recipe marks int8) costs
     ``numel + SCALE_BYTES · (rows)`` where rows = out_features (2-D) or experts × out_features (3-D); with
     ``quant="int4"`` the same tensors cost :func:`int4_bytes` (rows, in_features = the last dimension). A recipe's
-    int8 LM-head copy (``head = "int8"``) stays int8 under int4 too.
+    int8 LM-head copy (``head = "int8"``) stays int8 under int4 too; none when the tables are quantized (``tables``).
     Raises RecipeError (unknown dtype / quant / recipe problem) or CheckpointError (config lacks fields).
     """
     if dtype not in FLOAT_BYTES:
@@ -102,11 +102,14 @@ def tensor_bytes(config: dict, quant: str | None = "int8", dtype: str = "bfloat1
     quant = normalize_quant(quant)
     recipe = recipe or DEFAULT_RECIPE
     out = []
+    tables = table_precision(config, quant, recipe)     # embedding / LM head quantized themselves
     for t in config_tensors(config):
         prec = dtype
         if quant and t.component in INT8_ELIGIBLE and len(t.shape) >= 2 and \
                 recipe.precision_for(_module_of(t.name)) == "int8":
             prec = quant
+        if tables and t.component in ("embeddings", "lm_head") and len(t.shape) == 2:
+            prec = tables
         rows = t.shape[0] if len(t.shape) <= 2 else t.shape[0] * t.shape[1]
         if prec == "int8":
             b = t.numel + SCALE_BYTES * rows
@@ -117,7 +120,7 @@ def tensor_bytes(config: dict, quant: str | None = "int8", dtype: str = "bfloat1
         out.append({"component": t.component, "layer": t.layer, "name": t.name, "shape": t.shape,
                     "params": t.numel, "precision": prec, "bytes": b})
     head = [r for r in out if r["component"] == "lm_head"] or [r for r in out if r["component"] == "embeddings"]
-    if quant and recipe.head == "int8" and head:    # localdiff.quantize.int8.Int8Head: a second copy
+    if quant and recipe.head == "int8" and head and not tables:    # localdiff.quantize.int8.Int8Head: a copy
         h = head[0]
         out.append(dict(h, component="head_int8", name="head_int8.weight", params=0, precision="int8",
                         bytes=h["params"] + SCALE_BYTES * h["shape"][0]))

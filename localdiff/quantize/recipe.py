@@ -7,6 +7,8 @@ A recipe file::
     description = "..."
     default = "float"                   # precision of modules no rule matches
     head = "float"                      # "int8" / "int4": a quantized copy of the LM head for the logits
+    embeddings = "float"                # "int8" / "int4": the token embedding table itself quantized
+    int4_embeddings = "int4"            # what ``--quant int4`` sets ``embeddings`` to (default: as ``embeddings``)
     [[rules]]                           # first matching rule wins
     pattern = "*router*"                # fnmatch glob on a module name
     precision = "float"                 # "int8", "int4" or "float"
@@ -21,7 +23,9 @@ checkpoint's (``model.decoder.layers.3.self_attn.q_proj``, ``model.decoder.self_
 them with a leading ``*``. Only linear layers and stacked experts can be int8 / int4; everything else stays float.
 
 ``--quant int4`` applies a recipe's int8 list in 4 bits (:meth:`Recipe.with_precision`): the same tensors
-quantized, router / norms / embeddings / self-conditioning float as for int8 (format: localdiff.quantize.int4).
+quantized, router / norms / self-conditioning float as for int8 (format: localdiff.quantize.int4), and the embedding
+table in the recipe's ``int4_embeddings`` precision (:mod:`localdiff.quantize.embedding`: for models whose class
+reads a quantized head, the tied LM head then reads that table and no head copy is made).
 """
 from __future__ import annotations
 
@@ -83,6 +87,8 @@ class Recipe:
     plans: tuple[VramPlan, ...] = ()
     source: Path | None = field(default=None, compare=False)
     head: str = "float"
+    embeddings: str = "float"
+    int4_embeddings: str | None = None
 
     def precision_for(self, module_name: str) -> str:
         """"int8", "int4" or "float" for a module name (first matching rule, else ``default``)."""
@@ -93,7 +99,8 @@ class Recipe:
 
     def with_precision(self, quant: str) -> "Recipe":
         """This recipe with every quantized precision (rules, default, head) set to ``quant`` ("int8" / "int4"):
-        ``--quant int4`` quantizes exactly the tensors the int8 recipe lists. Returns self when nothing changes.
+        ``--quant int4`` quantizes exactly the tensors the int8 recipe lists; with "int4" the embedding table takes
+        the recipe's ``int4_embeddings`` precision when it names one. Returns self when nothing changes.
 
         Raises:
             RecipeError: ``quant`` is not one of :data:`QUANTS`.
@@ -102,22 +109,27 @@ class Recipe:
             raise RecipeError(f"unknown quantization {quant!r} (use {' or '.join(QUANTS)})")
         swap = lambda p: quant if p in QUANTS else p  # noqa: E731
         rules = tuple((pat, swap(p)) for pat, p in self.rules)
-        if rules == self.rules and swap(self.default) == self.default and swap(self.head) == self.head:
+        emb = self.int4_embeddings if quant == "int4" and self.int4_embeddings else self.embeddings
+        if rules == self.rules and swap(self.default) == self.default and swap(self.head) == self.head \
+                and emb == self.embeddings:
             return self
         return Recipe(name=self.name, rules=rules, default=swap(self.default), models=self.models,
-                      description=self.description, plans=self.plans, source=self.source, head=swap(self.head))
+                      description=self.description, plans=self.plans, source=self.source, head=swap(self.head),
+                      embeddings=emb, int4_embeddings=self.int4_embeddings)
 
     def quant(self) -> str | None:
         """The quantized precision this recipe uses ("int4" when any rule / its head says int4, else "int8" when
         one says int8), None for an all-float recipe."""
-        used = {p for _, p in self.rules} | {self.default, self.head}
+        used = {p for _, p in self.rules} | {self.default, self.head, self.embeddings}
         return "int4" if "int4" in used else "int8" if "int8" in used else None
 
     def to_dict(self) -> dict:
         """JSON-serialisable form (recorded in pre-quantized checkpoints' metadata)."""
         out = {"name": self.name, "default": self.default, "rules": [list(r) for r in self.rules],
                "models": list(self.models)}
-        return out | ({"head": self.head} if self.head != "float" else {})
+        return out | ({"head": self.head} if self.head != "float" else {}) \
+            | ({"embeddings": self.embeddings} if self.embeddings != "float" else {}) \
+            | ({"int4_embeddings": self.int4_embeddings} if self.int4_embeddings else {})
 
     @classmethod
     def from_dict(cls, data: dict, source: Path | None = None, name: str | None = None) -> "Recipe":
@@ -141,6 +153,12 @@ class Recipe:
         head = data.get("head", "float")
         if head not in PRECISIONS:
             raise RecipeError(f"{where}: head precision {head!r} (use one of {', '.join(PRECISIONS)})")
+        emb = {}
+        for key in ("embeddings", "int4_embeddings"):
+            v = data.get(key)
+            if v is not None and v not in PRECISIONS:
+                raise RecipeError(f"{where}: {key} precision {v!r} (use one of {', '.join(PRECISIONS)})")
+            emb[key] = v
         plans = []
         for p in data.get("plans", []):
             if not isinstance(p, dict) or "gpu_mem" not in p:
@@ -155,7 +173,8 @@ class Recipe:
                 raise RecipeError(f"{where}: {e}") from None
         return cls(name=str(data.get("name") or name or (source.stem if source else "custom")), rules=tuple(rules),
                    default=default, models=tuple(data.get("models", ())), description=str(data.get("description", "")),
-                   plans=tuple(plans), source=source, head=head)
+                   plans=tuple(plans), source=source, head=head, embeddings=emb["embeddings"] or "float",
+                   int4_embeddings=emb["int4_embeddings"])
 
 
 #: The rules used when no recipe is named: int8 for attention projections, the dense MLP and the experts;
@@ -165,6 +184,20 @@ DEFAULT_RECIPE = Recipe.from_dict({
     "rules": [["*self_conditioning*", "float"], ["*router*", "float"], ["*self_attn.?_proj", "int8"],
               ["*layers.*.mlp.*_proj", "int8"], ["*layers.*.experts", "int8"]],
 })
+
+
+def table_precision(config: dict, quant: str | None, recipe: Recipe) -> str | None:
+    """"int8" / "int4" when the token embedding (and LM head) are stored quantized under ``quant``: the recipe's
+    ``int4_embeddings`` with int4 (else its ``embeddings``), for architectures whose model reads a quantized head
+    (:mod:`localdiff.quantize.embedding`); None when they stay float."""
+    from localdiff.arch import get_arch
+
+    if not quant:
+        return None
+    prec = recipe.int4_embeddings if quant == "int4" and recipe.int4_embeddings else recipe.embeddings
+    if prec not in ("int8", "int4") or not getattr(get_arch(config).MODEL_CLASS, "supports_int8_head", False):
+        return None
+    return prec
 
 
 def recipe_path(name: str, root: Path | None = None) -> Path:

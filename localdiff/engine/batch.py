@@ -30,11 +30,20 @@ import torch.nn.functional as F
 from torch import nn
 
 from localdiff.arch import packed
+from localdiff.arch.block import BlockLM
+from localdiff.arch.masked import MaskedLM
 
 log = logging.getLogger("localdiff.batch")
 #: the net methods that are forwards: a lane's call of one goes through the scheduler
 GATED = frozenset({"denoise", "prefill", "denoise_capture", "denoise_sub", "logits_full", "forward_window"})
 PROBE_ROWS = 64     # float matmuls: row counts probed for stability (larger counts are taken as stable)
+
+
+def batchable(model) -> bool:
+    """Whether ``model``'s forwards pack (:mod:`localdiff.arch.packed`): a torch block-diffusion net (``denoise``
+    over the exact block cache) or a masked-diffusion one (``forward_window``). Other nets (the canvas, causal and
+    slots families, GGUF backends) gain nothing from lanes: their requests run one at a time."""
+    return isinstance(getattr(model, "net", None), (BlockLM, MaskedLM))
 
 
 class RowPolicy:
@@ -149,10 +158,17 @@ class Lane:
         self.result = self.error = None
         self.done = False
         self.rows = 0                      # rows of its last forward (stats)
+        self.steps = self.rows_sum = self.peers_max = 0   # steps it shared, their rows (all lanes), most lanes
         view = copy.copy(batcher.model)
         view.net, view._lock, view._owner = GateNet(batcher.model.net, self), threading.Lock(), None
         self.model = view
         self.thread = threading.Thread(target=self._main, name="localdiff-lane", daemon=True)
+
+    def stats(self) -> dict:
+        """The batch this lane ran in: ``requests_max`` (most lanes in one of its steps), ``rows_per_step`` (mean
+        rows of all lanes' forwards in its steps), ``steps``."""
+        return {"requests_max": self.peers_max, "rows_per_step": round(self.rows_sum / max(self.steps, 1), 2),
+                "steps": self.steps}
 
     def _main(self) -> None:
         self.go.acquire()
@@ -230,6 +246,10 @@ class Batcher:
         self.steps += 1
         self.last_rows = rows
         self.rows_total += rows
+        for ln in posted:
+            ln.steps += 1
+            ln.rows_sum += rows
+            ln.peers_max = max(ln.peers_max, len(posted))
 
     def _kinds(self, posted: list[Lane]) -> list:
         """[(kind or None, lanes)]: the calls that pack together ("block" / "masked"), then the others one by one."""
@@ -243,7 +263,7 @@ class Batcher:
                 bound = inspect.signature(getattr(net, name)).bind(*args, **kw).arguments
             except TypeError:
                 pass
-            if bound is not None and name == "denoise" and hasattr(net, "_masks") and hasattr(net, "cache_layout"):
+            if bound is not None and name == "denoise" and isinstance(net, BlockLM):
                 ids = bound["canvas_ids"]
                 pre = bound.get("prefill_ids")
                 if bound.get("self_conditioning_logits") is None and ids.shape[0] == 1 and (
@@ -252,7 +272,7 @@ class Batcher:
                     kind = "block"
                     ln.packed = (ids, bound["cache"], pre, bound.get("prefill_mask"))
                     ln.rows = ids.shape[1] + (0 if pre is None else pre.shape[1])
-            elif bound is not None and name in ("forward_window", "logits_full") and hasattr(net, "_key_mask"):
+            elif bound is not None and name in ("forward_window", "logits_full") and isinstance(net, MaskedLM):
                 if bound["input_ids"].shape[0] == 1:
                     kind = "masked"
                     ln.packed = dict(bound)

@@ -159,6 +159,7 @@ def test_row_policy_keeps_unstable_row_counts_alone():
     p = RowPolicy(net)
     p._bad[(torch.float32, 160, torch.get_num_threads())] = {1, 2, 3, 5, 6, 7, 9, 10, 11}   # MKL at 2 threads
     assert p.pack("attn", [4, 1, 4, 8], 0, torch.float32) == [[1], [0, 2, 3]]
+    assert p.token("attn", 0, torch.float32, 3) is None and p.token("attn", 0, torch.float32, 12) == ("float",) * 4
     assert p.pack("head", [5, 3], None, torch.float32) == [[0], [1]]
     assert RowPolicy(net, max_rows=8).pack("attn", [4, 4, 4], 0, torch.float32) == [[0, 1], [2]]
 

@@ -57,29 +57,34 @@ class RowPolicy:
         self._bad: dict = {}
 
     def pack(self, kind: str, sizes: list[int], layer=None, dtype=torch.float32) -> list[list[int]]:
-        """Groups of segment indexes: segments whose rows come out alike alone and packed share a group (greedy, in
-        order, each group's total row count also such); the others run alone."""
-        groups, cur, tot = [], [], 0
+        """Groups of segment indexes (greedy, in order): segments share a group when every matmul of the phase runs
+        the same row-exact kernel class for each of them and for the group's total row count (:meth:`token`); the
+        others run alone."""
+        groups, cur, tot, tok = [], [], 0, None
         for j, m in enumerate(sizes):
-            if not self.ok(kind, layer, dtype, m):
+            t = self.token(kind, layer, dtype, m)
+            if t is None:
                 groups.append([j])
                 continue
-            if cur and not (self.ok(kind, layer, dtype, tot + m)
+            if cur and not (t == tok and self.token(kind, layer, dtype, tot + m) == tok
                             and (self.max_rows is None or tot + m <= self.max_rows)):
                 groups.append(cur)
                 cur, tot = [], 0
             cur.append(j)
-            tot += m
+            tot, tok = tot + m, t
         if cur:
             groups.append(cur)
         return groups
 
-    def ok(self, kind: str, layer, dtype, m: int) -> bool:
-        """Whether every matmul of the phase computes an ``m``-row segment like the same rows in a larger group."""
+    def token(self, kind: str, layer, dtype, m: int):
+        """The kernel classes the phase's matmuls run ``m`` rows with, when each computes them like the same rows
+        of any larger matmul of that class ("native": the native int8 kernel; "float": a float GEMM at a stable
+        row count); None when some matmul does not (those rows run alone)."""
         key = (kind, layer, dtype, m)
         if key not in self._ok:
             mods = self._modules(kind, layer)
-            self._ok[key] = mods is not None and all(self._exact(w, dtype, m) for w in mods)
+            toks = None if mods is None else tuple(self._kernel(w, dtype, m) for w in mods)
+            self._ok[key] = None if toks is None or None in toks else toks
         return self._ok[key]
 
     def _modules(self, kind: str, layer) -> list | None:
@@ -103,19 +108,23 @@ class RowPolicy:
             out += kids + ([mlp.gate_up_fused] if getattr(mlp, "gate_up_fused", None) is not None else [])
         return out
 
-    def _exact(self, w, dtype, m: int) -> bool:
+    def _kernel(self, w, dtype, m: int):
         if isinstance(w, torch.Tensor):
-            return self._float_ok(w.dtype, w.shape[-1], w.device, m)
+            return "float" if self._float_ok(w.dtype, w.shape[-1], w.device, m) else None
         if type(w) is nn.Linear:
-            return w.bias is None and self._float_ok(w.weight.dtype, w.in_features, w.weight.device, m)
+            ok = w.bias is None and self._float_ok(w.weight.dtype, w.in_features, w.weight.device, m)
+            return "float" if ok else None
         weight = getattr(w, "weight", None)
         if (type(w).__name__ not in ("Int8Linear", "FusedInt8") or weight is None or weight.dtype != torch.int8
                 or weight.device.type != "cpu" or getattr(w, "use_bnb", None) or getattr(w, "bias", None) is not None
                 or dtype not in (torch.float32, torch.bfloat16)):
-            return False
+            return None
         from localdiff.quantize.choose import cpu_kernel
 
-        return cpu_kernel(m, weight.shape[1], weight.shape[0], dtype) == "native"
+        kind = cpu_kernel(m, weight.shape[1], weight.shape[0], dtype)
+        if kind == "dequant":          # a float GEMM on the dequantized weight (localdiff.quantize.int8)
+            return "float" if self._float_ok(dtype, weight.shape[1], weight.device, m) else None
+        return "native" if kind == "native" else None      # (int8pack: row behaviour unknown)
 
     def _float_ok(self, dtype, k: int, device, m: int) -> bool:
         if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):

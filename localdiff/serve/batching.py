@@ -16,8 +16,7 @@ import queue
 import time
 
 from localdiff.engine.batch import Batcher, batchable
-from localdiff.serve.errors import from_engine
-from localdiff.serve.worker import Job, _cancelled
+from localdiff.serve.errors import cancelled_error, from_engine
 
 
 def kv_bytes(model, prompt_tokens: int, max_new_tokens: int | None) -> int:
@@ -34,7 +33,7 @@ def kv_bytes(model, prompt_tokens: int, max_new_tokens: int | None) -> int:
     return per * (-(-n // blk) * blk)
 
 
-def _fits(worker, job: Job) -> bool:
+def _fits(worker, job) -> bool:
     """Whether ``job`` may join now: the batch has room and the budget holds its cache beside the running ones'."""
     if worker.batcher is not None and len(worker.batcher.lanes) >= worker.max_batch:
         return False
@@ -43,7 +42,7 @@ def _fits(worker, job: Job) -> bool:
     return sum(j.kv_bytes or 0 for j in worker.running) + (job.kv_bytes or 0) <= worker.kv_budget
 
 
-def _admit(worker, model, job: Job) -> None:
+def _admit(worker, model, job) -> None:
     """Start ``job`` as a lane of the batch on ``model``."""
     if worker.batcher is None or worker.batcher.model is not model:
         worker.batcher = Batcher(model, worker.threads)
@@ -60,11 +59,11 @@ def _admit(worker, model, job: Job) -> None:
     job.lane = worker.batcher.add(lane, job)
 
 
-def _prepare(worker, job: Job):
+def _prepare(worker, job):
     """The resident model for ``job`` (loaded when it names another and the batch is empty), with the job's cache
     estimate set; None when the job ended here (cancelled, or its model failed to load: its error is posted)."""
     if job.cancel.is_set():
-        job.post(("error", _cancelled(job, "cancelled before it started")), wake=False)
+        job.post(("error", cancelled_error(job, "cancelled before it started")), wake=False)
         job.finished.set()
         job.wake()
         return None
@@ -85,11 +84,11 @@ def _prepare(worker, job: Job):
 def _joins(worker, job) -> bool:
     """Whether a queued item may join the running batch (a job for the resident model, whose forwards pack)."""
     model = worker.model
-    return (isinstance(job, Job) and model is not None and (not job.req.model or job.req.model in
+    return (not isinstance(job, tuple) and job is not None and model is not None and (not job.req.model or job.req.model in
                                                             (model.name, worker._key)) and batchable(model))
 
 
-def _serial(worker, job: Job) -> None:
+def _serial(worker, job) -> None:
     """Run ``job`` in this thread, alone (a model whose forwards do not pack: as without batching)."""
     worker.current = job
     try:

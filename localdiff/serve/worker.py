@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import torch
 
 from localdiff.events import CanvasDone, Done, StepEvent
-from localdiff.serve.errors import ApiError, from_engine, shutting_down
+from localdiff.serve.errors import ApiError, cancelled_error as _cancelled, from_engine
 from localdiff.serve.inbox import Flag, Inbox
 from localdiff.serve.options import GenRequest, check_clashes
 from localdiff.serve.spent import Spent
@@ -116,13 +116,6 @@ class Job:
         while not self.events.empty():
             out.append(self.events.get_nowait())
         return out
-
-
-def _cancelled(job: Job, what: str) -> ApiError:
-    """The error a cancelled job ends with: 503 when the server is shutting down, else 499 (client gone / stop)."""
-    if job.stopping:
-        return shutting_down()
-    return ApiError(499, what, code="cancelled")
 
 
 class ModelWorker:

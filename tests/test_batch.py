@@ -171,3 +171,15 @@ def test_moe_feed_forwards_are_never_packed():
     p = RowPolicy(net)
     assert p.pack("ffn", [4, 4], 0, torch.float32) == [[0], [1]]        # layer 0: experts
     assert p.pack("ffn", [4, 4], 1, torch.float32) == [[0, 1]]          # layer 1: mlp_only_layers (dense)
+
+
+@pytest.mark.parametrize("kind,opts", [("Fast_dLLM_Qwen", {}), ("Fast_dLLM_Qwen", {"use_block_cache": True}),
+                                       ("sdar_moe", {})])
+def test_other_block_layouts_batch_exactly(tmp_path, kind, opts):
+    from block_models import write_checkpoint
+
+    m = localdiff.load(str(write_checkpoint(tmp_path / kind, kind, tokenizer=True)))
+    reqs = [dict(r, **opts) for r in requests(3, masked=False)]
+    want = [alone(m, r) for r in reqs]
+    got, b, widths = batched(m, reqs, [0, 1, 1])
+    assert got == want and max(widths) == 3

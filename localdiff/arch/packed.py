@@ -26,9 +26,9 @@ from localdiff.arch.masked import head_rows
 
 
 def _grouped(pack, kind: str, segs: list, fn, layer=None) -> list:
-    """Run ``fn(x, members)`` over each group of row segments (Tensors[1, m, ...]) concatenated along dim 1; returns
-    the outputs per segment (``fn``'s output split back by rows along dim ``-2`` of each returned tensor... see
-    callers: outputs are Tensors[1, m, ...] or tuples of Tensors[1, h, m, d])."""
+    """Run ``fn(x, members)`` once per group of ``pack(kind, sizes, layer, dtype)`` over its row segments
+    (Tensors[1, m, ...]) concatenated along dim 1; returns the output per segment, split back by rows: ``fn``
+    returns a Tensor[1, M, ...] (split along dim 1) or a tuple of Tensors[1, h, M, d] (q / k / v: along dim 2)."""
     out: list = [None] * len(segs)
     dtype = segs[0].dtype
     for g in pack(kind, [s.shape[1] for s in segs], layer, dtype):

@@ -135,6 +135,8 @@ def run_batched(worker) -> None:
                 item = worker._q.get(timeout=1.0)
             except queue.Empty:
                 worker._maybe_unload()
+                if worker.model is None:
+                    worker.batcher = None        # (it holds the model: let an unloaded one go)
                 continue
         if item is None:
             break

@@ -183,3 +183,18 @@ def test_other_block_layouts_batch_exactly(tmp_path, kind, opts):
     want = [alone(m, r) for r in reqs]
     got, b, widths = batched(m, reqs, [0, 1, 1])
     assert got == want and max(widths) == 3
+
+
+def test_the_bench_sections_exactness_check_and_table():
+    from localdiff.bench import serve_batch
+
+    assert serve_batch.identical(model("tiny-bd"), "block") and serve_batch.identical(model("tiny-mdm"), "masked")
+    r = {"aggregate_tps": 4.0, "per_request_tps": 1.0, "ttft_s": 0.5}
+    one = {"aggregate_tps": 1.5, "per_request_tps": 1.5, "ttft_s": 0.3}
+    sec = {"layers": 4, "threads": 1, "max_tokens": 16, "cpu_capability": "AVX512",
+           "families": {"block, bfloat16": {"identical": True, "kernels": "torch bf16 GEMMs",
+                                            "4": {"batched": r, "one_at_a_time": one, "speedup_aggregate": 2.67,
+                                                  "per_request_vs_single": 0.67}}}}
+    md = "\n".join(serve_batch.render_md(sec))
+    assert "| block, bfloat16 | 4 | 4.00 (2.67×) | 1.00 (0.67×) | 0.50 | 1.50 | 1.50 | 0.30 |" in md
+    assert "block, bfloat16: yes" in md

@@ -210,6 +210,7 @@ def measure(quick: bool, log=print) -> dict:
             b = r["batched"]
             r["speedup_aggregate"] = b["aggregate_tps"] / base["aggregate_tps"]
             r["per_request_vs_single"] = b["per_request_tps"] / base["per_request_tps"]
+            r["vs_one_at_a_time"] = b["aggregate_tps"] / r["one_at_a_time"]["aggregate_tps"]   # adjacent rounds
         from localdiff.quantize.choose import kernel_summary
 
         rows["kernels"] = kernel_summary() if precision == "int8" else "torch bf16 GEMMs"
@@ -224,9 +225,10 @@ def render_md(sec: dict) -> list[str]:
              f"CPU capability {sec.get('cpu_capability')}, "
              f"{sec['max_tokens']} tokens per request, streamed; block: SDAR static 4 steps per block of 4; masked: "
              "dual cache, blocks of 8. Aggregate tokens/s, median per-request tokens/s and median TTFT; the "
-             "one-at-a-time server (`--max-batch 1`) gets the same requests; × = over its 1-request rate.", "",
+             "one-at-a-time server (`--max-batch 1`) gets the same requests; × = over its 1-request rate; the last "
+             "column: batched ÷ one at a time at the same N (adjacent rounds: robust to a drifting load).", "",
              "| family, precision | requests | batched agg. tok/s | per request | TTFT s | one at a time agg. | "
-             "per request | TTFT s |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "per request | TTFT s | batched ÷ one at a time |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for fam, rows in sec["families"].items():
         for n, r in rows.items():
             if n in ("identical", "kernels"):
@@ -234,7 +236,8 @@ def render_md(sec: dict) -> list[str]:
             b, s = r["batched"], r["one_at_a_time"]
             lines.append(f"| {fam} | {n} | {b['aggregate_tps']:.2f} ({r['speedup_aggregate']:.2f}×) | "
                          f"{b['per_request_tps']:.2f} ({r['per_request_vs_single']:.2f}×) | {b['ttft_s']:.2f} | "
-                         f"{s['aggregate_tps']:.2f} | {s['per_request_tps']:.2f} | {s['ttft_s']:.2f} |")
+                         f"{s['aggregate_tps']:.2f} | {s['per_request_tps']:.2f} | {s['ttft_s']:.2f} | "
+                         f"{r.get('vs_one_at_a_time', b['aggregate_tps'] / s['aggregate_tps']):.2f}× |")
     same = ", ".join(f"{f}: {'yes' if r.get('identical') else 'NO'}" for f, r in sec["families"].items())
     kern = "; ".join(f"{f}: {r.get('kernels')}" for f, r in sec["families"].items())
     return lines + ["", f"Batched tokens equal the same requests' alone (3 lanes, in process): {same}. Kernels: "

@@ -163,6 +163,7 @@ class Lane:
         self.batcher, self.fn, self.tag = batcher, fn, tag
         self.go = threading.Semaphore(0)
         self.call: tuple | None = None     # (name, args, kw) posted and not answered yet
+        self.packed = None                 # the call's arguments as the packed forward takes them (this step)
         self.alone = False                 # the scheduler leaves the posted call to the lane's own thread
         self.result = self.error = None
         self.done = False

@@ -31,7 +31,7 @@ def requests(n: int, masked: bool) -> list[dict]:
         if i % 2:
             r["temperature"] = (0.7, 1.0)[i // 2 % 2]
         if masked:
-            r["kv_cache"] = ("none", "prefix", "dual")[i % 3]
+            r["kv_cache"] = ("none", "prefix", "dual", "vicinity")[i % 4]
             r["block_length"] = 8
             r["steps"] = r["max_new_tokens"] // 2
         out.append(r)
@@ -86,9 +86,10 @@ def test_every_request_of_a_batch_gets_the_tokens_it_gets_alone(name, quant, n):
     assert max(widths) >= min(n, 3) and b.rows_total > 0      # they did run together
 
 
-def test_a_request_cancelled_mid_way_leaves_without_disturbing_the_others():
-    m = model("tiny-bd")
-    reqs = requests(3, masked=False)
+@pytest.mark.parametrize("name", ["tiny-bd", "tiny-mdm"])
+def test_a_request_cancelled_mid_way_leaves_without_disturbing_the_others(name):
+    m = model(name)
+    reqs = requests(3, masked=name == "tiny-mdm")
     want = [alone(m, r) for r in reqs]
     got, b, _ = batched(m, reqs, [0, 0, 1], cancel_at={1: 3})
     assert got[1] is None and got[0] == want[0] and got[2] == want[2]

@@ -199,3 +199,16 @@ def test_the_bench_sections_exactness_check_and_table():
     md = "\n".join(serve_batch.render_md(sec))
     assert "| block, bfloat16 | 4 | 4.00 (2.67×) | 1.00 (0.67×) | 0.50 | 1.50 | 1.50 | 0.30 | 2.67× |" in md
     assert "block, bfloat16: yes" in md
+
+
+def test_llada2_lanes_batch_exactly(tmp_path):
+    from llada2_ref import TINY, write_checkpoint
+
+    write_checkpoint(tmp_path / "llada2")
+    m = localdiff.load(str(tmp_path / "llada2"), dtype=torch.float32)
+    vocab = TINY["vocab_size"]
+    reqs = [{"prompt": [(7 * i + j) % (vocab - 10) + 3 for j in range(5 + 3 * i)], "max_new_tokens": 8 + 4 * i,
+             "seed": i, **({"temperature": 0.8} if i % 2 else {})} for i in range(3)]
+    want = [alone(m, r) for r in reqs]
+    got, b, widths = batched(m, reqs, [0, 0, 2])
+    assert got == want and max(widths) == 3

@@ -3,8 +3,8 @@ are in flight together advance together, one packed forward per step (:mod:`loca
 
 :func:`run_batched` replaces :meth:`ModelWorker._run`'s one-job-at-a-time loop. Jobs are taken from the worker's
 queue in arrival order: a job for the resident model joins the running batch at the next step boundary while the
-batch has room (``max_batch`` lanes) and its KV cache fits ``kv_budget`` beside the running ones' (estimated from
-the prompt and ``max_tokens``: :func:`kv_bytes`); anything else — a job for another model, a load, a ``call`` —
+batch has room (``max_batch`` lanes) and its KV cache fits ``kv_budget`` beside the running ones' (the memory
+plan's estimate for the prompt and ``max_tokens``: :func:`kv_bytes`); anything else — a job for another model, a load, a ``call`` —
 waits at the head of the queue, with every job after it, until the batch has drained (so the order of the queue
 holds, and a model is never swapped under running requests). A job whose cache alone is over the budget runs once
 the batch is empty, alone, as without batching. Each lane runs :meth:`ModelWorker._generate` unchanged (events,
@@ -20,17 +20,17 @@ from localdiff.serve.errors import cancelled_error, from_engine
 
 
 def kv_bytes(model, prompt_tokens: int, max_new_tokens: int | None) -> int:
-    """Estimated K/V bytes of one request: layers × 2 × kv_heads × head_dim × element size × (prompt + answer
-    tokens, rounded up to whole blocks). 0 for a net without that shape (nothing to budget)."""
-    cfg = model.config
-    try:
-        per = (cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim
-               * (2 if str(model.dtype).endswith(("bfloat16", "float16")) else 4))
-    except (AttributeError, TypeError):
-        return 0
+    """Estimated K/V bytes of one request: the memory plan's :func:`localdiff.quantize.plan.kv_bytes` of the model's
+    config.json for prompt + answer tokens (rounded up to whole blocks) in the model's dtype. 0 when the config
+    does not give the layers' geometry (nothing to budget)."""
+    from localdiff.quantize.plan import kv_bytes as plan_kv_bytes
+
     n = prompt_tokens + (max_new_tokens or model.default_max_new_tokens)
-    blk = int(getattr(cfg, "block_size", 1) or 1)
-    return per * (-(-n // blk) * blk)
+    blk = int(getattr(model.config, "block_size", 1) or 1)
+    try:
+        return plan_kv_bytes(dict(model.config.raw), -(-n // blk) * blk, dtype=str(model.dtype).split(".")[-1])
+    except Exception:  # noqa: BLE001 — a config the plan cannot read: no estimate
+        return 0
 
 
 def _fits(worker, job) -> bool:

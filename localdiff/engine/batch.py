@@ -9,7 +9,8 @@ step's order is fixed — until each has posted its next forward call or ended; 
 kind (:mod:`localdiff.arch.packed`: block ``denoise`` calls together, masked ``forward_window`` / ``logits_full``
 calls together) and hands each lane its own result. A lane that ends (done, cancelled, failed) leaves at once; a new
 one joins at the next step. Other calls (prefill-only passes, Fast-dLLM v2's sub-block passes, other families' and
-batched prompts' forwards) run alone, in their lane's thread, within the same step.
+batched prompts' forwards) run alone, in the scheduler's thread (every forward runs in the model thread, as without
+batching, under inference mode), within the same step.
 
 Exactness: :class:`RowPolicy` lets rows share a matmul only where the kernel computes them bit-identically alone
 and packed — the native int8 kernel (:mod:`localdiff.quantize.native`, row-exact for ≤ 16 rows) where the model's
@@ -164,7 +165,6 @@ class Lane:
         self.go = threading.Semaphore(0)
         self.call: tuple | None = None     # (name, args, kw) posted and not answered yet
         self.packed = None                 # the call's arguments as the packed forward takes them (this step)
-        self.alone = False                 # the scheduler leaves the posted call to the lane's own thread
         self.result = self.error = None
         self.done = False
         self.rows = 0                      # rows of its last forward (stats)
@@ -192,18 +192,10 @@ class Lane:
             self.batcher._back.release()
 
     def forward(self, name: str, args: tuple, kw: dict):
-        """A gated forward call: wait for the scheduler's answer (or its word to run the call here, alone)."""
+        """A gated forward call: wait for the scheduler's answer (its result, or its error raised here)."""
         self.call, self.result, self.error = (name, args, kw), None, None
         self.batcher._back.release()
         self.go.acquire()
-        if self.alone:
-            self.alone = False
-            try:
-                self.result = getattr(self.batcher.model.net, name)(*args, **kw)
-            except BaseException as exc:  # noqa: BLE001 — re-raised below, in the loop that called
-                self.error = exc
-            self.batcher._back.release()
-            self.go.acquire()
         result, error, self.result, self.error = self.result, self.error, None, None
         if error is not None:
             raise error
@@ -249,8 +241,7 @@ class Batcher:
             rows += sum(ln.rows for ln in group)
             if kind is None or len(group) == 1:
                 for ln in group:
-                    ln.alone, ln.call = True, None
-                    self._turn(ln)
+                    self._alone(ln)
                 continue
             self._packed(kind, group)
         self.steps += 1
@@ -260,6 +251,16 @@ class Batcher:
             ln.steps += 1
             ln.rows_sum += rows
             ln.peers_max = max(ln.peers_max, len(posted))
+
+    def _alone(self, ln: Lane) -> None:
+        """Run a lane's posted call by itself, here (the model thread), as the lane's own forward."""
+        name, args, kw = ln.call
+        ln.call, ln.packed = None, None
+        try:
+            with torch.inference_mode():
+                ln.result = getattr(self.model.net, name)(*args, **kw)
+        except Exception as exc:  # noqa: BLE001 — raised in the lane, in the loop that called
+            ln.error = exc
 
     def _kinds(self, posted: list[Lane]) -> list:
         """[(kind or None, lanes)]: the calls that pack together ("block" / "masked"), then the others one by one."""
@@ -301,8 +302,7 @@ class Batcher:
             results = fn(net, [ln.packed for ln in group], self.policy.pack)
         except Exception:  # noqa: BLE001 — each lane's own call then raises its own error, alone
             for ln in group:
-                ln.alone, ln.call = True, None
-                self._turn(ln)
+                self._alone(ln)
             return
         for ln, res in zip(group, results):
             ln.call, ln.result, ln.packed = None, res, None

@@ -56,7 +56,7 @@ _TOP_KEYS: dict[str, type] = {
 _ENV_OTHER = ("LOCALDIFF_CONFIG", "LOCALDIFF_DATA_DIR", "LOCALDIFF_DEBUG", "LOCALDIFF_NO_BNB",  # read elsewhere
               "LOCALDIFF_API_KEY", "LOCALDIFF_DTYPE", "LOCALDIFF_TIMEOUT",
               "LOCALDIFF_LLAMA_CPP_SDIST", "LOCALDIFF_BENCH_CACHE", "LOCALDIFF_BENCH_TINY_MDM", "LOCALDIFF_BENCH_GGUF_HISTORY",
-              "LOCALDIFF_REQUIRE_GGUF",                                                      # .ci/run: no GGUF skips
+              "LOCALDIFF_REQUIRE_GGUF", "LOCALDIFF_BENCH_BATCH_LAYERS",                      # .ci/run: no GGUF skips
               "LOCALDIFF_INT8_KERNEL", "LOCALDIFF_NATIVE_INT8", "LOCALDIFF_NATIVE_INT4", "LOCALDIFF_CUDA_INT4",  # quantize/
               "LOCALDIFF_VOCAB_KERNEL",                                                      # kernels/vocab.py
               "LOCALDIFF_NATIVE_EXPERTS",                                                    # kernels/experts.py

@@ -37,12 +37,14 @@ class Running:
     """A started server: ``url`` (http://127.0.0.1:PORT), ``worker``, ``logs``; ``stop()`` ends it."""
 
     def __init__(self, model="tiny", api_key=None, max_queue=32, max_body=None, keep_alive=300.0, defaults=None,
-                 names=None, loader=None):
+                 names=None, loader=None, max_batch=8, kv_budget=None):
         """``names``: the server's ModelNames (default: the installed models and "tiny"); ``loader``: the worker's
-        ``loader(name)`` (default: ``localdiff.load`` on the CPU)."""
+        ``loader(name)`` (default: ``localdiff.load`` on the CPU); ``max_batch`` / ``kv_budget``: serve's
+        ``--max-batch`` / ``--kv-budget``."""
         self.logs = LogTrap()
         self.worker = ModelWorker(loader or (lambda name: localdiff.load(name, device="cpu")), "tiny", defaults,
-                                  max_queue=max_queue, keep_alive=keep_alive)
+                                  max_queue=max_queue, keep_alive=keep_alive, max_batch=max_batch,
+                                  kv_budget=kv_budget)
         settings = ServerSettings(api_key=api_key, **({"max_body": max_body} if max_body else {}))
         self.app = build_app(self.worker, settings, names) if names is not None else build_app(self.worker, settings)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # (asyncio sets TCP_NODELAY)

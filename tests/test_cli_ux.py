@@ -212,8 +212,7 @@ def test_an_endpoint_that_is_a_web_page_is_one_clear_line(web_page, home, capsys
                                   "OpenAI-compatible API?)"]
 
 
-def test_chat_and_serve_pass_gpu_mem_and_threads_to_the_load_and_refuse_kv_budget(ckpt, terminal, home, monkeypatch,
-                                                                                   capsys):
+def test_chat_and_serve_pass_load_flags_and_chat_refuses_kv_budget(ckpt, terminal, home, monkeypatch, capsys):
     """(chat and serve accepted --gpu-mem, --threads and --kv-budget and ignored them)"""
     import localdiff
     import localdiff.serve as serve_mod
@@ -230,6 +229,9 @@ def test_chat_and_serve_pass_gpu_mem_and_threads_to_the_load_and_refuse_kv_budge
     assert main(["chat", "--endpoint", "http://127.0.0.1:1", "--device", "cpu"]) == 2
     assert main(["serve", "--gpu-mem", "2GiB", "--threads", "3"]) == 0
     assert served[0]["gpu_mem"] == 2 * 2**30 and served[0]["threads"] == 3
+    assert served[0]["max_batch"] == 8 and served[0]["kv_budget"] is None     # batching on by default
+    assert main(["serve", "--max-batch", "1", "--kv-budget", "1GiB"]) == 0
+    assert served[1]["max_batch"] == 1 and served[1]["kv_budget"] == 2**30
     assert _err_lines(capsys) == [
         "error: --kv-budget: localdiff chat does not apply a KV-cache budget yet (gen does)",
         "error: --gpu-mem applies to local models, not to --endpoint",

@@ -176,6 +176,15 @@ class Attention(nn.Module):
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """SDPA of q [B, heads, Lq, D] over k / v [B, kv_heads, Lk, D]; mask Bool broadcastable to [B, 1, Lq, Lk]
         (True = may attend) or None (all) → o_proj output Tensor[B, Lq, hidden]."""
+        return self.project(self.core(q, k, v, mask))
+
+    def project(self, a: torch.Tensor) -> torch.Tensor:
+        """The output projection of :meth:`core`'s heads: Tensor[B, Lq, heads·D] → Tensor[B, Lq, hidden] (split from
+        :meth:`attend` so that step-level batching runs it once over several requests' rows)."""
+        return self.o_proj(a)
+
+    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """:meth:`attend` before the output projection: Tensor[B, Lq, heads·D]."""
         b, _, n, d = q.shape
         if self.heads != self.kv_heads and (mask is None or (mask.dim() == 4 and mask.shape[1] == mask.shape[2] == 1)):
             # every query row sees the same keys: stack the query heads that share a key-value head into one
@@ -185,7 +194,7 @@ class Attention(nn.Module):
             out = out.view(b, self.heads, n, d)
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.heads != self.kv_heads)
-        return self.o_proj(out.transpose(1, 2).reshape(b, n, self.heads * self.head_dim))
+        return out.transpose(1, 2).reshape(b, n, self.heads * self.head_dim)
 
 
 class DecoderLayer(nn.Module):

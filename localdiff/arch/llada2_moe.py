@@ -66,9 +66,17 @@ class FusedQKVAttention(Attention):
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """SDPA of q [B, heads, Lq, D] over k / v [B, kv_heads, Lk, D]; mask Bool broadcastable to [B, 1, Lq, Lk]
         (True = may attend) or None → ``dense`` output Tensor[B, Lq, H]."""
+        return self.project(self.core(q, k, v, mask))
+
+    def project(self, a: torch.Tensor) -> torch.Tensor:
+        """``dense`` on :meth:`core`'s heads Tensor[B, Lq, heads·D] → Tensor[B, Lq, H]."""
+        return self.dense(a)
+
+    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """:meth:`attend` before ``dense``: Tensor[B, Lq, heads·D]."""
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.heads != self.kv_heads)
         b, _, n, _ = out.shape
-        return self.dense(out.transpose(1, 2).reshape(b, n, self.heads * self.head_dim))
+        return out.transpose(1, 2).reshape(b, n, self.heads * self.head_dim)
 
 
 class LLaDA2MoE(BlockLM):

@@ -8,7 +8,8 @@ from localdiff.errors import UsageError
 from localdiff.usage_parser import UsageParser as _Parser
 
 SECTIONS = ("ref", "eval", "sweep", "history", "memory", "profile", "serve", "masked", "block", "scale",
-            "approx", "gguf", "gguf-block", "slots", "nap", "dflash", "experts", "precision", "int4", "v2cache")
+            "approx", "gguf", "gguf-block", "slots", "nap", "dflash", "experts", "precision", "int4", "v2cache",
+            "serve-batch")
 
 
 def _threads(value: str) -> int:

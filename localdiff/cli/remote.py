@@ -109,8 +109,9 @@ def run_serve(args) -> int:
         raise UsageError(f"--max-queue must be ≥ 1 (got {args.max_queue})")
     if not (args.keep_alive >= 0 and args.keep_alive != float("inf")):   # NaN fails both (it was accepted)
         raise UsageError(f"--keep-alive must be a number of seconds ≥ 0; 0 = never unload (got {args.keep_alive:g})")
-    if args.kv_budget is not None:   # was accepted and ignored
-        raise UsageError("--kv-budget: localdiff serve does not apply a KV-cache budget yet (gen does)")
+    if args.max_batch < 1:
+        raise UsageError(f"--max-batch must be ≥ 1 (got {args.max_batch})")
+    kv_budget = _size(args.kv_budget, "--kv-budget")   # what the batch's requests' caches hold together at most
     models = list(args.model or ())    # -m, repeatable: the first is the default and loads at start
     cfg = with_flags(load_user_config(), model=models[0] if models else None, device=args.device,
                      quant=args.quant, threads=args.threads)
@@ -126,7 +127,8 @@ def run_serve(args) -> int:
                  device=cfg.device, quant=cfg.quant, sampler=sampler, max_queue=args.max_queue,
                  keep_alive=args.keep_alive or None, max_body=max_body,
                  gpu_mem=_size(args.gpu_mem, "--gpu-mem"), threads=cfg.threads or "auto",   # auto: by model size
-                 gpu_layers=getattr(args, "gpu_layers", None), draft=getattr(args, "draft", None))
+                 gpu_layers=getattr(args, "gpu_layers", None), draft=getattr(args, "draft", None),
+                 max_batch=args.max_batch, kv_budget=kv_budget)
 
 
 # flags a server ignores

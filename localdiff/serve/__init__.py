@@ -81,7 +81,8 @@ def serve(models, default_model: str, host: str = "127.0.0.1", port: int = DEFAU
           api_key: str | None = None, insecure: bool = False, device: str | None = None, quant: str | None = None,
           sampler: dict | None = None, max_queue: int = 32, keep_alive: float | None = 300.0,
           max_body: int | None = None, log_level: str = "info", gpu_mem: int | None = None,
-          threads: int | str | None = None, gpu_layers=None, draft: str | None = None) -> int:
+          threads: int | str | None = None, gpu_layers=None, draft: str | None = None, max_batch: int = 8,
+          kv_budget: int | None = None) -> int:
     """Run the server in the foreground until Ctrl-C or SIGTERM; returns 0 once it has drained (a normal stop).
 
     Args:
@@ -95,6 +96,9 @@ def serve(models, default_model: str, host: str = "127.0.0.1", port: int = DEFAU
         gpu_mem / threads / gpu_layers: passed to ``localdiff.load`` (device budget in bytes for the memory plan;
             CPU threads, or "auto": by model size; GPU layers of the gguf backend).
         draft: a DFlash draft for the causal models ("auto": each one's catalog pairing; :mod:`localdiff.serve.drafts`).
+        max_batch: requests advanced together, one packed forward per step (1 = one at a time);
+            kv_budget: KV-cache bytes the batch's requests hold together at most (None = no limit)
+            (:mod:`localdiff.serve.batching`).
     Raises:
         UsageError: bad binding, a bad ``draft``; LocaldiffError: the ASGI stack is missing or the port is taken.
     """
@@ -135,7 +139,8 @@ def serve(models, default_model: str, host: str = "127.0.0.1", port: int = DEFAU
                               gpu_layers=gpu_layers, draft=drafts.for_model(name))
 
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO), format=LOG_FORMAT)
-    worker = ModelWorker(loader, names.default, sampler, max_queue=max_queue, keep_alive=keep_alive)
+    worker = ModelWorker(loader, names.default, sampler, max_queue=max_queue, keep_alive=keep_alive,
+                         max_batch=max_batch, kv_budget=kv_budget)
     app = build_app(worker, ServerSettings(api_key=api_key, max_body=max_body or DEFAULT_MAX_BODY), names)
     config = uvicorn_config(app, log_level, host=host, port=port)
     server = uvicorn.Server(config)

@@ -104,7 +104,7 @@ def build_app(worker: ModelWorker, settings: ServerSettings | None = None,
         raise ApiError(500, "generation routes are served by GenerationRoutes", type="server_error")
 
     async def api_ps(request: Request):
-        return SafeJSONResponse(ollama_api.ps(worker.model, worker.expires_at()))
+        return SafeJSONResponse(ollama_api.ps(worker.model, worker.expires_at(), worker.batch_info()))
 
     routes = [
         Route("/", endpoint(root, public=True), methods=["GET", "HEAD"]),

@@ -93,3 +93,11 @@ def from_engine(exc: BaseException, shown: dict | None = None) -> ApiError:
     if isinstance(exc, LocaldiffError):
         return ApiError(422, msg, type="unprocessable_error")
     return ApiError(500, f"internal error: {type(exc).__name__}", type="server_error")
+
+
+def cancelled_error(job, what: str) -> ApiError:
+    """The error a cancelled job ends with: 503 when the server is shutting down (``job.stopping``), else 499
+    (client gone / stop string)."""
+    if job.stopping:
+        return shutting_down()
+    return ApiError(499, what, code="cancelled")

@@ -46,7 +46,8 @@ class Result:
         s = self.stats
         out = {"seed": self.seed, "forwards": s.get("forwards"), "steps": s.get("forwards"),
                "canvases": s.get("canvases"), "tokens_per_forward": s.get("tokens_per_forward"),
-               "seconds": s.get("seconds"), "tokens_per_second": s.get("tokens_per_second"), "sampler": self.sampler}
+               "seconds": s.get("seconds"), "tokens_per_second": s.get("tokens_per_second"), "sampler": self.sampler,
+               **({"batch": s["batch"]} if s.get("batch") else {})}
         if s.get("acceptance_lengths"):
             out.update({k: s[k] for k in ("acceptance_length", "acceptance_lengths", "draft_forwards") if k in s})
         return out
@@ -172,6 +173,8 @@ def _result(text: str, reason: str, done_used, job: Job, cut: bool = True) -> Re
     stats = done.stats.as_dict()
     stats.pop("cache", None)
     stats["load_seconds"] = job.load_seconds
+    if job.lane is not None:     # it ran in a batch (serve --max-batch): the batch it shared steps with
+        stats["batch"] = job.lane.stats()
     n = len(ids)
     if cut:      # the engine ended before it saw the cancel: its numbers, the kept text's tokens
         n = _kept_tokens(job, text)

@@ -195,13 +195,15 @@ def _resident_bytes(model) -> int:
     return sum(t.numel() * t.element_size() for t in (*net.parameters(), *net.buffers()))
 
 
-def ps(model, expires: float | None = None) -> dict:
+def ps(model, expires: float | None = None, batch: dict | None = None) -> dict:
     """``GET /api/ps`` body: the resident model, if any: its tensors' bytes (``size``; ``size_vram`` the same on a
-    GPU, else 0) and ``expires_at`` (``expires``: a ``time.time()`` when an idle model unloads, None = never: "")."""
+    GPU, else 0) and ``expires_at`` (``expires``: a ``time.time()`` when an idle model unloads, None = never: "");
+    ``batch`` (``ModelWorker.batch_info``): the running batch, under the entry's ``localdiff`` key."""
     if model is None:
         return {"models": []}
     size = _resident_bytes(model)
     on_gpu = str(getattr(model, "device", "cpu")).startswith("cuda")
     return {"models": [{"name": model.name, "model": model.name, "size": size, "digest": "",
                         "details": {"format": "safetensors"}, "expires_at": "" if expires is None else _now(expires),
-                        "size_vram": size if on_gpu else 0}]}
+                        "size_vram": size if on_gpu else 0,
+                        **({"localdiff": {"batch": batch}} if batch is not None else {})}]}

@@ -36,59 +36,15 @@ from dataclasses import dataclass, field
 import torch
 
 from localdiff.events import CanvasDone, Done, StepEvent
-from localdiff.serve.errors import ApiError, from_engine, shutting_down
+from localdiff.serve.errors import ApiError, cancelled_error as _cancelled, from_engine
 from localdiff.serve.inbox import Flag, Inbox
 from localdiff.serve.options import GenRequest, check_clashes
+from localdiff.serve.spent import Spent
 from localdiff.wire import EventEncoder
 
 log = logging.getLogger("localdiff.serve")
 START_WAIT = 0.05   # s: a stream's response head waits this long at most for the first text or step event
 CLOSE_AFTER = 0.002   # s: a finished job's engine stream is closed after this idle time (or before the next item)
-
-
-@dataclass
-class Spent:
-    """What a job's generation has used, as the worker sees it: for an answer cut by a stop string, whose engine
-    run ends without a Done (and so without its stats). ``steps``: denoising steps run (the forwards of a batch of
-    one); ``canvases`` finished; ``seconds`` from the first step to the end; ``prefill_seconds``: the steps that
-    opened a canvas (each fused with the prefill of the prompt or of the canvas before it, as the engine counts
-    them); ``sampler``: the decoder options used. Worker thread only, until the job's end is posted."""
-
-    t0: float
-    last: float = 0.0
-    steps: int = 0
-    canvases: int = 0
-    seconds: float = 0.0
-    prefill_seconds: float = 0.0
-    sampler: dict = field(default_factory=dict)
-    _ran_opening: bool = False    # the step that ran last opened a canvas
-    _opens: bool = True           # the next step opens one
-
-    def poll(self, now: float, stops: bool) -> None:
-        """At each cancel poll (``time.perf_counter()``, before a step; ``stops``: no step follows)."""
-        if self._ran_opening:
-            self.prefill_seconds += now - self.last
-            self._ran_opening = False
-        if not stops:
-            self.steps += 1
-            self._ran_opening, self._opens, self.last = self._opens, False, now
-
-    def canvas_done(self, fused: bool = True) -> None:
-        """A canvas ended; ``fused``: the next step also prefills it (canvas, masked and block families; not the
-        causal family, whose every token is a "canvas", nor ReFusion's slots: only their first step prefills)."""
-        self.canvases += 1
-        self._opens = fused
-
-    def end(self, now: float) -> None:
-        self.poll(now, stops=True)
-        self.seconds = now - self.t0
-
-    def stats(self, prompt_tokens: int, new_tokens: int) -> dict:
-        """GenerationStats-shaped numbers for ``new_tokens`` kept (TPF and tokens/s over the steps run)."""
-        return {"forwards": self.steps, "new_tokens": new_tokens, "prompt_tokens": prompt_tokens,
-                "canvases": self.canvases, "seconds": self.seconds, "prefill_seconds": self.prefill_seconds,
-                "tokens_per_forward": new_tokens / max(self.steps, 1),
-                "tokens_per_second": new_tokens / self.seconds if self.seconds > 0 else 0.0}
 
 
 @dataclass
@@ -108,6 +64,8 @@ class Job:
     load_seconds: float = 0.0   # loading the model it names, when it was not resident (Ollama's load_duration)
     held: list = field(default_factory=list)   # events already taken off the queue by the handler (asgi.py)
     stopping: bool = False    # cancelled by the server's shutdown (a 503, not the client's 499)
+    kv_bytes: int | None = None   # its KV-cache estimate once the batch loop prepared it (serve/batching.py)
+    lane: object = None       # its localdiff.engine.batch.Lane when it ran in a batch (``lane.stats()``)
     spent: Spent | None = None  # the worker's own accounting (set at the first step; complete once the job ended)
     _pending: list = field(default_factory=list)
     _leads: int = 0           # pending events that wait for a later one (``post(lead=True)``)
@@ -162,13 +120,6 @@ class Job:
         return out
 
 
-def _cancelled(job: Job, what: str) -> ApiError:
-    """The error a cancelled job ends with: 503 when the server is shutting down, else 499 (client gone / stop)."""
-    if job.stopping:
-        return shutting_down()
-    return ApiError(499, what, code="cancelled")
-
-
 class ModelWorker:
     """Owns the resident model and the worker thread.
 
@@ -178,10 +129,12 @@ class ModelWorker:
         defaults: sampler options from the server's flags / env / config file (a request overrides them).
         max_queue: jobs waiting at most (besides the running one); more → 503.
         keep_alive: seconds an idle model stays loaded (None = forever).
+        max_batch: generations advanced together, one packed forward per step (:mod:`localdiff.serve.batching`);
+            1 = one at a time. kv_budget: KV-cache bytes the batch's requests may hold together (None = no limit).
     """
 
     def __init__(self, loader, default_model: str, defaults: dict | None = None, max_queue: int = 32,
-                 keep_alive: float | None = 300.0) -> None:
+                 keep_alive: float | None = 300.0, max_batch: int = 1, kv_budget: int | None = None) -> None:
         self.loader, self.default_model, self.defaults = loader, default_model, dict(defaults or {})
         self.keep_alive = keep_alive
         self.model = None
@@ -190,6 +143,9 @@ class ModelWorker:
         self.load_error: str | None = None
         self.last_used = time.monotonic()
         self.current: Job | None = None
+        self.max_batch, self.kv_budget = max(1, int(max_batch)), kv_budget
+        self.running: list[Job] = []   # the batch's jobs (max_batch > 1)
+        self.batcher = None            # its localdiff.engine.batch.Batcher while a batch runs
         # a C queue: put (on the loop) and get (in this thread) run no Python, so neither thread holds the GIL long
         # around a hand-off (queue.Queue's Condition is ~30 lines of Python on each side); bounded in submit()
         self._q: queue.SimpleQueue = queue.SimpleQueue()
@@ -214,9 +170,9 @@ class ModelWorker:
         wait up to that many seconds for the thread to end (so that the process does not exit while the thread is
         inside torch: at interpreter exit that aborted the process, exit code 134)."""
         self._stop = True
-        running = self.current
-        if running is not None:
-            running.cancel.set()
+        for running in [self.current, *self.running]:
+            if running is not None:
+                running.cancel.set()
         self._q.put(None)
         if wait and self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(wait)
@@ -225,8 +181,16 @@ class ModelWorker:
         """When the resident model unloads if it stays idle (``time.time()`` seconds), or None (never; no model)."""
         if self.model is None or self.keep_alive is None:
             return None
-        idle = 0.0 if self.current is not None else time.monotonic() - self.last_used   # (a job runs: not idle)
+        idle = 0.0 if self.current is not None or self.running else time.monotonic() - self.last_used   # (a job runs: not idle)
         return time.time() + max(self.keep_alive - idle, 0.0)
+
+    def batch_info(self) -> dict:
+        """The running batch (``/api/ps``): ``active`` requests, ``max_batch``, ``rows_last_step`` (rows of the last
+        packed step's forwards, all requests), ``steps`` run by this batch."""
+        b = self.batcher
+        return {"active": len(self.running) + (self.current is not None), "max_batch": self.max_batch,
+                "rows_last_step": b.last_rows if b is not None and self.running else 0,
+                "steps": b.steps if b is not None else 0}
 
     @property
     def queued(self) -> int:
@@ -259,6 +223,10 @@ class ModelWorker:
     # -- the thread ---------------------------------------------------------------------------------------------
     def _run(self) -> None:
         torch.set_num_threads(self.threads)
+        if self.max_batch > 1:
+            from localdiff.serve.batching import run_batched
+
+            return run_batched(self)
         while not self._stop:
             try:
                 item = self._q.get(timeout=1.0 if self._ended is None else CLOSE_AFTER)
@@ -343,15 +311,18 @@ class ModelWorker:
             self._conversation = (model, model.new_cache() if model.family == "causal" else None)
         return self._conversation[1]
 
-    def _generate(self, job: Job) -> None:
+    def _generate(self, job: Job, lane=None) -> None:
+        """Run ``job`` to its end, posting its events; ``lane``: the batch's view of the resident model (the job is
+        a lane of :mod:`localdiff.serve.batching`), else the model it names is loaded first."""
         req = job.req
         stream = None
         try:
             t_load = time.perf_counter()
-            model = self._ensure(req.model)
-            job.load_seconds = time.perf_counter() - t_load
+            model = self._ensure(req.model) if lane is None else lane
+            if lane is None:        # (a lane's job: set when the batch loop prepared it)
+                job.load_seconds = time.perf_counter() - t_load
             check_clashes(model.options_cls, req.sampler, req.shown)
-            sampler = {**self._defaults_for(model), **req.sampler}
+            sampler = {**self._defaults_for(self.model if lane is not None else model), **req.sampler}
             seed = req.seed if req.seed is not None else random.randrange(2**63)  # known even if stopped early
             wire = EventEncoder(model) if req.events != "none" else None
 
@@ -373,7 +344,7 @@ class ModelWorker:
             ids = model.encode_prompt(req.prompt, req.chat)[0]   # rendered and tokenized once per request
             job.prompt_tokens = len(ids)
             stream = model.stream(ids, max_new_tokens=req.max_new_tokens, seed=seed, emit_steps=req.events == "steps",
-                                  cancel=cancel, cache=self._cache_for(model), **sampler)
+                                  cancel=cancel, cache=self._cache_for(model) if lane is None else None, **sampler)
             for ev in stream:
                 if isinstance(ev, StepEvent):
                     job.post(("step", wire.step(ev)), wake=False)
@@ -397,4 +368,7 @@ class ModelWorker:
                 log.error("generation failed: %s: %s", type(exc).__name__, exc)
             job.post(("error", err), wake=False)
         finally:    # closed once the loop has the last burst (CLOSE_AFTER idle, or before the next item)
-            self._ended = stream
+            if lane is None:
+                self._ended = stream
+            elif stream is not None:
+                stream.close()

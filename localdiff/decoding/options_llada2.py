@@ -12,13 +12,14 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from localdiff.decoding.options_block import BlockSampling
+from localdiff.decoding.options_masked import DInferParams
 from localdiff.decoding.schema import decoder, opt
 from localdiff.errors import UsageError
 
 
 @decoder("llada2", "block", policy="localdiff.decoding.llada2:LLaDA2", model_types=("llada2_moe",))
 @dataclass(frozen=True)
-class LLaDA2Options(BlockSampling):
+class LLaDA2Options(DInferParams, BlockSampling):
     """LLaDA2.x's block decoder (:mod:`localdiff.decoding.llada2`): per block, the step schedule
     ``get_num_transfer_tokens(block, steps)`` with ``steps = min(steps, max_new_tokens // minimal_topk)``; each step
     commits every masked position whose confidence exceeds ``threshold`` when at least the step's quota do, else the
@@ -56,13 +57,6 @@ class LLaDA2Options(BlockSampling):
                                         "hierarchy; τ = --threshold; no step schedule (off = LLaDA2's threshold rule)",
                                         kind=str, choices=("threshold", "credit", "hierarchy"), optional=True,
                                         metavar="DECODER")
-    low_threshold: float = opt(0.3, "dInfer hierarchy decoding: a masked run's most confident position is committed "
-                               "only above this", lo=0, hi=1, metavar="P")
-    credit_alpha: float = opt(0.7, "dInfer credit decoding: weight of log(1 + credit) added to the logits", lo=0,
-                              metavar="A")
-    boost_gamma: float = opt(0.2, "dInfer credit decoding: credit added per step = top-1 probability ^ gamma", lo=0,
-                             metavar="G")
-    decay_beta: float = opt(0.8, "dInfer credit decoding: per-step decay of the credit", lo=0, hi=1, metavar="B")
 
     def check(self, typed: Mapping[str, str]) -> None:
         if self.parallel_decoding is not None and self.editing_threshold is not None:

@@ -9,6 +9,20 @@ from localdiff.errors import UsageError
 
 
 @dataclass(frozen=True)
+class DInferParams:
+    """The parameters of dInfer's credit and hierarchy decoders (inclusionAI/dInfer, ``parallel_decoding``), with
+    dInfer's benchmark defaults; shared by the ``llada`` and ``llada2`` decoders (mixed into their options)."""
+
+    low_threshold: float = opt(0.3, "dInfer hierarchy decoding: a masked run's most confident position is committed "
+                               "only above this", lo=0, hi=1, metavar="P")
+    credit_alpha: float = opt(0.7, "dInfer credit decoding: weight of log(1 + credit) added to the logits", lo=0,
+                              metavar="A")
+    boost_gamma: float = opt(0.2, "dInfer credit decoding: credit added per step = top-1 probability ^ gamma", lo=0,
+                             metavar="G")
+    decay_beta: float = opt(0.8, "dInfer credit decoding: per-step decay of the credit", lo=0, hi=1, metavar="B")
+
+
+@dataclass(frozen=True)
 class _FastDLLM(Options):
     """Fast-dLLM's parallel decoding and approximate caches (NVlabs/Fast-dLLM, arXiv 2505.22618), shared by the
     masked family's decoders. ``kv_cache`` is Fast-dLLM's use_cache / dual_cache (``cache`` is Model.stream's)."""
@@ -35,7 +49,7 @@ class _FastDLLM(Options):
 
 @decoder("llada", "masked", policy="localdiff.decoding.llada:LLaDA", family_default=True)
 @dataclass(frozen=True)
-class LLaDAOptions(_FastDLLM):
+class LLaDAOptions(DInferParams, _FastDLLM):
     """LLaDA's decoder (ML-GSAI/LLaDA ``generate.py``, arXiv 2502.09992): ``gen_length`` (our max_new_tokens) masks,
     semi-autoregressive blocks, ``steps`` split over blocks and within a block, low-confidence / random remasking,
     Gumbel-max sampling, classifier-free guidance; plus Fast-dLLM's options. ``noise``: whose draw shapes
@@ -60,13 +74,6 @@ class LLaDAOptions(_FastDLLM):
                                         "> τ); τ = --threshold, default 0.9 (off = Fast-dLLM's rules / the schedule)",
                                         kind=str, choices=("threshold", "credit", "hierarchy"), optional=True,
                                         metavar="DECODER")
-    low_threshold: float = opt(0.3, "dInfer hierarchy decoding: a masked run's most confident position is committed "
-                               "only above this", lo=0, hi=1, metavar="P")
-    credit_alpha: float = opt(0.7, "dInfer credit decoding: weight of log(1 + credit) added to the logits", lo=0,
-                              metavar="A")
-    boost_gamma: float = opt(0.2, "dInfer credit decoding: credit added per step = top-1 probability ^ gamma", lo=0,
-                             metavar="G")
-    decay_beta: float = opt(0.8, "dInfer credit decoding: per-step decay of the credit", lo=0, hi=1, metavar="B")
     start_block_align: bool = opt(False, "dInfer's block layout: blocks at multiples of --block-length from the "
                                   "sequence start (the first one shares the prompt's tail), not from the answer's")
     prefix_look: int = opt(16, "kv_cache vicinity: tokens before the block recomputed each step", lo=0,

@@ -90,14 +90,7 @@ def _joins(worker, job) -> bool:
 
 def _serial(worker, job) -> None:
     """Run ``job`` in this thread, alone (a model whose forwards do not pack: as without batching)."""
-    worker.current = job
-    try:
-        worker._generate(job)
-    finally:
-        worker.current = None
-        worker.last_used = time.monotonic()
-        job.finished.set()
-        job.wake()
+    worker.run_alone(job)
     worker._close_ended()
 
 

@@ -253,15 +253,19 @@ class ModelWorker:
                 item.finished.set()
                 item.wake()
                 continue
-            self.current = item
-            try:
-                self._generate(item)
-            finally:
-                self.current = None
-                self.last_used = time.monotonic()
-                item.finished.set()
-                item.wake()   # the last burst, once this thread is about to wait (the loop need not wait for it)
+            self.run_alone(item)
         self._close_ended()
+
+    def run_alone(self, job: Job) -> None:  # on the model thread
+        """Run ``job`` to its end, alone, then mark it finished (the batch loop's path for nets that do not pack)."""
+        self.current = job
+        try:
+            self._generate(job)
+        finally:
+            self.current = None
+            self.last_used = time.monotonic()
+            job.finished.set()
+            job.wake()   # the last burst, once this thread is about to wait (the loop need not wait for it)
 
     def _close_ended(self) -> None:
         """Close the last job's engine stream (its clean-up: the generation lock, the KV cache and the canvas

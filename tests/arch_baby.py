@@ -4,6 +4,12 @@ A new architecture adds its entry here; ``tests/test_arch_contract.py`` then che
 """
 from __future__ import annotations
 
+import torch
+
+from localdiff.arch import get_arch, get_spec
+from localdiff.arch.base import ROLE_DENOISE, ROLE_DRAFT, ROLE_LOGITS, ROLE_PREFILL, ROLE_WINDOW
+from localdiff.cache.kv import KVCache
+
 BABY = {
     "diffusion_gemma": {
         "model_type": "diffusion_gemma", "canvas_length": 6, "architectures": ["DiffusionGemmaForBlockDiffusion"],
@@ -59,3 +65,40 @@ BABY = {
                    rope_theta=1000000.0, block_size=6, num_target_layers=5,
                    dflash_config={"mask_token_id": 126, "target_layer_ids": [1, 3]}),
 }
+
+
+def build_baby(raw, seed=0):
+    """A module of `raw`'s architecture with every tensor random (seeded; norms / scalars near 1)."""
+    mod, spec = get_arch(raw), get_spec(raw)
+    torch.manual_seed(seed)
+    net = mod.MODEL_CLASS(spec.parse_config(raw)).eval()
+    with torch.no_grad():    # every tensor set here (modules may leave some uninitialised); norms / scalars ≠ 1
+        for name, p in list(net.named_parameters()) + list(net.named_buffers()):
+            if p.is_floating_point():
+                p.copy_(1 + 0.1 * torch.randn_like(p) if p.dim() <= 1 else 0.08 * torch.randn_like(p))
+    return net
+
+
+def forward_roles(net, ids):
+    """Logits of every role the model declares, on the same ids (one canvas / window after a 5-token prompt)."""
+    out = {}
+    prompt, tail = ids[:, :5], ids[:, 5:]
+    if ROLE_PREFILL in net.roles and ROLE_DENOISE in net.roles:
+        cache = KVCache(**net.cache_layout())
+        net.prefill(prompt, cache)
+        out["denoise"] = net.denoise(tail, cache)
+    if ROLE_LOGITS in net.roles:
+        out["logits"] = net.logits_full(ids)
+    if ROLE_WINDOW in net.roles:
+        out["window"] = net.forward_window(ids, 0)
+    if ROLE_PREFILL in net.roles and ROLE_DENOISE not in net.roles:   # causal: cached pass = uncached pass
+        cache = KVCache(**net.cache_layout())
+        a, _ = net.prefill(prompt, cache)
+        b, _ = net.prefill(tail, cache)
+        out["prefill"] = torch.cat([a, b], 1)
+    if ROLE_DRAFT in net.roles:   # a DFlash draft: the target's embeddings / LM head and features are inputs
+        g = torch.Generator().manual_seed(2)
+        emb = torch.randn(net.config.vocab_size, net.config.hidden_size, generator=g)
+        feats = torch.randn(ids.shape[0], 5, net.fc.in_features, generator=g)
+        out["draft"] = net.draft(net.embed(tail, emb), feats, KVCache(**net.cache_layout()), emb)
+    return out

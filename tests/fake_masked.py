@@ -113,3 +113,16 @@ class FakeMaskedNet(nn.Module):
             h = h + torch.nn.functional.gelu(nn.functional.layer_norm(h, (c.hidden,)) @ w1.T) @ w2.T
         logits = (nn.functional.layer_norm(h, (c.hidden,)) @ self.head.T + self.bias).float()
         return (logits, fresh) if return_kv else logits
+
+
+class CharTok:
+    """A tokenizer for the fake model: each character one id in 3..35 (EOS 2 and the mask 36 never produced)."""
+
+    def encode(self, text):
+        return [3 + ord(ch) % 33 for ch in text]
+
+    def apply_chat_template(self, messages, add_generation_prompt=True):
+        return "".join(m["content"] for m in messages)
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(0x41 + (int(i) - 3)) for i in ids if 3 <= int(i) < 36)

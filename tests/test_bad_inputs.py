@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from cli_fixtures import isolated  # noqa: F401  (fixture)
 
 from localdiff.cli import main
 
@@ -71,20 +72,6 @@ def _stdin(monkeypatch, data: bytes | None):
         monkeypatch.setattr(sys, "stdin", Tty(io.BytesIO(b"")))
     else:
         monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
-
-
-@pytest.fixture
-def isolated(tmp_path, monkeypatch):
-    for k in list(os.environ):
-        if k.startswith("LOCALDIFF_"):
-            monkeypatch.delenv(k)
-    (tmp_path / "config.toml").touch()   # LOCALDIFF_CONFIG names it: a missing named file is an error
-    monkeypatch.setenv("LOCALDIFF_CONFIG", str(tmp_path / "config.toml"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    from huggingface_hub import constants
-
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    return tmp_path
 
 
 # (id, argv (with {ckpt} / {broken:NAME} / {tmp} placeholders), stdin bytes or None for a tty, env, exit code,

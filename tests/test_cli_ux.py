@@ -12,7 +12,7 @@ import time
 import pytest
 
 from localdiff.cli import main
-from test_bad_inputs import isolated  # noqa: F401  (the isolation of the bad-input corpus; `home` adds to it)
+from cli_fixtures import isolated  # noqa: F401  (the bad-input corpus' isolation; `home` adds to it)
 
 
 @pytest.fixture

@@ -9,12 +9,11 @@ import pytest
 import torch
 from torch import nn
 
-from arch_baby import BABY
+from arch_baby import BABY, build_baby, forward_roles
 from localdiff.errors import LocaldiffError
 from localdiff.quantize import cuda4, int4
 from localdiff.quantize.apply import quantize_model
 from localdiff.quantize.fuse import fuse_model
-from test_arch_contract import _build, _forward
 
 
 def test_choose_backend():
@@ -80,17 +79,17 @@ def test_bnb_nf4_requantization_error_is_bounded():
 def test_convert_model_as_on_cuda_unfuses_and_keeps_logits():
     raw = dict(BABY["sdar"], hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
                head_dim=32)                   # every projection tinygemm-shaped (in % 128, out % 16)
-    net = _build(raw, seed=2).to(torch.bfloat16)
+    net = build_baby(raw, seed=2).to(torch.bfloat16)
     qnet = quantize_model(copy.deepcopy(net), quant="int4")
     fuse_model(qnet)
     ids = torch.randint(2, qnet.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(3))
-    before = _forward(qnet, ids)
+    before = forward_roles(qnet, ids)
     counts = cuda4.convert_model(qnet, env="", force_device="cuda")
     assert counts == {"tinygemm": 7 * raw["num_hidden_layers"]}, counts
     assert not any(isinstance(m, int4.Int4Linear) for m in qnet.modules())
     assert all(getattr(m, "qkv_fused", None) is None and getattr(m, "gate_up_fused", None) is None
                for m in qnet.modules())
-    after = _forward(qnet, ids)
+    after = forward_roles(qnet, ids)
     for role in before:      # the same int4 weights through tinygemm's formula: bf16-close, same top-1 mostly
         agree = (before[role].argmax(-1) == after[role].argmax(-1)).float().mean().item()
         assert agree >= 0.9, (role, agree)

@@ -14,7 +14,7 @@ from dflash_ref import (EOS, MASK, VOCAB, force_acceptance, load_ref_draft, ref_
                         write_draft, write_target)
 from localdiff.errors import CheckpointError, UsageError
 from localdiff.events import CanvasDone, StepEvent
-from test_hub import cache  # noqa: F401  (the Hub stand-in fixture: huggingface_hub pointed at it)
+from hub_fixtures import cache  # noqa: F401  (the Hub stand-in fixture: huggingface_hub pointed at it)
 
 PROMPTS = [torch.randint(0, VOCAB - 3, (1, 4 + i % 7), generator=torch.Generator().manual_seed(100 + i))
            for i in range(20)]

@@ -12,7 +12,7 @@ from localdiff.cli import main
 from localdiff.errors import HubError
 from localdiff.hub import catalog, gguf_names
 from localdiff.hub import models as hub
-from test_hub import cache  # noqa: F401  (the in-process cache fixture, pointed at our stand-in)
+from hub_fixtures import cache  # noqa: F401  (the in-process cache fixture, pointed at our stand-in)
 
 REPO = "acme/tiny-llada-GGUF"
 

@@ -18,48 +18,13 @@ from pathlib import Path
 
 import pytest
 
+from hub_fixtures import REPO, WEIGHTS, blob_of, cache, stand_in  # noqa: F401  (fixtures)
 from hub_stand_in import StandInHub, tiny_checkpoint_files
 
 from localdiff.hub import models as hub
 from localdiff.errors import HubError, ModelNotFoundError, UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
-REPO = "acme/tiny-diff"
-WEIGHTS = "model.safetensors"
-
-
-@pytest.fixture
-def stand_in():
-    with StandInHub() as h:
-        h.add_repo(REPO, tiny_checkpoint_files())
-        h.add_repo("acme/gated", tiny_checkpoint_files(seed=1), gated=True)
-        h.add_repo("acme/pickles", {"config.json": b"{}", "pytorch_model.bin": b"\x80\x04x"})
-        h.add_as_catalog("google/diffusiongemma-26B-A4B-it", tiny_checkpoint_files(seed=2))
-        yield h
-
-
-@pytest.fixture
-def cache(tmp_path, stand_in, monkeypatch):
-    """In-process: point huggingface_hub and localdiff at the stand-in and a fresh cache under tmp_path."""
-    from huggingface_hub import constants
-
-    hub_dir = tmp_path / "hf" / "hub"
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub_dir))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
-    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
-    monkeypatch.setattr(constants, "HF_STORED_TOKENS_PATH", str(tmp_path / "no-tokens"))
-    monkeypatch.setenv("HF_ENDPOINT", stand_in.url)
-    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    import localdiff.hub.fit as machine                        # the fit check sees a fixed machine, not this one
-
-    monkeypatch.setattr(machine, "ram_bytes", lambda: 64 * 2**30)
-    monkeypatch.setattr(machine, "gpu_mem_bytes", lambda: 0)
-    return hub_dir
-
-
 def subprocess_env(tmp_path: Path, stand_in: StandInHub, **extra) -> dict:
     (tmp_path / "none.toml").touch()   # LOCALDIFF_CONFIG names it: a missing named file is an error
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "LOCALDIFF_"))}
@@ -73,13 +38,6 @@ def subprocess_env(tmp_path: Path, stand_in: StandInHub, **extra) -> dict:
 def run_cli(args, env, timeout=120, **kw):
     return subprocess.run([sys.executable, "-m", "localdiff", *args], env=env, capture_output=True, text=True,
                           timeout=timeout, stdin=subprocess.DEVNULL, cwd=ROOT, **kw)
-
-
-def blob_of(cache: Path, repo: str, data: bytes, lfs: bool) -> Path:
-    from hub_stand_in import git_blob_sha1
-
-    name = hashlib.sha256(data).hexdigest() if lfs else git_blob_sha1(data)
-    return cache / ("models--" + repo.replace("/", "--")) / "blobs" / name
 
 
 def test_pull_writes_hf_layout_and_hf_reuses_it(cache, stand_in):

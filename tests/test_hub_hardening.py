@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hub_stand_in import tiny_checkpoint_files
-from test_hub import REPO, WEIGHTS, blob_of, cache, stand_in  # noqa: F401 (fixtures)
+from hub_fixtures import REPO, WEIGHTS, blob_of, cache, stand_in  # noqa: F401 (fixtures)
 
 import localdiff.hub.download as dl
 from localdiff.errors import CheckpointError, HubError, UsageError

@@ -6,13 +6,12 @@ import copy
 
 import torch
 
-from arch_baby import BABY
+from arch_baby import BABY, build_baby
 from localdiff.bench import gguf_qwen3
 from localdiff.bench import int4 as bench_int4
 from localdiff.bench.args import SECTIONS
 from localdiff.quantize.apply import quantize_model
 from localdiff.quantize.recipe import Recipe
-from test_arch_contract import _build
 
 
 def test_section_is_listed():
@@ -20,7 +19,7 @@ def test_section_is_listed():
 
 
 def test_resident_bytes_count_the_head_copy_and_shrink():
-    net = _build(BABY["sdar"]).to(torch.bfloat16)
+    net = build_baby(BABY["sdar"]).to(torch.bfloat16)
     recipe = Recipe.from_dict({"rules": [["*self_attn.?_proj", "int8"], ["*layers.*.mlp.*_proj", "int8"]],
                                "head": "int8"})
     q4 = quantize_model(copy.deepcopy(net), recipe, quant="int4")

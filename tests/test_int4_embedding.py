@@ -10,15 +10,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from arch_baby import BABY
+from arch_baby import BABY, build_baby, forward_roles
 from localdiff.paths import models_dir, read_json
 from localdiff.quantize import embedding, int4, int8
 from localdiff.quantize.apply import LinearHead, quantize_model
 from localdiff.quantize.embedding import QuantEmbedding, TiedHead
 from localdiff.quantize.plan import int4_bytes, plan_memory
 from localdiff.quantize.recipe import DEFAULT_RECIPE, Recipe, RecipeError, load_recipe
-from test_arch_contract import _build, _forward
-from test_int4_models import _dequantized_twin
+from quant_helpers import dequantized_twin
 
 GIB = 1 << 30
 
@@ -71,7 +70,7 @@ def test_recipe_int4_embeddings():
 
 def _twin_with_tables(qnet, net):
     """``net`` with every quantized weight of ``qnet`` (projections, experts, embedding, untied head) dequantized."""
-    twin = _dequantized_twin(qnet, net)
+    twin = dequantized_twin(qnet, net)
     with torch.no_grad():
         twin.embed_tokens.weight.copy_(qnet.embed_tokens.table(dtype=torch.float32))
         lm = getattr(qnet, "lm_head", None)
@@ -87,7 +86,7 @@ def _twin_with_tables(qnet, net):
                                                        ("diffusion_gemma", True, "int8")])
 def test_models_with_quantized_tables_equal_their_dequantized_twins(model_type, tied, precision):
     raw = dict(BABY[model_type], tie_word_embeddings=tied)
-    net = _build(raw, seed=5)
+    net = build_baby(raw, seed=5)
     recipe = Recipe.from_dict(dict(DEFAULT_RECIPE.to_dict(), int4_embeddings=precision))
     qnet = quantize_model(copy.deepcopy(net), recipe, quant="int4")
     assert isinstance(qnet.embed_tokens, QuantEmbedding) and qnet.embed_tokens.precision == precision
@@ -97,7 +96,7 @@ def test_models_with_quantized_tables_equal_their_dequantized_twins(model_type, 
                    for t in qnet.state_dict().values())       # no float table or head left
     twin = _twin_with_tables(qnet, net)
     ids = torch.randint(2, v, (4, 11), generator=torch.Generator().manual_seed(6))
-    out_q, out_t = _forward(qnet, ids), _forward(twin, ids)
+    out_q, out_t = forward_roles(qnet, ids), forward_roles(twin, ids)
     for role in out_q:
         torch.testing.assert_close(out_q[role], out_t[role], rtol=1e-4, atol=1e-4)
     if model_type == "diffusion_gemma":      # the self-conditioning soft embedding reads the quantized table

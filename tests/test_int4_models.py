@@ -10,9 +10,8 @@ import json
 
 import pytest
 import torch
-from torch import nn
 
-from arch_baby import BABY
+from arch_baby import BABY, build_baby, forward_roles
 from localdiff.loader import load_model
 from localdiff.paths import models_dir
 from localdiff.quantize import int4
@@ -20,32 +19,15 @@ from localdiff.quantize.apply import quantize_model, quantized_modules
 from localdiff.quantize.embedding import QuantEmbedding
 from localdiff.quantize.io import checkpoint_recipe, quantize_checkpoint, save_quantized
 from localdiff.quantize.recipe import load_recipe
-from test_arch_contract import _build, _forward
-from test_quant import _agreement, _denoise_pairs
+from quant_helpers import agreement, denoise_pairs, dequantized_twin
 
 FAMILIES = ["diffusion_gemma", "lladamoe", "llada2_moe", "sdar_moe", "sdar", "llada", "Dream"]
-
-
-def _dequantized_twin(qnet: nn.Module, net: nn.Module) -> nn.Module:
-    """``net`` (float) with every weight ``qnet`` quantizes replaced by its dequantized int4 value."""
-    twin = copy.deepcopy(net)
-    for name, m in quantized_modules(qnet).items():
-        f = twin.get_submodule(name)
-        with torch.no_grad():
-            if isinstance(m, int4.Int4Linear):
-                f.weight.copy_(int4.dequantize(m.weight, m.weight_scale, m.weight_zero, m.in_features))
-            else:
-                for p in ("gate_up_proj", "down_proj"):
-                    t = getattr(f, p)
-                    t.copy_(int4.dequantize(getattr(m, p), getattr(m, p + "_scale"), getattr(m, p + "_zero"),
-                                            t.shape[-1]))
-    return twin
 
 
 @pytest.mark.parametrize("model_type", FAMILIES)
 def test_family_int4_equals_dequantized_twin_and_agrees_with_fp32(model_type, capsys):
     raw = BABY[model_type]
-    net = _build(raw, seed=3)
+    net = build_baby(raw, seed=3)
     qnet = quantize_model(copy.deepcopy(net), quant="int4")
     kinds = {type(m) for m in quantized_modules(qnet).values()}
     assert int4.Int4Linear in kinds
@@ -53,9 +35,9 @@ def test_family_int4_equals_dequantized_twin_and_agrees_with_fp32(model_type, ca
         assert int4.Int4Experts in kinds or any("expert" in n for n in quantized_modules(qnet)), kinds
     vocab = qnet.config.vocab_size
     ids = torch.randint(2, vocab, (8, 11), generator=torch.Generator().manual_seed(4))
-    out_q, out_f = _forward(qnet, ids), _forward(net, ids)
-    out_twin = _forward(_dequantized_twin(qnet, net), ids)
-    out_bf16 = _forward(copy.deepcopy(net).to(torch.bfloat16), ids)
+    out_q, out_f = forward_roles(qnet, ids), forward_roles(net, ids)
+    out_twin = forward_roles(dequantized_twin(qnet, net), ids)
+    out_bf16 = forward_roles(copy.deepcopy(net).to(torch.bfloat16), ids)
     for role in out_q:
         # the int4 model is the float model on the dequantized weights (its kernels: fp32 sums)
         torch.testing.assert_close(out_q[role], out_twin[role], rtol=1e-4, atol=1e-4)
@@ -76,8 +58,8 @@ def test_embedded_model_int4_accuracy(tiny_fp32, capsys):
     """The trained tiny DiffusionGemma: int4 logits keep fp32's decided top-1 tokens (the held-out eval within 2
     points of fp32 is measured by ``localdiff bench --only int4``)."""
     qnet = quantize_model(copy.deepcopy(tiny_fp32), load_recipe("tiny"), quant="int4")
-    a, b = _denoise_pairs(tiny_fp32, qnet, n_canvases=16)
-    top1, kl, top1_decided, n_decided = _agreement(a, b)
+    a, b = denoise_pairs(tiny_fp32, qnet, n_canvases=16)
+    top1, kl, top1_decided, n_decided = agreement(a, b)
     with capsys.disabled():
         print(f"\n[int4 top-1] tiny (trained): {top1:.3f} all, {top1_decided:.3f} of {n_decided} decided, KL {kl:.4f}")
     assert top1 >= 0.93 and top1_decided >= 0.95 and kl <= 0.05, (top1, top1_decided, kl)
@@ -101,13 +83,13 @@ def test_quantize_checkpoint_int4_loads_like_on_the_fly(tiny_fp32, tmp_path):
     live = localdiff.load("tiny", device="cpu", dtype=torch.float32, quant="int4")      # the same recipe, tiny's
     assert {type(m) for m in quantized_modules(pre.net).values()} == {int4.Int4Linear, int4.Int4Experts}
     assert isinstance(pre.net.embed_tokens, QuantEmbedding) and isinstance(live.net.embed_tokens, QuantEmbedding)
-    a, b = _denoise_pairs(live.net, pre.net, n_canvases=2, batch=2, canvas_len=8)
+    a, b = denoise_pairs(live.net, pre.net, n_canvases=2, batch=2, canvas_len=8)
     assert torch.equal(a, b)
     # a live int4 model saved and loaded back: the same logits again
     out = save_quantized(quantize_model(copy.deepcopy(tiny_fp32), load_recipe("tiny"), quant="int4"),
                          tmp_path / "s4", source_dir=src)
     back = localdiff.load(out, device="cpu", dtype=torch.float32)
-    a2, b2 = _denoise_pairs(live.net, back.net, n_canvases=2, batch=2, canvas_len=8)
+    a2, b2 = denoise_pairs(live.net, back.net, n_canvases=2, batch=2, canvas_len=8)
     assert torch.equal(a2, b2)
 
 

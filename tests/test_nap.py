@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from fake_masked import FakeMaskedConfig, FakeMaskedNet
+from fake_masked import CharTok, FakeMaskedConfig, FakeMaskedNet
 from localdiff.arch import REGISTRY, ArchEntry
 from localdiff.decoding import nap
 from localdiff.engine import Model
@@ -19,19 +19,6 @@ from localdiff.events import Done, StepEvent
 pytestmark = pytest.mark.usefixtures("one_thread")   # one intra-op thread for the tiny fake model
 
 MASK, EOS = 36, 2
-
-
-class CharTok:
-    """A tokenizer for the fake model: each character one id in 3..35 (EOS 2 and the mask 36 never produced)."""
-
-    def encode(self, text):
-        return [3 + ord(ch) % 33 for ch in text]
-
-    def apply_chat_template(self, messages, add_generation_prompt=True):
-        return "".join(m["content"] for m in messages)
-
-    def decode(self, ids, skip_special_tokens=True):
-        return "".join(chr(0x41 + (int(i) - 3)) for i in ids if 3 <= int(i) < 36)
 
 
 @pytest.fixture

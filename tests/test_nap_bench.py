@@ -6,13 +6,12 @@ import dataclasses
 
 import torch
 
-from fake_masked import FakeMaskedConfig, FakeMaskedNet
+from fake_masked import CharTok, FakeMaskedConfig, FakeMaskedNet
 from localdiff.arch import REGISTRY, ArchEntry
 from localdiff.bench import nap as bench_nap
 from localdiff.bench import run as bench_run
 from localdiff.bench.report import render
 from localdiff.engine import Model
-from test_nap import CharTok
 
 
 def _model(monkeypatch, tmp_path):

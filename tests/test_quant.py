@@ -20,36 +20,9 @@ from localdiff.quantize.int8 import (Int8Experts, Int8Linear, bitsandbytes_avail
                                      quantize_model, quantize_tensor, quantized_modules, resident_bytes, set_backend)
 from localdiff.quantize.io import checkpoint_recipe, quantize_checkpoint, save_quantized
 from localdiff.quantize.recipe import Recipe, RecipeError, load_recipe
+from quant_helpers import agreement, denoise_pairs
 
 import transformers  # noqa: E402,F401 — test-only reference (the `test` extra)
-
-
-def _denoise_pairs(net_a, net_b, n_canvases=32, batch=8, prompt=10, canvas_len=32, seed=1):
-    """Logits of both nets for the same random prompts and canvases (``n_canvases`` canvases of ``canvas_len``
-    tokens, ``batch`` per forward): (a, b) Tensors[n_canvases, canvas_len, V] fp32."""
-    from localdiff.cache.kv import KVCache
-
-    cfg = net_a.config
-    g = torch.Generator().manual_seed(seed)
-    outs = ([], [])
-    for _ in range(max(n_canvases // batch, 1)):
-        ids = torch.randint(3, cfg.vocab_size, (batch, prompt), generator=g)
-        canvas = torch.randint(0, cfg.vocab_size, (batch, canvas_len), generator=g)
-        for net, out in zip((net_a, net_b), outs):
-            cache = KVCache(net.layer_windows())
-            net.prefill(ids, cache)
-            out.append(net.denoise(canvas, cache).float())
-    return torch.cat(outs[0]), torch.cat(outs[1])
-
-
-def _agreement(a, b):
-    """(top-1 agreement, mean KL(a‖b) per position, top-1 agreement where a's top-1 margin > 0.2 nats)."""
-    lp, lq = a.log_softmax(-1), b.log_softmax(-1)
-    kl = (lp.exp() * (lp - lq)).sum(-1).mean().item()
-    eq = a.argmax(-1) == b.argmax(-1)
-    top2 = a.topk(2, -1).values
-    decided = (top2[..., 0] - top2[..., 1]) > 0.2
-    return eq.float().mean().item(), kl, eq[decided].float().mean().item(), int(decided.sum())
 
 
 # -- kernels ----------------------------------------------------------------------------------------------------
@@ -126,10 +99,10 @@ def test_random_model_int8_accuracy(small_fp32):
     assert kinds == {Int8Linear, Int8Experts}
     assert isinstance(qnet.layers[0].router.proj, nn.Linear)           # router, norms, embeddings, SC stay float
     assert isinstance(qnet.self_conditioning.mlp.up_proj, nn.Linear)
-    a, b = _denoise_pairs(small_fp32, qnet, n_canvases=32)
-    top1, kl, top1_decided, n_decided = _agreement(a, b)
-    _, bf16 = _denoise_pairs(small_fp32, copy.deepcopy(small_fp32).to(torch.bfloat16), n_canvases=32)
-    top1_bf16 = _agreement(a, bf16)[0]
+    a, b = denoise_pairs(small_fp32, qnet, n_canvases=32)
+    top1, kl, top1_decided, n_decided = agreement(a, b)
+    _, bf16 = denoise_pairs(small_fp32, copy.deepcopy(small_fp32).to(torch.bfloat16), n_canvases=32)
+    top1_bf16 = agreement(a, bf16)[0]
     assert kl <= 0.01
     assert n_decided >= 50 and top1_decided >= 0.99
     assert top1 >= top1_bf16 - 0.05, (top1, top1_bf16)
@@ -138,8 +111,8 @@ def test_random_model_int8_accuracy(small_fp32):
 def test_random_model_int8_bf16_activations_accuracy(small_fp32):
     """The CPU fast path (bf16 activations: int8pack / dequant-bf16 GEMMs)."""
     qnet = quantize_model(copy.deepcopy(small_fp32).to(torch.bfloat16))
-    a, b = _denoise_pairs(small_fp32, qnet, n_canvases=8)
-    _, kl, top1_decided, _ = _agreement(a, b)
+    a, b = denoise_pairs(small_fp32, qnet, n_canvases=8)
+    _, kl, top1_decided, _ = agreement(a, b)
     assert kl <= 0.01 and top1_decided >= 0.98
 
 
@@ -191,7 +164,7 @@ def test_save_load_round_trip_gives_identical_logits(small_fp32, ref_small, tmp_
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["quantization_config"]["recipe"]["name"] == "tiny"
     back = _load_prequantized(out)
-    a, b = _denoise_pairs(qnet, back, n_canvases=4, batch=4, canvas_len=8)
+    a, b = denoise_pairs(qnet, back, n_canvases=4, batch=4, canvas_len=8)
     assert torch.equal(a, b)
 
 
@@ -204,7 +177,7 @@ def test_quantize_checkpoint_streams_to_the_same_int8_model(small_fp32, ref_smal
     assert disk["quant_metadata"]["recipe"]["name"] == "tiny" and "I8" in disk["weight_bytes_by_dtype"]
     back = _load_prequantized(tmp_path / "q")
     qnet = quantize_model(copy.deepcopy(small_fp32), load_recipe("tiny"))
-    a, b = _denoise_pairs(qnet, back, n_canvases=4, batch=4, canvas_len=8)
+    a, b = denoise_pairs(qnet, back, n_canvases=4, batch=4, canvas_len=8)
     assert torch.equal(a, b)
     with pytest.raises(Exception, match="already an int8"):
         quantize_checkpoint(tmp_path / "q", tmp_path / "q2")
@@ -218,7 +191,7 @@ def test_through_localdiff_load(ref_small, tmp_path):
     assert quantized_modules(m.net)
     quantize_checkpoint(ref_small[1], tmp_path / "q")
     m2 = localdiff.load(tmp_path / "q", device="cpu", dtype=torch.float32)
-    a, b = _denoise_pairs(m.net, m2.net, n_canvases=2, batch=2, canvas_len=8)
+    a, b = denoise_pairs(m.net, m2.net, n_canvases=2, batch=2, canvas_len=8)
     assert torch.equal(a, b)
 
 
@@ -235,8 +208,8 @@ def test_embedded_model_int8_accuracy():
     path = models_dir() / "tiny"
     net, _ = load_model(path, "cpu", torch.float32)
     qnet = quantize_model(copy.deepcopy(net), load_recipe("tiny"))
-    a, b = _denoise_pairs(net, qnet, n_canvases=32)
-    top1, kl, _, _ = _agreement(a, b)
+    a, b = denoise_pairs(net, qnet, n_canvases=32)
+    top1, kl, _, _ = agreement(a, b)
     assert top1 >= 0.99 and kl <= 0.01, (top1, kl)
 
 
@@ -264,9 +237,9 @@ def _check_bitsandbytes_model(small_fp32, device, use_bnb, relative=True):
     relative check is made on the trained embedded model."""
     qnet = quantize_model(copy.deepcopy(small_fp32)).to(device)
     set_backend(qnet, use_bnb)
-    a, b = _denoise_pairs(small_fp32, _OnDevice(qnet, device), n_canvases=16)
-    torch_top1 = _agreement(a, _denoise_pairs(small_fp32, quantize_model(copy.deepcopy(small_fp32)), n_canvases=16)[1])[0]
-    top1, kl, top1_decided, _ = _agreement(a, b)
+    a, b = denoise_pairs(small_fp32, _OnDevice(qnet, device), n_canvases=16)
+    torch_top1 = agreement(a, denoise_pairs(small_fp32, quantize_model(copy.deepcopy(small_fp32)), n_canvases=16)[1])[0]
+    top1, kl, top1_decided, _ = agreement(a, b)
     assert kl <= 0.01 and top1_decided >= 0.99
     if relative:
         assert top1 >= torch_top1 - 0.05

@@ -9,7 +9,7 @@
 #    bound (weight bytes one step reads ÷ the measured copy bandwidth), localdiff/bench/scale_cuda.py
 # 5. int4 on CUDA (localdiff/bench/int4_cuda.py): tinygemm / dequantize / bitsandbytes NF4 / int8 exactness and
 #    ms at 1-256 rows, the CUDA context's memory next to the plan's 1 GiB reserve; the int4 conversion tests
-#    (tests/test_cuda4.py); the flagship's int4 plans at 16 / 24 GiB
+#    (tests/quant/test_cuda4.py); the flagship's int4 plans at 16 / 24 GiB
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu-results}"
@@ -23,7 +23,7 @@ python -m localdiff.bench.quant --device cuda 2>&1 | tee "$OUT/quant-bench-cuda.
 localdiff bench --quick --only ref,memory --out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt"
 python -m localdiff.bench.scale_cuda --sizes 150M,1B --out "$OUT/scale-cuda.json" 2>&1 | tee "$OUT/scale-cuda.txt"
 python -m localdiff.bench.int4_cuda --out "$OUT/int4-cuda.json" 2>&1 | tee "$OUT/int4-cuda.txt"
-python -m pytest -q -p no:cacheprovider tests/test_cuda4.py tests/test_int4_embedding.py 2>&1 | tee "$OUT/pytest-int4.txt"
+python -m pytest -q -p no:cacheprovider tests/quant/test_cuda4.py tests/quant/test_int4_embedding.py 2>&1 | tee "$OUT/pytest-int4.txt"
 for g in 16GiB 24GiB; do
   localdiff show diffusiongemma:26b-a4b --plan --quant int4 --gpu-mem "$g" 2>&1 | sed -n '/^memory plan/,$p' | tee "$OUT/plan-int4-$g.txt"
 done

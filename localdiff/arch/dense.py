@@ -37,7 +37,7 @@ def llama_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> 
         return torch.rms_norm(x, (x.shape[-1],), weight, eps)
     xf = x.float()
     if x.dtype != torch.float32 and not (torch.is_grad_enabled() and x.requires_grad):
-        # the same ops in place on the one fp32 copy (bit-identical: tests/test_fuse_int8.py), and the 16-bit scale
+        # the same ops in place on the one fp32 copy (bit-identical: tests/quant/test_fuse_int8.py), and the 16-bit scale
         # multiplied in place when it has x's dtype: 4 allocations fewer per norm, 3 norms per layer
         y = xf.mul_(xf.square().mean(-1, keepdim=True).add_(eps).rsqrt_()).to(x.dtype)
         return y if weight is None else y.mul_(weight) if weight.dtype == y.dtype else weight * y
@@ -164,7 +164,7 @@ class Attention(nn.Module):
     def _qk_fused(self, q, k, v, b, n, cos, sin):
         """:meth:`qkv`'s norms and RoPE on q and k as one [B, L, heads + kv_heads, D] tensor (two ops fewer of each
         kind per layer): the same element-wise ops and per-head reductions as separately, so bit-identical
-        (tests/test_fuse_int8.py)."""
+        (tests/quant/test_fuse_int8.py)."""
         hq, d = self.heads, self.head_dim
         qk = q.as_strided((b, n, hq + self.kv_heads, d), (q.stride(0), q.stride(1), d, 1))
         qk = llama_rms_norm(qk, None, self.q_norm.eps)

@@ -31,7 +31,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     if x.device.type == "cpu" and (weight is None or (weight.dim() == 1 and weight.dtype == x.dtype)):
         if not (torch.is_grad_enabled() and x.requires_grad):
             # the same fp32 math in four in-place passes over one fp32 copy, rounded once: bit-identical to
-            # torch.rms_norm (tests/test_vocab_pass.py), whose CPU composite multiplies the 16-bit weight in a slow
+            # torch.rms_norm (tests/decoding/test_vocab_pass.py), whose CPU composite multiplies the 16-bit weight in a slow
             # mixed-dtype pass — measured at [256, 1024] bf16: 0.88 → 0.21 ms; ~45 ms of a 1B step's ~600
             xf = x.float()
             xf.mul_(xf.square().mean(-1, keepdim=True).add_(eps).rsqrt_())

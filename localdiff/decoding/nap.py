@@ -5,7 +5,7 @@ NAP's canvas (its README): ``[<think #1>, R(1), <think #2>, R(2), …, <think #m
 tags are ``<think i>`` and ``<summary>`` (``fsdp_sft_trainer.build_structure_special_tokens``). NAP publishes no
 inference code; its decoding is described as *macro-parallel* (the unmasking budget of a step is distributed over
 all reasoning blocks) and *micro-confidence* (inside a block, tokens are committed by confidence). The algorithm
-implemented here, exactly (``tests/test_nap.py`` checks it against a transcription of these lines):
+implemented here, exactly (``tests/decoding/test_nap.py`` checks it against a transcription of these lines):
 
 1. Canvas (:func:`layout`): after the prompt, for j = 1..m the tag text ``<think j>`` (tokenized, prefilled, never
    masked) then ``think_length`` masks; then ``<summary>`` and ``summary_length`` masks. N_T = m · think_length,

@@ -10,7 +10,7 @@ Two loops drive decoder policies, and each has its own protocol, because the cal
   The loop owns the sequence; the policy is told which positions of the current window are masked and how many
   steps it has, and on each step returns the tokens to commit.
 
-The contract test (``tests/test_decoder_protocols.py``) checks every registered policy class against its protocol,
+The contract test (``tests/project/test_decoder_protocols.py``) checks every registered policy class against its protocol,
 so a new policy that misses a call fails there rather than inside a loop.
 """
 from __future__ import annotations

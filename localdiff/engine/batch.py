@@ -17,7 +17,7 @@ and packed — the native int8 kernel (:mod:`localdiff.quantize.native`, row-exa
 own forward would run it too, and float ``F.linear`` at the row counts that a probe on this machine finds stable
 (MKL rounds 1–3, and at 2 threads 5–7 and 9–11, rows differently from the same rows in a larger matmul); MoE
 feed-forwards never (their expert matmuls' row counts change with the batch). So every lane's tokens equal the same
-request run alone (tests/test_batch.py).
+request run alone (tests/serve/test_batch.py).
 """
 from __future__ import annotations
 

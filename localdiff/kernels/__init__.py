@@ -4,6 +4,6 @@ FMA), :mod:`~localdiff.kernels.int4` (group-quantized int4 matmul), :mod:`~local
 experts, AMX-BF16), :mod:`~localdiff.kernels.vocab` (the fused vocabulary pass); :mod:`~localdiff.kernels.build`
 builds, caches and loads them. Each falls back to torch (a status line says why) when it cannot build or run.
 
-The lowest layer: these modules import no localdiff module but :mod:`localdiff.errors` (tests/test_structure.py),
+The lowest layer: these modules import no localdiff module but :mod:`localdiff.errors` (tests/project/test_structure.py),
 so ``arch``, ``quantize`` and ``decoding`` may import them.
 """

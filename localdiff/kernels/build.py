@@ -2,7 +2,7 @@
 compiler, build a source into a shared library in the user cache, keyed so a finished build is reused, load the
 first flag set that compiles, and keep one loaded library and its status line per kernel (:class:`Kernel`).
 
-It imports no localdiff module (``kernels`` is the lowest layer: tests/test_structure.py).
+It imports no localdiff module (``kernels`` is the lowest layer: tests/project/test_structure.py).
 
 Build: ``$CC`` (else ``cc`` / ``gcc`` / ``clang`` on PATH) ``-O3 -march=native -fPIC -shared`` (without
 ``-march=native`` when the compiler refuses it) into ``platformdirs.user_cache_dir("localdiff")/native/<key>``, the

@@ -10,7 +10,7 @@ fp32 until the down product and sums the K slots in fp32.
 Math (per routed row of token t, slot j, expert e; ``gate_up[e] = [Wg; Wu]``):
 ``a = gelu_tanh(x_t Wgᵀ) · (x_t Wuᵀ) · w_tj`` (fp32 sums of bf16 products), ``y_tj = bf16(a) · Wd_eᵀ`` (fp32 sums,
 rounded to bf16), ``out_t = bf16(Σ_j y_tj)`` in fp32. The torch path rounds every intermediate to bf16 and sums
-the slots in bf16; both are within bf16 accumulation error of the float64 math (tests/test_native_experts.py).
+the slots in bf16; both are within bf16 accumulation error of the float64 math (tests/arch/test_native_experts.py).
 
 Paths: AMX-BF16 tiles (``tdpbf16ps``; Sapphire Rapids and later, when Linux grants the tile state), the default
 where it runs; AVX512-BF16 (``vdpbf16ps`` emulating the tile product) only with ``LOCALDIFF_NATIVE_EXPERTS=avx512``:

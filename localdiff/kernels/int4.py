@@ -3,7 +3,7 @@
 ``y = x @ dequantize(packed, scale, zero)ᵀ`` for the group-wise int4 format of :mod:`localdiff.quantize.int4`
 (packed uint8 [N, G·32], scale bf16 [N, G], zero fp16 [N, G]) and fp32 or bf16 activations x [M, K], any M. The
 weight is streamed once per call, 0.5625 bytes per weight, and dequantized in registers; no activation
-quantization (the result equals a float64 dequantize-then-matmul up to fp32 summation: tests/test_int4.py).
+quantization (the result equals a float64 dequantize-then-matmul up to fp32 summation: tests/quant/test_int4.py).
 
 Paths (one per build; ``int4.c`` says how each works):
 

@@ -6,7 +6,7 @@ Per row of logits: soft-capping ``cap·tanh(x/cap)``, ``/ temperature``, max and
 ``Σe·x``, the entropy (nats) and top-1 probability, and the probabilities written once in bf16 or fp32 — one read of
 the logits and one write of the probabilities (4 bytes per element in bf16, against 92 for the torch passes).
 AVX-512 where the compiler targets it (``-march=native``), portable C otherwise. Accuracy against float64
-(tests/test_vocab_native.py): probabilities, entropy and confidence within ~1e-5 relative (the probabilities before
+(tests/decoding/test_vocab_native.py): probabilities, entropy and confidence within ~1e-5 relative (the probabilities before
 their bf16 rounding), argmax identical except exact ties.
 
 ``LOCALDIFF_VOCAB_KERNEL``: ``auto`` (default: native when it builds), ``native`` (the same; the fallback still

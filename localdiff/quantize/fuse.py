@@ -6,7 +6,7 @@ extra memory, the checkpoint names unchanged) and gives the owner a :class:`Fuse
 an attention, ``gate_up_fused`` on a SwiGLU) that :mod:`localdiff.arch.dense` / :mod:`localdiff.arch.moe` call instead
 of the separate projections. Exact: every kernel of :func:`localdiff.quantize.int8.int8_matmul` computes each output
 column from its own weight row and scale and from x alone (the native kernel's activation rounding depends on x's
-row only), so the fused output's columns are the unfused outputs, bit for bit (``tests/test_fuse_int8.py``).
+row only), so the fused output's columns are the unfused outputs, bit for bit (``tests/quant/test_fuse_int8.py``).
 Saves one kernel call (its dispatch, the Python layers, the thread start and one weight-stream ramp) per
 projection dropped: 3 per layer of a dense block model. :class:`localdiff.quantize.int4.Int4Linear` groups fuse the
 same way (codes, scales and zero points concatenated by rows; the int4 kernels also compute each output column from

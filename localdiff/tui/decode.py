@@ -25,7 +25,7 @@ def install_lenient_decoder() -> bool:
     :func:`lenient_incremental_decoder` (idempotent; nothing else in those modules uses the name).
 
     Returns False when those modules are unavailable (Windows, whose driver reads UTF-16 key events) or no longer
-    decode through that name (a Textual release that changed it: tests/test_tui_keyboard.py says so).
+    decode through that name (a Textual release that changed it: tests/tui/test_tui_keyboard.py says so).
     """
     try:
         from textual.drivers import linux_driver, linux_inline_driver

@@ -6,7 +6,7 @@ the steps, loss over the canvas), made cheaper per example:
 * batches are built from length-sorted pools, so little of the encoder's work is padding;
 * family weights can shift the mix (``--weights add=6,reverse=5``) toward the families still below their floor.
 
-Because localdiff's backbone equals the reference to 1e-6 (tests/test_backbone.py), a checkpoint trained here is a
+Because localdiff's backbone equals the reference to 1e-6 (tests/arch/test_backbone.py), a checkpoint trained here is a
 normal DiffusionGemma checkpoint: it is written in the Hub layout (``model.decoder.*`` names, the encoder's own
 ``layer_scalar``s, the stage-1 file's other tensors copied unchanged).
 

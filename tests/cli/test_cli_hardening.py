@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from cli_fixtures import clear_user_settings
 from localdiff.cli import main
 from localdiff.errors import UsageError
 
@@ -25,10 +26,7 @@ def isolated(tmp_path, monkeypatch):
     """No user LOCALDIFF_* settings; an empty config file named by LOCALDIFF_CONFIG; torch's threads restored."""
     import torch
 
-    for k in [k for k in os.environ if k.startswith("LOCALDIFF_")]:
-        monkeypatch.delenv(k)
-    (tmp_path / "c.toml").touch()
-    monkeypatch.setenv("LOCALDIFF_CONFIG", str(tmp_path / "c.toml"))
+    clear_user_settings(tmp_path, monkeypatch, "c.toml")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     before = torch.get_num_threads()
     yield tmp_path

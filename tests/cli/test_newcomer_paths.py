@@ -9,20 +9,8 @@ import os
 import pytest
 
 
+from cli_fixtures import isolated  # noqa: F401  (fixture)
 from localdiff.cli import main
-
-
-@pytest.fixture
-def isolated(tmp_path, monkeypatch):
-    for k in [k for k in os.environ if k.startswith("LOCALDIFF_")]:
-        monkeypatch.delenv(k)
-    (tmp_path / "config.toml").touch()   # LOCALDIFF_CONFIG names it: a missing named file is an error
-    monkeypatch.setenv("LOCALDIFF_CONFIG", str(tmp_path / "config.toml"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    from huggingface_hub import constants
-
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    return tmp_path
 
 
 class FullDevice(io.StringIO):

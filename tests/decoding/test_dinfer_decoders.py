@@ -5,19 +5,16 @@ the same logits step by step (temperature 0 and > 0), and whole generations on t
 K/V stored at each refresh."""
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 import torch
 
 import upstream_dinfer as up
-from fake_masked import FakeMaskedConfig, FakeMaskedNet
-from localdiff.arch import REGISTRY, ArchEntry
+from fake_masked import fake_model
 from localdiff.decoding import masked_loop
 from localdiff.decoding.dinfer_credit import CreditDecoder
 from localdiff.decoding.dinfer_hierarchy import HierarchyDecoder
 from localdiff.decoding.dinfer_threshold import ThresholdDecoder
-from localdiff.engine import Model
 from localdiff.errors import UsageError
 
 MASK = 36
@@ -30,10 +27,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.fixture
 def make(monkeypatch, tmp_path):
     def _make(seed=0, **over):
-        cfg = dataclasses.replace(FakeMaskedConfig(eos_token_id=(), pad_token_id=None), **over)
-        monkeypatch.setitem(REGISTRY, cfg.model_type, ArchEntry("fake_masked", "fake_masked", "masked"))
-        return Model(FakeMaskedNet(cfg, seed=seed, scale=5.0), cfg, None, tmp_path, "fake", "cpu", torch.float32,
-                     None, {})
+        return fake_model(monkeypatch, tmp_path, seed=seed, scale=5.0, **over)
     return _make
 
 

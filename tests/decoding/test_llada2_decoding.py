@@ -9,8 +9,7 @@ import pytest
 import torch
 
 import localdiff
-from llada2_ref import TINY, random_state
-from localdiff.arch.llada2_moe import checkpoint_names
+from llada2_ref import TINY, full_logits_fn as _logits_fn, sharp_model
 from localdiff.decoding.editing import EditingConfig, block_finished, edit_positions
 from localdiff.errors import UsageError
 from upstream_llada2 import llada20_generate, llada21_generate
@@ -22,24 +21,7 @@ B, MASK, EOS = TINY["block_size"], TINY["mask_token_id"], TINY["eos_token_id"]
 def llada2(tmp_path_factory):
     """A tiny checkpoint whose EOS row is boosted (EOS shows up in some answers) and whose model is sharp enough
     that thresholds commit several tokens per step."""
-    import json
-
-    from safetensors.torch import save_file
-    folder = tmp_path_factory.mktemp("llada2-dec")
-    state = random_state(TINY, seed=11)
-    state["lm_head.weight"] = state["lm_head.weight"] * 3.0
-    state["lm_head.weight"][EOS] *= 1.8
-    save_file({checkpoint_names(k)[0]: v.contiguous() for k, v in state.items()}, str(folder / "model.safetensors"))
-    (folder / "config.json").write_text(json.dumps(TINY))
-    return localdiff.load(str(folder), dtype=torch.float32)
-
-
-def _logits_fn(m):
-    def fn(x):
-        out = m.net.logits_full(x).clone()
-        out[..., MASK] = -torch.inf          # never predicted (decoding/sdar.py: neither is it by our decoders)
-        return out
-    return fn
+    return sharp_model(tmp_path_factory.mktemp("llada2-dec"))
 
 
 def _prompt(n, seed):

@@ -4,15 +4,12 @@ hierarchy equals the transcription of dInfer's block-diffusion pipeline (``upstr
 threshold decoder's ≥ τ differs from LLaDA2's own > τ rule exactly at τ; option errors are one line."""
 from __future__ import annotations
 
-import json
 
 import pytest
 import torch
 
-import localdiff
 import upstream_dinfer as ud
-from llada2_ref import TINY, random_state
-from localdiff.arch.llada2_moe import checkpoint_names
+from llada2_ref import TINY, full_logits_fn as _logits_fn, sharp_model
 from localdiff.decoding.dinfer_threshold import threshold_transfer
 from localdiff.errors import UsageError
 from upstream_dinfer_bd import bd_generate
@@ -22,23 +19,8 @@ B, MASK, EOS = TINY["block_size"], TINY["mask_token_id"], TINY["eos_token_id"]
 
 @pytest.fixture(scope="module")
 def llada2(tmp_path_factory):
-    """The tiny checkpoint of test_llada2_decoding (sharp logits, EOS boosted)."""
-    from safetensors.torch import save_file
-    folder = tmp_path_factory.mktemp("llada2-dinfer")
-    state = random_state(TINY, seed=11)
-    state["lm_head.weight"] = state["lm_head.weight"] * 3.0
-    state["lm_head.weight"][EOS] *= 1.8
-    save_file({checkpoint_names(k)[0]: v.contiguous() for k, v in state.items()}, str(folder / "model.safetensors"))
-    (folder / "config.json").write_text(json.dumps(TINY))
-    return localdiff.load(str(folder), dtype=torch.float32)
-
-
-def _logits_fn(m):
-    def fn(x):
-        out = m.net.logits_full(x).clone()
-        out[..., MASK] = -torch.inf
-        return out
-    return fn
+    """The sharp tiny checkpoint (logits ×3, EOS boosted) test_llada2_decoding uses too."""
+    return sharp_model(tmp_path_factory.mktemp("llada2-dinfer"))
 
 
 def _prompt(n, seed):

@@ -3,14 +3,11 @@ compact transcriptions of the upstream code in ``upstream_masked.py``, on the co
 ``fake_masked.FakeMaskedNet`` (random weights, temperature 0: deterministic)."""
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 import torch
 
-from fake_masked import FakeMaskedConfig, FakeMaskedNet
-from localdiff.arch import REGISTRY, ArchEntry
-from localdiff.engine import Model
+from fake_masked import fake_model
 from localdiff.errors import CheckpointError, UsageError
 from localdiff.events import CanvasDone, Done, StepEvent
 import upstream_masked as up
@@ -27,9 +24,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def make(monkeypatch, tmp_path):
     """make(**config overrides) → Model over a FakeMaskedNet (registered as a masked-family model_type)."""
     def _make(seed=0, **over):
-        cfg = dataclasses.replace(FakeMaskedConfig(eos_token_id=(), pad_token_id=None), **over)
-        monkeypatch.setitem(REGISTRY, cfg.model_type, ArchEntry("fake_masked", "fake_masked", "masked"))
-        return Model(FakeMaskedNet(cfg, seed=seed), cfg, None, tmp_path, "fake", "cpu", torch.float32, None, {})
+        return fake_model(monkeypatch, tmp_path, seed=seed, **over)
     return _make
 
 

@@ -21,12 +21,7 @@ from gguf_models import REQUIRED, need as _need
 FAMILIES = ["llada", "lladamoe", "dream"]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")   # conftest: one torch thread
 
 
 @pytest.fixture(scope="module")

@@ -16,12 +16,7 @@ from gguf_models import need as _need
 KINDS = ["sdar", "sdar_moe", "Fast_dLLM_Qwen"]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")   # conftest: one torch thread
 
 
 @pytest.fixture(scope="module")

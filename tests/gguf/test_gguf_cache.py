@@ -19,12 +19,7 @@ FAMILIES = ["llada", "dream"]
 MODES = ["none", "prefix", "dual"]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")   # conftest: one torch thread
 
 
 def _write(family, folder, seed=3, length=1024):

@@ -23,12 +23,7 @@ from convert_helpers import (BLOCK, MASKED, Q_BLOCK, block_checkpoint, convert, 
 from gguf_models import need
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")   # conftest: one torch thread
 
 
 def _torch_logits(ckpt, ids):

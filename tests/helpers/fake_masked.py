@@ -126,3 +126,17 @@ class CharTok:
 
     def decode(self, ids, skip_special_tokens=True):
         return "".join(chr(0x41 + (int(i) - 3)) for i in ids if 3 <= int(i) < 36)
+
+
+def fake_model(monkeypatch, tmp_path, seed: int = 0, scale: float = 3.0, tokenizer=None, **over):
+    """A localdiff ``Model`` over a :class:`FakeMaskedNet` (fp32, CPU) registered as a masked-family model_type for the
+    test (``monkeypatch``); ``over`` replaces fields of the config (by default no EOS and no pad token)."""
+    import dataclasses
+
+    from localdiff.arch import REGISTRY, ArchEntry
+    from localdiff.engine import Model
+
+    cfg = dataclasses.replace(FakeMaskedConfig(eos_token_id=(), pad_token_id=None), **over)
+    monkeypatch.setitem(REGISTRY, cfg.model_type, ArchEntry("fake_masked", "fake_masked", "masked"))
+    return Model(FakeMaskedNet(cfg, seed=seed, scale=scale), cfg, tokenizer, tmp_path, "fake", "cpu", torch.float32,
+                 None, {})

@@ -23,9 +23,9 @@ def stand_in():
         yield h
 
 
-@pytest.fixture
-def cache(tmp_path, stand_in, monkeypatch):
-    """In-process: point huggingface_hub and localdiff at the stand-in and a fresh cache under tmp_path."""
+def point_hub_at(stand_in: StandInHub, tmp_path: Path, monkeypatch) -> Path:
+    """In-process: huggingface_hub (and so localdiff) talks to ``stand_in``, with no token, online, its cache a fresh
+    folder under ``tmp_path``; returns that cache folder."""
     from huggingface_hub import constants
 
     hub_dir = tmp_path / "hf" / "hub"
@@ -38,6 +38,13 @@ def cache(tmp_path, stand_in, monkeypatch):
     monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    return hub_dir
+
+
+@pytest.fixture
+def cache(tmp_path, stand_in, monkeypatch):
+    """:func:`point_hub_at` the stand-in, on a fixed machine for the fit check (64 GiB RAM, no GPU)."""
+    hub_dir = point_hub_at(stand_in, tmp_path, monkeypatch)
     import localdiff.hub.fit as machine                        # the fit check sees a fixed machine, not this one
 
     monkeypatch.setattr(machine, "ram_bytes", lambda: 64 * 2**30)

@@ -54,6 +54,34 @@ def write_checkpoint(path, raw: dict = TINY, seed: int = 0):
     return path
 
 
+def sharp_model(folder, seed: int = 11):
+    """A loaded fp32 localdiff model of a :data:`TINY` checkpoint written to ``folder`` whose head is scaled ×3 (sharp
+    logits: thresholds commit several tokens per step) and whose EOS row ×1.8 more (EOS shows up in some answers)."""
+    import localdiff
+    import torch
+    from localdiff.arch.llada2_moe import checkpoint_names
+
+    state = random_state(TINY, seed=seed)
+    state["lm_head.weight"] = state["lm_head.weight"] * 3.0
+    state["lm_head.weight"][TINY["eos_token_id"]] *= 1.8
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({checkpoint_names(k)[0]: v.contiguous() for k, v in state.items()}, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(TINY))
+    return localdiff.load(str(folder), dtype=torch.float32)
+
+
+def full_logits_fn(m):
+    """``x [1, L] int64 → logits [1, L, V] fp32`` of ``m``'s net over the whole sequence, the mask id never predicted
+    (as in our decoders): the uncached model call the upstream transcriptions take."""
+    import torch
+
+    def fn(x):
+        out = m.net.logits_full(x).clone()
+        out[..., TINY["mask_token_id"]] = -torch.inf
+        return out
+    return fn
+
+
 def glm4_reference(raw: dict, seed: int = 0):
     """transformers' Glm4MoeForCausalLM carrying the same weights as :func:`build` (q/k/v split from the fused
     projection; experts stacked [E, 2I, H] / [E, H, I]; the attention output bias added when ``use_bias``)."""

@@ -6,12 +6,27 @@ import socket
 import threading
 import time
 
+import httpx
 import uvicorn
 
 import localdiff
 from localdiff.serve import uvicorn_config
 from localdiff.serve.app import ServerSettings, build_app
 from localdiff.serve.worker import ModelWorker
+
+
+def wait_healthy(url: str, proc, timeout: float) -> None:
+    """Wait until the server at ``url`` answers ``GET /health`` with 200; fails if ``proc`` (its subprocess.Popen)
+    exits first or ``timeout`` seconds pass."""
+    t0 = time.monotonic()
+    while True:
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() - t0 < timeout and proc.poll() is None, "the server did not start"
+        time.sleep(0.1)
 
 
 class LogTrap(logging.Handler):

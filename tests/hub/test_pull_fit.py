@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from hub_fixtures import point_hub_at
 from hub_stand_in import StandInHub, tiny_checkpoint_files
 
 import localdiff.hub.fit as machine
@@ -35,19 +36,7 @@ def stand_in():
 
 @pytest.fixture
 def cache(tmp_path, stand_in, monkeypatch):
-    from huggingface_hub import constants
-
-    hub_dir = tmp_path / "hf" / "hub"
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub_dir))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
-    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
-    monkeypatch.setattr(constants, "HF_STORED_TOKENS_PATH", str(tmp_path / "no-tokens"))
-    monkeypatch.setenv("HF_ENDPOINT", stand_in.url)
-    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    return hub_dir
+    return point_hub_at(stand_in, tmp_path, monkeypatch)
 
 
 def test_a_pull_that_cannot_fit_is_refused_before_any_request(cache, stand_in, monkeypatch, capsys):

@@ -137,7 +137,7 @@ def _greedy(net, prompt, blocks, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_int8_block_model_native_equals_torch_path(fresh, dtype):
     """A tiny SDAR-layout model in int8: greedy tokens equal the torch int8 path's, logits within tolerance."""
-    from tests.block_models import build_net
+    from block_models import build_net
 
     _, net = build_net("sdar", seed=3, hidden_size=48, intermediate_size=80)   # k = 48, 80: int8pack-able too
     net = quantize_model(net.to(dtype))
@@ -167,7 +167,7 @@ def test_sdar_recipe_int8_head(tmp_path):
     quantize_model; its logits equal the dequantized head's; other recipes keep the float head."""
     from localdiff.loader import load_model
     from localdiff.quantize.recipe import DEFAULT_RECIPE, Recipe, RecipeError, load_recipe, recipe_for_model
-    from tests.block_models import build_net, write_checkpoint
+    from block_models import build_net, write_checkpoint
 
     rec = recipe_for_model("sdar:1.7b")
     assert rec.name == "sdar" and rec.head == "int8" and DEFAULT_RECIPE.head == "float"

@@ -14,7 +14,8 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from servehelpers import Running
+from cli_fixtures import isolated_config  # noqa: F401  (fixture)
+from servehelpers import Running, wait_healthy
 
 from localdiff.cli import main as cli_main
 
@@ -29,14 +30,6 @@ def server():
     s = Running()
     yield s
     s.stop()
-
-
-@pytest.fixture
-def isolated_config(tmp_path, monkeypatch):
-    for k in [k for k in os.environ if k.startswith("LOCALDIFF_")]:
-        monkeypatch.delenv(k)
-    (tmp_path / "none.toml").touch()   # LOCALDIFF_CONFIG names it: a missing named file is an error
-    monkeypatch.setenv("LOCALDIFF_CONFIG", str(tmp_path / "none.toml"))
 
 
 def gen_text(capsys, prompt, seed, *extra) -> str:
@@ -229,15 +222,7 @@ def test_serve_command_binds_locally_and_refuses_open_hosts_without_a_key(tmp_pa
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         url = f"http://127.0.0.1:{port}"
-        t0 = time.monotonic()
-        while True:
-            try:
-                if httpx.get(url + "/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() - t0 < 60 and p.poll() is None
-            time.sleep(0.1)
+        wait_healthy(url, p, 60)
         body = {"model": "tiny", "messages": [{"role": "user", "content": PROMPTS[0]}], "seed": 0}
         assert httpx.post(url + "/v1/chat/completions", json=body).status_code == 401
         ok = openai.OpenAI(base_url=url + "/v1", api_key="s3cret").chat.completions.create(**body)

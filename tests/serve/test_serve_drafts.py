@@ -8,13 +8,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
-from servehelpers import Running
+from cli_fixtures import isolated_config  # noqa: F401  (fixture)
+from servehelpers import Running, wait_healthy
 
 import localdiff
 from localdiff.serve.drafts import Drafts
@@ -90,14 +90,6 @@ def test_drafts_go_with_causal_models_only():
     assert Drafts("tiny-dflash").for_model("tiny-bd") is None and Drafts(None).for_model("tiny-qwen3") is None
 
 
-@pytest.fixture
-def isolated_config(tmp_path, monkeypatch):
-    for k in [k for k in os.environ if k.startswith("LOCALDIFF_")]:
-        monkeypatch.delenv(k)
-    (tmp_path / "none.toml").touch()
-    monkeypatch.setenv("LOCALDIFF_CONFIG", str(tmp_path / "none.toml"))
-
-
 def _env(tmp_path) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALDIFF_")}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
@@ -128,15 +120,7 @@ def test_serve_draft_auto_from_the_command_line(tmp_path, alone):
                          text=True)
     try:
         url = f"http://127.0.0.1:{port}"
-        t0 = time.monotonic()
-        while True:
-            try:
-                if httpx.get(url + "/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() - t0 < 120 and p.poll() is None
-            time.sleep(0.1)
+        wait_healthy(url, p, 120)
         msgs = [{"role": "user", "content": QUESTIONS[0]}]
         r = openai.OpenAI(base_url=url + "/v1", api_key="x").chat.completions.create(
             model="tiny-qwen3", messages=msgs, temperature=0, max_tokens=20)

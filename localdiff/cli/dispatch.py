@@ -24,14 +24,14 @@ SAMPLER_HELP = "sampler settings (flag > LOCALDIFF_* env > config file > checkpo
 
 
 def _dtype(value: str) -> str:
-    from localdiff.config import dtype_name
+    from localdiff.setting_values import dtype_name
 
     return dtype_name(value, "--dtype")
 
 
 def _threads(value: str) -> int:
-    """``--threads N``: 1 … 4 × the CPU count (``config.check_threads``; 100,000 crashed torch)."""
-    from localdiff.config import check_threads
+    """``--threads N``: 1 … 4 × the CPU count (``setting_values.check_threads``; 100,000 crashed torch)."""
+    from localdiff.setting_values import check_threads
 
     return check_threads(value, "--threads")
 

@@ -72,7 +72,7 @@ def _gguf_file(name: str):
 
 def gguf_summary(path) -> dict:
     """``show``'s summary of a GGUF file (its header; torch-free, no llama-cpp-python needed)."""
-    from localdiff.backends.gguf_file import cache_modes, describe as read_gguf
+    from localdiff.backends.gguf_config import cache_modes, describe as read_gguf
 
     h, c = read_gguf(path)
     out = {"backend": "gguf (llama.cpp through llama-cpp-python)", "engine": "llama.cpp", "quant": c.quant,

@@ -87,7 +87,8 @@ def list_models(cache_dir: Path | None = None) -> list[dict]:
 def _gguf_rows(storage: Path, repo: str, rev: str, commit: str) -> list[dict]:
     """One row per complete GGUF file of a snapshot without config.json: named ``org/repo[@rev]:QUANT`` (or the
     catalog's ``<alias>-<quant>``), backend "gguf", quant from the file's header."""
-    from localdiff.backends.gguf_file import cache_modes, read_header
+    from localdiff.backends.gguf_config import cache_modes
+    from localdiff.backends.gguf_file import read_header
 
     snap = storage / "snapshots" / commit
     rows = []

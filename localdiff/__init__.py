@@ -74,7 +74,7 @@ def load(name="tiny", device=None, dtype=None, quant=None, gpu_mem=None, threads
     """
     import torch
 
-    from localdiff.config import check_threads
+    from localdiff.setting_values import check_threads
     from localdiff.engine import Model, read_generation_config
     from localdiff.errors import UsageError
     from localdiff.loader import gguf_target, load_model
@@ -117,7 +117,7 @@ def load(name="tiny", device=None, dtype=None, quant=None, gpu_mem=None, threads
             raise UsageError(f"invalid dtype {dtype!r} (use float32, bfloat16 or float16)")
         dtype = _DTYPES[dtype] and getattr(torch, _DTYPES[dtype])
     if dtype is None and os.environ.get("LOCALDIFF_DTYPE", "").strip():   # the same set and error as gen --dtype
-        from localdiff.config import dtype_name
+        from localdiff.setting_values import dtype_name
 
         dtype = getattr(torch, dtype_name(os.environ["LOCALDIFF_DTYPE"], "LOCALDIFF_DTYPE"))
     precision = None

@@ -1,4 +1,5 @@
-"""Checks of the Python API's generation arguments, with the command line's messages (``localdiff.config.coerce``).
+"""Checks of the Python API's generation arguments, with the command line's messages
+(``localdiff.setting_values.coerce``).
 
 ``Model.generate`` / ``Model.stream`` call these before any work: a bad argument raises ``localdiff.errors.UsageError``
 with one clear line, never a raw ValueError / TypeError / RuntimeError from deep inside torch. Sampler options are
@@ -8,8 +9,8 @@ from __future__ import annotations
 
 import numbers
 
-from localdiff.config import coerce
 from localdiff.errors import UsageError
+from localdiff.setting_values import coerce
 
 #: Chat roles the prompt may use (what the chat templates of the supported families render).
 ROLES = ("system", "user", "assistant")

@@ -26,11 +26,11 @@ import numpy as np
 import torch
 
 from localdiff.arch.base import ROLE_LOGITS
-from localdiff.backends.gguf_file import GGUFConfig, describe
+from localdiff.backends.gguf_config import GGUFConfig, describe
 from localdiff.backends.gguf_tokenizer import GGUFTokenizer
 # the shared llama.cpp setup (re-exported: other modules import these names from here)
-from localdiff.backends.llama_lib import (EXTRA_HINT, GROW, BackendMissingError, _LOG_TAIL,  # noqa: F401
-                                          gpu_layers_value, llama_cpp, load_model, version)
+from localdiff.backends.llama_lib import (  # noqa: F401
+    EXTRA_HINT, GROW, BackendMissingError, _LOG_TAIL, gpu_layers_value, llama_cpp, load_model, version)
 from localdiff.errors import CheckpointError, LocaldiffError, UsageError
 
 class GGUFNet:

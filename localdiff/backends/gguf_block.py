@@ -27,7 +27,7 @@ import torch
 
 from localdiff.arch.base import ROLE_DENOISE, ROLE_LOGITS, ROLE_PREFILL
 from localdiff.backends.llama_lib import llama_cpp, load_model
-from localdiff.backends.gguf_file import GGUFConfig
+from localdiff.backends.gguf_config import GGUFConfig
 from localdiff.backends.llama_seq import SeqContext, grown, size_for
 from localdiff.errors import CheckpointError, UsageError
 

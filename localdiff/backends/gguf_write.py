@@ -28,7 +28,8 @@ causality off per batch. localdiff's own keys (:data:`LOCALDIFF_KEYS`): ``locald
 
 Tensor types: 1-D tensors (norms, biases) and the MoE router stay F32 (as llama.cpp's converter keeps them); the
 rest is written in the chosen type (F32 / F16 / BF16, round-to-nearest-even by torch). Tensors are read one at a
-time (memory-mapped safetensors) and streamed into the file, so memory stays at about one tensor.
+time (memory-mapped safetensors) and streamed into the file, so memory stays at about one tensor. Tensor names, the
+RoPE permutation and the tensors each graph needs: :mod:`localdiff.backends.gguf_tensors`.
 """
 from __future__ import annotations
 
@@ -39,6 +40,8 @@ from typing import Callable
 
 import torch
 
+from localdiff.backends.gguf_tensors import (IGNORED, Tensor, expected_tensors, gguf_name, layer_index, order_key,
+                                             shard_reader, tensor_loader, tensor_order)
 from localdiff.backends.gguf_vocab import end_tokens, read_vocab, write_vocab
 from localdiff.errors import CheckpointError, UsageError
 from localdiff.paths import read_json
@@ -52,43 +55,6 @@ NO_LLAMA_CPP = {"diffusion_gemma": "DiffusionGemma", "llada2_moe": "LLaDA2.x", "
 LOCALDIFF_KEYS = ("localdiff.model_type", "localdiff.family", "localdiff.mask_token_id", "localdiff.block_length")
 #: the types written directly; llama_ftype of each (``general.file_type``)
 DIRECT = {"F32": 0, "F16": 1, "BF16": 32}
-_HF_LAYER = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-             "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
-             "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate",
-             "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down", "mlp.gate": "ffn_gate_inp"}
-_HF_TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-           "lm_head.weight": "output.weight"}
-_LLADA_LAYER = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "attn_out": "attn_output",
-                "ff_proj": "ffn_gate", "up_proj": "ffn_up", "ff_out": "ffn_down", "attn_norm": "attn_norm",
-                "ff_norm": "ffn_norm"}
-_LLADA_TOP = {"model.transformer.wte.weight": "token_embd.weight", "model.transformer.ln_f.weight":
-              "output_norm.weight", "model.transformer.ff_out.weight": "output.weight"}
-_IGNORED = re.compile(r"(rotary_emb\.inv_freq|\.rope\.|_float16|num_batches_tracked)")
-
-
-def permute_rope_rows(w: torch.Tensor, n_head: int) -> torch.Tensor:
-    """Half-split RoPE rows → interleaved pairs, per head (llama.cpp ``LLaDAModel.permute``): w [n_head·D, ...]."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-@dataclass
-class Tensor:
-    """One GGUF tensor to write: ``name``, torch-order ``shape``, ggml ``dtype`` name ("F32" / "F16" / "BF16"),
-    and ``load()`` → torch tensor (read from the checkpoint, transformed)."""
-
-    name: str
-    shape: tuple
-    dtype: str
-    load: Callable[[], torch.Tensor]
-
-    @property
-    def nbytes(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= int(s)
-        return n * (4 if self.dtype == "F32" else 2)
-
-
 @dataclass
 class Plan:
     """What :func:`plan` found: ``arch`` (llama.cpp), ``model_type`` / ``family`` (localdiff keys), ``config``
@@ -139,52 +105,6 @@ def _check_supported(key: str, cfg, path: Path) -> None:
         raise CheckpointError(f"{path}: clip_qkv is not computed by llama.cpp")
 
 
-def _map_name(name: str, llada: bool) -> tuple[str | None, int | None]:
-    """(GGUF name, expert index) of a checkpoint tensor name; (None, None) when it has no counterpart."""
-    if llada:
-        if name in _LLADA_TOP:
-            return _LLADA_TOP[name], None
-        m = re.fullmatch(r"model\.transformer\.blocks\.(\d+)\.(\w+)\.weight", name)
-        if m and m.group(2) in _LLADA_LAYER:
-            return f"blk.{m.group(1)}.{_LLADA_LAYER[m.group(2)]}.weight", None
-        return None, None
-    if name in _HF_TOP:
-        return _HF_TOP[name], None
-    m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)", name)
-    if not m:
-        return None, None
-    i, mod, leaf = m.groups()
-    e = re.fullmatch(r"mlp\.experts\.(\d+)\.(gate|up|down)_proj", mod)
-    if e and leaf == "weight":
-        return f"blk.{i}.ffn_{e.group(2)}_exps.weight", int(e.group(1))
-    if mod in _HF_LAYER:
-        return f"blk.{i}.{_HF_LAYER[mod]}.{leaf}", None
-    return None, None
-
-
-def _reader(files: dict):
-    """(get, shape, dtype) of memory-mapped safetensors shards: name → torch tensor / shape / dtype string."""
-    from safetensors import safe_open
-
-    handles = {}
-
-    def handle(name: str):
-        f = files[name]
-        if f not in handles:
-            handles[f] = safe_open(str(f), framework="pt", device="cpu")
-        return handles[f]
-
-    return (lambda n: handle(n).get_tensor(n), lambda n: tuple(handle(n).get_slice(n).get_shape()),
-            lambda n: handle(n).get_slice(n).get_dtype())
-
-
-def _loader(get, name: str, heads: int | None = None):
-    """A ``load()`` for one tensor; with ``heads`` its rows are permuted for llama.cpp's NORM RoPE."""
-    if heads is None:
-        return lambda: get(name)
-    return lambda: permute_rope_rows(get(name), heads)
-
-
 def plan(ckpt: Path, dtype: str = "F32") -> Plan:
     """Inspect checkpoint folder ``ckpt`` and list the GGUF tensors to write in ``dtype`` (F32 / F16 / BF16).
 
@@ -215,13 +135,13 @@ def plan(ckpt: Path, dtype: str = "F32") -> Plan:
     arch, mt, family = ARCHS[key]
     p = Plan(ckpt, arch, mt, family, cfg)
     files = weight_map(ckpt)
-    get, shape, sdtype = _reader(files)
+    get, shape, sdtype = shard_reader(files)
     llada = key == "llada"
     single, experts = {}, {}
     for name in files:
-        if _IGNORED.search(name):
+        if IGNORED.search(name):
             continue
-        out, e = _map_name(name, llada)
+        out, e = gguf_name(name, llada)
         if out is None:
             raise CheckpointError(f"{ckpt}: tensor {name!r} has no counterpart in llama.cpp's {arch} graph")
         if e is None:
@@ -231,11 +151,11 @@ def plan(ckpt: Path, dtype: str = "F32") -> Plan:
     if "output.weight" not in single and arch in ("llada", "llada-moe", "dream"):
         single["output.weight"] = single.get("token_embd.weight")     # a tied head: these graphs need the tensor
     names = set(single) | set(experts)
-    missing = sorted(_expected(arch, cfg) - names, key=_order_name)
+    missing = sorted(expected_tensors(arch, cfg) - names, key=order_key)
     if missing or single.get("token_embd.weight") is None:
         raise CheckpointError(f"{ckpt}: no tensor for llama.cpp's {(missing or ['token_embd.weight'])[0]}"
                               + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
-    extra = sorted(n for n in names if _layer(n) >= cfg.num_hidden_layers)
+    extra = sorted(n for n in names if layer_index(n) >= cfg.num_hidden_layers)
     if extra:
         raise CheckpointError(f"{ckpt}: tensor {extra[0]} is beyond num_hidden_layers ({cfg.num_hidden_layers})")
     seen = set()
@@ -247,7 +167,7 @@ def plan(ckpt: Path, dtype: str = "F32") -> Plan:
         if llada and re.search(r"\.attn_[qk]\.weight$", out):
             heads = cfg.num_attention_heads if ".attn_q." in out else cfg.num_key_value_heads
         kind = "F32" if len(x_shape) <= 1 or out.endswith("ffn_gate_inp.weight") else dtype
-        p.tensors.append(Tensor(out, x_shape, kind, _loader(get, name, heads)))
+        p.tensors.append(Tensor(out, x_shape, kind, tensor_loader(get, name, heads)))
     for out, members in sorted(experts.items()):
         if sorted(members) != list(range(cfg.num_experts)):
             raise CheckpointError(f"{ckpt}: {out}: experts {sorted(members)[:4]}... of {cfg.num_experts}")
@@ -257,41 +177,10 @@ def plan(ckpt: Path, dtype: str = "F32") -> Plan:
                                 (lambda ns: lambda: torch.stack([get(n) for n in ns]))(names)))
     seen.discard("")
     p.source_dtype = "BF16" if seen == {"BF16"} else ("F16" if seen == {"F16"} else "F32")
-    p.tensors.sort(key=_order)
+    p.tensors.sort(key=tensor_order)
     p.vocab = read_vocab(ckpt, int(p.tensors[[t.name for t in p.tensors].index("token_embd.weight")].shape[0]))
     p.notes += p.vocab["notes"]
     return p
-
-
-def _expected(arch: str, c) -> set:
-    """The tensors llama.cpp's ``arch`` graph needs (biases and tied heads aside)."""
-    out = {"output_norm.weight"}
-    moe = arch in ("llada-moe", "qwen3moe")
-    for i in range(c.num_hidden_layers):
-        names = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm"]
-        names += ["ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"] if moe else \
-            ["ffn_gate", "ffn_up", "ffn_down"]
-        if arch in ("qwen3", "qwen3moe") or (arch == "llada-moe" and c.qk_norm):
-            names += ["attn_q_norm", "attn_k_norm"]
-        out |= {f"blk.{i}.{n}.weight" for n in names}
-        if arch in ("qwen2", "dream"):
-            out |= {f"blk.{i}.attn_{p}.bias" for p in "qkv"}
-    return out
-
-
-def _layer(name: str) -> int:
-    """The layer index of a ``blk.N.*`` name; -1 for the others."""
-    m = re.match(r"blk\.(\d+)\.", name)
-    return int(m.group(1)) if m else -1
-
-
-def _order_name(name: str):
-    i = _layer(name)
-    return (0, i, name) if i >= 0 else ((-1 if name == "token_embd.weight" else 1), 0, name)
-
-
-def _order(t: Tensor):
-    return _order_name(t.name)
 
 
 def write_metadata(w, p: Plan, ftype: int) -> None:

@@ -13,8 +13,8 @@ SECTIONS = ("ref", "eval", "sweep", "history", "memory", "profile", "serve", "ma
 
 
 def _threads(value: str) -> int:
-    """``--threads N``: 1 … 4 × the CPU count, as for ``localdiff gen`` (``config.check_threads``)."""
-    from localdiff.config import check_threads
+    """``--threads N``: 1 … 4 × the CPU count, as for ``localdiff gen`` (``setting_values.check_threads``)."""
+    from localdiff.setting_values import check_threads
 
     return check_threads(value, "--threads")
 

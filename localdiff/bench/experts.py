@@ -14,7 +14,7 @@ layer timed back to back would partly run from it).
 Reported per shape and kernel: ms per layer and per step (× layers), GB/s of expert weights read, the fraction of
 the weight-bandwidth bound (weights + rows in and out ÷ this core's streaming read rate,
 :func:`localdiff.bench.roofline.bandwidth`) and of the bf16 GEMM peak (routed FLOPs ÷ time ÷
-:func:`localdiff.bench.scale._gemm_peak`), and the speedup per repetition.
+:func:`localdiff.bench.scale_sides.gemm_peak`), and the speedup per repetition.
 """
 from __future__ import annotations
 
@@ -40,12 +40,13 @@ def measure(quick: bool, reps: int | None = None, sizes: list[str] | None = None
     from localdiff.kernels import experts as native_experts
     from localdiff.arch.layers import MoEExperts
     from localdiff.bench.roofline import _rand, bandwidth
-    from localdiff.bench.scale import CANVAS, SHAPES, _gemm_peak, text_config
+    from localdiff.bench.scale_shapes import CANVAS, SHAPES, text_config
+    from localdiff.bench.scale_sides import gemm_peak
     from localdiff.hugepages import resident
 
     reps = reps or (5 if quick else 15)
     evict = resident(torch.ones(evict_mib << 18))                          # fp32: evict_mib MiB
-    bw, peak = bandwidth(), _gemm_peak(torch.bfloat16) * 1e9       # bytes/s, FLOP/s
+    bw, peak = bandwidth(), gemm_peak(torch.bfloat16) * 1e9       # bytes/s, FLOP/s
     res = {"bandwidth_gbs": bw / 1e9, "peak_gflops": peak / 1e9, "native": native_experts.status(), "reps": reps,
            "canvas": CANVAS, "sizes": []}
     for name in sizes or (["150M"] if quick else ["150M", "1B"]):

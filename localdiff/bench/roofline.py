@@ -5,7 +5,7 @@ Roofline (Williams, Waterman, Patterson, CACM 2009): a kernel that does F FLOPs 
 memory and the core runs at most at ``min(peak, (F / B) · bandwidth)``. Here B counts each operand once (weights,
 activations read, results written: the least traffic any kernel needs), ``bandwidth`` is this core's measured
 streaming read rate (best of 5 ``sum`` over 256 MiB of fp32) and ``peak`` its measured bf16 GEMM rate
-(:func:`localdiff.bench.scale._gemm_peak`). Each component is timed alone at the step's shapes with random
+(:func:`localdiff.bench.scale_sides.gemm_peak`). Each component is timed alone at the step's shapes with random
 operands in huge pages (best of 3, CPU time), with the kernels localdiff's bf16 default runs:
 
 - experts: :class:`localdiff.arch.layers.MoEExperts` as the step runs it in bf16 (the native kernel of

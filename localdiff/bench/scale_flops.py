@@ -1,5 +1,5 @@
 """The scale section's FLOPs cross-check (issue #24): the matmul FLOPs a generation actually executes, counted op by op
-from the shapes torch dispatches, next to the arithmetic of :func:`localdiff.bench.scale.flops_per_step`.
+from the shapes torch dispatches, next to the arithmetic of :func:`localdiff.bench.scale_shapes.flops_per_step`.
 
 Counted with a ``TorchDispatchMode`` that applies torch's own FLOP formulas (``torch.utils.flop_counter``: ``mm``,
 ``addmm``, ``bmm``, ``baddbmm`` and the CUDA attention kernels, 2 FLOPs per multiply-add) to every op of the run,
@@ -102,7 +102,7 @@ class FlopCount(TorchDispatchMode):
 
 
 def group_arithmetic(by: dict) -> dict:
-    """:func:`localdiff.bench.scale.flops_per_step`'s components in :class:`FlopCount`'s five groups."""
+    """:func:`localdiff.bench.scale_shapes.flops_per_step`'s components in :class:`FlopCount`'s five groups."""
     other = ("attention projections", "dense MLP", "router", "self-conditioning MLP")
     return {"experts": by["experts"], "LM head": by["LM head"],
             "self-conditioning product": by["self-conditioning product"],
@@ -127,7 +127,7 @@ def prefill_flops(text: dict, rows: int) -> dict:
 
 
 def cross_check(side, ids: torch.Tensor, text: dict, steps_arith: dict, prompt: int) -> dict:
-    """Count one canvas generation of ``side`` (a :class:`localdiff.bench.scale._Side`) and compare.
+    """Count one canvas generation of ``side`` (a :class:`localdiff.bench.scale_sides.Side`) and compare.
 
     Returns {"forwards", "counted": {component: FLOPs per canvas step}, "arithmetic": {component: the same from the
     shapes, the self-conditioning product in F − 1 of the F steps}, "counted_total", "arithmetic_total", "ratio"
@@ -150,8 +150,8 @@ def cross_check(side, ids: torch.Tensor, text: dict, steps_arith: dict, prompt: 
 def real_vocab(name: str, text: dict, build, make_side, ids: torch.Tensor, prompt: int, arith: dict,
                log=print) -> dict:
     """The cross-check at a model's real vocabulary (``text["vocab_size"]``): ``build(folder, text)`` writes a
-    random checkpoint, ``make_side(key, folder)`` loads one side (:class:`localdiff.bench.scale._Side`); one canvas of
-    localdiff's default and of the reference (bf16) is counted, not timed. Returns {"name", "vocab", side key:
+    random checkpoint, ``make_side(key, folder)`` loads one side (:class:`localdiff.bench.scale_sides.Side`); one
+    canvas of localdiff's default and of the reference (bf16) is counted, not timed. Returns {"name", "vocab", side key:
     :func:`cross_check`'s dict}."""
     import gc
     import tempfile

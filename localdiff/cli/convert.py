@@ -17,7 +17,7 @@ TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_K_M", "Q5_K_M", "Q6_K")
 
 
 def add_parser(sub) -> None:
-    """The ``convert`` subcommand's arguments (called by :func:`localdiff.cli.dispatch.build_parser`)."""
+    """The ``convert`` subcommand's arguments (called by :func:`localdiff.cli.parser.build_parser`)."""
     cv = sub.add_parser("convert", help="write a GGUF file (llama.cpp) from a checkpoint",
                         description="Convert a LLaDA, LLaDA-MoE, Dream, SDAR, SDAR-MoE or Fast-dLLM v2 checkpoint "
                                     "(folder or pulled model) to GGUF; quantized types use llama.cpp's quantizer.")

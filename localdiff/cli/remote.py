@@ -149,7 +149,8 @@ def refuse_local_flags(args) -> None:
 def run_gen_remote(args) -> int:
     """``localdiff gen --endpoint URL``: stream the answer from the server to stdout (or one JSON object)."""
     from localdiff.backends.remote import RemoteClient, RemoteModel, request_fields
-    from localdiff.cli.gen import _text_filter, assemble_prompt
+    from localdiff.cli.gen import _text_filter
+    from localdiff.cli.prompt_input import assemble_prompt
     from localdiff.safetext import json_dumps
 
     prompt = assemble_prompt(args)

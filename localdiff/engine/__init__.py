@@ -19,6 +19,7 @@ from localdiff import inputs
 from localdiff.arch import entry_for
 from localdiff.decoding.defaults import read_generation_config  # noqa: F401
 from localdiff.decoding.options import DECODER, POLICIES, choose, policy_for_family, runnable
+from localdiff.engine.model_info import installed_models, model_card  # noqa: F401  (front ends import them here)
 from localdiff.engine.request import Request
 from localdiff.errors import TokenizerMissingError, UsageError
 from localdiff.events import Done, GenerationStats
@@ -283,44 +284,6 @@ class Model:
             if isinstance(ev, Done):
                 done = ev
         return Generation(done.text, done.token_ids, done.stats, done.finish_reason, done.seed, done.options)
-
-
-def installed_models() -> list[dict]:
-    """Models that load without a download (embedded + fully pulled): ``localdiff.hub.models.list_models()``.
-    The chat's model switcher reads this, so the UI talks to the engine only."""
-    from localdiff.hub import models as hub
-
-    return list(hub.list_models())
-
-
-def model_card(model) -> dict:
-    """What the catalog says about a model, for front ends (the chat's start-up line, single-turn handling).
-
-    Args:
-        model: a :class:`Model` or a name ("tiny", "org/repo[@rev]", a checkpoint folder).
-    Returns:
-        {"name", "description", "single_turn": bool, "prompt_examples": list[str]}; empty description, False and
-        [] for a model the catalog does not know (a folder or an uncatalogued repo).
-    """
-    from pathlib import Path
-
-    from localdiff.hub import catalog
-
-    name = str(getattr(model, "name", model) or "")
-    path = getattr(model, "path", None)
-    entry = None
-    try:
-        entry = catalog.lookup(name) or catalog.entry_for_repo(name.split("@", 1)[0])
-        if entry is None and (path is not None or Path(name).is_dir()):
-            where = Path(path if path is not None else name).resolve()
-            entry = next((e for e in catalog.entries() if e.embedded_path is not None
-                          and Path(e.embedded_path).resolve() == where), None)
-    except Exception:  # a broken catalog must not stop a chat from starting
-        entry = None
-    if entry is None:
-        return {"name": name, "description": "", "single_turn": False, "prompt_examples": []}
-    return {"name": name, "description": entry.description, "single_turn": bool(entry.single_turn),
-            "prompt_examples": list(entry.prompt_examples)}
 
 
 def _left_pad(rows: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -63,7 +63,7 @@ def memory_estimate(cfg: dict, weight_bytes: int, gpu: int | None = None, ram: i
         (one-line text, fits) — fits False when the model runs here in no precision localdiff offers — or None
         when nothing useful can be said.
     """
-    from localdiff.quantize.plan import INT4_BYTES_PER_WEIGHT
+    from localdiff.quantize.plan_bytes import INT4_BYTES_PER_WEIGHT
 
     gpu = gpu_mem_bytes() if gpu is None else gpu
     ram = ram_bytes() if ram is None else ram

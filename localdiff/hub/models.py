@@ -7,7 +7,8 @@ A model name is one of:
 - a path to a checkpoint directory (anything containing a path separator or naming an existing folder).
 
 Downloads go to the standard Hugging Face cache (``HF_HOME`` / ``HF_HUB_CACHE``), so ``hf download`` and
-``localdiff pull`` share files. See ``pull.py`` for the download itself and ``hf_cache.py`` for the layout.
+``localdiff pull`` share files. See ``pull.py`` for the download itself, ``installed.py`` for what is installed
+(``list_models``) and ``hf_cache.py`` for the layout.
 """
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ from localdiff.hub import catalog, gguf_names
 from localdiff.hub.catalog import CatalogEntry
 from localdiff.errors import CheckpointError, ModelNotFoundError, UsageError
 from localdiff.hub.guard import changed_files
-from localdiff.hub.hf_cache import (cached_repos, hub_cache_dir, read_ref, remove_snapshot, repo_id_from_folder, repo_revisions, snapshot_status, storage_folder)
+from localdiff.hub.hf_cache import (hub_cache_dir, read_ref, remove_snapshot, repo_id_from_folder, snapshot_status,
+                                    storage_folder)
+from localdiff.hub.installed import list_models, read_config
 
 _REPO_RE = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.\-]*/[\w.\-]+)(?:@(?P<rev>[\w.\-/]+))?$")
 
@@ -216,106 +219,6 @@ def describe_path(path: Path) -> str:
     return str(path)
 
 
-def _read_config(folder: Path) -> dict:
-    try:
-        data = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError, UnicodeDecodeError):
-        return {}
-
-
-def _weights_kind(cfg: dict) -> str:
-    """A short precision label: the quantization method, else the stored dtype."""
-    q = cfg.get("quantization_config")
-    if isinstance(q, dict):
-        return str(q.get("quant_method") or q.get("bits") or "quantized")
-    return str(cfg.get("dtype") or cfg.get("torch_dtype") or (cfg.get("text_config") or {}).get("dtype") or "?")
-
-
-def _mark_draft(row: dict, cfg: dict) -> dict:
-    """``row`` with ``draft`` (bool) and, for a draft, ``draft_for`` (its catalog targets)."""
-    row["draft"] = catalog.is_draft(cfg)
-    if row["draft"]:
-        row["draft_for"] = catalog.draft_targets(row["name"])
-    return row
-
-
-def _dir_size(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
-
-
-def list_models(cache_dir: Path | None = None) -> list[dict]:
-    """Models ready to load: the embedded ones and every *complete* repo snapshot in the HF cache with a config.json.
-
-    Returns:
-        list of dicts with keys name, repo, revision, commit, size_bytes, quant, path, backend ("torch" / "gguf": one
-        row per pulled GGUF file, named ``org/repo:QUANT``), embedded, description, draft (a DFlash draft, which runs
-        only as ``--draft`` of a target; then also draft_for: its catalog targets) and,
-        for pulled repos, changed (repo paths modified since they were verified: run ``pull NAME --verify``).
-        Partial pulls are left out. Repos in the catalog are named by their alias.
-    """
-    out: list[dict] = []
-    for e in catalog.entries():
-        if e.embedded and (e.embedded_path / "config.json").is_file():
-            cfg = _read_config(e.embedded_path)
-            out.append(_mark_draft({"name": e.alias, "repo": None, "revision": None, "commit": None,
-                                    "size_bytes": _dir_size(e.embedded_path), "quant": _weights_kind(cfg),
-                                    "path": str(e.embedded_path), "backend": "torch", "embedded": True,
-                                    "description": e.description}, cfg))
-    for storage in cached_repos(cache_dir):
-        repo = repo_id_from_folder(storage)
-        for rev, commit in sorted(repo_revisions(storage).items()):
-            entry = catalog.entry_for_repo(repo)
-            allow = entry.allow_patterns if entry else catalog.DEFAULT_ALLOW_PATTERNS
-            ignore = entry.ignore_patterns if entry else catalog.DEFAULT_IGNORE_PATTERNS
-            snap = storage / "snapshots" / commit
-            cfg = _read_config(snap)
-            if not cfg:
-                out += _gguf_rows(storage, repo, rev, commit)
-                continue
-            status = snapshot_status(storage, commit, allow, ignore)
-            if not status.complete:
-                continue
-            if entry is not None and entry.revision in (rev, commit):
-                name = entry.alias
-            else:
-                name = repo if rev == "main" else f"{repo}@{rev}"
-            out.append(_mark_draft({"name": name, "repo": repo, "revision": rev, "commit": commit,
-                                    "size_bytes": status.size_bytes, "quant": _weights_kind(cfg), "path": str(snap),
-                                    "backend": "torch", "embedded": False,
-                                    "description": entry.description if entry else "",
-                                    "changed": changed_files(storage, commit, allow, ignore)}, cfg))
-    return out
-
-
-def _gguf_rows(storage: Path, repo: str, rev: str, commit: str) -> list[dict]:
-    """One row per complete GGUF file of a snapshot without config.json: named ``org/repo[@rev]:QUANT`` (or the
-    catalog's ``<alias>-<quant>``), backend "gguf", quant from the file's header."""
-    from localdiff.backends.gguf_file import cache_modes, read_header
-
-    snap = storage / "snapshots" / commit
-    rows = []
-    for f in sorted(snap.rglob("*.gguf")):
-        rel = str(f.relative_to(snap))
-        if not f.is_file() or not snapshot_status(storage, commit, (rel,), ()).complete:
-            continue
-        try:
-            h = read_header(f)
-            quant = h.quant
-        except CheckpointError:
-            continue
-        family = "block" if h.metadata.get("localdiff.family") == "block" else "masked"
-        entry = next((e for e in catalog.entries() if e.gguf_repo and e.gguf_repo.lower() == repo.lower()
-                      and e.gguf_revision in (rev, commit)), None)
-        name = f"{entry.alias}-{quant.lower()}" if entry else (repo if rev == "main" else f"{repo}@{rev}") + f":{quant}"
-        rows.append({"name": name, "repo": repo, "revision": rev, "commit": commit, "size_bytes": f.stat().st_size,
-                     "quant": quant, "path": str(f), "backend": "gguf", "embedded": False, "engine": "llama.cpp",
-                     "family": family, "cache": cache_modes(family, h.architecture),
-                     "description": entry.description if entry else "", "draft": False,
-                     "changed": changed_files(storage, commit, (rel,), ())})
-    return rows
-
-
 def remove(name: str) -> dict:
     """Delete a pulled model from the HF cache: its snapshot, refs, unshared blobs and partial files.
 
@@ -377,7 +280,7 @@ def model_config(name: str, allow_network: bool = True) -> tuple[dict, Path | No
     t = parse_name(name)
     try:
         folder = resolve_model(name)
-        return _read_config(folder), folder, str(folder)
+        return read_config(folder), folder, str(folder)
     except ModelNotFoundError:
         if t.kind != "repo":
             raise
@@ -392,4 +295,4 @@ def model_config(name: str, allow_network: bool = True) -> tuple[dict, Path | No
     from localdiff.hub.pull import fetch_config
 
     path = fetch_config(t)
-    return _read_config(path.parent), None, f"{t.label} config.json from the Hub (weights not pulled)"
+    return read_config(path.parent), None, f"{t.label} config.json from the Hub (weights not pulled)"

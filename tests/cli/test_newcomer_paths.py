@@ -1,5 +1,8 @@
-"""Session 6 newcomer findings on the command line: each case failed on the code before its fix (exit 0 on a failed
-write, a traceback-ish or Python-flavoured message, a silently empty answer, inconsistent accepted ranges)."""
+"""Command-line paths a first-time user hits: help written to a full device is an error (exit 1, one line);
+``--dtype`` and ``LOCALDIFF_DTYPE`` accept and refuse the same names with the same message; an out-of-range
+``--temperature`` is one usage error (never an empty answer or an internal error) while 0 and the bounds run; an empty
+revision after ``@`` is a usage error; ``quantize -o`` into a folder that cannot be created names it before any
+work."""
 from __future__ import annotations
 
 import errno
@@ -23,7 +26,7 @@ class FullDevice(io.StringIO):
 @pytest.mark.parametrize("argv", [["--help"], ["gen", "--help"], ["list", "-h"], ["bench", "--help"]],
                          ids=["top", "gen", "list", "bench"])
 def test_help_on_a_full_device_is_an_error(argv, isolated, monkeypatch, capsys):
-    """(argparse swallowed the write error: ``localdiff --help >/dev/full`` exited 0)"""
+    """``localdiff --help >/dev/full`` (and every subcommand's help) exits 1 with the write error on stderr."""
     monkeypatch.setattr("sys.stdout", FullDevice())
     assert main(argv) == 1
     assert capsys.readouterr().err == "error: No space left on device\n"
@@ -31,8 +34,8 @@ def test_help_on_a_full_device_is_an_error(argv, isolated, monkeypatch, capsys):
 
 @pytest.mark.parametrize("value", ["float16", " BFloat16 "])
 def test_dtype_flag_and_env_take_the_same_names(value, isolated, monkeypatch):
-    """(``--dtype`` refused float16, which LOCALDIFF_DTYPE took; the variable passed the start-up check in any case
-    but load() then refused it unless lower case)"""
+    """``--dtype`` and ``LOCALDIFF_DTYPE`` take the same names, in any case and with spaces around, and ``load``
+    runs in the dtype they name."""
     import localdiff
     from localdiff.cli.dispatch import build_parser
 
@@ -53,8 +56,8 @@ def test_dtype_flag_and_env_refuse_alike(isolated, monkeypatch, capsys):
 
 @pytest.mark.parametrize("value", ["1e308", "1e308:0.5", "0.5:1e308", "1e-40", "5e-324", "1e-320:0", "0.5:1e-9"])
 def test_out_of_range_temperature_is_refused(value, isolated, capsys):
-    """(``--temperature 1e308`` ran and printed an empty answer; 1e-40 was "internal error: RuntimeError:
-    probability tensor contains either inf, nan or element < 0", a 500 through serve)"""
+    """A temperature (or either end of a schedule) outside 0 or [0.001, 100] — huge, or so small the sampler's
+    probabilities would overflow — is one ``--temperature`` usage error (exit 2), before any generation."""
     assert main(["gen", "-p", "hi", "-n", "4", "--temperature", value]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --temperature") and "0 or a number in [0.001, 100]" in err and err.count("\n") == 1
@@ -67,14 +70,15 @@ def test_temperature_zero_and_the_bounds_are_accepted(value, isolated, capsys):
 
 @pytest.mark.parametrize("argv", [["pull", "org/repo@"], ["show", "org/repo@"]])
 def test_empty_revision_is_a_usage_error(argv, isolated, capsys):
-    """(``pull org/repo@`` was "unknown model 'org/repo@'", exit 1)"""
+    """``pull`` / ``show org/repo@``: an empty revision after ``@`` is a usage error (exit 2) saying what to give."""
     assert main(argv) == 2
     assert capsys.readouterr().err == ("error: org/repo@: empty revision after '@' (give a branch, tag or commit "
                                        "hash, or drop the '@')\n")
 
 
 def test_quantize_to_an_uncreatable_folder_names_it(isolated, tmp_path, capsys):
-    """(``quantize -o /proc/x`` quantized the model, then "internal error: FileNotFoundError: [Errno 2] ...")"""
+    """``quantize -o DIR`` where DIR cannot be created (under a file; under ``/proc``) is a usage error naming it,
+    given before the model is quantized; the file in the way is left as it was."""
     (tmp_path / "a-file").write_text("x")
     under_a_file = str(tmp_path / "a-file" / "x")          # uncreatable on every OS
     assert main(["quantize", "tiny", "-o", under_a_file]) == 2

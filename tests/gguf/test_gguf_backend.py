@@ -48,7 +48,7 @@ def _both(pair):
 def test_header_reader_agrees_with_the_gguf_package(files):
     import gguf
 
-    from localdiff.backends.gguf_file import describe
+    from localdiff.backends.gguf_config import describe
 
     for fam in FAMILIES:
         for _, path in files[fam].values():

@@ -1,16 +1,15 @@
-"""Session 10's newcomer findings on ``localdiff serve`` and ``gen --endpoint``, fixed in session 11.
+"""Edge cases of requests to ``localdiff serve`` and of ``gen --endpoint``.
 
-* ``temperature: 0`` was refused for every model ("there is no greedy mode"), though the masked, block and causal
-  decoders have one (their default): it now reaches the model's decoder, which takes it (LLaDA-style masked model:
-  the same text as in-process greedy decoding) or refuses it with one clear 400 (DiffusionGemma's canvas sampler).
-* Type errors quoted Python values (``True``, ``None``, ``nan``): now the JSON the client sent (``true``, ``null``);
-  ``NaN`` / ``Infinity``, which Python's parser reads but JSON has not, are a 400.
-* A stream its client left mid-answer was logged 200: now 499, as nginx logs it.
-* ``gen --endpoint --json`` without ``--seed`` had ``"seed": null`` beside the server's ``localdiff.seed``.
-
-Then session 11's newcomer: Ollama's ``keep_alive`` took any value (now a duration or seconds, else a 400); string
-type errors said ``(got bool)``; ``1e400`` said ``(got float)``; a raw control character gave "character at at";
-Ollama's ``options.seed`` / ``options.temperature`` were named without ``options.``.
+* ``temperature: 0`` reaches the model's decoder: the masked, block and causal decoders take it (their greedy
+  default; an LLaDA-style masked model gives the same text as in-process greedy decoding), DiffusionGemma's canvas
+  sampler refuses it with one clear 400 that names the field as sent and its ``param``.
+* Type errors show the JSON the client sent (``true``, ``null``, ``[1]``, ``"banana"``), never Python values or type
+  names; ``NaN`` / ``Infinity`` (not JSON) are a 400; ``1e400`` says "a number too large"; a raw control character
+  says where it is. Ollama's ``keep_alive`` takes a duration or seconds (else a 400), and Ollama's options are named
+  with ``options.``.
+* A stream its client left mid-answer is logged 499, as nginx logs it.
+* ``gen --endpoint --json`` without ``--seed`` reports the seed the server used.
+* Ollama's ``/api/ps`` and ``/api/tags`` report real sizes, expiry and modification times.
 """
 from __future__ import annotations
 
@@ -65,7 +64,7 @@ def test_temperature_zero_on_the_canvas_sampler_is_one_clear_400(server, path, b
     assert r.status_code == 400 and r.headers["content-type"].startswith("application/json")
     err = r.json()["error"]
     msg = err if isinstance(err, str) else err["message"]
-    named = "options.temperature: " if path.startswith("/api/") else "temperature: "   # as sent (session 12)
+    named = "options.temperature: " if path.startswith("/api/") else "temperature: "   # as sent
     assert msg.startswith(named) and "> 0" in msg and "no greedy mode" in msg, msg
 
 

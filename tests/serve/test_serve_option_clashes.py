@@ -1,11 +1,17 @@
-"""Left-overs of the serve issue fixed in round 2 session 12 (each test fails on the code before it).
+"""How ``localdiff serve`` names and settles a request's options, and what it reports about prefill and loading.
 
-* An option of another family's decoder named itself twice ("top_k: 'top_k' is an option of ...") and, over HTTP,
-  not as the client sent it: now "options.top_k: an option of ..." (Ollama) / "localdiff.top_k: ..." (OpenAI),
-  the ``param`` too; the engine's own errors for a request's temperature name it as sent as well.
-* A range error of ``temperature`` printed the value as a Python float ("(got -1.0)"): now as sent ("(got -1)").
-* A masked model's ``prompt_eval_duration`` (Ollama) and ``prefill_seconds`` (stats) were 0: each block's first
-  forward (over the prompt and the blocks before it) is now counted as prefill.
+* An option of another family's decoder is named once and as the client sent it: "options.top_k: an option of ..."
+  (Ollama) / "localdiff.top_k: ..." (OpenAI, the ``param`` too); the engine's own errors for a request's temperature
+  and its range errors name it and show the value as sent ("(got -1)", never a Python float).
+* One setting given twice (``temperature`` beside ``localdiff.t_max``, ``steps`` beside ``max_denoising_steps``,
+  ``max_tokens`` beside ``max_completion_tokens``) or unusable (``events`` without streaming) is a 400 naming both;
+  the same setting given once runs. An option whose range depends on the model is checked against its decoder.
+* Control characters in JSON bodies are escaped and shown visibly in the log; requests the HTTP parser refuses get a
+  JSON 400; the queue-full message counts in words.
+* ``gen --endpoint`` maps ``--temperature`` as a local run does, refuses ``--dtype`` and reports stats with ``-v``.
+* Prefill is counted: a masked model's ``prompt_eval_duration`` (Ollama) / ``prefill_seconds`` (each block's first
+  forward, over the prompt and the blocks before it), the worker's own accounting (only the first step where
+  canvases are not fused), and Ollama's ``load_duration`` of a model a request named.
 """
 from __future__ import annotations
 
@@ -83,7 +89,7 @@ def test_unknown_option_names_what_was_typed_once():
     assert str(unknown_option("alg", "--alg", cls)).startswith("--alg: 'alg' is an option of the dream decoder")
 
 
-# ---- session 12's newcomer findings ---------------------------------------------------------------------------
+# ---- a setting given twice or unusable, escaping, the HTTP parser's refusals, --endpoint, accounting --------------
 M = [{"role": "user", "content": "hi"}]
 
 

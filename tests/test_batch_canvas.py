@@ -336,3 +336,10 @@ def test_the_canvas_bench_section_renders_its_table_ranges_and_gemm_fraction():
     md = "\n".join(serve_batch_canvas.render_md(sec))
     assert "| canvas 150M, bfloat16 | 4 | 40.00 [38.00–41.50] (1.33×) | 10.00 (0.33×) | 6.00 | 30.00 |" in md
     assert "| 8 | 1700 (1600–1900) | 112.9 | 52.3 % |" in md and "3.00 → 4.50" in md
+
+
+def test_a_canvas_requests_kv_estimate_counts_whole_canvases():
+    from localdiff.serve.batching import kv_bytes
+
+    m = localdiff.load("tiny")  # canvas 32
+    assert kv_bytes(m, 10, 20) == kv_bytes(m, 10, 32) < kv_bytes(m, 10, 33) == kv_bytes(m, 10, 64) > 0

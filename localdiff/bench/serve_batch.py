@@ -265,7 +265,8 @@ def render_md(sec: dict) -> list[str]:
                          f"({r['speedup_aggregate']:.2f}×) | {b['per_request_tps']:.2f}{_rng(b, 'per_request_tps')} "
                          f"({r['per_request_vs_single']:.2f}×) | {b['ttft_s']:.2f}{_rng(b, 'ttft_s')} | "
                          f"{s['aggregate_tps']:.2f}{_rng(s, 'aggregate_tps')} | "
-                         f"{s['per_request_tps']:.2f}{_rng(s, 'per_request_tps')} | {s['ttft_s']:.2f}{_rng(s, 'ttft_s')} | "
+                         f"{s['per_request_tps']:.2f}{_rng(s, 'per_request_tps')} | "
+                         f"{s['ttft_s']:.2f}{_rng(s, 'ttft_s')} | "
                          f"{r.get('vs_one_at_a_time', b['aggregate_tps'] / s['aggregate_tps']):.2f}× |")
     same = ", ".join(f"{f}: {'yes' if r.get('identical') else 'NO'}" for f, r in sec["families"].items())
     kern = "; ".join(f"{f}: {r.get('kernels')}" for f, r in sec["families"].items())

@@ -34,22 +34,33 @@ def measure(quick: bool, log=print) -> dict:
     t0 = time.perf_counter()
     model, text = build()
     log(f"serve-batch-canvas: {model.name} built in {time.perf_counter() - t0:.0f} s")
-    rows = {"gemm": gemm_fraction(model, text, reps=3 if quick else 7, log=log)}
+    rows = {
+        "gemm": gemm_fraction(model, text, reps=3 if quick else 7, log=log),
+        "cpu": cpu_compare(model, reps=1 if quick else 3, log=log),
+    }
     rows = serve_batch.run_family(model, "canvas", "bfloat16", model.config.canvas_length, 1 if quick else 3, log, rows)
+    name, tokens = model.name, model.config.canvas_length
+    if not quick:  # the 1B shape's forward too: there the experts are a larger part of the step
+        del model
+        big, text = build("1B")
+        rows["gemm_1b"] = gemm_fraction(big, text, reps=3, log=log)
+        del big
     rows["kernels"] = "torch bf16 GEMMs, experts: " + (
         "native" if experts.library() is not None else f"torch bf16 stream ({experts.status()})"
     )
     return {
         "threads": torch.get_num_threads(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "max_tokens": model.config.canvas_length,
+        "max_tokens": tokens,
+        "model": name,
         "families": {"canvas 150M, bfloat16": rows},
     }
 
 
-def build(vocab: int | None = None):
-    """The random 150M-shaped DiffusionGemma (module docstring) as an engine Model (bf16, no EOS; the embedded
-    tokenizer reads ids past its vocabulary as id mod its size) and its text config."""
+def build(size: str = "150M"):
+    """The random DiffusionGemma of :data:`localdiff.bench.scale.SHAPES` ``size`` (module docstring) as an engine
+    Model (bf16, no EOS; the embedded tokenizer reads ids past its vocabulary as id mod its size) and its text
+    config."""
     import torch
 
     import localdiff
@@ -57,7 +68,7 @@ def build(vocab: int | None = None):
     from localdiff.bench.scale import SHAPES, text_config
     from localdiff.engine import Model
 
-    text = text_config(*SHAPES["150M"], **({"vocab": vocab} if vocab else {}))
+    text = text_config(*SHAPES[size])
     raw = {
         "model_type": "diffusion_gemma",
         "canvas_length": 256,
@@ -81,13 +92,59 @@ def build(vocab: int | None = None):
         net.config,
         serve_batch._WideVocab(tok, 365),
         None,
-        "random-diffusiongemma-150M-bf16",
+        f"random-diffusiongemma-{size}-bf16",
         "cpu",
         torch.bfloat16,
         None,
         {"eos_token_id": [], "max_new_tokens": 256},
     )
     return model, text
+
+
+def cpu_compare(model, reps: int = 3, log=print) -> dict:
+    """In process, N requests (one canvas each, the section's options, seeds 0..N-1) run one after the other vs as
+    lanes of one :class:`localdiff.engine.batch.Batcher`, alternating, timed by the process's CPU time (every
+    thread: the lanes' decoders too; a shared core's time-slicing left out): per N, the median and range of
+    ``alone_cpu_s`` / ``batched_cpu_s`` and their ratio (tokens per CPU second, batched ÷ alone)."""
+    from localdiff.engine.batch import Batcher
+
+    opts = dict(serve_batch.FAMILIES["canvas"], max_new_tokens=model.config.canvas_length)
+
+    def one(m, i):
+        for _ in m.stream(serve_batch.PROMPTS[i % len(serve_batch.PROMPTS)], seed=i, **opts):
+            pass
+
+    b = Batcher(model)
+
+    def batched(n):
+        for i in range(n):
+            b.add(lambda view, i=i: one(view, i))
+        while b.lanes:
+            b.step()
+
+    batched(8)  # warm-up: the row-exactness probes of every width seen
+    out = {}
+    for n in (2, 4, 8):
+        a, t = [], []
+        for r in range(reps):
+            for side in (0, 1) if r % 2 == 0 else (1, 0):
+                c0 = time.process_time()
+                batched(n) if side else [one(model, i) for i in range(n)]
+                (t if side else a).append(time.process_time() - c0)
+        ratio = [x / y for x, y in zip(a, t)]
+        out[str(n)] = {
+            "alone_cpu_s": statistics.median(a),
+            "alone_range": [min(a), max(a)],
+            "batched_cpu_s": statistics.median(t),
+            "batched_range": [min(t), max(t)],
+            "ratio": statistics.median(ratio),
+            "ratio_range": [min(ratio), max(ratio)],
+        }
+        log(
+            f"serve-batch-canvas: {n} requests, CPU s alone {statistics.median(a):.2f}, batched "
+            f"{statistics.median(t):.2f} ({statistics.median(ratio):.2f}× tokens per CPU second)"
+        )
+    return out
 
 
 def _calls(model, n: int):
@@ -143,7 +200,7 @@ def gemm_fraction(model, text: dict, reps: int = 5, log=print) -> dict:
             "fraction": n * per / med / 1e9 / peak,
         }
         log(
-            f"serve-batch: canvas 150M step, {n} request(s): {med * 1000:.0f} ms, "
+            f"serve-batch-canvas: {model.name} step, {n} request(s): {med * 1000:.0f} ms, "
             f"{n * per / med / 1e9:.1f} GFLOP/s = {100 * n * per / med / 1e9 / peak:.1f} % of {peak:.0f}"
         )
     res["peak_gflops_after"] = _gemm_peak(torch.bfloat16)
@@ -163,16 +220,35 @@ def render_md(sec: dict) -> list[str]:
     ]
     lines = head + table
     for rows in sec["families"].values():
-        lines += _gemm_md(rows.get("gemm"))
+        lines += _cpu_md(rows.get("cpu")) + _gemm_md(rows.get("gemm"), "150M") + _gemm_md(rows.get("gemm_1b"), "1B")
     return lines
 
 
-def _gemm_md(g: dict | None) -> list[str]:
+def _cpu_md(c: dict | None) -> list[str]:
+    if not c:
+        return []
+    lines = [
+        "",
+        "In process, by CPU time (all threads; robust to a shared core's time-slicing), N requests one after "
+        "the other vs as lanes of one batch: median [range].",
+        "",
+        "| requests | CPU s alone | CPU s batched | tokens per CPU s, batched ÷ alone |",
+        "|---:|---:|---:|---:|",
+    ]
+    for n, r in c.items():
+        lo, hi = r["ratio_range"]
+        lines.append(
+            f"| {n} | {r['alone_cpu_s']:.2f} | {r['batched_cpu_s']:.2f} | {r['ratio']:.2f}× [{lo:.2f}–{hi:.2f}] |"
+        )
+    return lines
+
+
+def _gemm_md(g: dict | None, size: str) -> list[str]:
     if not g:
         return []
     lines = [
         "",
-        f"Canvas 150M, one packed step (the forward, self-conditioning on; CPU time, median of "
+        f"Canvas {size} shape, one packed step (the forward, self-conditioning on; CPU time, median of "
         f"repetitions): bf16 GEMM peak {g['peak_gflops']:.0f} GFLOP/s before, "
         f"{g['peak_gflops_after']:.0f} after; {g['flops_per_request_step'] / 1e9:.1f} GFLOP per request.",
         "",

@@ -329,13 +329,16 @@ def test_the_canvas_bench_section_renders_its_table_ranges_and_gemm_fraction():
         "identical": True,
         "load": [3.0, 4.5],
         "gemm": gemm,
+        "gemm_1b": gemm,
+        "cpu": {"8": {"alone_cpu_s": 11.2, "batched_cpu_s": 8.5, "ratio": 1.31, "ratio_range": [1.2, 1.4]}},
         "kernels": "torch bf16 GEMMs",
         "4": {"batched": b, "one_at_a_time": one, "speedup_aggregate": 1.33, "per_request_vs_single": 0.33},
     }
     sec = {"threads": 1, "cpu_capability": "AVX512", "max_tokens": 256, "families": {"canvas 150M, bfloat16": rows}}
     md = "\n".join(serve_batch_canvas.render_md(sec))
     assert "| canvas 150M, bfloat16 | 4 | 40.00 [38.00–41.50] (1.33×) | 10.00 (0.33×) | 6.00 | 30.00 |" in md
-    assert "| 8 | 1700 (1600–1900) | 112.9 | 52.3 % |" in md and "3.00 → 4.50" in md
+    assert "| 8 | 1700 (1600–1900) | 112.9 | 52.3 % |" in md and "3.00 → 4.50" in md and "Canvas 1B shape" in md
+    assert "| 8 | 11.20 | 8.50 | 1.31× [1.20–1.40] |" in md
 
 
 def test_a_canvas_requests_kv_estimate_counts_whole_canvases():

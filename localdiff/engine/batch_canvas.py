@@ -13,10 +13,14 @@ differently at one thread — those segments then run their experts alone).
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from localdiff.arch.diffusion_gemma import DiffusionGemma
+from localdiff.arch.layers import MoEExperts
 from localdiff.engine.row_policy import RowPolicy
 
 #: experts calls: rows of the probe's reference call (group widths at or above it are taken as stable)
@@ -44,6 +48,23 @@ def canvas_call(net, name: str, bound: dict):
     ):
         return None
     return dict(bound), ids.shape[1] + (0 if pre is None else pre.shape[1])
+
+
+#: experts probes, per process (experts type, shapes, dtypes, threads, kernel) → (module, inputs, reference, {width: ok})
+_PROBES: dict = {}
+
+
+def _first_experts(ex, k: int):
+    """A plain :class:`MoEExperts` cut to its first ``k`` experts (copies: same per-expert kernels and shapes; the
+    probe then costs k/E of a full call), else ``ex`` itself (a quantized or other subclass)."""
+    if type(ex) is not MoEExperts or ex.num_experts <= k:
+        return ex
+    small = copy.copy(ex)
+    small.__dict__["_parameters"] = {
+        n: nn.Parameter(getattr(ex, n).detach()[:k].clone(), requires_grad=False) for n in ("gate_up_proj", "down_proj")
+    }
+    small.num_experts = k
+    return small
 
 
 class CanvasRowPolicy(RowPolicy):
@@ -92,23 +113,27 @@ class CanvasRowPolicy(RowPolicy):
 
     def experts_ok(self, layer: int, dtype, m: int) -> bool:
         """Whether layer ``layer``'s experts compute a routed row alike in a group of width ``m`` and of any other
-        stable width (module docstring). Probed once per experts type, shapes, dtype, thread count and width."""
+        stable width (module docstring). Probed once per process for each experts type, shapes, dtype, thread count
+        and width (a fresh server's first batched steps pay the probes of the widths they meet: at the 150M shape
+        ~5 ms each)."""
         ex = self.net.layers[layer].experts
         w = getattr(ex, "gate_up_proj", None)
         if w is None or w.device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
             return False
         if m >= EXPERT_PROBE_ROWS:
             return True
-        key = (type(ex), tuple(w.shape), w.dtype, dtype, torch.get_num_threads())
-        if key not in self._experts:
+        key = (type(ex), tuple(w.shape), w.dtype, dtype, torch.get_num_threads(), getattr(ex, "kernel", None))
+        k = self.net.config.top_k_experts
+        small = _first_experts(ex, k) if key not in _PROBES and key not in self._experts else None
+        if small is not None:
             g = torch.Generator().manual_seed(0)
-            r, k = EXPERT_PROBE_ROWS, self.net.config.top_k_experts
+            r = EXPERT_PROBE_ROWS
             x = torch.randn(r, w.shape[-1], generator=g).to(dtype)
             wt = torch.rand(r, k, generator=g)
             idx = torch.arange(k).repeat(r, 1)
-            with torch.inference_mode():
-                self._experts[key] = (ex, x, wt, idx, ex(x, wt, idx), {})
-        ex0, x, wt, idx, ref, seen = self._experts[key]
+            with torch.inference_mode():  # (a subclass probes itself: kept by this policy only, not the process)
+                (_PROBES if small is not ex else self._experts)[key] = (small, x, wt, idx, small(x, wt, idx), {})
+        ex0, x, wt, idx, ref, seen = _PROBES[key] if key in _PROBES else self._experts[key]
         if m not in seen:
             r = EXPERT_PROBE_ROWS
             with torch.inference_mode():

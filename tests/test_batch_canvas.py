@@ -108,6 +108,8 @@ def requests(n: int) -> list[dict]:
             r["temperature"] = 0.1  # (the canvas sampler draws every step: it has no temperature 0)
         if i == 5:
             r.update(threshold=0.3, correction=True)
+        if i == 7:  # head_rows: its steps after the first run alone, beside the packed ones
+            r.update(threshold=0.2, reuse_locked=True)
         out.append(r)
     return out
 

@@ -78,6 +78,8 @@ def odd_model(dtype=torch.float32) -> Model:
                     if p.dim() == 1
                     else 0.3 * torch.randn(p.shape, generator=g)
                 )
+            for b in net.buffers():  # the decoder's and the encoder's layer scalars, different
+                b.copy_(1 + 0.2 * torch.randn(b.shape, generator=g))
         net = net.to(dtype).eval()
         net.fuse_projections()
         tok = localdiff.load("tiny").tokenizer
@@ -215,14 +217,18 @@ class _Spy(CanvasRowPolicy):
         return groups
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_packed_canvas_denoise_equals_each_calls_own_forward_bit_for_bit(dtype):
+@pytest.mark.parametrize("dtype,topk", [(torch.float32, None), (torch.bfloat16, None), (torch.float32, 5)])
+def test_packed_canvas_denoise_equals_each_calls_own_forward_bit_for_bit(dtype, topk):
     m = odd_model(dtype)
     calls, twins = _calls(m)
     spy = _Spy(m.net)
-    got = packed_canvas.canvas_denoise(m.net, calls, spy)
-    for a, t, out in zip(calls, twins, got):
-        own = m.net.denoise(**{k: v for k, v in t.items()})
+    m.net.sc_topk = topk  # 5: the top-k soft embedding, per request inside the packed pass
+    try:
+        got = packed_canvas.canvas_denoise(m.net, calls, spy)
+        owns = [m.net.denoise(**t) for t in twins]
+    finally:
+        m.net.sc_topk = None
+    for a, t, out, own in zip(calls, twins, got, owns):
         if isinstance(own, RawLogits):
             assert isinstance(out, RawLogits) and out.softcap == own.softcap
             out, own = out.values, own.values

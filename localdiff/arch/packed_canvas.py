@@ -77,7 +77,7 @@ def _inputs(net, calls: list, policy) -> list:
         else:
             probs.append(p)
             who.append(j)
-    scale = net.self_conditioning
+    selfc = net.self_conditioning
     if probs:
         w = net.embed_tokens.weight
 
@@ -90,14 +90,14 @@ def _inputs(net, calls: list, policy) -> list:
     mlp = {}
     if have:
         segs = [soft[j] for j in have]
-        done = _rows(policy.pack, "sc", segs, lambda s: (scale.mlp.forward(norm(scale.pre_norm, s)),))
+        done = _rows(policy.pack, "sc", segs, lambda s: (selfc.mlp.forward(norm(selfc.pre_norm, s)),))
         mlp = {j: y for j, (y,) in zip(have, done)}
     out = []
     for j, a in enumerate(calls):
         xc = canv[j]
         if j in mlp:
             xc = xc + mlp[j][None]
-        xc = rms_norm(xc, None, scale.eps)
+        xc = rms_norm(xc, None, selfc.eps)
         pre = a.get("prefill_ids")
         out.append(xc if pre is None or not pre.shape[1] else torch.cat([net._embed(pre), xc], 1))
     return out

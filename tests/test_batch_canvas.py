@@ -354,3 +354,21 @@ def test_a_canvas_requests_kv_estimate_counts_whole_canvases():
 
     m = localdiff.load("tiny")  # canvas 32
     assert kv_bytes(m, 10, 20) == kv_bytes(m, 10, 32) < kv_bytes(m, 10, 33) == kv_bytes(m, 10, 64) > 0
+
+
+def test_a_failed_packed_pass_never_hands_a_lane_wrong_tokens(monkeypatch):
+    m = odd_model()
+    reqs = requests(3)
+    want = [alone(m, r) for r in reqs]
+    real, calls = packed_canvas._ffn, []
+
+    def flaky(*a):  # the first packed pass (fused prefills: caches being written) fails mid-way
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("out of memory")
+        return real(*a)
+
+    monkeypatch.setattr(packed_canvas, "_ffn", flaky)
+    got, b, _ = batched(m, reqs, [0, 0, 0])
+    assert calls and all(g is None or g == w for g, w in zip(got, want))
+    assert None in got  # the lanes whose caches the failed pass had written end with its error

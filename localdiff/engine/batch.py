@@ -218,9 +218,21 @@ class Batcher:
             calls = [ln.packed for ln in group]
             results = (packed_canvas.canvas_denoise(net, calls, self.policy) if fn is None
                        else fn(net, calls, self.policy.pack))
-        except Exception:  # noqa: BLE001 — each lane's own call then raises its own error, alone
+        except Exception as exc:  # noqa: BLE001 — each lane's own call then raises its own error, alone
             for ln in group:
-                self._alone(ln)
+                if _wrote(kind, ln.packed):    # its fused prefill had begun: the failed pass reset its cache
+                    ln.call, ln.packed, ln.error = None, None, exc
+                else:
+                    self._alone(ln)
             return
         for ln, res in zip(group, results):
             ln.call, ln.result, ln.packed = None, res, None
+
+
+def _wrote(kind: str, call) -> bool:
+    """Whether a packed call appends to its cache (fused prefill rows: ``cache.writing`` resets the cache when the
+    pass raises, so the call cannot be rerun alone)."""
+    if kind == "block":
+        return call[2] is not None and call[2].shape[1] > 0
+    pre = call.get("prefill_ids") if kind == "canvas" else None
+    return pre is not None and pre.shape[1] > 0

@@ -8,7 +8,8 @@ product (``softmax(sc) · E``, the table read transposed) and the routed experts
 weights and kernels: an experts call computes a routed row alike at group width m when the rows of an m-row call
 equal the same rows of a 256-row call, at the start and at the end of the group (:meth:`CanvasRowPolicy.experts_ok`:
 the torch bf16 "stream" path here is stable at every width; fp32's grouped GEMMs round 1-3 rows per expert
-differently at one thread — those segments then run their experts alone).
+differently at one thread, also 5-7 and 9-11 at two — those segments then run their experts alone). Source of the
+method: the step-level batching of dlmserve / vLLM-style continuous batching, applied per denoising step.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from localdiff.usage_parser import UsageParser as _Parser
 
 SECTIONS = ("ref", "eval", "sweep", "history", "memory", "profile", "serve", "masked", "block", "scale",
             "approx", "gguf", "gguf-block", "slots", "nap", "dflash", "experts", "precision", "int4", "v2cache",
-            "serve-batch")
+            "serve-batch", "serve-batch-canvas")
 
 
 def _threads(value: str) -> int:

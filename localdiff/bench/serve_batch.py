@@ -15,6 +15,10 @@ the model thread is held while the N requests are queued by N client processes (
 at once. Per request: time to first token (TTFT: release → arrival of the first content delta) and tokens/s
 (completion tokens ÷ release → arrival of the stream's end); aggregate tokens/s = all tokens ÷ the last end.
 ``identical``: 3 short requests run as lanes of one batch in process get the tokens they get alone.
+
+The canvas family (the 150M DiffusionGemma shape) is the section ``serve-batch-canvas``
+(:mod:`localdiff.bench.serve_batch_canvas`), through :func:`run_family`: cells there are medians [range] over
+several rounds. The 1-minute load average is recorded before and after each family.
 """
 from __future__ import annotations
 
@@ -34,7 +38,8 @@ PROMPTS = ["What is 41 + 93?", "Tell me a story about a cat.", "Count from one t
 #: whose native int8 kernel has no AMX (its FMA path's time grows with the rows: nothing to share)
 RUNS = (("block", "bfloat16"), ("masked", "bfloat16"), ("block", "int8"))
 FAMILIES = {"block": {"remasking_strategy": "low_confidence_static", "steps": 4, "temperature": 0.0},
-            "masked": {"kv_cache": "dual", "block_length": 8, "temperature": 0.0}}
+            "masked": {"kv_cache": "dual", "block_length": 8, "temperature": 0.0},
+            "canvas": {"max_denoising_steps": 6, "confidence_threshold": 1e-12}}   # (serve-batch-canvas)
 
 
 class _WideVocab:
@@ -185,37 +190,58 @@ def measure(quick: bool, log=print) -> dict:
         t0 = time.perf_counter()
         model = build(family, layers, precision, log)
         log(f"serve-batch: {model.name} built in {time.perf_counter() - t0:.0f} s")
-        rows: dict = {"identical": identical(model, family)}
-        servers = {mb: _server(model, mb) for mb in (1, 8)}
-        try:
-            for srv in servers.values():        # warm-up: kernel choices and allocations of every shape used
-                _round(srv, model, 1, family, max_tokens)
-            for i, n in enumerate(CONCURRENCY):   # the two servers alternate (ABBA): the machine's load drifts
-                for mb in ((1, 8) if i % 2 == 0 else (8, 1)):
-                    r = _round(servers[mb], model, n, family, max_tokens)
-                    rows.setdefault(str(n), {})["batched" if mb > 1 else "one_at_a_time"] = r
-                    log(f"serve-batch: {family} {precision} {n} concurrent, max_batch {mb}: "
-                        f"{r['aggregate_tps']:.2f} tok/s aggregate, {r['per_request_tps']:.2f} per request, "
-                        f"TTFT {r['ttft_s']:.2f} s")
-        finally:
-            for srv in servers.values():
-                srv.server.should_exit = True
-                srv.thread.join(10)
-                srv.worker.stop(wait=30)
-                srv.sock.close()
-        base = rows["1"]["one_at_a_time"]      # today's server, one request: the single-stream rates
-        for n, r in rows.items():
-            if n in ("identical", "kernels"):
-                continue
-            b = r["batched"]
-            r["speedup_aggregate"] = b["aggregate_tps"] / base["aggregate_tps"]
-            r["per_request_vs_single"] = b["per_request_tps"] / base["per_request_tps"]
-            r["vs_one_at_a_time"] = b["aggregate_tps"] / r["one_at_a_time"]["aggregate_tps"]   # adjacent rounds
+        rows = run_family(model, family, precision, max_tokens, 1, log)
         from localdiff.quantize.choose import kernel_summary
 
         rows["kernels"] = kernel_summary() if precision == "int8" else "torch bf16 GEMMs"
         res["families"][f"{family}, {precision}"] = rows
     return res
+
+
+def run_family(model, family: str, precision: str, tokens: int, reps: int, log=print, rows: dict | None = None) -> dict:
+    """The table rows of one model: the in-process exactness check, then ``reps`` rounds of 1, 2, 4 and 8
+    concurrent requests through a batching and a one-at-a-time server (alternating), each cell the median of its
+    rounds with their range; the 1-minute load average before and after."""
+    rows = dict(rows or {}, identical=identical(model, family), reps=reps, load=[os.getloadavg()[0]])
+    servers = {mb: _server(model, mb) for mb in (1, 8)}
+    runs: dict = {}
+    try:
+        for srv in servers.values():        # warm-up: kernel choices and allocations of every shape used
+            _round(srv, model, 1, family, tokens)
+        for k in range(reps):
+            for i, n in enumerate(CONCURRENCY):   # the two servers alternate (ABBA): the machine's load drifts
+                for mb in ((1, 8) if (i + k) % 2 == 0 else (8, 1)):
+                    r = _round(servers[mb], model, n, family, tokens)
+                    runs.setdefault((str(n), "batched" if mb > 1 else "one_at_a_time"), []).append(r)
+                    log(f"serve-batch: {family} {precision} {n} concurrent, max_batch {mb}: "
+                        f"{r['aggregate_tps']:.2f} tok/s aggregate, {r['per_request_tps']:.2f} per request, "
+                        f"TTFT {r['ttft_s']:.2f} s")
+        for (n, side), rs in runs.items():
+            rows.setdefault(n, {})[side] = _merge(rs)
+        rows["load"].append(os.getloadavg()[0])
+    finally:
+        for srv in servers.values():
+            srv.server.should_exit = True
+            srv.thread.join(10)
+            srv.worker.stop(wait=30)
+            srv.sock.close()
+    base = rows["1"]["one_at_a_time"]      # today's server, one request: the single-stream rates
+    for n, r in rows.items():
+        if not n.isdigit():
+            continue
+        b = r["batched"]
+        r["speedup_aggregate"] = b["aggregate_tps"] / base["aggregate_tps"]
+        r["per_request_vs_single"] = b["per_request_tps"] / base["per_request_tps"]
+        r["vs_one_at_a_time"] = b["aggregate_tps"] / r["one_at_a_time"]["aggregate_tps"]   # adjacent rounds
+    return rows
+
+
+def _merge(rounds: list[dict]) -> dict:
+    """Rounds of one (requests, server) cell: the median of each figure, and the range of the three shown."""
+    out = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+    for k in ("aggregate_tps", "per_request_tps", "ttft_s"):
+        out[k + "_range"] = [min(r[k] for r in rounds), max(r[k] for r in rounds)]
+    return out
 
 
 def render_md(sec: dict) -> list[str]:
@@ -231,14 +257,25 @@ def render_md(sec: dict) -> list[str]:
              "per request | TTFT s | batched ÷ one at a time |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for fam, rows in sec["families"].items():
         for n, r in rows.items():
-            if n in ("identical", "kernels"):
+            if not n.isdigit():
                 continue
             b, s = r["batched"], r["one_at_a_time"]
-            lines.append(f"| {fam} | {n} | {b['aggregate_tps']:.2f} ({r['speedup_aggregate']:.2f}×) | "
-                         f"{b['per_request_tps']:.2f} ({r['per_request_vs_single']:.2f}×) | {b['ttft_s']:.2f} | "
-                         f"{s['aggregate_tps']:.2f} | {s['per_request_tps']:.2f} | {s['ttft_s']:.2f} | "
+            lines.append(f"| {fam} | {n} | {b['aggregate_tps']:.2f}{_rng(b, 'aggregate_tps')} "
+                         f"({r['speedup_aggregate']:.2f}×) | {b['per_request_tps']:.2f}{_rng(b, 'per_request_tps')} "
+                         f"({r['per_request_vs_single']:.2f}×) | {b['ttft_s']:.2f}{_rng(b, 'ttft_s')} | "
+                         f"{s['aggregate_tps']:.2f}{_rng(s, 'aggregate_tps')} | "
+                         f"{s['per_request_tps']:.2f}{_rng(s, 'per_request_tps')} | "
+                         f"{s['ttft_s']:.2f}{_rng(s, 'ttft_s')} | "
                          f"{r.get('vs_one_at_a_time', b['aggregate_tps'] / s['aggregate_tps']):.2f}× |")
     same = ", ".join(f"{f}: {'yes' if r.get('identical') else 'NO'}" for f, r in sec["families"].items())
     kern = "; ".join(f"{f}: {r.get('kernels')}" for f, r in sec["families"].items())
+    load = "; ".join(f"{f}: {r['load'][0]:.2f} → {r['load'][-1]:.2f}" for f, r in sec["families"].items()
+                     if r.get("load"))
     return lines + ["", f"Batched tokens equal the same requests' alone (3 lanes, in process): {same}. Kernels: "
-                    f"{kern}.", ""]
+                    f"{kern}. Load average (1 min) before → after: {load or 'not recorded'}.", ""]
+
+
+def _rng(r: dict, key: str) -> str:
+    """" [lo–hi]": the range of a cell measured over several rounds (its median shown), else nothing."""
+    lo_hi = r.get(key + "_range")
+    return f" [{lo_hi[0]:.2f}–{lo_hi[1]:.2f}]" if lo_hi and lo_hi[0] != lo_hi[1] else ""

@@ -7,7 +7,8 @@ arguments and waits. The scheduler (:meth:`Batcher.step`, in the caller's thread
 a baton to every lane in turn — exactly one thread runs at a time, so the lanes never compete for the cores and a
 step's order is fixed — until each has posted its next forward call or ended; then it runs ONE packed forward per
 kind (:mod:`localdiff.arch.packed`: block ``denoise`` calls together, masked ``forward_window`` / ``logits_full``
-calls together) and hands each lane its own result. A lane that ends (done, cancelled, failed) leaves at once; a new
+calls together, DiffusionGemma canvas ``denoise`` calls together: :mod:`localdiff.arch.packed_canvas`) and hands
+each lane its own result. A lane that ends (done, cancelled, failed) leaves at once; a new
 one joins at the next step. Other calls (prefill-only passes, Fast-dLLM v2's sub-block passes, other families' and
 batched prompts' forwards) run alone, in the scheduler's thread (every forward runs in the model thread, as without
 batching, under inference mode), within the same step.
@@ -16,8 +17,9 @@ Exactness: :class:`RowPolicy` lets rows share a matmul only where the kernel com
 and packed — the native int8 kernel (:mod:`localdiff.quantize.native`, row-exact for ≤ 16 rows) where the model's
 own forward would run it too, and float ``F.linear`` at the row counts that a probe on this machine finds stable
 (MKL rounds 1–3, and at 2 threads 5–7 and 9–11, rows differently from the same rows in a larger matmul); MoE
-feed-forwards never (their expert matmuls' row counts change with the batch). So every lane's tokens equal the same
-request run alone (tests/serve/test_batch.py).
+feed-forwards of the block family never (their expert matmuls' row counts change with the batch; the canvas
+family's experts are probed per width: :mod:`localdiff.engine.batch_canvas`). So every lane's tokens equal the
+same request run alone (tests/serve/test_batch.py, tests/serve/test_batch_canvas.py).
 """
 from __future__ import annotations
 
@@ -27,119 +29,26 @@ import logging
 import threading
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
-from localdiff.arch import packed
+from localdiff.arch import packed, packed_canvas
 from localdiff.arch.block import BlockLM
+from localdiff.arch.diffusion_gemma import DiffusionGemma
 from localdiff.arch.masked import MaskedLM
+from localdiff.arch.soft_embedding import RawLogits
+from localdiff.engine.batch_canvas import CanvasRowPolicy, canvas_call
+from localdiff.engine.row_policy import RowPolicy
 
 log = logging.getLogger("localdiff.batch")
 #: the net methods that are forwards: a lane's call of one goes through the scheduler
 GATED = frozenset({"denoise", "prefill", "denoise_capture", "denoise_sub", "logits_full", "forward_window"})
-PROBE_ROWS = 64     # float matmuls: row counts probed for stability (larger counts are taken as stable)
 
 
 def batchable(model) -> bool:
-    """Whether ``model``'s forwards pack (:mod:`localdiff.arch.packed`): a torch block-diffusion net (``denoise``
-    over the exact block cache) or a masked-diffusion one (``forward_window``). Other nets (the canvas, causal and
-    slots families, GGUF backends) gain nothing from lanes: their requests run one at a time."""
-    return isinstance(getattr(model, "net", None), (BlockLM, MaskedLM))
-
-
-class RowPolicy:
-    """Which row segments of a packed phase may share one matmul (see the module docstring):
-    ``pack(kind, sizes, layer, dtype) -> list[list[int]]`` for :mod:`localdiff.arch.packed`. ``max_rows``: most rows
-    of one group (None = no limit beyond the kernels')."""
-
-    def __init__(self, net, max_rows: int | None = None):
-        self.net, self.max_rows = net, max_rows
-        self._ok: dict = {}
-        self._bad: dict = {}
-
-    def pack(self, kind: str, sizes: list[int], layer=None, dtype=torch.float32) -> list[list[int]]:
-        """Groups of segment indexes (greedy, in order): segments share a group when every matmul of the phase runs
-        the same row-exact kernel class for each of them and for the group's total row count (:meth:`token`); the
-        others run alone."""
-        groups, cur, tot, tok = [], [], 0, None
-        for j, m in enumerate(sizes):
-            t = self.token(kind, layer, dtype, m)
-            if t is None:
-                groups.append([j])
-                continue
-            if cur and not (t == tok and self.token(kind, layer, dtype, tot + m) == tok
-                            and (self.max_rows is None or tot + m <= self.max_rows)):
-                groups.append(cur)
-                cur, tot = [], 0
-            cur.append(j)
-            tot, tok = tot + m, t
-        if cur:
-            groups.append(cur)
-        return groups
-
-    def token(self, kind: str, layer, dtype, m: int):
-        """The kernel classes the phase's matmuls run ``m`` rows with, when each computes them like the same rows
-        of any larger matmul of that class ("native": the native int8 kernel; "float": a float GEMM at a stable
-        row count); None when some matmul does not (those rows run alone)."""
-        key = (kind, layer, dtype, m)
-        if key not in self._ok:
-            mods = self._modules(kind, layer)
-            toks = None if mods is None else tuple(self._kernel(w, dtype, m) for w in mods)
-            self._ok[key] = None if toks is None or None in toks else toks
-        return self._ok[key]
-
-    def _modules(self, kind: str, layer) -> list | None:
-        """The weights (modules, fused callables or tensors) of a phase, or None when it is never packed."""
-        net = self.net
-        if kind == "head":
-            head = getattr(net, "head_int8", None)
-            return [head if head is not None else net.head_weight()]
-        mod = net.layers[layer]
-        if kind == "attn":
-            att = mod.self_attn
-            names = ("q_proj", "k_proj", "v_proj", "o_proj", "query_key_value", "dense")
-            out = [getattr(att, n) for n in names if isinstance(getattr(att, n, None), nn.Module)]
-            return out + ([att.qkv_fused] if getattr(att, "qkv_fused", None) is not None else [])
-        mlps = [mod.mlp] + ([mod.shared_expert] if getattr(mod, "shared_expert", None) is not None else [])
-        out = []
-        for mlp in mlps:
-            kids = [getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
-            if any(k is None for k in kids) or len(list(mlp.children())) != 3:
-                return None                          # MoE (or an unknown FFN): not packed
-            out += kids + ([mlp.gate_up_fused] if getattr(mlp, "gate_up_fused", None) is not None else [])
-        return out
-
-    def _kernel(self, w, dtype, m: int):
-        if isinstance(w, torch.Tensor):
-            return "float" if self._float_ok(w.dtype, w.shape[-1], w.device, m) else None
-        if type(w) is nn.Linear:
-            ok = w.bias is None and self._float_ok(w.weight.dtype, w.in_features, w.weight.device, m)
-            return "float" if ok else None
-        weight = getattr(w, "weight", None)
-        if (type(w).__name__ not in ("Int8Linear", "FusedInt8") or weight is None or weight.dtype != torch.int8
-                or weight.device.type != "cpu" or getattr(w, "use_bnb", None) or getattr(w, "bias", None) is not None
-                or dtype not in (torch.float32, torch.bfloat16)):
-            return None
-        from localdiff.quantize.choose import cpu_kernel
-
-        kind = cpu_kernel(m, weight.shape[1], weight.shape[0], dtype)
-        if kind == "dequant":          # a float GEMM on the dequantized weight (localdiff.quantize.int8)
-            return "float" if self._float_ok(dtype, weight.shape[1], weight.device, m) else None
-        return "native" if kind == "native" else None      # (int8pack: row behaviour unknown)
-
-    def _float_ok(self, dtype, k: int, device, m: int) -> bool:
-        if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
-            return False
-        if m > PROBE_ROWS:
-            return True
-        key = (dtype, k, torch.get_num_threads())
-        if key not in self._bad:
-            g = torch.Generator().manual_seed(0)
-            x = torch.randn(PROBE_ROWS + 32, k, generator=g).to(dtype)
-            w = torch.randn(256, k, generator=g).to(dtype)
-            big = F.linear(x, w)
-            self._bad[key] = {r for r in range(1, PROBE_ROWS + 1) if not torch.equal(F.linear(x[:r], w), big[:r])}
-        return m not in self._bad[key]
+    """Whether ``model``'s forwards pack (:mod:`localdiff.arch.packed`, :mod:`localdiff.arch.packed_canvas`): a
+    torch block-diffusion net (``denoise`` over the exact block cache), a masked-diffusion one (``forward_window``)
+    or a DiffusionGemma (canvas ``denoise``). Other nets (the causal and slots families, GGUF backends) gain
+    nothing from lanes: their requests run one at a time."""
+    return isinstance(getattr(model, "net", None), (BlockLM, MaskedLM, DiffusionGemma))
 
 
 class GateNet:
@@ -211,7 +120,8 @@ class Batcher:
     def __init__(self, model, threads: int | None = None, max_rows: int | None = None):
         self.model = model
         self.threads = threads or torch.get_num_threads()
-        self.policy = RowPolicy(model.net, max_rows)
+        canvas = isinstance(model.net, DiffusionGemma)
+        self.policy = (CanvasRowPolicy if canvas else RowPolicy)(model.net, max_rows)
         self.lanes: list[Lane] = []
         self._back = threading.Semaphore(0)
         self.steps = self.last_rows = self.rows_total = 0
@@ -259,11 +169,14 @@ class Batcher:
         try:
             with torch.inference_mode():
                 ln.result = getattr(self.model.net, name)(*args, **kw)
+            if isinstance(ln.result, RawLogits):      # (a buffer the next raw call of this step would reuse)
+                ln.result = RawLogits(ln.result.values.clone(), ln.result.softcap)
         except Exception as exc:  # noqa: BLE001 — raised in the lane, in the loop that called
             ln.error = exc
 
     def _kinds(self, posted: list[Lane]) -> list:
-        """[(kind or None, lanes)]: the calls that pack together ("block" / "masked"), then the others one by one."""
+        """[(kind or None, lanes)]: the calls that pack together ("block" / "masked" / "canvas"), then the others
+        one by one."""
         net = self.model.net
         out: dict = {}
         alone = []
@@ -288,6 +201,9 @@ class Batcher:
                     kind = "masked"
                     ln.packed = dict(bound)
                     ln.rows = bound["input_ids"].shape[1]
+            elif bound is not None and (hit := canvas_call(net, name, bound)) is not None:
+                kind = "canvas"
+                ln.packed, ln.rows = hit
             if kind is None:
                 ln.rows = 0
                 alone.append(ln)
@@ -297,12 +213,26 @@ class Batcher:
 
     def _packed(self, kind: str, group: list[Lane]) -> None:
         net = self.model.net
-        fn = packed.block_denoise if kind == "block" else packed.masked_window
+        fn = {"block": packed.block_denoise, "masked": packed.masked_window}.get(kind)
         try:
-            results = fn(net, [ln.packed for ln in group], self.policy.pack)
-        except Exception:  # noqa: BLE001 — each lane's own call then raises its own error, alone
+            calls = [ln.packed for ln in group]
+            results = (packed_canvas.canvas_denoise(net, calls, self.policy) if fn is None
+                       else fn(net, calls, self.policy.pack))
+        except Exception as exc:  # noqa: BLE001 — each lane's own call then raises its own error, alone
             for ln in group:
-                self._alone(ln)
+                if _wrote(kind, ln.packed):    # its fused prefill had begun: the failed pass reset its cache
+                    ln.call, ln.packed, ln.error = None, None, exc
+                else:
+                    self._alone(ln)
             return
         for ln, res in zip(group, results):
             ln.call, ln.result, ln.packed = None, res, None
+
+
+def _wrote(kind: str, call) -> bool:
+    """Whether a packed call appends to its cache (fused prefill rows: ``cache.writing`` resets the cache when the
+    pass raises, so the call cannot be rerun alone)."""
+    if kind == "block":
+        return call[2] is not None and call[2].shape[1] > 0
+    pre = call.get("prefill_ids") if kind == "canvas" else None
+    return pre is not None and pre.shape[1] > 0

@@ -14,7 +14,7 @@
  * exp: Cephes expf range reduction (n = round(x log2 e), r = x - n ln 2 in two parts) and its degree-5 polynomial,
  * ~2 ulp; results below exp(-87.3) are 0. tanh(u) = sign(u) (1 - q) / (1 + q) with q = exp(-2|u|): absolute error
  * ~1e-7, so the soft-capped logit is off by ~cap * 1e-7. Sums are fp32 over 4 x 16 (AVX-512) or 4 (portable) lanes.
- * Measured against float64 in tests/test_vocab_native.py.
+ * Measured against float64 in tests/decoding/test_vocab_native.py.
  *
  * Build: plain C99, AVX-512F/BW (+VL) intrinsics when the compiler targets them (-march=native on such a CPU), the
  * same math in portable scalar code otherwise. Threads: rows split into contiguous ranges (pthreads per call).

@@ -21,12 +21,15 @@ from localdiff.serve.errors import cancelled_error, from_engine
 
 def kv_bytes(model, prompt_tokens: int, max_new_tokens: int | None) -> int:
     """Estimated K/V bytes of one request: the memory plan's :func:`localdiff.quantize.plan.kv_bytes` of the model's
-    config.json for prompt + answer tokens (rounded up to whole blocks) in the model's dtype. 0 when the config
-    does not give the layers' geometry (nothing to budget)."""
+    config.json for prompt + answer tokens (rounded up to whole blocks; a canvas model's answer to whole canvases) in
+    the model's dtype. 0 when the config does not give the layers' geometry (nothing to budget)."""
     from localdiff.quantize.plan import kv_bytes as plan_kv_bytes
 
     n = prompt_tokens + (max_new_tokens or model.default_max_new_tokens)
     blk = int(getattr(model.config, "block_size", 1) or 1)
+    canvas = int(getattr(model.config, "canvas_length", 0) or 0)  # the canvas family: the answer in whole canvases
+    if canvas and blk == 1:
+        n = prompt_tokens + -(-(n - prompt_tokens) // canvas) * canvas
     try:
         return plan_kv_bytes(dict(model.config.raw), -(-n // blk) * blk, dtype=str(model.dtype).split(".")[-1])
     except Exception:  # noqa: BLE001 — a config the plan cannot read: no estimate

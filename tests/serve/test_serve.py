@@ -27,7 +27,7 @@ LONG = {"max_denoising_steps": 20000, "confidence_threshold": 1e-12}  # a canvas
 
 @pytest.fixture(scope="module")
 def server():
-    s = Running()
+    s = Running(max_batch=1)  # the one-at-a-time queue (the embedded DiffusionGemma batches by default)
     yield s
     s.stop()
 
@@ -140,7 +140,7 @@ def test_eight_concurrent_streams_one_killed_mid_stream(server, capsys, isolated
 
 
 def test_full_queue_is_503_with_retry_after():
-    s = Running(max_queue=1)
+    s = Running(max_queue=1, max_batch=1)
     try:
         body = {"model": "tiny", "messages": [{"role": "user", "content": "What is 1 + 2?"}], "stream": True,
                 "max_tokens": 32, "localdiff": LONG}

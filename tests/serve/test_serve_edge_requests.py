@@ -29,7 +29,7 @@ LONG = {"max_denoising_steps": 20000, "confidence_threshold": 1e-12}   # a canva
 
 @pytest.fixture(scope="module")
 def server():
-    s = Running()
+    s = Running(max_batch=1)  # one at a time: tests read worker.current (DiffusionGemma batches by default)
     yield s
     s.stop()
 

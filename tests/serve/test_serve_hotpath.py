@@ -22,7 +22,7 @@ ASK = [{"role": "user", "content": "What is 27 + 58?"}]
 
 @pytest.fixture(scope="module")
 def server():
-    s = Running()
+    s = Running(max_batch=1)  # the one-at-a-time path and queue (DiffusionGemma batches by default)
     yield s
     s.stop()
 

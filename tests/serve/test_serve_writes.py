@@ -346,7 +346,7 @@ def test_shutdown_mid_stream_ends_the_answer_cleanly():
 
     import httpx
 
-    srv = Running()
+    srv = Running(max_batch=1)  # one running, one queued (DiffusionGemma batches by default)
     long = {"messages": ASK, "stream": True, "max_tokens": 900,
             "localdiff": {"max_denoising_steps": 48, "confidence_threshold": 1e-12}}
     out = {}

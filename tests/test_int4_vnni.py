@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from localdiff.kernels import build as native_build
 from localdiff.kernels import int4_vnni
 from localdiff.quantize import int4
 from localdiff.quantize.recipe import Recipe, RecipeError
@@ -154,3 +155,45 @@ def test_recipe_opt_in(tmp_path):
     for recipe, want in ((r, True), (Recipe.from_dict(base), False)):
         net = quantize_model(Net(), recipe, quant="int4")
         assert isinstance(net.experts, int4.Int4Experts) and net.experts.act_int8 is want
+
+
+@pytest.mark.skipif(native_build.compiler() is None, reason="no C compiler")
+def test_a_build_without_vnni_says_so(tmp_path, monkeypatch):
+    """The portable build (no -march=native) has no VNNI path: the library loads, says unavailable, and its grouped
+    call writes nothing (-3); Int4Experts with act_int8 then keep the exact kernels."""
+    lib = int4_vnni.load(int4_vnni._KERNEL.build(native_build.compiler(), native_build.PORTABLE_FLAGS, tmp_path))
+    assert lib.localdiff_int4_vnni_available() == 0
+    y = torch.full((2, 3), 7.0)
+    x = torch.zeros(2, 64)
+    p, s, z = int4.quantize_tensor(torch.randn(1, 3, 64))
+    rc = lib.localdiff_int4_vnni_mm_grouped(
+        x.data_ptr(),
+        0,
+        64,
+        torch.tensor([0, 2]).data_ptr(),
+        1,
+        1,
+        p.data_ptr(),
+        3,
+        s.data_ptr(),
+        z.data_ptr(),
+        y.data_ptr(),
+        3,
+        1,
+        0,
+    )
+    assert rc == -3 and (y == 7).all()
+    line = int4_vnni._ready(lib, "cc", native_build.PORTABLE_FLAGS)
+    assert line[0] is None and "no AVX512-VNNI" in line[1]
+    monkeypatch.setenv(int4_vnni.ENV, "0")
+    int4_vnni.reset()
+    try:
+        assert int4_vnni.library() is None and "off" in int4_vnni.status()
+        ex = int4.Int4Experts(2, 64, 32)
+        ex.act_int8 = True
+        assert not ex._vnni(torch.zeros(1, 64))
+        with pytest.raises(RuntimeError, match="off"):
+            int4_vnni.quantize(torch.zeros(1, 64))
+    finally:
+        monkeypatch.undo()
+        int4_vnni.reset()

@@ -251,23 +251,6 @@ static inline __attribute__((always_inline)) void tile(const job_t *j, long m0, 
     }
 }
 
-/* The activation quantization alone, as the kernel does it (tests): xi int8 [M, 64 G], sx fp32 [M, G]. x: [M, ldx]
- * bf16 bits (x_bf16) or fp32, 64 G valid columns. Returns 0, -2 out of memory. */
-int localdiff_int4_vnni_quantize(const void *x, int x_bf16, long ldx, long M, long G, int8_t *xi, float *sx) {
-    static const int kof[4] = {0, 32, 16, 48};
-    acts_t a = {0};
-    int rc = quantize_acts(x, x_bf16, ldx, M, G, &a);
-    for (long m = 0; rc == 0 && m < M; m++)
-        for (long g = 0; g < G; g++) {
-            for (int j = 0; j < 4; j++)
-                memcpy(xi + m * G * GROUP + g * GROUP + kof[j], a.xr + (m * a.B + g / 4) * 256 + j * 64 + g % 4 * 16,
-                       16);
-            sx[m * G + g] = a.sxv[(m * a.B + g / 4) * 16 + g % 4 * 4];
-        }
-    free(a.xr), free(a.sxv), free(a.xsf);
-    return rc;
-}
-
 /* tile() with MT and R as constants */
 static void run_tile(const job_t *j, long m0, long n0, int mt, int r) {
 #define T(MT, R) case MT * 16 + R: if (MT <= MT_MAX && R <= RS) tile(j, m0, n0, MT, R); break;
@@ -304,6 +287,28 @@ static void *thread_main(void *arg) {
     return NULL;
 }
 #endif
+
+/* The activation quantization alone, as the kernel does it (tests): xi int8 [M, 64 G], sx fp32 [M, G]. x: [M, ldx]
+ * bf16 bits (x_bf16) or fp32, 64 G valid columns. Returns 0, -2 out of memory, -3 no VNNI path in this build. */
+int localdiff_int4_vnni_quantize(const void *x, int x_bf16, long ldx, long M, long G, int8_t *xi, float *sx) {
+#ifndef HAVE_VNNI
+    (void)x, (void)x_bf16, (void)ldx, (void)M, (void)G, (void)xi, (void)sx;
+    return -3;
+#else
+    static const int kof[4] = {0, 32, 16, 48};
+    acts_t a = {0};
+    int rc = quantize_acts(x, x_bf16, ldx, M, G, &a);
+    for (long m = 0; rc == 0 && m < M; m++)
+        for (long g = 0; g < G; g++) {
+            for (int j = 0; j < 4; j++)
+                memcpy(xi + m * G * GROUP + g * GROUP + kof[j], a.xr + (m * a.B + g / 4) * 256 + j * 64 + g % 4 * 16,
+                       16);
+            sx[m * G + g] = a.sxv[(m * a.B + g / 4) * 16 + g % 4 * 4];
+        }
+    free(a.xr), free(a.sxv), free(a.xsf);
+    return rc;
+#endif
+}
 
 /* Stacked experts (E = 1: one plain weight): rows off[e] .. off[e + 1] - 1 of x (rows sorted by expert) times expert
  * e's int4 weight (q [E, N, G * 32], scale / zero [E, N, G]) into the same rows of y (fp32, or bf16 bits when

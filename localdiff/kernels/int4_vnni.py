@@ -96,6 +96,8 @@ def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's activation quantization alone (module docstring): x bf16 / fp32 Tensor[M, 64·G] →
     (int8 Tensor[M, 64·G], fp32 scales Tensor[M, G]); ``x ≈ xi · sx`` per group. Needs :func:`library`."""
     lib = library()
+    if lib is None:
+        raise RuntimeError(status())
     m, k = x.shape
     g = (k + GROUP - 1) // GROUP
     xx = _prep(x, g)

@@ -33,7 +33,12 @@ def describe(net: nn.Module, sampler: str | None = None) -> dict[str, str]:
     if any(isinstance(m, Int8Experts) for m in experts):
         out["experts"] = "int8 weights, one int8 matmul per active expert"
     elif any(isinstance(m, Int4Experts) for m in experts):
-        out["experts"] = "int4 weights, one int4 matmul per active expert"
+        out["experts"] = "int4 weights (CPU: all experts in one native call per projection)"
+        if cpu and any(getattr(m, "act_int8", False) for m in experts):
+            from localdiff.kernels import int4_vnni
+
+            out["experts"] += (f", int8 activations ({int4_vnni.status()})" if int4_vnni.library() is not None
+                               else f" (int8 activations asked; {int4_vnni.status()})")
     elif experts and cpu and dtype == "bfloat16" and experts[0].kernel == "stream" and native_experts.library():
         out["experts"] = (f"{native_experts.status()}: each expert's weights streamed once over its routed rows "
                           "only, fp32 activation, slots summed in fp32")

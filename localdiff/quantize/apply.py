@@ -116,6 +116,7 @@ def quantize_model(model: nn.Module, recipe: Recipe | None = None, quant: str | 
             new = (int8.Int8Linear if prec == "int8" else int4.Int4Linear).from_linear(mod)
         else:
             new = (int8.Int8Experts if prec == "int8" else int4.Int4Experts).from_experts(mod)
+            _activations(new, recipe)
         _replace(model, name, new)
         del mod
     for name, mod, prec in _embedding_targets(model, recipe):
@@ -128,6 +129,12 @@ def quantize_model(model: nn.Module, recipe: Recipe | None = None, quant: str | 
     quantize_head(model, recipe.head)
     model.quant_recipe = recipe
     return model
+
+
+def _activations(mod: nn.Module, recipe: Recipe) -> None:
+    """A recipe's ``int4_activations = "int8"`` on an int4 experts module (int8 activations by AVX512-VNNI)."""
+    if isinstance(mod, int4.Int4Experts) and recipe.int4_activations == "int8":
+        mod.act_int8 = True
 
 
 def convert_modules(model: nn.Module, recipe: Recipe | None = None, device=None) -> dict[str, str]:
@@ -143,6 +150,7 @@ def convert_modules(model: nn.Module, recipe: Recipe | None = None, device=None)
             e, two_i, h = mod.gate_up_proj.shape
             cls = int8.Int8Experts if prec == "int8" else int4.Int4Experts
             new = cls(e, h, two_i // 2, device=device or mod.gate_up_proj.device)
+            _activations(new, recipe)
         _replace(model, name, new)
         names[name] = prec
     for name, mod, prec in _embedding_targets(model, recipe):

@@ -32,6 +32,7 @@ from torch import nn
 
 from localdiff.arch.layers import MoEExperts, gelu_tanh
 from localdiff.kernels import int4 as native4
+from localdiff.kernels import int4_vnni
 
 GROUP = 64
 #: bytes per weight of the format (4-bit code + a 16-bit scale and a 16-bit zero per group of 64)
@@ -213,7 +214,13 @@ class Int4Experts(MoEExperts):
 
     State (checkpoint names): gate_up_proj uint8 Tensor[E, 2I, G_H·32] + ``_scale`` bf16 / ``_zero`` fp16
     Tensor[E, 2I, G_H]; down_proj uint8 Tensor[E, H, G_I·32] + ``_scale`` / ``_zero`` Tensor[E, H, G_I].
+
+    ``act_int8`` (set from a recipe's ``int4_activations = "int8"``): on CPUs with AVX512-VNNI both projections
+    quantize their activations to int8 per row and group of 64 (:mod:`localdiff.kernels.int4_vnni`), in the grouped
+    call and in :meth:`expert_ffn` alike; elsewhere it has no effect (exact kernels).
     """
+
+    act_int8 = False
 
     def __init__(self, num_experts: int, hidden: int, inter: int, device=None):
         nn.Module.__init__(self)
@@ -247,24 +254,30 @@ class Int4Experts(MoEExperts):
         k = index.shape[1]
         flat = index.reshape(-1)
         counts = torch.bincount(flat, minlength=self.num_experts)
-        if x.dtype == torch.bfloat16 and int(counts.max()) >= GROUPED_MAX_ROWS:
+        vnni = self._vnni(x)
+        if not vnni and x.dtype == torch.bfloat16 and int(counts.max()) >= GROUPED_MAX_ROWS:
             return super().forward(x, weights, index)
         order = torch.argsort(flat, stable=True)
         token = order // k
         off = torch.zeros(self.num_experts + 1, dtype=torch.int64)
         torch.cumsum(counts, 0, out=off[1:])
-        gate, up = native4.grouped_matmul(x.index_select(0, token), off, self.gate_up_proj, self.gate_up_proj_scale,
-                                          self.gate_up_proj_zero).chunk(2, dim=-1)
-        ys = native4.grouped_matmul(gelu_tanh(gate) * up, off, self.down_proj, self.down_proj_scale,
-                                    self.down_proj_zero)
+        mm = int4_vnni.grouped_matmul if vnni else native4.grouped_matmul
+        gate, up = mm(x.index_select(0, token), off, self.gate_up_proj, self.gate_up_proj_scale,
+                      self.gate_up_proj_zero).chunk(2, dim=-1)
+        ys = mm(gelu_tanh(gate) * up, off, self.down_proj, self.down_proj_scale, self.down_proj_zero)
         ys = (ys * weights.reshape(-1)[order, None]).to(x.dtype)
         return torch.zeros_like(x).index_add_(0, token, ys)
 
+    def _vnni(self, x: torch.Tensor) -> bool:
+        """Whether the int8-activation kernel runs for x (``act_int8``, CPU, bf16 / fp32, no autograd, library)."""
+        return self.act_int8 and x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) \
+            and not torch.is_grad_enabled() and int4_vnni.library() is not None
+
     def expert_ffn(self, e: int, x: torch.Tensor) -> torch.Tensor:
         """Expert ``e`` on x: Tensor[N, H] → Tensor[N, H] (gelu-tanh gated FFN on int4 weights)."""
-        gate, up = int4_matmul(x, self.gate_up_proj[e], self.gate_up_proj_scale[e],
-                               self.gate_up_proj_zero[e]).chunk(2, dim=-1)
-        return int4_matmul(gelu_tanh(gate) * up, self.down_proj[e], self.down_proj_scale[e], self.down_proj_zero[e])
+        mm = int4_vnni.matmul if self._vnni(x) else int4_matmul
+        gate, up = mm(x, self.gate_up_proj[e], self.gate_up_proj_scale[e], self.gate_up_proj_zero[e]).chunk(2, dim=-1)
+        return mm(gelu_tanh(gate) * up, self.down_proj[e], self.down_proj_scale[e], self.down_proj_zero[e])
 
 
 class Int4Head:

@@ -9,6 +9,7 @@ A recipe file::
     head = "float"                      # "int8" / "int4": a quantized copy of the LM head for the logits
     embeddings = "float"                # "int8" / "int4": the token embedding table itself quantized
     int4_embeddings = "int4"            # what ``--quant int4`` sets ``embeddings`` to (default: as ``embeddings``)
+    int4_activations = "int8"           # int4 experts quantize activations to int8 (AVX512-VNNI); default "float"
     [[rules]]                           # first matching rule wins
     pattern = "*router*"                # fnmatch glob on a module name
     precision = "float"                 # "int8", "int4" or "float"
@@ -89,6 +90,7 @@ class Recipe:
     head: str = "float"
     embeddings: str = "float"
     int4_embeddings: str | None = None
+    int4_activations: str = "float"
 
     def precision_for(self, module_name: str) -> str:
         """"int8", "int4" or "float" for a module name (first matching rule, else ``default``)."""
@@ -115,7 +117,8 @@ class Recipe:
             return self
         return Recipe(name=self.name, rules=rules, default=swap(self.default), models=self.models,
                       description=self.description, plans=self.plans, source=self.source, head=swap(self.head),
-                      embeddings=emb, int4_embeddings=self.int4_embeddings)
+                      embeddings=emb, int4_embeddings=self.int4_embeddings,
+                      int4_activations=self.int4_activations)
 
     def quant(self) -> str | None:
         """The quantized precision this recipe uses ("int4" when any rule / its head says int4, else "int8" when
@@ -129,7 +132,8 @@ class Recipe:
                "models": list(self.models)}
         return out | ({"head": self.head} if self.head != "float" else {}) \
             | ({"embeddings": self.embeddings} if self.embeddings != "float" else {}) \
-            | ({"int4_embeddings": self.int4_embeddings} if self.int4_embeddings else {})
+            | ({"int4_embeddings": self.int4_embeddings} if self.int4_embeddings else {}) \
+            | ({"int4_activations": self.int4_activations} if self.int4_activations != "float" else {})
 
     @classmethod
     def from_dict(cls, data: dict, source: Path | None = None, name: str | None = None) -> "Recipe":
@@ -159,6 +163,9 @@ class Recipe:
             if v is not None and v not in PRECISIONS:
                 raise RecipeError(f"{where}: {key} precision {v!r} (use one of {', '.join(PRECISIONS)})")
             emb[key] = v
+        acts = data.get("int4_activations", "float")
+        if acts not in ("float", "int8"):
+            raise RecipeError(f"{where}: int4_activations {acts!r} (use float or int8)")
         plans = []
         for p in data.get("plans", []):
             if not isinstance(p, dict) or "gpu_mem" not in p:
@@ -174,7 +181,7 @@ class Recipe:
         return cls(name=str(data.get("name") or name or (source.stem if source else "custom")), rules=tuple(rules),
                    default=default, models=tuple(data.get("models", ())), description=str(data.get("description", "")),
                    plans=tuple(plans), source=source, head=head, embeddings=emb["embeddings"] or "float",
-                   int4_embeddings=emb["int4_embeddings"])
+                   int4_embeddings=emb["int4_embeddings"], int4_activations=acts)
 
 
 #: The rules used when no recipe is named: int8 for attention projections, the dense MLP and the experts;

@@ -1,0 +1,190 @@
+"""int4 weights × int8 activations by AVX512-VNNI (``int4_vnni.c``), for stacked int4 experts at a few rows each.
+
+``y = dequantize_int8(x) @ dequantize(packed, scale, zero)ᵀ`` for :mod:`localdiff.quantize.int4`'s format (packed
+uint8 [N, G·32], bf16 scale and fp16 zero [N, G], unchanged: no repacking), where each activation row's group of 64
+features is quantized once per call to int8, symmetric absmax (as llama.cpp's Q8_0 blocks, 64 wide here):
+``sx = amax / 127``, ``xi = round_half_even(x · (127 / amax))`` in fp32. ``vpdpbusd`` multiplies 64 codes by 64 int8
+activations per instruction (``vdpbf16ps``: 32), so the compute-bound expert products run ~1.5× faster than the
+bf16 path of :mod:`localdiff.kernels.int4` (docs/BENCHMARKS.md). The activation quantization changes the numerics:
+the result equals a float64 product of the dequantized int8 activations and int4 weights up to fp32 rounding
+(tests/test_int4_vnni.py); a recipe opts in with ``int4_activations = "int8"`` (:mod:`localdiff.quantize.recipe`).
+
+Build: :mod:`localdiff.kernels.build`. No AVX512-VNNI (or no compiler, or ``LOCALDIFF_NATIVE_INT4_VNNI=0``) →
+:func:`library` is None, :func:`status` says why, and the experts keep the exact bf16 / fp32 kernels.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from localdiff.kernels import build as _native
+
+SOURCE = Path(__file__).with_name("int4_vnni.c")
+ENV = "LOCALDIFF_NATIVE_INT4_VNNI"
+GROUP = 64
+
+
+def load(path) -> ctypes.CDLL:
+    """Load a built library and set its ctypes signatures (raises OSError / AttributeError on a bad file)."""
+    lib = ctypes.CDLL(str(path))
+    f = lib.localdiff_int4_vnni_mm_grouped
+    f.restype = ctypes.c_int
+    f.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_long,
+        ctypes.c_void_p,
+        ctypes.c_long,
+        ctypes.c_long,
+        ctypes.c_void_p,
+        ctypes.c_long,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_long,
+        ctypes.c_int,
+        ctypes.c_int,
+    ]
+    q = lib.localdiff_int4_vnni_quantize
+    q.restype = ctypes.c_int
+    q.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_long,
+        ctypes.c_long,
+        ctypes.c_long,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+    ]
+    lib.localdiff_int4_vnni_available.restype = ctypes.c_int
+    return lib
+
+
+def _ready(lib: ctypes.CDLL, cc: str, flags: tuple) -> tuple:
+    if not lib.localdiff_int4_vnni_available():
+        return None, "native int4 x int8 kernel unavailable: this CPU or build has no AVX512-VNNI"
+    return lib, f"native int4 x int8 kernel: AVX512-VNNI vpdpbusd ({_native.built_with(cc, flags)})"
+
+
+_KERNEL = _native.Kernel(
+    SOURCE,
+    "liblocaldiff_int4_vnni.so",
+    load,
+    _ready,
+    unavailable=lambda why: f"native int4 x int8 kernel unavailable: {why}",
+    off=lambda: f"native int4 x int8 kernel off ({ENV}=0)" if _native.switched_off(ENV) else None,
+)
+library = _KERNEL.library  # the loaded library (built on first use), or None (status() says why)
+status = _KERNEL.status  # one line: what runs, or why nothing does
+reset = _KERNEL.reset  # forget the loaded library / failure (tests that change the environment)
+
+
+def _prep(x: torch.Tensor, g: int) -> torch.Tensor:
+    if x.dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError("native int4 x int8 matmul: bf16 or fp32 activations")
+    k = x.shape[1]
+    if k > g * GROUP:
+        raise ValueError(f"native int4 x int8 matmul: x has {k} features, the weight {g} groups of {GROUP}")
+    return F.pad(x, (0, g * GROUP - k)) if k < g * GROUP else x.contiguous()
+
+
+def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's activation quantization alone (module docstring): x bf16 / fp32 Tensor[M, 64·G] →
+    (int8 Tensor[M, 64·G], fp32 scales Tensor[M, G]); ``x ≈ xi · sx`` per group. Needs :func:`library`."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError(status())
+    m, k = x.shape
+    g = (k + GROUP - 1) // GROUP
+    xx = _prep(x, g)
+    xi = torch.empty(m, g * GROUP, dtype=torch.int8)
+    sx = torch.empty(m, g, dtype=torch.float32)
+    if lib.localdiff_int4_vnni_quantize(
+        xx.data_ptr(), int(xx.dtype == torch.bfloat16), xx.stride(0), m, g, xi.data_ptr(), sx.data_ptr()
+    ):
+        raise MemoryError("native int4 x int8 quantize: out of memory")
+    return xi, sx
+
+
+def grouped_matmul(
+    xs: torch.Tensor,
+    offsets: torch.Tensor,
+    packed: torch.Tensor,
+    scale: torch.Tensor,
+    zero: torch.Tensor,
+    threads: int | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """Stacked int4 experts × int8-quantized activations in one call: rows ``offsets[e] .. offsets[e + 1] − 1`` of
+    ``xs`` times expert e's weight (each row's result independent of the other rows and experts).
+
+    Args:
+        xs: bf16 or fp32 Tensor[R, K], rows sorted by expert; offsets: int64 Tensor[E + 1] (offsets[0] = 0,
+            offsets[E] = R); packed: uint8 Tensor[E, N, G·32]; scale: bf16 / zero: fp16 Tensor[E, N, G]; K ≤ 64·G.
+        threads: threads splitting N (default ``torch.get_num_threads()``).
+        out_dtype: fp32 or bf16 (default xs's dtype; bf16 is rounded once from the fp32 sums, as a cast).
+    Returns:
+        Tensor[R, N].
+    Raises:
+        ValueError: other dtypes or shapes; MemoryError: out of memory; RuntimeError: no VNNI library loaded.
+    """
+    lib = _KERNEL.lib if _KERNEL.lib is not None else library()
+    if lib is None:
+        raise RuntimeError(status())
+    r = xs.shape[0]
+    e, n, g = scale.shape
+    if (
+        packed.dtype != torch.uint8
+        or tuple(packed.shape) != (e, n, g * GROUP // 2)
+        or tuple(zero.shape) != (e, n, g)
+        or scale.dtype != torch.bfloat16
+        or zero.dtype != torch.float16
+        or tuple(offsets.shape) != (e + 1,)
+    ):
+        raise ValueError(
+            "native int4 x int8 grouped matmul: codes [E, N, G*32], bf16 scale / fp16 zero [E, N, G], offsets [E+1]"
+        )
+    xx = _prep(xs, g)
+    out_dtype = out_dtype or xs.dtype
+    y = torch.empty(r, n, dtype=torch.bfloat16 if out_dtype == torch.bfloat16 else torch.float32)
+    off = offsets.to(torch.int64).contiguous()
+    packed, scale, zero = packed.contiguous(), scale.contiguous(), zero.contiguous()
+    rc = lib.localdiff_int4_vnni_mm_grouped(
+        xx.data_ptr(),
+        int(xx.dtype == torch.bfloat16),
+        xx.stride(0),
+        off.data_ptr(),
+        e,
+        g,
+        packed.data_ptr(),
+        n,
+        scale.data_ptr(),
+        zero.data_ptr(),
+        y.data_ptr(),
+        n,
+        threads or torch.get_num_threads(),
+        int(y.dtype == torch.bfloat16),
+    )
+    if rc == -2:
+        raise MemoryError("native int4 x int8 matmul: out of memory")
+    if rc < -1:
+        raise ValueError(f"native int4 x int8 grouped matmul: bad offsets or no VNNI path (code {rc})")
+    return y if y.dtype == out_dtype else y.to(out_dtype)
+
+
+def matmul(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    scale: torch.Tensor,
+    zero: torch.Tensor,
+    threads: int | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """One int4 weight (packed [N, G·32], scale / zero [N, G]) × x [M, K] (bf16 / fp32) with int8-quantized
+    activations: :func:`grouped_matmul` with one expert. Returns Tensor[M, N] in ``out_dtype`` (default x's)."""
+    off = torch.tensor([0, x.shape[0]], dtype=torch.int64)
+    return grouped_matmul(x, off, packed[None], scale[None], zero[None], threads, out_dtype)

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from localdiff.arch.moe import SparseMoE, SwiGLU
+from localdiff.kernels.attend import attend as native_attend
 
 
 def llama_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -184,7 +185,13 @@ class Attention(nn.Module):
         return self.o_proj(a)
 
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """:meth:`attend` before the output projection: Tensor[B, Lq, heads·D]."""
+        """:meth:`attend` before the output projection: Tensor[B, Lq, heads·D]. bf16 on CPU with few query rows
+        that all see the same keys: the native small-query kernel (:mod:`localdiff.kernels.attend`; K/V read in
+        place, fp32 softmax weights), else torch's SDPA."""
+        if q.dtype == torch.bfloat16 and q.device.type == "cpu":
+            out = native_attend(q, k, v, mask)
+            if out is not None:
+                return out
         b, _, n, d = q.shape
         if self.heads != self.kv_heads and (mask is None or (mask.dim() == 4 and mask.shape[1] == mask.shape[2] == 1)):
             # every query row sees the same keys: stack the query heads that share a key-value head into one

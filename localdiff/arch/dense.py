@@ -23,6 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from localdiff.arch.moe import SparseMoE, SwiGLU
+from localdiff.kernels import rowops as native_rows
+from localdiff.kernels.attend import attend as native_attend
 
 
 def llama_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -35,6 +37,10 @@ def llama_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> 
     """
     if x.dtype == torch.float32 and (weight is None or weight.dtype == torch.float32):
         return torch.rms_norm(x, (x.shape[-1],), weight, eps)
+    if x.dtype == torch.bfloat16 and not (torch.is_grad_enabled() and x.requires_grad):
+        y = native_rows.rms_norm(x, weight, eps)   # one library call for the ops below (localdiff.kernels.rowops)
+        if y is not None:
+            return y
     xf = x.float()
     if x.dtype != torch.float32 and not (torch.is_grad_enabled() and x.requires_grad):
         # the same ops in place on the one fp32 copy (bit-identical: tests/quant/test_fuse_int8.py), and the 16-bit scale
@@ -167,6 +173,11 @@ class Attention(nn.Module):
         (tests/quant/test_fuse_int8.py)."""
         hq, d = self.heads, self.head_dim
         qk = q.as_strided((b, n, hq + self.kv_heads, d), (q.stride(0), q.stride(1), d, 1))
+        out = native_rows.qk_norm_rope(qk, hq, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, cos, sin) \
+            if not torch.is_grad_enabled() else None
+        if out is not None:     # the ops below in one library call (localdiff.kernels.rowops)
+            qk = out.transpose(1, 2)
+            return qk[:, :hq], qk[:, hq:], v.view(b, n, self.kv_heads, d).transpose(1, 2)
         qk = llama_rms_norm(qk, None, self.q_norm.eps)
         qk[:, :, :hq].mul_(self.q_norm.weight)
         qk[:, :, hq:].mul_(self.k_norm.weight)
@@ -184,7 +195,13 @@ class Attention(nn.Module):
         return self.o_proj(a)
 
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """:meth:`attend` before the output projection: Tensor[B, Lq, heads·D]."""
+        """:meth:`attend` before the output projection: Tensor[B, Lq, heads·D]. bf16 on CPU with few query rows
+        that all see the same keys: the native small-query kernel (:mod:`localdiff.kernels.attend`; K/V read in
+        place, fp32 softmax weights), else torch's SDPA."""
+        if q.dtype == torch.bfloat16 and q.device.type == "cpu":
+            out = native_attend(q, k, v, mask)
+            if out is not None:
+                return out
         b, _, n, d = q.shape
         if self.heads != self.kv_heads and (mask is None or (mask.dim() == 4 and mask.shape[1] == mask.shape[2] == 1)):
             # every query row sees the same keys: stack the query heads that share a key-value head into one

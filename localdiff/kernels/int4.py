@@ -64,8 +64,13 @@ def bf16_dot(lib: ctypes.CDLL | None = None) -> bool:
         os.environ.get(ENV, "").strip().lower() != "fma"
 
 
+#: (the library loaded by :func:`library`, :func:`bf16_dot` of it when it loaded): matmul's per-call answer
+_DOT: list = [None, False]
+
+
 def _ready(lib: ctypes.CDLL, cc: str, flags: tuple) -> tuple:
-    dot = "AVX512-BF16 dot products for bf16 activations, " if bf16_dot(lib) else ""
+    _DOT[:] = [lib, bf16_dot(lib)]
+    dot = "AVX512-BF16 dot products for bf16 activations, " if _DOT[1] else ""
     return lib, (f"native int4 kernel: {dot}{lib.localdiff_int4_vector_width()}-lane fp32 FMA "
                  f"({_native.built_with(cc, flags)})")
 
@@ -107,7 +112,7 @@ def matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: tor
             or tuple(packed.shape) != (n, g * GROUP // 2) or k > g * GROUP:
         raise ValueError("native int4 matmul: bf16/fp32 x [M, K], uint8 codes [N, G*32], bf16 scale and fp16 zero "
                          "[N, G], K <= 64 G")
-    dot = x.dtype == torch.bfloat16 and bf16_dot(lib)
+    dot = x.dtype == torch.bfloat16 and (_DOT[1] if lib is _DOT[0] else bf16_dot(lib))
     xx = x if dot else x.float()
     if k < g * GROUP:
         xx = F.pad(xx, (0, g * GROUP - k))

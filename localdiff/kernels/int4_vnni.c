@@ -8,7 +8,7 @@
  * llama.cpp's Q8_0 blocks, here 64 wide to match the weight groups): amax = max |x|, sx = amax / 127,
  * xi = round-half-even(x * (127 / amax)) (fp32 arithmetic; amax = 0 gives sx = 0, xi = 0). This changes the
  * numerics against the bf16 / fp32 kernels of int4.c: the result equals a float64 computation on the dequantized
- * int8 activations (sx * xi) and int4 weights, up to fp32 rounding (tests/test_int4_vnni.py).
+ * int8 activations (sx * xi) and int4 weights, up to fp32 rounding (tests/quant/test_int4_vnni.py).
  *
  * Inner loop: 4 groups of one weight row at a time. Two 64-byte loads of the row's 128 code bytes and two vpermt2q
  * give 4 vectors of 64 codes 0..15 as unsigned bytes, each with 16 codes of each of the 4 groups (a quarter of the

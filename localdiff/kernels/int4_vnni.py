@@ -7,7 +7,7 @@ features is quantized once per call to int8, symmetric absmax (as llama.cpp's Q8
 activations per instruction (``vdpbf16ps``: 32), so the compute-bound expert products run ~1.5× faster than the
 bf16 path of :mod:`localdiff.kernels.int4` (docs/BENCHMARKS.md). The activation quantization changes the numerics:
 the result equals a float64 product of the dequantized int8 activations and int4 weights up to fp32 rounding
-(tests/test_int4_vnni.py); a recipe opts in with ``int4_activations = "int8"`` (:mod:`localdiff.quantize.recipe`).
+(tests/quant/test_int4_vnni.py); a recipe opts in with ``int4_activations = "int8"`` (:mod:`localdiff.quantize.recipe`).
 
 Build: :mod:`localdiff.kernels.build`. No AVX512-VNNI (or no compiler, or ``LOCALDIFF_NATIVE_INT4_VNNI=0``) →
 :func:`library` is None, :func:`status` says why, and the experts keep the exact bf16 / fp32 kernels.

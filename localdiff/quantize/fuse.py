@@ -41,9 +41,15 @@ class FusedInt8:
             if self.zero is not None:
                 m.weight_zero = self.zero[o:o + n]
             o += n
+        # the buffer objects bound here: while each module still holds them (checked by identity, no storage
+        # queries), the fused call is valid
+        self._views = [(m, n, m._buffers.get(n)) for m in mods for n in ("weight", "weight_scale", "weight_zero")
+                       if n in m._buffers]
 
     def valid(self) -> bool:
         """Whether the modules' buffers are still views of the fused weight and scale (see the class docstring)."""
+        if all(m._buffers.get(n) is t for m, n, t in self._views):   # the views set here: still valid
+            return True
         first, last = self.mods[0], self.mods[-1]
         return (first.weight.data_ptr() == self.weight.data_ptr()
                 and first.weight_scale.data_ptr() == self.scale.data_ptr()

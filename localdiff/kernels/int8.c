@@ -19,6 +19,7 @@
  */
 #include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
@@ -181,6 +182,203 @@ int localdiff_int8_mm(const float *x, long ldx, long M, long K, const int8_t *q,
         }
     }
     return rc;
+}
+
+/* ---- AVX512-BF16 path (bf16 activations; Zen 4, Cooper Lake, Sapphire Rapids and later) ---------------------------
+ * y[m, n] = scale[n] * sum_k x[m, k] * q[n, k] for bf16 x: every int8 weight is exact in bf16 (|q| <= 127 < 2^8), so
+ * q is converted to bf16 once per call, NB output rows at a time, into a per-thread buffer (zeros past K), and
+ * vdpbf16ps multiplies each 32-k chunk of BMT rows of x with BRT converted weight rows at a time (BMT x BRT zmm
+ * accumulators: each weight chunk loaded once per BMT rows, each x chunk once per BRT weight rows). The products of two
+ * bf16 are exact in fp32 and summed in fp32 (lane l of an accumulator takes k = 32c + 2l, 32c + 2l + 1 for every
+ * chunk c; the 16 lanes are added at the end, then one multiplication by the scale): dequantize(q, scale) @ x^T in
+ * fp32 up to the summation order (vdpbf16ps treats subnormal inputs as 0 and flushes subnormal sums to 0). Each
+ * (m, n) is computed by the same instruction sequence whatever M, the tiling or the threads: rows are bit-identical
+ * alone and in a batch. Measured throughput on this project's Zen 4 core: one zmm vdpbf16ps per cycle (32 MACs),
+ * twice the fp32 FMA path's 16. */
+#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512F__)
+#define HAVE_BF16DOT 1
+#define NB 16                              /* weight rows converted per block */
+#define BRT 4                              /* weight rows per micro-tile */
+#define BMT 6                              /* x rows per micro-tile */
+
+static inline uint16_t f32_to_bf16(float f) {   /* round to nearest even (finite values) */
+    uint32_t b;
+    memcpy(&b, &f, sizeof b);
+    return (uint16_t)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+}
+
+/* 32 int8 weights -> 32 bf16 (exact), in k order; `n` < 32 reads only the first n (zeros after). */
+static inline __m512bh bf_load_q(const int8_t *p, long n) {
+    if (n >= 32) {
+        __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+        __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 16))));
+        return _mm512_cvtne2ps_pbh(hi, lo);
+    }
+    __mmask16 m0 = n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+    __mmask16 m1 = n <= 16 ? 0 : (__mmask16)((1u << (n - 16)) - 1);
+    __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m0, p)));
+    __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m1, p + 16)));
+    return _mm512_cvtne2ps_pbh(hi, lo);
+}
+
+/* rows x K int8 weights -> bf16 [rows][kp] (kp = K rounded up to 32; zeros past K). */
+static void bf_convert(const int8_t *q, long K, long kp, int rows, uint16_t *wb) {
+    for (int r = 0; r < rows; r++)
+        for (long k = 0; k < kp; k += 32)
+            _mm512_storeu_si512((void *)(wb + r * kp + k), (__m512i)bf_load_q(q + r * K + k, K - k));
+}
+
+/* MT rows of x (bf16, row stride ldx) times RT converted weight rows (stride kp) -> y (fp32 or bf16). */
+static inline __attribute__((always_inline)) void bf_tile(const uint16_t *x, long ldx, const uint16_t *w, long kp,
+                                                         const int8_t *wq, long K, const void *s, int sbf16, long n0,
+                                                         void *y, int ybf16, long ldy, const int MT, const int RT) {
+    __m512 acc[BMT][BRT];
+#pragma GCC unroll 8
+    for (int m = 0; m < MT; m++)
+#pragma GCC unroll 8
+        for (int r = 0; r < RT; r++) acc[m][r] = _mm512_setzero_ps();
+    const long kfull = K / 32 * 32;
+    long k = 0;
+    for (; k < kfull; k += 32) {
+        __m512bh wv[BRT];
+#pragma GCC unroll 8
+        for (int r = 0; r < RT; r++)
+            wv[r] = wq ? bf_load_q(wq + r * K + k, 32) : (__m512bh)_mm512_loadu_si512((const void *)(w + r * kp + k));
+#pragma GCC unroll 8
+        for (int m = 0; m < MT; m++) {
+            __m512bh xv = (__m512bh)_mm512_loadu_si512((const void *)(x + m * ldx + k));
+#pragma GCC unroll 8
+            for (int r = 0; r < RT; r++) acc[m][r] = _mm512_dpbf16_ps(acc[m][r], xv, wv[r]);
+        }
+    }
+    if (k < K) {                           /* the K % 32 tail: masked x, zero weights past K */
+        const __mmask32 mk = (__mmask32)((1u << (K - k)) - 1);
+        __m512bh wv[BRT];
+#pragma GCC unroll 8
+        for (int r = 0; r < RT; r++)
+            wv[r] = wq ? bf_load_q(wq + r * K + k, K - k) : (__m512bh)_mm512_loadu_si512((const void *)(w + r * kp + k));
+#pragma GCC unroll 8
+        for (int m = 0; m < MT; m++) {
+            __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(mk, x + m * ldx + k);
+#pragma GCC unroll 8
+            for (int r = 0; r < RT; r++) acc[m][r] = _mm512_dpbf16_ps(acc[m][r], xv, wv[r]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int m = 0; m < MT; m++)
+#pragma GCC unroll 8
+        for (int r = 0; r < RT; r++) {
+            float t = _mm512_reduce_add_ps(acc[m][r]) * get_scale(s, sbf16, n0 + r);
+            if (ybf16) ((uint16_t *)y)[m * ldy + n0 + r] = f32_to_bf16(t);
+            else ((float *)y)[m * ldy + n0 + r] = t;
+        }
+}
+
+typedef void (*bf_fn)(const uint16_t *, long, const uint16_t *, long, const int8_t *, long, const void *, int, long,
+                      void *, int, long);
+#define BF_FN(MT, RT)                                                                                            \
+    static void bf_##MT##_##RT(const uint16_t *x, long ldx, const uint16_t *w, long kp, const int8_t *wq, long K, \
+                               const void *s, int sbf16, long n0, void *y, int ybf16, long ldy) {              \
+        bf_tile(x, ldx, w, kp, wq, K, s, sbf16, n0, y, ybf16, ldy, MT, RT);                                    \
+    }
+#define BF_ROW(MT) BF_FN(MT, 1) BF_FN(MT, 2) BF_FN(MT, 3) BF_FN(MT, 4)
+BF_ROW(1) BF_ROW(2) BF_ROW(3) BF_ROW(4) BF_ROW(5) BF_ROW(6)
+#define BF_REF(MT) {bf_##MT##_1, bf_##MT##_2, bf_##MT##_3, bf_##MT##_4}
+static const bf_fn BF_TILES[BMT][BRT] = {BF_REF(1), BF_REF(2), BF_REF(3), BF_REF(4), BF_REF(5), BF_REF(6)};
+
+typedef struct {
+    const uint16_t *x;
+    long ldx, M, K;
+    const int8_t *q;
+    const void *s;
+    int sbf16, ybf16;
+    void *y;
+    long ldy, n_begin, n_end;
+    int rc;
+} bf_job_t;
+
+/* Up to BRT rows of x: each weight chunk converted in registers and used at once (no buffer). Else NB weight rows
+ * at a time are converted into a per-thread buffer that every micro-tile of x rows then reads. Both give the same
+ * instruction sequence per (m, n): the same bits. */
+static void bf_range(bf_job_t *j) {
+    const long K = j->K, kp = (K + 31) / 32 * 32, M = j->M;
+    const size_t ysz = j->ybf16 ? 2 : 4;
+    if (M <= BRT) {
+        for (long n0 = j->n_begin; n0 < j->n_end; n0 += BRT) {
+            const int rt = j->n_end - n0 < BRT ? (int)(j->n_end - n0) : BRT;
+            BF_TILES[M - 1][rt - 1](j->x, j->ldx, NULL, kp, j->q + n0 * K, K, j->s, j->sbf16, n0, j->y, j->ybf16,
+                                    j->ldy);
+        }
+        return;
+    }
+    uint16_t *wb = aligned_alloc(64, (size_t)NB * kp * sizeof(uint16_t));
+    if (!wb) {
+        j->rc = -1;
+        return;
+    }
+    /* M % BMT rows would leave a thin last tile: spread the rows evenly over ceil(M / BMT) tiles instead */
+    const long tiles = (M + BMT - 1) / BMT, mt_even = (M + tiles - 1) / tiles;
+    for (long n0 = j->n_begin; n0 < j->n_end; n0 += NB) {
+        const int rows = j->n_end - n0 < NB ? (int)(j->n_end - n0) : NB;
+        bf_convert(j->q + n0 * K, K, kp, rows, wb);
+        for (int r0 = 0; r0 < rows; r0 += BRT) {
+            const int rt = rows - r0 < BRT ? rows - r0 : BRT;
+            for (long m0 = 0; m0 < M; m0 += mt_even) {
+                const int mt = M - m0 < mt_even ? (int)(M - m0) : (int)mt_even;
+                BF_TILES[mt - 1][rt - 1](j->x + m0 * j->ldx, j->ldx, wb + r0 * kp, kp, NULL, K, j->s, j->sbf16,
+                                         n0 + r0, (char *)j->y + m0 * j->ldy * ysz, j->ybf16, j->ldy);
+            }
+        }
+    }
+    free(wb);
+}
+
+static void *bf_thread(void *arg) {
+    bf_range((bf_job_t *)arg);
+    return NULL;
+}
+#endif
+
+/* 1 when this build has the AVX512-BF16 path (localdiff_int8_mm_bf16). */
+int localdiff_int8_has_bf16dot(void) {
+#ifdef HAVE_BF16DOT
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* y = (x @ q^T) * scale for bf16 x (any M >= 1) by AVX512-BF16 dot products (see above); y bf16 (y_bf16 = 1) or
+ * fp32. Returns 0; -2 when this build has no AVX512-BF16 (nothing written); -1 when memory ran out. */
+int localdiff_int8_mm_bf16(const uint16_t *x, long ldx, long M, long K, const int8_t *q, long N, const void *scale,
+                           int scale_bf16, void *y, int y_bf16, long ldy, int threads) {
+#ifdef HAVE_BF16DOT
+    if (M < 1 || K < 1) return -2;
+    if (threads < 1) threads = 1;
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    long per = (N + threads - 1) / threads;
+    per = (per + NB - 1) / NB * NB;
+    bf_job_t jobs[MAX_THREADS];
+    pthread_t tid[MAX_THREADS];
+    int started[MAX_THREADS], nj = 0, rc = 0;
+    for (long b = 0; b < N; b += per) {
+        bf_job_t jb = {x, ldx, M, K, q, scale, scale_bf16, y_bf16, y, ldy, b, b + per < N ? b + per : N, 0};
+        jobs[nj++] = jb;
+    }
+    for (int i = 1; i < nj; i++) started[i] = pthread_create(&tid[i], NULL, bf_thread, &jobs[i]) == 0;
+    if (nj > 0) bf_range(&jobs[0]);
+    for (int i = 1; i < nj; i++) {
+        if (started[i]) pthread_join(tid[i], NULL);
+        else bf_range(&jobs[i]);
+    }
+    for (int i = 0; i < nj; i++)
+        if (jobs[i].rc) rc = jobs[i].rc;
+    return rc;
+#else
+    (void)x; (void)ldx; (void)M; (void)K; (void)q; (void)N; (void)scale; (void)scale_bf16; (void)y; (void)y_bf16;
+    (void)ldy; (void)threads;
+    return -2;
+#endif
 }
 
 /* ---- AMX-INT8 path (Sapphire Rapids and later; built when -march=native enables AMX) ---------------------------

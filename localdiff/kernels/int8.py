@@ -9,7 +9,12 @@ result is ``dequantize(q, scale) @ xᵀ`` in fp32 up to the summation order.
 
 Build: :mod:`localdiff.kernels.build` (``$CC -O3 -march=native -fPIC -shared``, without ``-march=native`` when the
 compiler refuses it, into the user cache, keyed by the source, compiler, flags and CPU flags; a finished build is
-reused). ``LOCALDIFF_NATIVE_INT8=fma`` keeps the FMA kernel where AMX would run.
+reused). ``LOCALDIFF_NATIVE_INT8=fma`` keeps the FMA kernel where AMX or AVX512-BF16 would run.
+
+bf16 activations on a CPU with AVX512-BF16 (and no AMX, or more than :data:`MAX_ROWS` rows) take the kernel's
+``vdpbf16ps`` path: each int8 weight converted to bf16 once per call (exact), products exact in fp32, sums in fp32
+(``dequantize(q, scale) @ xᵀ`` up to the summation order, subnormals flushed), twice the fp32 FMAs' multiply rate,
+so block steps of several requests (4–16 rows) stay near the weight-read time (docs/BENCHMARKS.md, serve-batch).
 No compiler, a failed compile or ``LOCALDIFF_NATIVE_INT8=0`` → :func:`library` is None and :func:`status` says why in
 one line (the callers keep their torch kernels).
 """
@@ -32,6 +37,7 @@ ENV = "LOCALDIFF_NATIVE_INT8"
 MAX_ROWS = 16
 
 _HAS_AMX: dict = {}            # id(library) → bool
+_HAS_BF16: dict = {}           # id(library) → bool: the AVX512-BF16 path runs bf16 activations
 
 
 def _load(path: Path) -> ctypes.CDLL:
@@ -47,14 +53,22 @@ def _load(path: Path) -> ctypes.CDLL:
                   ctypes.c_long, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_long,
                   ctypes.c_int]
     lib.localdiff_int8_has_amx.restype = ctypes.c_int
+    h = lib.localdiff_int8_mm_bf16
+    h.restype = ctypes.c_int
+    h.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_long,
+                  ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_int]
+    lib.localdiff_int8_has_bf16dot.restype = ctypes.c_int
     return lib
 
 
 def _ready(lib: ctypes.CDLL, cc: str, flags: tuple) -> tuple:
     amx = bool(os.environ.get(ENV, "").strip().lower() != "fma" and lib.localdiff_int8_has_amx())
     _HAS_AMX[id(lib)] = amx
+    bf16 = bool(os.environ.get(ENV, "").strip().lower() != "fma" and lib.localdiff_int8_has_bf16dot())
+    _HAS_BF16[id(lib)] = bf16
     width = lib.localdiff_int8_vector_width()
-    return lib, (f"native int8 kernel: {'AMX-INT8 tiles, ' if amx else ''}{width}-lane fp32 FMA "
+    return lib, (f"native int8 kernel: {'AMX-INT8 tiles, ' if amx else ''}"
+                 f"{'AVX512-BF16 dot products (bf16 activations), ' if bf16 else ''}{width}-lane fp32 FMA "
                  f"({_native.built_with(cc, flags)})")
 
 
@@ -79,7 +93,9 @@ def has_amx() -> bool:
 def matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, threads: int | None = None) -> torch.Tensor:
     """``(x @ qᵀ) · scale`` by the native kernel (:func:`library` must not be None): AMX-INT8 when this CPU and
     process have it and M ≤ :data:`MAX_ROWS` (exact integer products of q with x rounded to 27 bits below its row's
-    largest power of two, see ``int8.c``), else fp32 FMAs (x cast to fp32; exact fp32 products).
+    largest power of two, see ``int8.c``), else for bf16 x AVX512-BF16 dot products where the build has them (exact
+    products, fp32 sums), else fp32 FMAs (x cast to fp32; exact fp32 products). Every path computes each row of x
+    by the same instructions whatever M is (rows are bit-identical alone and in a batch) and whatever ``threads``.
 
     Args:
         x: bf16 or fp32 Tensor[M, K] with unit stride along K (any row stride).
@@ -103,6 +119,11 @@ def matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, threads: int |
         rc = lib.localdiff_int8_mm_amx(x.data_ptr(), int(x.dtype == torch.bfloat16), x.stride(0), m, k,
                                        q.data_ptr(), n, scale.data_ptr(), sbf, y.data_ptr(),
                                        int(y.dtype == torch.bfloat16), n, threads)
+        if rc == 0:
+            return y
+    if x.dtype == torch.bfloat16 and _HAS_BF16.get(id(lib)):
+        rc = lib.localdiff_int8_mm_bf16(x.data_ptr(), x.stride(0), m, k, q.data_ptr(), n, scale.data_ptr(), sbf,
+                                        y.data_ptr(), 1, n, threads)
         if rc == 0:
             return y
     xf = x.float()

@@ -79,6 +79,65 @@ def test_amx_path_when_available(fresh):
     assert _rel(y, ref.double()) < 1e-6
 
 
+ROW_COUNTS = list(range(1, 18)) + [256]
+
+
+def _bf16_path(x, q, s, threads=1, y_bf16=False):
+    """The AVX512-BF16 path called directly: bf16 x [M, K] → fp32 (or bf16) y [M, N]."""
+    m, k = x.shape
+    y = torch.empty(m, q.shape[0], dtype=torch.bfloat16 if y_bf16 else torch.float32)
+    rc = native.library().localdiff_int8_mm_bf16(x.data_ptr(), x.stride(0), m, k, q.data_ptr(), q.shape[0],
+                                                 s.data_ptr(), int(s.dtype == torch.bfloat16), y.data_ptr(),
+                                                 int(y_bf16), q.shape[0], threads)
+    assert rc == 0
+    return y
+
+
+@needs_lib
+def test_bf16_dot_path_exact_products_and_row_exact(fresh):
+    """The AVX512-BF16 path: within 1e-6 relative of float64 (exact bf16 × int8 products, fp32 sums) for every row
+    count 1..17 and 256 (register-converted weights up to 4 rows, the buffered conversion above), each row equal bit
+    for bit to the same row alone, at 1 and 3 threads, its bf16 output the rounding of its fp32 output; and
+    native.matmul takes it for bf16 x (unless LOCALDIFF_NATIVE_INT8=fma)."""
+    lib = native.library()
+    if not lib.localdiff_int8_has_bf16dot():
+        pytest.skip("this CPU / build has no AVX512-BF16")
+    assert "AVX512-BF16" in native.status()
+    torch.manual_seed(5)
+    for n, k in SHAPES + [(40, 64)]:
+        q, s = quantize_tensor(torch.randn(n, k))
+        deq = dequantize(q, s).double()
+        for m in ROW_COUNTS:
+            x = torch.randn(m, k).to(torch.bfloat16)
+            y = _bf16_path(x, q, s)
+            assert _rel(y, x.double() @ deq.T) < 1e-6, (n, k, m)
+            assert torch.equal(torch.cat([_bf16_path(x[i:i + 1], q, s) for i in range(m)]), y), (n, k, m)
+            assert torch.equal(_bf16_path(x, q, s, threads=3), y), (n, k, m)
+            assert torch.equal(_bf16_path(x, q, s, y_bf16=True), y.to(torch.bfloat16)), (n, k, m)
+    if lib.localdiff_int8_has_amx():
+        return                                             # AMX takes bf16 x up to MAX_ROWS rows there
+    q, s = quantize_tensor(torch.randn(33, 100))
+    x = torch.randn(5, 100).to(torch.bfloat16)
+    assert torch.equal(native.matmul(x, q, s), _bf16_path(x, q, s, y_bf16=True))
+    fresh.setenv("LOCALDIFF_NATIVE_INT8", "fma")
+    reset_kernels()
+    assert "AVX512-BF16" not in native.status()
+    assert torch.equal(native.matmul(x, q, s), native.matmul(x.float(), q, s).to(torch.bfloat16))
+
+
+@needs_lib
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_rows_alone_equal_rows_batched(fresh, dtype):
+    """The packed forward's contract (localdiff.engine.batch.RowPolicy): native.matmul computes each row of x the
+    same bits alone and among 1..17 or 256 rows, on the default path for bf16 and fp32 x."""
+    torch.manual_seed(6)
+    q, s = quantize_tensor(torch.randn(70, 300))
+    for m in ROW_COUNTS:
+        x = torch.randn(m, 300).to(dtype)
+        y = native.matmul(x, q, s)
+        assert torch.equal(torch.cat([native.matmul(x[i:i + 1], q, s) for i in range(m)]), y), (m, dtype)
+
+
 @needs_lib
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 flags")
 def test_source_builds_without_avx512(tmp_path):

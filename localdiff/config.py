@@ -62,6 +62,7 @@ _ENV_OTHER = ("LOCALDIFF_CONFIG", "LOCALDIFF_DATA_DIR", "LOCALDIFF_DEBUG", "LOCA
               "LOCALDIFF_VOCAB_KERNEL",                                                      # kernels/vocab.py
               "LOCALDIFF_NATIVE_EXPERTS",                                                    # kernels/experts.py
               "LOCALDIFF_NATIVE_ATTEND", "LOCALDIFF_NATIVE_ROWOPS",                          # kernels/attend, rowops
+              "LOCALDIFF_NATIVE_INT4_VNNI",                                                  # kernels/int4_vnni.py
               "LOCALDIFF_HEAP")                                                              # heap.py
 _ENV_TOP = {"LOCALDIFF_MODEL": "default_model", "LOCALDIFF_DEVICE": "device", "LOCALDIFF_QUANT": "quant",
             "LOCALDIFF_MAX_NEW_TOKENS": "max_new_tokens", "LOCALDIFF_SEED": "seed",
@@ -187,6 +188,7 @@ _ENV_CHOICES = {
     "LOCALDIFF_HEAP": ("0", "1", "off", "on", "false", "true", "no", "yes"),                 # heap.py
     "LOCALDIFF_NATIVE_ATTEND": ("0", "1", "off", "on", "false", "true", "no", "yes"),        # kernels/attend.py
     "LOCALDIFF_NATIVE_ROWOPS": ("0", "1", "off", "on", "false", "true", "no", "yes"),        # kernels/rowops.py
+    "LOCALDIFF_NATIVE_INT4_VNNI": ("0", "1", "off", "on", "false", "true", "no", "yes"),     # kernels/int4_vnni.py
     "LOCALDIFF_INT8_KERNEL": ("auto", "native", "int8pack", "dequant"),                      # quantize/choose.py
     "LOCALDIFF_DTYPE": DTYPES,                                                               # localdiff.load
     "LOCALDIFF_VOCAB_KERNEL": ("auto", "native", "torch"),                                   # kernels/vocab.py

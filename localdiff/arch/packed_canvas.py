@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from localdiff.arch.diffusion_gemma import layer_type
+from localdiff.arch.diffusion_gemma_layers import layer_type
 from localdiff.arch.layers import linear, norm, rms_norm
 from localdiff.arch.packed import _grouped
 from localdiff.arch.soft_embedding import Probabilities, RawLogits, soft_embedding

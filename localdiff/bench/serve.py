@@ -8,7 +8,7 @@ thread* (``ModelWorker.call``), so both paths use the same thread, the same Open
 count: only the HTTP path differs. The client is a separate process, as a real client is (``serve_client.py``: a
 minimal HTTP/1.1 client on one kept-alive socket, TCP_NODELAY, reading the SSE events as they come).
 
-Pinning (:func:`_layouts`): the model thread runs on the CPUs this process was started on (``taskset -c 1``), the
+Pinning (:func:`localdiff.bench.serve_harness.layouts`): the model thread runs on the CPUs this process was started on (``taskset -c 1``), the
 client process on the other CPUs. Layouts: the event loop on the model's CPUs ("server on one core": its CPU
 comes straight out of the model's time), the event loop on the other CPUs ("event loop on another core", as on a
 user's machine whose other cores are idle), and everything on the model's CPUs, the client too ("client on the same
@@ -27,14 +27,11 @@ recorded before and after each stack × layout.
 """
 from __future__ import annotations
 
-import json
 import os
-import socket
 import statistics
-import subprocess
-import sys
-import threading
 import time
+
+from localdiff.bench import serve_harness
 
 WORKLOADS = {  # name → (extra sampler options, canvas events asked for): a typical short answer, canvases run
     "short answer (default sampler)": ({}, "none"),              # to their step cap, and the canvas-events extension
@@ -42,16 +39,6 @@ WORKLOADS = {  # name → (extra sampler options, canvas events asked for): a ty
     "48 steps per canvas": ({"max_denoising_steps": 48, "confidence_threshold": 1e-12}, "none"),
     "short answer, canvas events (steps)": ({}, "steps"),
 }
-
-
-class _Clocks:
-    """CPU seconds of named threads (Linux/macOS ``pthread_getcpuclockid``)."""
-
-    def __init__(self, threads: dict) -> None:
-        self.ids = {k: time.pthread_getcpuclockid(t.ident) for k, t in threads.items()}
-
-    def read(self) -> dict:
-        return {k: time.clock_gettime(c) for k, c in self.ids.items()}
 
 
 def _inproc(model, prompt, seed, max_new, opts, events) -> tuple[float, float, int]:
@@ -103,127 +90,6 @@ def _summary(rows: list[tuple], cpu: list[dict]) -> dict:
     out["cpu_ms"] = {k: statistics.median(c[k] for c in cpu) for k in cpu[0]} if cpu else {}
     out["cpu_total_ms"] = _stats([sum(c.values()) for c in cpu]) if cpu else {}
     return out
-
-
-def _stacks() -> list[tuple[str, str]]:
-    """The (event loop, HTTP parser) pairs to measure: asyncio + h11 always (where uvloop does not install), and
-    uvloop + httptools when installed (base dependencies where they install; what uvicorn's "auto" then picks)."""
-    from importlib.util import find_spec
-
-    out = [("asyncio", "h11")]
-    if find_spec("uvloop") and find_spec("httptools"):
-        out.append(("uvloop", "httptools"))
-    return out
-
-
-def _layouts() -> list[dict]:
-    """Where the threads run. The model thread always runs on the CPUs this process was given (``taskset``), the
-    in-process runs in that same thread. The client is another process (as a real client is), on the machine's
-    other CPUs when there are any. "server on one core": the event loop shares the model's CPUs (a server with one
-    core; its CPU comes straight out of the model's). "event loop on another core": the event loop runs on the
-    other CPUs, as on a user's machine whose other cores are free. "client on the same core": all three on the
-    model's CPUs, the client's CPU and its context switches counted as overhead too (the least favourable layout,
-    and the one that other jobs on the other CPUs do not disturb)."""
-    own = sorted(os.sched_getaffinity(0))
-    others = [c for c in range(os.cpu_count() or 1) if c not in own and _allowed(own, c)]
-    if not others:   # (started without taskset, or one CPU): nothing to separate
-        return [{"name": "all on the same CPUs", "model": own, "loop": own, "client": own}]
-    return [{"name": "server on one core", "model": own, "loop": own, "client": others},
-            {"name": "event loop on another core", "model": own, "loop": others, "client": others},
-            {"name": "client on the same core", "model": own, "loop": own, "client": own}]
-
-
-def _allowed(own: list[int], cpu: int) -> bool:
-    """Whether this thread may run on ``cpu`` (a cpuset may forbid CPUs that ``os.cpu_count`` counts)."""
-    try:
-        os.sched_setaffinity(0, {*own, cpu})
-        ok = cpu in os.sched_getaffinity(0)         # (Linux drops CPUs it cannot use without an error)
-    except OSError:
-        return False
-    os.sched_setaffinity(0, set(own))
-    return ok
-
-
-def _pin(tid: int, cpus: list[int]) -> None:
-    os.sched_setaffinity(tid, set(cpus))
-
-
-class _Server:
-    """``localdiff serve``'s app and uvicorn config (:func:`localdiff.serve.uvicorn_config`, log level "info")
-    in this process on 127.0.0.1, its model worker around ``model``, the threads pinned as ``layout`` says, and a
-    client process (``serve_client.py``). The server's log lines (uvicorn's, and localdiff's at INFO in
-    ``localdiff serve``'s format, the access line of every request included) go to /dev/null: their formatting
-    and write still happen."""
-
-    def __init__(self, model, stack: tuple[str, str], layout: dict) -> None:
-        import logging
-
-        import uvicorn
-
-        from localdiff.serve import LOG_FORMAT, uvicorn_config
-        from localdiff.serve.app import build_app
-        from localdiff.serve.worker import ModelWorker
-
-        self.worker = ModelWorker(lambda name: model, model.name, max_queue=4, keep_alive=None)
-        self.worker.model = model
-        # proto given explicitly: asyncio sets TCP_NODELAY only on IPPROTO_TCP sockets (else +40 ms per response
-        # on a kept-alive connection: Nagle against delayed ACKs)
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        self.sock.bind(("127.0.0.1", 0))
-        config = uvicorn_config(build_app(self.worker), loop=stack[0], http=stack[1], timeout_keep_alive=600)
-        self.devnull = open(os.devnull, "w")
-        for name in ("uvicorn", "uvicorn.access"):            # (uvicorn configured its logging just now)
-            for h in logging.getLogger(name).handlers:
-                if isinstance(h, logging.StreamHandler):
-                    h.setStream(self.devnull)
-        self.log = logging.getLogger("localdiff.serve")
-        self.log_level, self.handler = (self.log.level, self.log.propagate), logging.StreamHandler(self.devnull)
-        self.handler.setFormatter(logging.Formatter(LOG_FORMAT))
-        self.log.addHandler(self.handler)
-        self.log.setLevel(logging.INFO)
-        self.log.propagate = False                            # (not into the bench's own log)
-        self.server = uvicorn.Server(config)
-        self.worker.start()
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-        self.thread.start()
-        while not self.server.started:
-            time.sleep(0.01)
-        _pin(self.worker._thread.native_id, layout["model"])
-        _pin(self.thread.native_id, layout["loop"])
-        client = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve_client.py")
-        self.client = subprocess.Popen([sys.executable, client, str(self.sock.getsockname()[1])],
-                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
-        _pin(self.client.pid, layout["client"])
-        self.clocks = _Clocks({"loop": self.thread, "model": self.worker._thread})
-
-    def post(self, body: dict) -> dict:
-        """One streamed request through the client process (its result line, see ``serve_client.py``)."""
-        self.client.stdin.write(json.dumps({"path": "/v1/chat/completions", "body": json.dumps(body)}) + "\n")
-        line = self.client.stdin.flush() or self.client.stdout.readline()
-        out = json.loads(line) if line else {"error": "the client process ended"}
-        if "error" in out:
-            raise RuntimeError(f"serve bench client: {out['error']}")
-        return out
-
-    def close(self) -> None:
-        """Stop the client, the server and the worker."""
-        import logging
-
-        if self.client.poll() is None:
-            self.client.stdin.close()
-            self.client.wait(10)
-        self.server.should_exit = True
-        self.thread.join(10)
-        self.worker.stop()
-        self.sock.close()
-        for name in ("uvicorn", "uvicorn.access"):
-            for h in logging.getLogger(name).handlers:
-                if isinstance(h, logging.StreamHandler) and h.stream is self.devnull:
-                    h.setStream(sys.stderr)
-        self.log.removeHandler(self.handler)
-        self.log.setLevel(self.log_level[0])
-        self.log.propagate = self.log_level[1]
-        self.devnull.close()
 
 
 def _body(prompt, seed, max_new, opts, events, model_name) -> dict:
@@ -316,7 +182,7 @@ def _ci_pct(s: dict) -> str:
 
 def measure(model, prompt: str, seeds=(0, 1, 2), reps: int = 10, max_new_tokens: int | None = None, warmup: int = 3,
             log=print, stacks=None, layouts=None, min_seconds: float = 0.0) -> dict:
-    """For each HTTP stack (:func:`_stacks`) and thread layout (:func:`_layouts`), run each workload over ``seeds``
+    """For each HTTP stack (:func:`serve_harness.stacks`) and thread layout (:func:`localdiff.bench.serve_harness.layouts`), run each workload over ``seeds``
     × ``reps`` per path (more for a workload whose warm-up pairs show that its pairs would take under
     ``min_seconds``: :func:`_reps_for`), ABBA-alternating in-process and served.
 
@@ -340,12 +206,12 @@ def measure(model, prompt: str, seeds=(0, 1, 2), reps: int = 10, max_new_tokens:
 
         raise LocaldiffError(f"the serve section needs uvicorn ({e})") from None
     runs = []
-    for stack in stacks or _stacks():
-        for layout in layouts or _layouts():
+    for stack in stacks or serve_harness.stacks():
+        for layout in layouts or serve_harness.layouts():
             log(f"serve: {stack[0]} + {stack[1]}, {layout['name']} (model thread on CPU {layout['model']}, event "
                 f"loop on {layout['loop']}, client process on {layout['client']})")
             load_before = os.getloadavg()
-            srv = _Server(model, stack, layout)
+            srv = serve_harness.Server(model, stack, layout)
             try:
                 rows = _measure_one(srv, model, prompt, seeds, reps, max_new_tokens, warmup, log, min_seconds)
             finally:

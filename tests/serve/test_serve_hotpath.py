@@ -230,14 +230,14 @@ def test_serve_bench_layouts_and_report(server, monkeypatch):
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {1})
     monkeypatch.setattr(os, "cpu_count", lambda: 3)
-    monkeypatch.setattr(bench, "_allowed", lambda own, cpu: cpu != 2)   # CPU 2: not in this cpuset
-    one, other, same = bench._layouts()
+    monkeypatch.setattr(bench.serve_harness, "allowed", lambda own, cpu: cpu != 2)   # CPU 2: not in this cpuset
+    one, other, same = bench.serve_harness.layouts()
     assert (one["model"], one["loop"], one["client"]) == ([1], [1], [0])
     assert (other["model"], other["loop"], other["client"]) == ([1], [0], [0])
     assert (same["model"], same["loop"], same["client"]) == ([1], [1], [1])
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
     monkeypatch.setattr(os, "cpu_count", lambda: 1)
-    assert [(x["loop"], x["client"]) for x in bench._layouts()] == [([0], [0])]   # one CPU: all on it
+    assert [(x["loop"], x["client"]) for x in bench.serve_harness.layouts()] == [([0], [0])]   # one CPU: all on it
     monkeypatch.undo()
     own = sorted(os.sched_getaffinity(0))
     sec = bench.measure(server.worker.model, ASK[0]["content"], seeds=(0,), reps=2, warmup=0, log=lambda *a: None,

@@ -1,5 +1,6 @@
 """localdiff — a single-user, on-device runtime for diffusion language models (DiffusionGemma canvas block
 diffusion). Public API: :func:`load`, :class:`Model`, :class:`Generation`, and the events of ``Model.stream``."""
+
 from __future__ import annotations
 
 import os
@@ -16,8 +17,15 @@ from localdiff.events import CanvasDone, Done, GenerationStats, StepEvent
 __version__ = "0.1.0"
 __all__ = ["load", "Model", "Generation", "StepEvent", "CanvasDone", "Done", "GenerationStats", "__version__"]
 
-_DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
-           "float16": "float16", "fp16": "float16", "auto": None}
+_DTYPES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "auto": None,
+}
 
 
 def _resolve_path(name):
@@ -25,8 +33,11 @@ def _resolve_path(name):
     if not isinstance(name, (str, Path)) or not str(name).strip():
         from localdiff.errors import UsageError
 
-        raise UsageError("empty model name" if isinstance(name, (str, Path)) else
-                         f"model name must be a string or a path (got {type(name).__name__})")
+        raise UsageError(
+            "empty model name"
+            if isinstance(name, (str, Path))
+            else f"model name must be a string or a path (got {type(name).__name__})"
+        )
     p = Path(str(name)).expanduser()
     if p.is_dir():
         return p.resolve(), str(p)
@@ -81,7 +92,7 @@ def load(name="tiny", device=None, dtype=None, quant=None, gpu_mem=None, threads
     from localdiff.tokenizer import load_tokenizer
 
     auto = threads == "auto"
-    threads = None if auto or threads is None else check_threads(threads, "threads")   # before torch sees it
+    threads = None if auto or threads is None else check_threads(threads, "threads")  # before torch sees it
     gguf = gguf_target(name) if isinstance(name, (str, Path)) and str(name).strip() else None
     if gguf is None:
         path, label = _resolve_path(name)
@@ -90,16 +101,31 @@ def load(name="tiny", device=None, dtype=None, quant=None, gpu_mem=None, threads
         label = str(name)
     if gguf is not None:
         if device not in (None, "cpu") or quant not in (None, "none") or dtype not in (None, "float32", "fp32"):
-            raise UsageError("a GGUF model runs on the CPU in its own quantization (gguf backend): "
-                             "drop --device / --quant / dtype")
+            raise UsageError(
+                "a GGUF model runs on the CPU in its own quantization (gguf backend): drop --device / --quant / dtype"
+            )
         from localdiff.backends.gguf import gpu_layers_value, open_gguf, version
 
         net, cfg, tok, gen_cfg = open_gguf(gguf, threads, gpu_layers)
-        return Model(net, cfg, tok, gguf, label, "cpu", torch.float32, cfg.quant, gen_cfg, backend="gguf",
-                     backend_version=version(), threads=net.threads, gpu_layers=gpu_layers_value(gpu_layers))
+        return Model(
+            net,
+            cfg,
+            tok,
+            gguf,
+            label,
+            "cpu",
+            torch.float32,
+            cfg.quant,
+            gen_cfg,
+            backend="gguf",
+            backend_version=version(),
+            threads=net.threads,
+            gpu_layers=gpu_layers_value(gpu_layers),
+        )
     if gpu_layers is not None:
-        raise UsageError("--gpu-layers: only for GGUF models (llama.cpp); a checkpoint folder uses --device and "
-                         "--gpu-mem")
+        raise UsageError(
+            "--gpu-layers: only for GGUF models (llama.cpp); a checkpoint folder uses --device and --gpu-mem"
+        )
     if threads:
         torch.set_num_threads(int(threads))
     if device is None:
@@ -116,7 +142,7 @@ def load(name="tiny", device=None, dtype=None, quant=None, gpu_mem=None, threads
         if dtype not in _DTYPES:
             raise UsageError(f"invalid dtype {dtype!r} (use float32, bfloat16 or float16)")
         dtype = _DTYPES[dtype] and getattr(torch, _DTYPES[dtype])
-    if dtype is None and os.environ.get("LOCALDIFF_DTYPE", "").strip():   # the same set and error as gen --dtype
+    if dtype is None and os.environ.get("LOCALDIFF_DTYPE", "").strip():  # the same set and error as gen --dtype
         from localdiff.setting_values import dtype_name
 
         dtype = getattr(torch, dtype_name(os.environ["LOCALDIFF_DTYPE"], "LOCALDIFF_DTYPE"))
@@ -129,7 +155,8 @@ def load(name="tiny", device=None, dtype=None, quant=None, gpu_mem=None, threads
     quant = None if quant == "none" else quant
     host_layers = ()
     from localdiff.quantize.recipe import recipe_for_model
-    recipe = recipe_for_model(label) if quant else None   # the plan and the load follow one recipe (int4: its list)
+
+    recipe = recipe_for_model(label) if quant else None  # the plan and the load follow one recipe (int4: its list)
     if dev.type == "cuda":
         from localdiff.paths import read_json
         from localdiff.quantize.plan import plan_memory
@@ -149,8 +176,19 @@ def load(name="tiny", device=None, dtype=None, quant=None, gpu_mem=None, threads
     gen_cfg = read_generation_config(path)
     eos = gen_cfg.get("eos_token_id", list(cfg.eos_token_id))
     tok = load_tokenizer(path, eos if isinstance(eos, list) else [eos], gen_cfg.get("pad_token_id", cfg.pad_token_id))
-    model = Model(net, cfg, tok, path, label, dev, next(net.parameters()).dtype, quant, gen_cfg,
-                  precision=precision, threads_why=why)
+    model = Model(
+        net,
+        cfg,
+        tok,
+        path,
+        label,
+        dev,
+        next(net.parameters()).dtype,
+        quant,
+        gen_cfg,
+        precision=precision,
+        threads_why=why,
+    )
     if draft is not None:
         from localdiff.engine.causal import load_draft
 
@@ -165,15 +203,21 @@ def _cpu_precision(path, dtype):
 
     if dtype is not None:
         name = str(dtype).removeprefix("torch.")
-        return capability.Precision(name, "--dtype, LOCALDIFF_DTYPE or load(dtype=)", capability.torch_capability(),
-                                    capability.bf16_instructions(), {}, chosen_by="asked")
+        return capability.Precision(
+            name,
+            "--dtype, LOCALDIFF_DTYPE or load(dtype=)",
+            capability.torch_capability(),
+            capability.bf16_instructions(),
+            {},
+            chosen_by="asked",
+        )
     from localdiff.arch import get_spec
     from localdiff.paths import read_json
 
     raw = read_json(path / "config.json")
     try:
         n = int(get_spec(raw).parameter_counts(raw)["total"])
-    except (KeyError, ValueError, TypeError):   # the loader reports a bad config in its own words
+    except (KeyError, ValueError, TypeError):  # the loader reports a bad config in its own words
         n = None
     return capability.choose_cpu_dtype(capability.stored_dtype(raw), n)
 

@@ -20,6 +20,7 @@ The sampler path (``Precision.sampler``): "fast" (the fused vocabulary pass, dra
 core of a Sapphire Rapids: ~500 vs ~700 CPU ms per step); "exact" (the reference's ops and random stream) for a small
 fp32 checkpoint and whenever the dtype is asked for.
 """
+
 from __future__ import annotations
 
 import platform
@@ -75,7 +76,7 @@ def _gflops(dtype, reps: int = 5) -> float:
     m, k, n = PROBE_SHAPE
     a = torch.randn(m, k).to(dtype)
     b = torch.randn(n, k).to(dtype)
-    torch.nn.functional.linear(a, b)          # warm-up (packing buffers, thread pool)
+    torch.nn.functional.linear(a, b)  # warm-up (packing buffers, thread pool)
     best = float("inf")
     for _ in range(reps):
         t0 = time.perf_counter()
@@ -117,20 +118,28 @@ class Precision:
     sampler: str | None = None
 
     def to_dict(self) -> dict:
-        return {"dtype": self.dtype, "reason": self.reason, "cpu_capability": self.capability,
-                "bf16_instructions": list(self.bf16_instructions), "matmul_gflops": dict(self.rates),
-                "chosen_by": self.chosen_by, "sampler": self.sampler_path()}
+        return {
+            "dtype": self.dtype,
+            "reason": self.reason,
+            "cpu_capability": self.capability,
+            "bf16_instructions": list(self.bf16_instructions),
+            "matmul_gflops": dict(self.rates),
+            "chosen_by": self.chosen_by,
+            "sampler": self.sampler_path(),
+        }
 
     def sampler_path(self) -> str:
-        """"exact" or "fast": :attr:`sampler`, or by dtype when None (fp32: exact)."""
+        """ "exact" or "fast": :attr:`sampler`, or by dtype when None (fp32: exact)."""
         return self.sampler or ("exact" if self.dtype == "float32" else "fast")
 
     def line(self) -> str:
         """One line for ``gen -v`` / ``bench``: dtype, why, the detected capability."""
         flags = ",".join(self.bf16_instructions) or "none"
         rates = ", ".join(f"{k} {v:.0f}" for k, v in self.rates.items() if v) or "not measured"
-        return (f"{self.dtype} ({self.chosen_by}: {self.reason}), {self.sampler_path()} sampler; CPU "
-                f"{platform.machine()} torch {self.capability}, bf16 instructions {flags}, GEMM GFLOP/s {rates}")
+        return (
+            f"{self.dtype} ({self.chosen_by}: {self.reason}), {self.sampler_path()} sampler; CPU "
+            f"{platform.machine()} torch {self.capability}, bf16 instructions {flags}, GEMM GFLOP/s {rates}"
+        )
 
 
 def stored_dtype(raw: dict) -> str | None:
@@ -148,23 +157,41 @@ def choose_cpu_dtype(stored: str | None, n_params: int | None, measure: bool = T
     ``n_params`` parameters (None = unknown), by the rules of the module docstring. ``measure=False`` skips the
     GEMM probe (``show``: the flags and the model decide; the speed check is left to the load)."""
     cap, flags = torch_capability(), bf16_instructions()
-    small = n_params is None or n_params < LARGE_MODEL_PARAMS   # unknown size: as small
+    small = n_params is None or n_params < LARGE_MODEL_PARAMS  # unknown size: as small
     half = stored in ("bfloat16", "float16")
-    fast32 = None if small and not half else "fast"     # where bf16 would be the default: the fast sampler in fp32
+    fast32 = None if small and not half else "fast"  # where bf16 would be the default: the fast sampler in fp32
     if not flags:
-        return Precision("float32", "no bf16 GEMM instructions on this CPU (bf16 would be emulated, ~100x slower)",
-                         cap, flags, {}, sampler=fast32)
+        return Precision(
+            "float32",
+            "no bf16 GEMM instructions on this CPU (bf16 would be emulated, ~100x slower)",
+            cap,
+            flags,
+            {},
+            sampler=fast32,
+        )
     if small and not half:
-        return Precision("float32", f"fp32 checkpoint under {LARGE_MODEL_PARAMS // 1_000_000}M parameters or of "
-                                    "unknown size "
-                                    "(kept exact; --dtype bfloat16 to change)", cap, flags, {})
+        return Precision(
+            "float32",
+            f"fp32 checkpoint under {LARGE_MODEL_PARAMS // 1_000_000}M parameters or of "
+            "unknown size "
+            "(kept exact; --dtype bfloat16 to change)",
+            cap,
+            flags,
+            {},
+        )
     if not measure:
         return Precision("bfloat16", "bf16 instructions present (speed measured at load)", cap, flags, {})
     rates = matmul_rates()
     speedup = rates["bfloat16"] / rates["float32"]
     if speedup < BF16_MIN_SPEEDUP:
-        return Precision("float32", f"bf16 GEMM measured only {speedup:.1f}x fp32 (< {BF16_MIN_SPEEDUP:g}x)",
-                         cap, flags, rates, sampler=fast32)
+        return Precision(
+            "float32",
+            f"bf16 GEMM measured only {speedup:.1f}x fp32 (< {BF16_MIN_SPEEDUP:g}x)",
+            cap,
+            flags,
+            rates,
+            sampler=fast32,
+        )
     why = "checkpoint stored in " + stored if half else f"{n_params / 1e6:.0f}M parameters"
     return Precision("bfloat16", f"bf16 GEMM measured {speedup:.1f}x fp32; {why}", cap, flags, rates)
 
@@ -175,7 +202,7 @@ def choose_cpu_dtype(stored: str | None, n_params: int | None, measure: bool = T
 #: LLaDA (1.43× at 28M); with the machine busy (load average 5–19) 2 threads were 1.5–30× slower at every size. Small
 #: models risk the most for the least (milliseconds per forward), so they stay on one thread.
 SMALL_MODEL_PARAMS = 10_000_000
-_INITIAL_THREADS: list = []   # torch's thread count before localdiff first changed it (the "all cores" default)
+_INITIAL_THREADS: list = []  # torch's thread count before localdiff first changed it (the "all cores" default)
 
 
 def auto_threads(n_params: int) -> tuple[int, str]:

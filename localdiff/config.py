@@ -21,6 +21,7 @@ Environment: ``LOCALDIFF_MODEL``, ``LOCALDIFF_DEVICE``, ``LOCALDIFF_QUANT``, ``L
 ``LOCALDIFF_SEED``, and ``LOCALDIFF_<OPTION>`` for every decoder option (e.g. ``LOCALDIFF_MAX_DENOISING_STEPS``,
 ``LOCALDIFF_THRESHOLD``): names, types and ranges come from the option schema (:mod:`localdiff.decoding.options`).
 """
+
 from __future__ import annotations
 
 import difflib
@@ -54,19 +55,39 @@ _TOP_KEYS: dict[str, type] = {
     "theme": str,
     "threads": int,
 }
-_ENV_OTHER = ("LOCALDIFF_CONFIG", "LOCALDIFF_DATA_DIR", "LOCALDIFF_DEBUG", "LOCALDIFF_NO_BNB",  # read elsewhere
-              "LOCALDIFF_API_KEY", "LOCALDIFF_DTYPE", "LOCALDIFF_TIMEOUT",
-              "LOCALDIFF_LLAMA_CPP_SDIST", "LOCALDIFF_BENCH_CACHE", "LOCALDIFF_BENCH_TINY_MDM", "LOCALDIFF_BENCH_GGUF_HISTORY",
-              "LOCALDIFF_REQUIRE_GGUF", "LOCALDIFF_BENCH_BATCH_LAYERS",                      # .ci/run: no GGUF skips
-              "LOCALDIFF_INT8_KERNEL", "LOCALDIFF_NATIVE_INT8", "LOCALDIFF_NATIVE_INT4", "LOCALDIFF_CUDA_INT4",  # quantize/
-              "LOCALDIFF_VOCAB_KERNEL",                                                      # kernels/vocab.py
-              "LOCALDIFF_NATIVE_EXPERTS",                                                    # kernels/experts.py
-              "LOCALDIFF_NATIVE_ATTEND", "LOCALDIFF_NATIVE_ROWOPS",                          # kernels/attend, rowops
-              "LOCALDIFF_NATIVE_INT4_VNNI",                                                  # kernels/int4_vnni.py
-              "LOCALDIFF_HEAP")                                                              # heap.py
-_ENV_TOP = {"LOCALDIFF_MODEL": "default_model", "LOCALDIFF_DEVICE": "device", "LOCALDIFF_QUANT": "quant",
-            "LOCALDIFF_MAX_NEW_TOKENS": "max_new_tokens", "LOCALDIFF_SEED": "seed",
-            "LOCALDIFF_THREADS": "threads"}
+_ENV_OTHER = (
+    "LOCALDIFF_CONFIG",
+    "LOCALDIFF_DATA_DIR",
+    "LOCALDIFF_DEBUG",
+    "LOCALDIFF_NO_BNB",  # read elsewhere
+    "LOCALDIFF_API_KEY",
+    "LOCALDIFF_DTYPE",
+    "LOCALDIFF_TIMEOUT",
+    "LOCALDIFF_LLAMA_CPP_SDIST",
+    "LOCALDIFF_BENCH_CACHE",
+    "LOCALDIFF_BENCH_TINY_MDM",
+    "LOCALDIFF_BENCH_GGUF_HISTORY",
+    "LOCALDIFF_REQUIRE_GGUF",
+    "LOCALDIFF_BENCH_BATCH_LAYERS",  # .ci/run: no GGUF skips
+    "LOCALDIFF_INT8_KERNEL",
+    "LOCALDIFF_NATIVE_INT8",
+    "LOCALDIFF_NATIVE_INT4",
+    "LOCALDIFF_CUDA_INT4",  # quantize/
+    "LOCALDIFF_VOCAB_KERNEL",  # kernels/vocab.py
+    "LOCALDIFF_NATIVE_EXPERTS",  # kernels/experts.py
+    "LOCALDIFF_NATIVE_ATTEND",
+    "LOCALDIFF_NATIVE_ROWOPS",  # kernels/attend, rowops
+    "LOCALDIFF_NATIVE_INT4_VNNI",  # kernels/int4_vnni.py
+    "LOCALDIFF_HEAP",
+)  # heap.py
+_ENV_TOP = {
+    "LOCALDIFF_MODEL": "default_model",
+    "LOCALDIFF_DEVICE": "device",
+    "LOCALDIFF_QUANT": "quant",
+    "LOCALDIFF_MAX_NEW_TOKENS": "max_new_tokens",
+    "LOCALDIFF_SEED": "seed",
+    "LOCALDIFF_THREADS": "threads",
+}
 
 
 @dataclass(frozen=True)
@@ -100,9 +121,16 @@ class Config:
     def as_dict(self) -> dict:
         """Plain dict (JSON-serialisable) of the settings."""
         return {
-            "default_model": self.default_model, "device": self.device, "quant": self.quant,
-            "max_new_tokens": self.max_new_tokens, "seed": self.seed, "theme": self.theme, "threads": self.threads, "sampler": dict(self.sampler),
-            "path": str(self.path) if self.path else None, "origins": dict(self.origins),
+            "default_model": self.default_model,
+            "device": self.device,
+            "quant": self.quant,
+            "max_new_tokens": self.max_new_tokens,
+            "seed": self.seed,
+            "theme": self.theme,
+            "threads": self.threads,
+            "sampler": dict(self.sampler),
+            "path": str(self.path) if self.path else None,
+            "origins": dict(self.origins),
         }
 
 
@@ -137,11 +165,12 @@ def _read_file(path: Path, named: str | None = None) -> dict:
             is over :data:`MAX_CONFIG_BYTES`, unreadable, not UTF-8 or not TOML.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))   # a FIFO must not block the open
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO must not block the open
     except FileNotFoundError:
         if named:
-            raise UsageError(f"config file {path} ({named}) does not exist; create it (an empty file is fine) or "
-                             f"unset {named}") from None
+            raise UsageError(
+                f"config file {path} ({named}) does not exist; create it (an empty file is fine) or unset {named}"
+            ) from None
         return {}
     except IsADirectoryError:
         fd = None
@@ -150,8 +179,7 @@ def _read_file(path: Path, named: str | None = None) -> dict:
     if fd is None or stat.S_ISDIR(os.fstat(fd).st_mode):
         if fd is not None:
             os.close(fd)
-        raise UsageError(f"config file {path} is a folder; it must be a TOML file (or set LOCALDIFF_CONFIG to "
-                         "one)")
+        raise UsageError(f"config file {path} is a folder; it must be a TOML file (or set LOCALDIFF_CONFIG to one)")
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise UsageError(f"config file {path} is not a regular file (a device or a pipe); it must be a TOML file")
@@ -160,13 +188,16 @@ def _read_file(path: Path, named: str | None = None) -> dict:
         except OSError as e:
             raise UsageError(f"cannot read config file {path}: {e.strerror or e}") from None
     if len(data) > MAX_CONFIG_BYTES:
-        raise UsageError(f"config file {path} is over {MAX_CONFIG_BYTES // 2**20} MiB; a config file holds a few "
-                         "settings")
+        raise UsageError(
+            f"config file {path} is over {MAX_CONFIG_BYTES // 2**20} MiB; a config file holds a few settings"
+        )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise UsageError(f"config file {path} is not valid UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}); "
-                         "TOML files are UTF-8") from None
+        raise UsageError(
+            f"config file {path} is not valid UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}); "
+            "TOML files are UTF-8"
+        ) from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -181,17 +212,17 @@ def known_environment() -> set[str]:
 
 #: variables with a fixed set of values (checked by :func:`check_environment`; others are checked where read)
 _ENV_CHOICES = {
-    "LOCALDIFF_NATIVE_INT8": ("0", "1", "fma", "off", "on", "false", "true", "no", "yes"),   # kernels/int8.py
-    "LOCALDIFF_NATIVE_INT4": ("0", "1", "fma", "off", "on", "false", "true", "no", "yes"),   # kernels/int4.py
-    "LOCALDIFF_DEBUG": ("0", "1", "off", "on", "false", "true", "no", "yes"),                # cli/dispatch.py
+    "LOCALDIFF_NATIVE_INT8": ("0", "1", "fma", "off", "on", "false", "true", "no", "yes"),  # kernels/int8.py
+    "LOCALDIFF_NATIVE_INT4": ("0", "1", "fma", "off", "on", "false", "true", "no", "yes"),  # kernels/int4.py
+    "LOCALDIFF_DEBUG": ("0", "1", "off", "on", "false", "true", "no", "yes"),  # cli/dispatch.py
     "LOCALDIFF_NATIVE_EXPERTS": ("0", "1", "avx512", "off", "on", "false", "true", "no", "yes"),  # kernels/experts
-    "LOCALDIFF_HEAP": ("0", "1", "off", "on", "false", "true", "no", "yes"),                 # heap.py
-    "LOCALDIFF_NATIVE_ATTEND": ("0", "1", "off", "on", "false", "true", "no", "yes"),        # kernels/attend.py
-    "LOCALDIFF_NATIVE_ROWOPS": ("0", "1", "off", "on", "false", "true", "no", "yes"),        # kernels/rowops.py
-    "LOCALDIFF_NATIVE_INT4_VNNI": ("0", "1", "off", "on", "false", "true", "no", "yes"),     # kernels/int4_vnni.py
-    "LOCALDIFF_INT8_KERNEL": ("auto", "native", "int8pack", "dequant"),                      # quantize/choose.py
-    "LOCALDIFF_DTYPE": DTYPES,                                                               # localdiff.load
-    "LOCALDIFF_VOCAB_KERNEL": ("auto", "native", "torch"),                                   # kernels/vocab.py
+    "LOCALDIFF_HEAP": ("0", "1", "off", "on", "false", "true", "no", "yes"),  # heap.py
+    "LOCALDIFF_NATIVE_ATTEND": ("0", "1", "off", "on", "false", "true", "no", "yes"),  # kernels/attend.py
+    "LOCALDIFF_NATIVE_ROWOPS": ("0", "1", "off", "on", "false", "true", "no", "yes"),  # kernels/rowops.py
+    "LOCALDIFF_NATIVE_INT4_VNNI": ("0", "1", "off", "on", "false", "true", "no", "yes"),  # kernels/int4_vnni.py
+    "LOCALDIFF_INT8_KERNEL": ("auto", "native", "int8pack", "dequant"),  # quantize/choose.py
+    "LOCALDIFF_DTYPE": DTYPES,  # localdiff.load
+    "LOCALDIFF_VOCAB_KERNEL": ("auto", "native", "torch"),  # kernels/vocab.py
 }
 
 
@@ -206,7 +237,7 @@ def check_environment(env: Mapping[str, str] | None = None) -> None:
     env = os.environ if env is None else env
     known_env = known_environment()
     for var in sorted(v for v in env if v.startswith("LOCALDIFF_") and v not in known_env):
-        tail = var[len("LOCALDIFF_"):]
+        tail = var[len("LOCALDIFF_") :]
         near = [k for k in sorted(known_env) if tail and k.endswith("_" + tail)]
         near = near or difflib.get_close_matches(var, sorted(known_env), n=1)
         hint = f" (did you mean {near[0]}?)" if near else ""
@@ -242,7 +273,7 @@ def load_user_config(env: Mapping[str, str] | None = None, path: Path | None = N
             if not isinstance(value, dict):
                 raise UsageError(f"{where}: [sampler] must be a table")
             for word, sv in value.items():
-                sk, specs = resolve_key(word), specs_by_key()   # decoder options by name (the option schema)
+                sk, specs = resolve_key(word), specs_by_key()  # decoder options by name (the option schema)
                 if sk not in specs:
                     raise unknown_option(word, f"{where}: [sampler] {word}")
                 sampler[sk] = specs[sk].coerce(sv, f"{where}: [sampler] {word}")
@@ -269,7 +300,7 @@ def _check_pair(sampler: Mapping[str, Any], where: str, origins: Mapping[str, st
     """t_min ≤ t_max; the message names where t_max came from (the file, or ``LOCALDIFF_T_MAX``)."""
     if "t_min" in sampler and "t_max" in sampler and sampler["t_max"] < sampler["t_min"]:
         got = (origins or {}).get("t_max", "")
-        where = got[len("env:"):] if got.startswith("env:") else where
+        where = got[len("env:") :] if got.startswith("env:") else where
         raise UsageError(f"{where}: t_max: must be ≥ t_min ({sampler['t_min']}) (got {sampler['t_max']})")
 
 
@@ -291,7 +322,7 @@ def sampler_overrides(flags: Mapping[str, Any], config: Config) -> dict:
             continue
         if key not in specs_by_key():
             raise unknown_option(key, "--" + key.replace("_", "-"))
-        out[key] = value          # checked by the model's own decoder options (they resolve shared flag words)
+        out[key] = value  # checked by the model's own decoder options (they resolve shared flag words)
 
     return out
 

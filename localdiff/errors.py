@@ -1,5 +1,6 @@
 """Exception types. Every error a user can cause is a ``LocaldiffError``: the CLI prints its message on one line
 and exits with its ``exit_code`` (1 runtime, 2 usage)."""
+
 from __future__ import annotations
 
 

@@ -3,6 +3,7 @@
 All tensors are on the CPU, batch-first, and safe to keep after the event (they are copies or never mutated).
 B = batch size, C = canvas length (tokens).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

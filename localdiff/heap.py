@@ -15,6 +15,7 @@ memory that :mod:`localdiff.hugepages` can advise for huge pages before their fi
 malloc's settings alone. Elsewhere than Linux with glibc both are no-ops. PyTorch's CPU allocator calls
 ``posix_memalign``, which follows these settings.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -23,9 +24,9 @@ import sys
 from contextlib import contextmanager
 
 ENV = "LOCALDIFF_HEAP"
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3        # <malloc.h>
-STEP_THRESHOLD = 1 << 30                            # 1 GiB
-GLIBC_DEFAULT_MMAP = 128 << 10                      # 128 KiB (its initial, dynamic value)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # <malloc.h>
+STEP_THRESHOLD = 1 << 30  # 1 GiB
+GLIBC_DEFAULT_MMAP = 128 << 10  # 128 KiB (its initial, dynamic value)
 _mallopt = None
 _trim = None
 _state = {"steps": False}
@@ -69,7 +70,7 @@ def for_weights():
     fn, was = _fn(), _state["steps"]
     if fn:
         fn(_M_MMAP_THRESHOLD, GLIBC_DEFAULT_MMAP)
-        _trim(0)         # the heap's free pages back to the kernel: reused for weights, they are untouched again
+        _trim(0)  # the heap's free pages back to the kernel: reused for weights, they are untouched again
     try:
         yield
     finally:

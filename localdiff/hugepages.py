@@ -17,6 +17,7 @@ How: a fresh ``torch.empty`` of this size is a new anonymous mapping that nothin
 kernel's ``transparent_hugepage/enabled`` must be ``madvise`` or ``always``). Linux only; elsewhere, or when the
 kernel says ``never``, :func:`resident` keeps the tensor as it is (memory-mapped) — same values either way.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -25,8 +26,8 @@ from pathlib import Path
 
 import torch
 
-_HUGE = 2 << 20          # 2 MiB, x86-64's transparent huge page
-_MADV_HUGEPAGE = 14      # <sys/mman.h>
+_HUGE = 2 << 20  # 2 MiB, x86-64's transparent huge page
+_MADV_HUGEPAGE = 14  # <sys/mman.h>
 _madvise = None
 
 

@@ -5,6 +5,7 @@
 with one clear line, never a raw ValueError / TypeError / RuntimeError from deep inside torch. Sampler options are
 checked elsewhere (``Model.sampler_options``).
 """
+
 from __future__ import annotations
 
 import numbers
@@ -111,12 +112,13 @@ def normalize_prompt(prompt):
     if isinstance(prompt, tuple):
         prompt = list(prompt)
     if not isinstance(prompt, list):
-        raise UsageError(f"unsupported prompt type {type(prompt).__name__} (use str, chat messages, token ids "
-                         "or a list of those)")
+        raise UsageError(
+            f"unsupported prompt type {type(prompt).__name__} (use str, chat messages, token ids or a list of those)"
+        )
     if prompt and isinstance(prompt[0], dict):
         return check_messages(prompt)
-    if prompt and all(type(x) is int for x in prompt):   # plain ints, the common case: no per-id ABC checks
-        return list(prompt)                                # (~2 µs per id; a served prompt's ids: ~50 µs)
+    if prompt and all(type(x) is int for x in prompt):  # plain ints, the common case: no per-id ABC checks
+        return list(prompt)  # (~2 µs per id; a served prompt's ids: ~50 µs)
     if prompt and all(_is_int_like(x) for x in prompt):
         return _ids(prompt, "prompt")
     if prompt and any(_is_int_like(x) for x in prompt):

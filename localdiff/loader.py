@@ -5,6 +5,7 @@ Only safetensors are read (pickled ``.bin`` files are never unpickled); no code 
 tensors of a vision tower are never read. Any missing or inconsistent file raises ``CheckpointError`` naming the file
 before a model is returned, so there is never a half-loaded model.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -37,16 +38,16 @@ def _no_init():
             setattr(torch.nn.init, n, f)
 
 
-
-
 def load_config(ckpt: Path):
     """(architecture module, parsed config) of a checkpoint folder. Raises CheckpointError."""
     cfg = read_json(ckpt / "config.json")
     try:
         mod, spec = get_arch(cfg), get_spec(cfg)
     except KeyError:
-        raise CheckpointError(f"{ckpt / 'config.json'}: unknown model_type {cfg.get('model_type')!r} "
-                              f"(supported: {', '.join(supported())})") from None
+        raise CheckpointError(
+            f"{ckpt / 'config.json'}: unknown model_type {cfg.get('model_type')!r} "
+            f"(supported: {', '.join(supported())})"
+        ) from None
     try:
         return mod, spec.parse_config(cfg)
     except (KeyError, ValueError, TypeError) as e:
@@ -119,8 +120,11 @@ def _switch_for(mod, raw: dict, name: str) -> str | None:
         except (KeyError, ValueError, TypeError, CheckpointError):
             continue
         if name in names:
-            return (f"config.json has no {field}: {json.dumps(value)}" if now is None
-                    else f"config.json has {field}: {json.dumps(now)}, not {json.dumps(value)}")
+            return (
+                f"config.json has no {field}: {json.dumps(value)}"
+                if now is None
+                else f"config.json has {field}: {json.dumps(now)}, not {json.dumps(value)}"
+            )
     return None
 
 
@@ -155,8 +159,14 @@ def check_all_read(mod, raw: dict, wm: dict[str, Path], read: set[str]) -> None:
     raise CheckpointError(f"{wm[name]}: {name} is in the checkpoint but {why}{notes.get(name, '')}{more}")
 
 
-def load_model(ckpt: Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-               quant: str | None = None, recipe=None, host_layers=()):
+def load_model(
+    ckpt: Path,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    quant: str | None = None,
+    recipe=None,
+    host_layers=(),
+):
     """Build the model for checkpoint folder ``ckpt`` and load its weights.
 
     Args:
@@ -171,7 +181,7 @@ def load_model(ckpt: Path, device: str | torch.device = "cpu", dtype: torch.dtyp
     """
     with heap.for_weights():
         out = _load_model(ckpt, device, dtype, quant, recipe, host_layers)
-    heap.for_steps()     # step temporaries from the heap from now on (localdiff.heap: -45 ms/step fp32 150M)
+    heap.for_steps()  # step temporaries from the heap from now on (localdiff.heap: -45 ms/step fp32 150M)
     return out
 
 
@@ -187,11 +197,13 @@ def _load_model(ckpt: Path, device, dtype, quant, recipe, host_layers):
 
     with torch.device("meta"), _no_init():
         model = model_cls(cfg)
-    pre = checkpoint_recipe(cfg.raw)              # a pre-quantized checkpoint: int8 / int4 tensors + scales on disk
+    pre = checkpoint_recipe(cfg.raw)  # a pre-quantized checkpoint: int8 / int4 tensors + scales on disk
     if pre is not None:
         if quant in ("int8", "int4") and pre.quant() not in (None, quant):
-            raise CheckpointError(f"{ckpt}: a pre-quantized {pre.quant()} checkpoint; it loads as {pre.quant()} "
-                                  f"(drop --quant {quant}, or quantize the float checkpoint with --quant {quant})")
+            raise CheckpointError(
+                f"{ckpt}: a pre-quantized {pre.quant()} checkpoint; it loads as {pre.quant()} "
+                f"(drop --quant {quant}, or quantize the float checkpoint with --quant {quant})"
+            )
         convert_modules(model, pre)
     wanted = {}
     for local, t in list(model.named_parameters()) + list(model.named_buffers()):
@@ -203,7 +215,7 @@ def _load_model(ckpt: Path, device, dtype, quant, recipe, host_layers):
             shard = next(iter(set(wm.values())), ckpt)
             raise CheckpointError(f"{shard}: tensor for {local!r} not found (looked for {mod.checkpoint_names(local)})")
     check_all_read(mod, cfg.raw, wm, {cand for cand, _ in wanted.values()})
-    to_quant: dict[str, str] = {}                 # "module." → precision
+    to_quant: dict[str, str] = {}  # "module." → precision
     applied = pre
     if quant in ("int8", "int4") and pre is None:  # quantize at load, tensor by tensor
         applied = (recipe or DEFAULT_RECIPE).with_precision(quant)
@@ -213,7 +225,7 @@ def _load_model(ckpt: Path, device, dtype, quant, recipe, host_layers):
     for local, (cand, _) in wanted.items():
         by_file.setdefault(wm[cand], []).append(local)
     loaded: dict[str, torch.Tensor] = {}
-    copy_cpu = fits_in_memory(sum(f.stat().st_size for f in by_file))   # else the weights stay memory-mapped
+    copy_cpu = fits_in_memory(sum(f.stat().st_size for f in by_file))  # else the weights stay memory-mapped
     for f, locals_ in by_file.items():
         with safe_open(str(f), framework="pt", device="cpu") as h:
             for local in locals_:
@@ -226,9 +238,17 @@ def _load_model(ckpt: Path, device, dtype, quant, recipe, host_layers):
                     prec = next(p for n, p in to_quant.items() if local.startswith(n))
                     loaded.update(quant_entries(local, t, prec, dev))
                     continue
-                to = dtype if (t.is_floating_point() and dtype is not None and not mod.keeps_checkpoint_dtype(local)
-                               and not is_quant_state(local)) else None
-                if torch.device(dev).type == "cpu" and copy_cpu:   # file's 4 KiB pages → huge pages (-16 %/step)
+                to = (
+                    dtype
+                    if (
+                        t.is_floating_point()
+                        and dtype is not None
+                        and not mod.keeps_checkpoint_dtype(local)
+                        and not is_quant_state(local)
+                    )
+                    else None
+                )
+                if torch.device(dev).type == "cpu" and copy_cpu:  # file's 4 KiB pages → huge pages (-16 %/step)
                     loaded[local] = resident(t, to)
                 else:
                     loaded[local] = (t if to is None else t.to(to)).to(dev)
@@ -241,14 +261,16 @@ def _load_model(ckpt: Path, device, dtype, quant, recipe, host_layers):
         from localdiff.quantize.apply import quantize_head
         from localdiff.quantize.fuse import fuse_model
 
-        quantize_head(model, applied.head)         # an int8 / int4 copy of the LM head for the logits (recipe's head)
-        fuse_model(model)                          # q/k/v and gate/up as one quantized matmul each (exact)
-        if torch.device(device).type == "cuda":    # int4 layers in a CUDA library's layout (quantize.cuda4)
+        quantize_head(model, applied.head)  # an int8 / int4 copy of the LM head for the logits (recipe's head)
+        fuse_model(model)  # q/k/v and gate/up as one quantized matmul each (exact)
+        if torch.device(device).type == "cuda":  # int4 layers in a CUDA library's layout (quantize.cuda4)
             from localdiff.quantize.cuda4 import convert_model
+
             convert_model(model)
     if host_layers:
         from localdiff.quantize.offload import place_model
-        place_model(model, host_layers, device)   # installs the hooks that run host-layer experts on the CPU
+
+        place_model(model, host_layers, device)  # installs the hooks that run host-layer experts on the CPU
     model.eval().requires_grad_(False)
     if hasattr(model, "fuse_projections"):
         model.fuse_projections()
@@ -270,7 +292,9 @@ def gguf_target(where) -> Path | None:
     if p.is_dir() and not (p / "config.json").is_file():
         files = sorted(f for f in p.glob("*.gguf") if f.is_file())
         if len(files) > 1:
-            raise CheckpointError(f"{p}: {len(files)} .gguf files and no config.json; pass one file "
-                                  f"({', '.join(f.name for f in files[:4])})")
+            raise CheckpointError(
+                f"{p}: {len(files)} .gguf files and no config.json; pass one file "
+                f"({', '.join(f.name for f in files[:4])})"
+            )
         return files[0].resolve() if files else None
     return None

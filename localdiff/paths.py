@@ -3,6 +3,7 @@
 One resolver for both an editable / source checkout (the folders sit beside the package at the repo root) and a
 built wheel (hatch force-includes them as ``localdiff/_data/models`` and ``localdiff/_data/quant``).
 """
+
 from __future__ import annotations
 
 import json
@@ -33,6 +34,7 @@ def models_dir() -> Path:
 def quant_dir() -> Path:
     """The quantization-recipe folder (``quant/``)."""
     return data_dir("quant")
+
 
 def read_json(path: Path) -> dict:
     """Parse a JSON file; raises CheckpointError naming it when missing or corrupt."""

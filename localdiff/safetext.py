@@ -16,6 +16,7 @@ stand-in, character by character (so sanitizing fragments and joining them equal
 
 ``--json`` output is escaped instead (:func:`json_dumps`: ``\\u001b`` etc., C1, DEL and the bidi controls included).
 """
+
 from __future__ import annotations
 
 import json

@@ -2,6 +2,7 @@
 its range check, with the one-line messages the user sees (``--threads: must be an integer in 1..8 ...``). The config
 file, the environment, the command line and the Python API (:mod:`localdiff.inputs`, ``localdiff.load``) all check
 values here (:mod:`localdiff.config` layers them)."""
+
 from __future__ import annotations
 
 import os
@@ -67,8 +68,9 @@ def check_threads(value: Any, where: str) -> int:
         UsageError: ``"--threads: must be an integer in 1..8 (1 to 4 × the 2 CPUs here) (got 100000)"``.
     """
     n = os.cpu_count() or 1
-    bad = UsageError(f"{where}: must be an integer in 1..{4 * n} (1 to 4 × the {n} CPU{'s' if n != 1 else ''} here) "
-                     f"(got {value!r})")
+    bad = UsageError(
+        f"{where}: must be an integer in 1..{4 * n} (1 to 4 × the {n} CPU{'s' if n != 1 else ''} here) (got {value!r})"
+    )
     try:
         if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
             raise ValueError

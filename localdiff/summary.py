@@ -12,6 +12,7 @@ byte accounting as ``norms`` (one decoder and one encoder scalar per layer, as o
 
 Only the JSON header of each safetensors file is read (no tensor data) for bytes on disk.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,23 @@ from localdiff.arch import get_spec
 from localdiff.errors import CheckpointError
 
 #: bytes per element of the safetensors dtype codes
-SAFETENSORS_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-                           "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8}
+SAFETENSORS_DTYPE_BYTES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "U16": 2,
+    "U32": 4,
+    "U64": 8,
+}
 
 
 def text_config(config: dict) -> dict:
@@ -89,10 +105,15 @@ def disk_summary(checkpoint_dir: Path) -> dict:
             if not is_vision_tensor(name):
                 text_by_dtype[info["dtype"]] = text_by_dtype.get(info["dtype"], 0) + (b - a)
     text = sum(text_by_dtype.values())
-    return {"files": len(files), "bytes_on_disk": size, "weight_bytes": sum(by_dtype.values()),
-            "weight_bytes_by_dtype": by_dtype, "text_weight_bytes_by_dtype": text_by_dtype,
-            "vision_weight_bytes": sum(by_dtype.values()) - text,
-            "quant_metadata": json.loads(meta) if meta else None}
+    return {
+        "files": len(files),
+        "bytes_on_disk": size,
+        "weight_bytes": sum(by_dtype.values()),
+        "weight_bytes_by_dtype": by_dtype,
+        "text_weight_bytes_by_dtype": text_by_dtype,
+        "vision_weight_bytes": sum(by_dtype.values()) - text,
+        "quant_metadata": json.loads(meta) if meta else None,
+    }
 
 
 def spec_of(config: dict):
@@ -141,7 +162,7 @@ def summarize(config: dict, checkpoint_dir: Path | None = None) -> dict:
     """
     spec = spec_of(config)
     geo = layer_geometry(config)
-    try:   # a spec whose config keys differ from the Llama names (LLaDA: d_model, n_heads) normalises them
+    try:  # a spec whose config keys differ from the Llama names (LLaDA: d_model, n_heads) normalises them
         t = spec.text_fields(config) if hasattr(spec, "text_fields") else text_config(config)
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"config.json: invalid or incomplete config ({e})") from None
@@ -149,8 +170,16 @@ def summarize(config: dict, checkpoint_dir: Path | None = None) -> dict:
     attn: dict[str, dict] = {}
     for g in geo:
         by_type[g.type] = by_type.get(g.type, 0) + 1
-        attn.setdefault(g.type, {"heads": int(t["num_attention_heads"]), "head_dim": g.head_dim,
-                                 "kv_heads": g.kv_heads, "window": g.window, "shares_kv": not g.has_v})
+        attn.setdefault(
+            g.type,
+            {
+                "heads": int(t["num_attention_heads"]),
+                "head_dim": g.head_dim,
+                "kv_heads": g.kv_heads,
+                "window": g.window,
+                "shares_kv": not g.has_v,
+            },
+        )
     try:
         extra = spec.summary_fields(config) if hasattr(spec, "summary_fields") else {}
         out = {
@@ -177,6 +206,6 @@ def summarize(config: dict, checkpoint_dir: Path | None = None) -> dict:
         out["has_vision_tower"] = out["disk"]["vision_weight_bytes"] > 0
     else:  # before a pull: text weights in the config's dtype (buffers included), vision tower not counted
         code = {"float32": "F32", "float16": "F16"}.get(str(out["dtype"]), "BF16")
-        n = sum(x.numel for x in config_tensors(config))   # decoder and encoder layer_scalar are both on disk
+        n = sum(x.numel for x in config_tensors(config))  # decoder and encoder layer_scalar are both on disk
         out["text_weight_bytes_estimate"] = {code: n * SAFETENSORS_DTYPE_BYTES[code]}
     return out

@@ -3,6 +3,7 @@
 ``chat_template.jinja`` (or the ``chat_template`` key). Templates render in jinja2's immutable sandbox, as
 transformers' ``apply_chat_template`` does, so a hostile template from a downloaded repo cannot run code or touch
 files."""
+
 from __future__ import annotations
 
 import json
@@ -40,7 +41,7 @@ class Tokenizer:
         except Exception as e:
             raise CheckpointError(f"{path / 'tokenizer.json'}: cannot load tokenizer ({e})") from None
         cfg = _json_file(path / "tokenizer_config.json")
-        if "added_tokens_decoder" not in cfg:   # transformers' legacy merge: special_tokens_map.json's values win
+        if "added_tokens_decoder" not in cfg:  # transformers' legacy merge: special_tokens_map.json's values win
             cfg = {**cfg, **_json_file(path / "special_tokens_map.json")}
         self.special = {k: _tok_str(cfg.get(k)) for k in SPECIAL_TOKENS}
         self.bos_token = self.special["bos_token"]
@@ -55,7 +56,7 @@ class Tokenizer:
         self.pad_token_id = pad_id
         self.vocab_size = self._tok.get_vocab_size()
         self._env = None
-        self._template = None   # (template text, compiled template): jinja compiles in ~10 ms, once per text
+        self._template = None  # (template text, compiled template): jinja compiles in ~10 ms, once per text
 
     def encode(self, text: str) -> list[int]:
         """Text → token ids (no special tokens added; chat templates carry their own BOS)."""
@@ -88,8 +89,9 @@ class Tokenizer:
         from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
         if self._env is None:
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                extensions=["jinja2.ext.loopcontrols"])
+            env = ImmutableSandboxedEnvironment(
+                trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+            )
             env.filters["tojson"] = lambda x, indent=None, **kw: json.dumps(x, ensure_ascii=False, indent=indent)
             env.globals["raise_exception"] = _raise
             env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -97,17 +99,29 @@ class Tokenizer:
         try:
             if self._template is None or self._template[0] != self.chat_template:
                 self._template = (self.chat_template, self._env.from_string(self.chat_template))
-            return self._template[1].render(    # the variables transformers' render_jinja_template passes
-                messages=messages, tools=None, documents=None, add_generation_prompt=add_generation_prompt,
-                **{k: v for k, v in self.special.items() if v is not None})
+            return self._template[1].render(  # the variables transformers' render_jinja_template passes
+                messages=messages,
+                tools=None,
+                documents=None,
+                add_generation_prompt=add_generation_prompt,
+                **{k: v for k, v in self.special.items() if v is not None},
+            )
         except SecurityError as e:
             raise ChatTemplateError(f"refused: the template tried an unsafe operation ({e})") from None
         except ChatTemplateError:
             raise
         except TemplateError as e:
             raise ChatTemplateError(f"render failed ({e})") from None
-        except (OverflowError, RecursionError, MemoryError, ArithmeticError, TypeError, ValueError, LookupError,
-                AttributeError) as e:  # the sandbox's range limit (OverflowError), 1/0, a bad filter argument, ...
+        except (
+            OverflowError,
+            RecursionError,
+            MemoryError,
+            ArithmeticError,
+            TypeError,
+            ValueError,
+            LookupError,
+            AttributeError,
+        ) as e:  # the sandbox's range limit (OverflowError), 1/0, a bad filter argument, ...
             raise ChatTemplateError(f"render failed ({type(e).__name__}: {e})") from None
 
 
@@ -165,7 +179,7 @@ class PieceDecoder:
                 anchor_id, anchor_text = self._anchor
                 both = self.tokenizer.decode([anchor_id, token_id])
                 if both.startswith(anchor_text):
-                    return both[len(anchor_text):]
+                    return both[len(anchor_text) :]
             return self.tokenizer.decode([token_id])
         except Exception:  # a token the tokenizer cannot render alone
             return ""

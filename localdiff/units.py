@@ -1,11 +1,26 @@
 """Byte sizes as users write them (``24GiB``, ``1.5GB``, ``512MiB``, ``0``) and as localdiff prints memory (binary
 units), shared by the CLI, the KV-cache budget, the memory plan and the quantization recipes. Torch-free."""
+
 from __future__ import annotations
 
 import re
 
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "m": 10**6,
+    "mb": 10**6,
+    "g": 10**9,
+    "gb": 10**9,
+    "t": 10**12,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 
 
 def parse_size(text, error=ValueError) -> int:

@@ -1,4 +1,5 @@
 """One argparse parser for every localdiff command line (``localdiff …`` and ``localdiff bench``)."""
+
 from __future__ import annotations
 
 import argparse

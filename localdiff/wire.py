@@ -19,12 +19,13 @@ the float32 values written exactly (the JSON number of each value), so :func:`st
 this stream (as strings) to their text on its own (``localdiff.tokenizer.PieceDecoder``). Pieces are model text:
 a client makes control characters visible before showing them (the chat does, ``localdiff.tui.runner.TokenText``).
 """
+
 from __future__ import annotations
 
 from localdiff.events import CanvasDone, StepEvent
 from localdiff.tokenizer import PieceDecoder
 
-EVENT_LEVELS = ("none", "canvases", "steps")   # what a request may ask for under localdiff.events
+EVENT_LEVELS = ("none", "canvases", "steps")  # what a request may ask for under localdiff.events
 _MASKS = ("accepted", "renoised", "reopened", "locked")
 
 
@@ -51,9 +52,13 @@ class EventEncoder:
     def begin(self) -> dict:
         """The first event: what a client needs to draw the canvas."""
         m = self.model
-        return {"event": "begin", "family": m.family,
-                "canvas_length": getattr(m.config, "canvas_length", None),     # (the canvas family's config)
-                "eos_token_ids": list(m.eos_token_ids), "mask_token_id": m.mask_token_id}
+        return {
+            "event": "begin",
+            "family": m.family,
+            "canvas_length": getattr(m.config, "canvas_length", None),  # (the canvas family's config)
+            "eos_token_ids": list(m.eos_token_ids),
+            "mask_token_id": m.mask_token_id,
+        }
 
     def _pieces(self, ids: list[int]) -> dict:
         out = {}
@@ -66,8 +71,14 @@ class EventEncoder:
     def step(self, ev: StepEvent) -> dict:
         """A ``step`` event from a StepEvent (row 0)."""
         ids = ev.canvas_ids[0].tolist()
-        out = {"event": "step", "canvas": ev.canvas_index, "step": ev.step, "max_steps": ev.max_steps,
-               "canvas_ids": ids, "argmax_ids": ev.argmax_ids[0].tolist()}
+        out = {
+            "event": "step",
+            "canvas": ev.canvas_index,
+            "step": ev.step,
+            "max_steps": ev.max_steps,
+            "canvas_ids": ids,
+            "argmax_ids": ev.argmax_ids[0].tolist(),
+        }
         for name in _MASKS:
             out[name] = _bits(getattr(ev, name))
         out["confidence"] = ev.confidence[0].float().tolist()
@@ -78,8 +89,14 @@ class EventEncoder:
     def canvas(self, ev: CanvasDone) -> dict:
         """A ``canvas`` event from a CanvasDone (row 0; the text goes separately)."""
         ids = ev.token_ids[0].tolist()
-        return {"event": "canvas", "canvas": ev.canvas_index, "steps": ev.steps, "token_ids": ids,
-                "finished": bool(ev.finished[0]), "pieces": self._pieces(ids)}
+        return {
+            "event": "canvas",
+            "canvas": ev.canvas_index,
+            "steps": ev.steps,
+            "token_ids": ids,
+            "finished": bool(ev.finished[0]),
+            "pieces": self._pieces(ids),
+        }
 
 
 class PieceTable:
@@ -134,8 +151,11 @@ def _mask(value, name: str, n: int):
 def _floats(value, name: str, n: int):
     import torch
 
-    if not isinstance(value, list) or len(value) != n or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+    if (
+        not isinstance(value, list)
+        or len(value) != n
+        or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+    ):
         raise ValueError(f"{name} must be a list of {n} numbers")
     return torch.tensor([value], dtype=torch.float32)
 
@@ -152,16 +172,29 @@ def step_event(d: dict) -> StepEvent:
     ids = _ids(d.get("canvas_ids"), "canvas_ids")
     n = ids.shape[1]
     masks = {name: _mask(d.get(name), name, n) for name in _MASKS}
-    return StepEvent(_int(d, "canvas"), _int(d, "step"), _int(d, "max_steps"), canvas_ids=ids,
-                     argmax_ids=_ids(d.get("argmax_ids"), "argmax_ids", n), accepted=masks["accepted"],
-                     renoised=masks["renoised"], reopened=masks["reopened"],
-                     confidence=_floats(d.get("confidence"), "confidence", n),
-                     entropy=_floats(d.get("entropy"), "entropy", n), locked=masks["locked"])
+    return StepEvent(
+        _int(d, "canvas"),
+        _int(d, "step"),
+        _int(d, "max_steps"),
+        canvas_ids=ids,
+        argmax_ids=_ids(d.get("argmax_ids"), "argmax_ids", n),
+        accepted=masks["accepted"],
+        renoised=masks["renoised"],
+        reopened=masks["reopened"],
+        confidence=_floats(d.get("confidence"), "confidence", n),
+        entropy=_floats(d.get("entropy"), "entropy", n),
+        locked=masks["locked"],
+    )
 
 
 def canvas_done(d: dict, text: str = "") -> CanvasDone:
     """A ``canvas`` wire dict → CanvasDone (with ``text``). Raises ValueError for a malformed event."""
     import torch
 
-    return CanvasDone(_int(d, "canvas"), _ids(d.get("token_ids"), "token_ids"), text, _int(d, "steps"),
-                      torch.tensor([bool(d.get("finished"))]))
+    return CanvasDone(
+        _int(d, "canvas"),
+        _ids(d.get("token_ids"), "token_ids"),
+        text,
+        _int(d, "steps"),
+        torch.tensor([bool(d.get("finished"))]),
+    )

@@ -1,6 +1,7 @@
 """Shared fixtures. Helper modules beside the tests (refmodels, gen_checkpoint, hub_stand_in, fakenet, arch_baby,
 tuihelpers) are importable because pyproject's ``[tool.pytest.ini_options] pythonpath`` lists ``tests`` and the
 recipe folders; no test edits sys.path."""
+
 import pytest
 
 

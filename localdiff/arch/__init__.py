@@ -3,6 +3,7 @@
 Adding an architecture is one entry here plus its files (docs/ARCHITECTURE.md); see :mod:`localdiff.arch.base` for
 the contract. ``architectures`` disambiguates when one ``model_type`` covers two architectures.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -41,7 +42,7 @@ REGISTRY: dict[str, ArchEntry] = {
 ALIASES: dict[tuple[str, str | None], str] = {
     ("llada", "LLaDAMoEModelLM"): "lladamoe",
     ("dream", None): "Dream",
-    ("qwen3", "DFlashDraftModel"): "dflash",   # DFlash drafts ship a Qwen3 config.json
+    ("qwen3", "DFlashDraftModel"): "dflash",  # DFlash drafts ship a Qwen3 config.json
     ("llama", "DFlashDraftModel"): "dflash",
     ("qwen3", "DFlash2DraftModel"): "dflash",  # refused by its spec with a clear message
 }
@@ -76,7 +77,7 @@ def canonical_type(config: dict | str) -> str | None:
         return _resolve(config, ())
     mt = _resolve(config.get("model_type"), config.get("architectures"))
     mt = next((key for (t, f), key in FIELD_ALIASES.items() if t == mt and config.get(f) is not None), mt)
-    if mt not in REGISTRY:   # a nested text_config may name it
+    if mt not in REGISTRY:  # a nested text_config may name it
         mt = (config.get("text_config") or {}).get("model_type", mt)
     return mt
 

@@ -31,6 +31,7 @@ Forward roles (an architecture implements the methods of the roles it lists in `
   a DFlash draft pass (``localdiff.arch.dflash``): a block of the target's embeddings attends, non-causally, to the
   cached and new context features of the target; the target's LM head gives the logits.
 """
+
 from __future__ import annotations
 
 import contextlib

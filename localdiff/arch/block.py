@@ -21,6 +21,7 @@ All return RAW logits FloatTensor[B, rows, V] in fp32 (Fast-dLLM v2 shifts them 
 Sources: SDAR ``modeling_sdar.py`` (``store_kv``: a block's K/V are written once it is complete), Fast-dLLM v2
 ``modeling.py`` (``eval_block_diff_mask``: ``block_q >= block_kv``), dllm ``build_staircase_attention_mask``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -54,10 +55,14 @@ class BlockLM(DenseStack):
         """``localdiff.cache.kv.KVCache`` keyword arguments: full attention on every layer, blocks of one block
         size, per-layer (head_dim, kv_heads) for a finite device budget."""
         c = self.config
-        return {"layer_windows": [None] * c.num_hidden_layers, "slack": 0, "block_len": c.block_size,
-                "layer_heads": [(c.head_dim, c.num_key_value_heads)] * c.num_hidden_layers}
+        return {
+            "layer_windows": [None] * c.num_hidden_layers,
+            "slack": 0,
+            "block_len": c.block_size,
+            "layer_heads": [(c.head_dim, c.num_key_value_heads)] * c.num_hidden_layers,
+        }
 
-    supports_int8_head = True      # a recipe's head = "int8" gives it ``head_int8`` (localdiff.quantize.int8)
+    supports_int8_head = True  # a recipe's head = "int8" gives it ``head_int8`` (localdiff.quantize.int8)
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         head = getattr(self, "head_int8", None)
@@ -79,16 +84,18 @@ class BlockLM(DenseStack):
         return self._logits(h)
 
     @torch.inference_mode()
-    def prefill(self, input_ids: torch.Tensor, cache, attention_mask: torch.Tensor | None = None,
-                last_logits: bool = False):
+    def prefill(
+        self, input_ids: torch.Tensor, cache, attention_mask: torch.Tensor | None = None, last_logits: bool = False
+    ):
         """Append whole blocks (LongTensor[B, T], padding mask Bool/Long[B, T] or None) to ``cache``. With
         ``last_logits``: returns the last row's raw logits FloatTensor[B, V] (Fast-dLLM v2 decodes a block's first
         token from them, autoregressively); else None."""
         return self._forward(input_ids, attention_mask, None, cache, last_logits)
 
     @torch.inference_mode()
-    def denoise(self, canvas_ids: torch.Tensor, cache, self_conditioning_logits=None, prefill_ids=None,
-                prefill_mask=None) -> torch.Tensor:
+    def denoise(
+        self, canvas_ids: torch.Tensor, cache, self_conditioning_logits=None, prefill_ids=None, prefill_mask=None
+    ) -> torch.Tensor:
         """One block's logits FloatTensor[B, C, V] over the cache (module docstring); with ``prefill_ids``
         (LongTensor[B, T], mask Bool[B, T] or None) the fused pass that also prefills them.
 
@@ -121,12 +128,13 @@ class BlockLM(DenseStack):
             att = layer.self_attn
             q, k, v = att.qkv(layer.input_layernorm(x), cos, sin)
             bk, bv = block_kv[i]
-            bk[:, :, offset:offset + n] = k
-            bv[:, :, offset:offset + n] = v
+            bk[:, :, offset : offset + n] = k
+            bv[:, :, offset : offset + n] = v
             past_n = cache.visible_len(i)
             if past_n not in masks:
-                masks[past_n] = self._masks(b, 0, bk.shape[2], cache.seq_len, past_n, cache.past_mask(i), None,
-                                            x.device)[1]
+                masks[past_n] = self._masks(
+                    b, 0, bk.shape[2], cache.seq_len, past_n, cache.past_mask(i), None, x.device
+                )[1]
             kk, vv = cache.with_canvas(i, bk, bv)
             x = layer.ffn(x + att.attend(q, kk, vv, masks[past_n]))
         return self._logits(self.norm(x))
@@ -158,13 +166,16 @@ class BlockLM(DenseStack):
                     kk, vv = (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)) if past is not None else (k, v)
                     cache.append(i, k[:, :, :n], v[:, :, :n])
                     if i == last and not c and not last_logits:
-                        break                      # prefill only: the last layer's K/V were all that was needed
-                    outs = [] if i == last and c else [att.attend(q[:, :, :n], kk[:, :, :past_n + n], vv[:, :, :past_n + n],
-                                                            m_pre)]
+                        break  # prefill only: the last layer's K/V were all that was needed
+                    outs = (
+                        []
+                        if i == last and c
+                        else [att.attend(q[:, :, :n], kk[:, :, : past_n + n], vv[:, :, : past_n + n], m_pre)]
+                    )
                     if c:
                         outs.append(att.attend(q[:, :, n:], kk, vv, m_can))
                     a = outs[0] if len(outs) == 1 else torch.cat(outs, 1)
-                    if i == last and c:            # only the canvas rows go on
+                    if i == last and c:  # only the canvas rows go on
                         x, n = x[:, n:], 0
                 else:
                     if block_kv is not None:

@@ -26,6 +26,7 @@ Sources (read, not copied):
   block's masks); we denoise the tail together with the first block, as SDAR and Fast-dLLM v2 do — the first
   block's logits differ from dllm's, later blocks do not.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,20 +34,35 @@ from dataclasses import dataclass
 from localdiff.arch import canonical_type as _registry_type
 from localdiff.arch.base import LayerGeom, Tensorish
 from localdiff.arch.llama_base_spec import LlamaConfig, config_tensor_shapes
-from localdiff.arch.spec_parts import (_int, _rope, check_heads, check_mask_id, check_top_k, full_attention_geometry,
-                                       id_tuple, moe_parameter_counts)
+from localdiff.arch.spec_parts import (
+    _int,
+    _rope,
+    check_heads,
+    check_mask_id,
+    check_top_k,
+    full_attention_geometry,
+    id_tuple,
+    moe_parameter_counts,
+)
 
 MODEL_TYPE = "sdar"
 #: every config.json model_type (registry key) this spec parses
 MODEL_TYPES = ("sdar", "sdar_moe", "Fast_dLLM_Qwen", "a2d-qwen3-bd3lm")
 FAMILY = "block"
 ARCHITECTURE = "SDARForCausalLM"
-_ARCHITECTURES = {"sdar": "SDARForCausalLM", "sdar_moe": "SDARMoeForCausalLM",
-                  "Fast_dLLM_Qwen": "Fast_dLLM_QwenForCausalLM", "a2d-qwen3-bd3lm": "A2DQwen3LMHeadModel"}
+_ARCHITECTURES = {
+    "sdar": "SDARForCausalLM",
+    "sdar_moe": "SDARMoeForCausalLM",
+    "Fast_dLLM_Qwen": "Fast_dLLM_QwenForCausalLM",
+    "a2d-qwen3-bd3lm": "A2DQwen3LMHeadModel",
+}
 #: (mask, eos, pad, bos, block size) when config.json omits them — the values upstream code hard-codes
-DEFAULT_IDS = {"sdar": (151669, 151643, 151643, 151643, 4), "sdar_moe": (151669, 151643, 151643, 151643, 4),
-               "Fast_dLLM_Qwen": (151665, 151645, 151643, 151643, 32),
-               "a2d-qwen3-bd3lm": (151669, 151645, 151643, 151643, 32)}
+DEFAULT_IDS = {
+    "sdar": (151669, 151643, 151643, 151643, 4),
+    "sdar_moe": (151669, 151643, 151643, 151643, 4),
+    "Fast_dLLM_Qwen": (151665, 151645, 151643, 151643, 32),
+    "a2d-qwen3-bd3lm": (151669, 151645, 151643, 151643, 32),
+}
 _BLOCK_KEY = {"Fast_dLLM_Qwen": "bd_size"}
 
 
@@ -72,8 +88,13 @@ def _moe(raw: dict, n: int) -> dict:
     step = _int(raw, "decoder_sparse_step", 1)
     only = set(raw.get("mlp_only_layers") or [])
     layers = tuple(i not in only and step > 0 and (i + 1) % step == 0 for i in range(n))
-    return dict(num_experts=e, num_experts_per_tok=k, moe_intermediate_size=_int(raw, "moe_intermediate_size"),
-                norm_topk_prob=bool(raw.get("norm_topk_prob", False)), moe_layers=layers)
+    return dict(
+        num_experts=e,
+        num_experts_per_tok=k,
+        moe_intermediate_size=_int(raw, "moe_intermediate_size"),
+        norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
+        moe_layers=layers,
+    )
 
 
 def parse_config(raw: dict) -> BlockConfig:
@@ -85,20 +106,30 @@ def parse_config(raw: dict) -> BlockConfig:
     """
     mt = _registry_type(raw)
     if mt not in DEFAULT_IDS:
-        raise ValueError(f"model_type {raw.get('model_type')!r} is not a block-diffusion type ({', '.join(MODEL_TYPES)})")
+        raise ValueError(
+            f"model_type {raw.get('model_type')!r} is not a block-diffusion type ({', '.join(MODEL_TYPES)})"
+        )
     if raw.get("use_sliding_window"):
         raise ValueError("field 'use_sliding_window' = true is not supported (block models attend to all blocks)")
     h, heads, n = _int(raw, "hidden_size"), _int(raw, "num_attention_heads"), _int(raw, "num_hidden_layers")
     vocab = _int(raw, "vocab_size")
     qwen2 = mt == "Fast_dLLM_Qwen"
-    fields = dict(vocab_size=vocab, embedding_rows=vocab, hidden_size=h, num_hidden_layers=n,
-                  num_attention_heads=heads, num_key_value_heads=_int(raw, "num_key_value_heads", heads),
-                  head_dim=_int(raw, "head_dim") if raw.get("head_dim") else h // max(heads, 1),
-                  rope_parameters=_rope(raw), rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-                  max_position_embeddings=_int(raw, "max_position_embeddings", 32768),
-                  tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-                  qkv_bias=True if qwen2 else bool(raw.get("attention_bias")), qk_norm=not qwen2,
-                  intermediate_size=_int(raw, "intermediate_size"))
+    fields = dict(
+        vocab_size=vocab,
+        embedding_rows=vocab,
+        hidden_size=h,
+        num_hidden_layers=n,
+        num_attention_heads=heads,
+        num_key_value_heads=_int(raw, "num_key_value_heads", heads),
+        head_dim=_int(raw, "head_dim") if raw.get("head_dim") else h // max(heads, 1),
+        rope_parameters=_rope(raw),
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        max_position_embeddings=_int(raw, "max_position_embeddings", 32768),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        qkv_bias=True if qwen2 else bool(raw.get("attention_bias")),
+        qk_norm=not qwen2,
+        intermediate_size=_int(raw, "intermediate_size"),
+    )
     if mt == "sdar_moe":
         fields.update(_moe(raw, n))
     mask_d, eos_d, pad_d, bos_d, block_d = DEFAULT_IDS[mt]
@@ -114,9 +145,17 @@ def parse_config(raw: dict) -> BlockConfig:
         raise ValueError(f"field '{_BLOCK_KEY.get(mt, 'block_size')}' must be ≥ 1 (got {block})")
     check_mask_id(mask, pad, vocab)
     check_heads(h, heads, fields["num_key_value_heads"], fields["head_dim"], n)
-    return BlockConfig(model_type=mt, mask_token_id=mask, eos_token_id=eos,
-                       pad_token_id=None if pad is None else int(pad), bos_token_id=None if bos is None else int(bos),
-                       raw=raw, block_size=block, token_shift=qwen2, **fields)
+    return BlockConfig(
+        model_type=mt,
+        mask_token_id=mask,
+        eos_token_id=eos,
+        pad_token_id=None if pad is None else int(pad),
+        bos_token_id=None if bos is None else int(bos),
+        raw=raw,
+        block_size=block,
+        token_shift=qwen2,
+        **fields,
+    )
 
 
 # -- the spec contract (localdiff.arch.base.ArchSpec) -------------------------------------------------------------
@@ -138,11 +177,20 @@ def parameter_counts(raw: dict) -> dict:
 def summary_fields(raw: dict) -> dict:
     """Family-specific fields of ``localdiff show``: block size, special ids, token shift, experts when MoE."""
     c = parse_config(raw)
-    out = {"block_size": c.block_size, "mask_token_id": c.mask_token_id, "eos_token_id": list(c.eos_token_id),
-           "pad_token_id": c.pad_token_id, "token_shift": c.token_shift}
+    out = {
+        "block_size": c.block_size,
+        "mask_token_id": c.mask_token_id,
+        "eos_token_id": list(c.eos_token_id),
+        "pad_token_id": c.pad_token_id,
+        "token_shift": c.token_shift,
+    }
     if c.num_experts:
-        out["experts"] = {"total": c.num_experts, "top_k": c.num_experts_per_tok,
-                          "moe_intermediate_size": c.moe_intermediate_size, "moe_layers": sum(c.moe_layers)}
+        out["experts"] = {
+            "total": c.num_experts,
+            "top_k": c.num_experts_per_tok,
+            "moe_intermediate_size": c.moe_intermediate_size,
+            "moe_layers": sum(c.moe_layers),
+        }
     return out
 
 

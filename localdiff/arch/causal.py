@@ -9,6 +9,7 @@ transformers' ``hidden_states`` tuple holds the embeddings, then each layer's ou
 norm; we return the same tensors). Math as transformers 5.23.0 ``Qwen3ForCausalLM`` / ``LlamaForCausalLM``; tests
 compare logits to 1e-4 and greedy tokens to ``generate``.
 """
+
 from __future__ import annotations
 
 import torch
@@ -34,16 +35,25 @@ class CausalLM(DenseStack):
         """``localdiff.cache.kv.KVCache`` keyword arguments: full-attention layers, blocks of ``block_len`` tokens
         (also the room kept after the cached run: at least the longest block a pass appends), per-layer heads."""
         n = self.config.num_hidden_layers
-        return {"layer_windows": [None] * n, "block_len": block_len,
-                "layer_heads": [(self.config.head_dim, self.config.num_key_value_heads)] * n}
+        return {
+            "layer_windows": [None] * n,
+            "block_len": block_len,
+            "layer_heads": [(self.config.head_dim, self.config.num_key_value_heads)] * n,
+        }
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Final-normed hidden states Tensor[B, n, H] → fp32 logits Tensor[B, n, V]."""
         return F.linear(h, self.head_weight()).float()
 
     @torch.inference_mode()
-    def prefill(self, input_ids: torch.Tensor, cache, attention_mask: torch.Tensor | None = None,
-                layers: list[int] | None = None, last_only: bool = False):
+    def prefill(
+        self,
+        input_ids: torch.Tensor,
+        cache,
+        attention_mask: torch.Tensor | None = None,
+        layers: list[int] | None = None,
+        last_only: bool = False,
+    ):
         """Cached causal pass over new tokens (positions continue at ``cache.seq_len``); their K/V are appended and
         committed (``cache.writing``: reset on any exception).
 
@@ -75,8 +85,9 @@ class CausalLM(DenseStack):
         FloatTensor[B, T, V] fp32. With padding, positions count real tokens only (transformers' ``generate``)."""
         return self.logits(self.hidden(input_ids, attention_mask)[0])
 
-    def hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-               layers: list[int] | None = None):
+    def hidden(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, layers: list[int] | None = None
+    ):
         """Uncached causal pass (autograd allowed: the training recipes use it).
 
         Returns (final-normed hidden Tensor[B, T, H], features Tensor[B, T, len(layers)·H] or None)."""
@@ -97,7 +108,7 @@ class CausalLM(DenseStack):
         n = ids.shape[1]
         if isinstance(start, int):
             cos, sin = rope_cos_sin(self._inv_freq, start, n, x.device)
-        else:   # per-row positions (left padding): tables [B, 1, T, rot]
+        else:  # per-row positions (left padding): tables [B, 1, T, rot]
             freqs = start.float()[..., None] * self._inv_freq.to(x.device)
             emb = torch.cat([freqs, freqs], -1)[:, None]
             cos, sin = emb.cos(), emb.sin()

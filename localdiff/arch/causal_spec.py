@@ -6,6 +6,7 @@ as transformers 5.23.0 ``models/{qwen3,llama}/configuration_*.py``; tensor names
 :mod:`localdiff.arch.llama_base_spec` (one dense stack, :func:`localdiff.arch.llama_base_spec.config_tensor_shapes`),
 the checkpoint's ``model.`` prefix added by :mod:`localdiff.arch.llama_base`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -66,14 +67,24 @@ def parse_config(raw: dict) -> CausalConfig:
     pad = raw.get("pad_token_id")
     bos = raw.get("bos_token_id")
     return CausalConfig(
-        model_type=mt, vocab_size=vocab, hidden_size=h, intermediate_size=_int(raw, "intermediate_size"),
-        num_hidden_layers=_int(raw, "num_hidden_layers"), num_attention_heads=heads, num_key_value_heads=kv,
-        head_dim=head_dim, rope_parameters=_rope(raw, 10000.0 if mt == "llama" else None),
-        eos_token_id=id_tuple(raw.get("eos_token_id")), pad_token_id=None if pad is None else int(pad),
+        model_type=mt,
+        vocab_size=vocab,
+        hidden_size=h,
+        intermediate_size=_int(raw, "intermediate_size"),
+        num_hidden_layers=_int(raw, "num_hidden_layers"),
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        head_dim=head_dim,
+        rope_parameters=_rope(raw, 10000.0 if mt == "llama" else None),
+        eos_token_id=id_tuple(raw.get("eos_token_id")),
+        pad_token_id=None if pad is None else int(pad),
         bos_token_id=None if bos is None else int(bos),
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
         max_position_embeddings=_int(raw, "max_position_embeddings", 32768 if mt == "qwen3" else 2048),
-        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)), qk_norm=mt == "qwen3", raw=raw)
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        qk_norm=mt == "qwen3",
+        raw=raw,
+    )
 
 
 def layer_geometry(raw: dict) -> list[LayerGeom]:
@@ -94,8 +105,11 @@ def parameter_counts(raw: dict) -> dict:
 def summary_fields(raw: dict) -> dict:
     """``show``'s family fields: the special ids and whether the LM head is tied."""
     c = parse_config(raw)
-    return {"eos_token_id": list(c.eos_token_id), "pad_token_id": c.pad_token_id,
-            "tie_word_embeddings": c.tie_word_embeddings}
+    return {
+        "eos_token_id": list(c.eos_token_id),
+        "pad_token_id": c.pad_token_id,
+        "tie_word_embeddings": c.tie_word_embeddings,
+    }
 
 
 def architecture_name(raw: dict) -> str:

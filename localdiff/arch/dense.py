@@ -14,6 +14,7 @@ The hyper-parameters come from an args object with the attributes of
 rms_norm_eps, rope_parameters, rope_fp32, qkv_bias, qk_norm, clip_qkv, intermediate_size, MoE fields, ...).
 Math as transformers 5.23.0 ``models/{llama,qwen2,qwen3,qwen3_moe}/modeling_*.py``; tests compare logits to 1e-4.
 """
+
 from __future__ import annotations
 
 import math
@@ -38,7 +39,7 @@ def llama_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> 
     if x.dtype == torch.float32 and (weight is None or weight.dtype == torch.float32):
         return torch.rms_norm(x, (x.shape[-1],), weight, eps)
     if x.dtype == torch.bfloat16 and not (torch.is_grad_enabled() and x.requires_grad):
-        y = native_rows.rms_norm(x, weight, eps)   # one library call for the ops below (localdiff.kernels.rowops)
+        y = native_rows.rms_norm(x, weight, eps)  # one library call for the ops below (localdiff.kernels.rowops)
         if y is not None:
             return y
     xf = x.float()
@@ -114,7 +115,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fp32: bool
         xr = xr.float()
     else:
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    x1, x2 = xr[..., : rot // 2], xr[..., rot // 2:]
+    x1, x2 = xr[..., : rot // 2], xr[..., rot // 2 :]
     out = (xr * cos + torch.cat([-x2, x1], dim=-1) * sin).to(x.dtype)
     return out if rot == x.shape[-1] else torch.cat([out, x[..., rot:]], dim=-1)
 
@@ -163,9 +164,16 @@ class Attention(nn.Module):
         """Whether q and k (views of one fused q/k/v output) can be normed and rotated as one tensor: adjacent in
         memory, per-head norms with the same eps and 16-bit weights of their dtype (in-place scale), no clipping."""
         qn, kn = self.q_norm, self.k_norm
-        return (qn is not None and self.clip is None and not self.rope_fp32 and q.dtype != torch.float32
-                and qn.eps == kn.eps and qn.weight.dtype == kn.weight.dtype == q.dtype
-                and q.stride() == k.stride() and k.data_ptr() == q.data_ptr() + q.shape[-1] * q.element_size())
+        return (
+            qn is not None
+            and self.clip is None
+            and not self.rope_fp32
+            and q.dtype != torch.float32
+            and qn.eps == kn.eps
+            and qn.weight.dtype == kn.weight.dtype == q.dtype
+            and q.stride() == k.stride()
+            and k.data_ptr() == q.data_ptr() + q.shape[-1] * q.element_size()
+        )
 
     def _qk_fused(self, q, k, v, b, n, cos, sin):
         """:meth:`qkv`'s norms and RoPE on q and k as one [B, L, heads + kv_heads, D] tensor (two ops fewer of each
@@ -173,9 +181,12 @@ class Attention(nn.Module):
         (tests/quant/test_fuse_int8.py)."""
         hq, d = self.heads, self.head_dim
         qk = q.as_strided((b, n, hq + self.kv_heads, d), (q.stride(0), q.stride(1), d, 1))
-        out = native_rows.qk_norm_rope(qk, hq, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, cos, sin) \
-            if not torch.is_grad_enabled() else None
-        if out is not None:     # the ops below in one library call (localdiff.kernels.rowops)
+        out = (
+            native_rows.qk_norm_rope(qk, hq, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, cos, sin)
+            if not torch.is_grad_enabled()
+            else None
+        )
+        if out is not None:  # the ops below in one library call (localdiff.kernels.rowops)
             qk = out.transpose(1, 2)
             return qk[:, :hq], qk[:, hq:], v.view(b, n, self.kv_heads, d).transpose(1, 2)
         qk = llama_rms_norm(qk, None, self.q_norm.eps)
@@ -249,15 +260,21 @@ class DenseStack(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, rows, bias=False)
-        with torch.device("cpu"):   # computed, never loaded: keep it off the meta device
+        with torch.device("cpu"):  # computed, never loaded: keep it off the meta device
             self._inv_freq = inv_freq(cfg.rope_parameters, cfg.head_dim)
 
     def head_weight(self) -> torch.Tensor:
         """The LM head matrix Tensor[rows, H] (the embedding when tied)."""
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
-    def run(self, input_ids: torch.Tensor, start: int, mask: torch.Tensor | None,
-            kv: list | None = None, return_kv: bool = False):
+    def run(
+        self,
+        input_ids: torch.Tensor,
+        start: int,
+        mask: torch.Tensor | None,
+        kv: list | None = None,
+        return_kv: bool = False,
+    ):
         """Hidden states of the tokens ``input_ids`` (LongTensor[B, n]) at positions ``start .. start+n-1``.
 
         Per layer, the keys/values are ``kv[i]``'s entries before ``start``, the window's fresh ones, then
@@ -276,8 +293,8 @@ class DenseStack(nn.Module):
                 fresh.append((k, v))
             if kv is not None:
                 pk, pv = kv[i]
-                k = torch.cat([pk[:, :, :start], k, pk[:, :, start + n:]], 2)
-                v = torch.cat([pv[:, :, :start], v, pv[:, :, start + n:]], 2)
+                k = torch.cat([pk[:, :, :start], k, pk[:, :, start + n :]], 2)
+                v = torch.cat([pv[:, :, :start], v, pv[:, :, start + n :]], 2)
             x = x + att.attend(q, k, v, mask)
             x = layer.ffn(x)
         return self.norm(x), fresh

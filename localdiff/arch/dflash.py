@@ -18,6 +18,7 @@ The cache keeps the context K/V only: upstream appends context and block K/V and
 (``_crop_to(past_key_values_draft, start)``); we append the context's and attend to the block's without storing
 them — the same keys.
 """
+
 from __future__ import annotations
 
 import torch
@@ -60,8 +61,11 @@ class DFlashDraft(nn.Module):
     def cache_layout(self, block_len: int = 64) -> dict:
         """``localdiff.cache.kv.KVCache`` keyword arguments for the context K/V (full-attention layers)."""
         n, c = self.config.num_hidden_layers, self.config
-        return {"layer_windows": [None] * n, "block_len": max(block_len, c.block_size),
-                "layer_heads": [(c.head_dim, c.num_key_value_heads)] * n}
+        return {
+            "layer_windows": [None] * n,
+            "block_len": max(block_len, c.block_size),
+            "layer_heads": [(c.head_dim, c.num_key_value_heads)] * n,
+        }
 
     def embed(self, ids: torch.Tensor, embed_weight: torch.Tensor) -> torch.Tensor:
         """The block's input: the target's embeddings of ``ids`` LongTensor[B, n] × ``input_embedding_scale``."""
@@ -80,8 +84,14 @@ class DFlashDraft(nn.Module):
         return logits.float()
 
     @torch.inference_mode()
-    def draft(self, block_embeds: torch.Tensor, features: torch.Tensor, cache, head_weight: torch.Tensor | None,
-              feature_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def draft(
+        self,
+        block_embeds: torch.Tensor,
+        features: torch.Tensor,
+        cache,
+        head_weight: torch.Tensor | None,
+        feature_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """One draft pass (module docstring).
 
         Args:
@@ -98,14 +108,16 @@ class DFlashDraft(nn.Module):
         b, n, _ = block_embeds.shape
         m = features.shape[1]
         cos, sin = rope_cos_sin(self._inv_freq, cache.seq_len, m + n, block_embeds.device)
-        ids = feature_ids if feature_ids is not None else torch.zeros(b, m, dtype=torch.long,
-                                                                      device=block_embeds.device)
+        ids = (
+            feature_ids if feature_ids is not None else torch.zeros(b, m, dtype=torch.long, device=block_embeds.device)
+        )
         with cache.writing(ids):
             h = self._stack(block_embeds, features, (cos[m:], sin[m:]), (cos, sin), None, cache)
         return h if head_weight is None else self.head(h, head_weight)
 
-    def hidden_masked(self, block_embeds: torch.Tensor, features: torch.Tensor, block_pos: torch.Tensor,
-                      mask: torch.Tensor) -> torch.Tensor:
+    def hidden_masked(
+        self, block_embeds: torch.Tensor, features: torch.Tensor, block_pos: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
         """Uncached pass over several blocks at once (training; autograd allowed): ``block_embeds`` Tensor[B, N, H]
         at positions ``block_pos`` LongTensor[B, N], ``features`` Tensor[B, T, k·H] at positions 0..T−1, ``mask``
         Bool[B, 1, N, T + N] (True = may attend: a block reads the context before its first position and itself,

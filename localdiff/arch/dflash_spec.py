@@ -5,6 +5,7 @@ config.json (``model_type: "qwen3"``, ``architectures: ["DFlashDraftModel"]``: :
 ``mask_token_id``}; tensors ``layers.N.*`` (Qwen3 decoder layers), ``fc.weight`` [H, k·H_target], ``hidden_norm``,
 ``norm`` — no embeddings and no LM head: the target's are reused.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -52,7 +53,7 @@ class DFlashConfig(StackShape, DenseOnly):
     rope_fp32: bool = False
     clip_qkv: float | None = None
     shared_expert_intermediate_size: int = 0
-    tie_word_embeddings: bool = True   # no LM head of its own
+    tie_word_embeddings: bool = True  # no LM head of its own
     eos_token_id: tuple = ()
     pad_token_id: int | None = None
     raw: dict = field(default_factory=dict, compare=False, repr=False)
@@ -102,15 +103,25 @@ def parse_config(raw: dict) -> DFlashConfig:
     if block < 1:
         raise ValueError(f"field 'block_size' must be ≥ 1 (got {block})")
     return DFlashConfig(
-        vocab_size=vocab, hidden_size=h, intermediate_size=_int(raw, "intermediate_size"), num_hidden_layers=n,
-        num_attention_heads=heads, num_key_value_heads=kv, head_dim=head_dim, rope_parameters=_rope(raw),
-        block_size=block, target_layer_ids=ids, mask_token_id=int(mask),
+        vocab_size=vocab,
+        hidden_size=h,
+        intermediate_size=_int(raw, "intermediate_size"),
+        num_hidden_layers=n,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        head_dim=head_dim,
+        rope_parameters=_rope(raw),
+        block_size=block,
+        target_layer_ids=ids,
+        mask_token_id=int(mask),
         target_hidden_size=h,
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
         max_position_embeddings=_int(raw, "max_position_embeddings", 40960),
         input_embedding_scale=float(_value(raw, "input_embedding_scale", 1.0)),
         output_multiplier=float(_value(raw, "output_multiplier", 1.0)),
-        final_logit_softcapping=float(cap) if cap is not None and float(cap) > 0 else None, raw=raw)
+        final_logit_softcapping=float(cap) if cap is not None and float(cap) > 0 else None,
+        raw=raw,
+    )
 
 
 def layer_geometry(raw: dict) -> list[LayerGeom]:
@@ -124,8 +135,10 @@ def tensor_shapes(raw: dict, include_buffers: bool = True) -> list[Tensorish]:
     c = parse_config(raw)
     out = [t for t in stack_shapes(c, include_buffers) if t.component != "embeddings"]
     k = len(c.target_layer_ids) * c.target_hidden_size
-    return out + [Tensorish("context", None, "fc.weight", (c.hidden_size, k)),
-                  Tensorish("context", None, "hidden_norm.weight", (c.hidden_size,))]
+    return out + [
+        Tensorish("context", None, "fc.weight", (c.hidden_size, k)),
+        Tensorish("context", None, "hidden_norm.weight", (c.hidden_size,)),
+    ]
 
 
 def parameter_counts(raw: dict) -> dict:
@@ -136,8 +149,7 @@ def parameter_counts(raw: dict) -> dict:
 def summary_fields(raw: dict) -> dict:
     """``show``'s fields for a draft."""
     c = parse_config(raw)
-    return {"block_size": c.block_size, "target_layer_ids": list(c.target_layer_ids),
-            "mask_token_id": c.mask_token_id}
+    return {"block_size": c.block_size, "target_layer_ids": list(c.target_layer_ids), "mask_token_id": c.mask_token_id}
 
 
 def architecture_name(raw: dict) -> str:

@@ -13,6 +13,7 @@ rotary factor on full-attention layers, which have their own head_dim / KV-head 
 dense gated MLP and a top-k MoE in parallel (router on the residual, experts on the pre-norm-2 input), a per-layer
 scalar (encoder and decoder keep separate ones), final RMSNorm, tied LM head and logit soft-capping.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -23,9 +24,14 @@ from torch import nn
 from localdiff.arch.base import ROLE_DENOISE, ROLE_PREFILL
 from localdiff.arch.diffusion_gemma_layers import Attention, Layer, SelfConditioning, layer_type  # noqa: F401
 from localdiff.arch.diffusion_gemma_spec import (  # noqa: F401
-    CHECKPOINT_RULES, MODEL_TYPE, DiffusionGemmaConfig, checkpoint_names, is_skipped_checkpoint_tensor,
-    keeps_checkpoint_dtype)
-from localdiff.arch.layers import (RMSNorm, attention, embed_scale, linear, norm, rope_inv_freq, rope_tables)
+    CHECKPOINT_RULES,
+    MODEL_TYPE,
+    DiffusionGemmaConfig,
+    checkpoint_names,
+    is_skipped_checkpoint_tensor,
+    keeps_checkpoint_dtype,
+)
+from localdiff.arch.layers import RMSNorm, attention, embed_scale, linear, norm, rope_inv_freq, rope_tables
 from localdiff.arch.masks import canvas_keys, prefill_mask
 from localdiff.arch.soft_embedding import RawLogits, raw_head, soft_embedding
 
@@ -41,7 +47,7 @@ class DiffusionGemma(nn.Module):
     #: None = the exact self-conditioning soft embedding; k = the top-k approximation (opt-in, not reference-exact;
     #: :mod:`localdiff.arch.soft_embedding`)
     sc_topk: int | None = None
-    supports_int8_head = True    # logits read ``head_int8`` when set; embed_tokens may be a quantized table then
+    supports_int8_head = True  # logits read ``head_int8`` when set; embed_tokens may be a quantized table then
 
     def __init__(self, cfg: DiffusionGemmaConfig):
         super().__init__()
@@ -77,8 +83,12 @@ class DiffusionGemma(nn.Module):
         per-layer windows, blocks of one canvas, sliding layers keep one canvas of slack for chat prefix reuse, and
         per-layer (head_dim, kv_heads). ``arch`` never imports a cache implementation; the engine builds it."""
         c = self.config.canvas_length
-        return {"layer_windows": self.layer_windows(), "slack": c, "block_len": c,
-                "layer_heads": list(self.config.layer_heads) or None}
+        return {
+            "layer_windows": self.layer_windows(),
+            "slack": c,
+            "block_len": c,
+            "layer_heads": list(self.config.layer_heads) or None,
+        }
 
     def _scale(self, dtype, device) -> torch.Tensor:
         """sqrt(hidden) rounded to dtype, on device (memoised: used twice per denoising step)."""
@@ -107,14 +117,14 @@ class DiffusionGemma(nn.Module):
     def logits(self, h: torch.Tensor, raw: bool = False):
         """Final hidden states Tensor[B, C, H] → soft-capped fp32 logits Tensor[B, C, V]; ``raw``: the head's output
         and the cap as :class:`localdiff.arch.soft_embedding.RawLogits` (the fast path's vocab pass soft-caps)."""
-        cap, head = self.config.final_logit_softcapping, getattr(self, "head_int8", None)   # quantized head
+        cap, head = self.config.final_logit_softcapping, getattr(self, "head_int8", None)  # quantized head
         w = None if head else self.lm_head.weight if self.lm_head is not None else self.embed_tokens.weight
-        if raw:       # into a reused buffer, valid until the next raw call
+        if raw:  # into a reused buffer, valid until the next raw call
             return RawLogits(head(h), cap) if head else raw_head(h, w, cap, self.__dict__.setdefault("_hb", {}))
-        y = (head(h) if head else nn.functional.linear(h, w)).float()   # fresh: soft-cap in place (same ops, no copies)
+        y = (head(h) if head else nn.functional.linear(h, w)).float()  # fresh: soft-cap in place (same ops, no copies)
         if cap is None:
             return y
-        if y.requires_grad:                                 # training (the recipe): autograd needs tanh's output
+        if y.requires_grad:  # training (the recipe): autograd needs tanh's output
             return torch.tanh(y / cap) * cap
         return y.div_(cap).tanh_().mul_(cap)
 
@@ -131,9 +141,16 @@ class DiffusionGemma(nn.Module):
         self._forward(input_ids, attention_mask, None, None, cache)
 
     @torch.inference_mode()
-    def denoise(self, canvas_ids: torch.Tensor, cache, self_conditioning_logits: torch.Tensor | None = None,
-                prefill_ids: torch.Tensor | None = None, prefill_mask: torch.Tensor | None = None,
-                head_rows: torch.Tensor | None = None, raw_logits: bool = False) -> torch.Tensor:
+    def denoise(
+        self,
+        canvas_ids: torch.Tensor,
+        cache,
+        self_conditioning_logits: torch.Tensor | None = None,
+        prefill_ids: torch.Tensor | None = None,
+        prefill_mask: torch.Tensor | None = None,
+        head_rows: torch.Tensor | None = None,
+        raw_logits: bool = False,
+    ) -> torch.Tensor:
         """Bidirectional decoder pass over a canvas that attends to the cached prefix.
 
         With ``prefill_ids`` it is a *fused* pass: those tokens are prefilled (causal encoder role, K/V appended to
@@ -153,8 +170,9 @@ class DiffusionGemma(nn.Module):
             FloatTensor[B, C, V] fp32 logits (soft-capped); with ``head_rows``, FloatTensor[N, V] of its N True
             positions in row-major order; with ``raw_logits``, RawLogits (a buffer the next raw call reuses).
         """
-        return self._forward(prefill_ids, prefill_mask, canvas_ids, self_conditioning_logits, cache, head_rows,
-                             raw_logits)
+        return self._forward(
+            prefill_ids, prefill_mask, canvas_ids, self_conditioning_logits, cache, head_rows, raw_logits
+        )
 
     def _forward(self, ids, ids_mask, canvas_ids, sc_logits, cache, head_rows=None, raw_logits=False):
         """One pass: ``ids`` (n prefill rows, may be None) then ``canvas_ids`` (c canvas rows, may be None), as
@@ -167,7 +185,7 @@ class DiffusionGemma(nn.Module):
         start = cache.seq_len
         rope = self._rope(start, n + c, x.dtype, dev)
         new_mask = None if (ids_mask is None or not n) else ids_mask.to(dev).bool()
-        if new_mask is not None and bool(new_mask.all()):   # as commit() does: no padding means no mask
+        if new_mask is not None and bool(new_mask.all()):  # as commit() does: no padding means no mask
             new_mask = None
         masks: dict = {}
         last = len(self.layers) - 1
@@ -179,12 +197,13 @@ class DiffusionGemma(nn.Module):
                 if n:
                     mask_key = (att.sliding, cache.visible_len(i))
                     if mask_key not in masks:
-                        masks[mask_key] = self._masks(b, n, c, start, mask_key[1], att.sliding, cache.past_mask(i),
-                                                      new_mask, dev)
+                        masks[mask_key] = self._masks(
+                            b, n, c, start, mask_key[1], att.sliding, cache.past_mask(i), new_mask, dev
+                        )
                     a = self._attend_fused(i, q, k, v, n, c, cache, masks[mask_key])
-                    if a is None:           # prefill only, last layer: only its K/V were needed
+                    if a is None:  # prefill only, last layer: only its K/V were needed
                         break
-                    if i == last:           # the prefill rows are done: the canvas rows go on alone
+                    if i == last:  # the prefill rows are done: the canvas rows go on alone
                         x, n = x[:, n:], 0
                 else:
                     a = self._attend_canvas(i, q, k, v, c, cache, masks, b, dev)
@@ -234,7 +253,7 @@ class DiffusionGemma(nn.Module):
         only read. Tensor[B, c, Hq·D]."""
         pm = cache.past_mask(i)
         mask = None
-        if pm is not None:   # pm covers exactly the visible past: the canvas reads all of it
+        if pm is not None:  # pm covers exactly the visible past: the canvas reads all of it
             if pm.shape[1] not in masks:
                 masks[pm.shape[1]] = canvas_keys(b, pm.shape[1], c, None, pm.to(dev), dev)[1]
             mask = masks[pm.shape[1]]

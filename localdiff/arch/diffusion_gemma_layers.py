@@ -13,6 +13,7 @@ from torch import nn
 from localdiff.arch.diffusion_gemma_spec import DiffusionGemmaConfig
 from localdiff.arch.layers import GatedMLP, MoEExperts, RMSNorm, Router, apply_rope, backs, norm, rms_norm
 
+
 class Attention(nn.Module):
     """Gemma 4 attention; full-attention layers have no v_proj (values are the un-roped, un-normed keys)."""
 
@@ -39,7 +40,7 @@ class Attention(nn.Module):
             o = 0
             for m in mods:
                 n = m.weight.shape[0]
-                m.weight = nn.Parameter(w[o:o + n], requires_grad=False)
+                m.weight = nn.Parameter(w[o : o + n], requires_grad=False)
                 o += n
             self.fused = w
 
@@ -57,13 +58,13 @@ class Attention(nn.Module):
             heads = torch.cat([m(x) for m in mods], dim=-1).view(b, n, -1, d)
         if heads.dtype != torch.float32:  # keep the reference's per-tensor rounding outside fp32
             q = apply_rope(self.q_norm(heads[:, :, :hq]), cos, sin).transpose(1, 2)
-            k_raw = heads[:, :, hq:hq + hk]
+            k_raw = heads[:, :, hq : hq + hk]
             k = apply_rope(self.k_norm(k_raw), cos, sin).transpose(1, 2)
-            v = rms_norm(heads[:, :, hq + hk:] if self.v_proj is not None else k_raw, None, self.eps)
+            v = rms_norm(heads[:, :, hq + hk :] if self.v_proj is not None else k_raw, None, self.eps)
             return q, k, v.transpose(1, 2)
         normed = rms_norm(heads, None, self.eps)
-        qk = apply_rope(normed[:, :, :hq + hk] * self._qk_scale(), cos, sin)
-        v = normed[:, :, hq + hk:] if self.v_proj is not None else normed[:, :, hq:hq + hk]
+        qk = apply_rope(normed[:, :, : hq + hk] * self._qk_scale(), cos, sin)
+        v = normed[:, :, hq + hk :] if self.v_proj is not None else normed[:, :, hq : hq + hk]
         return qk[:, :, :hq].transpose(1, 2), qk[:, :, hq:].transpose(1, 2), v.transpose(1, 2)
 
     def _qk_scale(self) -> torch.Tensor:
@@ -89,12 +90,18 @@ class Layer(nn.Module):
         self.mlp = GatedMLP(h, cfg.intermediate_size)
         self.router = Router(h, cfg.num_experts, cfg.top_k_experts, eps)
         self.experts = MoEExperts(cfg.num_experts, h, cfg.moe_intermediate_size)
-        for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
-                     "post_feedforward_layernorm", "post_feedforward_layernorm_1", "post_feedforward_layernorm_2",
-                     "pre_feedforward_layernorm_2"):
+        for name in (
+            "input_layernorm",
+            "post_attention_layernorm",
+            "pre_feedforward_layernorm",
+            "post_feedforward_layernorm",
+            "post_feedforward_layernorm_1",
+            "post_feedforward_layernorm_2",
+            "pre_feedforward_layernorm_2",
+        ):
             setattr(self, name, RMSNorm(h, eps))
-        self.register_buffer("layer_scalar", torch.ones(1))       # decoder role
-        self.register_buffer("enc_layer_scalar", torch.ones(1))   # encoder role (a separate buffer upstream)
+        self.register_buffer("layer_scalar", torch.ones(1))  # decoder role
+        self.register_buffer("enc_layer_scalar", torch.ones(1))  # encoder role (a separate buffer upstream)
 
     def ffn(self, x: torch.Tensor, split: int = 0) -> torch.Tensor:
         """Dense MLP and MoE in parallel on the post-attention residual x: Tensor[B, L, H]. ``split`` > 0: the experts
@@ -118,8 +125,15 @@ class Layer(nn.Module):
         if split:
             b, n, h = x.shape
             rows = [slice(0, split), slice(split, n)]
-            moe = torch.cat([self.experts(*(t.view(b, n, -1)[:, r].reshape(-1, t.shape[-1]) for t in (moe_in, w, idx))
-                                          ).view(b, -1, h) for r in rows], 1)
+            moe = torch.cat(
+                [
+                    self.experts(*(t.view(b, n, -1)[:, r].reshape(-1, t.shape[-1]) for t in (moe_in, w, idx))).view(
+                        b, -1, h
+                    )
+                    for r in rows
+                ],
+                1,
+            )
         else:
             moe = self.experts(moe_in, w, idx).reshape(x.shape)
         return x + norm(self.post_feedforward_layernorm, dense + norm(self.post_feedforward_layernorm_2, moe))
@@ -142,5 +156,5 @@ class SelfConditioning(nn.Module):
 
 
 def layer_type(att: Attention) -> str:
-    """"sliding_attention" or "full_attention" for an attention module."""
+    """ "sliding_attention" or "full_attention" for an attention module."""
     return "sliding_attention" if att.sliding else "full_attention"

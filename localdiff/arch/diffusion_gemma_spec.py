@@ -1,6 +1,7 @@
 """DiffusionGemma's configuration: per-layer attention geometry of a ``text_config`` and the parsed config dataclass
 (torch-free, so ``show`` and the memory planner can use them without importing torch). Resolved as transformers
 5.23.0 ``DiffusionGemmaTextConfig.__post_init__``."""
+
 from __future__ import annotations
 
 import re
@@ -42,8 +43,10 @@ def resolve_layers(t: dict) -> tuple[list[str], list[tuple[int, int]]]:
         if t.get("num_global_key_value_heads") is not None and t.get("attention_k_eq_v", True):
             g["num_key_value_heads"] = int(t["num_global_key_value_heads"])
         plc = {i: g for i, ty in enumerate(types) if ty == "full_attention"}
-    dims = [(int(plc.get(i, {}).get("head_dim", head_dim)), int(plc.get(i, {}).get("num_key_value_heads", kv)))
-            for i in range(n)]
+    dims = [
+        (int(plc.get(i, {}).get("head_dim", head_dim)), int(plc.get(i, {}).get("num_key_value_heads", kv)))
+        for i in range(n)
+    ]
     return types, dims
 
 
@@ -88,23 +91,35 @@ class DiffusionGemmaConfig:
         n, heads = len(types), tuple(dims)
         rope = t.get("rope_parameters") or {
             "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
-            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0}}
+            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0},
+        }
         eos = t.get("eos_token_id", 1)
         eos = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
         if not t.get("num_experts") or not t.get("top_k_experts") or not t.get("moe_intermediate_size"):
             raise ValueError("text_config lacks num_experts / top_k_experts / moe_intermediate_size")
         return cls(
-            vocab_size=int(t["vocab_size"]), hidden_size=int(t["hidden_size"]),
-            intermediate_size=int(t["intermediate_size"]), num_hidden_layers=n,
-            num_attention_heads=int(t["num_attention_heads"]), layer_types=tuple(types), layer_heads=heads,
-            sliding_window=int(t.get("sliding_window", 512)), rope_parameters=rope,
-            num_experts=int(t["num_experts"]), top_k_experts=int(t["top_k_experts"]),
+            vocab_size=int(t["vocab_size"]),
+            hidden_size=int(t["hidden_size"]),
+            intermediate_size=int(t["intermediate_size"]),
+            num_hidden_layers=n,
+            num_attention_heads=int(t["num_attention_heads"]),
+            layer_types=tuple(types),
+            layer_heads=heads,
+            sliding_window=int(t.get("sliding_window", 512)),
+            rope_parameters=rope,
+            num_experts=int(t["num_experts"]),
+            top_k_experts=int(t["top_k_experts"]),
             moe_intermediate_size=int(t["moe_intermediate_size"]),
-            canvas_length=int(cfg.get("canvas_length") or 256), rms_norm_eps=float(t.get("rms_norm_eps", 1e-6)),
+            canvas_length=int(cfg.get("canvas_length") or 256),
+            rms_norm_eps=float(t.get("rms_norm_eps", 1e-6)),
             final_logit_softcapping=t.get("final_logit_softcapping", 30.0),
             max_position_embeddings=int(t.get("max_position_embeddings", 131072)),
-            pad_token_id=t.get("pad_token_id", 0), eos_token_id=eos, bos_token_id=t.get("bos_token_id", 2),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", t.get("tie_word_embeddings", True))), raw=cfg)
+            pad_token_id=t.get("pad_token_id", 0),
+            eos_token_id=eos,
+            bos_token_id=t.get("bos_token_id", 2),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", t.get("tie_word_embeddings", True))),
+            raw=cfg,
+        )
 
     def window(self, i: int) -> int | None:
         """Sliding window (tokens) of layer i, None for full attention."""
@@ -175,23 +190,33 @@ def tensor_shapes(config: dict, include_buffers: bool = True) -> list[Tensorish]
             out.append(Tensorish("attention_norms", i, f"{p}self_attn.{name}.weight", (g.head_dim,)))
         for name, shape in (("gate_proj", (inter, h)), ("up_proj", (inter, h)), ("down_proj", (h, inter))):
             out.append(Tensorish("dense_mlp", i, f"{p}mlp.{name}.weight", shape))
-        out += [Tensorish("router", i, f"{p}router.proj.weight", (e, h)),
-                Tensorish("router", i, f"{p}router.scale", (h,)),
-                Tensorish("router", i, f"{p}router.per_expert_scale", (e,)),
-                Tensorish("experts", i, f"{p}experts.gate_up_proj", (e, 2 * im, h)),
-                Tensorish("experts", i, f"{p}experts.down_proj", (e, h, im))]
-        for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
-                     "post_feedforward_layernorm", "post_feedforward_layernorm_1", "post_feedforward_layernorm_2",
-                     "pre_feedforward_layernorm_2"):
+        out += [
+            Tensorish("router", i, f"{p}router.proj.weight", (e, h)),
+            Tensorish("router", i, f"{p}router.scale", (h,)),
+            Tensorish("router", i, f"{p}router.per_expert_scale", (e,)),
+            Tensorish("experts", i, f"{p}experts.gate_up_proj", (e, 2 * im, h)),
+            Tensorish("experts", i, f"{p}experts.down_proj", (e, h, im)),
+        ]
+        for name in (
+            "input_layernorm",
+            "post_attention_layernorm",
+            "pre_feedforward_layernorm",
+            "post_feedforward_layernorm",
+            "post_feedforward_layernorm_1",
+            "post_feedforward_layernorm_2",
+            "pre_feedforward_layernorm_2",
+        ):
             out.append(Tensorish("norms", i, f"{p}{name}.weight", (h,)))
         if include_buffers:
             out.append(Tensorish("norms", i, f"{p}layer_scalar", (1,), buffer=True))
             out.append(Tensorish("norms", i, f"{p}enc_layer_scalar", (1,), buffer=True))
     out.append(Tensorish("norms", None, "norm.weight", (h,)))
-    out += [Tensorish("self_conditioning", None, "self_conditioning.pre_norm.weight", (h,)),
-            Tensorish("self_conditioning", None, "self_conditioning.mlp.gate_proj.weight", (inter, h)),
-            Tensorish("self_conditioning", None, "self_conditioning.mlp.up_proj.weight", (inter, h)),
-            Tensorish("self_conditioning", None, "self_conditioning.mlp.down_proj.weight", (h, inter))]
+    out += [
+        Tensorish("self_conditioning", None, "self_conditioning.pre_norm.weight", (h,)),
+        Tensorish("self_conditioning", None, "self_conditioning.mlp.gate_proj.weight", (inter, h)),
+        Tensorish("self_conditioning", None, "self_conditioning.mlp.up_proj.weight", (inter, h)),
+        Tensorish("self_conditioning", None, "self_conditioning.mlp.down_proj.weight", (h, inter)),
+    ]
     return out
 
 
@@ -212,10 +237,15 @@ def parse_config(raw: dict) -> "DiffusionGemmaConfig":
 def summary_fields(config: dict) -> dict:
     """Family-specific fields of ``localdiff show``: experts and canvas length."""
     t = text_config(config)
-    return {"experts": {"total": _req(t, "num_experts"), "top_k": _req(t, "top_k_experts"),
-                        "moe_intermediate_size": _req(t, "moe_intermediate_size"),
-                        "dense_mlp_intermediate_size": _req(t, "intermediate_size")},
-            "canvas_length": int(config.get("canvas_length") or 256)}
+    return {
+        "experts": {
+            "total": _req(t, "num_experts"),
+            "top_k": _req(t, "top_k_experts"),
+            "moe_intermediate_size": _req(t, "moe_intermediate_size"),
+            "dense_mlp_intermediate_size": _req(t, "intermediate_size"),
+        },
+        "canvas_length": int(config.get("canvas_length") or 256),
+    }
 
 
 # -- checkpoint names ---------------------------------------------------------------------------------------------
@@ -257,7 +287,10 @@ _VISION = (r"\.vision_tower\.", r"\.embed_vision\.", r"^model\.vision")
 #: tied to the embeddings, each only when equal to the tensor read; an untied head would be read
 CHECKPOINT_RULES = CheckpointRules(
     ignored=(ROTARY_CACHES,) + _VISION,
-    tied=((r"model\.encoder\.language_model\.(?!layers\.\d+\.layer_scalar$)(.+)", r"model.decoder.\1"),
-          (r"model\.decoder\.(?!layers\.\d+\.layer_scalar$)(.+)", r"model.encoder.language_model.\1"),
-          (r"lm_head\.weight", "model.decoder.embed_tokens.weight")),
-    switches=(("tie_word_embeddings", False), ("attention_bias", True)))
+    tied=(
+        (r"model\.encoder\.language_model\.(?!layers\.\d+\.layer_scalar$)(.+)", r"model.decoder.\1"),
+        (r"model\.decoder\.(?!layers\.\d+\.layer_scalar$)(.+)", r"model.encoder.language_model.\1"),
+        (r"lm_head\.weight", "model.decoder.embed_tokens.weight"),
+    ),
+    switches=(("tie_word_embeddings", False), ("attention_bias", True)),
+)

@@ -3,6 +3,7 @@
 Everything here is plain torch. The math follows transformers 5.23.0 ``models/diffusion_gemma/modeling_diffusion_gemma.py``
 (the reference); tests compare our logits with it to 1e-4 in fp32.
 """
+
 from __future__ import annotations
 
 import math
@@ -97,7 +98,9 @@ def rope_inv_freq(rope: dict, head_dim: int) -> torch.Tensor:
     raise ValueError(f"unsupported rope_type {kind!r}")
 
 
-def rope_tables(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(
+    inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE tables for absolute ``positions`` (LongTensor[L]) → (cos, signed sin), each Tensor[L, 1, 2F] in ``dtype``
     (F = len(inv_freq)), ready to broadcast over [B, L, H, 2F]. The sin table's first half is negated so that
     :func:`apply_rope` needs one ``roll`` instead of slicing, negating and concatenating."""
@@ -181,7 +184,7 @@ class Router(nn.Module):
         super().__init__()
         self.eps = eps
         self.top_k = top_k
-        self.root = hidden ** -0.5
+        self.root = hidden**-0.5
         self.proj = nn.Linear(hidden, num_experts, bias=False)
         self.scale = nn.Parameter(torch.ones(hidden))
         self.per_expert_scale = nn.Parameter(torch.ones(num_experts))
@@ -231,8 +234,11 @@ class MoEExperts(nn.Module):
         n, k = index.shape
         flat = index.reshape(-1)
         order = torch.argsort(flat, stable=True)
-        if self.kernel == "stream" and self._grouped(x) and native_experts.applies(x, self.gate_up_proj,
-                                                                                   self.down_proj):
+        if (
+            self.kernel == "stream"
+            and self._grouped(x)
+            and native_experts.applies(x, self.gate_up_proj, self.down_proj)
+        ):
             return native_experts.moe(x, flat, order, weights, self.gate_up_proj, self.down_proj)
         token = order // k
         xs = x.index_select(0, token)
@@ -254,16 +260,27 @@ class MoEExperts(nn.Module):
     def _grouped(self, xs: torch.Tensor) -> bool:
         """Whether the grouped-matmul path applies: plain float experts (not a quantized subclass), CPU, no autograd
         (its CPU backward is not usable), fp32/bf16, and torch has ``_grouped_mm``."""
-        return (_HAS_GROUPED_MM and type(self).expert_ffn is MoEExperts.expert_ffn and xs.device.type == "cpu"
-                and xs.dtype in (torch.float32, torch.bfloat16) and self.gate_up_proj.dtype == xs.dtype
-                and not torch.is_grad_enabled())
+        return (
+            _HAS_GROUPED_MM
+            and type(self).expert_ffn is MoEExperts.expert_ffn
+            and xs.device.type == "cpu"
+            and xs.dtype in (torch.float32, torch.bfloat16)
+            and self.gate_up_proj.dtype == xs.dtype
+            and not torch.is_grad_enabled()
+        )
 
 
 _HAS_GROUPED_MM = hasattr(torch, "_grouped_mm")
 
 
-def stream_experts(xs: torch.Tensor, flat: torch.Tensor, order: torch.Tensor, gate_up: torch.Tensor,
-                   down: torch.Tensor, row_weights: torch.Tensor | None = None) -> torch.Tensor:
+def stream_experts(
+    xs: torch.Tensor,
+    flat: torch.Tensor,
+    order: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    row_weights: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The experts' gated FFN in the weight-streaming layout: rows of each expert are placed in a zero-padded block
     (one host sync for the largest group) and each expert runs ``W · Xᵀ`` as one ``torch.bmm`` over all experts.
 
@@ -293,7 +310,7 @@ def stream_experts(xs: torch.Tensor, flat: torch.Tensor, order: torch.Tensor, ga
     # matmul depends on its own input column only, and only real rows are gathered at the end (bit-identical)
     buf = xs.new_empty(e, int(counts.max()), h)
     buf[eid, pos] = xs
-    o = torch.bmm(gate_up, buf.transpose(1, 2))                   # [E, 2I, max rows]
+    o = torch.bmm(gate_up, buf.transpose(1, 2))  # [E, 2I, max rows]
     half = two_i // 2
     act = gelu_tanh(o[:, :half]) * o[:, half:]
     if row_weights is not None:

@@ -19,6 +19,7 @@ ours                                  checkpoint
 Math: Llama with bidirectional attention, no GQA in the released checkpoints (``n_kv_heads`` is honoured), RoPE
 applied in fp32 (``rope_full_precision``), RMSNorm with ``rms_norm_eps``; logits not shifted.
 """
+
 from __future__ import annotations
 
 from localdiff.arch.base import CheckpointRules
@@ -26,9 +27,17 @@ from localdiff.arch.llama_base import keeps_checkpoint_dtype  # noqa: F401  (con
 from localdiff.arch.masked import MaskedLM
 
 _T = "model.transformer."
-_LAYER = {"self_attn.q_proj": "q_proj", "self_attn.k_proj": "k_proj", "self_attn.v_proj": "v_proj",
-          "self_attn.o_proj": "attn_out", "mlp.gate_proj": "ff_proj", "mlp.up_proj": "up_proj",
-          "mlp.down_proj": "ff_out", "input_layernorm": "attn_norm", "post_attention_layernorm": "ff_norm"}
+_LAYER = {
+    "self_attn.q_proj": "q_proj",
+    "self_attn.k_proj": "k_proj",
+    "self_attn.v_proj": "v_proj",
+    "self_attn.o_proj": "attn_out",
+    "mlp.gate_proj": "ff_proj",
+    "mlp.up_proj": "up_proj",
+    "mlp.down_proj": "ff_out",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ff_norm",
+}
 _TOP = {"embed_tokens.weight": "wte.weight", "norm.weight": "ln_f.weight", "lm_head.weight": "ff_out.weight"}
 
 
@@ -40,15 +49,17 @@ def checkpoint_names(local: str) -> list[str]:
     """
     if local in _TOP:
         return [_T + _TOP[local]]
-    _, i, rest = local.split(".", 2)            # layers.N.<module>.<weight|bias>
+    _, i, rest = local.split(".", 2)  # layers.N.<module>.<weight|bias>
     module, leaf = rest.rsplit(".", 1)
     return [f"{_T}blocks.{i}.{_LAYER[module]}.{leaf}"]
 
 
 #: what a LLaDA checkpoint may hold unread (:class:`localdiff.arch.base.CheckpointRules`): rotary caches; the
 #: ``ff_out`` head when it equals the tied ``wte``; ``weight_tying`` / ``include_qkv_bias`` would read more tensors
-CHECKPOINT_RULES = CheckpointRules(tied=((r"model\.transformer\.ff_out\.weight", "model.transformer.wte.weight"),),
-                                   switches=(("weight_tying", False), ("include_qkv_bias", True)))
+CHECKPOINT_RULES = CheckpointRules(
+    tied=((r"model\.transformer\.ff_out\.weight", "model.transformer.wte.weight"),),
+    switches=(("weight_tying", False), ("include_qkv_bias", True)),
+)
 
 
 MODEL_CLASS = MaskedLM

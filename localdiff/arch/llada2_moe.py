@@ -25,6 +25,7 @@ Hub checkpoint names (``modeling_llada2_moe.py``): ``model.word_embeddings``, ``
 ``model.layers.N.mlp.gate.{weight,expert_bias}``, ``model.layers.N.mlp.experts.E.*``, ``model.layers.N.mlp.
 shared_experts.*``, ``model.layers.N.{input,post_attention}_layernorm``, ``model.norm``, ``lm_head``.
 """
+
 from __future__ import annotations
 
 import torch
@@ -56,8 +57,11 @@ class FusedQKVAttention(Attention):
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """x: Tensor[B, L, H] (normed) → q Tensor[B, heads, L, D], k / v Tensor[B, kv_heads, L, D], RoPE applied."""
         b, n, _ = x.shape
-        q, k, v = self.query_key_value(x).view(b, n, -1, self.head_dim).split(
-            [self.heads, self.kv_heads, self.kv_heads], dim=2)
+        q, k, v = (
+            self.query_key_value(x)
+            .view(b, n, -1, self.head_dim)
+            .split([self.heads, self.kv_heads, self.kv_heads], dim=2)
+        )
         if self.query_layernorm is not None:
             q, k = self.query_layernorm(q), self.key_layernorm(k)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
@@ -91,8 +95,12 @@ class LLaDA2MoE(BlockLM):
 
 
 # -- checkpoint names (the Hub layout of modeling_llada2_moe.py) ---------------------------------------------------
-_RENAMES = (("embed_tokens.", "word_embeddings."), (".self_attn.", ".attention."),
-            (".mlp.expert_bias", ".mlp.gate.expert_bias"), (".shared_expert.", ".mlp.shared_experts."))
+_RENAMES = (
+    ("embed_tokens.", "word_embeddings."),
+    (".self_attn.", ".attention."),
+    (".mlp.expert_bias", ".mlp.gate.expert_bias"),
+    (".shared_expert.", ".mlp.shared_experts."),
+)
 
 
 def checkpoint_names(local: str) -> list[str]:
@@ -114,7 +122,8 @@ def keeps_checkpoint_dtype(local: str) -> bool:
 #: ``lm_head.weight`` when it equals the tied embeddings; the fields that would read more tensors
 CHECKPOINT_RULES = CheckpointRules(
     tied=((r"lm_head\.weight", "model.word_embeddings.weight"),),
-    switches=(("use_qk_norm", True), ("use_bias", True), ("use_qkv_bias", True), ("tie_word_embeddings", False)))
+    switches=(("use_qk_norm", True), ("use_bias", True), ("use_qkv_bias", True), ("tie_word_embeddings", False)),
+)
 
 
 MODEL_CLASS = LLaDA2MoE

@@ -18,14 +18,25 @@ Tensor names are ours (the model's ``named_parameters``): ``embed_tokens.weight`
 ``layers.N.shared_expert.*`` (MoE layers), ``layers.N.{input,post_attention}_layernorm.weight``, ``norm.weight``,
 ``lm_head.weight``; :func:`localdiff.arch.llada2_moe.checkpoint_names` maps them to the Hub names.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from localdiff.arch.base import LayerGeom, Tensorish
 from localdiff.arch.llama_base_spec import config_tensor_shapes
-from localdiff.arch.spec_parts import (StackShape, _int, _refuse, _rope, check_heads, check_mask_id, check_top_k,
-                                       full_attention_geometry, id_tuple, moe_parameter_counts)
+from localdiff.arch.spec_parts import (
+    StackShape,
+    _int,
+    _refuse,
+    _rope,
+    check_heads,
+    check_mask_id,
+    check_top_k,
+    full_attention_geometry,
+    id_tuple,
+    moe_parameter_counts,
+)
 
 MODEL_TYPE = "llada2_moe"
 FAMILY = "block"
@@ -63,13 +74,13 @@ class LLaDA2Config(StackShape):
     block_size: int = 32
     model_type: str = MODEL_TYPE
     moe_router: str = "sigmoid_group"
-    expert_bias: bool = True            # the Hub gate always registers the buffer
-    norm_topk_prob: bool = True         # sigmoid weights are renormalised over the top-k (when top_k > 1)
+    expert_bias: bool = True  # the Hub gate always registers the buffer
+    norm_topk_prob: bool = True  # sigmoid weights are renormalised over the top-k (when top_k > 1)
     rope_fp32: bool = False
     clip_qkv: float | None = None
     bos_token_id: int | None = None
     shift_logits: bool = False
-    token_shift: bool = False           # logits[:, i] predicts token i (not i + 1)
+    token_shift: bool = False  # logits[:, i] predicts token i (not i + 1)
     raw: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -109,11 +120,15 @@ def parse_config(raw: dict) -> LLaDA2Config:
     groups, topk_groups = _int(raw, "n_group", 8), _int(raw, "topk_group", 4)
     check_top_k(k, e)
     if groups <= 0 or e % groups or not 0 < topk_groups <= groups:
-        raise ValueError(f"fields 'n_group' ({groups}) / 'topk_group' ({topk_groups}) must divide the {e} experts "
-                         "into groups and pick 1..n_group of them")
+        raise ValueError(
+            f"fields 'n_group' ({groups}) / 'topk_group' ({topk_groups}) must divide the {e} experts "
+            "into groups and pick 1..n_group of them"
+        )
     if e // groups < 2:
-        raise ValueError(f"field 'n_group' ({groups}) leaves fewer than 2 experts per group (the group score sums "
-                         "each group's top 2)")
+        raise ValueError(
+            f"field 'n_group' ({groups}) leaves fewer than 2 experts per group (the group score sums "
+            "each group's top 2)"
+        )
     if k > topk_groups * (e // groups):
         raise ValueError(f"num_experts_per_tok ({k}) exceeds the experts of the chosen groups")
     first_dense = _int(raw, "first_k_dense_replace", 0)
@@ -130,16 +145,35 @@ def parse_config(raw: dict) -> LLaDA2Config:
     rope = _rope(raw, 10000.0)
     rope.setdefault("partial_rotary_factor", 0.5)
     return LLaDA2Config(
-        vocab_size=vocab, hidden_size=h, intermediate_size=inter, num_hidden_layers=n, num_attention_heads=heads,
-        num_key_value_heads=kv, head_dim=head_dim, rope_parameters=rope, mask_token_id=mask, eos_token_id=eos,
-        pad_token_id=None if pad is None else int(pad), num_experts=e, num_experts_per_tok=k,
-        moe_intermediate_size=moe_inter, shared_expert_intermediate_size=moe_inter * shared, n_group=groups,
-        topk_group=topk_groups, routed_scaling_factor=float(raw.get("routed_scaling_factor", 2.5)),
-        moe_layers=tuple(i >= first_dense for i in range(n)), rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5)),
-        qkv_bias=bool(raw.get("use_qkv_bias", False)), o_bias=bool(raw.get("use_bias", True)),
-        qk_norm=bool(raw.get("use_qk_norm", True)), tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        vocab_size=vocab,
+        hidden_size=h,
+        intermediate_size=inter,
+        num_hidden_layers=n,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        head_dim=head_dim,
+        rope_parameters=rope,
+        mask_token_id=mask,
+        eos_token_id=eos,
+        pad_token_id=None if pad is None else int(pad),
+        num_experts=e,
+        num_experts_per_tok=k,
+        moe_intermediate_size=moe_inter,
+        shared_expert_intermediate_size=moe_inter * shared,
+        n_group=groups,
+        topk_group=topk_groups,
+        routed_scaling_factor=float(raw.get("routed_scaling_factor", 2.5)),
+        moe_layers=tuple(i >= first_dense for i in range(n)),
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5)),
+        qkv_bias=bool(raw.get("use_qkv_bias", False)),
+        o_bias=bool(raw.get("use_bias", True)),
+        qk_norm=bool(raw.get("use_qk_norm", True)),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         max_position_embeddings=_int(raw, "max_position_embeddings", 16384),
-        block_size=_int(raw, "block_size", 32), bos_token_id=raw.get("bos_token_id"), raw=raw)
+        block_size=_int(raw, "block_size", 32),
+        bos_token_id=raw.get("bos_token_id"),
+        raw=raw,
+    )
 
 
 # -- the spec contract (localdiff.arch.base.ArchSpec) -------------------------------------------------------------
@@ -160,8 +194,10 @@ def _fused_attention(c: LLaDA2Config, i: int, p: str) -> list[Tensorish]:
     if c.o_bias:
         out.append(Tensorish("attention", i, f"{p}self_attn.dense.bias", (h,)))
     if c.qk_norm:
-        out += [Tensorish("attention_norms", i, f"{p}self_attn.{n}.weight", (d,))
-                for n in ("query_layernorm", "key_layernorm")]
+        out += [
+            Tensorish("attention_norms", i, f"{p}self_attn.{n}.weight", (d,))
+            for n in ("query_layernorm", "key_layernorm")
+        ]
     return out
 
 
@@ -180,10 +216,18 @@ def parameter_counts(raw: dict) -> dict:
 def summary_fields(raw: dict) -> dict:
     """Family-specific fields of ``localdiff show``: special ids, block length, the router and experts."""
     c = parse_config(raw)
-    return {"mask_token_id": c.mask_token_id, "eos_token_id": list(c.eos_token_id), "pad_token_id": c.pad_token_id,
-            "block_size": c.block_size, "partial_rotary_factor": c.rope_parameters.get("partial_rotary_factor"),
-            "experts": {"total": c.num_experts, "top_k": c.num_experts_per_tok, "shared": c.shared_expert_intermediate_size
-                        // max(c.moe_intermediate_size, 1), "moe_intermediate_size": c.moe_intermediate_size,
-                        "router": f"sigmoid + expert bias, {c.topk_group} of {c.n_group} groups, "
-                                  f"scale {c.routed_scaling_factor}",
-                        "moe_layers": sum(c.moe_layers)}}
+    return {
+        "mask_token_id": c.mask_token_id,
+        "eos_token_id": list(c.eos_token_id),
+        "pad_token_id": c.pad_token_id,
+        "block_size": c.block_size,
+        "partial_rotary_factor": c.rope_parameters.get("partial_rotary_factor"),
+        "experts": {
+            "total": c.num_experts,
+            "top_k": c.num_experts_per_tok,
+            "shared": c.shared_expert_intermediate_size // max(c.moe_intermediate_size, 1),
+            "moe_intermediate_size": c.moe_intermediate_size,
+            "router": f"sigmoid + expert bias, {c.topk_group} of {c.n_group} groups, scale {c.routed_scaling_factor}",
+            "moe_layers": sum(c.moe_layers),
+        },
+    }

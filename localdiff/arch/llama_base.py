@@ -4,6 +4,7 @@ DiffuCoder, A2D Qwen3: :mod:`localdiff.arch.masked`), block (SDAR, Fast-dLLM v2:
 slots (ReFusion) and causal (Qwen3 / Llama) models: ``checkpoint_names``, ``keeps_checkpoint_dtype`` and
 ``CHECKPOINT_RULES`` (docs/ARCHITECTURE.md, the model contract). The family files import these, not each other.
 """
+
 from __future__ import annotations
 
 from localdiff.arch.base import CheckpointRules
@@ -25,5 +26,10 @@ def keeps_checkpoint_dtype(local: str) -> bool:
 #: caches; ``lm_head.weight`` when it equals the tied embeddings; the fields that would read more tensors
 CHECKPOINT_RULES = CheckpointRules(
     tied=((r"lm_head\.weight", "model.embed_tokens.weight"),),
-    switches=(("qk_layernorm", True), ("tie_word_embeddings", False), ("attention_bias", True),
-              ("moe_router_enable_expert_bias", True)))
+    switches=(
+        ("qk_layernorm", True),
+        ("tie_word_embeddings", False),
+        ("attention_bias", True),
+        ("moe_router_enable_expert_bias", True),
+    ),
+)

@@ -11,6 +11,7 @@ Tensor names are ours (the model's ``named_parameters``): ``embed_tokens.weight`
 ``layers.N.{input,post_attention}_layernorm``, ``norm.weight``, ``lm_head.weight`` (absent when tied); the model
 modules map them to each checkpoint's names (:mod:`localdiff.arch.llama_base` for the Llama / Qwen layout).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -88,8 +89,11 @@ def qkv_attention_shapes(c, i: int, p: str) -> list[Tensorish]:
     per-head ``q_norm`` / ``k_norm`` when ``qk_norm``; ``p`` is the layer's name prefix."""
     h, d = c.hidden_size, c.head_dim
     out = []
-    for name, o in (("q_proj", c.num_attention_heads * d), ("k_proj", c.num_key_value_heads * d),
-                    ("v_proj", c.num_key_value_heads * d)):
+    for name, o in (
+        ("q_proj", c.num_attention_heads * d),
+        ("k_proj", c.num_key_value_heads * d),
+        ("v_proj", c.num_key_value_heads * d),
+    ):
         out.append(Tensorish("attention", i, f"{p}self_attn.{name}.weight", (o, h)))
         if c.qkv_bias:
             out.append(Tensorish("attention", i, f"{p}self_attn.{name}.bias", (o,)))
@@ -104,7 +108,9 @@ def swiglu_shapes(component: str, i: int, prefix: str, h: int, inter: int, copie
     out = []
     for e in range(copies):
         p = prefix.format(e=e)
-        out += [Tensorish(component, i, f"{p}gate_proj.weight", (inter, h)),
-                Tensorish(component, i, f"{p}up_proj.weight", (inter, h)),
-                Tensorish(component, i, f"{p}down_proj.weight", (h, inter))]
+        out += [
+            Tensorish(component, i, f"{p}gate_proj.weight", (inter, h)),
+            Tensorish(component, i, f"{p}up_proj.weight", (inter, h)),
+            Tensorish(component, i, f"{p}down_proj.weight", (h, inter)),
+        ]
     return out

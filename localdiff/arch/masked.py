@@ -23,6 +23,7 @@ masked-family decoders use.
     states). Once tokens change (committed tokens), kv entries outside the window are stale — that is the
     approximation, refreshed by the decoder at each block boundary.
 """
+
 from __future__ import annotations
 
 import torch
@@ -56,8 +57,13 @@ class MaskedLM(DenseStack):
         return self.config.shift_logits
 
     @torch.inference_mode()
-    def logits_full(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                    rows: tuple[int, int] | None = None, select: torch.Tensor | None = None) -> torch.Tensor:
+    def logits_full(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        rows: tuple[int, int] | None = None,
+        select: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """One bidirectional pass.
 
         Args:
@@ -72,9 +78,16 @@ class MaskedLM(DenseStack):
         return self.forward_window(input_ids, 0, None, attention_mask, rows=rows, select=select)
 
     @torch.inference_mode()
-    def forward_window(self, input_ids: torch.Tensor, start: int = 0, kv: list | None = None,
-                       attention_mask: torch.Tensor | None = None, return_kv: bool = False,
-                       rows: tuple[int, int] | None = None, select: torch.Tensor | None = None):
+    def forward_window(
+        self,
+        input_ids: torch.Tensor,
+        start: int = 0,
+        kv: list | None = None,
+        attention_mask: torch.Tensor | None = None,
+        return_kv: bool = False,
+        rows: tuple[int, int] | None = None,
+        select: torch.Tensor | None = None,
+    ):
         """The window pass of the Fast-dLLM prefix / dual caches (module docstring).
 
         Args:
@@ -112,7 +125,7 @@ class MaskedLM(DenseStack):
         mask = self._key_mask(attention_mask, b, total, start, n, kv is None, input_ids.device)
         h, fresh = self.run(input_ids, start, mask, kv, return_kv)
         if rows is not None:
-            h = h[:, rows[0]:rows[1]]
+            h = h[:, rows[0] : rows[1]]
         logits = self._head(h, select)
         return (logits, fresh) if return_kv else logits
 
@@ -139,7 +152,7 @@ class MaskedLM(DenseStack):
             raise ValueError(f"attention_mask must be [B={b}, S] (got {tuple(m.shape)})")
         if m.shape[1] != total:
             if no_kv and m.shape[1] >= start + n:
-                m = m[:, start:start + n]
+                m = m[:, start : start + n]
             else:
                 raise ValueError(f"attention_mask covers {m.shape[1]} keys, the pass has {total}")
         if bool(m.all()):

@@ -9,13 +9,15 @@ A *fused* pass computes prefill rows and the canvas rows that follow them in one
 of a canvas together with the prompt or the previous canvas); each kind of row attends over exactly the keys (and
 mask) its separate pass would use, so the attention is bit-identical to the two separate passes.
 """
+
 from __future__ import annotations
 
 import torch
 
 
-def prefill_mask(b: int, n: int, start: int, past_n: int, window: int | None, pad: torch.Tensor | None,
-                 device) -> torch.Tensor:
+def prefill_mask(
+    b: int, n: int, start: int, past_n: int, window: int | None, pad: torch.Tensor | None, device
+) -> torch.Tensor:
     """Mask of ``n`` prefill rows at positions ``start..start+n-1`` over ``past_n`` cached keys + the n new keys.
 
     Args:
@@ -35,8 +37,9 @@ def prefill_mask(b: int, n: int, start: int, past_n: int, window: int | None, pa
     return m
 
 
-def canvas_keys(b: int, seen: int, c: int, window: int | None, pad: torch.Tensor | None, device
-                ) -> tuple[int, torch.Tensor | None]:
+def canvas_keys(
+    b: int, seen: int, c: int, window: int | None, pad: torch.Tensor | None, device
+) -> tuple[int, torch.Tensor | None]:
     """Keys of ``c`` canvas rows after ``seen`` cached keys: the last ``window - 1`` of them on sliding layers (all on
     full-attention layers), then the whole canvas.
 

@@ -7,6 +7,7 @@ A second router variant, ``cfg.moe_router == "sigmoid_group"`` (LLaDA2.x; DeepSe
 Math as transformers 5.23.0 ``Qwen3MoeSparseMoeBlock``, the LLaDA-MoE Hub code (``LLaDAMoESparseMoeBlock``) and the
 LLaDA2 Hub code (``LLaDA2MoeGate.group_limited_topk``).
 """
+
 from __future__ import annotations
 
 import torch
@@ -34,11 +35,12 @@ class SwiGLU(nn.Module):
         return self.down_proj(F.silu(gate) * up)
 
 
-Expert = SwiGLU   # one routed expert
+Expert = SwiGLU  # one routed expert
 
 
-def sigmoid_group_route(logits: torch.Tensor, bias: torch.Tensor | None, top_k: int, n_group: int, topk_group: int,
-                        scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def sigmoid_group_route(
+    logits: torch.Tensor, bias: torch.Tensor | None, top_k: int, n_group: int, topk_group: int, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """LLaDA2's router (Hub ``LLaDA2MoeGate``; the group-limited routing of DeepSeek-V3, arXiv 2412.19437).
 
     ``s = sigmoid(logits)``; the choice uses ``s + bias`` (the bias steers which experts are picked, never the

@@ -14,6 +14,7 @@ Functions: :func:`block_denoise` (``BlockLM.denoise`` with or without fused pref
 :func:`masked_window` (``MaskedLM.forward_window`` / ``logits_full``; batch 1 per request). Sources: the forwards
 they pack, :mod:`localdiff.arch.block` and :mod:`localdiff.arch.masked`.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -38,7 +39,7 @@ def _grouped(pack, kind: str, segs: list, fn, layer=None) -> list:
             out[g[0]] = y
             continue
         sizes = [segs[j].shape[1] for j in g]
-        parts = (list(zip(*(t.split(sizes, 2) for t in y))) if isinstance(y, tuple) else y.split(sizes, 1))
+        parts = list(zip(*(t.split(sizes, 2) for t in y))) if isinstance(y, tuple) else y.split(sizes, 1)
         for j, p in zip(g, parts):
             out[j] = p
     return out
@@ -53,6 +54,7 @@ def _qkv(net, pack, i: int, xs: list, tables: list) -> list:
         cos = tables[g[0]][0] if len(g) == 1 else torch.cat([tables[j][0] for j in g])
         sin = tables[g[0]][1] if len(g) == 1 else torch.cat([tables[j][1] for j in g])
         return layer.self_attn.qkv(layer.input_layernorm(x), cos, sin)
+
     return _grouped(pack, "attn", xs, fn, i)
 
 
@@ -64,7 +66,7 @@ def _out_ffn(net, pack, i: int, xs: list, parts: list) -> list:
     proj = _grouped(pack, "attn", flat, lambda x, g: layer.self_attn.project(x), i)
     res, o = [], 0
     for x, p in zip(xs, parts):
-        a = proj[o] if len(p) == 1 else torch.cat(proj[o:o + len(p)], 1)
+        a = proj[o] if len(p) == 1 else torch.cat(proj[o : o + len(p)], 1)
         o += len(p)
         res.append(x + a)
     return _grouped(pack, "ffn", res, lambda x, g: layer.ffn(x), i)
@@ -95,8 +97,18 @@ def block_denoise(net, calls: list, pack) -> list:
                 new_mask = None
             if n:
                 stack.enter_context(cache.writing(pre, new_mask))
-            st.append({"x": x, "n": n, "c": c, "cache": cache, "start": start, "mask": new_mask, "masks": {},
-                       "rope": rope_cos_sin(net._inv_freq, start, n + c, x.device)})
+            st.append(
+                {
+                    "x": x,
+                    "n": n,
+                    "c": c,
+                    "cache": cache,
+                    "start": start,
+                    "mask": new_mask,
+                    "masks": {},
+                    "rope": rope_cos_sin(net._inv_freq, start, n + c, x.device),
+                }
+            )
         last = len(net.layers) - 1
         for i, layer in enumerate(net.layers):
             att = layer.self_attn
@@ -112,10 +124,13 @@ def block_denoise(net, calls: list, pack) -> list:
                     past = cache.past(i)
                     kk, vv = (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)) if past is not None else (k, v)
                     cache.append(i, k[:, :, :n], v[:, :, :n])
-                    outs = [] if i == last else [att.core(q[:, :, :n], kk[:, :, :past_n + n], vv[:, :, :past_n + n],
-                                                          m_pre)]
+                    outs = (
+                        []
+                        if i == last
+                        else [att.core(q[:, :, :n], kk[:, :, : past_n + n], vv[:, :, : past_n + n], m_pre)]
+                    )
                     outs.append(att.core(q[:, :, n:], kk, vv, m_can))
-                    if i == last:                  # only the canvas rows go on
+                    if i == last:  # only the canvas rows go on
                         s["x"], s["n"] = s["x"][:, n:], 0
                 else:
                     kk, vv = cache.with_canvas(i, k, v)
@@ -158,8 +173,17 @@ def masked_window(net, calls: list, pack) -> list:
             total = start + n + max(0, s - start - n)
         mask = net._key_mask(a.get("attention_mask"), b, total, start, n, kv is None, ids.device)
         x = net.embed_tokens(ids)
-        st.append({"x": x, "start": start, "n": n, "kv": kv, "mask": mask, "fresh": [] if a.get("return_kv") else None,
-                   "rope": rope_cos_sin(net._inv_freq, start, n, x.device)})
+        st.append(
+            {
+                "x": x,
+                "start": start,
+                "n": n,
+                "kv": kv,
+                "mask": mask,
+                "fresh": [] if a.get("return_kv") else None,
+                "rope": rope_cos_sin(net._inv_freq, start, n, x.device),
+            }
+        )
     for i, layer in enumerate(net.layers):
         qkv = _qkv(net, pack, i, [s["x"] for s in st], [s["rope"] for s in st])
         parts = []
@@ -169,8 +193,8 @@ def masked_window(net, calls: list, pack) -> list:
             if s["kv"] is not None:
                 pk, pv = s["kv"][i]
                 start, n = s["start"], s["n"]
-                k = torch.cat([pk[:, :, :start], k, pk[:, :, start + n:]], 2)
-                v = torch.cat([pv[:, :, :start], v, pv[:, :, start + n:]], 2)
+                k = torch.cat([pk[:, :, :start], k, pk[:, :, start + n :]], 2)
+                v = torch.cat([pv[:, :, :start], v, pv[:, :, start + n :]], 2)
             parts.append([layer.self_attn.core(q, k, v, s["mask"])])
         for s, x in zip(st, _out_ffn(net, pack, i, [s["x"] for s in st], parts)):
             s["x"] = x
@@ -180,7 +204,7 @@ def masked_window(net, calls: list, pack) -> list:
         h = net.norm(s["x"])
         rows, select = a.get("rows"), a.get("select")
         if rows is not None:
-            h = h[:, rows[0]:rows[1]]
+            h = h[:, rows[0] : rows[1]]
         if select is None or bool(select.all()):
             heads.append(h)
             where.append(None)

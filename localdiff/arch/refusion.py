@@ -16,6 +16,7 @@ mask over ``cache_position`` with explicit ``position_ids``). Two passes:
 :meth:`RefusionLM.forward_train` is the same math with autograd for the training recipe (any position ids,
 causal in sequence order, key padding).
 """
+
 from __future__ import annotations
 
 import torch
@@ -52,7 +53,7 @@ class SlotKV:
 
     def committed(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer i's committed (K, V) views Tensor[1, kv_heads, length, head_dim]."""
-        return self.k[i][:, :, :self.length], self.v[i][:, :, :self.length]
+        return self.k[i][:, :, : self.length], self.v[i][:, :, : self.length]
 
     @property
     def nbytes(self) -> int:
@@ -116,8 +117,9 @@ class RefusionLM(DenseStack):
         keys = None if attention_mask is None else attention_mask.to(input_ids.device).bool()
         return self.forward_train(input_ids, pos, keys)
 
-    def forward_train(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                      key_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward_train(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, key_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Causal pass in sequence order with explicit true positions (autograd on; the training recipe's forward).
 
         Args:
@@ -132,7 +134,7 @@ class RefusionLM(DenseStack):
             keys = key_mask.bool()
             keys = keys | ~keys.any(1, keepdim=True)
             mask = mask & keys[:, None, None, :]
-            mask = mask | ~mask.any(-1, keepdim=True)     # rows seeing nothing (left padding) stay finite
+            mask = mask | ~mask.any(-1, keepdim=True)  # rows seeing nothing (left padding) stay finite
         cos, sin = rope_at(self._inv_freq, positions)
         h = self._layers(self.embed_tokens(input_ids), cos[:, None], sin[:, None], mask)
         return self._logits(h)
@@ -141,12 +143,14 @@ class RefusionLM(DenseStack):
         """An empty :class:`SlotKV` of ``capacity`` rows, on the model's device and dtype unless given."""
         w = self.embed_tokens.weight
         a = self.config
-        return SlotKV(a.num_hidden_layers, a.num_key_value_heads, a.head_dim, capacity, device or w.device,
-                      dtype or w.dtype)
+        return SlotKV(
+            a.num_hidden_layers, a.num_key_value_heads, a.head_dim, capacity, device or w.device, dtype or w.dtype
+        )
 
     @torch.inference_mode()
-    def slot_pass(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: SlotKV, rows: torch.Tensor,
-                  visible: torch.Tensor) -> torch.Tensor:
+    def slot_pass(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, cache: SlotKV, rows: torch.Tensor, visible: torch.Tensor
+    ) -> torch.Tensor:
         """One pass of the ReFusion decoder over ``cache``.
 
         Args:
@@ -168,8 +172,15 @@ class RefusionLM(DenseStack):
         if width > cache.capacity or int(rows.max()) >= width:
             raise ValueError(f"slot_pass: rows up to {int(rows.max())} / width {width} exceed the buffer")
         cos, sin = rope_at(self._inv_freq, positions.to(input_ids.device))
-        h = self._layers(self.embed_tokens(input_ids), cos, sin, visible[None, None].to(input_ids.device), cache,
-                         rows.to(input_ids.device), width)
+        h = self._layers(
+            self.embed_tokens(input_ids),
+            cos,
+            sin,
+            visible[None, None].to(input_ids.device),
+            cache,
+            rows.to(input_ids.device),
+            width,
+        )
         return self._logits(h)
 
 

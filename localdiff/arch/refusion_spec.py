@@ -11,6 +11,7 @@ the same forward with explicit ``position_ids``): per-head q/k RMSNorm before Ro
 (``attention_bias``), SwiGLU, untied LM head unless ``tie_word_embeddings``. Tensor names are ours (as in
 :mod:`localdiff.arch.llama_base_spec`); :func:`localdiff.arch.llama_base.checkpoint_names` maps them to ``model.*``.
 """
+
 from __future__ import annotations
 
 from localdiff.arch.base import LayerGeom, Tensorish
@@ -59,13 +60,27 @@ def parse_config(raw: dict) -> LlamaConfig:
     pad = _opt_id(raw, "pad_token_id", PAD_ID, vocab)
     check_mask_id(mask, pad, vocab)
     return LlamaConfig(
-        model_type=MODEL_TYPE, vocab_size=vocab, embedding_rows=vocab, qk_norm=True, hidden_size=h, intermediate_size=_int(raw, "intermediate_size"), num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv, head_dim=head_dim, rope_parameters=_rope(raw),
-        mask_token_id=mask, eos_token_id=eos, pad_token_id=pad, bos_token_id=_opt_id(raw, "bos_token_id", BOS_ID, vocab),
+        model_type=MODEL_TYPE,
+        vocab_size=vocab,
+        embedding_rows=vocab,
+        qk_norm=True,
+        hidden_size=h,
+        intermediate_size=_int(raw, "intermediate_size"),
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        head_dim=head_dim,
+        rope_parameters=_rope(raw),
+        mask_token_id=mask,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        bos_token_id=_opt_id(raw, "bos_token_id", BOS_ID, vocab),
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
         max_position_embeddings=_int(raw, "max_position_embeddings", 40960),
-        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)), qkv_bias=bool(raw.get("attention_bias")),
-        raw=raw)
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        qkv_bias=bool(raw.get("attention_bias")),
+        raw=raw,
+    )
 
 
 # -- the spec contract (localdiff.arch.base.ArchSpec) -------------------------------------------------------------
@@ -88,8 +103,12 @@ def parameter_counts(raw: dict) -> dict:
 def summary_fields(raw: dict) -> dict:
     """Family-specific fields of ``localdiff show``: the special ids."""
     c = parse_config(raw)
-    return {"mask_token_id": c.mask_token_id, "bos_token_id": c.bos_token_id, "eos_token_id": list(c.eos_token_id),
-            "pad_token_id": c.pad_token_id}
+    return {
+        "mask_token_id": c.mask_token_id,
+        "bos_token_id": c.bos_token_id,
+        "eos_token_id": list(c.eos_token_id),
+        "pad_token_id": c.pad_token_id,
+    }
 
 
 def architecture_name(raw: dict) -> str:

@@ -7,6 +7,7 @@ the vocabulary. Top-k: ``softmax(topk(sc, k).values) · E[topk(sc, k).indices]``
 over its k largest logits (the dropped tail's mass is the error), C·k·H multiply-adds instead of C·V·H. Measured
 error and eval accuracy per k: ``localdiff bench --only approx``. Never used unless asked (``sc_topk``).
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -77,10 +78,10 @@ def soft_embedding(sc_logits, weight: torch.Tensor, topk: int | None = None) -> 
         # step in bf16 on an AVX2-only CPU, this 1 s); bit-identical to p @ E in fp32 and bf16 here
         return _weighted(probs, weight)
     vals, idx = sc_logits.topk(topk, dim=-1)
-    p = torch.softmax(vals, dim=-1, dtype=torch.float32).to(weight.dtype)       # [B, C, k]
+    p = torch.softmax(vals, dim=-1, dtype=torch.float32).to(weight.dtype)  # [B, C, k]
     b, c, k = idx.shape
     ids = idx.reshape(b * c, k)
-    rows = F.embedding(ids, weight) if isinstance(weight, torch.Tensor) else weight(ids)    # [B·C, k, H]
+    rows = F.embedding(ids, weight) if isinstance(weight, torch.Tensor) else weight(ids)  # [B·C, k, H]
     return torch.bmm(p.reshape(b * c, 1, k), rows).reshape(b, c, -1)
 
 

@@ -5,6 +5,7 @@ parameter count of a dense / MoE stack.
 Errors are ``ValueError`` with the config.json field named, one line (the loader turns them into
 :class:`localdiff.errors.CheckpointError`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -74,8 +75,9 @@ def check_heads(hidden: int, heads: int, kv_heads: int, head_dim: int, layers: i
     """ValueError unless the query heads are a positive multiple of the key/value heads (GQA) and the hidden size,
     head dim and layer count are positive."""
     if heads <= 0 or kv_heads <= 0 or heads % kv_heads:
-        raise ValueError(f"num_attention_heads ({heads}) must be a positive multiple of the key/value heads "
-                         f"({kv_heads})")
+        raise ValueError(
+            f"num_attention_heads ({heads}) must be a positive multiple of the key/value heads ({kv_heads})"
+        )
     if hidden <= 0 or head_dim <= 0 or layers <= 0:
         raise ValueError("hidden size, head dim and layer count must be positive")
 

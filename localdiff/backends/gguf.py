@@ -17,6 +17,7 @@ their positions in the padded row — the torch path's rule (padding keys masked
 separate passes. The Fast-dLLM approximate caches (``kv_cache`` prefix / dual) run on a second llama.cpp context with
 K/V memory (:mod:`localdiff.backends.gguf_window`).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -28,10 +29,20 @@ import torch
 from localdiff.arch.base import ROLE_LOGITS
 from localdiff.backends.gguf_config import GGUFConfig, describe
 from localdiff.backends.gguf_tokenizer import GGUFTokenizer
+
 # the shared llama.cpp setup (re-exported: other modules import these names from here)
 from localdiff.backends.llama_lib import (  # noqa: F401
-    EXTRA_HINT, GROW, BackendMissingError, _LOG_TAIL, gpu_layers_value, llama_cpp, load_model, version)
+    EXTRA_HINT,
+    GROW,
+    BackendMissingError,
+    _LOG_TAIL,
+    gpu_layers_value,
+    llama_cpp,
+    load_model,
+    version,
+)
 from localdiff.errors import CheckpointError, LocaldiffError, UsageError
+
 
 class GGUFNet:
     """A loaded GGUF model presenting the masked family's ``logits`` role.
@@ -45,7 +56,7 @@ class GGUFNet:
     """
 
     roles = frozenset({ROLE_LOGITS})
-    kv_in_backend = True             # the prefix / dual caches' K/V live in llama.cpp (no device budget)
+    kv_in_backend = True  # the prefix / dual caches' K/V live in llama.cpp (no device budget)
 
     def __init__(self, path: Path, config: GGUFConfig, threads: int | None = None, gpu_layers: int | None = None):
         lib = llama_cpp()
@@ -53,7 +64,7 @@ class GGUFNet:
         self.threads = int(threads) if threads else max(1, (torch.get_num_threads()))
         self.gpu_layers = gpu_layers
         self.model = load_model(lib, path, gpu_layers)
-        self._twin = None                # the prefix / dual caches' context (localdiff.backends.gguf_window)
+        self._twin = None  # the prefix / dual caches' context (localdiff.backends.gguf_window)
         if not lib.llama_model_is_diffusion(self.model):
             lib.llama_model_free(self.model)
             self.model = None
@@ -95,9 +106,9 @@ class GGUFNet:
             raise LocaldiffError(f"{self.path}: llama.cpp could not create a {size}-token context ({why})")
         lib.llama_set_causal_attn(ctx, False)
         self.ctx, self.n_ctx = ctx, size
-        self._view_addr, self._view = None, None          # the logits view (:meth:`_logits_view`)
+        self._view_addr, self._view = None, None  # the logits view (:meth:`_logits_view`)
         self._batch = b = lib.llama_batch_init(size, 0, 1)
-        for i in range(size):            # one sequence, an output row for every position: set once
+        for i in range(size):  # one sequence, an output row for every position: set once
             b.n_seq_id[i] = 1
             b.seq_id[i][0] = 0
             b.logits[i] = 1
@@ -107,7 +118,7 @@ class GGUFNet:
         self._tok = torch.from_numpy(np.ctypeslib.as_array(b.token, shape=(size,)))
         self._pos = torch.from_numpy(np.ctypeslib.as_array(b.pos, shape=(size,)))
         self._pos.copy_(torch.arange(size, dtype=torch.int32))
-        self._pos_plain = True           # positions = row index (no left padding): nothing to write per pass
+        self._pos_plain = True  # positions = row index (no left padding): nothing to write per pass
         return ctx
 
     def _pass(self, ids: torch.Tensor, pos: torch.Tensor | None) -> torch.Tensor:
@@ -119,7 +130,7 @@ class GGUFNet:
             lo, hi = torch.aminmax(ids)
             if int(lo) < 0 or int(hi) >= self.n_vocab:
                 raise UsageError(f"token id out of range [0, {self.n_vocab})")
-        self._tok[:n].copy_(ids)                  # int64 → int32, in place in the batch
+        self._tok[:n].copy_(ids)  # int64 → int32, in place in the batch
         if pos is not None:
             self._pos[:n].copy_(pos)
             self._pos_plain = False
@@ -148,8 +159,13 @@ class GGUFNet:
     #: (llama.cpp's encoder path still computes every row: it has no output selection for non-causal passes)
     selects_rows = True
 
-    def logits_full(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                    rows: tuple[int, int] | None = None, select: torch.Tensor | None = None) -> torch.Tensor:
+    def logits_full(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        rows: tuple[int, int] | None = None,
+        select: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """One bidirectional pass per row (llama.cpp).
 
         Args:
@@ -176,7 +192,7 @@ class GGUFNet:
             if keep is None:
                 out[r] = self._pass(ids[r], None)[lo:hi]
                 continue
-            pos = keep[r].nonzero()[:, 0]                  # real tokens keep their padded-row positions
+            pos = keep[r].nonzero()[:, 0]  # real tokens keep their padded-row positions
             logits = self._pass(ids[r][pos], pos.to(torch.int32))
             inside = (pos >= lo) & (pos < hi)
             out[r, pos[inside] - lo] = logits[inside]
@@ -191,9 +207,16 @@ class GGUFNet:
         rest = [i for i in range(self.n_vocab) if self.lib.llama_vocab_is_eog(self.vocab, i) and i not in first]
         return first + rest
 
-    def forward_window(self, input_ids: torch.Tensor, start: int = 0, kv=None, attention_mask=None,
-                       return_kv: bool = False, rows: tuple[int, int] | None = None,
-                       select: torch.Tensor | None = None):
+    def forward_window(
+        self,
+        input_ids: torch.Tensor,
+        start: int = 0,
+        kv=None,
+        attention_mask=None,
+        return_kv: bool = False,
+        rows: tuple[int, int] | None = None,
+        select: torch.Tensor | None = None,
+    ):
         """The Fast-dLLM prefix / dual caches' window pass on llama.cpp (``MaskedLM.forward_window``'s contract;
         :mod:`localdiff.backends.gguf_window` holds the K/V in llama.cpp's memory). Raises UsageError for a file
         whose architecture has no llama.cpp twin with K/V memory (LLaDA-MoE)."""

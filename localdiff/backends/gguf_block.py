@@ -19,6 +19,7 @@ ids (the same block-causal batches: exact), so several caches can share one mode
 sub-block cache (``use_block_cache``) would rewrite cells inside a block, before the sequence's last position, which
 llama.cpp's batch checks refuse: it is refused with one line.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -30,6 +31,7 @@ from localdiff.backends.llama_lib import llama_cpp, load_model
 from localdiff.backends.gguf_config import GGUFConfig
 from localdiff.backends.llama_seq import SeqContext, grown, size_for
 from localdiff.errors import CheckpointError, UsageError
+
 
 class GGUFBlockCache:
     """The exact block cache of a :class:`GGUFBlockNet`: the token ids (per row, whole blocks, ``None`` for left
@@ -61,8 +63,11 @@ class GGUFBlockCache:
     def stats(self) -> dict:
         """Counters for ``gen -v``: positions held and the llama.cpp context's cells."""
         ctx = self.net.ctx
-        return {"engine": "llama.cpp K/V memory", "held_tokens": self.seq_len,
-                "context_cells": ctx.n_ctx if ctx is not None else 0}
+        return {
+            "engine": "llama.cpp K/V memory",
+            "held_tokens": self.seq_len,
+            "context_cells": ctx.n_ctx if ctx is not None else 0,
+        }
 
 
 class GGUFBlockNet:
@@ -93,8 +98,8 @@ class GGUFBlockNet:
             raise CheckpointError(f"{path}: vocabulary of {self.n_vocab} tokens, the header lists {config.vocab_size}")
         self.kv_f32 = config.quant == "F32"
         self.ctx: SeqContext | None = None
-        self.owner: GGUFBlockCache | None = None      # the cache whose ids the memory holds
-        self.min_ubatch = 0                           # the context's micro-batch at least (the bench's history)
+        self.owner: GGUFBlockCache | None = None  # the cache whose ids the memory holds
+        self.min_ubatch = 0  # the context's micro-batch at least (the bench's history)
         self.rows_held = 0
 
     # -- the context ------------------------------------------------------------------------------------------------
@@ -113,14 +118,17 @@ class GGUFBlockNet:
             keep = ctx if self.owner is cache else None
             if ctx is not None and keep is None:
                 ctx.close()
-            self.ctx = grown(keep, lambda: SeqContext(self.lib, self.model, self.path, n_ctx, ubatch, seqs,
-                                                      self.threads, self.kv_f32), self.rows_held)
+            self.ctx = grown(
+                keep,
+                lambda: SeqContext(self.lib, self.model, self.path, n_ctx, ubatch, seqs, self.threads, self.kv_f32),
+                self.rows_held,
+            )
             if keep is None:
                 self.owner = None
         if self.owner is not cache:
             self.ctx.clear()
             self.owner, self.rows_held = cache, len(cache.rows)
-            for r, row in enumerate(cache.rows):          # rebuild the memory from the ids (exact: same batches)
+            for r, row in enumerate(cache.rows):  # rebuild the memory from the ids (exact: same batches)
                 self._append(r, row, 0, "none")
         return self.ctx
 
@@ -133,8 +141,13 @@ class GGUFBlockNet:
         return self.ctx.decode_blocks(r, tokens, p0, self.config.block_size, outputs)
 
     # -- roles ------------------------------------------------------------------------------------------------------
-    def prefill(self, input_ids: torch.Tensor, cache: GGUFBlockCache, attention_mask: torch.Tensor | None = None,
-                last_logits: bool = False):
+    def prefill(
+        self,
+        input_ids: torch.Tensor,
+        cache: GGUFBlockCache,
+        attention_mask: torch.Tensor | None = None,
+        last_logits: bool = False,
+    ):
         """Append whole blocks (LongTensor[B, T], padding mask Bool/Long[B, T] or None) to ``cache``. With
         ``last_logits``: returns the last row's raw logits FloatTensor[B, V] (Fast-dLLM v2's next block opens with
         their argmax); else None."""
@@ -156,8 +169,14 @@ class GGUFBlockNet:
         cache.seq_len += t
         return torch.stack(last) if last_logits else None
 
-    def denoise(self, canvas_ids: torch.Tensor, cache: GGUFBlockCache, self_conditioning_logits=None,
-                prefill_ids=None, prefill_mask=None) -> torch.Tensor:
+    def denoise(
+        self,
+        canvas_ids: torch.Tensor,
+        cache: GGUFBlockCache,
+        self_conditioning_logits=None,
+        prefill_ids=None,
+        prefill_mask=None,
+    ) -> torch.Tensor:
         """One block's raw logits FloatTensor[B, C, V] over the cache: the block (C tokens at positions
         ``cache.seq_len`` ..) attends to every cached cell of its row and to itself; its cells are dropped after.
         ``prefill_ids`` (LongTensor[B, T], mask Bool[B, T] or None) are prefilled first (the loop's fused stage).

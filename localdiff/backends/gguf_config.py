@@ -2,6 +2,7 @@
 (masked diffusion archs by ``general.architecture``; block-diffusion models stored under their backbone's
 autoregressive architecture and marked ``localdiff.family = "block"``), the config fields the engine reads, and the
 caches llama.cpp gives it. The header itself is read by :mod:`localdiff.backends.gguf_file`."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -13,8 +14,12 @@ from localdiff.errors import CheckpointError
 ARCHS = {"llada": "llada", "llada-moe": "lladamoe", "dream": "Dream"}
 #: block-diffusion models are stored under llama.cpp's autoregressive architecture of their backbone, marked by
 #: ``localdiff.family = "block"``: ``localdiff.model_type`` → (our model_type, the GGUF architecture it needs)
-BLOCK_TYPES = {"sdar": ("sdar", "qwen3"), "sdar_moe": ("sdar_moe", "qwen3moe"),
-               "fast_dllm_v2": ("Fast_dLLM_Qwen", "qwen2"), "Fast_dLLM_Qwen": ("Fast_dLLM_Qwen", "qwen2")}
+BLOCK_TYPES = {
+    "sdar": ("sdar", "qwen3"),
+    "sdar_moe": ("sdar_moe", "qwen3moe"),
+    "fast_dllm_v2": ("Fast_dLLM_Qwen", "qwen2"),
+    "Fast_dLLM_Qwen": ("Fast_dLLM_Qwen", "qwen2"),
+}
 #: other diffusion architectures llama.cpp computes that localdiff's decoders do not cover yet
 OTHER_DIFFUSION = ("rnd1", "dflash")
 #: LLaDA2.x: llama.cpp has no graph for it yet (its pull request, ggml-org/llama.cpp#17454, is open)
@@ -77,24 +82,33 @@ def _kind(h: GGUFHeader) -> tuple[str, str]:
     arch, md = h.architecture, h.metadata
     lt = md.get("localdiff.model_type")
     if arch in LLADA2 or (isinstance(lt, str) and lt.lower().replace("-", "_") in LLADA2):
-        raise CheckpointError(f"{h.path}: LLaDA2.x is not in llama.cpp yet (its pull request, "
-                              "ggml-org/llama.cpp#17454, is open); run the safetensors checkpoint instead")
+        raise CheckpointError(
+            f"{h.path}: LLaDA2.x is not in llama.cpp yet (its pull request, "
+            "ggml-org/llama.cpp#17454, is open); run the safetensors checkpoint instead"
+        )
     if md.get("localdiff.family") == "block":
         if lt not in BLOCK_TYPES:
-            raise CheckpointError(f"{h.path}: localdiff.model_type {lt!r} is not a block-diffusion type localdiff "
-                                  f"runs from GGUF ({', '.join(k for k in BLOCK_TYPES if k != 'Fast_dLLM_Qwen')})")
+            raise CheckpointError(
+                f"{h.path}: localdiff.model_type {lt!r} is not a block-diffusion type localdiff "
+                f"runs from GGUF ({', '.join(k for k in BLOCK_TYPES if k != 'Fast_dLLM_Qwen')})"
+            )
         mt, want = BLOCK_TYPES[lt]
         if arch != want:
-            raise CheckpointError(f"{h.path}: a {lt} model is stored as GGUF architecture {want!r}, this file says "
-                                  f"{arch!r}")
+            raise CheckpointError(
+                f"{h.path}: a {lt} model is stored as GGUF architecture {want!r}, this file says {arch!r}"
+            )
         return mt, "block"
     if arch not in ARCHS:
         if arch in OTHER_DIFFUSION:
-            raise CheckpointError(f"{h.path}: GGUF architecture {arch!r} is a diffusion model localdiff does not run "
-                                  f"yet (supported: {', '.join(ARCHS)})")
-        raise CheckpointError(f"{h.path}: not a diffusion model (GGUF architecture {arch!r}; localdiff runs "
-                              f"{', '.join(ARCHS)}, and qwen3 / qwen3moe / qwen2 files marked localdiff.family = "
-                              "block)")
+            raise CheckpointError(
+                f"{h.path}: GGUF architecture {arch!r} is a diffusion model localdiff does not run "
+                f"yet (supported: {', '.join(ARCHS)})"
+            )
+        raise CheckpointError(
+            f"{h.path}: not a diffusion model (GGUF architecture {arch!r}; localdiff runs "
+            f"{', '.join(ARCHS)}, and qwen3 / qwen3moe / qwen2 files marked localdiff.family = "
+            "block)"
+        )
     return ARCHS[arch], "masked"
 
 
@@ -131,15 +145,28 @@ def config_from_header(h: GGUFHeader) -> GGUFConfig:
     bos = md.get("tokenizer.ggml.bos_token_id")
     heads = need("attention.head_count")
     shift = md.get("diffusion.shift_logits")
-    return GGUFConfig(model_type=mt, architecture=arch, vocab_size=vocab, mask_token_id=int(mask), eos_token_id=eos,
-                      pad_token_id=None if pad is None else int(pad), bos_token_id=None if bos is None else int(bos),
-                      shift_logits=False if block else (True if shift is None else bool(shift)),
-                      max_position_embeddings=need("context_length"), hidden_size=need("embedding_length"),
-                      num_hidden_layers=need("block_count"), num_attention_heads=heads,
-                      num_key_value_heads=int(h.arch_key("attention.head_count_kv", heads)),
-                      num_experts=int(h.arch_key("expert_count", 0) or 0),
-                      num_experts_per_tok=int(h.arch_key("expert_used_count", 0) or 0), quant=h.quant, raw=md,
-                      family=family, block_size=size, token_shift=mt == "Fast_dLLM_Qwen")
+    return GGUFConfig(
+        model_type=mt,
+        architecture=arch,
+        vocab_size=vocab,
+        mask_token_id=int(mask),
+        eos_token_id=eos,
+        pad_token_id=None if pad is None else int(pad),
+        bos_token_id=None if bos is None else int(bos),
+        shift_logits=False if block else (True if shift is None else bool(shift)),
+        max_position_embeddings=need("context_length"),
+        hidden_size=need("embedding_length"),
+        num_hidden_layers=need("block_count"),
+        num_attention_heads=heads,
+        num_key_value_heads=int(h.arch_key("attention.head_count_kv", heads)),
+        num_experts=int(h.arch_key("expert_count", 0) or 0),
+        num_experts_per_tok=int(h.arch_key("expert_used_count", 0) or 0),
+        quant=h.quant,
+        raw=md,
+        family=family,
+        block_size=size,
+        token_shift=mt == "Fast_dLLM_Qwen",
+    )
 
 
 def cache_modes(family: str, architecture: str | None = None) -> str:

@@ -7,6 +7,7 @@ Atomic output: everything is written to ``FILE.partial`` (the intermediate to ``
 output and renamed onto ``FILE`` only when complete; any error or Ctrl-C removes both, so no half-written file ever
 carries the final name, and an existing ``FILE`` stays as it was until the new one replaces it.
 """
+
 from __future__ import annotations
 
 import errno
@@ -29,9 +30,15 @@ def _nothing(*_a) -> None:
     return None
 
 
-def convert_checkpoint(ckpt, out, qtype: str, threads: int = 0, phase: Callable[[str, int], None] = _nothing,
-                       advance: Callable[[int], None] = _nothing,
-                       note: Callable[[str], None] = _nothing) -> gguf_write.Plan:
+def convert_checkpoint(
+    ckpt,
+    out,
+    qtype: str,
+    threads: int = 0,
+    phase: Callable[[str, int], None] = _nothing,
+    advance: Callable[[int], None] = _nothing,
+    note: Callable[[str], None] = _nothing,
+) -> gguf_write.Plan:
     """Write checkpoint folder ``ckpt`` as the GGUF file ``out`` in ``qtype`` (a key of :data:`TYPES`).
 
     Args:
@@ -53,8 +60,8 @@ def convert_checkpoint(ckpt, out, qtype: str, threads: int = 0, phase: Callable[
     if not direct:
         from localdiff.backends import gguf as backend
 
-        backend.llama_cpp()                         # the quantizer is needed: fail before writing anything
-        p = gguf_write.plan(ckpt, p.source_dtype)   # the lossless intermediate: the checkpoint's own precision
+        backend.llama_cpp()  # the quantizer is needed: fail before writing anything
+        p = gguf_write.plan(ckpt, p.source_dtype)  # the lossless intermediate: the checkpoint's own precision
     for text in p.notes:
         note(text)
     quant_bytes = 0 if direct else gguf_quant.estimate_bytes([t.shape for t in p.tensors], qtype)
@@ -62,8 +69,9 @@ def convert_checkpoint(ckpt, out, qtype: str, threads: int = 0, phase: Callable[
     folder = out.parent if str(out.parent) else Path(".")
     free = shutil.disk_usage(folder).free
     if need + MARGIN > free:
-        raise LocaldiffError(f"not enough disk space in {folder}: convert needs about {format_size(need)}, "
-                             f"{format_size(free)} free")
+        raise LocaldiffError(
+            f"not enough disk space in {folder}: convert needs about {format_size(need)}, {format_size(free)} free"
+        )
     partial, tmp = out.with_name(out.name + ".partial"), out.with_name(out.name + ".tmp.partial")
     try:
         if direct:
@@ -77,8 +85,10 @@ def convert_checkpoint(ckpt, out, qtype: str, threads: int = 0, phase: Callable[
         os.replace(partial, out)
     except OSError as e:
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise LocaldiffError(f"disk full while writing into {folder}: convert needs about {format_size(need)}; "
-                                 "the partial file was removed") from None
+            raise LocaldiffError(
+                f"disk full while writing into {folder}: convert needs about {format_size(need)}; "
+                "the partial file was removed"
+            ) from None
         raise
     finally:
         for f in (partial, tmp):

@@ -9,6 +9,7 @@ padding to ``general.alignment`` (default 32), then the tensor data. Little-endi
 give one-line errors for a file that is not GGUF or is cut short (llama.cpp itself would print a log and return NULL).
 What model a header describes (its config, family and caches) is :mod:`localdiff.backends.gguf_config`.
 """
+
 from __future__ import annotations
 
 import struct
@@ -19,22 +20,111 @@ from localdiff.errors import CheckpointError
 
 MAGIC = b"GGUF"
 #: ggml type id → (elements per block, bytes per block) — ggml.c ``type_traits``, as gguf-py ``GGML_QUANT_SIZES``
-TYPE_SIZES = {0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34), 9: (32, 40),
-              10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210), 15: (256, 292),
-              16: (256, 66), 17: (256, 74), 18: (256, 98), 19: (256, 50), 20: (32, 18), 21: (256, 110),
-              22: (256, 82), 23: (256, 136), 24: (1, 1), 25: (1, 2), 26: (1, 4), 27: (1, 8), 28: (1, 8),
-              29: (256, 56), 30: (1, 2), 34: (256, 54), 35: (256, 66), 39: (32, 17)}
+TYPE_SIZES = {
+    0: (1, 4),
+    1: (1, 2),
+    2: (32, 18),
+    3: (32, 20),
+    6: (32, 22),
+    7: (32, 24),
+    8: (32, 34),
+    9: (32, 40),
+    10: (256, 84),
+    11: (256, 110),
+    12: (256, 144),
+    13: (256, 176),
+    14: (256, 210),
+    15: (256, 292),
+    16: (256, 66),
+    17: (256, 74),
+    18: (256, 98),
+    19: (256, 50),
+    20: (32, 18),
+    21: (256, 110),
+    22: (256, 82),
+    23: (256, 136),
+    24: (1, 1),
+    25: (1, 2),
+    26: (1, 4),
+    27: (1, 8),
+    28: (1, 8),
+    29: (256, 56),
+    30: (1, 2),
+    34: (256, 54),
+    35: (256, 66),
+    39: (32, 17),
+}
 #: ggml type id → name (``ggml_type``)
-TYPE_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 9: "Q8_1", 10: "Q2_K",
-              11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS",
-              19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 24: "I8", 25: "I16", 26: "I32",
-              27: "I64", 28: "F64", 29: "IQ1_M", 30: "BF16", 34: "TQ1_0", 35: "TQ2_0", 39: "MXFP4"}
+TYPE_NAMES = {
+    0: "F32",
+    1: "F16",
+    2: "Q4_0",
+    3: "Q4_1",
+    6: "Q5_0",
+    7: "Q5_1",
+    8: "Q8_0",
+    9: "Q8_1",
+    10: "Q2_K",
+    11: "Q3_K",
+    12: "Q4_K",
+    13: "Q5_K",
+    14: "Q6_K",
+    15: "Q8_K",
+    16: "IQ2_XXS",
+    17: "IQ2_XS",
+    18: "IQ3_XXS",
+    19: "IQ1_S",
+    20: "IQ4_NL",
+    21: "IQ3_S",
+    22: "IQ2_S",
+    23: "IQ4_XS",
+    24: "I8",
+    25: "I16",
+    26: "I32",
+    27: "I64",
+    28: "F64",
+    29: "IQ1_M",
+    30: "BF16",
+    34: "TQ1_0",
+    35: "TQ2_0",
+    39: "MXFP4",
+}
 #: ``general.file_type`` (``llama_ftype``) → the quantization label used in file names and tags
-FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K", 11: "Q3_K_S",
-              12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K",
-              19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS", 23: "IQ3_XXS", 24: "IQ1_S", 25: "IQ4_NL",
-              26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S", 29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M", 32: "BF16",
-              36: "TQ1_0", 37: "TQ2_0", 38: "MXFP4_MOE"}
+FILE_TYPES = {
+    0: "F32",
+    1: "F16",
+    2: "Q4_0",
+    3: "Q4_1",
+    7: "Q8_0",
+    8: "Q5_0",
+    9: "Q5_1",
+    10: "Q2_K",
+    11: "Q3_K_S",
+    12: "Q3_K_M",
+    13: "Q3_K_L",
+    14: "Q4_K_S",
+    15: "Q4_K_M",
+    16: "Q5_K_S",
+    17: "Q5_K_M",
+    18: "Q6_K",
+    19: "IQ2_XXS",
+    20: "IQ2_XS",
+    21: "Q2_K_S",
+    22: "IQ3_XS",
+    23: "IQ3_XXS",
+    24: "IQ1_S",
+    25: "IQ4_NL",
+    26: "IQ3_S",
+    27: "IQ3_M",
+    28: "IQ2_S",
+    29: "IQ2_M",
+    30: "IQ4_XS",
+    31: "IQ1_M",
+    32: "BF16",
+    36: "TQ1_0",
+    37: "TQ2_0",
+    38: "MXFP4_MOE",
+}
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 #: arrays longer than this are kept as their length only (the vocabulary and merges: 100k+ strings)
 _ARRAY_KEEP = 64
@@ -117,8 +207,9 @@ class _Reader:
     def take(self, n: int) -> bytes:
         b = self.f.read(n)
         if len(b) != n:
-            raise CheckpointError(f"{self.path}: truncated GGUF file (header ends early at byte {self.f.tell()} of "
-                                  f"{self.size})")
+            raise CheckpointError(
+                f"{self.path}: truncated GGUF file (header ends early at byte {self.f.tell()} of {self.size})"
+            )
         return b
 
     def scalar(self, t: int):
@@ -128,8 +219,9 @@ class _Reader:
     def string(self) -> str:
         n = self.scalar(10)
         if n > self.size:
-            raise CheckpointError(f"{self.path}: corrupt GGUF header (a string of {n} bytes in a {self.size}-byte "
-                                  "file)")
+            raise CheckpointError(
+                f"{self.path}: corrupt GGUF header (a string of {n} bytes in a {self.size}-byte file)"
+            )
         return self.take(n).decode("utf-8", errors="replace")
 
     def value(self, t: int):
@@ -201,8 +293,10 @@ def check_complete(h: GGUFHeader) -> None:
     """Raise CheckpointError (one line) when the file is shorter than its tensors' data (a cut download)."""
     end = h.data_end()
     if end > h.file_size:
-        raise CheckpointError(f"{h.path}: truncated GGUF file ({h.file_size} bytes, its tensors need {end}); "
-                              "download it again (localdiff pull resumes)")
+        raise CheckpointError(
+            f"{h.path}: truncated GGUF file ({h.file_size} bytes, its tensors need {end}); "
+            "download it again (localdiff pull resumes)"
+        )
 
 
 def is_gguf(path) -> bool:

@@ -9,6 +9,7 @@ not a multiple of the type's block (256 for K-quants, 32 for Q8_0) falls back to
 The quantizer is one blocking C call: it runs in a worker thread so that Ctrl-C reaches Python (the caller then
 removes the partial file); progress is the output file's growth, polled.
 """
+
 from __future__ import annotations
 
 import threading
@@ -33,8 +34,14 @@ def estimate_bytes(shapes: list[tuple], qtype: str) -> int:
     return total
 
 
-def quantize(src: Path, dst: Path, qtype: str, threads: int = 0, advance: Callable[[int], None] = lambda n: None,
-             poll: float = 0.2) -> None:
+def quantize(
+    src: Path,
+    dst: Path,
+    qtype: str,
+    threads: int = 0,
+    advance: Callable[[int], None] = lambda n: None,
+    poll: float = 0.2,
+) -> None:
     """Write ``dst`` = ``src`` (an F32 / F16 / BF16 GGUF) quantized to ``qtype`` by llama.cpp.
 
     Args:

@@ -3,6 +3,7 @@ LLaDA's OLMo-style ``model.transformer.blocks.N.*`` → ``blk.N.*``; experts sta
 permutation for LLaDA's interleaved ("NORM") RoPE, the tensors each architecture's graph needs, the order they are
 written in, and lazy loads from memory-mapped safetensors shards. :mod:`localdiff.backends.gguf_write` plans and
 writes the file with them."""
+
 from __future__ import annotations
 
 import re
@@ -11,17 +12,41 @@ from typing import Callable
 
 import torch
 
-_HF_LAYER = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-             "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
-             "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate",
-             "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down", "mlp.gate": "ffn_gate_inp"}
-_HF_TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-           "lm_head.weight": "output.weight"}
-_LLADA_LAYER = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "attn_out": "attn_output",
-                "ff_proj": "ffn_gate", "up_proj": "ffn_up", "ff_out": "ffn_down", "attn_norm": "attn_norm",
-                "ff_norm": "ffn_norm"}
-_LLADA_TOP = {"model.transformer.wte.weight": "token_embd.weight", "model.transformer.ln_f.weight":
-              "output_norm.weight", "model.transformer.ff_out.weight": "output.weight"}
+_HF_LAYER = {
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "mlp.gate": "ffn_gate_inp",
+}
+_HF_TOP = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+_LLADA_LAYER = {
+    "q_proj": "attn_q",
+    "k_proj": "attn_k",
+    "v_proj": "attn_v",
+    "attn_out": "attn_output",
+    "ff_proj": "ffn_gate",
+    "up_proj": "ffn_up",
+    "ff_out": "ffn_down",
+    "attn_norm": "attn_norm",
+    "ff_norm": "ffn_norm",
+}
+_LLADA_TOP = {
+    "model.transformer.wte.weight": "token_embd.weight",
+    "model.transformer.ln_f.weight": "output_norm.weight",
+    "model.transformer.ff_out.weight": "output.weight",
+}
 #: checkpoint tensors that have no GGUF counterpart and are skipped (rotary caches, float16 copies, BN counters)
 IGNORED = re.compile(r"(rotary_emb\.inv_freq|\.rope\.|_float16|num_batches_tracked)")
 
@@ -84,8 +109,11 @@ def shard_reader(files: dict):
             handles[f] = safe_open(str(f), framework="pt", device="cpu")
         return handles[f]
 
-    return (lambda n: handle(n).get_tensor(n), lambda n: tuple(handle(n).get_slice(n).get_shape()),
-            lambda n: handle(n).get_slice(n).get_dtype())
+    return (
+        lambda n: handle(n).get_tensor(n),
+        lambda n: tuple(handle(n).get_slice(n).get_shape()),
+        lambda n: handle(n).get_slice(n).get_dtype(),
+    )
 
 
 def tensor_loader(get, name: str, heads: int | None = None):
@@ -101,8 +129,11 @@ def expected_tensors(arch: str, c) -> set:
     moe = arch in ("llada-moe", "qwen3moe")
     for i in range(c.num_hidden_layers):
         names = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm"]
-        names += ["ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"] if moe else \
-            ["ffn_gate", "ffn_up", "ffn_down"]
+        names += (
+            ["ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"]
+            if moe
+            else ["ffn_gate", "ffn_up", "ffn_down"]
+        )
         if arch in ("qwen3", "qwen3moe") or (arch == "llada-moe" and c.qk_norm):
             names += ["attn_q_norm", "attn_k_norm"]
         out |= {f"blk.{i}.{n}.weight" for n in names}

@@ -21,6 +21,7 @@ ids without a string (the embedding has more rows than the vocabulary) are ``[PA
 Special ids come from the parsed config (bos / eos / pad / mask), the extra end tokens of
 ``generation_config.json`` as ``eot``; the chat template from ``chat_template.jinja`` or ``tokenizer_config.json``.
 """
+
 from __future__ import annotations
 
 import json
@@ -72,8 +73,10 @@ def read_vocab(ckpt: Path, n_tokens: int) -> dict:
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise CheckpointError(f"{path}: not a readable tokenizer.json ({type(e).__name__}: {e})") from None
     if model.get("type", "BPE") != "BPE" or not isinstance(vocab, dict):
-        raise CheckpointError(f"{path}: a {model.get('type')} tokenizer; convert writes BPE tokenizers (byte-level "
-                              "or SentencePiece-style) only")
+        raise CheckpointError(
+            f"{path}: a {model.get('type')} tokenizer; convert writes BPE tokenizers (byte-level "
+            "or SentencePiece-style) only"
+        )
     added = {int(a["id"]): a for a in tj.get("added_tokens") or []}
     for i, a in added.items():
         vocab.setdefault(a["content"], i)
@@ -95,8 +98,10 @@ def read_vocab(ckpt: Path, n_tokens: int) -> dict:
         pre = "gpt-2" if regex is None else PRE_TOKENIZERS.get(regex)
         if pre is None:
             pre = "default"
-            out["notes"].append(f"{path.name}: pre-tokenizer regex not known to llama.cpp's list; wrote 'default' "
-                                "(text may split differently from the checkpoint's tokenizer)")
+            out["notes"].append(
+                f"{path.name}: pre-tokenizer regex not known to llama.cpp's list; wrote 'default' "
+                "(text may split differently from the checkpoint's tokenizer)"
+            )
         out.update(model="gpt2", pre=pre, merges=merges)
     elif "Metaspace" in kinds or any(s.get("type") == "Replace" for s in _steps(tj.get("normalizer"))):
         scores = [0.0] * n_tokens
@@ -108,16 +113,18 @@ def read_vocab(ckpt: Path, n_tokens: int) -> dict:
             for i, s in enumerate(tokens):
                 if types[i] == NORMAL and _BYTE_TOKEN.match(s):
                     types[i] = BYTE
-        prepend = any(st.get("type") == "Prepend" for st in _steps(tj.get("normalizer")))   # Llama-2 style
+        prepend = any(st.get("type") == "Prepend" for st in _steps(tj.get("normalizer")))  # Llama-2 style
         out.update(model="llama", pre="default", scores=scores, space_prefix=prepend)
     else:
-        raise CheckpointError(f"{path}: BPE without a ByteLevel or Metaspace pre-tokenizer; convert cannot tell how "
-                              "llama.cpp should split text")
+        raise CheckpointError(
+            f"{path}: BPE without a ByteLevel or Metaspace pre-tokenizer; convert cannot tell how "
+            "llama.cpp should split text"
+        )
     tc = _json(ckpt / "tokenizer_config.json")
     out["add_bos"] = bool(tc.get("add_bos_token", False))
     tpl = ckpt / "chat_template.jinja"
     template = tpl.read_text(encoding="utf-8") if tpl.is_file() else tc.get("chat_template")
-    if isinstance(template, list):      # [{"name": "default", "template": ...}, ...]
+    if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
         template = next((t.get("template") for t in template if t.get("name") == "default"), None)
     out["template"] = template if isinstance(template, str) else None
     return out
@@ -152,8 +159,13 @@ def write_vocab(w, v: dict, ids: dict) -> None:
     if v["merges"] is not None:
         w.add_token_merges(v["merges"])
     w.add_add_bos_token(v["add_bos"])
-    adders = {"bos": w.add_bos_token_id, "eos": w.add_eos_token_id, "pad": w.add_pad_token_id,
-              "mask": w.add_mask_token_id, "eot": w.add_eot_token_id}
+    adders = {
+        "bos": w.add_bos_token_id,
+        "eos": w.add_eos_token_id,
+        "pad": w.add_pad_token_id,
+        "mask": w.add_mask_token_id,
+        "eot": w.add_eot_token_id,
+    }
     for key, add in adders.items():
         if ids.get(key) is not None:
             add(int(ids[key]))

@@ -22,6 +22,7 @@ position, and the suffix's cells come after the block. After the block's first p
 was applied when they were computed; with non-causal attention a cell's position only orders the sequence), so the
 block can be decoded at its true positions lo .. end − 1 and sees prefix, suffix and itself.
 """
+
 from __future__ import annotations
 
 import struct
@@ -58,8 +59,10 @@ class WindowTwin:
     def __init__(self, net):
         arch = net.config.architecture
         if arch not in TWINS:
-            raise UsageError(f"kv_cache prefix/dual: not for GGUF architecture {arch!r} (llama.cpp has no "
-                             "autoregressive graph with K/V memory for it); use kv_cache none")
+            raise UsageError(
+                f"kv_cache prefix/dual: not for GGUF architecture {arch!r} (llama.cpp has no "
+                "autoregressive graph with K/V memory for it); use kv_cache none"
+            )
         self.net, self.lib = net, llama_cpp()
         self.twin = Twin(self.lib, net.path, arch, TWINS[arch], net.gpu_layers)
         self.model = self.twin.model
@@ -72,8 +75,16 @@ class WindowTwin:
             if ctx is not None:
                 ctx.close()
             n = max(t, ctx.n_ubatch if ctx is not None else 0)
-            self.ctx = SeqContext(self.lib, self.model, self.net.path, size_for(b * n), size_for(n), b,
-                                  self.net.threads, self.net.config.quant == "F32")
+            self.ctx = SeqContext(
+                self.lib,
+                self.model,
+                self.net.path,
+                size_for(b * n),
+                size_for(n),
+                b,
+                self.net.threads,
+                self.net.config.quant == "F32",
+            )
         return self.ctx
 
     def forward_window(self, input_ids, start, kv, attention_mask, return_kv, rows, select):
@@ -147,7 +158,7 @@ def _relabel(blob: bytes, seq: int, end: int, to: int) -> bytes:
     magic, sid, streams, cells = struct.unpack_from("<IiII", data, 0)
     if magic != _MAGIC or sid != seq or streams != 1 or 16 + 12 * cells > len(data):
         raise bad
-    meta = np.frombuffer(data, dtype="<i4", count=3 * cells, offset=16).reshape(cells, 3)   # a view: writable
+    meta = np.frombuffer(data, dtype="<i4", count=3 * cells, offset=16).reshape(cells, 3)  # a view: writable
     if cells and not ((meta[:, 1] == 1).all() and (meta[:, 2] == seq).all()):
         raise bad
     meta[:, 0][meta[:, 0] >= end] = to

@@ -31,6 +31,7 @@ rest is written in the chosen type (F32 / F16 / BF16, round-to-nearest-even by t
 time (memory-mapped safetensors) and streamed into the file, so memory stays at about one tensor. Tensor names, the
 RoPE permutation and the tensors each graph needs: :mod:`localdiff.backends.gguf_tensors`.
 """
+
 from __future__ import annotations
 
 import re
@@ -40,21 +41,37 @@ from typing import Callable
 
 import torch
 
-from localdiff.backends.gguf_tensors import (IGNORED, Tensor, expected_tensors, gguf_name, layer_index, order_key,
-                                             shard_reader, tensor_loader, tensor_order)
+from localdiff.backends.gguf_tensors import (
+    IGNORED,
+    Tensor,
+    expected_tensors,
+    gguf_name,
+    layer_index,
+    order_key,
+    shard_reader,
+    tensor_loader,
+    tensor_order,
+)
 from localdiff.backends.gguf_vocab import end_tokens, read_vocab, write_vocab
 from localdiff.errors import CheckpointError, UsageError
 from localdiff.paths import read_json
 
 #: registry key (``localdiff.arch``) → (llama.cpp architecture, ``localdiff.model_type``, ``localdiff.family``)
-ARCHS = {"llada": ("llada", "llada", "masked"), "lladamoe": ("llada-moe", "llada_moe", "masked"),
-         "Dream": ("dream", "dream", "masked"), "sdar": ("qwen3", "sdar", "block"),
-         "sdar_moe": ("qwen3moe", "sdar_moe", "block"), "Fast_dLLM_Qwen": ("qwen2", "fast_dllm_v2", "block")}
+ARCHS = {
+    "llada": ("llada", "llada", "masked"),
+    "lladamoe": ("llada-moe", "llada_moe", "masked"),
+    "Dream": ("dream", "dream", "masked"),
+    "sdar": ("qwen3", "sdar", "block"),
+    "sdar_moe": ("qwen3moe", "sdar_moe", "block"),
+    "Fast_dLLM_Qwen": ("qwen2", "fast_dllm_v2", "block"),
+}
 #: registry keys of diffusion models llama.cpp has no architecture for (their PRs are open, or none exists)
 NO_LLAMA_CPP = {"diffusion_gemma": "DiffusionGemma", "llada2_moe": "LLaDA2.x", "refusion": "ReFusion"}
 LOCALDIFF_KEYS = ("localdiff.model_type", "localdiff.family", "localdiff.mask_token_id", "localdiff.block_length")
 #: the types written directly; llama_ftype of each (``general.file_type``)
 DIRECT = {"F32": 0, "F16": 1, "BF16": 32}
+
+
 @dataclass
 class Plan:
     """What :func:`plan` found: ``arch`` (llama.cpp), ``model_type`` / ``family`` (localdiff keys), ``config``
@@ -94,11 +111,15 @@ def _check_supported(key: str, cfg, path: Path) -> None:
     if rope.get("rope_type", "default") != "default" or rope.get("partial_rotary_factor", 1.0) != 1.0:
         raise CheckpointError(f"{path}: RoPE scaling {rope.get('rope_type')!r} is not written by convert yet")
     if key == "lladamoe" and (cfg.shared_expert_intermediate_size or cfg.expert_bias or not all(cfg.moe_layers)):
-        raise CheckpointError(f"{path}: llama.cpp's llada-moe graph has MoE in every layer, no shared expert and no "
-                              "router bias; this checkpoint has one of them")
+        raise CheckpointError(
+            f"{path}: llama.cpp's llada-moe graph has MoE in every layer, no shared expert and no "
+            "router bias; this checkpoint has one of them"
+        )
     if key == "sdar_moe" and (not all(cfg.moe_layers) or not cfg.norm_topk_prob):
-        raise CheckpointError(f"{path}: llama.cpp's qwen3moe graph has MoE in every layer and normalised top-k "
-                              "weights (mlp_only_layers / decoder_sparse_step / norm_topk_prob differ here)")
+        raise CheckpointError(
+            f"{path}: llama.cpp's qwen3moe graph has MoE in every layer and normalised top-k "
+            "weights (mlp_only_layers / decoder_sparse_step / norm_topk_prob differ here)"
+        )
     if key in ("sdar", "sdar_moe") and cfg.qkv_bias:
         raise CheckpointError(f"{path}: q/k/v biases: llama.cpp's qwen3 graph has none")
     if getattr(cfg, "clip_qkv", None):
@@ -125,8 +146,10 @@ def plan(ckpt: Path, dtype: str = "F32") -> Plan:
     if key in NO_LLAMA_CPP:
         raise CheckpointError(f"{ckpt}: {NO_LLAMA_CPP[key]} cannot be converted: llama.cpp has no such architecture")
     if key not in ARCHS:
-        raise CheckpointError(f"{ckpt}: model_type {raw.get('model_type')!r} is not a family convert writes "
-                              "(LLaDA, LLaDA-MoE, Dream, SDAR, SDAR-MoE, Fast-dLLM v2)")
+        raise CheckpointError(
+            f"{ckpt}: model_type {raw.get('model_type')!r} is not a family convert writes "
+            "(LLaDA, LLaDA-MoE, Dream, SDAR, SDAR-MoE, Fast-dLLM v2)"
+        )
     try:
         cfg = get_spec(raw).parse_config(raw)
     except (KeyError, ValueError, TypeError) as e:
@@ -149,12 +172,14 @@ def plan(ckpt: Path, dtype: str = "F32") -> Plan:
         else:
             experts.setdefault(out, {})[e] = name
     if "output.weight" not in single and arch in ("llada", "llada-moe", "dream"):
-        single["output.weight"] = single.get("token_embd.weight")     # a tied head: these graphs need the tensor
+        single["output.weight"] = single.get("token_embd.weight")  # a tied head: these graphs need the tensor
     names = set(single) | set(experts)
     missing = sorted(expected_tensors(arch, cfg) - names, key=order_key)
     if missing or single.get("token_embd.weight") is None:
-        raise CheckpointError(f"{ckpt}: no tensor for llama.cpp's {(missing or ['token_embd.weight'])[0]}"
-                              + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+        raise CheckpointError(
+            f"{ckpt}: no tensor for llama.cpp's {(missing or ['token_embd.weight'])[0]}"
+            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+        )
     extra = sorted(n for n in names if layer_index(n) >= cfg.num_hidden_layers)
     if extra:
         raise CheckpointError(f"{ckpt}: tensor {extra[0]} is beyond num_hidden_layers ({cfg.num_hidden_layers})")
@@ -173,8 +198,14 @@ def plan(ckpt: Path, dtype: str = "F32") -> Plan:
             raise CheckpointError(f"{ckpt}: {out}: experts {sorted(members)[:4]}... of {cfg.num_experts}")
         names = [members[e] for e in range(cfg.num_experts)]
         seen.add(sdtype(names[0]))
-        p.tensors.append(Tensor(out, (len(names), *shape(names[0])), dtype,
-                                (lambda ns: lambda: torch.stack([get(n) for n in ns]))(names)))
+        p.tensors.append(
+            Tensor(
+                out,
+                (len(names), *shape(names[0])),
+                dtype,
+                (lambda ns: lambda: torch.stack([get(n) for n in ns]))(names),
+            )
+        )
     seen.discard("")
     p.source_dtype = "BF16" if seen == {"BF16"} else ("F16" if seen == {"F16"} else "F32")
     p.tensors.sort(key=tensor_order)
@@ -214,8 +245,17 @@ def write_metadata(w, p: Plan, ftype: int) -> None:
     if p.family == "block":
         w.add_uint32("localdiff.block_length", int(c.block_size))
     eos = list(c.eos_token_id) + end_tokens(p.ckpt, tuple(c.eos_token_id))
-    write_vocab(w, p.vocab, dict(bos=c.bos_token_id, eos=eos[0] if eos else None, pad=c.pad_token_id,
-                                 mask=c.mask_token_id, eot=eos[1] if len(eos) > 1 else None))
+    write_vocab(
+        w,
+        p.vocab,
+        dict(
+            bos=c.bos_token_id,
+            eos=eos[0] if eos else None,
+            pad=c.pad_token_id,
+            mask=c.mask_token_id,
+            eot=eos[1] if len(eos) > 1 else None,
+        ),
+    )
 
 
 def _as_stored(x: torch.Tensor, dtype: str):
@@ -241,8 +281,9 @@ def write(p: Plan, out: Path, ftype: int, advance: Callable[[int], None] = lambd
     try:
         write_metadata(w, p, ftype)
         for t in p.tensors:
-            w.add_tensor_info(t.name, t.shape, np.float32, t.nbytes, raw_dtype=getattr(gguf.GGMLQuantizationType,
-                                                                                         t.dtype))
+            w.add_tensor_info(
+                t.name, t.shape, np.float32, t.nbytes, raw_dtype=getattr(gguf.GGMLQuantizationType, t.dtype)
+            )
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()

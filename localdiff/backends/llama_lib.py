@@ -1,6 +1,7 @@
 """llama.cpp through llama-cpp-python, set up once for every GGUF module: the library (logging kept off the terminal,
 its last error lines kept for our one-line messages), its version line, model loading with localdiff's settings and
 the ``--gpu-layers`` value."""
+
 from __future__ import annotations
 
 import ctypes
@@ -15,7 +16,7 @@ class BackendMissingError(LocaldiffError):
 
 
 _LIB = None
-GROW = 64          # contexts are sized to the sequence rounded up to this many tokens (never shrunk)
+GROW = 64  # contexts are sized to the sequence rounded up to this many tokens (never shrunk)
 _LOG_TAIL: list[str] = []
 
 
@@ -29,18 +30,20 @@ def llama_cpp():
         import llama_cpp as lib
     except ImportError:
         raise BackendMissingError(EXTRA_HINT) from None
-    except OSError as e:           # the package is there, its shared library is not loadable
-        raise BackendMissingError(f"llama-cpp-python is installed but cannot load its library ({e}); "
-                                  f"reinstall the gguf extra: pip install \"localdiff[gguf]\"") from None
+    except OSError as e:  # the package is there, its shared library is not loadable
+        raise BackendMissingError(
+            f"llama-cpp-python is installed but cannot load its library ({e}); "
+            f'reinstall the gguf extra: pip install "localdiff[gguf]"'
+        ) from None
 
     @lib.llama_log_callback
     def _log(level, text, user_data):
-        if level < 3:    # ggml_log_level: NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5
+        if level < 3:  # ggml_log_level: NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5
             return
         _LOG_TAIL.append(text.decode("utf-8", "replace").strip())
         del _LOG_TAIL[:-8]
 
-    lib._localdiff_log = _log      # keep the callback alive
+    lib._localdiff_log = _log  # keep the callback alive
     lib.llama_log_set(_log, ctypes.c_void_p(0))
     lib.llama_backend_init()
     _LIB = lib
@@ -48,7 +51,7 @@ def llama_cpp():
 
 
 def version() -> str:
-    """"llama-cpp-python X (ggml V, commit C)" — the backend's identity for ``gen -v`` and ``bench``."""
+    """ "llama-cpp-python X (ggml V, commit C)" — the backend's identity for ``gen -v`` and ``bench``."""
     lib = llama_cpp()
     out = f"llama-cpp-python {getattr(lib, '__version__', '?')}"
     try:
@@ -89,7 +92,7 @@ def load_model(lib, path, gpu_layers=None, overrides: dict | None = None):
         mp.use_extra_bufts = False
     arr = None
     if overrides:
-        arr = (lib.llama_model_kv_override * (len(overrides) + 1))()      # zeroed: the last one ends the list
+        arr = (lib.llama_model_kv_override * (len(overrides) + 1))()  # zeroed: the last one ends the list
         for o, (k, v) in zip(arr, overrides.items()):
             o.key = k.encode()
             if isinstance(v, bool):

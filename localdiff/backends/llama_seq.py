@@ -18,6 +18,7 @@ Settings: unified K/V cells (``kv_unified``: sequences share the cells), F32 K/V
 path) else llama.cpp's default F16, flash attention disabled (it casts K/V to F16 on CPU), one micro-batch
 (``n_ubatch = n_batch``): llama.cpp requires a non-causal batch to fit in one.
 """
+
 from __future__ import annotations
 
 import ctypes

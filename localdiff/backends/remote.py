@@ -10,6 +10,7 @@ asks for localdiff's canvas events (``{"localdiff": {"events": "steps"}}``, :mod
 as ``StepEvent`` / ``CanvasDone`` with tensors, so the chat draws the canvas as for a local model; other servers
 get plain OpenAI requests and give text only.
 """
+
 from __future__ import annotations
 
 import json
@@ -50,11 +51,11 @@ def base_url(url: str) -> str:
     spaces / control characters."""
     bad = UsageError(f"--endpoint must be an http(s) URL such as http://127.0.0.1:11436/v1 (got {url!r})")
     if any(not c.isprintable() or c.isspace() for c in url.strip()):
-        raise bad                                  # control characters, spaces: httpx refuses them mid-request
+        raise bad  # control characters, spaces: httpx refuses them mid-request
     try:
         parts = urlsplit(url.strip())
-        parts.port                                 # noqa: B018 — raises ValueError for ":abc" or ":99999"
-    except ValueError:                             # "http://[::1" (an unclosed IPv6 bracket), a bad port
+        parts.port  # noqa: B018 — raises ValueError for ":abc" or ":99999"
+    except ValueError:  # "http://[::1" (an unclosed IPv6 bracket), a bad port
         raise bad from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise bad
@@ -99,18 +100,18 @@ class RemoteClient:
 
     wait_note_s = 5.0
 
-    def __init__(self, url: str, api_key: str | None = None, timeout: float = DEFAULT_TIMEOUT_S,
-                 on_wait=None) -> None:
+    def __init__(self, url: str, api_key: str | None = None, timeout: float = DEFAULT_TIMEOUT_S, on_wait=None) -> None:
         import httpx
 
         self.url = base_url(url)
         self.timeout, self.connect_timeout = float(timeout), min(CONNECT_TIMEOUT_S, float(timeout))
         self.on_wait = on_wait
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.Client(base_url=self.url, headers=headers,
-                                  timeout=httpx.Timeout(self.timeout, connect=self.connect_timeout))
+        self._http = httpx.Client(
+            base_url=self.url, headers=headers, timeout=httpx.Timeout(self.timeout, connect=self.connect_timeout)
+        )
         self._httpx = httpx
-        self.owners: dict[str, str] = {}   # model id → owned_by, from the last models() call
+        self.owners: dict[str, str] = {}  # model id → owned_by, from the last models() call
 
     def close(self) -> None:
         """Close the connection pool."""
@@ -123,11 +124,17 @@ class RemoteClient:
         if isinstance(exc, h.ConnectTimeout):
             return RemoteError(f"cannot reach {self.url}: no connection within {self.connect_timeout:g} s")
         if isinstance(exc, h.TimeoutException):
-            what = ("did not answer within" if not answered else "stopped sending mid-answer: nothing for"
-                    if answered == "text" else "started an answer but sent no text within")
-            return RemoteError(f"{self.url} {what} {self.timeout:g} s (wait longer with --timeout SECONDS or "
-                               "LOCALDIFF_TIMEOUT)")
-        why = re.sub(r"\[Errno -?\d+\]\s*", "", str(exc)).strip() or type(exc).__name__   # no "[Errno 111]"
+            what = (
+                "did not answer within"
+                if not answered
+                else "stopped sending mid-answer: nothing for"
+                if answered == "text"
+                else "started an answer but sent no text within"
+            )
+            return RemoteError(
+                f"{self.url} {what} {self.timeout:g} s (wait longer with --timeout SECONDS or LOCALDIFF_TIMEOUT)"
+            )
+        why = re.sub(r"\[Errno -?\d+\]\s*", "", str(exc)).strip() or type(exc).__name__  # no "[Errno 111]"
         return RemoteError(f"cannot reach {self.url}: {why[:1].lower()}{why[1:]}")
 
     def _waiting(self):
@@ -149,7 +156,7 @@ class RemoteClient:
             body = response.json()
             err = body.get("error", body)
             msg = err.get("message") if isinstance(err, dict) else str(err)
-        except (ValueError, AttributeError):   # not a JSON error: a web server's page, a proxy's text
+        except (ValueError, AttributeError):  # not a JSON error: a web server's page, a proxy's text
             text = response.text.strip()
             html = "html" in response.headers.get("content-type", "") or text.startswith("<")
             msg = response.reason_phrase if html or not text else text.splitlines()[0][:200]
@@ -226,9 +233,11 @@ class RemoteClient:
                         yield ("event", ext)
                     elif ext:
                         info["localdiff"] = ext
-                if not events:   # a 200 that is no event stream (a web page): not an empty answer
-                    raise RemoteError(f"{self.url}{path} answered without server-sent events (content-type "
-                                      f"{r.headers.get('content-type') or 'none'}): not an OpenAI-compatible API?")
+                if not events:  # a 200 that is no event stream (a web page): not an empty answer
+                    raise RemoteError(
+                        f"{self.url}{path} answered without server-sent events (content-type "
+                        f"{r.headers.get('content-type') or 'none'}): not an OpenAI-compatible API?"
+                    )
         except self._httpx.HTTPError as e:
             raise self._fail(e, "text" if answered and events else answered) from None
         finally:
@@ -255,15 +264,16 @@ class RemoteModel:
             names = client.models()
         except RemoteError as e:
             if not name or e.status not in (404, 405, 501):
-                raise    # unreachable, timed out, a refused key: fail now, not at the first message
-            names = []   # a server without /models: text only
+                raise  # unreachable, timed out, a refused key: fail now, not at the first message
+            names = []  # a server without /models: text only
         if not name:
             if not names:
                 raise RemoteError(f"{client.url} lists no models")
             name = names[0]
         self.name, self.device, self.dtype = name, urlsplit(client.url).netloc, None
         self.canvas_events = client.owners.get(name) == "localdiff" or (
-            name not in client.owners and "localdiff" in client.owners.values())
+            name not in client.owners and "localdiff" in client.owners.values()
+        )
         self.tokenizer = PieceTable() if self.canvas_events else None
         self.eos_token_ids: list[int] = []
         self.mask_token_id = None
@@ -289,7 +299,7 @@ class RemoteModel:
             self.mask_token_id = mask if isinstance(mask, int) and not isinstance(mask, bool) else None
             return None
         if kind not in ("step", "canvas"):
-            return None                          # a newer server's event kind: skipped
+            return None  # a newer server's event kind: skipped
         self.tokenizer.update(ev.get("pieces") or {})
         return step_event(ev) if kind == "step" else canvas_done(ev)
 
@@ -324,10 +334,14 @@ class RemoteModel:
                 ext = value.get("localdiff") or {}
                 secs = time.perf_counter() - t0
                 n = int(usage.get("completion_tokens") or 0)
-                stats = GenerationStats(forwards=int(ext.get("forwards") or 0), new_tokens=n,
-                                        tokens_per_forward=float(ext.get("tokens_per_forward") or 0.0), seconds=secs,
-                                        prompt_tokens=int(usage.get("prompt_tokens") or 0),
-                                        canvases=max(canvas + 1, i) if canvas >= 0 else i,
-                                        tokens_per_second=n / secs if secs > 0 else 0.0)
+                stats = GenerationStats(
+                    forwards=int(ext.get("forwards") or 0),
+                    new_tokens=n,
+                    tokens_per_forward=float(ext.get("tokens_per_forward") or 0.0),
+                    seconds=secs,
+                    prompt_tokens=int(usage.get("prompt_tokens") or 0),
+                    canvases=max(canvas + 1, i) if canvas >= 0 else i,
+                    tokens_per_second=n / secs if secs > 0 else 0.0,
+                )
                 reason = "length" if value.get("finish_reason") == "length" else "eos"
                 yield Done("".join(parts), [], stats, reason)

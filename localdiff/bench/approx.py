@@ -12,6 +12,7 @@ by default: this section is what would justify a default.
 * accuracy: the embedded model's eval (``eval_tasks.evaluate``, default sampler, same seeds) per k; with locking
   at τ without and with reuse; and with the model in bf16 (the fast vocabulary pass).
 """
+
 from __future__ import annotations
 
 import torch
@@ -22,8 +23,11 @@ TAU = 0.9
 
 def _measures(got: torch.Tensor, exact: torch.Tensor) -> dict:
     d = (got - exact).abs()
-    return {"max_rel": float(d.max() / exact.abs().max()), "mean_abs": float(d.mean()),
-            "argmax_same": float((got.argmax(-1) == exact.argmax(-1)).float().mean())}
+    return {
+        "max_rel": float(d.max() / exact.abs().max()),
+        "mean_abs": float(d.mean()),
+        "argmax_same": float((got.argmax(-1) == exact.argmax(-1)).float().mean()),
+    }
 
 
 def _reuse_errors(m, steps: int = 8, seed: int = 0) -> dict:
@@ -72,7 +76,7 @@ def _errors(m, ks, seed: int = 0) -> dict:
     net = m.net
     cache = m.new_cache()
     m.prefill(ids, cache)
-    sc = m.denoise(canvas, cache) / 0.8                       # the first step's logits at the schedule's t_max
+    sc = m.denoise(canvas, cache) / 0.8  # the first step's logits at the schedule's t_max
     canvas2 = torch.randint(0, v, (2, c), generator=g)
     net.sc_topk = None
     exact = m.denoise(canvas2, cache, sc)
@@ -107,11 +111,14 @@ def run(ctx) -> dict:
             r = evaluate(m, items, seed=0, batch_size=ctx.args.batch_size)
         finally:
             m.net.sc_topk = None
-        res["eval"]["exact" if k is None else str(k)] = {x: r[x] for x in ("accuracy", "correct", "n", "tpf",
-                                                                              "seconds")}
+        res["eval"]["exact" if k is None else str(k)] = {
+            x: r[x] for x in ("accuracy", "correct", "n", "tpf", "seconds")
+        }
         ctx.log(f"approx: sc_topk={k}: accuracy {r['accuracy']:.1%} TPF {r['tpf']:.2f} ({r['seconds']:.1f} s)")
-    runs = {f"lock τ={TAU}": (m, {"threshold": TAU}), f"lock τ={TAU} + reuse": (m, {"threshold": TAU,
-                                                                                    "reuse_locked": True})}
+    runs = {
+        f"lock τ={TAU}": (m, {"threshold": TAU}),
+        f"lock τ={TAU} + reuse": (m, {"threshold": TAU, "reuse_locked": True}),
+    }
     runs["bfloat16 fast path"] = (localdiff.load(ctx.args.model, device="cpu", dtype="bfloat16"), {})
     for name, (mm, kw) in runs.items():
         r = evaluate(mm, items, seed=0, batch_size=ctx.args.batch_size, **kw)
@@ -121,28 +128,46 @@ def run(ctx) -> dict:
 
 
 def render_md(sec: dict) -> list[str]:
-    out = ["### Opt-in approximation: top-k self-conditioning (not the default; reference-exact runs never use it)",
-           "", "| k | " + " | ".join(f"{name}: max rel. / mean abs. logit error, argmax same"
-                                       for name in sec["errors"]) + " | embedded eval accuracy | TPF |",
-           "|---:|" + "---|" * len(sec["errors"]) + "---:|---:|"]
+    out = [
+        "### Opt-in approximation: top-k self-conditioning (not the default; reference-exact runs never use it)",
+        "",
+        "| k | "
+        + " | ".join(f"{name}: max rel. / mean abs. logit error, argmax same" for name in sec["errors"])
+        + " | embedded eval accuracy | TPF |",
+        "|---:|" + "---|" * len(sec["errors"]) + "---:|---:|",
+    ]
     ex = sec["eval"]["exact"]
-    out.append("| exact | " + " | ".join("0 / 0, 100%" for _ in sec["errors"])
-               + f" | {ex['accuracy']:.1%} ({ex['correct']}/{ex['n']}) | {ex['tpf']:.2f} |")
+    out.append(
+        "| exact | "
+        + " | ".join("0 / 0, 100%" for _ in sec["errors"])
+        + f" | {ex['accuracy']:.1%} ({ex['correct']}/{ex['n']}) | {ex['tpf']:.2f} |"
+    )
     for k in sec["ks"]:
-        cells = [f"{e[str(k)]['max_rel']:.2e} / {e[str(k)]['mean_abs']:.2e}, {e[str(k)]['argmax_same']:.1%}"
-                 for e in sec["errors"].values()]
+        cells = [
+            f"{e[str(k)]['max_rel']:.2e} / {e[str(k)]['mean_abs']:.2e}, {e[str(k)]['argmax_same']:.1%}"
+            for e in sec["errors"].values()
+        ]
         r = sec["eval"][str(k)]
-        out.append(f"| {k} | " + " | ".join(cells) + f" | {r['accuracy']:.1%} ({r['correct']}/{r['n']}) | "
-                   f"{r['tpf']:.2f} |")
+        out.append(
+            f"| {k} | " + " | ".join(cells) + f" | {r['accuracy']:.1%} ({r['correct']}/{r['n']}) | {r['tpf']:.2f} |"
+        )
     if sec.get("reuse_errors"):
-        out += ["", f"Reuse of a locked position's distribution (``reuse_locked``, locking at τ = {sec['tau']}): "
-                    "fresh vs reused logits of the locked positions over one canvas — " + "; ".join(
-                        f"{name}: max rel. {e['max_rel']:.2e}, mean abs. {e['mean_abs']:.2e}, argmax same "
-                        f"{e['argmax_same']:.1%} ({e['positions']} position-steps)"
-                        for name, e in sec["reuse_errors"].items()), "",
-                "| embedded eval | accuracy | TPF | seconds |", "|---|---:|---:|---:|"]
+        out += [
+            "",
+            f"Reuse of a locked position's distribution (``reuse_locked``, locking at τ = {sec['tau']}): "
+            "fresh vs reused logits of the locked positions over one canvas — "
+            + "; ".join(
+                f"{name}: max rel. {e['max_rel']:.2e}, mean abs. {e['mean_abs']:.2e}, argmax same "
+                f"{e['argmax_same']:.1%} ({e['positions']} position-steps)"
+                for name, e in sec["reuse_errors"].items()
+            ),
+            "",
+            "| embedded eval | accuracy | TPF | seconds |",
+            "|---|---:|---:|---:|",
+        ]
         for name, r in sec["eval"].items():
             if name == "exact" or not name[0].isdigit():
-                out.append(f"| {name} | {r['accuracy']:.1%} ({r['correct']}/{r['n']}) | {r['tpf']:.2f} | "
-                           f"{r['seconds']:.1f} |")
+                out.append(
+                    f"| {name} | {r['accuracy']:.1%} ({r['correct']}/{r['n']}) | {r['tpf']:.2f} | {r['seconds']:.1f} |"
+                )
     return out

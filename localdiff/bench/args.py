@@ -1,4 +1,5 @@
 """``localdiff bench``'s command line: the section names and the argument parser (``localdiff/bench/run.py`` runs them)."""
+
 from __future__ import annotations
 
 import argparse
@@ -7,9 +8,30 @@ from pathlib import Path
 from localdiff.errors import UsageError
 from localdiff.usage_parser import UsageParser as _Parser
 
-SECTIONS = ("ref", "eval", "sweep", "history", "memory", "profile", "serve", "masked", "block", "scale",
-            "approx", "gguf", "gguf-block", "slots", "nap", "dflash", "experts", "precision", "int4", "v2cache",
-            "serve-batch", "serve-batch-canvas")
+SECTIONS = (
+    "ref",
+    "eval",
+    "sweep",
+    "history",
+    "memory",
+    "profile",
+    "serve",
+    "masked",
+    "block",
+    "scale",
+    "approx",
+    "gguf",
+    "gguf-block",
+    "slots",
+    "nap",
+    "dflash",
+    "experts",
+    "precision",
+    "int4",
+    "v2cache",
+    "serve-batch",
+    "serve-batch-canvas",
+)
 
 
 def _threads(value: str) -> int:
@@ -20,26 +42,51 @@ def _threads(value: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="localdiff bench", description="localdiff bench: speed and quality side by side with the reference (transformers), in one run.")
+    p = _Parser(
+        prog="localdiff bench",
+        description="localdiff bench: speed and quality side by side with the reference (transformers), in one run.",
+    )
     p.add_argument("--quick", action="store_true", help="a smaller run of every section (≈ 2 min on 2 cores)")
     p.add_argument("--eval", action="store_true", help="only the embedded model's eval (accuracy per family + TPF)")
     p.add_argument("--only", help=f"comma-separated sections to run ({','.join(SECTIONS)})")
     p.add_argument("--model", default="tiny", help="the embedded model (alias or folder; default tiny)")
     p.add_argument("--eval-file", type=Path, help="held-out items (default: <model folder>/eval.jsonl)")
     p.add_argument("--per-family", type=int, help="eval items per family (default: quick 3, full all)")
-    p.add_argument("--max-new-tokens", type=int,
-                   help="eval: max new tokens per item (default: the longest answer's canvases + one canvas)")
-    p.add_argument("--random-model", type=Path,
-                   help="checkpoint folder to use as the random model of the reference comparison "
-                        "(default: build the wider tiny-random DiffusionGemma in a temp dir)")
-    p.add_argument("--random-steps", type=int, default=4,
-                   help="denoising steps per canvas on the random model (random weights are chaotic past ~8)")
-    p.add_argument("--ref-on", choices=["both", "embedded", "random"], default="both",
-                   help="models of the reference comparison (default both)")
-    p.add_argument("--ld-dtype", choices=["float32", "bfloat16"], default="float32",
-                   help="localdiff's dtype in the reference comparison (the reference runs fp32; default float32)")
-    p.add_argument("--seeds", type=int, help="seeds per model in the reference comparison; seed bases of the "
-                   "precision section's paired eval (default quick 2, full 10)")
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        help="eval: max new tokens per item (default: the longest answer's canvases + one canvas)",
+    )
+    p.add_argument(
+        "--random-model",
+        type=Path,
+        help="checkpoint folder to use as the random model of the reference comparison "
+        "(default: build the wider tiny-random DiffusionGemma in a temp dir)",
+    )
+    p.add_argument(
+        "--random-steps",
+        type=int,
+        default=4,
+        help="denoising steps per canvas on the random model (random weights are chaotic past ~8)",
+    )
+    p.add_argument(
+        "--ref-on",
+        choices=["both", "embedded", "random"],
+        default="both",
+        help="models of the reference comparison (default both)",
+    )
+    p.add_argument(
+        "--ld-dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="localdiff's dtype in the reference comparison (the reference runs fp32; default float32)",
+    )
+    p.add_argument(
+        "--seeds",
+        type=int,
+        help="seeds per model in the reference comparison; seed bases of the "
+        "precision section's paired eval (default quick 2, full 10)",
+    )
     p.add_argument("--reps", type=int, help="repetitions per seed in the reference comparison")
     p.add_argument("--threads", type=_threads, default=2, help="torch.set_num_threads for the whole run (default 2)")
     p.add_argument("--batch-size", type=int, default=16, help="eval batch size (default 16)")
@@ -74,8 +121,13 @@ def check_inputs(args) -> None:
             checkpoint (as ``localdiff gen -m``), or a model of another family than DiffusionGemma.
     """
     if args.eval_file is not None and not args.eval_file.is_file():
-        what = ("is a folder" if args.eval_file.is_dir() else "does not exist" if not args.eval_file.exists()
-                else "is not a regular file")
+        what = (
+            "is a folder"
+            if args.eval_file.is_dir()
+            else "does not exist"
+            if not args.eval_file.exists()
+            else "is not a regular file"
+        )
         raise UsageError(f"--eval-file {args.eval_file}: {what}; give a JSONL file of eval items")
     if args.random_model is not None and not (args.random_model / "config.json").is_file():
         raise UsageError(f"--random-model {args.random_model}: not a checkpoint folder (no config.json)")
@@ -83,12 +135,14 @@ def check_inputs(args) -> None:
     from localdiff.errors import CheckpointError
     from localdiff.loader import load_config
 
-    folder = localdiff._resolve_path(args.model)[0]    # an unknown name, a missing folder: the line gen -m gives
+    folder = localdiff._resolve_path(args.model)[0]  # an unknown name, a missing folder: the line gen -m gives
     try:
         mod, _ = load_config(folder)
     except CheckpointError as e:
         raise CheckpointError(f"--model {args.model}: {e}") from None
     arch = mod.__name__.rsplit(".", 1)[-1]
-    if arch != "diffusion_gemma":     # eval, sweep, ref, ... read canvas fields (tiny-mdm: an AttributeError)
-        raise UsageError(f"--model {args.model}: a {arch} checkpoint; --model runs a DiffusionGemma model such as "
-                         "tiny (the other families have their own sections: --only masked, block, slots, nap, dflash)")
+    if arch != "diffusion_gemma":  # eval, sweep, ref, ... read canvas fields (tiny-mdm: an AttributeError)
+        raise UsageError(
+            f"--model {args.model}: a {arch} checkpoint; --model runs a DiffusionGemma model such as "
+            "tiny (the other families have their own sections: --only masked, block, slots, nap, dflash)"
+        )

@@ -26,16 +26,32 @@ tokens/s are measured again, against the same transformers bf16 model: both bf16
 vs transformers' fastest measured here (transformers in fp32 is not run: bf16 is its faster precision wherever the
 probe picks bf16).
 """
+
 from __future__ import annotations
 
 import statistics
 import time
 
-SDAR_1_7B = {"model_type": "sdar", "architectures": ["SDARForCausalLM"], "hidden_size": 2048,
-             "intermediate_size": 6144, "num_hidden_layers": 28, "num_attention_heads": 16,
-             "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": True,
-             "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "block_size": 4,
-             "mask_token_id": 151669, "eos_token_id": 151645, "pad_token_id": 151643, "bos_token_id": 151643}
+SDAR_1_7B = {
+    "model_type": "sdar",
+    "architectures": ["SDARForCausalLM"],
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 32768,
+    "block_size": 4,
+    "mask_token_id": 151669,
+    "eos_token_id": 151645,
+    "pad_token_id": 151643,
+    "bos_token_id": 151643,
+}
 
 
 def fastest_dtype(log=print):
@@ -78,20 +94,27 @@ def _build(config: dict, dtype, cfg_over: dict | None = None):
             else:
                 p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32).mul_(0.02))
     net.eval()
-    hcfg = tf.Qwen3Config(vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
-                          intermediate_size=cfg["intermediate_size"], num_hidden_layers=cfg["num_hidden_layers"],
-                          num_attention_heads=cfg["num_attention_heads"],
-                          num_key_value_heads=cfg["num_key_value_heads"], head_dim=cfg["head_dim"],
-                          rope_theta=cfg["rope_theta"], rms_norm_eps=cfg["rms_norm_eps"],
-                          tie_word_embeddings=cfg["tie_word_embeddings"], attn_implementation="sdpa",
-                          max_position_embeddings=cfg["max_position_embeddings"])
+    hcfg = tf.Qwen3Config(
+        vocab_size=cfg["vocab_size"],
+        hidden_size=cfg["hidden_size"],
+        intermediate_size=cfg["intermediate_size"],
+        num_hidden_layers=cfg["num_hidden_layers"],
+        num_attention_heads=cfg["num_attention_heads"],
+        num_key_value_heads=cfg["num_key_value_heads"],
+        head_dim=cfg["head_dim"],
+        rope_theta=cfg["rope_theta"],
+        rms_norm_eps=cfg["rms_norm_eps"],
+        tie_word_embeddings=cfg["tie_word_embeddings"],
+        attn_implementation="sdpa",
+        max_position_embeddings=cfg["max_position_embeddings"],
+    )
     with torch.device("meta"):
         ref = tf.Qwen3ForCausalLM(hcfg)
     state = {("model." + k): v for k, v in net.state_dict().items()}
     if cfg["tie_word_embeddings"]:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
     ref.load_state_dict(state, strict=False, assign=True)
-    ref.model.rotary_emb = type(ref.model.rotary_emb)(hcfg)    # its buffers, off the meta device
+    ref.model.rotary_emb = type(ref.model.rotary_emb)(hcfg)  # its buffers, off the meta device
     return net, ref.to(dtype).eval()
 
 
@@ -116,15 +139,18 @@ def step_times(net, ref, history: int, reps: int, dtype, log=print) -> dict:
 
     def hf(n):
         pos = torch.arange(history, history + n)[None]
-        mask = torch.zeros(1, 1, n, history + n, dtype=dtype)      # the block's rows see every key
+        mask = torch.zeros(1, 1, n, history + n, dtype=dtype)  # the block's rows see every key
         with torch.inference_mode():
             out = ref(input_ids=ids[n], attention_mask=mask, position_ids=pos, past_key_values=dyn, use_cache=True)
-        dyn.crop(-n)                             # drop the step's K/V (transformers 5: a negative count)
+        dyn.crop(-n)  # drop the step's K/V (transformers 5: a negative count)
         return out.logits
 
-    calls = {"localdiff_block": lambda: net.denoise(ids[4], cache),
-             "localdiff_1tok": lambda: net.denoise(ids[1], cache),
-             "transformers_block": lambda: hf(4), "transformers_1tok": lambda: hf(1)}
+    calls = {
+        "localdiff_block": lambda: net.denoise(ids[4], cache),
+        "localdiff_1tok": lambda: net.denoise(ids[1], cache),
+        "transformers_block": lambda: hf(4),
+        "transformers_1tok": lambda: hf(1),
+    }
     diff = (calls["localdiff_block"]().float() - calls["transformers_block"]().float()).abs().max().item()
     times = {k: [] for k in calls}
     for _ in range(reps):
@@ -133,13 +159,24 @@ def step_times(net, ref, history: int, reps: int, dtype, log=print) -> dict:
             f()
             times[k].append((time.perf_counter() - t0) * 1e3)
     med = {k: statistics.median(v) for k, v in times.items()}
-    out = {"max_abs_logit_diff": diff, "ms": med, "range_ms": {k: [min(v), max(v)] for k, v in times.items()},
-           "block_over_1tok": {"localdiff": med["localdiff_block"] / med["localdiff_1tok"],
-                               "transformers": med["transformers_block"] / med["transformers_1tok"]},
-           "localdiff_speedup": {"block": med["transformers_block"] / med["localdiff_block"],
-                                 "1tok": med["transformers_1tok"] / med["localdiff_1tok"]}}
-    log(f"block: history {history}: " + ", ".join(f"{k} {v:.0f} ms" for k, v in med.items())
-        + f" (same inputs: block-step logits differ by at most {diff:.2g})")
+    out = {
+        "max_abs_logit_diff": diff,
+        "ms": med,
+        "range_ms": {k: [min(v), max(v)] for k, v in times.items()},
+        "block_over_1tok": {
+            "localdiff": med["localdiff_block"] / med["localdiff_1tok"],
+            "transformers": med["transformers_block"] / med["transformers_1tok"],
+        },
+        "localdiff_speedup": {
+            "block": med["transformers_block"] / med["localdiff_block"],
+            "1tok": med["transformers_1tok"] / med["localdiff_1tok"],
+        },
+    }
+    log(
+        f"block: history {history}: "
+        + ", ".join(f"{k} {v:.0f} ms" for k, v in med.items())
+        + f" (same inputs: block-step logits differ by at most {diff:.2g})"
+    )
     return out
 
 
@@ -153,11 +190,18 @@ def measure(quick: bool, log=print, config: dict | None = None, dtype=None, tps:
     cfg = config or SDAR_1_7B
     t0 = time.perf_counter()
     net, ref = _build(cfg, dtype)
-    log(f"block: random SDAR-1.7B-shaped model built in {time.perf_counter() - t0:.0f} s "
-        f"({sum(p.numel() for p in net.parameters()) / 1e9:.2f}B parameters, {dtype})")
+    log(
+        f"block: random SDAR-1.7B-shaped model built in {time.perf_counter() - t0:.0f} s "
+        f"({sum(p.numel() for p in net.parameters()) / 1e9:.2f}B parameters, {dtype})"
+    )
     hist = (512,) if quick else (512, 4096)
-    res = {"config": cfg, "dtype": str(dtype).split(".")[-1], "gemm_ms": gemm, "threads": torch.get_num_threads(),
-           "history": {str(h): step_times(net, ref, h, 3 if quick else 5, dtype, log) for h in hist}}
+    res = {
+        "config": cfg,
+        "dtype": str(dtype).split(".")[-1],
+        "gemm_ms": gemm,
+        "threads": torch.get_num_threads(),
+        "history": {str(h): step_times(net, ref, h, 3 if quick else 5, dtype, log) for h in hist},
+    }
     if not tps:
         return res
     from localdiff.bench.block_tps import measure_tps, tiny_bd_tpf
@@ -169,14 +213,14 @@ def measure(quick: bool, log=print, config: dict | None = None, dtype=None, tps:
         from localdiff.quantize.int8 import quantize_model
         from localdiff.quantize.recipe import recipe_for_model
 
-        quantize_model(net, recipe_for_model("sdar:1.7b"))   # in place, SDAR's recipe (int8 head copy too); ref bf16
+        quantize_model(net, recipe_for_model("sdar:1.7b"))  # in place, SDAR's recipe (int8 head copy too); ref bf16
         from localdiff.quantize.fuse import fuse_model
 
-        fuse_model(net)                                       # as the loader does for int8: q/k/v, gate/up fused
+        fuse_model(net)  # as the loader does for int8: q/k/v, gate/up fused
         res["int8"] = {str(h): step_times(net, ref, h, 3 if quick else 5, dtype, log) for h in hist}
         from localdiff.quantize.choose import kernel_summary
 
-        res["int8_kernel"] = kernel_summary()    # which int8 kernel ran (native AMX / FMA, or why not; choices)
+        res["int8_kernel"] = kernel_summary()  # which int8 kernel ran (native AMX / FMA, or why not; choices)
         log(f"block: int8 kernels: {res['int8_kernel']}")
         res["tokens_per_second"]["int8"] = measure_tps(net, dtype, 512, reps, log, res["tiny_bd"], new)
     return res
@@ -184,26 +228,34 @@ def measure(quick: bool, log=print, config: dict | None = None, dtype=None, tps:
 
 def render_md(sec: dict) -> list[str]:
     """Markdown lines of the section."""
-    lines = ["## Block diffusion: block step vs 1-token step (random SDAR-1.7B-shaped model)", "",
-             f"{sec['dtype']}, {sec['threads']} thread(s); median ms (range); block = 4 tokens, one forward.", "",
-             "| history | localdiff block | localdiff 1-token | block/1-token | transformers block | "
-             "transformers 1-token | block/1-token | localdiff speed-up (block) |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "## Block diffusion: block step vs 1-token step (random SDAR-1.7B-shaped model)",
+        "",
+        f"{sec['dtype']}, {sec['threads']} thread(s); median ms (range); block = 4 tokens, one forward.",
+        "",
+        "| history | localdiff block | localdiff 1-token | block/1-token | transformers block | "
+        "transformers 1-token | block/1-token | localdiff speed-up (block) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for h, r in sec["history"].items():
         ms, rg = r["ms"], r["range_ms"]
         cell = {k: f"{ms[k]:.0f} ({rg[k][0]:.0f}–{rg[k][1]:.0f})" for k in ms}
-        lines.append(f"| {h} | {cell['localdiff_block']} | {cell['localdiff_1tok']} | "
-                     f"{r['block_over_1tok']['localdiff']:.2f}× | {cell['transformers_block']} | "
-                     f"{cell['transformers_1tok']} | {r['block_over_1tok']['transformers']:.2f}× | "
-                     f"**{r['localdiff_speedup']['block']:.2f}×** |")
+        lines.append(
+            f"| {h} | {cell['localdiff_block']} | {cell['localdiff_1tok']} | "
+            f"{r['block_over_1tok']['localdiff']:.2f}× | {cell['transformers_block']} | "
+            f"{cell['transformers_1tok']} | {r['block_over_1tok']['transformers']:.2f}× | "
+            f"**{r['localdiff_speedup']['block']:.2f}×** |"
+        )
     for h, r in sec.get("int8", {}).items():
         ms, rg = r["ms"], r["range_ms"]
-        lines.append(f"| {h}, localdiff int8 (bf16 act.) + int8 head vs transformers bf16 | {ms['localdiff_block']:.0f} "
-                     f"({rg['localdiff_block'][0]:.0f}–{rg['localdiff_block'][1]:.0f}) | "
-                     f"{ms['localdiff_1tok']:.0f} | "
-                     f"{r['block_over_1tok']['localdiff']:.2f}× | {ms['transformers_block']:.0f} | "
-                     f"{ms['transformers_1tok']:.0f} | {r['block_over_1tok']['transformers']:.2f}× | "
-                     f"**{r['localdiff_speedup']['block']:.2f}×** |")
+        lines.append(
+            f"| {h}, localdiff int8 (bf16 act.) + int8 head vs transformers bf16 | {ms['localdiff_block']:.0f} "
+            f"({rg['localdiff_block'][0]:.0f}–{rg['localdiff_block'][1]:.0f}) | "
+            f"{ms['localdiff_1tok']:.0f} | "
+            f"{r['block_over_1tok']['localdiff']:.2f}× | {ms['transformers_block']:.0f} | "
+            f"{ms['transformers_1tok']:.0f} | {r['block_over_1tok']['transformers']:.2f}× | "
+            f"**{r['localdiff_speedup']['block']:.2f}×** |"
+        )
     if sec.get("int8_kernel"):
         lines += ["", f"int8 kernels: {sec['int8_kernel']}."]
     lines.append("")

@@ -19,6 +19,7 @@ tokens (16; ``--quick`` 8), no EOS (every run decodes all of them):
 
 Source of the sampler: ``models/block.toml`` (JetAstra/SDAR README / generation_config).
 """
+
 from __future__ import annotations
 
 import copy
@@ -26,11 +27,19 @@ import dataclasses
 import statistics
 import time
 
-RECOMMENDED = {"steps": 4, "remasking_strategy": "low_confidence_dynamic", "confidence_threshold": 0.85,
-               "temperature": 0.6, "top_k": 20, "top_p": 0.95}
-SETTINGS = {"static": {"remasking_strategy": "low_confidence_static", "steps": 4, "temperature": 0.0},
-            "recommended": RECOMMENDED,
-            "forced": dict(RECOMMENDED, confidence_threshold=0.0)}
+RECOMMENDED = {
+    "steps": 4,
+    "remasking_strategy": "low_confidence_dynamic",
+    "confidence_threshold": 0.85,
+    "temperature": 0.6,
+    "top_k": 20,
+    "top_p": 0.95,
+}
+SETTINGS = {
+    "static": {"remasking_strategy": "low_confidence_static", "steps": 4, "temperature": 0.0},
+    "recommended": RECOMMENDED,
+    "forced": dict(RECOMMENDED, confidence_threshold=0.0),
+}
 
 
 def _model(net, dtype, new: int, block_size: int | None = None):
@@ -39,10 +48,19 @@ def _model(net, dtype, new: int, block_size: int | None = None):
     from localdiff.engine import Model
 
     if block_size is not None:
-        net = copy.copy(net)                             # shares every module and weight; only .config differs
+        net = copy.copy(net)  # shares every module and weight; only .config differs
         net.config = dataclasses.replace(net.config, block_size=block_size)
-    return Model(net, net.config, None, None, "bench-sdar-1.7b-shaped", "cpu", dtype, None,
-                 {"eos_token_id": [], "max_new_tokens": new})
+    return Model(
+        net,
+        net.config,
+        None,
+        None,
+        "bench-sdar-1.7b-shaped",
+        "cpu",
+        dtype,
+        None,
+        {"eos_token_id": [], "max_new_tokens": new},
+    )
 
 
 def decode_rate(m, prompt: list[int], opts: dict, reps: int, new: int) -> dict:
@@ -57,9 +75,14 @@ def decode_rate(m, prompt: list[int], opts: dict, reps: int, new: int) -> dict:
         tps.append(st.tokens_per_second)
         tpf.append(st.tokens_per_forward)
         msf.append(st.seconds / max(st.forwards, 1) * 1e3)
-    return {"tokens_per_second": statistics.median(tps), "range": [min(tps), max(tps)],
-            "tokens_per_forward": statistics.median(tpf), "ms_per_forward": statistics.median(msf),
-            "new_tokens": len(g.token_ids), "prefill_tokens_reused": g.stats.prefill_tokens_reused}
+    return {
+        "tokens_per_second": statistics.median(tps),
+        "range": [min(tps), max(tps)],
+        "tokens_per_forward": statistics.median(tpf),
+        "ms_per_forward": statistics.median(msf),
+        "new_tokens": len(g.token_ids),
+        "prefill_tokens_reused": g.stats.prefill_tokens_reused,
+    }
 
 
 def tiny_bd_tpf(per_family: int, log=print) -> dict | None:
@@ -75,13 +98,17 @@ def tiny_bd_tpf(per_family: int, log=print) -> dict | None:
     m = localdiff.load(str(folder))
     items = load_items(models_dir() / "tiny" / "eval.jsonl", per_family)
     out = {}
-    for name, opts in (("threshold 0.85", {"confidence_threshold": RECOMMENDED["confidence_threshold"]}),
-                       ("one token per step", {"remasking_strategy": "low_confidence_static"})):
+    for name, opts in (
+        ("threshold 0.85", {"confidence_threshold": RECOMMENDED["confidence_threshold"]}),
+        ("one token per step", {"remasking_strategy": "low_confidence_static"}),
+    ):
         r = evaluate(m, items, seed=0, batch_size=1, max_new_tokens=32, temperature=0.0, steps=4, **opts)
         out[name] = {"accuracy": r["accuracy"], "tpf": r["tpf"], "n": r["n"]}
-    log(f"block: tiny-bd at threshold 0.85: TPF {out['threshold 0.85']['tpf']:.2f}, accuracy "
+    log(
+        f"block: tiny-bd at threshold 0.85: TPF {out['threshold 0.85']['tpf']:.2f}, accuracy "
         f"{out['threshold 0.85']['accuracy']:.3f} (one token per step {out['one token per step']['accuracy']:.3f}), "
-        f"{out['threshold 0.85']['n']} items")
+        f"{out['threshold 0.85']['n']} items"
+    )
     return out
 
 
@@ -90,7 +117,7 @@ def measure_tps(net, dtype, history: int, reps: int, log=print, tiny: dict | Non
     import torch
 
     g = torch.Generator().manual_seed(7)
-    high = min(net.config.vocab_size, net.config.mask_token_id) - 1     # any token below the specials
+    high = min(net.config.vocab_size, net.config.mask_token_id) - 1  # any token below the specials
     prompt = torch.randint(0, high, (history,), generator=g).tolist()
     t0 = time.perf_counter()
     rows = {"ar": decode_rate(_model(net, dtype, new, block_size=1), prompt, RECOMMENDED, reps, new)}
@@ -98,15 +125,22 @@ def measure_tps(net, dtype, history: int, reps: int, log=print, tiny: dict | Non
     for name, opts in SETTINGS.items():
         rows[name] = decode_rate(block, prompt, opts, reps, new)
     ar = rows["ar"]["tokens_per_second"]
-    res = {"history": history, "new_tokens": new, "reps": reps, "rows": rows,
-           "over_ar": {k: v["tokens_per_second"] / ar for k, v in rows.items() if k != "ar"}}
+    res = {
+        "history": history,
+        "new_tokens": new,
+        "reps": reps,
+        "rows": rows,
+        "over_ar": {k: v["tokens_per_second"] / ar for k, v in rows.items() if k != "ar"},
+    }
     if tiny:
         tpf = tiny["threshold 0.85"]["tpf"]
         proj = tpf * 1e3 / rows["static"]["ms_per_forward"]
         res["projection"] = {"tiny_bd_tpf": tpf, "tokens_per_second": proj, "over_ar": proj / ar}
-    log(f"block: tokens/s after {history} tokens ({time.perf_counter() - t0:.0f} s): "
+    log(
+        f"block: tokens/s after {history} tokens ({time.perf_counter() - t0:.0f} s): "
         + ", ".join(f"{k} {v['tokens_per_second']:.2f} (TPF {v['tokens_per_forward']:.2f})" for k, v in rows.items())
-        + (f", projection {res['projection']['tokens_per_second']:.2f}" if tiny else ""))
+        + (f", projection {res['projection']['tokens_per_second']:.2f}" if tiny else "")
+    )
     return res
 
 
@@ -115,18 +149,30 @@ def render_tps(sec: dict) -> list[str]:
     lines = []
     for prec, t in sec.get("tokens_per_second", {}).items():
         ar = t["rows"]["ar"]["tokens_per_second"]
-        lines += [f"### Tokens/s, {prec} (after {t['history']} tokens, {t['new_tokens']} new, median of "
-                  f"{t['reps']}; random weights)", "",
-                  "| decoding | tokens/s (range) | TPF | ms/forward | vs AR |", "|---|---:|---:|---:|---:|"]
+        lines += [
+            f"### Tokens/s, {prec} (after {t['history']} tokens, {t['new_tokens']} new, median of "
+            f"{t['reps']}; random weights)",
+            "",
+            "| decoding | tokens/s (range) | TPF | ms/forward | vs AR |",
+            "|---|---:|---:|---:|---:|",
+        ]
         for k, r in t["rows"].items():
             vs = "1.00×" if k == "ar" else f"{r['tokens_per_second'] / ar:.2f}×"
-            lines.append(f"| {k} | {r['tokens_per_second']:.2f} ({r['range'][0]:.2f}–{r['range'][1]:.2f}) | "
-                         f"{r['tokens_per_forward']:.2f} | {r['ms_per_forward']:.0f} | {vs} |")
+            lines.append(
+                f"| {k} | {r['tokens_per_second']:.2f} ({r['range'][0]:.2f}–{r['range'][1]:.2f}) | "
+                f"{r['tokens_per_forward']:.2f} | {r['ms_per_forward']:.0f} | {vs} |"
+            )
         if "projection" in t:
             p = t["projection"]
-            lines.append(f"| projection: tiny-bd's TPF {p['tiny_bd_tpf']:.2f} × static forwards/s (not measured "
-                         f"end to end) | {p['tokens_per_second']:.2f} | {p['tiny_bd_tpf']:.2f} | – | "
-                         f"{p['over_ar']:.2f}× |")
-        lines += ["", "Peer tool: 6.1 tokens/s for SDAR-1.7B through upstream transformers on an 8-core laptop CPU "
-                  "(published; different hardware and threads — not comparable one to one).", ""]
+            lines.append(
+                f"| projection: tiny-bd's TPF {p['tiny_bd_tpf']:.2f} × static forwards/s (not measured "
+                f"end to end) | {p['tokens_per_second']:.2f} | {p['tiny_bd_tpf']:.2f} | – | "
+                f"{p['over_ar']:.2f}× |"
+            )
+        lines += [
+            "",
+            "Peer tool: 6.1 tokens/s for SDAR-1.7B through upstream transformers on an 8-core laptop CPU "
+            "(published; different hardware and threads — not comparable one to one).",
+            "",
+        ]
     return lines

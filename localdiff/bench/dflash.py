@@ -18,6 +18,7 @@ Pairs:
 tokens/s = new tokens / wall time of ``Model.generate`` (prefill included), median of interleaved repetitions with
 its range; speed-up = DFlash tokens/s ÷ target-alone tokens/s in the same run.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,15 +26,40 @@ import statistics
 import tempfile
 from pathlib import Path
 
-TARGET = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "vocab_size": 32768, "hidden_size": 512,
-          "intermediate_size": 1946, "num_hidden_layers": 12, "num_attention_heads": 4, "num_key_value_heads": 1,
-          "head_dim": 128, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 4096,
-          "tie_word_embeddings": True, "eos_token_id": 32767, "bos_token_id": 32766}
-DRAFT = {"model_type": "qwen3", "architectures": ["DFlashDraftModel"], "vocab_size": 32768, "hidden_size": 512,
-         "intermediate_size": 1946, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 1,
-         "head_dim": 128, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 4096,
-         "block_size": 16, "num_target_layers": 12, "dflash_config": {"mask_token_id": 32765,
-                                                                      "target_layer_ids": [1, 9]}}
+TARGET = {
+    "model_type": "qwen3",
+    "architectures": ["Qwen3ForCausalLM"],
+    "vocab_size": 32768,
+    "hidden_size": 512,
+    "intermediate_size": 1946,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "head_dim": 128,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": True,
+    "eos_token_id": 32767,
+    "bos_token_id": 32766,
+}
+DRAFT = {
+    "model_type": "qwen3",
+    "architectures": ["DFlashDraftModel"],
+    "vocab_size": 32768,
+    "hidden_size": 512,
+    "intermediate_size": 1946,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "head_dim": 128,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 4096,
+    "block_size": 16,
+    "num_target_layers": 12,
+    "dflash_config": {"mask_token_id": 32765, "target_layer_ids": [1, 9]},
+}
 
 
 def build_pair(folder: Path, full: bool, seed: int = 0) -> tuple[Path, Path]:
@@ -64,10 +90,12 @@ def build_pair(folder: Path, full: bool, seed: int = 0) -> tuple[Path, Path]:
     return out[0], out[1]
 
 
-def compare(alone, spec, prompts: list, max_new_tokens: int, block_sizes, reps: int, log=print,
-            label: str = "") -> list[dict]:
+def compare(
+    alone, spec, prompts: list, max_new_tokens: int, block_sizes, reps: int, log=print, label: str = ""
+) -> list[dict]:
     """Rows {block_size, tau, tokens_per_second (alone / dflash, median and range), speedup, equal} over
     ``prompts`` (greedy, interleaved repetitions)."""
+
     def run(model, **kw):
         toks, sec, outs, taus = 0, 0.0, [], []
         for p in prompts:
@@ -78,7 +106,7 @@ def compare(alone, spec, prompts: list, max_new_tokens: int, block_sizes, reps: 
         return toks / sec, outs, (sum(taus) / len(taus) if taus else 1.0)
 
     rows = []
-    run(alone)                                           # warm-up (allocator, first-call costs)
+    run(alone)  # warm-up (allocator, first-call costs)
     for bs in block_sizes:
         a, d = [], []
         for _ in range(reps):
@@ -86,12 +114,21 @@ def compare(alone, spec, prompts: list, max_new_tokens: int, block_sizes, reps: 
             td, od, tau = run(spec, block_size=bs)
             a.append(ta)
             d.append(td)
-        row = {"block_size": bs, "tau": tau, "alone_tps": statistics.median(a), "alone_range": [min(a), max(a)],
-               "dflash_tps": statistics.median(d), "dflash_range": [min(d), max(d)], "equal": oa == od}
+        row = {
+            "block_size": bs,
+            "tau": tau,
+            "alone_tps": statistics.median(a),
+            "alone_range": [min(a), max(a)],
+            "dflash_tps": statistics.median(d),
+            "dflash_range": [min(d), max(d)],
+            "equal": oa == od,
+        }
         row["speedup"] = row["dflash_tps"] / row["alone_tps"]
         rows.append(row)
-        log(f"dflash{label}: block {bs}: τ {tau:.2f}, alone {row['alone_tps']:.1f} tokens/s, DFlash "
-            f"{row['dflash_tps']:.1f} tokens/s ({row['speedup']:.2f}×), equal output {row['equal']}")
+        log(
+            f"dflash{label}: block {bs}: τ {tau:.2f}, alone {row['alone_tps']:.1f} tokens/s, DFlash "
+            f"{row['dflash_tps']:.1f} tokens/s ({row['speedup']:.2f}×), equal output {row['equal']}"
+        )
     return rows
 
 
@@ -109,16 +146,22 @@ def measure(quick: bool, log=print) -> dict:
             alone, spec = localdiff.load(str(t)), localdiff.load(str(t), draft=str(dr))
             n = sum(p.numel() for p in alone.net.parameters())
             log(f"dflash: random Qwen3-4B-proportioned pair ({n / 1e6:.0f}M target parameters), τ forced: {kind}")
-            res[f"proportioned_{kind}"] = compare(alone, spec, prompt, 64 if quick else 128, sizes, reps, log,
-                                                  f" ({kind})")
+            res[f"proportioned_{kind}"] = compare(
+                alone, spec, prompt, 64 if quick else 128, sizes, reps, log, f" ({kind})"
+            )
     tiny = models_dir() / "tiny-dflash"
     if not (tiny / "target" / "config.json").is_file():
         res["tiny"] = {"skipped": "models/tiny-dflash not shipped in this build"}
         return res
     alone = localdiff.load(str(tiny / "target"))
     spec = localdiff.load(str(tiny / "target"), draft=str(tiny / "draft"))
-    prompts = ["What is 41 + 93?", "Reverse the letters: d r a g o n", "Sort these words: elk cat gnu",
-               "Convert 17 h to min.", "List the even numbers from 4 to 18."]
+    prompts = [
+        "What is 41 + 93?",
+        "Reverse the letters: d r a g o n",
+        "Sort these words: elk cat gnu",
+        "Convert 17 h to min.",
+        "List the even numbers from 4 to 18.",
+    ]
     res["tiny"] = compare(alone, spec, prompts, 48, (spec.draft.block_size, 4), reps + 2, log, " (tiny)")
     return res
 
@@ -131,22 +174,30 @@ def section(ctx) -> dict:
 def render_md(sec: dict) -> list[str]:
     """Markdown lines of the section."""
     lines = ["## DFlash speculative decoding vs the target alone (greedy, equal output)", ""]
-    for key, label in (("tiny", "tiny-dflash (draft trained here)"),
-                       ("proportioned_full", "random Qwen3-4B-proportioned pair, τ forced = block size"),
-                       ("proportioned_none", "random Qwen3-4B-proportioned pair, random draft (τ ≈ 1)")):
+    for key, label in (
+        ("tiny", "tiny-dflash (draft trained here)"),
+        ("proportioned_full", "random Qwen3-4B-proportioned pair, τ forced = block size"),
+        ("proportioned_none", "random Qwen3-4B-proportioned pair, random draft (τ ≈ 1)"),
+    ):
         rows = sec.get(key)
         if rows is None:
             continue
         if isinstance(rows, dict):
             lines += [f"{label}: skipped ({rows.get('skipped')})", ""]
             continue
-        lines += [f"{label}:", "", "| block | τ | target alone tokens/s | DFlash tokens/s | speed-up | equal output |",
-                  "|---:|---:|---:|---:|---:|:---:|"]
+        lines += [
+            f"{label}:",
+            "",
+            "| block | τ | target alone tokens/s | DFlash tokens/s | speed-up | equal output |",
+            "|---:|---:|---:|---:|---:|:---:|",
+        ]
         for r in rows:
-            lines.append(f"| {r['block_size']} | {r['tau']:.2f} | {r['alone_tps']:.1f} "
-                         f"({r['alone_range'][0]:.1f}–{r['alone_range'][1]:.1f}) | {r['dflash_tps']:.1f} "
-                         f"({r['dflash_range'][0]:.1f}–{r['dflash_range'][1]:.1f}) | **{r['speedup']:.2f}×** | "
-                         f"{'yes' if r['equal'] else 'NO'} |")
+            lines.append(
+                f"| {r['block_size']} | {r['tau']:.2f} | {r['alone_tps']:.1f} "
+                f"({r['alone_range'][0]:.1f}–{r['alone_range'][1]:.1f}) | {r['dflash_tps']:.1f} "
+                f"({r['dflash_range'][0]:.1f}–{r['dflash_range'][1]:.1f}) | **{r['speedup']:.2f}×** | "
+                f"{'yes' if r['equal'] else 'NO'} |"
+            )
         lines.append("")
     return lines
 

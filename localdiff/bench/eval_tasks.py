@@ -4,6 +4,7 @@ Exact match per task family (generated text, EOS stripped, whitespace-normalised
 per forward (TPF = new tokens / decoder forwards, summed over the items), with the default sampler (``--eval``) and
 across acceptance settings (the sweep), plus the best accuracy-per-TPF point and an optional PNG plot.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -70,8 +71,9 @@ def answer_budget(m, answers: list[str]) -> int:
     return min(c * (math.ceil(longest / c) + 1), max(m.default_max_new_tokens, c))
 
 
-def evaluate(m, items: list[dict], seed: int = 0, batch_size: int = 16, max_new_tokens: int | None = None,
-             **sampler) -> dict:
+def evaluate(
+    m, items: list[dict], seed: int = 0, batch_size: int = 16, max_new_tokens: int | None = None, **sampler
+) -> dict:
     """Generate every item's answer (chat template; items batched within their family, ``batch_size`` at a time,
     seed ``seed + batch index``; ``max_new_tokens`` None = :func:`answer_budget`). TPF follows the reference's
     definition: non-pad new tokens up to EOS ÷ decoder forwards of the rows still denoising, summed over rows.
@@ -89,10 +91,9 @@ def evaluate(m, items: list[dict], seed: int = 0, batch_size: int = 16, max_new_
     bi = 0
     for name, group in by_fam.items():  # one family per batch, so each family's forwards are exact
         for j in range(0, len(group), batch_size):
-            batch = group[j:j + batch_size]
+            batch = group[j : j + batch_size]
             cap = max_new_tokens or answer_budget(m, [it["answer"] for it in batch])
-            g = m.generate([it["prompt"] for it in batch], max_new_tokens=cap, seed=seed + bi, chat=True,
-                           **sampler)
+            g = m.generate([it["prompt"] for it in batch], max_new_tokens=cap, seed=seed + bi, chat=True, **sampler)
             bi += 1
             texts = g.text if isinstance(g.text, list) else [g.text]
             f = fam[name]
@@ -107,13 +108,28 @@ def evaluate(m, items: list[dict], seed: int = 0, batch_size: int = 16, max_new_
     tot_fw = sum(f["forwards"] for f in fam.values())
     tot_tok = sum(f["new_tokens"] for f in fam.values())
     correct = sum(f["correct"] for f in fam.values())
-    per_family = {k: {"accuracy": v["correct"] / v["n"], "correct": v["correct"], "n": v["n"],
-                      "tpf": v["new_tokens"] / v["forwards"] if v["forwards"] else 0.0}
-                  for k, v in sorted(fam.items())}
-    return {"accuracy": correct / len(items), "correct": correct, "n": len(items),
-            "tpf": tot_tok / max(tot_fw, 1), "forwards": tot_fw, "new_tokens": tot_tok,
-            "seconds": time.perf_counter() - t0, "per_family": per_family, "sampler": opts, "failures": failures,
-            "items_digest": items_digest(items)}
+    per_family = {
+        k: {
+            "accuracy": v["correct"] / v["n"],
+            "correct": v["correct"],
+            "n": v["n"],
+            "tpf": v["new_tokens"] / v["forwards"] if v["forwards"] else 0.0,
+        }
+        for k, v in sorted(fam.items())
+    }
+    return {
+        "accuracy": correct / len(items),
+        "correct": correct,
+        "n": len(items),
+        "tpf": tot_tok / max(tot_fw, 1),
+        "forwards": tot_fw,
+        "new_tokens": tot_tok,
+        "seconds": time.perf_counter() - t0,
+        "per_family": per_family,
+        "sampler": opts,
+        "failures": failures,
+        "items_digest": items_digest(items),
+    }
 
 
 def sweep_settings(quick: bool, default_steps: int) -> list[dict]:
@@ -142,22 +158,33 @@ def label(s: dict) -> str:
     return " ".join(parts) or "default"
 
 
-def run_sweep(m, items, settings: list[dict], seed: int, batch_size: int, log=print,
-              max_new_tokens: int | None = None) -> list[dict]:
+def run_sweep(
+    m, items, settings: list[dict], seed: int, batch_size: int, log=print, max_new_tokens: int | None = None
+) -> list[dict]:
     """Evaluate each setting; rows {"setting", "label", "accuracy", "tpf", "seconds", "per_family", "effective"}."""
     rows = []
     for i, s in enumerate(settings):
         r = evaluate(m, items, seed=seed, batch_size=batch_size, max_new_tokens=max_new_tokens, **s)
-        rows.append({"setting": s, "label": label(s), "accuracy": r["accuracy"], "tpf": r["tpf"],
-                     "seconds": r["seconds"], "per_family": {k: v["accuracy"] for k, v in r["per_family"].items()},
-                     "effective": {k: r["sampler"][k] for k in ("entropy_bound", "threshold", "correction",
-                                                                "max_denoising_steps")}})
+        rows.append(
+            {
+                "setting": s,
+                "label": label(s),
+                "accuracy": r["accuracy"],
+                "tpf": r["tpf"],
+                "seconds": r["seconds"],
+                "per_family": {k: v["accuracy"] for k, v in r["per_family"].items()},
+                "effective": {
+                    k: r["sampler"][k] for k in ("entropy_bound", "threshold", "correction", "max_denoising_steps")
+                },
+            }
+        )
         log(f"  sweep {i + 1}/{len(settings)} {label(s)}: accuracy {r['accuracy']:.3f}, TPF {r['tpf']:.2f}")
     return rows
 
 
-def best_point(rows: list[dict], n_items: int | None = None, tolerance: float = 0.01, tpf_tie: float = 0.01
-               ) -> dict | None:
+def best_point(
+    rows: list[dict], n_items: int | None = None, tolerance: float = 0.01, tpf_tie: float = 0.01
+) -> dict | None:
     """The best accuracy-per-TPF point: the highest TPF among settings whose accuracy is within the margin of the
     best accuracy — the larger of ``tolerance`` (absolute) and one standard error of the best accuracy over
     ``n_items`` items (``sqrt(p(1-p)/n)``; differences below it are noise). TPFs within ``tpf_tie`` (relative) of
@@ -174,13 +201,28 @@ def best_point(rows: list[dict], n_items: int | None = None, tolerance: float = 
 
     def plain(r):
         return r["label"] == "default" or (not r["setting"].get("threshold") and not r["setting"].get("correction"))
+
     best = max(tied, key=lambda r: (r["label"] == "default", plain(r), r["accuracy"], r["tpf"]))
-    frontier = [r["label"] for r in rows
-                if not any(o is not r and o["accuracy"] >= r["accuracy"] and o["tpf"] >= r["tpf"]
-                           and (o["accuracy"], o["tpf"]) != (r["accuracy"], r["tpf"]) for o in rows)]
-    return {"label": best["label"], "setting": best["setting"], "accuracy": best["accuracy"], "tpf": best["tpf"],
-            "rule": f"highest TPF (ties within {tpf_tie:.0%}: the default, then no τ/correction, then accuracy) "
-                    f"with accuracy within {margin:.1%} of the best ({top:.1%})", "pareto": frontier}
+    frontier = [
+        r["label"]
+        for r in rows
+        if not any(
+            o is not r
+            and o["accuracy"] >= r["accuracy"]
+            and o["tpf"] >= r["tpf"]
+            and (o["accuracy"], o["tpf"]) != (r["accuracy"], r["tpf"])
+            for o in rows
+        )
+    ]
+    return {
+        "label": best["label"],
+        "setting": best["setting"],
+        "accuracy": best["accuracy"],
+        "tpf": best["tpf"],
+        "rule": f"highest TPF (ties within {tpf_tie:.0%}: the default, then no τ/correction, then accuracy) "
+        f"with accuracy within {margin:.1%} of the best ({top:.1%})",
+        "pareto": frontier,
+    }
 
 
 def plot(rows: list[dict], default: dict | None, path: Path, labelled: set | None = None) -> str | None:
@@ -194,16 +236,20 @@ def plot(rows: list[dict], default: dict | None, path: Path, labelled: set | Non
     except ImportError:
         return "matplotlib is not installed (pip install 'localdiff[bench]'); PNG plot skipped"
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    kinds = {"o": ("entropy bound × τ", "tab:blue"), "s": ("… + correction", "tab:green"),
-             "^": ("step cap", "tab:orange")}
+    kinds = {
+        "o": ("entropy bound × τ", "tab:blue"),
+        "s": ("… + correction", "tab:green"),
+        "^": ("step cap", "tab:orange"),
+    }
     seen = set()
     for r in rows:
         if r is default:
             continue
         marker = "s" if r["setting"].get("correction") else ("^" if "max_denoising_steps" in r["setting"] else "o")
         name, color = kinds[marker]
-        ax.scatter(r["tpf"], r["accuracy"], marker=marker, color=color, alpha=0.7,
-                   label=None if marker in seen else name)
+        ax.scatter(
+            r["tpf"], r["accuracy"], marker=marker, color=color, alpha=0.7, label=None if marker in seen else name
+        )
         seen.add(marker)
         if labelled is None or r["label"] in labelled:
             ax.annotate(r["label"], (r["tpf"], r["accuracy"]), fontsize=7, xytext=(4, 4), textcoords="offset points")

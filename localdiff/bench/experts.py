@@ -16,6 +16,7 @@ the weight-bandwidth bound (weights + rows in and out ÷ this core's streaming r
 :func:`localdiff.bench.roofline.bandwidth`) and of the bf16 GEMM peak (routed FLOPs ÷ time ÷
 :func:`localdiff.bench.scale_sides.gemm_peak`), and the speedup per repetition.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -31,8 +32,9 @@ def _spread(xs: list[float]) -> dict:
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
 
 
-def measure(quick: bool, reps: int | None = None, sizes: list[str] | None = None, log=print,
-            evict_mib: int = 768) -> dict:
+def measure(
+    quick: bool, reps: int | None = None, sizes: list[str] | None = None, log=print, evict_mib: int = 768
+) -> dict:
     """Run the section (module docstring; ``evict_mib``: MiB read before each timed call); returns
     {"bandwidth_gbs", "peak_gflops", "native", "reps", "canvas", "sizes": [per shape: "kernels", "speedup", ...]}."""
     from torch import nn
@@ -45,14 +47,25 @@ def measure(quick: bool, reps: int | None = None, sizes: list[str] | None = None
     from localdiff.hugepages import resident
 
     reps = reps or (5 if quick else 15)
-    evict = resident(torch.ones(evict_mib << 18))                          # fp32: evict_mib MiB
-    bw, peak = bandwidth(), gemm_peak(torch.bfloat16) * 1e9       # bytes/s, FLOP/s
-    res = {"bandwidth_gbs": bw / 1e9, "peak_gflops": peak / 1e9, "native": native_experts.status(), "reps": reps,
-           "canvas": CANVAS, "sizes": []}
+    evict = resident(torch.ones(evict_mib << 18))  # fp32: evict_mib MiB
+    bw, peak = bandwidth(), gemm_peak(torch.bfloat16) * 1e9  # bytes/s, FLOP/s
+    res = {
+        "bandwidth_gbs": bw / 1e9,
+        "peak_gflops": peak / 1e9,
+        "native": native_experts.status(),
+        "reps": reps,
+        "canvas": CANVAS,
+        "sizes": [],
+    }
     for name in sizes or (["150M"] if quick else ["150M", "1B"]):
         t = text_config(*SHAPES[name])
-        h, i, e, k, layers = (t["hidden_size"], t["moe_intermediate_size"], t["num_experts"], t["top_k_experts"],
-                              len(t["layer_types"]))
+        h, i, e, k, layers = (
+            t["hidden_size"],
+            t["moe_intermediate_size"],
+            t["num_experts"],
+            t["top_k_experts"],
+            len(t["layer_types"]),
+        )
         mod = MoEExperts(e, h, i)
         mod.gate_up_proj = nn.Parameter(_rand(e, 2 * i, h, std=0.02), requires_grad=False)
         mod.down_proj = nn.Parameter(_rand(e, h, i, std=0.02), requires_grad=False)
@@ -66,7 +79,7 @@ def measure(quick: bool, reps: int | None = None, sizes: list[str] | None = None
 
         def call(kernel):
             evict.sum()
-            with torch.inference_mode(), (native_experts.disabled() if kernel == "torch" else nullcontext()):
+            with torch.inference_mode(), native_experts.disabled() if kernel == "torch" else nullcontext():
                 t0 = time.process_time()
                 mod(x, w, idx)
                 return time.process_time() - t0
@@ -75,46 +88,71 @@ def measure(quick: bool, reps: int | None = None, sizes: list[str] | None = None
             has_native = native_experts.applies(x, mod.gate_up_proj, mod.down_proj)
         kernels = ["native", "torch"] if has_native else ["torch"]
         for kern in kernels:
-            call(kern)                                           # warm-up (build, first touch)
+            call(kern)  # warm-up (build, first touch)
         for r in range(reps):
-            for kern in (kernels if r % 2 == 0 else kernels[::-1]):
+            for kern in kernels if r % 2 == 0 else kernels[::-1]:
                 times[kern].append(call(kern))
-        row = {"name": name, "hidden": h, "intermediate": i, "experts": e, "top_k": k, "layers": layers,
-               "flops": flops, "bytes": nbytes, "weight_bytes": 3 * e * h * i * BF16, "kernels": {}}
+        row = {
+            "name": name,
+            "hidden": h,
+            "intermediate": i,
+            "experts": e,
+            "top_k": k,
+            "layers": layers,
+            "flops": flops,
+            "bytes": nbytes,
+            "weight_bytes": 3 * e * h * i * BF16,
+            "kernels": {},
+        }
         for kern in kernels:
             ts = times[kern]
             med = statistics.median(ts)
-            row["kernels"][kern] = {"ms": _spread([1e3 * s for s in ts]), "step_ms": 1e3 * med * layers,
-                                    "weights_gbs": row["weight_bytes"] / med / 1e9,
-                                    "of_bound": nbytes / bw / med, "of_peak": flops / med / peak}
+            row["kernels"][kern] = {
+                "ms": _spread([1e3 * s for s in ts]),
+                "step_ms": 1e3 * med * layers,
+                "weights_gbs": row["weight_bytes"] / med / 1e9,
+                "of_bound": nbytes / bw / med,
+                "of_peak": flops / med / peak,
+            }
         if has_native:
             row["speedup"] = _spread([a / b for a, b in zip(times["torch"], times["native"])])
         res["sizes"].append(row)
-        log(f"  [experts {name}] " + ", ".join(f"{kk} {v['ms']['median']:.2f} ms/layer"
-                                                for kk, v in row["kernels"].items()))
+        log(
+            f"  [experts {name}] "
+            + ", ".join(f"{kk} {v['ms']['median']:.2f} ms/layer" for kk, v in row["kernels"].items())
+        )
         del mod
     return res
 
 
 def render_md(sec: dict) -> list[str]:
     """Markdown lines of the section."""
-    out = [f"### bf16 MoE experts alone: native kernel vs torch path (one layer, canvas {sec['canvas']}, uniform "
-           f"random top-k routing, {sec['reps']} repetitions interleaved, CPU time)", "",
-           f"{sec['native']}. Streaming read {sec['bandwidth_gbs']:.1f} GB/s, bf16 GEMM peak "
-           f"{sec['peak_gflops']:.0f} GFLOP/s (both measured in the run).", "",
-           "| shape | kernel | ms per layer | ms per step (× layers) | weights GB/s | of the bandwidth bound | "
-           "of the GEMM peak |", "|---|---|---:|---:|---:|---:|---:|"]
+    out = [
+        f"### bf16 MoE experts alone: native kernel vs torch path (one layer, canvas {sec['canvas']}, uniform "
+        f"random top-k routing, {sec['reps']} repetitions interleaved, CPU time)",
+        "",
+        f"{sec['native']}. Streaming read {sec['bandwidth_gbs']:.1f} GB/s, bf16 GEMM peak "
+        f"{sec['peak_gflops']:.0f} GFLOP/s (both measured in the run).",
+        "",
+        "| shape | kernel | ms per layer | ms per step (× layers) | weights GB/s | of the bandwidth bound | "
+        "of the GEMM peak |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
     for s in sec["sizes"]:
         for kern, v in s["kernels"].items():
             m = v["ms"]
-            out.append(f"| {s['name']} (H {s['hidden']}, I {s['intermediate']}, {s['experts']} experts top-"
-                       f"{s['top_k']}, {s['layers']} layers) | {kern} | {m['median']:.2f} ({m['min']:.2f}–"
-                       f"{m['max']:.2f}) | {v['step_ms']:.1f} | {v['weights_gbs']:.1f} | {v['of_bound']:.0%} | "
-                       f"{v['of_peak']:.0%} |")
+            out.append(
+                f"| {s['name']} (H {s['hidden']}, I {s['intermediate']}, {s['experts']} experts top-"
+                f"{s['top_k']}, {s['layers']} layers) | {kern} | {m['median']:.2f} ({m['min']:.2f}–"
+                f"{m['max']:.2f}) | {v['step_ms']:.1f} | {v['weights_gbs']:.1f} | {v['of_bound']:.0%} | "
+                f"{v['of_peak']:.0%} |"
+            )
     out.append("")
     for s in sec["sizes"]:
         if "speedup" in s:
             sp = s["speedup"]
-            out.append(f"- {s['name']}: native ÷ torch speedup per repetition median {sp['median']:.2f}×, range "
-                       f"{sp['min']:.2f}–{sp['max']:.2f}×")
+            out.append(
+                f"- {s['name']}: native ÷ torch speedup per repetition median {sp['median']:.2f}×, range "
+                f"{sp['min']:.2f}–{sp['max']:.2f}×"
+            )
     return out

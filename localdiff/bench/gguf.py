@@ -28,6 +28,7 @@ beside wall time: ours over the generation calls; the program's is its whole pro
 included, so its CPU figures are pessimistic). Without cmake / a compiler the llama.cpp runs are skipped with the
 reason; when the program cannot be built, the reason is given too.
 """
+
 from __future__ import annotations
 
 import os
@@ -36,7 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-G = 32          # answer budget (tokens): as tiny-mdm's eval
+G = 32  # answer budget (tokens): as tiny-mdm's eval
 
 
 def _tiny_mdm() -> Path:
@@ -61,19 +62,28 @@ def _block(p: int) -> int:
 def _summary(secs, cpu, forwards, correct, n, extra=0) -> dict:
     total, cpu_total = sum(secs), sum(cpu)
     rates = [G / x for x in secs if x > 0]
-    return {"accuracy": correct / n, "correct": correct, "n": n, "seconds": total, "forwards": forwards,
-            "extra_forwards": extra, "tokens_per_second": G * n / total if total else 0.0,
-            "cpu_seconds": cpu_total, "cpu_tokens_per_second": G * n / cpu_total if cpu_total else 0.0,
-            "cpu_ms_per_forward": 1e3 * cpu_total / max(forwards, 1),
-            "median_tokens_per_second": statistics.median(rates) if rates else 0.0,
-            "range_tokens_per_second": [min(rates), max(rates)] if rates else [],
-            "ms_per_forward": 1e3 * total / max(forwards, 1)}
+    return {
+        "accuracy": correct / n,
+        "correct": correct,
+        "n": n,
+        "seconds": total,
+        "forwards": forwards,
+        "extra_forwards": extra,
+        "tokens_per_second": G * n / total if total else 0.0,
+        "cpu_seconds": cpu_total,
+        "cpu_tokens_per_second": G * n / cpu_total if cpu_total else 0.0,
+        "cpu_ms_per_forward": 1e3 * cpu_total / max(forwards, 1),
+        "median_tokens_per_second": statistics.median(rates) if rates else 0.0,
+        "range_tokens_per_second": [min(rates), max(rates)] if rates else [],
+        "ms_per_forward": 1e3 * total / max(forwards, 1),
+    }
 
 
 OURS_SAME = "ours, same algorithm"
 #: our threshold decoding: name → (τ, block length; None = llama.cpp's blocks B, else one block of the answer)
-THRESHOLDS = {f"ours, threshold {t}{'' if bl is None else ', one block'}": (t, bl) for bl in (None, G)
-              for t in (0.7, 0.9)}
+THRESHOLDS = {
+    f"ours, threshold {t}{'' if bl is None else ', one block'}": (t, bl) for bl in (None, G) for t in (0.7, 0.9)
+}
 LL_GREEDY, LL_TOPK = "llama.cpp loop, greedy (top-k 1)", "llama.cpp loop, top-k 40"
 LL_TIMESTEP = "llama.cpp loop, greedy, timestep schedule (no blocks)"
 LL_RUNS = {LL_GREEDY: dict(top_k=1), LL_TOPK: dict(top_k=40), LL_TIMESTEP: dict(top_k=1, timestep=True)}
@@ -89,15 +99,18 @@ def _runs(m, gguf, exe, items, threads: int, cli: bool = False, only=None) -> di
     names = [OURS_SAME, *THRESHOLDS] + (list(LL_RUNS) if exe else [])
     names = [k for k in names if only is None or k in only]
     acc = {k: {"secs": [], "cpu": [], "fw": 0, "extra": 0, "ok": 0} for k in names}
-    m.generate(items[0]["prompt"], max_new_tokens=G, seed=0, steps=4)       # warm-up: the context is made once
+    m.generate(items[0]["prompt"], max_new_tokens=G, seed=0, steps=4)  # warm-up: the context is made once
     for it in items:
         ids = m.encode_prompt(it["prompt"])[0]
         p, b = len(ids), _block(len(ids))
         for k in names:
             a = acc[k]
             if k == OURS_SAME or k in THRESHOLDS:
-                kw = dict(block_length=b, stop_at_eos=False) if k == OURS_SAME else dict(
-                    block_length=THRESHOLDS[k][1] or b, threshold=THRESHOLDS[k][0])
+                kw = (
+                    dict(block_length=b, stop_at_eos=False)
+                    if k == OURS_SAME
+                    else dict(block_length=THRESHOLDS[k][1] or b, threshold=THRESHOLDS[k][0])
+                )
                 c0 = time.process_time()
                 g = m.generate(ids, max_new_tokens=G, seed=0, steps=G, **kw)
                 a["cpu"].append(time.process_time() - c0)
@@ -106,8 +119,9 @@ def _runs(m, gguf, exe, items, threads: int, cli: bool = False, only=None) -> di
                 a["ok"] += exact_match(g.text, it["answer"])
                 continue
             ts = LL_RUNS[k].get("timestep", False)
-            kw = dict(steps=G if ts else p + G, threads=threads, block_length=None if ts else b,
-                      top_k=LL_RUNS[k]["top_k"])
+            kw = dict(
+                steps=G if ts else p + G, threads=threads, block_length=None if ts else b, top_k=LL_RUNS[k]["top_k"]
+            )
             if cli:
                 r = gguf_cli.run_cli(exe, gguf, it["prompt"], p + G, **kw)
                 text = r["text"]
@@ -136,8 +150,13 @@ def measure(quick: bool, threads: int = 1, log=print) -> dict:
     ckpt = _tiny_mdm()
     from localdiff.backends.gguf import llama_cpp
 
-    res = {"backend": f"gguf ({version()})", "threads": threads, "model": str(ckpt), "answer_tokens": G,
-           "llama_cpp_system_info": llama_cpp().llama_print_system_info().decode("utf-8", "replace").strip()}
+    res = {
+        "backend": f"gguf ({version()})",
+        "threads": threads,
+        "model": str(ckpt),
+        "answer_tokens": G,
+        "llama_cpp_system_info": llama_cpp().llama_print_system_info().decode("utf-8", "replace").strip(),
+    }
     items = load_items(models_dir() / "tiny" / "eval.jsonl", 2 if quick else 10)
     res["prompts"] = len(items)
     with tempfile.TemporaryDirectory(prefix="localdiff-bench-gguf-") as d:
@@ -159,31 +178,45 @@ def measure(quick: bool, threads: int = 1, log=print) -> dict:
             res["realistic_size"] = _at_size(ckpt, Path(d), exe, items[:SIZE_PROMPTS], threads, cli, log)
     res["runs"] = runs
     for k, v in runs.items():
-        log(f"gguf: {k}: {v['tokens_per_second']:.1f} tokens/s, accuracy {v['accuracy']:.2f}, "
-            f"{v['ms_per_forward']:.1f} ms/forward")
+        log(
+            f"gguf: {k}: {v['tokens_per_second']:.1f} tokens/s, accuracy {v['accuracy']:.2f}, "
+            f"{v['ms_per_forward']:.1f} ms/forward"
+        )
     if exe is None:
         return res
     same, greedy = runs[OURS_SAME], runs[LL_GREEDY]
     best = max((runs[k] for k in LL_RUNS), key=lambda r: (r["accuracy"], r["tokens_per_second"]))
     best_name = next(k for k in LL_RUNS if runs[k] is best)
     ok = [runs[k] for k in THRESHOLDS if runs[k]["accuracy"] >= best["accuracy"]]
-    thr = max(ok, key=lambda r: r["tokens_per_second"]) if ok else max(
-        (runs[k] for k in THRESHOLDS), key=lambda r: (r["accuracy"], r["tokens_per_second"]))
+    thr = (
+        max(ok, key=lambda r: r["tokens_per_second"])
+        if ok
+        else max((runs[k] for k in THRESHOLDS), key=lambda r: (r["accuracy"], r["tokens_per_second"]))
+    )
     thr_name = next(k for k in THRESHOLDS if runs[k] is thr)
-    res["same_algorithm"] = {"tokens_per_second_ratio": same["tokens_per_second"] / greedy["tokens_per_second"],
-                             "per_forward_ratio": greedy["ms_per_forward"] / same["ms_per_forward"],
-                             "cpu_per_forward_ratio": greedy["cpu_ms_per_forward"] / same["cpu_ms_per_forward"],
-                             "target": "within 10 % (≥ 0.9)"}
-    res["equal_accuracy"] = {"llama_cpp_best": best, "llama_cpp_setting": best_name, "ours": thr,
-                             "ours_setting": thr_name,
-                             "tokens_per_second_ratio": thr["tokens_per_second"] / best["tokens_per_second"],
-                             "cpu_tokens_per_second_ratio": thr["cpu_tokens_per_second"] / best["cpu_tokens_per_second"],
-                             "accuracy_ok": thr["accuracy"] >= best["accuracy"], "target": "≥ 2× at ≥ accuracy"}
-    log(f"gguf: same algorithm: ours / llama.cpp tokens/s {res['same_algorithm']['tokens_per_second_ratio']:.2f}× "
+    res["same_algorithm"] = {
+        "tokens_per_second_ratio": same["tokens_per_second"] / greedy["tokens_per_second"],
+        "per_forward_ratio": greedy["ms_per_forward"] / same["ms_per_forward"],
+        "cpu_per_forward_ratio": greedy["cpu_ms_per_forward"] / same["cpu_ms_per_forward"],
+        "target": "within 10 % (≥ 0.9)",
+    }
+    res["equal_accuracy"] = {
+        "llama_cpp_best": best,
+        "llama_cpp_setting": best_name,
+        "ours": thr,
+        "ours_setting": thr_name,
+        "tokens_per_second_ratio": thr["tokens_per_second"] / best["tokens_per_second"],
+        "cpu_tokens_per_second_ratio": thr["cpu_tokens_per_second"] / best["cpu_tokens_per_second"],
+        "accuracy_ok": thr["accuracy"] >= best["accuracy"],
+        "target": "≥ 2× at ≥ accuracy",
+    }
+    log(
+        f"gguf: same algorithm: ours / llama.cpp tokens/s {res['same_algorithm']['tokens_per_second_ratio']:.2f}× "
         f"(per forward {res['same_algorithm']['per_forward_ratio']:.2f}× wall, "
         f"{res['same_algorithm']['cpu_per_forward_ratio']:.2f}× CPU); equal accuracy: {thr_name} / llama.cpp's "
         f"best {res['equal_accuracy']['tokens_per_second_ratio']:.2f}× (accuracy {thr['accuracy']:.2f} vs "
-        f"{best['accuracy']:.2f})")
+        f"{best['accuracy']:.2f})"
+    )
     return res
 
 
@@ -205,43 +238,61 @@ def _at_size(ckpt: Path, d: Path, exe, items, threads: int, cli: bool, log) -> d
     runs = _runs(m, gguf, exe, items, threads, cli, only=(OURS_SAME, LL_GREEDY))
     m.net.close()
     same, greedy = runs[OURS_SAME], runs[LL_GREEDY]
-    out = {"shape": SHAPE, "parameters": n_params, "prompts": len(items), "runs": runs,
-           "per_forward_ratio": greedy["ms_per_forward"] / same["ms_per_forward"],
-           "cpu_per_forward_ratio": greedy["cpu_ms_per_forward"] / same["cpu_ms_per_forward"]}
-    log(f"gguf: realistic size ({n_params / 1e6:.0f}M random LLaDA, {len(items)} prompts): ours "
+    out = {
+        "shape": SHAPE,
+        "parameters": n_params,
+        "prompts": len(items),
+        "runs": runs,
+        "per_forward_ratio": greedy["ms_per_forward"] / same["ms_per_forward"],
+        "cpu_per_forward_ratio": greedy["cpu_ms_per_forward"] / same["cpu_ms_per_forward"],
+    }
+    log(
+        f"gguf: realistic size ({n_params / 1e6:.0f}M random LLaDA, {len(items)} prompts): ours "
         f"{same['ms_per_forward']:.1f} ms/forward, llama.cpp {greedy['ms_per_forward']:.1f} → per forward "
-        f"{out['per_forward_ratio']:.2f}× wall, {out['cpu_per_forward_ratio']:.2f}× CPU")
+        f"{out['per_forward_ratio']:.2f}× wall, {out['cpu_per_forward_ratio']:.2f}× CPU"
+    )
     return out
 
 
 def render_md(sec: dict) -> list[str]:
     """Markdown lines of the section."""
     lines = ["## GGUF backend (llama.cpp) vs llama.cpp's own diffusion loop", ""]
-    lines += [f"{sec['backend']}, {sec['threads']} thread(s), tiny-mdm as F32 GGUF, {sec['prompts']} eval prompts, "
-              f"{sec['answer_tokens']} answer tokens; prompts tokenized as tokenizer.json does: "
-              f"{sec['tokenizer_agreement']:.0%}. llama.cpp: {sec.get('llama_cpp_system_info', '?')}", "",
-              "| run | accuracy | tokens/s (total) | median [range] | forwards (extra) | ms/forward | CPU ms/forward |",
-              "|---|---:|---:|---:|---:|---:|---:|"]
+    lines += [
+        f"{sec['backend']}, {sec['threads']} thread(s), tiny-mdm as F32 GGUF, {sec['prompts']} eval prompts, "
+        f"{sec['answer_tokens']} answer tokens; prompts tokenized as tokenizer.json does: "
+        f"{sec['tokenizer_agreement']:.0%}. llama.cpp: {sec.get('llama_cpp_system_info', '?')}",
+        "",
+        "| run | accuracy | tokens/s (total) | median [range] | forwards (extra) | ms/forward | CPU ms/forward |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for name, r in sec.get("runs", {}).items():
         lo, hi = r["range_tokens_per_second"] or [0, 0]
-        lines.append(f"| {name} | {r['accuracy']:.2f} | {r['tokens_per_second']:.1f} | "
-                     f"{r['median_tokens_per_second']:.1f} [{lo:.1f}–{hi:.1f}] | {r['forwards']} "
-                     f"({r['extra_forwards']}) | {r['ms_per_forward']:.2f} | {r['cpu_ms_per_forward']:.2f} |")
+        lines.append(
+            f"| {name} | {r['accuracy']:.2f} | {r['tokens_per_second']:.1f} | "
+            f"{r['median_tokens_per_second']:.1f} [{lo:.1f}–{hi:.1f}] | {r['forwards']} "
+            f"({r['extra_forwards']}) | {r['ms_per_forward']:.2f} | {r['cpu_ms_per_forward']:.2f} |"
+        )
     lines.append("")
     if "same_algorithm" in sec:
         s, e = sec["same_algorithm"], sec["equal_accuracy"]
-        lines += [f"Same algorithm: ours / llama.cpp tokens/s **{s['tokens_per_second_ratio']:.2f}×** (per forward "
-                  f"{s['per_forward_ratio']:.2f}× wall, {s['cpu_per_forward_ratio']:.2f}× CPU; target ≥ 0.9). Equal "
-                  f"accuracy: {e['ours_setting']} / llama.cpp's best ({e.get('llama_cpp_setting', '?')}) **{e['tokens_per_second_ratio']:.2f}×** "
-                  f"({e['cpu_tokens_per_second_ratio']:.2f}× CPU; accuracy {e['ours']['accuracy']:.2f} vs "
-                  f"{e['llama_cpp_best']['accuracy']:.2f}; target ≥ 2×).", ""]
+        lines += [
+            f"Same algorithm: ours / llama.cpp tokens/s **{s['tokens_per_second_ratio']:.2f}×** (per forward "
+            f"{s['per_forward_ratio']:.2f}× wall, {s['cpu_per_forward_ratio']:.2f}× CPU; target ≥ 0.9). Equal "
+            f"accuracy: {e['ours_setting']} / llama.cpp's best ({e.get('llama_cpp_setting', '?')}) **{e['tokens_per_second_ratio']:.2f}×** "
+            f"({e['cpu_tokens_per_second_ratio']:.2f}× CPU; accuracy {e['ours']['accuracy']:.2f} vs "
+            f"{e['llama_cpp_best']['accuracy']:.2f}; target ≥ 2×).",
+            "",
+        ]
     if "realistic_size" in sec:
         z = sec["realistic_size"]
         o, ll = z["runs"][OURS_SAME], z["runs"][LL_GREEDY]
-        lines += [f"Realistic size (random LLaDA, {z['parameters'] / 1e6:.0f}M parameters, {z['prompts']} prompts, "
-                  f"same algorithm): ours {o['ms_per_forward']:.1f} ms/forward ({o['cpu_ms_per_forward']:.1f} CPU), "
-                  f"llama.cpp {ll['ms_per_forward']:.1f} ({ll['cpu_ms_per_forward']:.1f} CPU) → per forward "
-                  f"**{z['per_forward_ratio']:.2f}×** wall, {z['cpu_per_forward_ratio']:.2f}× CPU.", ""]
+        lines += [
+            f"Realistic size (random LLaDA, {z['parameters'] / 1e6:.0f}M parameters, {z['prompts']} prompts, "
+            f"same algorithm): ours {o['ms_per_forward']:.1f} ms/forward ({o['cpu_ms_per_forward']:.1f} CPU), "
+            f"llama.cpp {ll['ms_per_forward']:.1f} ({ll['cpu_ms_per_forward']:.1f} CPU) → per forward "
+            f"**{z['per_forward_ratio']:.2f}×** wall, {z['cpu_per_forward_ratio']:.2f}× CPU.",
+            "",
+        ]
     lines += [f"llama.cpp loop: {sec.get('llama_cpp_loop')}", ""]
     return lines
 

@@ -22,6 +22,7 @@ bookkeeping and sampling add ≤ 15 %) and the **break-even TPF** = localdiff's 
 smaller shape (hidden 512, 4 layers). Then the masked family's caches on GGUF (:func:`masked_steps`: the dual
 cache's step vs the uncached step at a 1k-token prompt; target ≥ 5×). Files are kept in ``$LOCALDIFF_BENCH_CACHE`` when set (else a temporary folder).
 """
+
 from __future__ import annotations
 
 import os
@@ -30,8 +31,15 @@ import tempfile
 import time
 from pathlib import Path
 
-QUICK_SHAPE = {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 4, "num_attention_heads": 8,
-               "num_key_value_heads": 4, "head_dim": 64, "vocab_size": 32000}
+QUICK_SHAPE = {
+    "hidden_size": 512,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 64,
+    "vocab_size": 32000,
+}
 QUANTS = {"Q8_0": 7, "Q4_K_M": 15}
 
 
@@ -65,7 +73,7 @@ def write_random_sdar(path: Path, cfg: dict, seed: int = 0) -> int:
     w.add_tokenizer_pre("default")
     w.add_token_list([chr(0x21 + i) if i < 94 else f"[T{i}]" for i in range(v)])
     w.add_token_types([1] * 94 + [5] * (v - 94))
-    w.add_token_merges(["! \""])
+    w.add_token_merges(['! "'])
     w.add_eos_token_id(min(cfg["eos_token_id"], v - 2))
     count = 0
 
@@ -155,7 +163,7 @@ def step_times(path: Path, history: int, reps: int, log=print) -> dict:
         _fill(x, hist)
         lib.llama_set_causal_attn(x.ctx, causal)
         bare[name] = x
-    cp = lib.llama_context_default_params()            # llama.cpp's defaults (flash attention auto), 1 thread
+    cp = lib.llama_context_default_params()  # llama.cpp's defaults (flash attention auto), 1 thread
     cp.n_ctx, cp.n_threads, cp.n_threads_batch = size_for(history + 8), 1, 1
     dflt = lib.llama_init_from_model(net.model, cp)
     d = SeqContext.__new__(SeqContext)
@@ -163,13 +171,14 @@ def step_times(path: Path, history: int, reps: int, log=print) -> dict:
     d.n_ctx, d.n_vocab = int(lib.llama_n_ctx(dflt)), net.n_vocab
     d.batch = lib.llama_batch_init(d.n_ubatch, 0, 1)
     import numpy as np
+
     d.tok = np.ctypeslib.as_array(d.batch.token, shape=(d.n_ubatch,))
     d.pos = np.ctypeslib.as_array(d.batch.pos, shape=(d.n_ubatch,))
     d.nseq = np.ctypeslib.as_array(d.batch.n_seq_id, shape=(d.n_ubatch,))
     d.out = np.ctypeslib.as_array(d.batch.logits, shape=(d.n_ubatch,))
     _fill(d, hist)
     lib.llama_set_causal_attn(dflt, True)
-    for x, n in ((bare["bare4"], 4), (bare["bare1"], 1), (d, 1)):   # the step's batch, prepared once
+    for x, n in ((bare["bare4"], 4), (bare["bare1"], 1), (d, 1)):  # the step's batch, prepared once
         for i in range(n):
             x.put(i, hist[i], history + i, (0,), True)
 
@@ -184,11 +193,14 @@ def step_times(path: Path, history: int, reps: int, log=print) -> dict:
             policy.begin_block(block)
 
     policy.begin_block(block)
-    calls = {"localdiff_block_step": lambda: ours(True), "localdiff_denoise": lambda: ours(False),
-             "llama_cpp_4tok": lambda: bare_step(bare["bare4"], 4),
-             "llama_cpp_1tok": lambda: bare_step(bare["bare1"], 1),
-             "llama_cpp_1tok_default_ctx": lambda: bare_step(d, 1)}
-    for f in calls.values():                      # warm-up
+    calls = {
+        "localdiff_block_step": lambda: ours(True),
+        "localdiff_denoise": lambda: ours(False),
+        "llama_cpp_4tok": lambda: bare_step(bare["bare4"], 4),
+        "llama_cpp_1tok": lambda: bare_step(bare["bare1"], 1),
+        "llama_cpp_1tok_default_ctx": lambda: bare_step(d, 1),
+    }
+    for f in calls.values():  # warm-up
         f()
     times = {k: [] for k in calls}
     for _ in range(reps):
@@ -201,12 +213,15 @@ def step_times(path: Path, history: int, reps: int, log=print) -> dict:
     m.net.close()
     med = {k: statistics.median(v) for k, v in times.items()}
     log(f"gguf-block: {path.name} history {history}: " + ", ".join(f"{k} {v:.1f} ms" for k, v in med.items()))
-    return {"ms": med, "range_ms": {k: [min(v), max(v)] for k, v in times.items()},
-            "overhead_vs_bare_4tok": med["localdiff_block_step"] / med["llama_cpp_4tok"],
-            "denoise_vs_bare_4tok": med["localdiff_denoise"] / med["llama_cpp_4tok"],
-            "break_even_tpf": med["localdiff_block_step"] / med["llama_cpp_1tok"],
-            "break_even_tpf_default_ctx": med["localdiff_block_step"] / med["llama_cpp_1tok_default_ctx"],
-            "bare_4tok_over_1tok": med["llama_cpp_4tok"] / med["llama_cpp_1tok"]}
+    return {
+        "ms": med,
+        "range_ms": {k: [min(v), max(v)] for k, v in times.items()},
+        "overhead_vs_bare_4tok": med["localdiff_block_step"] / med["llama_cpp_4tok"],
+        "denoise_vs_bare_4tok": med["localdiff_denoise"] / med["llama_cpp_4tok"],
+        "break_even_tpf": med["localdiff_block_step"] / med["llama_cpp_1tok"],
+        "break_even_tpf_default_ctx": med["localdiff_block_step"] / med["llama_cpp_1tok_default_ctx"],
+        "bare_4tok_over_1tok": med["llama_cpp_4tok"] / med["llama_cpp_1tok"],
+    }
 
 
 def masked_steps(folder: Path, quick: bool, reps: int, log=print) -> dict:
@@ -233,12 +248,17 @@ def masked_steps(folder: Path, quick: bool, reps: int, log=print) -> dict:
     x[0, p:] = m.config.mask_token_id
     rows = (p, p + 32)
     refresh = lambda: net.forward_window(x, 0, None, return_kv=True, rows=rows)  # noqa: E731
-    dual = lambda: net.forward_window(x[:, p:p + 32], p, [None], rows=(0, 32))    # noqa: E731
+    dual = lambda: net.forward_window(x[:, p : p + 32], p, [None], rows=(0, 32))  # noqa: E731
     # per repetition, in order: a full pass; a refresh then a prefix step; a refresh, the block's first dual step
     # (it relabels the suffix cells once per block) and a later one
-    calls = [("none_full_pass", lambda: net.logits_full(x, rows=rows)), ("refresh_pass", refresh),
-             ("prefix_step", lambda: net.forward_window(x[:, p:], p, [None], rows=(0, 32))), (None, refresh),
-             ("dual_first_step", dual), ("dual_step", dual)]
+    calls = [
+        ("none_full_pass", lambda: net.logits_full(x, rows=rows)),
+        ("refresh_pass", refresh),
+        ("prefix_step", lambda: net.forward_window(x[:, p:], p, [None], rows=(0, 32))),
+        (None, refresh),
+        ("dual_first_step", dual),
+        ("dual_step", dual),
+    ]
     times = {k: [] for k, _ in calls if k}
     for _ in range(reps):
         for k, f in calls:
@@ -249,10 +269,16 @@ def masked_steps(folder: Path, quick: bool, reps: int, log=print) -> dict:
     net.close()
     med = {k: statistics.median(v) for k, v in times.items()}
     log("gguf-block: masked at a 1k prompt: " + ", ".join(f"{k} {v:.1f} ms" for k, v in med.items()))
-    return {"model": path.name, "prompt": p, "answer": g, "block": 32, "ms": med,
-            "range_ms": {k: [min(v), max(v)] for k, v in times.items()},
-            "dual_speedup": med["none_full_pass"] / med["dual_step"],
-            "prefix_speedup": med["none_full_pass"] / med["prefix_step"]}
+    return {
+        "model": path.name,
+        "prompt": p,
+        "answer": g,
+        "block": 32,
+        "ms": med,
+        "range_ms": {k: [min(v), max(v)] for k, v in times.items()},
+        "dual_speedup": med["none_full_pass"] / med["dual_step"],
+        "prefix_speedup": med["none_full_pass"] / med["prefix_step"],
+    }
 
 
 def measure(quick: bool, log=print) -> dict:
@@ -290,11 +316,13 @@ def measure(quick: bool, log=print) -> dict:
                 t0 = time.perf_counter()
                 quantize(f16, path, ftype, max(1, os.cpu_count() or 1))
                 log(f"gguf-block: quantized to {q} in {time.perf_counter() - t0:.0f} s")
-            res["files"][q] = {"bytes": path.stat().st_size,
-                               "history": {str(n): step_times(path, n, reps, log) for n in hist}}
+            res["files"][q] = {
+                "bytes": path.stat().st_size,
+                "history": {str(n): step_times(path, n, reps, log) for n in hist},
+            }
         try:
             res["masked"] = masked_steps(folder, quick, 3, log)
-        except LocaldiffError as e:          # tiny-mdm missing: the block part stands alone
+        except LocaldiffError as e:  # tiny-mdm missing: the block part stands alone
             res["masked"] = {"skipped": str(e)}
         return res
     finally:
@@ -304,32 +332,45 @@ def measure(quick: bool, log=print) -> dict:
 
 def render_md(sec: dict) -> list[str]:
     """Markdown of the section."""
-    lines = ["## GGUF block step: localdiff on llama.cpp vs llama.cpp's own steps (random SDAR-1.7B shape, 1 thread)",
-             "", f"{sec['llama_cpp']}; medians over {sec['reps']} interleaved repetitions (range in brackets), ms.", "",
-             "| file | history | localdiff block step | denoise only | llama.cpp 4-token | llama.cpp 1-token "
-             "| 1-token, default ctx | ours ÷ bare 4-token | break-even TPF |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "## GGUF block step: localdiff on llama.cpp vs llama.cpp's own steps (random SDAR-1.7B shape, 1 thread)",
+        "",
+        f"{sec['llama_cpp']}; medians over {sec['reps']} interleaved repetitions (range in brackets), ms.",
+        "",
+        "| file | history | localdiff block step | denoise only | llama.cpp 4-token | llama.cpp 1-token "
+        "| 1-token, default ctx | ours ÷ bare 4-token | break-even TPF |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for q, f in sec["files"].items():
         for n, r in f["history"].items():
             ms, rg = r["ms"], r["range_ms"]
 
             def cell(k):
                 return f"{ms[k]:.1f} ({rg[k][0]:.0f}–{rg[k][1]:.0f})"
-            lines.append(f"| {q} ({f['bytes'] / 2**30:.2f} GiB) | {n} | {cell('localdiff_block_step')} | "
-                         f"{cell('localdiff_denoise')} | {cell('llama_cpp_4tok')} | {cell('llama_cpp_1tok')} | "
-                         f"{cell('llama_cpp_1tok_default_ctx')} | {r['overhead_vs_bare_4tok']:.2f} | "
-                         f"{r['break_even_tpf']:.2f} ({r['break_even_tpf_default_ctx']:.2f} default ctx) |")
-    lines += ["", "Break-even TPF = localdiff's block step ÷ llama.cpp's 1-token step on the same file: a block "
-              "decoder beats autoregressive decoding of the same model in the same engine above it."]
+
+            lines.append(
+                f"| {q} ({f['bytes'] / 2**30:.2f} GiB) | {n} | {cell('localdiff_block_step')} | "
+                f"{cell('localdiff_denoise')} | {cell('llama_cpp_4tok')} | {cell('llama_cpp_1tok')} | "
+                f"{cell('llama_cpp_1tok_default_ctx')} | {r['overhead_vs_bare_4tok']:.2f} | "
+                f"{r['break_even_tpf']:.2f} ({r['break_even_tpf_default_ctx']:.2f} default ctx) |"
+            )
+    lines += [
+        "",
+        "Break-even TPF = localdiff's block step ÷ llama.cpp's 1-token step on the same file: a block "
+        "decoder beats autoregressive decoding of the same model in the same engine above it.",
+    ]
     mk = sec.get("masked")
     if mk and "skipped" in mk:
         lines += ["", f"Masked caches on GGUF: skipped ({mk['skipped']})."]
     elif mk:
         ms = mk["ms"]
-        lines += ["", f"Masked caches on GGUF ({mk['model']}, {mk['prompt']}-token prompt, {mk['answer']} answer "
-                  f"positions, blocks of {mk['block']}, 1 thread), ms per step: no cache {ms['none_full_pass']:.1f}, "
-                  f"refresh {ms['refresh_pass']:.1f}, prefix {ms['prefix_step']:.1f}, dual {ms['dual_step']:.1f} (the "
-                  f"block's first {ms['dual_first_step']:.1f}: it relabels the suffix cells) — "
-                  f"dual **{mk['dual_speedup']:.1f}×** the uncached step (target ≥ 5×), prefix "
-                  f"{mk['prefix_speedup']:.1f}×."]
+        lines += [
+            "",
+            f"Masked caches on GGUF ({mk['model']}, {mk['prompt']}-token prompt, {mk['answer']} answer "
+            f"positions, blocks of {mk['block']}, 1 thread), ms per step: no cache {ms['none_full_pass']:.1f}, "
+            f"refresh {ms['refresh_pass']:.1f}, prefix {ms['prefix_step']:.1f}, dual {ms['dual_step']:.1f} (the "
+            f"block's first {ms['dual_first_step']:.1f}: it relabels the suffix cells) — "
+            f"dual **{mk['dual_speedup']:.1f}×** the uncached step (target ≥ 5×), prefix "
+            f"{mk['prefix_speedup']:.1f}×.",
+        ]
     return lines

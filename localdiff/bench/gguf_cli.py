@@ -16,6 +16,7 @@ llama-cpp-python==<installed version> --no-binary :all: --no-deps``. Builds run 
 
 Timing: ``diffusion_generate`` logs ``total time: X ms`` (model load and tokenization excluded).
 """
+
 from __future__ import annotations
 
 import os
@@ -27,6 +28,7 @@ import tarfile
 from pathlib import Path
 
 from localdiff.errors import LocaldiffError
+
 
 class CliUnavailable(LocaldiffError):
     """The example program cannot be built here (no compiler / cmake / sdist): the bench skips with this line."""
@@ -45,8 +47,23 @@ def _sdist(version: str, work: Path) -> Path:
         return Path(src)
     if not src:
         work.mkdir(parents=True, exist_ok=True)
-        r = subprocess.run([sys.executable, "-m", "pip", "download", f"llama-cpp-python=={version}", "--no-binary",
-                            ":all:", "--no-deps", "-d", str(work), "-q"], capture_output=True, text=True)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                f"llama-cpp-python=={version}",
+                "--no-binary",
+                ":all:",
+                "--no-deps",
+                "-d",
+                str(work),
+                "-q",
+            ],
+            capture_output=True,
+            text=True,
+        )
         hits = sorted(work.glob("llama_cpp_python-*.tar.gz"))
         if r.returncode != 0 or not hits:
             raise CliUnavailable(f"cannot get the llama-cpp-python {version} sdist (set LOCALDIFF_LLAMA_CPP_SDIST)")
@@ -89,11 +106,25 @@ def build(version: str, log=print) -> tuple[Path, str]:
     src = _sdist(version, work) / "vendor" / "llama.cpp"
     log(f"gguf: compiling llama.cpp's diffusion loop ({src / 'examples' / 'diffusion' / 'diffusion.cpp'})")
     pin = ["nice", "-n", "19"] + (["taskset", "-c", "0"] if shutil.which("taskset") else [])
-    cmd = [*pin, cxx, "-O2", "-std=c++17", f"-I{src / 'include'}", f"-I{src / 'ggml' / 'include'}",
-           f"-I{src / 'common'}", f"-I{src / 'examples' / 'diffusion'}", str(src / "examples" / "diffusion" /
-                                                                               "diffusion.cpp"),
-           str(Path(__file__).with_name("gguf_driver.cpp")), f"-L{lib}", "-lllama", "-lggml", "-lggml-base",
-           f"-Wl,-rpath,{lib}", "-o", str(exe)]
+    cmd = [
+        *pin,
+        cxx,
+        "-O2",
+        "-std=c++17",
+        f"-I{src / 'include'}",
+        f"-I{src / 'ggml' / 'include'}",
+        f"-I{src / 'common'}",
+        f"-I{src / 'examples' / 'diffusion'}",
+        str(src / "examples" / "diffusion" / "diffusion.cpp"),
+        str(Path(__file__).with_name("gguf_driver.cpp")),
+        f"-L{lib}",
+        "-lllama",
+        "-lggml",
+        "-lggml-base",
+        f"-Wl,-rpath,{lib}",
+        "-o",
+        str(exe),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0 or not exe.is_file():
         err = next((ln for ln in r.stderr.splitlines() if "error" in ln), r.stderr.strip()[-200:] or "?")
@@ -101,8 +132,19 @@ def build(version: str, log=print) -> tuple[Path, str]:
     return exe, how
 
 
-def run(exe: Path, gguf: Path, ids: list[int], max_length: int, steps: int, threads: int,
-        block_length: int | None = None, eps: float = 1e-3, algorithm: int = 4, top_k: int = 1, seed: int = 0) -> dict:
+def run(
+    exe: Path,
+    gguf: Path,
+    ids: list[int],
+    max_length: int,
+    steps: int,
+    threads: int,
+    block_length: int | None = None,
+    eps: float = 1e-3,
+    algorithm: int = 4,
+    top_k: int = 1,
+    seed: int = 0,
+) -> dict:
     """One generation by llama.cpp's loop: prompt ``ids`` then masks up to ``max_length``; ``block_length`` (LLaDA's
     block schedule) or ``eps`` (Dream's timestep schedule); ``algorithm`` 4 = confidence-based; temperature 0 as
     ``--temp 0`` (the loop then still samples from the top-k / top-p 0.95 softmax with its ``dist`` sampler:
@@ -114,8 +156,18 @@ def run(exe: Path, gguf: Path, ids: list[int], max_length: int, steps: int, thre
     Raises:
         LocaldiffError: the program failed.
     """
-    cmd = [str(exe), str(gguf), str(threads), str(max_length), str(steps), str(block_length or 0), str(eps),
-           str(algorithm), str(top_k), str(seed)]
+    cmd = [
+        str(exe),
+        str(gguf),
+        str(threads),
+        str(max_length),
+        str(steps),
+        str(block_length or 0),
+        str(eps),
+        str(algorithm),
+        str(top_k),
+        str(seed),
+    ]
     r = subprocess.run(cmd, input=" ".join(map(str, ids)), capture_output=True, text=True)
     m = re.search(r"total time:\s*([0-9.]+)\s*ms", r.stderr)
     cpu = re.search(r"cpu time:\s*([0-9.]+)\s*ms", r.stderr)
@@ -127,9 +179,18 @@ def run(exe: Path, gguf: Path, ids: list[int], max_length: int, steps: int, thre
 
 #: the vendored llama.cpp configured as llama-cpp-python builds its wheel (``CMakeLists.txt`` of the sdist: shared
 #: libraries, llama-common on, curl off; ``GGML_NATIVE=OFF`` as our wheel), plus the examples, Release
-CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=OFF", "-DLLAMA_CURL=OFF", "-DBUILD_SHARED_LIBS=ON",
-               "-DLLAMA_BUILD_COMMON=ON", "-DLLAMA_BUILD_EXAMPLES=ON", "-DLLAMA_BUILD_TESTS=OFF",
-               "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_TOOLS=OFF", "-DLLAMA_OPENSSL=OFF")
+CMAKE_FLAGS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DGGML_NATIVE=OFF",
+    "-DLLAMA_CURL=OFF",
+    "-DBUILD_SHARED_LIBS=ON",
+    "-DLLAMA_BUILD_COMMON=ON",
+    "-DLLAMA_BUILD_EXAMPLES=ON",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_SERVER=OFF",
+    "-DLLAMA_BUILD_TOOLS=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+)
 
 
 def build_cli(version: str, log=print) -> tuple[Path, str]:
@@ -148,8 +209,9 @@ def build_cli(version: str, log=print) -> tuple[Path, str]:
 
     cmake, cxx = shutil.which("cmake"), shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if cmake is None or cxx is None:
-        raise CliUnavailable(f"no {'cmake' if cmake is None else 'C++ compiler'} on PATH: cannot build "
-                             "llama.cpp's llama-diffusion-cli")
+        raise CliUnavailable(
+            f"no {'cmake' if cmake is None else 'C++ compiler'} on PATH: cannot build llama.cpp's llama-diffusion-cli"
+        )
     work = _cache_root() / f"cmake-{version}"
     exe = work / "build" / "bin" / "llama-diffusion-cli"
     secs = work / "build-seconds.txt"
@@ -166,8 +228,10 @@ def build_cli(version: str, log=print) -> tuple[Path, str]:
     log(f"gguf: building llama.cpp's llama-diffusion-cli from {src} (once; 30-60 min on one core)")
     t0 = time.monotonic()
     with open(work / "build.log", "w") as out:
-        for cmd in ([*pin, cmake, "-S", str(src), "-B", str(work / "build"), *gen, *CMAKE_FLAGS],
-                    [*pin, cmake, "--build", str(work / "build"), "--target", "llama-diffusion-cli", "-j1"]):
+        for cmd in (
+            [*pin, cmake, "-S", str(src), "-B", str(work / "build"), *gen, *CMAKE_FLAGS],
+            [*pin, cmake, "--build", str(work / "build"), "--target", "llama-diffusion-cli", "-j1"],
+        ):
             if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
                 break
     if not exe.is_file():
@@ -178,9 +242,19 @@ def build_cli(version: str, log=print) -> tuple[Path, str]:
     return exe, how()
 
 
-def run_cli(exe: Path, gguf: Path, prompt: str, max_length: int, steps: int, threads: int,
-            block_length: int | None = None, eps: float = 1e-3, algorithm: int = 4, top_k: int = 1,
-            seed: int = 0) -> dict:
+def run_cli(
+    exe: Path,
+    gguf: Path,
+    prompt: str,
+    max_length: int,
+    steps: int,
+    threads: int,
+    block_length: int | None = None,
+    eps: float = 1e-3,
+    algorithm: int = 4,
+    top_k: int = 1,
+    seed: int = 0,
+) -> dict:
     """One generation by ``llama-diffusion-cli`` itself: ``prompt`` is the user message (the program renders the
     GGUF's chat template and tokenizes it); ``-ub`` / ``-b`` / ``-c`` = ``max_length`` (its canvas: prompt + masks),
     ``--temp 0``, ``--top-k``, ``--seed``, ``-fa off``, ``--diffusion-steps`` / ``-algorithm`` and
@@ -195,22 +269,50 @@ def run_cli(exe: Path, gguf: Path, prompt: str, max_length: int, steps: int, thr
     import resource
 
     n = str(max_length)
-    cmd = [str(exe), "-m", str(gguf), "-p", prompt, "-t", str(threads), "-tb", str(threads), "-c", n, "-b", n,
-           "-ub", n, "--temp", "0", "--top-k", str(top_k), "--seed", str(seed), "-fa", "off", "-ngl", "0",
-           "--diffusion-steps", str(steps), "--diffusion-algorithm", str(algorithm)]
+    cmd = [
+        str(exe),
+        "-m",
+        str(gguf),
+        "-p",
+        prompt,
+        "-t",
+        str(threads),
+        "-tb",
+        str(threads),
+        "-c",
+        n,
+        "-b",
+        n,
+        "-ub",
+        n,
+        "--temp",
+        "0",
+        "--top-k",
+        str(top_k),
+        "--seed",
+        str(seed),
+        "-fa",
+        "off",
+        "-ngl",
+        "0",
+        "--diffusion-steps",
+        str(steps),
+        "--diffusion-algorithm",
+        str(algorithm),
+    ]
     cmd += ["--diffusion-block-length", str(block_length)] if block_length else ["--diffusion-eps", str(eps)]
-    for _ in range(3):   # its log is written by a worker thread: at exit the last lines are sometimes lost (seen
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)        # on a loaded core): run it again then
+    for _ in range(3):  # its log is written by a worker thread: at exit the last lines are sometimes lost (seen
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)  # on a loaded core): run it again then
         r = subprocess.run(cmd, capture_output=True, text=True, errors="replace", stdin=subprocess.DEVNULL)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = 1e3 * (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
-        out = r.stderr if "total time:" in r.stderr else r.stdout      # its log (timings, then the answer): stderr
+        out = r.stderr if "total time:" in r.stderr else r.stdout  # its log (timings, then the answer): stderr
         m = re.search(r"total time:\s*([0-9.]+)\s*ms[^\n]*\n", out)
-        if r.returncode != 0 or (m and out[m.end():].strip()):
+        if r.returncode != 0 or (m and out[m.end() :].strip()):
             break
     if r.returncode != 0 or not m:
         tail = ((r.stderr + r.stdout).strip().splitlines() or ["?"])[-1]
         raise LocaldiffError(f"llama-diffusion-cli failed (exit {r.returncode}): {tail[:200]}")
     # after the timing line: LOG_INF("\n%s\n", answer), the log's "0.00.273.081 I " prefix on its first line
-    text = re.sub(r"^\s*\d+\.\d+\.\d+\.\d+ [A-Z] ", "", out[m.end():])
+    text = re.sub(r"^\s*\d+\.\d+\.\d+\.\d+ [A-Z] ", "", out[m.end() :])
     return {"ms": float(m.group(1)), "cpu_ms": cpu, "text": text.strip()}

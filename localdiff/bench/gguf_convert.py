@@ -7,6 +7,7 @@ writes it).
 :func:`tokenizer_agreement` measures how often llama.cpp's encoding of a text equals the HF tokenizer's (the bench
 reports it: a mismatch would cost both GGUF runs accuracy alike).
 """
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -11,6 +11,7 @@ it from the KV memory (``llama_memory_seq_rm``), so every step sees the same 512
 autoregressive step a user of the Q4_K_M file runs. Context: one sequence, one thread, flash attention off, no
 repacked extra buffers (``use_extra_bufts = False``, as :mod:`localdiff.backends.gguf`).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -125,7 +126,7 @@ class Stepper:
 
         from localdiff.backends.gguf import llama_cpp
 
-        lib = llama_cpp()       # initialised once, its log kept off the terminal
+        lib = llama_cpp()  # initialised once, its log kept off the terminal
         self.lib, self.history = lib, history
         mp = lib.llama_model_default_params()
         mp.n_gpu_layers = 0
@@ -144,8 +145,12 @@ class Stepper:
         self.batch = lib.llama_batch_init(history, 0, 1)
         ids = np.random.default_rng(0).integers(300, 150000, history)
         self._decode(ids.tolist(), 0)
-        self.info = {"file": path.name, "file_bytes": path.stat().st_size, "llama_cpp_python": lib.__version__,
-                     "threads": 1}
+        self.info = {
+            "file": path.name,
+            "file_bytes": path.stat().st_size,
+            "llama_cpp_python": lib.__version__,
+            "threads": 1,
+        }
 
     def _decode(self, ids: list[int], pos0: int) -> None:
         b = self.batch

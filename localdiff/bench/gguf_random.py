@@ -7,6 +7,7 @@ convert_llada`: ``config.json`` + ``model.safetensors`` with LLaDA's ``model.tra
 ``tiny-mdm``'s tokenizer, chat template and special ids (so the same prompts run), weights N(0, 0.02²) and RMS-norm
 weights 1. Random weights: the tokens are meaningless; only the time per forward is compared.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,13 @@ import numpy as np
 
 #: the realistic-size shape: hidden 768, 14 layers, FFN 2304, 12 heads → 107.9M parameters with tiny-mdm's vocab (365)
 SHAPE = {"d_model": 768, "n_layers": 14, "mlp_hidden_size": 2304, "n_heads": 12}
-_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-          "generation_config.json")
+_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "generation_config.json",
+)
 
 
 def random_llada(src: Path, out: Path, shape: dict | None = None, seed: int = 0) -> tuple[Path, int]:

@@ -5,6 +5,7 @@ forward over a canvas, with self-conditioning) is timed — with the block cache
 with the prefix recomputed every step (a fresh cache, prefill of the whole history, then the step), and with the
 cache's device budget at zero (everything offloaded to the host tier) and unlimited.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -77,9 +78,13 @@ def attention_ms(m, history: int, n: int = 5) -> float:
     for i, (d, hkv) in enumerate(cfg.layer_heads):
         w = cfg.window(i)
         seen = history if w is None else min(history, w - 1)
-        shapes.append((torch.randn(1, hq, c, d, generator=g).to(dev, dtype),
-                       torch.randn(1, hkv, seen + c, d, generator=g).to(dev, dtype),
-                       torch.randn(1, hkv, seen + c, d, generator=g).to(dev, dtype)))
+        shapes.append(
+            (
+                torch.randn(1, hq, c, d, generator=g).to(dev, dtype),
+                torch.randn(1, hkv, seen + c, d, generator=g).to(dev, dtype),
+                torch.randn(1, hkv, seen + c, d, generator=g).to(dev, dtype),
+            )
+        )
     best = float("inf")
     with torch.inference_mode():
         for r in range(n + 1):
@@ -129,24 +134,35 @@ def history_scaling(m, lengths: list[int], steps: int, recompute_steps: int, bud
                     times[k].append(step_ms(m, cache, canvas, sc, 1, warm=False)[0])
             if r < recompute_steps:
                 rec.append(_recompute_ms(m, hist, canvas, sc))
-        row = {"history": n, "cached_ms": {k: statistics.median(v) for k, v in times.items()},
-               "cached_min_ms": {k: min(v) for k, v in times.items()},
-               "recompute_ms": statistics.median(rec), "recompute_min_ms": min(rec),
-               "cache_stats": {k: {a: v for a, v in (c.stats() if hasattr(c, "stats") else {}).items()
-                                   if isinstance(v, (int, float))} for k, c in caches.items()}}
+        row = {
+            "history": n,
+            "cached_ms": {k: statistics.median(v) for k, v in times.items()},
+            "cached_min_ms": {k: min(v) for k, v in times.items()},
+            "recompute_ms": statistics.median(rec),
+            "recompute_min_ms": min(rec),
+            "cache_stats": {
+                k: {a: v for a, v in (c.stats() if hasattr(c, "stats") else {}).items() if isinstance(v, (int, float))}
+                for k, c in caches.items()
+            },
+        }
         row["recompute_vs_cached"] = row["recompute_min_ms"] / row["cached_min_ms"].get("unlimited", float("nan"))
         row["attention_min_ms"] = attention_ms(m, n)
         rows.append(row)
         del caches
         cached = ", ".join(f"budget {k} {v:.1f} ms" for k, v in row["cached_min_ms"].items())
-        log(f"  history {n}: cached (min) {cached}, "
-            f"recompute (min) {row['recompute_min_ms']:.1f} ms")
+        log(f"  history {n}: cached (min) {cached}, recompute (min) {row['recompute_min_ms']:.1f} ms")
     by = {r["history"]: r for r in rows}
-    out = {"rows": rows, "notes": notes, "canvas_length": m.config.canvas_length,
-           "max_position_embeddings": m.config.max_position_embeddings}
+    out = {
+        "rows": rows,
+        "notes": notes,
+        "canvas_length": m.config.canvas_length,
+        "max_position_embeddings": m.config.max_position_embeddings,
+    }
     if max(lengths) > m.config.max_position_embeddings:
-        notes.append(f"histories past {m.config.max_position_embeddings} tokens exceed the model's trained context; "
-                     "they are timed for speed only (RoPE extends, outputs are not meaningful)")
+        notes.append(
+            f"histories past {m.config.max_position_embeddings} tokens exceed the model's trained context; "
+            "they are timed for speed only (RoPE extends, outputs are not meaningful)"
+        )
     lo, hi = min(lengths), max(lengths)
     if lo != hi and "unlimited" in by[lo]["cached_min_ms"]:
         out[f"ratio_{hi}_vs_{lo}"] = by[hi]["cached_min_ms"]["unlimited"] / by[lo]["cached_min_ms"]["unlimited"]
@@ -200,7 +216,20 @@ def profile_generate(m, prompt_ids: list[int], seed: int, max_new_tokens: int, t
     # prefill runs fused with a canvas's first step: "prefill" is those fused forwards, "denoise" the others
     split = {"denoise": 1e3 * (spent[0] - g.stats.prefill_seconds), "prefill": 1e3 * g.stats.prefill_seconds}
     split["loop"] = 1e3 * wall - split["denoise"] - split["prefill"]
-    return {"forwards": g.stats.forwards, "new_tokens": g.stats.new_tokens, "wall_ms": 1e3 * wall,
-            "split_ms": split, "ms_per_step": 1e3 * wall / fw, "denoise_ms_per_step": split["denoise"] / fw,
-            "top": [{"op": e.key, "self_cpu_ms": e.self_cpu_time_total / 1e3, "share": e.self_cpu_time_total / total,
-                     "calls": e.count} for e in rows]}
+    return {
+        "forwards": g.stats.forwards,
+        "new_tokens": g.stats.new_tokens,
+        "wall_ms": 1e3 * wall,
+        "split_ms": split,
+        "ms_per_step": 1e3 * wall / fw,
+        "denoise_ms_per_step": split["denoise"] / fw,
+        "top": [
+            {
+                "op": e.key,
+                "self_cpu_ms": e.self_cpu_time_total / 1e3,
+                "share": e.self_cpu_time_total / total,
+                "calls": e.count,
+            }
+            for e in rows
+        ],
+    }

@@ -16,6 +16,7 @@
   paired over seeds as ``--only precision`` does (:func:`localdiff.bench.precision.paired`); target: int4 within
   2 points of fp32 (mean paired difference; its 95 % interval reported).
 """
+
 from __future__ import annotations
 
 import copy
@@ -80,7 +81,7 @@ def steps(quick: bool, log=print, history: int = 512, layers: int | None = None,
 
     before, threads = _pin()
     try:
-        llama, why = None, None       # first: the GGUF build's temporaries are gone before the models are built
+        llama, why = None, None  # first: the GGUF build's temporaries are gone before the models are built
         if gguf:
             from localdiff.bench import gguf_qwen3
 
@@ -93,29 +94,39 @@ def steps(quick: bool, log=print, history: int = 512, layers: int | None = None,
         for q in ("int4", "int8"):
             nets[q] = quantize_model(copy.deepcopy(nets["bf16"]), recipe, quant=q)
             fuse_model(nets[q])
-        res = {"shape": "SDAR-1.7B (Qwen3-1.7B)" + (f", {layers} layers" if layers else ""), "history": history,
-               "threads": 1, "core": max(os.sched_getaffinity(0)), "cpu": cpu_name(),
-               "kernels": {"int4": native4.status(), "int8": native.status()},
-               "resident_bytes": {k: resident(n) for k, n in nets.items()},
-               "llama_cpp": llama.info if llama is not None else {"skipped": why or "not asked"}}
+        res = {
+            "shape": "SDAR-1.7B (Qwen3-1.7B)" + (f", {layers} layers" if layers else ""),
+            "history": history,
+            "threads": 1,
+            "core": max(os.sched_getaffinity(0)),
+            "cpu": cpu_name(),
+            "kernels": {"int4": native4.status(), "int8": native.status()},
+            "resident_bytes": {k: resident(n) for k, n in nets.items()},
+            "llama_cpp": llama.info if llama is not None else {"skipped": why or "not asked"},
+        }
         bf16_mods = dict(nets["bf16"].named_modules())
         qmods = quantized_modules(nets["int4"])
-        res["quantized_tensor_bytes"] = {"int4": sum(resident_bytes(m) for m in qmods.values()),
-                                         "bf16": sum(resident_bytes(bf16_mods[n]) for n in qmods)}
+        res["quantized_tensor_bytes"] = {
+            "int4": sum(resident_bytes(m) for m in qmods.values()),
+            "bf16": sum(resident_bytes(bf16_mods[n]) for n in qmods),
+        }
         caches = {k: _cache(n, history) for k, n in nets.items()}
         g = torch.Generator().manual_seed(1)
         ids = {n: torch.randint(0, nets["bf16"].config.vocab_size - 1, (1, n), generator=g) for n in (4, 1)}
-        calls = {f"{k} {name}": (lambda k=k, n=n: nets[k].denoise(ids[n], caches[k]))
-                 for k in nets for name, n in (("block", 4), ("1tok", 1))}
+        calls = {
+            f"{k} {name}": (lambda k=k, n=n: nets[k].denoise(ids[n], caches[k]))
+            for k in nets
+            for name, n in (("block", 4), ("1tok", 1))
+        }
         if llama is not None:
             calls["llama.cpp Q4_K_M 1tok"] = llama.step
         with torch.inference_mode():
-            for f in calls.values():     # warm-up (and the kernels' first-use builds)
+            for f in calls.values():  # warm-up (and the kernels' first-use builds)
                 f()
             times = {k: [] for k in calls}
             names = list(calls)
             for r in range(3 if quick else 7):
-                for k in names[r % len(names):] + names[:r % len(names)]:
+                for k in names[r % len(names) :] + names[: r % len(names)]:
                     t0 = time.perf_counter()
                     calls[k]()
                     times[k].append((time.perf_counter() - t0) * 1e3)
@@ -125,20 +136,25 @@ def steps(quick: bool, log=print, history: int = 512, layers: int | None = None,
         res["steps"] = {k: _stats(v) for k, v in times.items()}
         med = {k: v["median_ms"] for k, v in res["steps"].items()}
         rb = res["resident_bytes"]
-        res["ratios"] = {"int4_over_int8_block": med["int4 block"] / med["int8 block"],
-                         "int4_over_int8_1tok": med["int4 1tok"] / med["int8 1tok"],
-                         "int4_over_bf16_block": med["int4 block"] / med["bf16 block"],
-                         "int4_over_bf16_resident": rb["int4"] / rb["bf16"],
-                         "int8_over_bf16_resident": rb["int8"] / rb["bf16"],
-                         "int4_over_bf16_quantized_tensors": res["quantized_tensor_bytes"]["int4"]
-                         / res["quantized_tensor_bytes"]["bf16"]}
+        res["ratios"] = {
+            "int4_over_int8_block": med["int4 block"] / med["int8 block"],
+            "int4_over_int8_1tok": med["int4 1tok"] / med["int8 1tok"],
+            "int4_over_bf16_block": med["int4 block"] / med["bf16 block"],
+            "int4_over_bf16_resident": rb["int4"] / rb["bf16"],
+            "int8_over_bf16_resident": rb["int8"] / rb["bf16"],
+            "int4_over_bf16_quantized_tensors": res["quantized_tensor_bytes"]["int4"]
+            / res["quantized_tensor_bytes"]["bf16"],
+        }
         if "llama.cpp Q4_K_M 1tok" in med:
             res["ratios"]["int4_1tok_over_llama_q4km_1tok"] = med["int4 1tok"] / med["llama.cpp Q4_K_M 1tok"]
-        res["targets"] = {"int4 block step <= 0.6x int8 block step": res["ratios"]["int4_over_int8_block"] <= 0.6,
-                          "resident bytes <= 0.3x bf16": res["ratios"]["int4_over_bf16_resident"] <= 0.3}
+        res["targets"] = {
+            "int4 block step <= 0.6x int8 block step": res["ratios"]["int4_over_int8_block"] <= 0.6,
+            "resident bytes <= 0.3x bf16": res["ratios"]["int4_over_bf16_resident"] <= 0.3,
+        }
         if "int4_1tok_over_llama_q4km_1tok" in res["ratios"]:
-            res["targets"]["int4 1-token step <= 0.7x llama.cpp Q4_K_M 1-token step"] = \
+            res["targets"]["int4 1-token step <= 0.7x llama.cpp Q4_K_M 1-token step"] = (
                 res["ratios"]["int4_1tok_over_llama_q4km_1tok"] <= 0.7
+            )
         return res
     finally:
         os.sched_setaffinity(0, before)
@@ -156,19 +172,26 @@ def accuracy(ctx, seeds: int) -> dict:
 
     a = ctx.args
     items = ctx.items(a.per_family or (3 if a.quick else 20))
-    models = {q: localdiff.load(a.model, device="cpu", dtype=torch.float32, quant=None if q == "float32" else q)
-              for q in ("float32", "int4")}
+    models = {
+        q: localdiff.load(a.model, device="cpu", dtype=torch.float32, quant=None if q == "float32" else q)
+        for q in ("float32", "int4")
+    }
     rows = []
     for k in range(seeds):
         row = {"seed": 1000 * k}
         for q, m in models.items():
-            row[q] = evaluate(m, items, seed=row["seed"], batch_size=a.batch_size,
-                              max_new_tokens=a.max_new_tokens)["correct"]
+            row[q] = evaluate(m, items, seed=row["seed"], batch_size=a.batch_size, max_new_tokens=a.max_new_tokens)[
+                "correct"
+            ]
         ctx.log(f"int4: eval seed {row['seed']}: " + ", ".join(f"{q} {row[q]}/{len(items)}" for q in models))
         rows.append(row)
     n = len(items)
-    out = {"model": a.model, "n_items": n, "rows": rows,
-           "mean_accuracy": {q: statistics.mean(r[q] for r in rows) / n for q in models}}
+    out = {
+        "model": a.model,
+        "n_items": n,
+        "rows": rows,
+        "mean_accuracy": {q: statistics.mean(r[q] for r in rows) / n for q in models},
+    }
     out["int4_minus_float32"] = paired([r["int4"] for r in rows], [r["float32"] for r in rows], n)
     p = out["int4_minus_float32"]
     out["int4_within_2pt"] = abs(p["mean_pt"]) <= 2.0
@@ -179,8 +202,10 @@ def run(ctx) -> dict:
     a = ctx.args
     from localdiff.bench.int4_dg import canvas_steps
 
-    sec = {"steps": steps(bool(a.quick), ctx.log, layers=8 if a.quick else None),
-           "canvas": canvas_steps(bool(a.quick), ctx.log)}
+    sec = {
+        "steps": steps(bool(a.quick), ctx.log, layers=8 if a.quick else None),
+        "canvas": canvas_steps(bool(a.quick), ctx.log),
+    }
     sec["accuracy"] = accuracy(ctx, a.seeds or (2 if a.quick else 4))
     return sec
 
@@ -188,18 +213,27 @@ def run(ctx) -> dict:
 def render_md(sec: dict) -> list[str]:
     """Markdown lines of the section."""
     s = sec.get("steps", {})
-    lines = [f"### int4 weights: {s.get('shape', '?')}, {s.get('history')} history, one core ({s.get('cpu', '?')})",
-             ""] if "steps" in s else ["### int4 weights", ""]
+    lines = (
+        [f"### int4 weights: {s.get('shape', '?')}, {s.get('history')} history, one core ({s.get('cpu', '?')})", ""]
+        if "steps" in s
+        else ["### int4 weights", ""]
+    )
     if "steps" in s:
         lines += ["| step | median ms | range ms |", "|---|---:|---:|"]
-        lines += [f"| {k} | {v['median_ms']:.1f} | {v['range_ms'][0]:.1f} … {v['range_ms'][1]:.1f} |"
-                  for k, v in s["steps"].items()]
+        lines += [
+            f"| {k} | {v['median_ms']:.1f} | {v['range_ms'][0]:.1f} … {v['range_ms'][1]:.1f} |"
+            for k, v in s["steps"].items()
+        ]
         rb, r = s["resident_bytes"], s["ratios"]
-        lines += ["", "resident bytes: " + ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in rb.items())
-                  + f" (int4 / bf16 = {r['int4_over_bf16_resident']:.3f})",
-                  "ratios: " + ", ".join(f"{k} {v:.2f}" for k, v in r.items()),
-                  "targets: " + ", ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in s["targets"].items()),
-                  f"kernels: int4 — {s['kernels']['int4']}; int8 — {s['kernels']['int8']}."]
+        lines += [
+            "",
+            "resident bytes: "
+            + ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in rb.items())
+            + f" (int4 / bf16 = {r['int4_over_bf16_resident']:.3f})",
+            "ratios: " + ", ".join(f"{k} {v:.2f}" for k, v in r.items()),
+            "targets: " + ", ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in s["targets"].items()),
+            f"kernels: int4 — {s['kernels']['int4']}; int8 — {s['kernels']['int8']}.",
+        ]
         if "skipped" in s.get("llama_cpp", {}):
             lines.append(f"llama.cpp: skipped ({s['llama_cpp']['skipped']}).")
     if sec.get("canvas"):
@@ -210,8 +244,11 @@ def render_md(sec: dict) -> list[str]:
     if acc:
         p = acc["int4_minus_float32"]
         ci = "" if p["ci_pt"] is None else f" (95 % CI {p['ci_pt'][0]:+.2f} … {p['ci_pt'][1]:+.2f})"
-        lines += ["", f"held-out eval ({acc['model']}, {acc['n_items']} items, {len(acc['rows'])} paired seeds): "
-                  + ", ".join(f"{q} {100 * v:.2f} %" for q, v in acc["mean_accuracy"].items())
-                  + f"; int4 − fp32 {p['mean_pt']:+.2f} pt{ci}: "
-                  + ("within 2 points" if acc["int4_within_2pt"] else "NOT within 2 points")]
+        lines += [
+            "",
+            f"held-out eval ({acc['model']}, {acc['n_items']} items, {len(acc['rows'])} paired seeds): "
+            + ", ".join(f"{q} {100 * v:.2f} %" for q, v in acc["mean_accuracy"].items())
+            + f"; int4 − fp32 {p['mean_pt']:+.2f} pt{ci}: "
+            + ("within 2 points" if acc["int4_within_2pt"] else "NOT within 2 points"),
+        ]
     return lines + [""]

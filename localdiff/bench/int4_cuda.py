@@ -9,6 +9,7 @@ memory plan's 1 GiB runtime reserve. Prints one line per figure and writes JSON 
   [6144 × 2048] and [2048 × 6144] (CUDA events, 50 repetitions after warm-up).
 * memory: ``torch.cuda.mem_get_info`` before and after the first CUDA call (the context), and the allocator's reserve.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,7 +48,7 @@ def exactness(dev) -> dict:
             worst = max(worst, ((y - ref).abs().max() / ref.abs().max()).item())
             worst_ours = max(worst_ours, ((y - x.double() @ ours_w.t()).abs().max() / ref.abs().max()).item())
         out[f"tinygemm [{n} x {k}]"] = {"max_rel_err_vs_tinygemm_dequant": worst, "max_rel_err_vs_ours": worst_ours}
-    q = _lin(40, 100, 1).to(dev)                       # odd shape: the dequantize fallback (exact up to fp32 sums)
+    q = _lin(40, 100, 1).to(dev)  # odd shape: the dequantize fallback (exact up to fp32 sums)
     x = torch.randn(7, 100, device=dev)
     ref = x.double() @ int4.dequantize(q.weight, q.weight_scale, q.weight_zero, 100, torch.float64).t()
     out["dequant [40 x 100] fp32"] = {"max_rel_err": ((q(x).double() - ref).abs().max() / ref.abs().max()).item()}
@@ -56,8 +57,9 @@ def exactness(dev) -> dict:
         q = _lin(256, 512, 2)
         x = torch.randn(4, 512)
         ref = x.double() @ int4.dequantize(q.weight, q.weight_scale, q.weight_zero, dtype=torch.float64).t()
-        out["bnb nf4 [256 x 512]"] = {"max_rel_err_vs_ours": ((b(x.to(dev)).double().cpu() - ref).abs().max()
-                                                              / ref.abs().max()).item()}
+        out["bnb nf4 [256 x 512]"] = {
+            "max_rel_err_vs_ours": ((b(x.to(dev)).double().cpu() - ref).abs().max() / ref.abs().max()).item()
+        }
     return out
 
 
@@ -93,9 +95,12 @@ def speed(dev) -> dict:
         nf4 = cuda4.BnbNF4Linear(q4) if cuda4.bnb_installed() else None
         for m in (1, 4, 16, 256):
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
-            row = {"bf16": _time(lambda: F.linear(x, wd)), "int4 tinygemm": _time(lambda: t(x)),
-                   "int4 dequant+gemm": _time(lambda: q4(x)),
-                   "int8": _time(lambda: int8.int8_matmul(x, q8, s8))}
+            row = {
+                "bf16": _time(lambda: F.linear(x, wd)),
+                "int4 tinygemm": _time(lambda: t(x)),
+                "int4 dequant+gemm": _time(lambda: q4(x)),
+                "int8": _time(lambda: int8.int8_matmul(x, q8, s8)),
+            }
             if nf4 is not None:
                 row["int4 bnb nf4"] = _time(lambda: nf4(x))
             out[f"[{n} x {k}] {m} rows"] = row
@@ -111,14 +116,20 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("int4_cuda: no CUDA device; nothing to check")
         return 0
-    free0, total = torch.cuda.mem_get_info()       # initialises the context
+    free0, total = torch.cuda.mem_get_info()  # initialises the context
     dev = torch.device("cuda")
     torch.ones(1, device=dev).matmul(torch.ones(1, 1, device=dev))
     free1, _ = torch.cuda.mem_get_info()
-    res = {"device": torch.cuda.get_device_name(), "memory": {
-        "total_bytes": total, "free_after_context_bytes": free0, "used_by_process_after_first_gemm_bytes":
-            total - free1, "allocator_reserved_bytes": torch.cuda.memory_reserved(),
-        "plan_runtime_reserve_bytes": 1 << 30}}
+    res = {
+        "device": torch.cuda.get_device_name(),
+        "memory": {
+            "total_bytes": total,
+            "free_after_context_bytes": free0,
+            "used_by_process_after_first_gemm_bytes": total - free1,
+            "allocator_reserved_bytes": torch.cuda.memory_reserved(),
+            "plan_runtime_reserve_bytes": 1 << 30,
+        },
+    }
     res["exactness"] = exactness(dev)
     res["speed_ms"] = speed(dev)
     for sec in ("memory", "exactness", "speed_ms"):

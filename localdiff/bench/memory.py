@@ -6,6 +6,7 @@ alone sets a high-water mark of a few hundred MB, which a small model never exce
 /proc) whose growth is the model's cost; plus the bytes of the loaded weights and, on a GPU, the CUDA peak
 allocated; as one JSON line on stdout.
 """
+
 from __future__ import annotations
 
 import json
@@ -67,8 +68,13 @@ def child(path: str, dtype: str, quant: str, device: str) -> dict:
     from localdiff import loader  # noqa: F401
     from localdiff import tokenizer  # noqa: F401
 
-    out = {"dtype": dtype, "quant": quant, "device": device, "peak_rss_after_import": _peak_rss_bytes(),
-           "rss_after_import": _rss_bytes()}
+    out = {
+        "dtype": dtype,
+        "quant": quant,
+        "device": device,
+        "peak_rss_after_import": _peak_rss_bytes(),
+        "rss_after_import": _rss_bytes(),
+    }
     m = localdiff.load(path, device=device, dtype=dtype, quant=None if quant == "none" else quant)
     out["peak_rss_after_load"] = _peak_rss_bytes()
     out["rss_after_load"] = _rss_bytes()

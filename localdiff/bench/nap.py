@@ -17,6 +17,7 @@ m = 1, 2, 3 think blocks (think / summary 32 tokens, one token per think block p
 Also a decoding-order picture per model (PNG, matplotlib from the ``bench`` extra): for one prompt, position × step
 heat maps of LLaDA, Fast-dLLM threshold and NAP m = 3 (which returned token is decoded by each step).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -80,7 +81,7 @@ def run_decoder(model, items: list[dict], pol: str, opts: dict, batch: int = 16)
     with policy(model, pol):
         for group in by_fam.values():
             for j in range(0, len(group), batch):
-                part = group[j:j + batch]
+                part = group[j : j + batch]
                 g = model.generate([it["prompt"] for it in part], max_new_tokens=MAX_NEW, seed=bi, **opts)
                 bi += 1
                 texts = g.text if isinstance(g.text, list) else [g.text]
@@ -95,10 +96,17 @@ def run_decoder(model, items: list[dict], pol: str, opts: dict, batch: int = 16)
                         loc.append(s["local@1"])
         sampler = model.sampler_options(**opts) if pol == "nap" else None
     n = len(items)
-    return {"accuracy": correct / n, "correct": correct, "n": n, "tpf": decoded / max(forwards, 1),
-            "forwards": forwards, "global_arness": sum(glob) / max(len(glob), 1),
-            "local_arness": sum(loc) / max(len(loc), 1), "seconds": time.perf_counter() - t0,
-            "sampler": sampler}
+    return {
+        "accuracy": correct / n,
+        "correct": correct,
+        "n": n,
+        "tpf": decoded / max(forwards, 1),
+        "forwards": forwards,
+        "global_arness": sum(glob) / max(len(glob), 1),
+        "local_arness": sum(loc) / max(len(loc), 1),
+        "seconds": time.perf_counter() - t0,
+        "sampler": sampler,
+    }
 
 
 def order_of(model, prompt: str, pol: str, opts: dict) -> list[int]:
@@ -124,10 +132,10 @@ def picture(orders: dict, path: Path, title: str) -> str | None:
         img = np.zeros((steps, max(len(cs), 1)))
         for pos, s in enumerate(cs):
             if s <= 0:
-                img[:, pos] = 0.35                    # prefilled template (NAP's tags)
+                img[:, pos] = 0.35  # prefilled template (NAP's tags)
             else:
-                img[s - 1, pos] = 1.0                 # committed at this step
-                img[s:, pos] = 0.6                    # decoded from then on
+                img[s - 1, pos] = 1.0  # committed at this step
+                img[s:, pos] = 0.6  # decoded from then on
         ax.imshow(img, aspect="auto", origin="upper", cmap="viridis", interpolation="nearest")
         ax.set_title(label, fontsize=8)
         ax.set_xlabel("position in the answer (returned tokens)", fontsize=7)
@@ -159,11 +167,14 @@ def section(ctx, out: Path) -> dict:
         for label, pol, opts in DECODERS:
             r = run_decoder(model, items, pol, opts)
             rows.append({"decoder": label, "policy": pol, "options": opts, **r})
-            ctx.log(f"nap: {name}: {label}: accuracy {r['accuracy']:.3f} TPF {r['tpf']:.2f} "
-                    f"Global ARness@1 {r['global_arness']:.3f} ({r['seconds']:.0f} s)")
+            ctx.log(
+                f"nap: {name}: {label}: accuracy {r['accuracy']:.3f} TPF {r['tpf']:.2f} "
+                f"Global ARness@1 {r['global_arness']:.3f} ({r['seconds']:.0f} s)"
+            )
         entry = {"rows": rows}
-        orders = {label: order_of(model, "What is 41 + 93?", pol, opts)
-                  for label, pol, opts in DECODERS if label in PICTURE}
+        orders = {
+            label: order_of(model, "What is 41 + 93?", pol, opts) for label, pol, opts in DECODERS if label in PICTURE
+        }
         png = out.parent / f"{out.stem}-nap-order-{name}.png"
         why = picture(orders, png, f"{name}: decoding order for 'What is 41 + 93?' (bright = committed at that step)")
         entry["picture" if why is None else "picture_skipped"] = str(png) if why is None else why
@@ -173,18 +184,29 @@ def section(ctx, out: Path) -> dict:
 
 def render_md(sec: dict) -> list[str]:
     """Markdown lines of the section."""
-    lines = ["## Masked decoders: accuracy, TPF and ARness (issue #21)", "",
-             f"{sec['items']} held-out items ({sec['per_family']} per family, `list` left out). TPF = answer tokens "
-             "the model decoded ÷ forwards; Global / Local ARness@1 (DiffuCoder / NAP; 1 = strictly left to "
-             "right), mean over rows.", ""]
+    lines = [
+        "## Masked decoders: accuracy, TPF and ARness (issue #21)",
+        "",
+        f"{sec['items']} held-out items ({sec['per_family']} per family, `list` left out). TPF = answer tokens "
+        "the model decoded ÷ forwards; Global / Local ARness@1 (DiffuCoder / NAP; 1 = strictly left to "
+        "right), mean over rows.",
+        "",
+    ]
     for name, m in sec["models"].items():
         if "skipped" in m:
             lines += [f"{name}: skipped ({m['skipped']})", ""]
             continue
-        lines += [f"### {name}", "", "| decoder | accuracy | TPF | Global ARness@1 | Local ARness@1 |",
-                  "|---|---:|---:|---:|---:|"]
-        lines += [f"| {r['decoder']} | {r['accuracy']:.1%} ({r['correct']}/{r['n']}) | {r['tpf']:.2f} | "
-                  f"{r['global_arness']:.3f} | {r['local_arness']:.3f} |" for r in m["rows"]]
+        lines += [
+            f"### {name}",
+            "",
+            "| decoder | accuracy | TPF | Global ARness@1 | Local ARness@1 |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {r['decoder']} | {r['accuracy']:.1%} ({r['correct']}/{r['n']}) | {r['tpf']:.2f} | "
+            f"{r['global_arness']:.3f} | {r['local_arness']:.3f} |"
+            for r in m["rows"]
+        ]
         lines.append("")
         if m.get("picture"):
             lines += [f"Decoding order (position × step): `{m['picture']}`", ""]

@@ -1,5 +1,6 @@
 """Helpers of the one-core bench sections (``--only int4``): pin the process to one core, name the CPU, and count a
 quantized model's resident bytes."""
+
 from __future__ import annotations
 
 import os

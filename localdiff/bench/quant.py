@@ -4,6 +4,7 @@ Prints GFLOP/s (2·M·K·N per call) per path and row count for the weight shape
 26B-A4B (an expert's gate_up [1408, 2816] and down [2816, 704], an attention projection [4096, 2816]), with bf16
 and fp32 activations. The numbers quoted in ``localdiff.quantize.int8`` come from this script on the 2-core CPU.
 """
+
 from __future__ import annotations
 
 import argparse

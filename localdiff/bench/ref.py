@@ -6,6 +6,7 @@ interleaved (the order alternates every repetition) so machine noise hits both s
 
 transformers is a test / bench-only dependency: it is imported here lazily, never by the runtime.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -18,22 +19,54 @@ import torch
 # A wider tiny-random DiffusionGemma (~10M parameters): the reference's per-step costs that do not shrink with
 # the model (masks, cache bookkeeping, sampler) show up at this size too. Minimal vision tower: transformers always
 # builds one; the runtime never loads it.
-WIDE_TEXT = dict(vocab_size=4096, hidden_size=256, intermediate_size=512, num_hidden_layers=6, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=64, global_head_dim=64, num_global_key_value_heads=1,
-                 sliding_window=64, num_experts=8, top_k_experts=2, moe_intermediate_size=128,
-                 max_position_embeddings=4096,
-                 layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2)
+WIDE_TEXT = dict(
+    vocab_size=4096,
+    hidden_size=256,
+    intermediate_size=512,
+    num_hidden_layers=6,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=64,
+    global_head_dim=64,
+    num_global_key_value_heads=1,
+    sliding_window=64,
+    num_experts=8,
+    top_k_experts=2,
+    moe_intermediate_size=128,
+    max_position_embeddings=4096,
+    layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
+)
 # A random DiffusionGemma (~65M parameters) with DiffusionGemma-26B-A4B's proportions for the history scaling:
 # five sliding layers then one global, a window of 4 canvases, and attention over 8k keys ≈ 0.19 of a canvas
 # token's other FLOPs (the 26B-A4B: 1.34 + 0.42 GFLOP of global + sliding attention at 8k vs ≈ 9.2 GFLOP; here
 # 12.6 + 2.0 vs ≈ 78 MFLOP). On the small models the 8k attention alone outweighs the rest of the step.
-PROPORTIONED_TEXT = dict(vocab_size=4096, hidden_size=512, intermediate_size=2048, num_hidden_layers=6,
-                         num_attention_heads=6, num_key_value_heads=2, head_dim=64, global_head_dim=64,
-                         num_global_key_value_heads=1, sliding_window=256, num_experts=8, top_k_experts=2,
-                         moe_intermediate_size=512, max_position_embeddings=16384,
-                         layer_types=["sliding_attention"] * 5 + ["full_attention"])
-WIDE_VISION = dict(model_type="gemma4_vision", hidden_size=16, intermediate_size=16, num_hidden_layers=1,
-                   num_attention_heads=1, num_key_value_heads=1, head_dim=16, global_head_dim=16)
+PROPORTIONED_TEXT = dict(
+    vocab_size=4096,
+    hidden_size=512,
+    intermediate_size=2048,
+    num_hidden_layers=6,
+    num_attention_heads=6,
+    num_key_value_heads=2,
+    head_dim=64,
+    global_head_dim=64,
+    num_global_key_value_heads=1,
+    sliding_window=256,
+    num_experts=8,
+    top_k_experts=2,
+    moe_intermediate_size=512,
+    max_position_embeddings=16384,
+    layer_types=["sliding_attention"] * 5 + ["full_attention"],
+)
+WIDE_VISION = dict(
+    model_type="gemma4_vision",
+    hidden_size=16,
+    intermediate_size=16,
+    num_hidden_layers=1,
+    num_attention_heads=1,
+    num_key_value_heads=1,
+    head_dim=16,
+    global_head_dim=16,
+)
 
 
 def transformers_available() -> str | None:
@@ -45,8 +78,7 @@ def transformers_available() -> str | None:
     return None
 
 
-def build_random(folder: Path | None = None, canvas_length: int = 64, seed: int = 0,
-                      text: dict | None = None) -> Path:
+def build_random(folder: Path | None = None, canvas_length: int = 64, seed: int = 0, text: dict | None = None) -> Path:
     """Save a random-weight DiffusionGemma (``text`` config, default WIDE_TEXT; canvas ``canvas_length``) with
     transformers; returns its folder.
 
@@ -59,8 +91,9 @@ def build_random(folder: Path | None = None, canvas_length: int = 64, seed: int 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     folder = Path(folder or tempfile.mkdtemp(prefix="localdiff-bench-random-"))
-    cfg = DiffusionGemmaConfig(text_config=dict(text or WIDE_TEXT), vision_config=dict(WIDE_VISION),
-                               canvas_length=canvas_length)
+    cfg = DiffusionGemmaConfig(
+        text_config=dict(text or WIDE_TEXT), vision_config=dict(WIDE_VISION), canvas_length=canvas_length
+    )
     torch.manual_seed(seed)
     DiffusionGemmaForBlockDiffusion(cfg).eval().save_pretrained(folder)
     return folder
@@ -101,7 +134,7 @@ def _run_ref(ref, ids, seed, max_new, ref_kw, counter, eos, pad):
     with torch.no_grad():
         out = ref.generate(ids, max_new_tokens=max_new, **ref_kw)
     sec = time.perf_counter() - t0
-    toks = normalize(out.sequences[0, ids.shape[1]:].tolist(), eos, pad)
+    toks = normalize(out.sequences[0, ids.shape[1] :].tolist(), eos, pad)
     return {"tokens": toks, "seconds": sec, "forwards": counter.n}
 
 
@@ -109,8 +142,11 @@ def _run_ld(m, ids, seed, max_new, opts):
     t0 = time.perf_counter()
     g = m.generate(ids[0].tolist(), chat=False, seed=seed, max_new_tokens=max_new, **opts)
     sec = time.perf_counter() - t0
-    return {"tokens": normalize(g.token_ids, m.eos_token_ids, m.pad_token_id), "seconds": sec,
-            "forwards": g.stats.forwards}
+    return {
+        "tokens": normalize(g.token_ids, m.eos_token_ids, m.pad_token_id),
+        "seconds": sec,
+        "forwards": g.stats.forwards,
+    }
 
 
 def _spread(xs: list[float]) -> dict:
@@ -118,8 +154,17 @@ def _spread(xs: list[float]) -> dict:
     return {"median": statistics.median(xs), "min": xs[0], "max": xs[-1], "n": len(xs)}
 
 
-def compare(path: Path, label: str, prompts: list[list[int]], seeds: list[int], reps: int, max_new_tokens: int,
-            steps: int | None, log=print, ld_dtype: str = "float32") -> dict:
+def compare(
+    path: Path,
+    label: str,
+    prompts: list[list[int]],
+    seeds: list[int],
+    reps: int,
+    max_new_tokens: int,
+    steps: int | None,
+    log=print,
+    ld_dtype: str = "float32",
+) -> dict:
     """Run both implementations on ``path`` for every (prompt, seed) pair ``reps`` times; return the results dict.
 
     Args:
@@ -139,15 +184,29 @@ def compare(path: Path, label: str, prompts: list[list[int]], seeds: list[int], 
     ref = load_reference(path)
     counter = _Counter(ref.model.decoder)
     opts = m.sampler_options(max_denoising_steps=steps)
-    ld_opts = {k: opts[k] for k in ("max_denoising_steps", "t_min", "t_max", "entropy_bound", "stability_threshold",
-                                    "confidence_threshold")}
+    ld_opts = {
+        k: opts[k]
+        for k in (
+            "max_denoising_steps",
+            "t_min",
+            "t_max",
+            "entropy_bound",
+            "stability_threshold",
+            "confidence_threshold",
+        )
+    }
     from transformers.models.diffusion_gemma.generation_diffusion_gemma import EntropyBoundSamplerConfig
 
-    ref_kw = dict(max_denoising_steps=int(opts["max_denoising_steps"]), t_min=float(opts["t_min"]),
-                  t_max=float(opts["t_max"]), stability_threshold=int(opts["stability_threshold"]),
-                  confidence_threshold=float(opts["confidence_threshold"]),
-                  sampler_config=EntropyBoundSamplerConfig(entropy_bound=float(opts["entropy_bound"])),
-                  eos_token_id=list(m.eos_token_ids), pad_token_id=m.pad_token_id)
+    ref_kw = dict(
+        max_denoising_steps=int(opts["max_denoising_steps"]),
+        t_min=float(opts["t_min"]),
+        t_max=float(opts["t_max"]),
+        stability_threshold=int(opts["stability_threshold"]),
+        confidence_threshold=float(opts["confidence_threshold"]),
+        sampler_config=EntropyBoundSamplerConfig(entropy_bound=float(opts["entropy_bound"])),
+        eos_token_id=list(m.eos_token_ids),
+        pad_token_id=m.pad_token_id,
+    )
     eos, pad = m.eos_token_ids, m.pad_token_id
     cases = [(s, torch.tensor([prompts[i % len(prompts)]], dtype=torch.long)) for i, s in enumerate(seeds)]
     # warm-up (first-call allocations, lazy init), not timed
@@ -158,8 +217,11 @@ def compare(path: Path, label: str, prompts: list[list[int]], seeds: list[int], 
         for s, ids in cases:
             order = ("ref", "ld") if (r % 2 == 0) else ("ld", "ref")
             for side in order:
-                res = (_run_ref(ref, ids, s, max_new_tokens, ref_kw, counter, eos, pad) if side == "ref"
-                       else _run_ld(m, ids, s, max_new_tokens, ld_opts))
+                res = (
+                    _run_ref(ref, ids, s, max_new_tokens, ref_kw, counter, eos, pad)
+                    if side == "ref"
+                    else _run_ld(m, ids, s, max_new_tokens, ld_opts)
+                )
                 runs[s][side].append(res)
         log(f"  [{label}] repetition {r + 1}/{reps} done")
     counter.handle.remove()
@@ -168,18 +230,27 @@ def compare(path: Path, label: str, prompts: list[list[int]], seeds: list[int], 
         ref_runs, ld_runs = runs[s]["ref"], runs[s]["ld"]
         same = all(a["tokens"] == b["tokens"] for a, b in zip(ref_runs, ld_runs))
         n_tok = len(ld_runs[0]["tokens"])
-        ratios = [(len(b["tokens"]) / b["seconds"]) / (len(a["tokens"]) / a["seconds"])
-                  for a, b in zip(ref_runs, ld_runs)]
+        ratios = [
+            (len(b["tokens"]) / b["seconds"]) / (len(a["tokens"]) / a["seconds"]) for a, b in zip(ref_runs, ld_runs)
+        ]
         row = {
-            "seed": s, "prompt_tokens": int(ids.shape[1]), "identical": same,
+            "seed": s,
+            "prompt_tokens": int(ids.shape[1]),
+            "identical": same,
             "new_tokens": {"ref": len(ref_runs[0]["tokens"]), "localdiff": n_tok},
             "forwards": {"ref": ref_runs[0]["forwards"], "localdiff": ld_runs[0]["forwards"]},
-            "tpf": {"ref": len(ref_runs[0]["tokens"]) / max(ref_runs[0]["forwards"], 1),
-                    "localdiff": n_tok / max(ld_runs[0]["forwards"], 1)},
-            "tokens_per_s": {"ref": _spread([len(a["tokens"]) / a["seconds"] for a in ref_runs]),
-                             "localdiff": _spread([len(b["tokens"]) / b["seconds"] for b in ld_runs])},
-            "ms_per_step": {"ref": _spread([1e3 * a["seconds"] / max(a["forwards"], 1) for a in ref_runs]),
-                            "localdiff": _spread([1e3 * b["seconds"] / max(b["forwards"], 1) for b in ld_runs])},
+            "tpf": {
+                "ref": len(ref_runs[0]["tokens"]) / max(ref_runs[0]["forwards"], 1),
+                "localdiff": n_tok / max(ld_runs[0]["forwards"], 1),
+            },
+            "tokens_per_s": {
+                "ref": _spread([len(a["tokens"]) / a["seconds"] for a in ref_runs]),
+                "localdiff": _spread([len(b["tokens"]) / b["seconds"] for b in ld_runs]),
+            },
+            "ms_per_step": {
+                "ref": _spread([1e3 * a["seconds"] / max(a["forwards"], 1) for a in ref_runs]),
+                "localdiff": _spread([1e3 * b["seconds"] / max(b["forwards"], 1) for b in ld_runs]),
+            },
             "speed_ratio": _spread(ratios),
         }
         if not same:
@@ -190,17 +261,30 @@ def compare(path: Path, label: str, prompts: list[list[int]], seeds: list[int], 
         rows.append(row)
     n_same = sum(r["identical"] for r in rows)
     summary = {
-        "identical_seeds": n_same, "seeds": len(rows),
+        "identical_seeds": n_same,
+        "seeds": len(rows),
         "speed_ratio": _spread(pooled) if pooled else None,
-        "tokens_per_s": {k: statistics.median(r["tokens_per_s"][k]["median"] for r in rows)
-                         for k in ("ref", "localdiff")},
-        "ms_per_step": {k: statistics.median(r["ms_per_step"][k]["median"] for r in rows)
-                        for k in ("ref", "localdiff")},
+        "tokens_per_s": {
+            k: statistics.median(r["tokens_per_s"][k]["median"] for r in rows) for k in ("ref", "localdiff")
+        },
+        "ms_per_step": {
+            k: statistics.median(r["ms_per_step"][k]["median"] for r in rows) for k in ("ref", "localdiff")
+        },
         "tpf": {k: statistics.median(r["tpf"][k] for r in rows) for k in ("ref", "localdiff")},
         "forwards": {k: sum(r["forwards"][k] for r in rows) for k in ("ref", "localdiff")},
     }
-    return {"model": label, "path": str(path), "canvas_length": m.config.canvas_length,
-            "parameters": sum(p.numel() for p in m.net.parameters()),
-            "settings": {"max_new_tokens": max_new_tokens, **ld_opts, "reps": reps, "localdiff_dtype": ld_dtype,
-                         "reference_dtype": "float32"},
-            "seeds": rows, "summary": summary}
+    return {
+        "model": label,
+        "path": str(path),
+        "canvas_length": m.config.canvas_length,
+        "parameters": sum(p.numel() for p in m.net.parameters()),
+        "settings": {
+            "max_new_tokens": max_new_tokens,
+            **ld_opts,
+            "reps": reps,
+            "localdiff_dtype": ld_dtype,
+            "reference_dtype": "float32",
+        },
+        "seeds": rows,
+        "summary": summary,
+    }

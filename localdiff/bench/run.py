@@ -28,6 +28,7 @@ Output: JSON (``--out``, default ``bench-results/bench-<time>.json``), a Markdow
 it (and to ``--md``), and ``--readme FILE`` replaces the text between ``<!-- bench:start -->`` and
 ``<!-- bench:end -->``. ``--quick`` runs a smaller version of every section (≈ 2 minutes on 2 CPU cores).
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -41,6 +42,7 @@ from pathlib import Path
 from localdiff.bench.args import SECTIONS, _sections, build_parser, check_inputs  # noqa: F401  (re-exported)
 from localdiff.bench.sections import SECTION_FUNCTIONS, Ctx
 from localdiff.errors import LocaldiffError, UsageError
+
 
 def _environment(threads: int) -> dict:
     import torch
@@ -58,10 +60,17 @@ def _environment(threads: int) -> dict:
     except (OSError, AttributeError):
         load = None
     cores = os.cpu_count() or 1
-    env = {"load_average_1min": load, "cpu_count": cores,
-           "date": _dt.datetime.now().isoformat(timespec="seconds"), "python": platform.python_version(),
-           "torch": torch.__version__, "threads": threads, "cpu": cpu, "device": "cpu",
-           "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+    env = {
+        "load_average_1min": load,
+        "cpu_count": cores,
+        "date": _dt.datetime.now().isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "threads": threads,
+        "cpu": cpu,
+        "device": "cpu",
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
     try:
         import transformers
 
@@ -91,8 +100,9 @@ def _run_sections(ctx: Ctx, names: list[str], res: dict, out: Path, log) -> bool
         t0 = time.perf_counter()
         try:
             if name == "sweep":
-                sec = SECTION_FUNCTIONS["sweep"](ctx, out.parent, out.stem,
-                                                 res["sections"].get("eval", {}).get("default"))
+                sec = SECTION_FUNCTIONS["sweep"](
+                    ctx, out.parent, out.stem, res["sections"].get("eval", {}).get("default")
+                )
             else:
                 fns = SECTION_FUNCTIONS
                 sec = fns[name](ctx) if name in fns else _own_file(ctx, name)
@@ -119,7 +129,7 @@ def _check_outputs(out: Path, md: Path | None, readme: Path | None) -> None:
             continue
         if path.is_dir():
             raise UsageError(f"{flag} {path}: is a folder; give a file name")
-        if path.exists() and not path.is_file():   # /dev/full, a pipe: the results (and the .md beside) are lost
+        if path.exists() and not path.is_file():  # /dev/full, a pipe: the results (and the .md beside) are lost
             raise UsageError(f"{flag} {path}: not a regular file; give a file name")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -128,8 +138,16 @@ def _check_outputs(out: Path, md: Path | None, readme: Path | None) -> None:
         if not os.access(path.parent, os.W_OK):
             raise UsageError(f"{flag} {path}: {path.parent} is not writable")
     if readme is not None and not readme.is_file():
-        raise UsageError(f"--readme: {readme} " + ("is a folder; give the README file" if readme.is_dir() else
-                                                   "does not exist" if not readme.exists() else "is not a file"))
+        raise UsageError(
+            f"--readme: {readme} "
+            + (
+                "is a folder; give the README file"
+                if readme.is_dir()
+                else "does not exist"
+                if not readme.exists()
+                else "is not a file"
+            )
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,8 +170,13 @@ def main(argv: list[str] | None = None) -> int:
         print(msg, file=sys.stderr, flush=True)
 
     ctx = Ctx(args, log)
-    res = {"quick": args.quick, "argv": list(argv or []), "environment": _environment(args.threads),
-           "sections": {}, "timings_s": {}}
+    res = {
+        "quick": args.quick,
+        "argv": list(argv or []),
+        "environment": _environment(args.threads),
+        "sections": {},
+        "timings_s": {},
+    }
     t_all, failed = time.perf_counter(), False
     try:
         failed = _run_sections(ctx, names, res, out, log)

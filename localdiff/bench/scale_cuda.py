@@ -7,6 +7,7 @@ warm-up) against the HBM bound of that step: the weight bytes one step reads (ev
 top-8 of 128 experts every expert is hit — plus the embedding matrix a second time, for the self-conditioning
 product and the tied LM head) ÷ the device's measured copy bandwidth (a 1 GiB device-to-device copy: read + write).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -72,8 +73,12 @@ def measure(sizes: list[str], reps: int = 10, device: str = "cuda") -> dict:
 
     dev = torch.device(device)
     bw = copy_bandwidth(dev)
-    out = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "bandwidth_GBps": bw / 1e9,
-           "bitsandbytes": bitsandbytes_available(), "sizes": []}
+    out = {
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        "bandwidth_GBps": bw / 1e9,
+        "bitsandbytes": bitsandbytes_available(),
+        "sizes": [],
+    }
     g = torch.Generator().manual_seed(0)
     for name in sizes:
         text = text_config(*SHAPES[name])
@@ -88,8 +93,10 @@ def measure(sizes: list[str], reps: int = 10, device: str = "cuda") -> dict:
                 cache = m.new_cache()
                 m.prefill(ids, cache)
                 sc = m.denoise(canvas, cache)
-                rows[label] = {"ms_per_step": _step_ms(lambda: m.denoise(canvas, cache, sc), dev, reps),
-                               "bytes_per_step": _bytes_per_step(m.net)}
+                rows[label] = {
+                    "ms_per_step": _step_ms(lambda: m.denoise(canvas, cache, sc), dev, reps),
+                    "bytes_per_step": _bytes_per_step(m.net),
+                }
                 del m, cache, sc
                 torch.cuda.empty_cache()
             ref = load_reference(path).to(device=dev, dtype=torch.bfloat16)
@@ -100,9 +107,13 @@ def measure(sizes: list[str], reps: int = 10, device: str = "cuda") -> dict:
                 ref.model.encoder(input_ids=ids, past_key_values=pkv)
                 first = ref(past_key_values=pkv, decoder_input_ids=canvas).logits
                 rows["reference bfloat16"] = {
-                    "ms_per_step": _step_ms(lambda: ref(past_key_values=pkv, decoder_input_ids=canvas,
-                                                        self_conditioning_logits=first), dev, reps),
-                    "bytes_per_step": rows["localdiff bfloat16"]["bytes_per_step"]}   # the same bf16 weights
+                    "ms_per_step": _step_ms(
+                        lambda: ref(past_key_values=pkv, decoder_input_ids=canvas, self_conditioning_logits=first),
+                        dev,
+                        reps,
+                    ),
+                    "bytes_per_step": rows["localdiff bfloat16"]["bytes_per_step"],
+                }  # the same bf16 weights
             del ref, pkv
             torch.cuda.empty_cache()
         for r in rows.values():
@@ -125,9 +136,11 @@ def main(argv=None) -> int:
     res = measure([s.strip() for s in args.sizes.split(",") if s.strip()], args.reps, args.device)
     for s in res["sizes"]:
         for k, r in s["runs"].items():
-            print(f"{s['name']:>5} {k:<20} {r['ms_per_step']['median']:8.2f} ms/step  HBM bound "
-                  f"{r['hbm_bound_ms']:7.2f} ms ({r['bytes_per_step'] / 2**20:.0f} MiB at "
-                  f"{res['bandwidth_GBps']:.0f} GB/s)  step/bound {r['step_over_bound']:.1f}x")
+            print(
+                f"{s['name']:>5} {k:<20} {r['ms_per_step']['median']:8.2f} ms/step  HBM bound "
+                f"{r['hbm_bound_ms']:7.2f} ms ({r['bytes_per_step'] / 2**20:.0f} MiB at "
+                f"{res['bandwidth_GBps']:.0f} GB/s)  step/bound {r['step_over_bound']:.1f}x"
+            )
     if args.out:
         args.out.write_text(json.dumps(res, indent=2))
     return 0

@@ -14,6 +14,7 @@ self-conditioning product (reduction over V); a batched product over ``num_exper
 one is the experts; attention kernels (and bmm over other batch sizes) are attention; every other product is
 "other linears" (q/k/v/o, dense MLPs, router, self-conditioning MLP).
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -51,12 +52,21 @@ def _native_experts_flops(out, x, flat, order, weights, gate_up, down, *rest, **
 
 
 # seen instead of their decomposition (mm / bmm) under torch.inference_mode, which localdiff's model code runs in
-_EXTRA = {aten._grouped_mm: _grouped_mm_flops, aten._scaled_dot_product_flash_attention_for_cpu: _attention_flops,
-          aten.scaled_dot_product_attention: _attention_flops, aten.linear: _linear_flops,
-          aten.matmul: _matmul_flops, torch.ops.localdiff.experts_bf16: _native_experts_flops}
-_ATTENTION = {aten._scaled_dot_product_flash_attention_for_cpu, aten._scaled_dot_product_flash_attention,
-              aten._scaled_dot_product_efficient_attention, aten._scaled_dot_product_cudnn_attention,
-              aten.scaled_dot_product_attention}
+_EXTRA = {
+    aten._grouped_mm: _grouped_mm_flops,
+    aten._scaled_dot_product_flash_attention_for_cpu: _attention_flops,
+    aten.scaled_dot_product_attention: _attention_flops,
+    aten.linear: _linear_flops,
+    aten.matmul: _matmul_flops,
+    torch.ops.localdiff.experts_bf16: _native_experts_flops,
+}
+_ATTENTION = {
+    aten._scaled_dot_product_flash_attention_for_cpu,
+    aten._scaled_dot_product_flash_attention,
+    aten._scaled_dot_product_efficient_attention,
+    aten._scaled_dot_product_cudnn_attention,
+    aten.scaled_dot_product_attention,
+}
 
 
 class FlopCount(TorchDispatchMode):
@@ -96,7 +106,7 @@ class FlopCount(TorchDispatchMode):
         if out.shape[-1] == self.vocab:
             return "LM head"
         k = mats[-1].shape[-1] if packet is aten.linear else mats[-1].shape[-2]
-        if k == self.vocab:                                # a reduction over the vocabulary: probs · E
+        if k == self.vocab:  # a reduction over the vocabulary: probs · E
             return "self-conditioning product"
         return "other linears"
 
@@ -104,23 +114,35 @@ class FlopCount(TorchDispatchMode):
 def group_arithmetic(by: dict) -> dict:
     """:func:`localdiff.bench.scale_shapes.flops_per_step`'s components in :class:`FlopCount`'s five groups."""
     other = ("attention projections", "dense MLP", "router", "self-conditioning MLP")
-    return {"experts": by["experts"], "LM head": by["LM head"],
-            "self-conditioning product": by["self-conditioning product"],
-            "attention scores": by["attention scores"], "other linears": sum(by[k] for k in other)}
+    return {
+        "experts": by["experts"],
+        "LM head": by["LM head"],
+        "self-conditioning product": by["self-conditioning product"],
+        "attention scores": by["attention scores"],
+        "other linears": sum(by[k] for k in other),
+    }
 
 
 def prefill_flops(text: dict, rows: int) -> dict:
     """Arithmetic FLOPs of the prompt's encoder pass (``rows`` tokens, causal, no LM head), in the five groups;
     attention counted over all ``rows`` keys per row (what the CPU flash kernel computes for a full mask)."""
     h = text["hidden_size"]
-    heads, kv, d, gd = (text["num_attention_heads"], text["num_key_value_heads"], text["head_dim"],
-                        text["global_head_dim"])
+    heads, kv, d, gd = (
+        text["num_attention_heads"],
+        text["num_key_value_heads"],
+        text["head_dim"],
+        text["global_head_dim"],
+    )
     out = dict.fromkeys(("experts", "LM head", "self-conditioning product", "attention scores", "other linears"), 0)
     for ty in text["layer_types"]:
         sliding = ty == "sliding_attention"
         dd, kk = (d, kv) if sliding else (gd, text["num_global_key_value_heads"])
-        out["other linears"] += (h * heads * dd * 2 + h * kk * dd * (2 if sliding else 1)
-                                 + 3 * h * text["intermediate_size"] + h * text["num_experts"])
+        out["other linears"] += (
+            h * heads * dd * 2
+            + h * kk * dd * (2 if sliding else 1)
+            + 3 * h * text["intermediate_size"]
+            + h * text["num_experts"]
+        )
         out["attention scores"] += 2 * heads * dd * rows
         out["experts"] += text["top_k_experts"] * 3 * h * text["moe_intermediate_size"]
     return {k: 2 * n * rows for k, n in out.items()}
@@ -140,15 +162,19 @@ def cross_check(side, ids: torch.Tensor, text: dict, steps_arith: dict, prompt: 
     f = max(got["forwards"], 1)
     pre = prefill_flops(text, prompt)
     arith = group_arithmetic(steps_arith)
-    arith["self-conditioning product"] *= (f - 1) / f      # a canvas's first step has no previous distribution
+    arith["self-conditioning product"] *= (f - 1) / f  # a canvas's first step has no previous distribution
     counted = {k: (fc.by_component.get(k, 0) - pre[k]) / f for k in arith}
-    return {"forwards": got["forwards"], "counted": counted, "arithmetic": arith,
-            "counted_total": sum(counted.values()), "arithmetic_total": sum(arith.values()),
-            "ratio": sum(counted.values()) / max(sum(arith.values()), 1)}
+    return {
+        "forwards": got["forwards"],
+        "counted": counted,
+        "arithmetic": arith,
+        "counted_total": sum(counted.values()),
+        "arithmetic_total": sum(arith.values()),
+        "ratio": sum(counted.values()) / max(sum(arith.values()), 1),
+    }
 
 
-def real_vocab(name: str, text: dict, build, make_side, ids: torch.Tensor, prompt: int, arith: dict,
-               log=print) -> dict:
+def real_vocab(name: str, text: dict, build, make_side, ids: torch.Tensor, prompt: int, arith: dict, log=print) -> dict:
     """The cross-check at a model's real vocabulary (``text["vocab_size"]``): ``build(folder, text)`` writes a
     random checkpoint, ``make_side(key, folder)`` loads one side (:class:`localdiff.bench.scale_sides.Side`); one
     canvas of localdiff's default and of the reference (bf16) is counted, not timed. Returns {"name", "vocab", side key:
@@ -172,11 +198,17 @@ def real_vocab(name: str, text: dict, build, make_side, ids: torch.Tensor, promp
 def render_md(checks: dict, label: str) -> list[str]:
     """Markdown lines: per side, counted vs arithmetic GFLOP per canvas step by component."""
     comps = next(iter(checks.values()))["arithmetic"].keys()
-    out = [f"FLOPs per canvas step, {label}: counted by the dispatch-mode counter "
-           "(`localdiff.bench.scale_flops`) vs the arithmetic from the shapes (GFLOP)", "",
-           "| side | " + " | ".join(comps) + " | total | counted ÷ arithmetic |", "|---|" + "---:|" * (len(comps) + 2)]
+    out = [
+        f"FLOPs per canvas step, {label}: counted by the dispatch-mode counter "
+        "(`localdiff.bench.scale_flops`) vs the arithmetic from the shapes (GFLOP)",
+        "",
+        "| side | " + " | ".join(comps) + " | total | counted ÷ arithmetic |",
+        "|---|" + "---:|" * (len(comps) + 2),
+    ]
     for key, c in checks.items():
         cells = [f"{c['counted'][k] / 1e9:.2f} / {c['arithmetic'][k] / 1e9:.2f}" for k in comps]
-        out.append(f"| {key} | " + " | ".join(cells) + f" | {c['counted_total'] / 1e9:.1f} / "
-                   f"{c['arithmetic_total'] / 1e9:.1f} | {c['ratio']:.3f} |")
+        out.append(
+            f"| {key} | " + " | ".join(cells) + f" | {c['counted_total'] / 1e9:.1f} / "
+            f"{c['arithmetic_total'] / 1e9:.1f} | {c['ratio']:.3f} |"
+        )
     return out

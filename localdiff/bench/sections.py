@@ -3,6 +3,7 @@
 ``history.py``, ``memory.py``, ``serve.py``) — their quick / full sizes, and the context every section shares
 (:class:`Ctx`: the embedded model and its eval items, loaded once; the random models, built once).
 :mod:`localdiff.bench.run` runs them and the sections in their own files."""
+
 from __future__ import annotations
 
 import json
@@ -14,11 +15,18 @@ from localdiff.errors import LocaldiffError
 
 # (quick, full) sizes
 SIZES = {
-    "ref_seeds": (3, 5), "ref_reps": (3, 5), "ref_canvases": (2, 4),
-    "eval_per_family": (3, None), "sweep_per_family": (3, 20),
-    "history": ([256, 1024], [256, 1024, 4096, 8192]), "history_steps": (5, 7), "history_recompute": (1, 3),
-    "memory": ([("float32", "none"), ("bfloat16", "none"), ("float32", "int8")],
-               [("float32", "none"), ("bfloat16", "none"), ("float32", "int8"), ("bfloat16", "int8")]),
+    "ref_seeds": (3, 5),
+    "ref_reps": (3, 5),
+    "ref_canvases": (2, 4),
+    "eval_per_family": (3, None),
+    "sweep_per_family": (3, 20),
+    "history": ([256, 1024], [256, 1024, 4096, 8192]),
+    "history_steps": (5, 7),
+    "history_recompute": (1, 3),
+    "memory": (
+        [("float32", "none"), ("bfloat16", "none"), ("float32", "int8")],
+        [("float32", "none"), ("bfloat16", "none"), ("float32", "int8"), ("bfloat16", "int8")],
+    ),
 }
 
 
@@ -80,9 +88,16 @@ def _ref(ctx: Ctx) -> dict:
     why = bench_ref.transformers_available()
     if why:
         return {"skipped": why}
-    a, out = ctx.args, {"runs": [], "notes": [
-        "ratio = localdiff tokens/s ÷ reference tokens/s per repetition (interleaved, alternating order); "
-        "ms/step = wall time ÷ decoder forwards (includes prefill and the sampler)"]}
+    a, out = (
+        ctx.args,
+        {
+            "runs": [],
+            "notes": [
+                "ratio = localdiff tokens/s ÷ reference tokens/s per repetition (interleaved, alternating order); "
+                "ms/step = wall time ÷ decoder forwards (includes prefill and the sampler)"
+            ],
+        },
+    )
     seeds = list(range(a.seeds or _size(a, "ref_seeds")))
     reps = a.reps or _size(a, "ref_reps")
     m = None
@@ -96,11 +111,14 @@ def _ref(ctx: Ctx) -> dict:
         by_fam = {}
         for it in items:  # one prompt per family first, so the seeds cover different tasks
             by_fam.setdefault(it["family"], it)
-        prompts = [m.encode_prompt(it["prompt"], chat=True)[0] for it in list(by_fam.values()) + items][:len(seeds)]
+        prompts = [m.encode_prompt(it["prompt"], chat=True)[0] for it in list(by_fam.values()) + items][: len(seeds)]
         n_new = m.config.canvas_length * _size(a, "ref_canvases")
         ctx.log(f"ref: embedded model {m.path} ({len(seeds)} seeds × {reps} repetitions)")
-        out["runs"].append(bench_ref.compare(m.path, "embedded (" + str(a.model) + ")", prompts, seeds, reps, n_new,
-                                             None, ctx.log, a.ld_dtype))
+        out["runs"].append(
+            bench_ref.compare(
+                m.path, "embedded (" + str(a.model) + ")", prompts, seeds, reps, n_new, None, ctx.log, a.ld_dtype
+            )
+        )
     if a.ref_on == "embedded":
         return out
     path, label = ctx.wide_path(), ctx.wide_label()
@@ -109,9 +127,19 @@ def _ref(ctx: Ctx) -> dict:
     rng = random.Random(0)
     prompts = [[rng.randrange(3, vocab) for _ in range(24)] for _ in seeds]
     ctx.log(f"ref: random model {path} ({len(seeds)} seeds × {reps} repetitions, {a.random_steps} steps)")
-    out["runs"].append(bench_ref.compare(path, label, prompts, seeds, reps,
-                                         int(cfg.get("canvas_length") or 256) * _size(a, "ref_canvases"),
-                                         a.random_steps, ctx.log, a.ld_dtype))
+    out["runs"].append(
+        bench_ref.compare(
+            path,
+            label,
+            prompts,
+            seeds,
+            reps,
+            int(cfg.get("canvas_length") or 256) * _size(a, "ref_canvases"),
+            a.random_steps,
+            ctx.log,
+            a.ld_dtype,
+        )
+    )
     return out
 
 
@@ -135,18 +163,26 @@ def _sweep(ctx: Ctx, out_dir: Path, stem: str, default: dict | None) -> dict:
     per = _size(a, "sweep_per_family")
     items = ctx.items(per)
     defaults = m.sampler_options()
-    settings = [s for s in be.sweep_settings(a.quick, defaults["max_denoising_steps"])
-                if m.sampler_options(**s) != defaults]  # the default point runs once, as "default"
+    settings = [
+        s for s in be.sweep_settings(a.quick, defaults["max_denoising_steps"]) if m.sampler_options(**s) != defaults
+    ]  # the default point runs once, as "default"
     ctx.log(f"sweep: {len(settings)} settings × {len(items)} items")
     same = default is not None and default.get("items_digest") == be.items_digest(items)
     base = default if same else be.evaluate(m, items, seed=0, batch_size=a.batch_size, max_new_tokens=a.max_new_tokens)
-    rows = [{"setting": {}, "label": "default", "accuracy": base["accuracy"], "tpf": base["tpf"],
-             "seconds": base["seconds"], "per_family": {k: v["accuracy"] for k, v in base["per_family"].items()}}]
+    rows = [
+        {
+            "setting": {},
+            "label": "default",
+            "accuracy": base["accuracy"],
+            "tpf": base["tpf"],
+            "seconds": base["seconds"],
+            "per_family": {k: v["accuracy"] for k, v in base["per_family"].items()},
+        }
+    ]
     rows += be.run_sweep(m, items, settings, 0, a.batch_size, ctx.log, a.max_new_tokens)
     best = be.best_point(rows, len(items))
     ctx.log(f"  best accuracy-per-TPF point: {best['label']} (accuracy {best['accuracy']:.1%}, TPF {best['tpf']:.2f})")
-    sec = {"items": len(items), "per_family": per, "rows": rows, "best": best,
-           "default_sampler": base["sampler"]}
+    sec = {"items": len(items), "per_family": per, "rows": rows, "best": best, "default_sampler": base["sampler"]}
     if not a.no_plot:
         png = out_dir / f"{stem}-sweep.png"
         why = be.plot(rows, rows[0], png, set(best["pareto"]) | {best["label"]})
@@ -165,23 +201,28 @@ def _history(ctx: Ctx) -> dict:
     a = ctx.args
     lengths = [int(x) for x in a.history.split(",")] if a.history else _size(a, "history")
     ctx.log(f"history: {lengths} tokens")
-    sec = history_scaling(ctx.model(), lengths, _size(a, "history_steps"), _size(a, "history_recompute"),
-                          log=ctx.log)
+    sec = history_scaling(ctx.model(), lengths, _size(a, "history_steps"), _size(a, "history_recompute"), log=ctx.log)
     sec["model"] = f"embedded ({a.model})"
     sec["others"] = []
     others = []
-    have_ref = bench_ref.transformers_available() is None   # the random models are built with transformers
+    have_ref = bench_ref.transformers_available() is None  # the random models are built with transformers
     if have_ref or a.random_model is not None:
         others.append((ctx.wide_label(), ctx.wide_path))
     if have_ref and not a.quick:
-        others.append(("random, DiffusionGemma-26B-A4B's proportions (~65M parameters; 8k attention ≈ 0.19 of a "
-                       "token's other FLOPs)", ctx.proportioned_path))
+        others.append(
+            (
+                "random, DiffusionGemma-26B-A4B's proportions (~65M parameters; 8k attention ≈ 0.19 of a "
+                "token's other FLOPs)",
+                ctx.proportioned_path,
+            )
+        )
     import localdiff
 
     for label, where in others:
         ctx.log(f"history: {label}")
-        r = history_scaling(localdiff.load(where(), device="cpu", dtype="float32"), lengths,
-                            _size(a, "history_steps"), 1, log=ctx.log)
+        r = history_scaling(
+            localdiff.load(where(), device="cpu", dtype="float32"), lengths, _size(a, "history_steps"), 1, log=ctx.log
+        )
         r["model"] = label
         sec["others"].append(r)
     return sec
@@ -199,9 +240,15 @@ def _memory(ctx: Ctx) -> dict:
     rows = []
     for d, q, dev in plans:
         r = measure(path, d, q, dev)
-        ctx.log(f"memory: {d} {q} {dev}: " + (f"skipped ({r['skipped']})" if "skipped" in r else
-                f"weights {r['weight_bytes'] / 2**20:.1f} MiB, "
-                f"peak RSS {r['peak_rss_after_generate'] / 2**20:.0f} MiB"))
+        ctx.log(
+            f"memory: {d} {q} {dev}: "
+            + (
+                f"skipped ({r['skipped']})"
+                if "skipped" in r
+                else f"weights {r['weight_bytes'] / 2**20:.1f} MiB, "
+                f"peak RSS {r['peak_rss_after_generate'] / 2**20:.0f} MiB"
+            )
+        )
         rows.append(r)
     return {"rows": rows}
 
@@ -223,6 +270,14 @@ def _serve(ctx: Ctx) -> dict:
     seeds, reps, secs = ((0, 1), 3, 0.0) if ctx.args.quick else ((0, 1, 2), 10, 12.0)
     return measure(m, "What is 27 + 58?", seeds=seeds, reps=reps, log=ctx.log, min_seconds=secs)
 
+
 #: section name → its function here (``sweep`` takes the results file's folder and stem and the eval section too)
-SECTION_FUNCTIONS = {"ref": _ref, "eval": _eval, "sweep": _sweep, "history": _history, "memory": _memory,
-            "profile": _profile, "serve": _serve}
+SECTION_FUNCTIONS = {
+    "ref": _ref,
+    "eval": _eval,
+    "sweep": _sweep,
+    "history": _history,
+    "memory": _memory,
+    "profile": _profile,
+    "serve": _serve,
+}

@@ -25,6 +25,7 @@ median and range. CPU ms per request are per thread (``pthread_getcpuclockid``; 
 ``thread_time``): on a machine shared with other jobs they are steadier than wall times. The load average is
 recorded before and after each stack × layout.
 """
+
 from __future__ import annotations
 
 import os
@@ -34,7 +35,7 @@ import time
 from localdiff.bench import serve_harness
 
 WORKLOADS = {  # name → (extra sampler options, canvas events asked for): a typical short answer, canvases run
-    "short answer (default sampler)": ({}, "none"),              # to their step cap, and the canvas-events extension
+    "short answer (default sampler)": ({}, "none"),  # to their step cap, and the canvas-events extension
     "12 steps per canvas": ({"max_denoising_steps": 12, "confidence_threshold": 1e-12}, "none"),
     "48 steps per canvas": ({"max_denoising_steps": 48, "confidence_threshold": 1e-12}, "none"),
     "short answer, canvas events (steps)": ({}, "steps"),
@@ -60,13 +61,18 @@ def _stats(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-
 def _spread(values: list[float]) -> dict:
     """Median, quartiles, range, and a distribution-free 95 % confidence interval of the median ("ci",
     :func:`median_ci`)."""
     q = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else [values[0]] * 3
-    return {"median": statistics.median(values), "q1": q[0], "q3": q[2], "min": min(values), "max": max(values),
-            "ci": median_ci(values)}
+    return {
+        "median": statistics.median(values),
+        "q1": q[0],
+        "q3": q[2],
+        "min": min(values),
+        "max": max(values),
+        "ci": median_ci(values),
+    }
 
 
 def median_ci(values: list[float], z: float = 1.96) -> tuple[float, float]:
@@ -78,23 +84,31 @@ def median_ci(values: list[float], z: float = 1.96) -> tuple[float, float]:
     n = len(v)
     if n < 6:
         return (v[0], v[-1])
-    half = z * n ** 0.5 / 2
+    half = z * n**0.5 / 2
     lo, hi = max(round(n / 2 - half) - 1, 0), min(round(n / 2 + half + 1) - 1, n - 1)
     return (v[lo], v[hi])
 
 
 def _summary(rows: list[tuple], cpu: list[dict]) -> dict:
-    out = {"ttfb_ms": _stats([r[0] * 1000 for r in rows]),
-           "tokens_per_s": _stats([r[2] / r[1] for r in rows if r[1] > 0]),
-           "tokens": [r[2] for r in rows]}
+    out = {
+        "ttfb_ms": _stats([r[0] * 1000 for r in rows]),
+        "tokens_per_s": _stats([r[2] / r[1] for r in rows if r[1] > 0]),
+        "tokens": [r[2] for r in rows],
+    }
     out["cpu_ms"] = {k: statistics.median(c[k] for c in cpu) for k in cpu[0]} if cpu else {}
     out["cpu_total_ms"] = _stats([sum(c.values()) for c in cpu]) if cpu else {}
     return out
 
 
 def _body(prompt, seed, max_new, opts, events, model_name) -> dict:
-    body = {"model": model_name, "messages": [{"role": "user", "content": prompt}], "seed": seed, "stream": True,
-            "max_tokens": max_new, "stream_options": {"include_usage": True}}
+    body = {
+        "model": model_name,
+        "messages": [{"role": "user", "content": prompt}],
+        "seed": seed,
+        "stream": True,
+        "max_tokens": max_new,
+        "stream_options": {"include_usage": True},
+    }
     ext = {**opts, **({"events": events} if events != "none" else {})}
     if ext:
         body["localdiff"] = ext
@@ -109,8 +123,9 @@ def _pair_overheads(pairs: list[tuple]) -> dict:
     return {"ttfb": _spread(ttfb), "tokens_per_s": _spread(tps)}
 
 
-def _measure_one(srv: _Server, model, prompt, seeds, reps, max_new_tokens, warmup, log,
-                 min_seconds: float = 0.0) -> list[dict]:
+def _measure_one(
+    srv: _Server, model, prompt, seeds, reps, max_new_tokens, warmup, log, min_seconds: float = 0.0
+) -> list[dict]:
     def run(which, seed, opts, events):
         c0 = srv.clocks.read()
         if which == "in_process":
@@ -120,7 +135,7 @@ def _measure_one(srv: _Server, model, prompt, seeds, reps, max_new_tokens, warmu
             out = srv.post(_body(prompt, seed, max_new_tokens, opts, events, model.name))
             r = (out["first"] if out["first"] is not None else out["total"], out["total"], out["n"])
             client = out["cpu_ms"]
-        c1 = srv.clocks.read()   # in-process: the caller only waits and the loop idles
+        c1 = srv.clocks.read()  # in-process: the caller only waits and the loop idles
         return r, {"client": client, **{k: (c1[k] - c0[k]) * 1000 for k in c0}}
 
     rows = []
@@ -146,22 +161,33 @@ def _measure_one(srv: _Server, model, prompt, seeds, reps, max_new_tokens, warmu
                 pairs.append((pair["in_process"], pair["served"]))
         ia, sb = _summary(*got["in_process"]), _summary(*got["served"])
         if ia["tokens"] != sb["tokens"]:
-            raise RuntimeError(f"serve bench, {name}: token counts differ between the paths "
-                               f"({ia['tokens']} vs {sb['tokens']})")
-        row = {"workload": name, "reps": n_reps, "in_process": ia, "served": sb, "pairs": _pair_overheads(pairs),
-               "ttfb_overhead_ms": sb["ttfb_ms"]["median"] - ia["ttfb_ms"]["median"],
-               "tokens_per_s_overhead": 1 - sb["tokens_per_s"]["median"] / ia["tokens_per_s"]["median"],
-               "cpu_overhead": sb["cpu_total_ms"]["median"] / ia["cpu_total_ms"]["median"] - 1,
-               "same_tokens": True}
+            raise RuntimeError(
+                f"serve bench, {name}: token counts differ between the paths ({ia['tokens']} vs {sb['tokens']})"
+            )
+        row = {
+            "workload": name,
+            "reps": n_reps,
+            "in_process": ia,
+            "served": sb,
+            "pairs": _pair_overheads(pairs),
+            "ttfb_overhead_ms": sb["ttfb_ms"]["median"] - ia["ttfb_ms"]["median"],
+            "tokens_per_s_overhead": 1 - sb["tokens_per_s"]["median"] / ia["tokens_per_s"]["median"],
+            "cpu_overhead": sb["cpu_total_ms"]["median"] / ia["cpu_total_ms"]["median"] - 1,
+            "same_tokens": True,
+        }
         po = row["pairs"]
-        log(f"serve: {name}: TTFB {ia['ttfb_ms']['median']:.1f} → {sb['ttfb_ms']['median']:.1f} ms "
+        log(
+            f"serve: {name}: TTFB {ia['ttfb_ms']['median']:.1f} → {sb['ttfb_ms']['median']:.1f} ms "
             f"({100 * po['ttfb']['median']:+.1f} %, 95 % CI {_ci_pct(po['ttfb'])}), tokens/s "
             f"{ia['tokens_per_s']['median']:.1f} → {sb['tokens_per_s']['median']:.1f} "
             f"({100 * po['tokens_per_s']['median']:+.1f} % overhead, 95 % CI {_ci_pct(po['tokens_per_s'])}, "
             f"{len(pairs)} pairs {100 * po['tokens_per_s']['min']:+.1f}…{100 * po['tokens_per_s']['max']:+.1f}); "
             f"CPU ms/request "
-            f"(client, loop, model) in-process " + ", ".join(f"{v:.2f}" for v in ia["cpu_ms"].values())
-            + ", served " + ", ".join(f"{v:.2f}" for v in sb["cpu_ms"].values()))
+            f"(client, loop, model) in-process "
+            + ", ".join(f"{v:.2f}" for v in ia["cpu_ms"].values())
+            + ", served "
+            + ", ".join(f"{v:.2f}" for v in sb["cpu_ms"].values())
+        )
         rows.append(row)
     return rows
 
@@ -180,8 +206,18 @@ def _ci_pct(s: dict) -> str:
     return f"{100 * lo:+.1f}…{100 * hi:+.1f} %"
 
 
-def measure(model, prompt: str, seeds=(0, 1, 2), reps: int = 10, max_new_tokens: int | None = None, warmup: int = 3,
-            log=print, stacks=None, layouts=None, min_seconds: float = 0.0) -> dict:
+def measure(
+    model,
+    prompt: str,
+    seeds=(0, 1, 2),
+    reps: int = 10,
+    max_new_tokens: int | None = None,
+    warmup: int = 3,
+    log=print,
+    stacks=None,
+    layouts=None,
+    min_seconds: float = 0.0,
+) -> dict:
     """For each HTTP stack (:func:`serve_harness.stacks`) and thread layout (:func:`localdiff.bench.serve_harness.layouts`), run each workload over ``seeds``
     × ``reps`` per path (more for a workload whose warm-up pairs show that its pairs would take under
     ``min_seconds``: :func:`_reps_for`), ABBA-alternating in-process and served.
@@ -208,36 +244,55 @@ def measure(model, prompt: str, seeds=(0, 1, 2), reps: int = 10, max_new_tokens:
     runs = []
     for stack in stacks or serve_harness.stacks():
         for layout in layouts or serve_harness.layouts():
-            log(f"serve: {stack[0]} + {stack[1]}, {layout['name']} (model thread on CPU {layout['model']}, event "
-                f"loop on {layout['loop']}, client process on {layout['client']})")
+            log(
+                f"serve: {stack[0]} + {stack[1]}, {layout['name']} (model thread on CPU {layout['model']}, event "
+                f"loop on {layout['loop']}, client process on {layout['client']})"
+            )
             load_before = os.getloadavg()
             srv = serve_harness.Server(model, stack, layout)
             try:
                 rows = _measure_one(srv, model, prompt, seeds, reps, max_new_tokens, warmup, log, min_seconds)
             finally:
                 srv.close()
-            runs.append({"stack": {"loop": stack[0], "http": stack[1]}, "layout": layout,
-                         "load_before": load_before, "load_after": os.getloadavg(), "rows": rows})
-    return {"prompt": prompt, "seeds": list(seeds), "reps": reps, "warmup": warmup,
-            "cpus": sorted(os.sched_getaffinity(0)), "runs": runs}
+            runs.append(
+                {
+                    "stack": {"loop": stack[0], "http": stack[1]},
+                    "layout": layout,
+                    "load_before": load_before,
+                    "load_after": os.getloadavg(),
+                    "rows": rows,
+                }
+            )
+    return {
+        "prompt": prompt,
+        "seeds": list(seeds),
+        "reps": reps,
+        "warmup": warmup,
+        "cpus": sorted(os.sched_getaffinity(0)),
+        "runs": runs,
+    }
 
 
 def render_md(sec: dict) -> list[str]:
     """Markdown lines for the report."""
     if "runs" not in sec:
         return []
-    out = ["### Through `localdiff serve` vs in-process (same model, prompt, seeds and model thread)", "",
-           f"Prompt {sec['prompt']!r}, seeds {sec['seeds']}, {sec['reps']} runs (or more: the pairs column) per seed and path after "
-           f"{sec.get('warmup', 0)} warm-up runs, ABBA order. Served: a streamed `/v1/chat/completions` on 127.0.0.1 "
-           "from a client process (a minimal kept-alive HTTP client) to `localdiff serve`'s app and uvicorn config "
-           "(its access line per request written) in this process; in-process: `Model.stream` in the server's model thread (same thread, "
-           "same torch threads). TTFB = first answer text (served: when its bytes reach the client, before it parses them; "
-           "the end likewise). Overheads per ABBA pair: median (95 % CI of the median) [min–max]; TTFB "
-           "served ÷ in-process − 1, tokens/s 1 − served ÷ in-process. CPU = median ms per request: client process + "
-           "event loop + model thread. Load = load average before → after.", "",
-           "| stack | layout (CPUs: model / loop / client) | load | workload | TTFB in-process ms | TTFB served ms | "
-           "TTFB overhead | tokens/s in-process | tokens/s served | tokens/s overhead | pairs | CPU served ms | same tokens |",
-           "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+    out = [
+        "### Through `localdiff serve` vs in-process (same model, prompt, seeds and model thread)",
+        "",
+        f"Prompt {sec['prompt']!r}, seeds {sec['seeds']}, {sec['reps']} runs (or more: the pairs column) per seed and path after "
+        f"{sec.get('warmup', 0)} warm-up runs, ABBA order. Served: a streamed `/v1/chat/completions` on 127.0.0.1 "
+        "from a client process (a minimal kept-alive HTTP client) to `localdiff serve`'s app and uvicorn config "
+        "(its access line per request written) in this process; in-process: `Model.stream` in the server's model thread (same thread, "
+        "same torch threads). TTFB = first answer text (served: when its bytes reach the client, before it parses them; "
+        "the end likewise). Overheads per ABBA pair: median (95 % CI of the median) [min–max]; TTFB "
+        "served ÷ in-process − 1, tokens/s 1 − served ÷ in-process. CPU = median ms per request: client process + "
+        "event loop + model thread. Load = load average before → after.",
+        "",
+        "| stack | layout (CPUs: model / loop / client) | load | workload | TTFB in-process ms | TTFB served ms | "
+        "TTFB overhead | tokens/s in-process | tokens/s served | tokens/s overhead | pairs | CPU served ms | same tokens |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|:---:|",
+    ]
 
     def pct(s):
         ci = f" (CI {_ci_pct(s)})" if "ci" in s else ""
@@ -252,10 +307,12 @@ def render_md(sec: dict) -> list[str]:
         load = f"{run['load_before'][0]:.1f}→{run['load_after'][0]:.1f}"
         for r in run["rows"]:
             a, b, c = r["in_process"], r["served"], r["served"].get("cpu_ms", {})
-            out.append(f"| {st['loop']} + {st['http']} | {where} | {load} | {r['workload']} | "
-                       f"{a['ttfb_ms']['median']:.1f} | {b['ttfb_ms']['median']:.1f} | {pct(r['pairs']['ttfb'])} | "
-                       f"{a['tokens_per_s']['median']:.1f} | {b['tokens_per_s']['median']:.1f} | "
-                       f"{pct(r['pairs']['tokens_per_s'])} | {r.get('reps', sec['reps']) * len(sec['seeds'])} | "
-                       f"{c.get('client', 0):.2f} + {c.get('loop', 0):.2f} + "
-                       f"{c.get('model', 0):.2f} | {'yes' if r['same_tokens'] else 'no'} |")
+            out.append(
+                f"| {st['loop']} + {st['http']} | {where} | {load} | {r['workload']} | "
+                f"{a['ttfb_ms']['median']:.1f} | {b['ttfb_ms']['median']:.1f} | {pct(r['pairs']['ttfb'])} | "
+                f"{a['tokens_per_s']['median']:.1f} | {b['tokens_per_s']['median']:.1f} | "
+                f"{pct(r['pairs']['tokens_per_s'])} | {r.get('reps', sec['reps']) * len(sec['seeds'])} | "
+                f"{c.get('client', 0):.2f} + {c.get('loop', 0):.2f} + "
+                f"{c.get('model', 0):.2f} | {'yes' if r['same_tokens'] else 'no'} |"
+            )
     return out + [""]

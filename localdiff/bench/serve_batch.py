@@ -20,6 +20,7 @@ The canvas family (the 150M DiffusionGemma shape) is the section ``serve-batch-c
 (:mod:`localdiff.bench.serve_batch_canvas`), through :func:`run_family`: cells there are medians [range] over
 several rounds. The 1-minute load average is recorded before and after each family.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,14 +33,24 @@ import time
 
 LAYERS_ENV = "LOCALDIFF_BENCH_BATCH_LAYERS"
 CONCURRENCY = (1, 2, 4, 8)
-PROMPTS = ["What is 41 + 93?", "Tell me a story about a cat.", "Count from one to ten.", "Name three colours.",
-           "Spell banana backwards.", "What is the capital of France?", "hi", "Write a haiku about rain."]
+PROMPTS = [
+    "What is 41 + 93?",
+    "Tell me a story about a cat.",
+    "Count from one to ten.",
+    "Name three colours.",
+    "Spell banana backwards.",
+    "What is the capital of France?",
+    "hi",
+    "Write a haiku about rain.",
+]
 #: (family, precision) runs: int8 is the CPU default; bf16 is where a step is weight-bandwidth-bound on a CPU
 #: whose native int8 kernel has no AMX (its FMA path's time grows with the rows: nothing to share)
 RUNS = (("block", "bfloat16"), ("masked", "bfloat16"), ("block", "int8"))
-FAMILIES = {"block": {"remasking_strategy": "low_confidence_static", "steps": 4, "temperature": 0.0},
-            "masked": {"kv_cache": "dual", "block_length": 8, "temperature": 0.0},
-            "canvas": {"max_denoising_steps": 6, "confidence_threshold": 1e-12}}   # (serve-batch-canvas)
+FAMILIES = {
+    "block": {"remasking_strategy": "low_confidence_static", "steps": 4, "temperature": 0.0},
+    "masked": {"kv_cache": "dual", "block_length": 8, "temperature": 0.0},
+    "canvas": {"max_denoising_steps": 6, "confidence_threshold": 1e-12},
+}  # (serve-batch-canvas)
 
 
 class _WideVocab:
@@ -88,9 +99,17 @@ def build(family: str, layers: int, precision: str = "int8", log=print):
         quantize_model(net, recipe_for_model("sdar:1.7b"))
         fuse_model(net)
     tok = localdiff.load("tiny").tokenizer
-    return Model(net, net.config, _WideVocab(tok, 365), None, f"random-{family}-{layers}L-{precision}", "cpu", dtype,
-                 precision if precision == "int8" else None,
-                 {"eos_token_id": [], "max_new_tokens": 16})
+    return Model(
+        net,
+        net.config,
+        _WideVocab(tok, 365),
+        None,
+        f"random-{family}-{layers}L-{precision}",
+        "cpu",
+        dtype,
+        precision if precision == "int8" else None,
+        {"eos_token_id": [], "max_new_tokens": 16},
+    )
 
 
 def _server(model, max_batch: int):
@@ -110,8 +129,13 @@ def _server(model, max_batch: int):
     srv.worker.model = model
     srv.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     srv.sock.bind(("127.0.0.1", 0))
-    srv.server = uvicorn.Server(uvicorn_config(build_app(srv.worker, names=ModelNames([model.name], model.name)),
-                                               log_level="warning", timeout_keep_alive=600))
+    srv.server = uvicorn.Server(
+        uvicorn_config(
+            build_app(srv.worker, names=ModelNames([model.name], model.name)),
+            log_level="warning",
+            timeout_keep_alive=600,
+        )
+    )
     srv.worker.start()
     srv.thread = threading.Thread(target=srv.server.run, kwargs={"sockets": [srv.sock]}, daemon=True)
     srv.thread.start()
@@ -131,6 +155,7 @@ def identical(model, family: str, n: int = 3, max_tokens: int = 4) -> bool:
         for ev in m.stream(PROMPTS[i], max_new_tokens=max_tokens, seed=i, **FAMILIES[family]):
             done = ev if isinstance(ev, Done) else done
         return done.token_ids
+
     want = [ask(model, i) for i in range(n)]
     got: list = [None] * n
     b = Batcher(model)
@@ -149,9 +174,15 @@ def _round(srv, model, n: int, family: str, max_tokens: int) -> dict:
     threading.Thread(target=srv.worker.call, args=(gate.wait,), daemon=True).start()
     procs = []
     for i in range(n):
-        body = {"model": model.name, "messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
-                "seed": i, "stream": True, "stream_options": {"include_usage": True}, "max_tokens": max_tokens,
-                "localdiff": FAMILIES[family]}
+        body = {
+            "model": model.name,
+            "messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
+            "seed": i,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "max_tokens": max_tokens,
+            "localdiff": FAMILIES[family],
+        }
         p = subprocess.Popen([sys.executable, client, port], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         p.stdin.write(json.dumps({"path": "/v1/chat/completions", "body": json.dumps(body)}) + "\n")
         p.stdin.close()
@@ -173,9 +204,14 @@ def _round(srv, model, n: int, family: str, max_tokens: int) -> dict:
     ttft = [o["t0"] + o["first"] - release for o in outs]
     toks = [o["n"] for o in outs]
     per = [t / e for t, e in zip(toks, ends)]
-    return {"aggregate_tps": sum(toks) / max(ends), "per_request_tps": statistics.median(per),
-            "per_request_tps_min": min(per), "ttft_s": statistics.median(ttft), "ttft_max_s": max(ttft),
-            "tokens": sum(toks)}
+    return {
+        "aggregate_tps": sum(toks) / max(ends),
+        "per_request_tps": statistics.median(per),
+        "per_request_tps_min": min(per),
+        "ttft_s": statistics.median(ttft),
+        "ttft_max_s": max(ttft),
+        "tokens": sum(toks),
+    }
 
 
 def measure(quick: bool, log=print) -> dict:
@@ -184,8 +220,13 @@ def measure(quick: bool, log=print) -> dict:
 
     layers = int(os.environ.get(LAYERS_ENV) or (4 if quick else 28))
     max_tokens = 8 if quick else 16
-    res = {"layers": layers, "max_tokens": max_tokens, "threads": torch.get_num_threads(), "families": {},
-           "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    res = {
+        "layers": layers,
+        "max_tokens": max_tokens,
+        "threads": torch.get_num_threads(),
+        "families": {},
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    }
     for family, precision in RUNS:
         t0 = time.perf_counter()
         model = build(family, layers, precision, log)
@@ -206,16 +247,18 @@ def run_family(model, family: str, precision: str, tokens: int, reps: int, log=p
     servers = {mb: _server(model, mb) for mb in (1, 8)}
     runs: dict = {}
     try:
-        for srv in servers.values():        # warm-up: kernel choices and allocations of every shape used
+        for srv in servers.values():  # warm-up: kernel choices and allocations of every shape used
             _round(srv, model, 1, family, tokens)
         for k in range(reps):
-            for i, n in enumerate(CONCURRENCY):   # the two servers alternate (ABBA): the machine's load drifts
-                for mb in ((1, 8) if (i + k) % 2 == 0 else (8, 1)):
+            for i, n in enumerate(CONCURRENCY):  # the two servers alternate (ABBA): the machine's load drifts
+                for mb in (1, 8) if (i + k) % 2 == 0 else (8, 1):
                     r = _round(servers[mb], model, n, family, tokens)
                     runs.setdefault((str(n), "batched" if mb > 1 else "one_at_a_time"), []).append(r)
-                    log(f"serve-batch: {family} {precision} {n} concurrent, max_batch {mb}: "
+                    log(
+                        f"serve-batch: {family} {precision} {n} concurrent, max_batch {mb}: "
                         f"{r['aggregate_tps']:.2f} tok/s aggregate, {r['per_request_tps']:.2f} per request, "
-                        f"TTFT {r['ttft_s']:.2f} s")
+                        f"TTFT {r['ttft_s']:.2f} s"
+                    )
         for (n, side), rs in runs.items():
             rows.setdefault(n, {})[side] = _merge(rs)
         rows["load"].append(os.getloadavg()[0])
@@ -225,14 +268,14 @@ def run_family(model, family: str, precision: str, tokens: int, reps: int, log=p
             srv.thread.join(10)
             srv.worker.stop(wait=30)
             srv.sock.close()
-    base = rows["1"]["one_at_a_time"]      # today's server, one request: the single-stream rates
+    base = rows["1"]["one_at_a_time"]  # today's server, one request: the single-stream rates
     for n, r in rows.items():
         if not n.isdigit():
             continue
         b = r["batched"]
         r["speedup_aggregate"] = b["aggregate_tps"] / base["aggregate_tps"]
         r["per_request_vs_single"] = b["per_request_tps"] / base["per_request_tps"]
-        r["vs_one_at_a_time"] = b["aggregate_tps"] / r["one_at_a_time"]["aggregate_tps"]   # adjacent rounds
+        r["vs_one_at_a_time"] = b["aggregate_tps"] / r["one_at_a_time"]["aggregate_tps"]  # adjacent rounds
     return rows
 
 
@@ -246,36 +289,48 @@ def _merge(rounds: list[dict]) -> dict:
 
 def render_md(sec: dict) -> list[str]:
     """Markdown lines of the section."""
-    lines = ["## serve: step-level batching (`--max-batch 8`) vs one at a time", "",
-             f"Random SDAR-1.7B-shaped models with {sec['layers']} layers, {sec['threads']} thread(s), "
-             f"CPU capability {sec.get('cpu_capability')}, "
-             f"{sec['max_tokens']} tokens per request, streamed; block: SDAR static 4 steps per block of 4; masked: "
-             "dual cache, blocks of 8. Aggregate tokens/s, median per-request tokens/s and median TTFT; the "
-             "one-at-a-time server (`--max-batch 1`) gets the same requests; × = over its 1-request rate; the last "
-             "column: batched ÷ one at a time at the same N (adjacent rounds: robust to a drifting load).", "",
-             "| family, precision | requests | batched agg. tok/s | per request | TTFT s | one at a time agg. | "
-             "per request | TTFT s | batched ÷ one at a time |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "## serve: step-level batching (`--max-batch 8`) vs one at a time",
+        "",
+        f"Random SDAR-1.7B-shaped models with {sec['layers']} layers, {sec['threads']} thread(s), "
+        f"CPU capability {sec.get('cpu_capability')}, "
+        f"{sec['max_tokens']} tokens per request, streamed; block: SDAR static 4 steps per block of 4; masked: "
+        "dual cache, blocks of 8. Aggregate tokens/s, median per-request tokens/s and median TTFT; the "
+        "one-at-a-time server (`--max-batch 1`) gets the same requests; × = over its 1-request rate; the last "
+        "column: batched ÷ one at a time at the same N (adjacent rounds: robust to a drifting load).",
+        "",
+        "| family, precision | requests | batched agg. tok/s | per request | TTFT s | one at a time agg. | "
+        "per request | TTFT s | batched ÷ one at a time |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for fam, rows in sec["families"].items():
         for n, r in rows.items():
             if not n.isdigit():
                 continue
             b, s = r["batched"], r["one_at_a_time"]
-            lines.append(f"| {fam} | {n} | {b['aggregate_tps']:.2f}{_rng(b, 'aggregate_tps')} "
-                         f"({r['speedup_aggregate']:.2f}×) | {b['per_request_tps']:.2f}{_rng(b, 'per_request_tps')} "
-                         f"({r['per_request_vs_single']:.2f}×) | {b['ttft_s']:.2f}{_rng(b, 'ttft_s')} | "
-                         f"{s['aggregate_tps']:.2f}{_rng(s, 'aggregate_tps')} | "
-                         f"{s['per_request_tps']:.2f}{_rng(s, 'per_request_tps')} | "
-                         f"{s['ttft_s']:.2f}{_rng(s, 'ttft_s')} | "
-                         f"{r.get('vs_one_at_a_time', b['aggregate_tps'] / s['aggregate_tps']):.2f}× |")
+            lines.append(
+                f"| {fam} | {n} | {b['aggregate_tps']:.2f}{_rng(b, 'aggregate_tps')} "
+                f"({r['speedup_aggregate']:.2f}×) | {b['per_request_tps']:.2f}{_rng(b, 'per_request_tps')} "
+                f"({r['per_request_vs_single']:.2f}×) | {b['ttft_s']:.2f}{_rng(b, 'ttft_s')} | "
+                f"{s['aggregate_tps']:.2f}{_rng(s, 'aggregate_tps')} | "
+                f"{s['per_request_tps']:.2f}{_rng(s, 'per_request_tps')} | "
+                f"{s['ttft_s']:.2f}{_rng(s, 'ttft_s')} | "
+                f"{r.get('vs_one_at_a_time', b['aggregate_tps'] / s['aggregate_tps']):.2f}× |"
+            )
     same = ", ".join(f"{f}: {'yes' if r.get('identical') else 'NO'}" for f, r in sec["families"].items())
     kern = "; ".join(f"{f}: {r.get('kernels')}" for f, r in sec["families"].items())
-    load = "; ".join(f"{f}: {r['load'][0]:.2f} → {r['load'][-1]:.2f}" for f, r in sec["families"].items()
-                     if r.get("load"))
-    return lines + ["", f"Batched tokens equal the same requests' alone (3 lanes, in process): {same}. Kernels: "
-                    f"{kern}. Load average (1 min) before → after: {load or 'not recorded'}.", ""]
+    load = "; ".join(
+        f"{f}: {r['load'][0]:.2f} → {r['load'][-1]:.2f}" for f, r in sec["families"].items() if r.get("load")
+    )
+    return lines + [
+        "",
+        f"Batched tokens equal the same requests' alone (3 lanes, in process): {same}. Kernels: "
+        f"{kern}. Load average (1 min) before → after: {load or 'not recorded'}.",
+        "",
+    ]
 
 
 def _rng(r: dict, key: str) -> str:
-    """" [lo–hi]": the range of a cell measured over several rounds (its median shown), else nothing."""
+    """ " [lo–hi]": the range of a cell measured over several rounds (its median shown), else nothing."""
     lo_hi = r.get(key + "_range")
     return f" [{lo_hi[0]:.2f}–{lo_hi[1]:.2f}]" if lo_hi and lo_hi[0] != lo_hi[1] else ""

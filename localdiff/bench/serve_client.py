@@ -10,6 +10,7 @@ time the ``recv()`` that delivered those bytes returned. The client's own parse 
 as the in-process side's consumer does nothing with its text either; it is counted in ``cpu_ms``.
 The bench also imports :class:`Client` and :func:`timed_post` directly (tests).
 """
+
 from __future__ import annotations
 
 import json
@@ -44,8 +45,10 @@ class Client:
         RuntimeError on a non-200 answer or a closed connection."""
         if self.sock is None:
             self._connect()
-        self.sock.sendall(b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                          b"Content-Length: %d\r\n\r\n" % (path.encode(), len(body)) + body)
+        self.sock.sendall(
+            b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % (path.encode(), len(body)) + body
+        )
         buf, head = b"", None
         while head is None:
             data = self.sock.recv(65536)
@@ -59,7 +62,7 @@ class Client:
             raise RuntimeError(f"server answered {head[:200]!r}")
         first, n, sse, done = None, 0, b"", False
         while not done:
-            while True:                       # whole chunks in buf → sse
+            while True:  # whole chunks in buf → sse
                 end = buf.find(b"\r\n")
                 if end < 0:
                     break
@@ -69,8 +72,8 @@ class Client:
                     break
                 if len(buf) < end + 2 + size + 2:
                     break
-                sse += buf[end + 2:end + 2 + size]
-                buf = buf[end + 2 + size + 2:]
+                sse += buf[end + 2 : end + 2 + size]
+                buf = buf[end + 2 + size + 2 :]
             *events, sse = sse.split(b"\n\n")
             for ev in events:
                 if not ev.startswith(b"data: {"):

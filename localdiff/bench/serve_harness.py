@@ -47,18 +47,20 @@ def layouts() -> list[dict]:
     and the one that other jobs on the other CPUs do not disturb)."""
     own = sorted(os.sched_getaffinity(0))
     others = [c for c in range(os.cpu_count() or 1) if c not in own and allowed(own, c)]
-    if not others:   # (started without taskset, or one CPU): nothing to separate
+    if not others:  # (started without taskset, or one CPU): nothing to separate
         return [{"name": "all on the same CPUs", "model": own, "loop": own, "client": own}]
-    return [{"name": "server on one core", "model": own, "loop": own, "client": others},
-            {"name": "event loop on another core", "model": own, "loop": others, "client": others},
-            {"name": "client on the same core", "model": own, "loop": own, "client": own}]
+    return [
+        {"name": "server on one core", "model": own, "loop": own, "client": others},
+        {"name": "event loop on another core", "model": own, "loop": others, "client": others},
+        {"name": "client on the same core", "model": own, "loop": own, "client": own},
+    ]
 
 
 def allowed(own: list[int], cpu: int) -> bool:
     """Whether this thread may run on ``cpu`` (a cpuset may forbid CPUs that ``os.cpu_count`` counts)."""
     try:
         os.sched_setaffinity(0, {*own, cpu})
-        ok = cpu in os.sched_getaffinity(0)         # (Linux drops CPUs it cannot use without an error)
+        ok = cpu in os.sched_getaffinity(0)  # (Linux drops CPUs it cannot use without an error)
     except OSError:
         return False
     os.sched_setaffinity(0, set(own))
@@ -93,7 +95,7 @@ class Server:
         self.sock.bind(("127.0.0.1", 0))
         config = uvicorn_config(build_app(self.worker), loop=stack[0], http=stack[1], timeout_keep_alive=600)
         self.devnull = open(os.devnull, "w")
-        for name in ("uvicorn", "uvicorn.access"):            # (uvicorn configured its logging just now)
+        for name in ("uvicorn", "uvicorn.access"):  # (uvicorn configured its logging just now)
             for h in logging.getLogger(name).handlers:
                 if isinstance(h, logging.StreamHandler):
                     h.setStream(self.devnull)
@@ -102,7 +104,7 @@ class Server:
         self.handler.setFormatter(logging.Formatter(LOG_FORMAT))
         self.log.addHandler(self.handler)
         self.log.setLevel(logging.INFO)
-        self.log.propagate = False                            # (not into the bench's own log)
+        self.log.propagate = False  # (not into the bench's own log)
         self.server = uvicorn.Server(config)
         self.worker.start()
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
@@ -112,8 +114,13 @@ class Server:
         pin(self.worker._thread.native_id, layout["model"])
         pin(self.thread.native_id, layout["loop"])
         client = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve_client.py")
-        self.client = subprocess.Popen([sys.executable, client, str(self.sock.getsockname()[1])],
-                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        self.client = subprocess.Popen(
+            [sys.executable, client, str(self.sock.getsockname()[1])],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+        )
         pin(self.client.pid, layout["client"])
         self.clocks = Clocks({"loop": self.thread, "model": self.worker._thread})
 

@@ -19,18 +19,32 @@ it serves depends on the decoding (a sub-block's first token is committed at its
 confident one): the section also reports that share over a block of one-token steps at temperature 0 on this
 random model.
 """
+
 from __future__ import annotations
 
 import statistics
 import time
 
-FAST_DLLM_V2_1_5B = {"model_type": "Fast_dLLM_Qwen", "architectures": ["Fast_dLLM_QwenForCausalLM"],
-                     "hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
-                     "num_attention_heads": 12, "num_key_value_heads": 2, "vocab_size": 151936,
-                     "tie_word_embeddings": True, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
-                     "max_position_embeddings": 32768, "use_sliding_window": False, "bd_size": 32,
-                     "mask_token_id": 151665, "eos_token_id": 151645, "pad_token_id": 151643,
-                     "bos_token_id": 151643}
+FAST_DLLM_V2_1_5B = {
+    "model_type": "Fast_dLLM_Qwen",
+    "architectures": ["Fast_dLLM_QwenForCausalLM"],
+    "hidden_size": 1536,
+    "intermediate_size": 8960,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 2,
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 32768,
+    "use_sliding_window": False,
+    "bd_size": 32,
+    "mask_token_id": 151665,
+    "eos_token_id": 151645,
+    "pad_token_id": 151643,
+    "bos_token_id": 151643,
+}
 SUB = 8
 
 
@@ -70,9 +84,11 @@ def step_times(net, history: int, reps: int, dtype, log=print) -> dict:
     blk = c.block_size
     canvas = torch.randint(0, c.vocab_size - 1, (1, blk), generator=g)
     _, block_kv = net.denoise_capture(canvas, cache)
-    calls = {"block_step": lambda: net.denoise(canvas, cache),
-             "capture_step": lambda: net.denoise_capture(canvas, cache),
-             "sub_block_step": lambda: net.denoise_sub(canvas[:, SUB:2 * SUB], cache, block_kv, SUB)}
+    calls = {
+        "block_step": lambda: net.denoise(canvas, cache),
+        "capture_step": lambda: net.denoise_capture(canvas, cache),
+        "sub_block_step": lambda: net.denoise_sub(canvas[:, SUB : 2 * SUB], cache, block_kv, SUB),
+    }
     for f in calls.values():
         f()
     times = {k: [] for k in calls}
@@ -82,10 +98,16 @@ def step_times(net, history: int, reps: int, dtype, log=print) -> dict:
             f()
             times[k].append((time.perf_counter() - t0) * 1e3)
     med = {k: statistics.median(v) for k, v in times.items()}
-    out = {"ms": med, "range_ms": {k: [min(v), max(v)] for k, v in times.items()},
-           "sub_over_block": med["sub_block_step"] / med["block_step"]}
-    log(f"v2cache: history {history}: " + ", ".join(f"{k} {v:.0f} ms" for k, v in med.items())
-        + f" (sub-block / block {out['sub_over_block']:.2f})")
+    out = {
+        "ms": med,
+        "range_ms": {k: [min(v), max(v)] for k, v in times.items()},
+        "sub_over_block": med["sub_block_step"] / med["block_step"],
+    }
+    log(
+        f"v2cache: history {history}: "
+        + ", ".join(f"{k} {v:.0f} ms" for k, v in med.items())
+        + f" (sub-block / block {out['sub_over_block']:.2f})"
+    )
     return out
 
 
@@ -99,9 +121,19 @@ def served_share(config: dict) -> float:
     from localdiff.decoding.options import FastDLLMv2Options
     from localdiff.decoding.request import Request
 
-    small = dict(config, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, vocab_size=1024, mask_token_id=1000, eos_token_id=1001, pad_token_id=1002,
-                 bos_token_id=1002)
+    small = dict(
+        config,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=1024,
+        mask_token_id=1000,
+        eos_token_id=1001,
+        pad_token_id=1002,
+        bos_token_id=1002,
+    )
     net = build(small, torch.float32)
     calls = []
     orig = net.denoise_sub
@@ -125,11 +157,18 @@ def measure(quick: bool, log=print, config: dict | None = None, dtype=None) -> d
     cfg = config or FAST_DLLM_V2_1_5B
     t0 = time.perf_counter()
     net = build(cfg, dtype)
-    log(f"v2cache: random Fast-dLLM-v2-1.5B-shaped model built in {time.perf_counter() - t0:.0f} s "
-        f"({sum(p.numel() for p in net.parameters()) / 1e9:.2f}B parameters, {dtype})")
+    log(
+        f"v2cache: random Fast-dLLM-v2-1.5B-shaped model built in {time.perf_counter() - t0:.0f} s "
+        f"({sum(p.numel() for p in net.parameters()) / 1e9:.2f}B parameters, {dtype})"
+    )
     hist = (512,) if quick else (512, 4096)
-    res = {"config": cfg, "dtype": str(dtype).split(".")[-1], "gemm_ms": gemm, "threads": torch.get_num_threads(),
-           "history": {str(h): step_times(net, h, 3 if quick else 5, dtype, log) for h in hist}}
+    res = {
+        "config": cfg,
+        "dtype": str(dtype).split(".")[-1],
+        "gemm_ms": gemm,
+        "threads": torch.get_num_threads(),
+        "history": {str(h): step_times(net, h, 3 if quick else 5, dtype, log) for h in hist},
+    }
     res["served_share"] = served_share(cfg)
     log(f"v2cache: the sub-block cache serves {res['served_share']:.0%} of one-token steps (random model)")
     return res
@@ -137,15 +176,26 @@ def measure(quick: bool, log=print, config: dict | None = None, dtype=None) -> d
 
 def render_md(sec: dict) -> list[str]:
     """Markdown lines of the section."""
-    lines = ["## Fast-dLLM v2: step time without / with the sub-block cache (random Fast-dLLM-v2-1.5B-shaped model)",
-             "", f"{sec['dtype']}, {sec['threads']} thread(s); median ms (range); block 32, sub-block 8.", "",
-             "| history | block step (`--kv-cache prefix`) | capture step (dual) | sub-block step (dual) | "
-             "sub-block / block |", "|---:|---:|---:|---:|---:|"]
+    lines = [
+        "## Fast-dLLM v2: step time without / with the sub-block cache (random Fast-dLLM-v2-1.5B-shaped model)",
+        "",
+        f"{sec['dtype']}, {sec['threads']} thread(s); median ms (range); block 32, sub-block 8.",
+        "",
+        "| history | block step (`--kv-cache prefix`) | capture step (dual) | sub-block step (dual) | "
+        "sub-block / block |",
+        "|---:|---:|---:|---:|---:|",
+    ]
     for h, r in sec["history"].items():
         ms, rg = r["ms"], r["range_ms"]
         cell = {k: f"{ms[k]:.0f} ({rg[k][0]:.0f}–{rg[k][1]:.0f})" for k in ms}
-        lines.append(f"| {h} | {cell['block_step']} | {cell['capture_step']} | {cell['sub_block_step']} | "
-                     f"**{r['sub_over_block']:.2f}×** |")
-    lines += ["", f"Steps the sub-block cache serves, one token per step at temperature 0 (random model): "
-              f"{sec['served_share']:.0%}.", ""]
+        lines.append(
+            f"| {h} | {cell['block_step']} | {cell['capture_step']} | {cell['sub_block_step']} | "
+            f"**{r['sub_over_block']:.2f}×** |"
+        )
+    lines += [
+        "",
+        f"Steps the sub-block cache serves, one token per step at temperature 0 (random model): "
+        f"{sec['served_share']:.0%}.",
+        "",
+    ]
     return lines

@@ -17,6 +17,7 @@ longest prefix that every part still agrees with (by token ids) and drops the re
 only the prompt after it; the draft reads the kept features and the new prompt's features in one pass, as it reads
 a whole prompt's without reuse. Anything that does not match (another conversation, an edited turn) is dropped.
 """
+
 from __future__ import annotations
 
 import torch
@@ -48,7 +49,7 @@ class CausalCache:
     def __init__(self, target: KVCache):
         self.target = target
         self.draft: KVCache | None = None
-        self._owner = None          # the draft module whose K/V ``draft`` holds
+        self._owner = None  # the draft module whose K/V ``draft`` holds
         self.feats: torch.Tensor | None = None
         self.feat_ids: torch.Tensor | None = None
         self.feat_start = 0
@@ -110,8 +111,8 @@ class CausalCache:
                 self.draft.truncate(t)
                 self.keep_features(None, None)
             elif self.feats is not None:
-                self.keep_features(self.feats[:, :t - d], self.feat_ids[:, :t - d])
-        if not self.target.truncate(t):    # (full attention: always possible)
+                self.keep_features(self.feats[:, : t - d], self.feat_ids[:, : t - d])
+        if not self.target.truncate(t):  # (full attention: always possible)
             self.target.reset()
             t = 0
         return t

@@ -18,6 +18,7 @@ live in the host tier (pinned on CUDA) and are streamed back into a staging buff
 stream, one layer ahead), in the same order and with the same values, so logits are bit-identical to an unlimited
 budget. Sliding-window layers keep only ``window - 1 + slack`` tokens; blocks no layer can see are freed.
 """
+
 from __future__ import annotations
 
 from bisect import bisect_right
@@ -29,6 +30,7 @@ from localdiff.cache.layer import LayerKV, Moves
 from localdiff.cache.tiers import DeviceTier, HostTier, Staging
 from localdiff.errors import UsageError
 from localdiff.units import parse_size as _parse_size
+
 
 def parse_size(text) -> int | None:
     """A KV budget: a byte size (see ``localdiff.units.parse_size``), or ``"unlimited"`` / ``"none"`` / ``None`` →
@@ -42,8 +44,9 @@ def parse_size(text) -> int | None:
     return _parse_size(text, UsageError)
 
 
-def plan_capacity(budget: int | None, windows: list[int | None], keep: list[int | None], block_len: int,
-                  token_bytes: list[int]) -> list[int | None]:
+def plan_capacity(
+    budget: int | None, windows: list[int | None], keep: list[int | None], block_len: int, token_bytes: list[int]
+) -> list[int | None]:
     """Per-layer device-buffer capacity (tokens) for a byte budget; None = grow freely (no budget).
 
     Sliding layers come first: each gets ``keep + 2·C`` tokens (all it ever holds, a canvas of room and one of
@@ -88,8 +91,15 @@ class KVCache(BlockCache):
         UsageError: a negative budget, or a finite budget without ``layer_heads``.
     """
 
-    def __init__(self, layer_windows: list[int | None], slack: int = 0, *, block_len: int = 256,
-                 device_budget_bytes: int | None = None, layer_heads: list[tuple[int, int]] | None = None):
+    def __init__(
+        self,
+        layer_windows: list[int | None],
+        slack: int = 0,
+        *,
+        block_len: int = 256,
+        device_budget_bytes: int | None = None,
+        layer_heads: list[tuple[int, int]] | None = None,
+    ):
         if device_budget_bytes is not None and device_budget_bytes < 0:
             raise UsageError(f"KV budget must be ≥ 0 bytes (got {device_budget_bytes})")
         if device_budget_bytes is not None and layer_heads is None:
@@ -130,8 +140,10 @@ class KVCache(BlockCache):
         if self.layer_heads is not None:
             tb = [2 * k.shape[0] * h * d * k.dtype.itemsize for d, h in self.layer_heads]
         self.capacity = plan_capacity(self.budget, self.windows, self.keep, self.block_len, tb)
-        self.layers = [LayerKV(w, self.keep[i], self.block_len, self.device_tier, self.host_tier, self.moves,
-                               self.capacity[i]) for i, w in enumerate(self.windows)]
+        self.layers = [
+            LayerKV(w, self.keep[i], self.block_len, self.device_tier, self.host_tier, self.moves, self.capacity[i])
+            for i, w in enumerate(self.windows)
+        ]
 
     # -- read ---------------------------------------------------------------------------------------------------
     def visible_len(self, i: int) -> int:
@@ -163,7 +175,7 @@ class KVCache(BlockCache):
         """BoolTensor[B, visible_len(i)] (True = real token) or None when nothing is padding."""
         if self.mask is None:
             return None
-        return self.mask[:, self.seq_len - self.visible_len(i):]
+        return self.mask[:, self.seq_len - self.visible_len(i) :]
 
     def with_canvas(self, i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Past K/V of layer i followed by the canvas' k, v: Tensor[B, Hkv, C, D] → Tensors[B, Hkv, L + C, D].
@@ -174,7 +186,7 @@ class KVCache(BlockCache):
         """
         if self.layers is None:
             return k, v
-        if not torch.is_inference_mode_enabled():   # the model calls this under inference mode already
+        if not torch.is_inference_mode_enabled():  # the model calls this under inference mode already
             with torch.inference_mode():
                 return self.with_canvas(i, k, v)
         if i <= self._last_i:
@@ -190,7 +202,7 @@ class KVCache(BlockCache):
 
     def _new_step(self) -> None:
         """A denoising step begins: note which layers read through staging (their order drives the prefetch)."""
-        if self._ready:   # prefetches of an interrupted step: their slots may still be being written
+        if self._ready:  # prefetches of an interrupted step: their slots may still be being written
             cur = torch.cuda.current_stream(self.staging.device)
             for ev in self._ready.values():
                 cur.wait_event(ev)
@@ -211,11 +223,11 @@ class KVCache(BlockCache):
             lay.fill_host(sk, sv)
             self.moves.sync_reads += 1
         lay.fill_device(sk, sv)
-        sk[:, :, vis:vis + n].copy_(k)
-        sv[:, :, vis:vis + n].copy_(v)
+        sk[:, :, vis : vis + n].copy_(k)
+        sv[:, :, vis : vis + n].copy_(v)
         if r is not None:
             self._served = r + 1
-        return sk[:, :, :vis + n], sv[:, :, :vis + n]
+        return sk[:, :, : vis + n], sv[:, :, : vis + n]
 
     def _prefetch_after(self, i: int, n: int) -> None:
         """CUDA: copy the host part of the next offloaded layer into its slot on the copy stream, after the
@@ -260,8 +272,11 @@ class KVCache(BlockCache):
             new_mask = None
         if new_mask is not None or self.mask is not None:
             dev = new_mask.device if new_mask is not None else self.mask.device
-            old = self.mask if self.mask is not None else torch.ones(batch_size, self.seq_len, dtype=torch.bool,
-                                                                     device=dev)
+            old = (
+                self.mask
+                if self.mask is not None
+                else torch.ones(batch_size, self.seq_len, dtype=torch.bool, device=dev)
+            )
             nm = new_mask if new_mask is not None else torch.ones(batch_size, n, dtype=torch.bool, device=dev)
             self.mask = torch.cat([old.to(dev), nm], dim=1)
         self.seq_len += n
@@ -322,13 +337,20 @@ class KVCache(BlockCache):
         m = self.moves
         return {
             "budget_bytes": self.budget,
-            "device_bytes": dt.bytes if dt else 0, "device_bytes_peak": dt.peak if dt else 0,
-            "host_bytes": ht.bytes if ht else 0, "host_bytes_peak": ht.peak if ht else 0,
-            "staging_bytes": st.bytes if st else 0, "staging_bytes_peak": st.peak if st else 0,
+            "device_bytes": dt.bytes if dt else 0,
+            "device_bytes_peak": dt.peak if dt else 0,
+            "host_bytes": ht.bytes if ht else 0,
+            "host_bytes_peak": ht.peak if ht else 0,
+            "staging_bytes": st.bytes if st else 0,
+            "staging_bytes_peak": st.peak if st else 0,
             "blocks_device": sum(len(lay.dev_blocks) for lay in lays),
             "blocks_host": sum(len(lay.host_blocks) for lay in lays),
-            "blocks_to_host": m.blocks_to_host, "bytes_to_host": m.bytes_to_host,
-            "blocks_to_device": m.blocks_to_device, "bytes_to_device": m.bytes_to_device,
-            "blocks_freed": m.blocks_freed, "prefetched_reads": m.prefetched_reads, "sync_reads": m.sync_reads,
+            "blocks_to_host": m.blocks_to_host,
+            "bytes_to_host": m.bytes_to_host,
+            "blocks_to_device": m.blocks_to_device,
+            "bytes_to_device": m.bytes_to_device,
+            "blocks_freed": m.blocks_freed,
+            "prefetched_reads": m.prefetched_reads,
+            "sync_reads": m.sync_reads,
             "tokens": self.seq_len,
         }

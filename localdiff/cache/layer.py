@@ -9,6 +9,7 @@ A layer whose K/V are all resident keeps at least one canvas of room after its r
 canvas K/V there and attends to a view, so no step copies the history. A layer with host blocks (or no room) is
 read through :class:`localdiff.cache.tiers.Staging`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -24,29 +25,37 @@ class Moves:
 
     blocks_to_host: int = 0
     bytes_to_host: int = 0
-    blocks_to_device: int = 0   # host blocks streamed back for attention (counted per read)
+    blocks_to_device: int = 0  # host blocks streamed back for attention (counted per read)
     bytes_to_device: int = 0
-    blocks_freed: int = 0       # blocks no layer can see any more (sliding layers), dropped
-    prefetched_reads: int = 0   # staged reads whose host part was copied ahead on the CUDA copy stream
-    sync_reads: int = 0         # staged reads copied on the compute stream
+    blocks_freed: int = 0  # blocks no layer can see any more (sliding layers), dropped
+    prefetched_reads: int = 0  # staged reads whose host part was copied ahead on the CUDA copy stream
+    sync_reads: int = 0  # staged reads copied on the compute stream
 
 
 class LayerKV:
     """K/V of one layer. ``keep``: tokens a sliding layer retains (window - 1 + slack), None for full attention.
     ``cap_limit``: device-buffer capacity in tokens allowed by the cache's plan (None = grow without bound)."""
 
-    def __init__(self, window: int | None, keep: int | None, block_len: int, dev: DeviceTier, host: HostTier,
-                 moves: Moves, cap_limit: int | None):
+    def __init__(
+        self,
+        window: int | None,
+        keep: int | None,
+        block_len: int,
+        dev: DeviceTier,
+        host: HostTier,
+        moves: Moves,
+        cap_limit: int | None,
+    ):
         self.window, self.keep, self.C = window, keep, block_len
         self.dev, self.host, self.moves, self.cap_limit = dev, host, moves, cap_limit
         self.host_blocks: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.host_len = 0
-        self.k: torch.Tensor | None = None   # device buffers Tensor[B, H, cap, D]
+        self.k: torch.Tensor | None = None  # device buffers Tensor[B, H, cap, D]
         self.v: torch.Tensor | None = None
         self.off = 0
         self.dev_len = 0
         self.dev_blocks: list[int] = []
-        self.meta: tuple | None = None       # (B, H, D, dtype) once the first tokens arrived
+        self.meta: tuple | None = None  # (B, H, D, dtype) once the first tokens arrived
 
     # -- sizes --------------------------------------------------------------------------------------------------
     @property
@@ -74,10 +83,10 @@ class LayerKV:
         end = self.off + self.dev_len
         if self.host_len or self.k is None or end + n > self.k.shape[2]:
             return None
-        self.k[:, :, end:end + n].copy_(k)
-        self.v[:, :, end:end + n].copy_(v)
+        self.k[:, :, end : end + n].copy_(k)
+        self.v[:, :, end : end + n].copy_(v)
         lo = end - self.visible_len()
-        return self.k[:, :, lo:end + n], self.v[:, :, lo:end + n]
+        return self.k[:, :, lo : end + n], self.v[:, :, lo : end + n]
 
     def run_view(self):
         """(K, V) views of the visible past when it is all resident, else None."""
@@ -97,8 +106,8 @@ class LayerKV:
                 break
             m = bk.shape[2]
             take = min(m, pos)
-            dk[:, :, pos - take:pos].copy_(bk[:, :, m - take:], non_blocking=True)
-            dv[:, :, pos - take:pos].copy_(bv[:, :, m - take:], non_blocking=True)
+            dk[:, :, pos - take : pos].copy_(bk[:, :, m - take :], non_blocking=True)
+            dv[:, :, pos - take : pos].copy_(bv[:, :, m - take :], non_blocking=True)
             pos -= take
             self.moves.blocks_to_device += 1
             self.moves.bytes_to_device += 2 * take * bk[:, :, :1].numel() * bk.element_size()
@@ -109,8 +118,8 @@ class LayerKV:
         r = min(vis, self.dev_len)
         if r:
             end = self.off + self.dev_len
-            dk[:, :, vis - r:vis].copy_(self.k[:, :, end - r:end])
-            dv[:, :, vis - r:vis].copy_(self.v[:, :, end - r:end])
+            dk[:, :, vis - r : vis].copy_(self.k[:, :, end - r : end])
+            dv[:, :, vis - r : vis].copy_(self.v[:, :, end - r : end])
 
     # -- writing ------------------------------------------------------------------------------------------------
     def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -120,30 +129,30 @@ class LayerKV:
             self.meta = (k.shape[0], k.shape[1], k.shape[3], k.dtype)
         if self.keep is not None:
             if n > self.keep:
-                k, v, n = k[:, :, n - self.keep:], v[:, :, n - self.keep:], self.keep
+                k, v, n = k[:, :, n - self.keep :], v[:, :, n - self.keep :], self.keep
                 self._drop_front(self.held)
             else:
                 self._drop_front(self.held - (self.keep - n))
         for s in range(0, n, self.C):
-            self._push(k[:, :, s:s + self.C], v[:, :, s:s + self.C])
+            self._push(k[:, :, s : s + self.C], v[:, :, s : s + self.C])
 
     def _push(self, k: torch.Tensor, v: torch.Tensor) -> None:
         n = k.shape[2]
         lim = self.cap_limit
         if self.host_len == 0 and (lim is None or self.dev_len + n + self.C <= lim):
-            self._room(n + self.C)                    # stays fully resident: keep a canvas of room
+            self._room(n + self.C)  # stays fully resident: keep a canvas of room
         elif lim is not None and n <= lim:
-            while self.dev_len + n > lim:             # partly offloaded: oldest run blocks go to host
+            while self.dev_len + n > lim:  # partly offloaded: oldest run blocks go to host
                 self._evict()
             self._room(n)
-        else:                                         # cannot be resident at all: straight to host
+        else:  # cannot be resident at all: straight to host
             while self.dev_blocks:
                 self._evict()
             self._to_host(k, v)
             return
         s = self.off + self.dev_len
-        self.k[:, :, s:s + n].copy_(k)
-        self.v[:, :, s:s + n].copy_(v)
+        self.k[:, :, s : s + n].copy_(k)
+        self.v[:, :, s : s + n].copy_(v)
         self.dev_len += n
         self.dev_blocks.append(n)
 
@@ -156,7 +165,7 @@ class LayerKV:
     def _evict(self) -> None:
         """Move the oldest block of the device run to the host tier."""
         m = self.dev_blocks.pop(0)
-        self._to_host(self.k[:, :, self.off:self.off + m], self.v[:, :, self.off:self.off + m])
+        self._to_host(self.k[:, :, self.off : self.off + m], self.v[:, :, self.off : self.off + m])
         self.off += m
         self.dev_len -= m
         if not self.dev_len:
@@ -184,8 +193,8 @@ class LayerKV:
         s, n = self.off, self.dev_len
         for j in range(0, n, s):
             w = min(s, n - j)
-            self.k[:, :, j:j + w].copy_(self.k[:, :, s + j:s + j + w])
-            self.v[:, :, j:j + w].copy_(self.v[:, :, s + j:s + j + w])
+            self.k[:, :, j : j + w].copy_(self.k[:, :, s + j : s + j + w])
+            self.v[:, :, j : j + w].copy_(self.v[:, :, s + j : s + j + w])
         self.off = 0
 
     def _realloc(self, cap: int) -> None:
@@ -195,7 +204,7 @@ class LayerKV:
         bounce = None
         if old_k is not None and not self.dev.fits(2 * cap * per):
             # no room for old + new at once: park the run on the host while the buffer is replaced
-            bounce = (old_k[:, :, self.off:self.off + n].cpu(), old_v[:, :, self.off:self.off + n].cpu())
+            bounce = (old_k[:, :, self.off : self.off + n].cpu(), old_v[:, :, self.off : self.off + n].cpu())
             self.dev.release(old_k, old_v)
             old_k = old_v = None
         k = self.dev.alloc((b, h, cap, d), dtype)
@@ -204,8 +213,8 @@ class LayerKV:
             k[:, :, :n].copy_(bounce[0])
             v[:, :, :n].copy_(bounce[1])
         elif old_k is not None and n:
-            k[:, :, :n].copy_(old_k[:, :, self.off:self.off + n])
-            v[:, :, :n].copy_(old_v[:, :, self.off:self.off + n])
+            k[:, :, :n].copy_(old_k[:, :, self.off : self.off + n])
+            v[:, :, :n].copy_(old_v[:, :, self.off : self.off + n])
         if old_k is not None:
             self.dev.release(old_k, old_v)
         self.k, self.v, self.off = k, v, 0
@@ -252,7 +261,7 @@ class LayerKV:
             self.host.release(bk, bv)
             self.host_len -= m
             if m > drop:
-                self._to_host_kept(bk[:, :, :m - drop], bv[:, :, :m - drop])
+                self._to_host_kept(bk[:, :, : m - drop], bv[:, :, : m - drop])
             drop -= min(m, drop)
 
     def _to_host_kept(self, k: torch.Tensor, v: torch.Tensor) -> None:

@@ -11,6 +11,7 @@
 On a CPU-only machine host and device are the same memory, but the tiers, the budget and the accounting work the
 same way, so CPU tests drive every code path except the CUDA stream.
 """
+
 from __future__ import annotations
 
 import torch

@@ -13,6 +13,7 @@ bit-identical for every budget.
   refresh replaces the previous K/V).
 * :class:`WindowKV` — one refresh's per-layer (K, V), indexable as the list ``forward_window`` takes.
 """
+
 from __future__ import annotations
 
 import torch
@@ -68,10 +69,15 @@ class WindowStore:
 
     def accounting(self) -> dict:
         """Byte counters (current / peak) of the device tier, host tier and staging, and layers kept on the host."""
-        return {"device_bytes": self.tier.bytes, "device_peak_bytes": self.tier.peak,
-                "host_bytes": self.host.bytes, "host_peak_bytes": self.host.peak,
-                "staging_peak_bytes": self.staging.peak, "budget_bytes": self.budget,
-                "layers_on_host": self.layers_on_host}
+        return {
+            "device_bytes": self.tier.bytes,
+            "device_peak_bytes": self.tier.peak,
+            "host_bytes": self.host.bytes,
+            "host_peak_bytes": self.host.peak,
+            "staging_peak_bytes": self.staging.peak,
+            "budget_bytes": self.budget,
+            "layers_on_host": self.layers_on_host,
+        }
 
 
 class WindowKV:
@@ -88,7 +94,7 @@ class WindowKV:
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         k, v, host = self.layers[i]
         if self.end is not None:
-            k, v = k[:, :, :self.end], v[:, :, :self.end]
+            k, v = k[:, :, : self.end], v[:, :, : self.end]
         if not host:
             return k, v
         b, h, s, d = k.shape

@@ -1,5 +1,6 @@
 """The command line before argparse sees it: a negative number given as a flag's value joined to its flag; the
 line for a name too long for the file system."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,7 +14,7 @@ def _value_flags(build_parser) -> set[str]:
     flags, todo = set(), [build_parser(), bench_parser()]
     while todo:
         parser = todo.pop()
-        for action in parser._actions:   # argparse keeps its options here (no public accessor)
+        for action in parser._actions:  # argparse keeps its options here (no public accessor)
             if isinstance(action, argparse._SubParsersAction):
                 todo.extend(action.choices.values())
             elif action.option_strings and action.nargs is None:
@@ -22,7 +23,7 @@ def _value_flags(build_parser) -> set[str]:
 
 
 def _negative_number(text: str) -> bool:
-    """"-1", "-0.5", "-1e3", "-inf", "-nan", "-1GiB", "-1:0.5": a value that starts with "-" and reads as a number
+    """ "-1", "-0.5", "-1e3", "-inf", "-nan", "-1GiB", "-1:0.5": a value that starts with "-" and reads as a number
     (or a size or pair that starts with one), never an option name."""
     if not text.startswith("-") or text.startswith("--"):
         return False
@@ -61,5 +62,7 @@ def name_too_long(name) -> str:
     all), with the name cut short (it may be thousands of characters)."""
     text = os.fsdecode(name) if isinstance(name, (str, bytes)) else ""
     shown = repr(text if len(text) <= 60 else text[:40] + "…" + text[-12:])
-    return (f"name too long for a file or folder: {shown} ({len(text)} characters; the file system allows 255 "
-            "bytes per part of a path): give a shorter model name or path")
+    return (
+        f"name too long for a file or folder: {shown} ({len(text)} characters; the file system allows 255 "
+        "bytes per part of a path): give a shorter model name or path"
+    )

@@ -3,6 +3,7 @@ computes. The work (and the atomic ``FILE.gguf.partial`` → ``FILE.gguf`` renam
 :func:`localdiff.backends.gguf_convert.convert_checkpoint`; here: argument checks (every bad input one line, before
 anything is written; an existing ``FILE.gguf`` is kept unless ``--force``) and the progress bar on stderr.
 """
+
 from __future__ import annotations
 
 import os
@@ -18,13 +19,15 @@ TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_K_M", "Q5_K_M", "Q6_K")
 
 def add_parser(sub) -> None:
     """The ``convert`` subcommand's arguments (called by :func:`localdiff.cli.parser.build_parser`)."""
-    cv = sub.add_parser("convert", help="write a GGUF file (llama.cpp) from a checkpoint",
-                        description="Convert a LLaDA, LLaDA-MoE, Dream, SDAR, SDAR-MoE or Fast-dLLM v2 checkpoint "
-                                    "(folder or pulled model) to GGUF; quantized types use llama.cpp's quantizer.")
+    cv = sub.add_parser(
+        "convert",
+        help="write a GGUF file (llama.cpp) from a checkpoint",
+        description="Convert a LLaDA, LLaDA-MoE, Dream, SDAR, SDAR-MoE or Fast-dLLM v2 checkpoint "
+        "(folder or pulled model) to GGUF; quantized types use llama.cpp's quantizer.",
+    )
     cv.add_argument("src", metavar="SRC", help="checkpoint folder, catalog alias or pulled org/repo")
     cv.add_argument("-o", "--output", required=True, metavar="FILE.gguf", help="the GGUF file to write")
-    cv.add_argument("--type", dest="qtype", default="F16", metavar="TYPE",
-                    help=f"{' | '.join(TYPES)} (default F16)")
+    cv.add_argument("--type", dest="qtype", default="F16", metavar="TYPE", help=f"{' | '.join(TYPES)} (default F16)")
     cv.add_argument("--force", action="store_true", help="replace FILE.gguf if it exists")
     cv.add_argument("--threads", type=int, metavar="N", help="quantizer threads (default: all cores)")
     cv.add_argument("-q", "--quiet", action="store_true", help="no progress output")
@@ -46,8 +49,13 @@ class _Progress:
             from rich.console import Console
             from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
-            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                                TimeRemainingColumn(), console=Console(file=sys.stderr))
+            self.bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                DownloadColumn(),
+                TimeRemainingColumn(),
+                console=Console(file=sys.stderr),
+            )
 
     def phase(self, label: str, total: int) -> None:
         from localdiff.hub.progress import human_bytes
@@ -55,7 +63,7 @@ class _Progress:
         if self.bar is not None:
             if self.task is None:
                 self.bar.start()
-            else:                                  # the previous phase is complete
+            else:  # the previous phase is complete
                 self.bar.update(self.task, completed=self.total, total=self.total)
         self.label, self.total, self.done = label, max(int(total), 1), 0
         if self.bar is not None:
@@ -109,8 +117,11 @@ def run_convert(args) -> int:
 
     if os.path.isfile(os.path.expanduser(args.src)) and gguf_target(args.src) is not None:
         raise UsageError(f"{args.src}: already a GGUF file; convert reads safetensors checkpoints")
-    if not os.path.exists(os.path.expanduser(args.src)) and ("/" in args.src or os.sep in args.src) \
-            and args.src.startswith((".", "/", "~")):
+    if (
+        not os.path.exists(os.path.expanduser(args.src))
+        and ("/" in args.src or os.sep in args.src)
+        and args.src.startswith((".", "/", "~"))
+    ):
         raise UsageError(f"{args.src}: no such folder")
     out = _check_output(args.output, args.force)
     try:
@@ -123,8 +134,15 @@ def run_convert(args) -> int:
     ckpt = resolve_model(args.src)
     bar = _Progress(args.quiet)
     try:
-        p = convert_checkpoint(ckpt, out, qtype, args.threads or 0, bar.phase, bar.advance,
-                               lambda text: sys.stderr.write(f"note: {text}\n"))
+        p = convert_checkpoint(
+            ckpt,
+            out,
+            qtype,
+            args.threads or 0,
+            bar.phase,
+            bar.advance,
+            lambda text: sys.stderr.write(f"note: {text}\n"),
+        )
     finally:
         bar.close()
     if not args.quiet:

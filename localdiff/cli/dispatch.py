@@ -9,6 +9,7 @@ Exit codes: 0 ok; 1 runtime error; 2 usage error; 130 interrupted (Ctrl-C: the l
 as during a generation; ``serve`` stopped by Ctrl-C or SIGTERM after draining exits 0). Errors are one line on stderr
 (``error: ...``); ``--debug`` (or ``LOCALDIFF_DEBUG=1``) prints the traceback too.
 """
+
 from __future__ import annotations
 
 import errno
@@ -113,8 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv or os.environ.get("LOCALDIFF_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
     try:
         if sys.stdout is None:  # started with stdout closed (`>&-`): Python sets sys.stdout to None
-            raise LocaldiffError("stdout is closed; redirect it to a file or to /dev/null (e.g. `>/dev/null`) "
-                                 "instead of closing it")
+            raise LocaldiffError(
+                "stdout is closed; redirect it to a file or to /dev/null (e.g. `>/dev/null`) instead of closing it"
+            )
         parser = build_parser()
         argv = _join_negative_values(argv, build_parser)
         if argv and argv[0] == "bench":  # bench parses its own flags (argparse REMAINDER rejects leading flags)
@@ -128,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             args, extra = parser.parse_known_args(argv)
         except SystemExit as e:  # --help / --version from argparse
             return int(e.code or 0)
-        if extra:   # argparse would name the top-level parser; name the subcommand whose flags these are not
+        if extra:  # argparse would name the top-level parser; name the subcommand whose flags these are not
             prog = f"localdiff {args.command}" if getattr(args, "command", None) else "localdiff"
             raise UsageError(f"{prog}: unrecognized arguments: {' '.join(extra)} (see `{prog} --help`)")
         if args.version:
@@ -140,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.print_help(sys.stderr)
             return 2
         return int(_dispatch(args, argv) or 0)
-    except KeyboardInterrupt:   # the same line as gen's Ctrl-C mid-generation (cli/gen.py): not an error
+    except KeyboardInterrupt:  # the same line as gen's Ctrl-C mid-generation (cli/gen.py): not an error
         _note("interrupted")
         return 130
     except BrokenPipeError:
@@ -152,10 +154,10 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             traceback.print_exc()
         _flush_or_silence_stdout()
-        if e.errno == errno.ENAMETOOLONG:   # a model name, -f or -o of thousands of characters
+        if e.errno == errno.ENAMETOOLONG:  # a model name, -f or -o of thousands of characters
             _err(name_too_long(e.filename))
             return 2
-        _err(f"{e.strerror}" + (f": {e.filename}" if e.filename else ""))   # e.g. `>/dev/full`, a full disk
+        _err(f"{e.strerror}" + (f": {e.filename}" if e.filename else ""))  # e.g. `>/dev/full`, a full disk
         return 1
     except LocaldiffError as e:
         if debug:

@@ -2,6 +2,7 @@
 plan — bf16 → int8 → int4, the first that fits the device the model will run on
 (:func:`localdiff.quantize.fit.choose_precision`) — said on stderr whenever it is not the 16-bit default, never
 silently."""
+
 from __future__ import annotations
 
 import sys
@@ -22,8 +23,9 @@ def _machine(device: str | None, gpu_mem: int | None) -> tuple[str, int, int]:
     return kind, gpu, ram_bytes()
 
 
-def auto_quant(name: str, device: str | None = None, gpu_mem: int | None = None, dtype: str | None = None,
-               write=None) -> str | None:
+def auto_quant(
+    name: str, device: str | None = None, gpu_mem: int | None = None, dtype: str | None = None, write=None
+) -> str | None:
     """The ``quant`` for :func:`localdiff.load` when none was asked: None (16-bit) when that fits, else "int8" or
     "int4"; one line on stderr (``write``) when it picks a lower precision or when nothing fits (then the smallest,
     int4, is tried). None without a line for a model the planner cannot size (a GGUF file, an unknown config, a
@@ -41,23 +43,22 @@ def auto_quant(name: str, device: str | None = None, gpu_mem: int | None = None,
 
     write = write or sys.stderr.write
     try:
-        if gguf_target(name) is not None:         # a GGUF file: llama.cpp's own quantization
+        if gguf_target(name) is not None:  # a GGUF file: llama.cpp's own quantization
             return None
         folder = hub.resolve_model(name)
         if not folder.is_dir() or gguf_target(folder) is not None:
             return None
         cfg = read_json(folder / "config.json")
-    except LocaldiffError:                        # the load reports a bad name / folder itself
+    except LocaldiffError:  # the load reports a bad name / folder itself
         return None
     kind, gpu, ram = _machine(device, gpu_mem)
-    if not (gpu if kind == "cuda" else ram):   # the budget is unknown (or CUDA is missing: the load says so)
+    if not (gpu if kind == "cuda" else ram):  # the budget is unknown (or CUDA is missing: the load says so)
         return None
     try:
-        if dtype is None and kind == "cpu":       # what the load would pick (without its GEMM probe)
+        if dtype is None and kind == "cpu":  # what the load would pick (without its GEMM probe)
             dtype = choose_cpu_dtype(stored_dtype(cfg), parameter_counts(cfg)["total"], measure=False).dtype
         plan_dtype = {"float32": "float32", "float16": "float16"}.get(str(dtype), "bfloat16")
-        c = choose_precision(cfg, gpu, ram, recipe=recipe_for_model(name), dtype=plan_dtype,
-                             cpu_fallback=kind == "cpu")
+        c = choose_precision(cfg, gpu, ram, recipe=recipe_for_model(name), dtype=plan_dtype, cpu_fallback=kind == "cpu")
     except Exception:  # noqa: BLE001 — a config the planner cannot size: load as asked (the default)
         return None
     if c.fits and c.precision == "bf16":
@@ -65,6 +66,8 @@ def auto_quant(name: str, device: str | None = None, gpu_mem: int | None = None,
     if c.fits:
         write(f"memory: {name} {c.reason}: loading it in {c.precision} (--quant chooses)\n")
         return c.quant
-    write(f"warning: {name} needs {c.need_line()} ({c.reason}); loading it in {c.plan.precision}, the smallest "
-          "precision, which may run out of memory (--quant chooses)\n")
+    write(
+        f"warning: {name} needs {c.need_line()} ({c.reason}); loading it in {c.plan.precision}, the smallest "
+        "precision, which may run out of memory (--quant chooses)\n"
+    )
     return c.plan.quant

@@ -5,6 +5,7 @@ JSON object with ``--json``. Control characters in the model's text are shown vi
 ``--raw-bytes`` asks for the exact text on a stdout that is not a terminal; ``--json`` escapes them. Everything else
 goes to stderr. The prompt comes from piped stdin, ``-f FILE`` and ``-p`` / words (:mod:`localdiff.cli.prompt_input`).
 """
+
 from __future__ import annotations
 
 import random
@@ -44,8 +45,9 @@ def _size(text, flag):
         n = -1
     if n < 0:
         neg = text.strip().startswith("-")
-        raise UsageError(f"{flag}: " + ("a size must be ≥ 0" if neg else "expected a size like 2GiB or 512MB")
-                         + f", got {text!r}")
+        raise UsageError(
+            f"{flag}: " + ("a size must be ≥ 0" if neg else "expected a size like 2GiB or 512MB") + f", got {text!r}"
+        )
     return n
 
 
@@ -54,8 +56,16 @@ def _load(name: str, device, quant, gpu_mem=None, dtype=None, threads=None, draf
         from localdiff import load
     except ImportError as e:  # pragma: no cover — engine missing from a broken install
         raise LocaldiffError(f"the generation engine is not available: {e}") from None
-    return load(name, device=device, quant=quant, gpu_mem=gpu_mem, dtype=dtype, threads=threads, draft=draft,
-                gpu_layers=gpu_layers)
+    return load(
+        name,
+        device=device,
+        quant=quant,
+        gpu_mem=gpu_mem,
+        dtype=dtype,
+        threads=threads,
+        draft=draft,
+        gpu_layers=gpu_layers,
+    )
 
 
 def run_gen(args) -> int:
@@ -63,33 +73,56 @@ def run_gen(args) -> int:
     from localdiff.events import CanvasDone, Done
 
     prompt = assemble_prompt(args)
-    cfg = with_flags(load_user_config(), model=args.model, device=args.device, quant=args.quant,
-                     max_new_tokens=args.max_new_tokens, seed=args.seed, threads=getattr(args, "threads", None))
+    cfg = with_flags(
+        load_user_config(),
+        model=args.model,
+        device=args.device,
+        quant=args.quant,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+        threads=getattr(args, "threads", None),
+    )
     overrides = sampler_overrides(_flags(args), cfg)
     seed = cfg.seed if cfg.seed is not None else random.SystemRandom().randrange(2**31)
     gpu_mem = _size(getattr(args, "gpu_mem", None), "--gpu-mem")
     kv_budget = _size(getattr(args, "kv_budget", None), "--kv-budget")
     quant = cfg.quant
-    if quant is None:                  # no --quant / LOCALDIFF_QUANT / config: the plan picks bf16, int8 or int4
+    if quant is None:  # no --quant / LOCALDIFF_QUANT / config: the plan picks bf16, int8 or int4
         from localdiff.cli.fit import auto_quant
 
         quant = auto_quant(cfg.default_model, cfg.device, gpu_mem, getattr(args, "dtype", None))
-    model = _load(cfg.default_model, cfg.device, quant, gpu_mem, getattr(args, "dtype", None), cfg.threads or "auto",
-                  getattr(args, "draft", None), getattr(args, "gpu_layers", None))
+    model = _load(
+        cfg.default_model,
+        cfg.device,
+        quant,
+        gpu_mem,
+        getattr(args, "dtype", None),
+        cfg.threads or "auto",
+        getattr(args, "draft", None),
+        getattr(args, "gpu_layers", None),
+    )
     cache = model.new_cache(device_budget_bytes=kv_budget) if kv_budget is not None else None
-    overrides = model.applicable(overrides, keep=flag_names(_flags(args)))   # saved settings: this decoder's only
+    overrides = model.applicable(overrides, keep=flag_names(_flags(args)))  # saved settings: this decoder's only
     used = model.sampler_options(_typed=flag_names(_flags(args)), **overrides)
     out = sys.stdout
     show = _text_filter(args, out)
     written: list[str] = []
     done = None
     interrupted = False
-    stream = model.stream(prompt, max_new_tokens=cfg.max_new_tokens, seed=seed, chat=args.chat, system=args.system,
-                          emit_steps=False, cache=cache, **overrides)
+    stream = model.stream(
+        prompt,
+        max_new_tokens=cfg.max_new_tokens,
+        seed=seed,
+        chat=args.chat,
+        system=args.system,
+        emit_steps=False,
+        cache=cache,
+        **overrides,
+    )
     try:
         for ev in stream:
-            if isinstance(ev, CanvasDone):   # its text: what the canvas adds, within max_new_tokens (the loops cut
-                text_i = ev.text             # a last canvas that runs past it; decoding.detok keeps the joins)
+            if isinstance(ev, CanvasDone):  # its text: what the canvas adds, within max_new_tokens (the loops cut
+                text_i = ev.text  # a last canvas that runs past it; decoding.detok keeps the joins)
                 written.append(text_i)
                 if not args.json:
                     out.write(show(text_i))
@@ -102,7 +135,7 @@ def run_gen(args) -> int:
         stream.close()
     text = "".join(written)
     if done is not None and isinstance(done.text, str) and done.text.startswith(text) and not args.json:
-        rest = done.text[len(text):]  # canvas-wise decoding can differ at joins; the full decode is authoritative
+        rest = done.text[len(text) :]  # canvas-wise decoding can differ at joins; the full decode is authoritative
         if rest:
             out.write(show(rest))
         text = done.text
@@ -118,24 +151,28 @@ def run_gen(args) -> int:
         return 130
     if done is not None and getattr(args, "verbose", False):
         s = done.stats
-        sys.stderr.write(f"stats: {s.new_tokens} new tokens, {s.canvases} canvas(es), {s.forwards} forwards, "
-                         f"TPF {s.tokens_per_forward:.2f}, {s.seconds:.2f} s, prefill {s.prefill_tokens_computed} "
-                         f"computed / {s.prefill_tokens_reused} reused, seed {seed}{_tau(s)}\n")
-        if s.cache:        # the canvas family's block cache, a masked model's prefix / dual K/V tiers
+        sys.stderr.write(
+            f"stats: {s.new_tokens} new tokens, {s.canvases} canvas(es), {s.forwards} forwards, "
+            f"TPF {s.tokens_per_forward:.2f}, {s.seconds:.2f} s, prefill {s.prefill_tokens_computed} "
+            f"computed / {s.prefill_tokens_reused} reused, seed {seed}{_tau(s)}\n"
+        )
+        if s.cache:  # the canvas family's block cache, a masked model's prefix / dual K/V tiers
             sys.stderr.write(kv_cache_line(s.cache) + "\n")
         if model.precision is not None:
             sys.stderr.write(f"precision: {model.precision.line()}\n")
         sys.stderr.write("kernels: " + ", ".join(f"{k}={v}" for k, v in model.kernels().items()) + "\n")
         sys.stderr.write(backend_line(model, used) + "\n")
         sys.stderr.write(config_line() + "\n")
-        if s.arness:     # how left to right the decoding order was (masked family, issue #21)
+        if s.arness:  # how left to right the decoding order was (masked family, issue #21)
             sys.stderr.write("arness: " + ", ".join(f"{k} {v:.3f}" for k, v in s.arness.items()) + "\n")
     elif done is not None and not args.quiet and _stderr_tty():
         s = done.stats
         canv = f"{s.canvases} canvas" + ("" if s.canvases == 1 else "es")
-        sys.stderr.write(f"[{s.new_tokens} tokens, {canv}, {s.forwards} forwards, "
-                         f"{s.tokens_per_forward:.2f} tokens/forward, {s.tokens_per_second:.1f} tokens/s, "
-                         f"seed {seed}{_tau(s)}]\n")
+        sys.stderr.write(
+            f"[{s.new_tokens} tokens, {canv}, {s.forwards} forwards, "
+            f"{s.tokens_per_forward:.2f} tokens/forward, {s.tokens_per_second:.1f} tokens/s, "
+            f"seed {seed}{_tau(s)}]\n"
+        )
     return 0
 
 
@@ -152,22 +189,29 @@ def kv_cache_line(cache: dict) -> str:
 
     def size(v):
         return format_size(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
+
     if "tokens" in c:
         parts.append(f"{c.pop('tokens')} tokens")
     for tier in ("device", "host", "staging"):
         cur = c.pop(f"{tier}_bytes", None)
         peak = c.pop(f"{tier}_bytes_peak", c.pop(f"{tier}_peak_bytes", None))
         if cur is not None or peak is not None:
-            parts.append(tier + (f" {size(cur)}" if cur is not None else "")
-                         + (f" (peak {size(peak)})" if cur is not None and peak is not None else "")
-                         + (f" peak {size(peak)}" if cur is None else ""))
+            parts.append(
+                tier
+                + (f" {size(cur)}" if cur is not None else "")
+                + (f" (peak {size(peak)})" if cur is not None and peak is not None else "")
+                + (f" peak {size(peak)}" if cur is None else "")
+            )
     if "budget_bytes" in c:
         budget = c.pop("budget_bytes")
         parts.append("device budget " + ("unlimited" if budget is None else size(budget)))
     if "blocks_device" in c or "blocks_host" in c:
         parts.append(f"blocks {c.pop('blocks_device', 0)} on device / {c.pop('blocks_host', 0)} on host")
-    moved = [f"{c.pop(f'blocks_to_{t}')} to {t} ({size(c.pop(f'bytes_to_{t}', 0))})"
-             for t in ("host", "device") if f"blocks_to_{t}" in c]
+    moved = [
+        f"{c.pop(f'blocks_to_{t}')} to {t} ({size(c.pop(f'bytes_to_{t}', 0))})"
+        for t in ("host", "device")
+        if f"blocks_to_{t}" in c
+    ]
     moved += [f"{c.pop('blocks_freed')} freed"] if "blocks_freed" in c else []
     if moved:
         parts.append("moved " + moved[0].replace(" to ", " blocks to ", 1) + "".join(", " + m for m in moved[1:]))
@@ -180,7 +224,7 @@ def kv_cache_line(cache: dict) -> str:
 
 
 def config_line() -> str:
-    """"config: PATH" or, for the default place, "config: PATH (not found: defaults; the chat's /set creates it)"
+    """ "config: PATH" or, for the default place, "config: PATH (not found: defaults; the chat's /set creates it)"
     (a file named by ``LOCALDIFF_CONFIG`` that is missing stops the command before: ``config.load_user_config``)."""
     from localdiff.config import config_path
 
@@ -189,7 +233,7 @@ def config_line() -> str:
 
 
 def backend_line(model, options: dict | None = None) -> str:
-    """"backend: gguf (llama-cpp-python X (ggml V, commit C)), engine llama.cpp, Q8_0, cache kv_cache dual (llama.cpp
+    """ "backend: gguf (llama-cpp-python X (ggml V, commit C)), engine llama.cpp, Q8_0, cache kv_cache dual (llama.cpp
     K/V memory), 0 GPU layers, 2 threads" (the cache: the block family's exact block cache, or the masked family's
     ``kv_cache`` of ``options``) or "backend: torch X, cpu, float32, 2 threads"."""
     if model.backend == "gguf":
@@ -200,14 +244,17 @@ def backend_line(model, options: dict | None = None) -> str:
             mode = (options or {}).get("kv_cache", "none")
             cache = f"kv_cache {mode}" + (" (llama.cpp K/V memory)" if mode != "none" else " (full pass per step)")
         gpu = model.gpu_layers
-        return (f"backend: gguf ({model.backend_version}), engine llama.cpp, {model.quant}, cache {cache}, "
-                f"{'all' if gpu < 0 else gpu} GPU layers, {n} thread{'s' if n != 1 else ''}")
+        return (
+            f"backend: gguf ({model.backend_version}), engine llama.cpp, {model.quant}, cache {cache}, "
+            f"{'all' if gpu < 0 else gpu} GPU layers, {n} thread{'s' if n != 1 else ''}"
+        )
     import torch
 
     line = f"backend: torch {torch.__version__}, {model.device}, {str(model.dtype).replace('torch.', '')}"
     n, why = torch.get_num_threads(), model.threads_why
-    return line + (f", {n} thread{'s' if n != 1 else ''}" + (f" ({why})" if why else "")
-                   if str(model.device) == "cpu" else "")
+    return line + (
+        f", {n} thread{'s' if n != 1 else ''}" + (f" ({why})" if why else "") if str(model.device) == "cpu" else ""
+    )
 
 
 def _tau(s) -> str:
@@ -235,8 +282,11 @@ def _json_result(model, text: str, done, seed: int, sampler: dict, interrupted: 
     from localdiff.hub.models import describe_path
 
     stats = done.stats.as_dict() if done is not None else {}
-    ids = done.token_ids[0] if done is not None and done.token_ids and isinstance(done.token_ids[0], list) else (
-        done.token_ids if done is not None else [])
+    ids = (
+        done.token_ids[0]
+        if done is not None and done.token_ids and isinstance(done.token_ids[0], list)
+        else (done.token_ids if done is not None else [])
+    )
     return {
         "text": text,
         "token_ids": list(ids),
@@ -244,10 +294,16 @@ def _json_result(model, text: str, done, seed: int, sampler: dict, interrupted: 
         "model_name": str(model.name),
         "seed": seed,
         "sampler": sampler,
-        "usage": {"prompt_tokens": stats.get("prompt_tokens", 0), "completion_tokens": len(ids),
-                  "total_tokens": stats.get("prompt_tokens", 0) + len(ids)},
-        "timings": {"seconds": stats.get("seconds"), "prefill_seconds": stats.get("prefill_seconds"),
-                    "tokens_per_second": stats.get("tokens_per_second")},
+        "usage": {
+            "prompt_tokens": stats.get("prompt_tokens", 0),
+            "completion_tokens": len(ids),
+            "total_tokens": stats.get("prompt_tokens", 0) + len(ids),
+        },
+        "timings": {
+            "seconds": stats.get("seconds"),
+            "prefill_seconds": stats.get("prefill_seconds"),
+            "tokens_per_second": stats.get("tokens_per_second"),
+        },
         "tokens_per_forward": stats.get("tokens_per_forward"),
         "forwards": stats.get("forwards"),
         "canvases": stats.get("canvases"),

@@ -4,6 +4,7 @@
 Each ``run_*`` takes the parsed argparse namespace and returns an exit code; errors are raised as LocaldiffError
 subclasses and printed by ``cli.main``. Tables and reports go to stdout; progress and warnings to stderr.
 """
+
 from __future__ import annotations
 
 import sys
@@ -31,8 +32,13 @@ def _gguf_name(name: str, quant: str | None) -> str:
 def run_pull(args) -> int:
     args.name = _gguf_name(args.name, getattr(args, "quant", None))
     try:
-        res = hub.pull(args.name, quiet=args.quiet, verify=args.verify, check_space=getattr(args, "check_space", True),
-                       force=getattr(args, "force", False))
+        res = hub.pull(
+            args.name,
+            quiet=args.quiet,
+            verify=args.verify,
+            check_space=getattr(args, "check_space", True),
+            force=getattr(args, "force", False),
+        )
     except KeyboardInterrupt:
         sys.stderr.write(f"interrupted; run `localdiff pull {args.name}` again to resume\n")
         return 130
@@ -43,9 +49,11 @@ def run_pull(args) -> int:
         notes = [w for w in res.get("warnings", []) if w.startswith("offline")]
         msg += "".join(f"; {n}" for n in notes)
     else:
-        msg = (f"pulled {args.name} ({res['repo']}@{res['commit'][:12]}): {res['files']} files, "
-               f"{human_bytes(res['total_bytes'])}, {human_bytes(res['downloaded_bytes'])} downloaded "
-               f"in {res['seconds']:.1f} s")
+        msg = (
+            f"pulled {args.name} ({res['repo']}@{res['commit'][:12]}): {res['files']} files, "
+            f"{human_bytes(res['total_bytes'])}, {human_bytes(res['downloaded_bytes'])} downloaded "
+            f"in {res['seconds']:.1f} s"
+        )
     if not args.quiet:
         sys.stderr.write(msg + "\n")
     return 0
@@ -54,7 +62,7 @@ def run_pull(args) -> int:
 def run_list(args) -> int:
     from localdiff.hub.hf_cache import check_cache_folders
 
-    try:   # HF_HUB_CACHE naming a file listed the embedded models alone without a word (pull refuses it)
+    try:  # HF_HUB_CACHE naming a file listed the embedded models alone without a word (pull refuses it)
         check_cache_folders()
     except LocaldiffError as e:
         sys.stderr.write(visible(f"warning: {e}; only the embedded models are listed") + "\n")
@@ -64,30 +72,54 @@ def run_list(args) -> int:
         for e in catalog.entries():
             if e.alias not in have:
                 draft = catalog.is_draft({"model_type": e.model_type})
-                models.append({"name": e.alias, "repo": e.repo, "revision": e.revision, "commit": None,
-                               "size_bytes": e.approx_size_bytes, "quant": None, "path": None, "embedded": e.embedded,
-                               "description": e.description, "pulled": False, "draft": draft,
-                               **({"draft_for": catalog.draft_targets(e.alias)} if draft else {})})
+                models.append(
+                    {
+                        "name": e.alias,
+                        "repo": e.repo,
+                        "revision": e.revision,
+                        "commit": None,
+                        "size_bytes": e.approx_size_bytes,
+                        "quant": None,
+                        "path": None,
+                        "embedded": e.embedded,
+                        "description": e.description,
+                        "pulled": False,
+                        "draft": draft,
+                        **({"draft_for": catalog.draft_targets(e.alias)} if draft else {}),
+                    }
+                )
     for m in models:
         m.setdefault("pulled", True)
         if m.get("changed"):
-            sys.stderr.write(visible(f"warning: {m['name']}: {m['changed'][0]} changed on disk since it was verified; "
-                                     f"run `localdiff pull {m['name']} --verify`") + "\n")
+            sys.stderr.write(
+                visible(
+                    f"warning: {m['name']}: {m['changed'][0]} changed on disk since it was verified; "
+                    f"run `localdiff pull {m['name']} --verify`"
+                )
+                + "\n"
+            )
     if args.json:
         print_json(models)
         return 0
     rows, drafts = [], []
     for m in models:
-        where = "embedded" if m["embedded"] else (f"{m['repo']}@{(m['commit'] or m['revision'])[:12]}"
-                                                  if m.get("commit") else f"{m['repo']}@{_short_rev(m['revision'])}")
+        where = (
+            "embedded"
+            if m["embedded"]
+            else (
+                f"{m['repo']}@{(m['commit'] or m['revision'])[:12]}"
+                if m.get("commit")
+                else f"{m['repo']}@{_short_rev(m['revision'])}"
+            )
+        )
         size = human_bytes(m["size_bytes"]) if m["size_bytes"] else "-"
         if not m["pulled"]:
             size = f"~{size} (not pulled)" if m["size_bytes"] else "(not pulled)"
         backend = m.get("backend") or "-"
-        if m.get("engine"):                        # a GGUF file: the engine and its cache modes
+        if m.get("engine"):  # a GGUF file: the engine and its cache modes
             backend = f"{backend} ({m['engine']}; {m.get('cache', '')})"
         row = [m["name"], where, size, m.get("quant") or "-", backend, m.get("path") or "-"]
-        if m.get("draft"):   # a DFlash draft runs only beside its target: listed apart, never as a model to run
+        if m.get("draft"):  # a DFlash draft runs only beside its target: listed apart, never as a model to run
             drafts.append([row[0], ", ".join(m.get("draft_for") or []) or "-", *row[1:]])
         else:
             rows.append(row)
@@ -107,8 +139,9 @@ def _short_rev(rev) -> str:
 
 def run_rm(args) -> int:
     res = hub.remove(args.name)
-    sys.stderr.write(f"removed {args.name} ({res['repo']}@{res['commit'][:12]}), freed "
-                     f"{human_bytes(res['freed_bytes'])}\n")
+    sys.stderr.write(
+        f"removed {args.name} ({res['repo']}@{res['commit'][:12]}), freed {human_bytes(res['freed_bytes'])}\n"
+    )
     return 0
 
 
@@ -122,7 +155,7 @@ def run_config(args) -> int:
     if args.json:
         print_json(d)
     else:
-        print_tree(d, "", unset="(unset)")   # (unset): the engine's default applies
+        print_tree(d, "", unset="(unset)")  # (unset): the engine's default applies
     return 0
 
 
@@ -142,11 +175,18 @@ def run_chat_cmd(args) -> int:
             tty = False
         if not tty:
             raise UsageError("`localdiff chat` needs a terminal; for scripts and pipelines use `localdiff gen`")
-    cfg = with_flags(load_user_config(), model=args.model, device=args.device, quant=args.quant,
-                     max_new_tokens=args.max_new_tokens, seed=args.seed, threads=args.threads)
+    cfg = with_flags(
+        load_user_config(),
+        model=args.model,
+        device=args.device,
+        quant=args.quant,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+        threads=args.threads,
+    )
     from localdiff.cli.gen import _flags, _size
 
-    if args.kv_budget is not None:   # was accepted and ignored
+    if args.kv_budget is not None:  # was accepted and ignored
         raise UsageError("--kv-budget: localdiff chat does not apply a KV-cache budget yet (gen does)")
     gpu_mem = _size(args.gpu_mem, "--gpu-mem")
 
@@ -154,7 +194,7 @@ def run_chat_cmd(args) -> int:
     from localdiff.cli.gen import flag_names
     from localdiff.decoding.options import check_overrides
 
-    check_overrides(options, flag_names(_flags(args)))   # bad values were accepted and failed inside the chat
+    check_overrides(options, flag_names(_flags(args)))  # bad values were accepted and failed inside the chat
     for key in ("max_new_tokens", "seed"):  # flag > env > config file; chat-session settings (/set changes them)
         if getattr(cfg, key) is not None:
             options[key] = getattr(cfg, key)
@@ -167,20 +207,38 @@ def run_chat_cmd(args) -> int:
         from localdiff.backends.remote import base_url
         from localdiff.cli.remote import _api_key, endpoint_timeout, refuse_local_flags, remote_loader
 
-        refuse_local_flags(args)   # as gen --endpoint (they were ignored)
+        refuse_local_flags(args)  # as gen --endpoint (they were ignored)
 
         base_url(args.endpoint)  # a bad URL is a usage error before the UI starts
         loader = remote_loader(args.endpoint, _api_key(args), endpoint_timeout(args))
         model = args.model or ""  # "" = the server's first model
     elif args.model is not None and not args.model.strip():
-        raise UsageError("empty model name")     # as gen -m '' ("" stands for the server's first model above)
-    else:   # --draft / --gpu-mem / --threads reach the load; no thread count set anywhere: by model size ("auto")
+        raise UsageError("empty model name")  # as gen -m '' ("" stands for the server's first model above)
+    else:  # --draft / --gpu-mem / --threads reach the load; no thread count set anywhere: by model size ("auto")
         from localdiff.tui import app as tui_app
 
         loader = lambda name, device=None, quant=None: tui_app._default_loader(  # noqa: E731
-            name, device=device, quant=quant, draft=args.draft, gpu_mem=gpu_mem, threads=cfg.threads or "auto",
-            gpu_layers=getattr(args, "gpu_layers", None))
+            name,
+            device=device,
+            quant=quant,
+            draft=args.draft,
+            gpu_mem=gpu_mem,
+            threads=cfg.threads or "auto",
+            gpu_layers=getattr(args, "gpu_layers", None),
+        )
     # -m wins; without it a resumed conversation keeps its own model, else the configured default model
-    return int(run_chat(model=model, default_model=default_model, resume=args.resume, list_only=args.list_only,
-                        device=cfg.device, quant=cfg.quant, sampler_options=options, loader=loader,
-                        config_file=str(cfg.path or config_path()), theme=cfg.theme) or 0)
+    return int(
+        run_chat(
+            model=model,
+            default_model=default_model,
+            resume=args.resume,
+            list_only=args.list_only,
+            device=cfg.device,
+            quant=cfg.quant,
+            sampler_options=options,
+            loader=loader,
+            config_file=str(cfg.path or config_path()),
+            theme=cfg.theme,
+        )
+        or 0
+    )

@@ -1,5 +1,6 @@
 """How the commands write to stdout: JSON, aligned tables and indented trees, with every name, label and path made
 visible (:func:`localdiff.safetext.visible`: they come from the cache, config.json files and the user)."""
+
 from __future__ import annotations
 
 import json

@@ -2,6 +2,7 @@
 order. Piped stdin (never a terminal) is read and placed before the prompt; with a terminal and no prompt it is a usage
 error — never an interactive read. A reader that waits (a pipe nobody writes, a named pipe) is noted once on stderr;
 input is bounded (:data:`MAX_PROMPT_BYTES`) and must be UTF-8."""
+
 from __future__ import annotations
 
 import sys
@@ -67,8 +68,10 @@ def _read_fd_noting_waits(stream) -> bytes | None:
         ready, _, _ = select.select([fd], [], [], STDIN_NOTE_AFTER_S)
         if not ready:
             if not noted:
-                sys.stderr.write("waiting for stdin to close: piped text goes before the prompt; to skip stdin, "
-                                 "run with </dev/null\n")
+                sys.stderr.write(
+                    "waiting for stdin to close: piped text goes before the prompt; to skip stdin, "
+                    "run with </dev/null\n"
+                )
                 sys.stderr.flush()
                 noted = True
             continue
@@ -91,12 +94,16 @@ def _read_file(path: str) -> str:
     import stat
     import threading
 
-    try:   # a named pipe (`mkfifo`, `-f <(cmd)`) waits for its writer: say so once, as for stdin
+    try:  # a named pipe (`mkfifo`, `-f <(cmd)`) waits for its writer: say so once, as for stdin
         waits = stat.S_ISFIFO(os.stat(path).st_mode)
     except OSError:
         waits = False
-    note = threading.Timer(STDIN_NOTE_AFTER_S, lambda: sys.stderr.write(
-        f"waiting for prompt file {visible(path)}: it is a pipe and nothing has written to it yet (Ctrl-C to stop)\n"))
+    note = threading.Timer(
+        STDIN_NOTE_AFTER_S,
+        lambda: sys.stderr.write(
+            f"waiting for prompt file {visible(path)}: it is a pipe and nothing has written to it yet (Ctrl-C to stop)\n"
+        ),
+    )
     note.daemon = True
     if waits:
         note.start()
@@ -128,8 +135,10 @@ def assemble_prompt(args) -> str:
     if not getattr(args, "chat", True) and getattr(args, "system", None) is not None:
         raise UsageError("--system needs chat mode: drop --raw, or write the system text into the prompt")
     if getattr(args, "raw_bytes", False) and getattr(args, "json", False):
-        raise UsageError("--raw-bytes does nothing with --json: its \"text\" is the model's exact text, control "
-                         "characters escaped as JSON requires; drop one of them")
+        raise UsageError(
+            '--raw-bytes does nothing with --json: its "text" is the model\'s exact text, control '
+            "characters escaped as JSON requires; drop one of them"
+        )
     if args.prompt is not None and args.prompt_words:
         raise UsageError("give the prompt either with -p or as words, not both")
     cli_prompt = args.prompt if args.prompt is not None else (" ".join(args.prompt_words) or None)

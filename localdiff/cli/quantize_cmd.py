@@ -1,4 +1,5 @@
 """``localdiff quantize MODEL --recipe NAME [--quant int8|int4] -o DIR``: write a pre-quantized checkpoint."""
+
 from __future__ import annotations
 
 import sys
@@ -6,6 +7,7 @@ import sys
 from localdiff.errors import LocaldiffError, UsageError
 from localdiff.hub import models as hub
 from localdiff.hub.progress import human_bytes
+
 
 def run_quantize(args) -> int:
     try:
@@ -16,16 +18,19 @@ def run_quantize(args) -> int:
     _check_device(args.device)
     made = _check_output_dir(args.output, getattr(args, "force", False))
     try:
-        res = quantize_checkpoint(src, args.output, recipe=args.recipe, device=args.device,
-                                  quant=getattr(args, "quant", None))
+        res = quantize_checkpoint(
+            src, args.output, recipe=args.recipe, device=args.device, quant=getattr(args, "quant", None)
+        )
     except BaseException:
-        if made is not None and made.is_dir() and not any(made.iterdir()):   # leave nothing behind we created
+        if made is not None and made.is_dir() and not any(made.iterdir()):  # leave nothing behind we created
             made.rmdir()
         raise
     info = ""
     if isinstance(res, dict) and "bytes_in" in res and "bytes_out" in res:
-        info = (f" (recipe {res.get('recipe')}: {human_bytes(res['bytes_in'])} -> {human_bytes(res['bytes_out'])}, "
-                f"{res.get('quantized_tensors')} {res.get('quant') or 'int8'} tensors)")
+        info = (
+            f" (recipe {res.get('recipe')}: {human_bytes(res['bytes_in'])} -> {human_bytes(res['bytes_out'])}, "
+            f"{res.get('quantized_tensors')} {res.get('quant') or 'int8'} tensors)"
+        )
     sys.stderr.write(f"wrote {args.output}{info}\n")
     return 0
 
@@ -67,8 +72,10 @@ def _check_output_dir(path: str, force: bool):
     if p.exists() and not p.is_dir():
         raise UsageError(f"-o {path}: exists and is not a folder")
     if p.is_dir() and any(p.iterdir()) and not force:
-        raise UsageError(f"-o {path}: folder is not empty; choose a new folder, or pass --force to write into it "
-                         "(its config.json and *.safetensors are replaced)")
+        raise UsageError(
+            f"-o {path}: folder is not empty; choose a new folder, or pass --force to write into it "
+            "(its config.json and *.safetensors are replaced)"
+        )
     made = None if p.is_dir() else p
     try:
         p.mkdir(parents=True, exist_ok=True)

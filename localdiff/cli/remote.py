@@ -1,4 +1,5 @@
 """``localdiff serve``, and ``gen`` / ``chat`` against an OpenAI-compatible endpoint (``--endpoint URL``)."""
+
 from __future__ import annotations
 
 import os
@@ -60,7 +61,7 @@ def check_endpoint_flags(args) -> None:
     if getattr(args, "endpoint", None) is not None:
         if not args.endpoint.strip():
             raise UsageError("--endpoint: empty URL (e.g. http://127.0.0.1:11436/v1)")
-        if args.model is not None and not args.model.strip():   # as without --endpoint (it meant the first model)
+        if args.model is not None and not args.model.strip():  # as without --endpoint (it meant the first model)
             raise UsageError("empty model name (leave -m out for the server's first model)")
         endpoint_timeout(args)
         return
@@ -84,8 +85,8 @@ def _flag_options(args) -> dict:
     out = {}
     for key, value in _flags(args).items():
         spec = specs[resolve_key(key)]
-        if isinstance(value, str) and ":" in value and not spec.pair_of:   # "--temperature 0.9:0.1": the pair
-            spec = next((s for s in specs.values() if s.pair_of and key in s.aliases), spec)   # (t_max, t_min)
+        if isinstance(value, str) and ":" in value and not spec.pair_of:  # "--temperature 0.9:0.1": the pair
+            spec = next((s for s in specs.values() if s.pair_of and key in s.aliases), spec)  # (t_max, t_min)
         if spec.pair_of and isinstance(value, str) and ":" in value:
             value, out[spec.pair_of] = spec.split_pair(value, specs[spec.pair_of], shown.get(key, key))
         out[spec.name] = spec.coerce(value, shown.get(key, key))
@@ -98,37 +99,59 @@ def run_serve(args) -> int:
     from localdiff.serve import check_binding, serve
 
     key = _api_key(args)
-    if key and args.insecure:   # --insecure = "serve without a key": with a key it says the opposite of the key
+    if key and args.insecure:  # --insecure = "serve without a key": with a key it says the opposite of the key
         src = "--api-key" if args.api_key else "LOCALDIFF_API_KEY (set in the environment)"
-        raise UsageError(f"--insecure contradicts {src}: drop --insecure to require the key, or "
-                         + ("drop --api-key" if args.api_key else "unset LOCALDIFF_API_KEY") + " to serve without one")
+        raise UsageError(
+            f"--insecure contradicts {src}: drop --insecure to require the key, or "
+            + ("drop --api-key" if args.api_key else "unset LOCALDIFF_API_KEY")
+            + " to serve without one"
+        )
     check_binding(args.host, key, args.insecure)
     if not 0 < args.port < 65536:
         raise UsageError(f"--port must be in 1..65535 (got {args.port})")
     if args.max_queue < 1:
         raise UsageError(f"--max-queue must be ≥ 1 (got {args.max_queue})")
-    if not (args.keep_alive >= 0 and args.keep_alive != float("inf")):   # NaN fails both (it was accepted)
+    if not (args.keep_alive >= 0 and args.keep_alive != float("inf")):  # NaN fails both (it was accepted)
         raise UsageError(f"--keep-alive must be a number of seconds ≥ 0; 0 = never unload (got {args.keep_alive:g})")
     if args.max_batch < 1:
         raise UsageError(f"--max-batch must be ≥ 1 (got {args.max_batch})")
-    kv_budget = _size(args.kv_budget, "--kv-budget")   # what the batch's requests' caches hold together at most
-    models = list(args.model or ())    # -m, repeatable: the first is the default and loads at start
-    cfg = with_flags(load_user_config(), model=models[0] if models else None, device=args.device,
-                     quant=args.quant, threads=args.threads)
+    kv_budget = _size(args.kv_budget, "--kv-budget")  # what the batch's requests' caches hold together at most
+    models = list(args.model or ())  # -m, repeatable: the first is the default and loads at start
+    cfg = with_flags(
+        load_user_config(),
+        model=models[0] if models else None,
+        device=args.device,
+        quant=args.quant,
+        threads=args.threads,
+    )
     sampler = sampler_overrides(_flags(args), cfg)
     from localdiff.cli.gen import flag_names
     from localdiff.decoding.options import check_overrides
 
     check_overrides(sampler, flag_names(_flags(args)))  # bad values were accepted and failed on every request
     max_body = _size(args.max_body, "--max-body")
-    if max_body == 0:   # was silently the 1 MiB default
+    if max_body == 0:  # was silently the 1 MiB default
         raise UsageError(f"--max-body must be > 0 (got {args.max_body!r}; the default is 1MiB)")
-    return serve(models, cfg.default_model, host=args.host, port=args.port, api_key=key, insecure=args.insecure,
-                 device=cfg.device, quant=cfg.quant, sampler=sampler, max_queue=args.max_queue,
-                 keep_alive=args.keep_alive or None, max_body=max_body,
-                 gpu_mem=_size(args.gpu_mem, "--gpu-mem"), threads=cfg.threads or "auto",   # auto: by model size
-                 gpu_layers=getattr(args, "gpu_layers", None), draft=getattr(args, "draft", None),
-                 max_batch=args.max_batch, kv_budget=kv_budget)
+    return serve(
+        models,
+        cfg.default_model,
+        host=args.host,
+        port=args.port,
+        api_key=key,
+        insecure=args.insecure,
+        device=cfg.device,
+        quant=cfg.quant,
+        sampler=sampler,
+        max_queue=args.max_queue,
+        keep_alive=args.keep_alive or None,
+        max_body=max_body,
+        gpu_mem=_size(args.gpu_mem, "--gpu-mem"),
+        threads=cfg.threads or "auto",  # auto: by model size
+        gpu_layers=getattr(args, "gpu_layers", None),
+        draft=getattr(args, "draft", None),
+        max_batch=args.max_batch,
+        kv_budget=kv_budget,
+    )
 
 
 # flags a server ignores
@@ -161,15 +184,17 @@ def run_gen_remote(args) -> int:
         if not quiet:
             sys.stderr.write(f"waiting for {client.url} to answer (gives up after {client.timeout:g} s: --timeout)\n")
             sys.stderr.flush()
+
     client = RemoteClient(args.endpoint, _api_key(args), endpoint_timeout(args), on_wait=note)
     try:
         name = args.model or os.environ.get("LOCALDIFF_MODEL") or RemoteModel(client).name
         if args.chat:
             msgs = ([{"role": "system", "content": args.system}] if args.system else []) + [
-                {"role": "user", "content": prompt}]
+                {"role": "user", "content": prompt}
+            ]
             payload = msgs
         else:
-            payload = prompt   # --system with --raw was refused by assemble_prompt
+            payload = prompt  # --system with --raw was refused by assemble_prompt
         fields = request_fields(args.max_new_tokens, args.seed, _flag_options(args))
         out, parts, info = sys.stdout, [], {}
         show = _text_filter(args, out)  # a server's text is model output too: control characters made visible
@@ -190,10 +215,21 @@ def run_gen_remote(args) -> int:
         text = "".join(parts)
         if args.json:
             ext = info.get("localdiff") if isinstance(info.get("localdiff"), dict) else {}
-            seed = args.seed if args.seed is not None else ext.get("seed")   # the seed the server used (as gen's)
-            out.write(json_dumps({"text": text, "model_name": name, "endpoint": client.url, "seed": seed,
-                                  "finish_reason": info.get("finish_reason"), "usage": info.get("usage"),
-                                  "localdiff": info.get("localdiff")}) + "\n")
+            seed = args.seed if args.seed is not None else ext.get("seed")  # the seed the server used (as gen's)
+            out.write(
+                json_dumps(
+                    {
+                        "text": text,
+                        "model_name": name,
+                        "endpoint": client.url,
+                        "seed": seed,
+                        "finish_reason": info.get("finish_reason"),
+                        "usage": info.get("usage"),
+                        "localdiff": info.get("localdiff"),
+                    }
+                )
+                + "\n"
+            )
         elif text and not text.endswith("\n"):
             out.write("\n")
         out.flush()
@@ -211,8 +247,12 @@ def _remote_stats(info: dict, url: str, name: str, seed) -> str:
     ext = info.get("localdiff") if isinstance(info.get("localdiff"), dict) else {}
     parts = [f"{usage.get('completion_tokens', '?')} new tokens", f"{usage.get('prompt_tokens', '?')} prompt tokens"]
     if ext:
-        parts += [f"{ext.get('canvases')} canvas(es)", f"{ext.get('forwards')} forwards",
-                  f"TPF {float(ext.get('tokens_per_forward') or 0):.2f}", f"{float(ext.get('seconds') or 0):.2f} s"]
+        parts += [
+            f"{ext.get('canvases')} canvas(es)",
+            f"{ext.get('forwards')} forwards",
+            f"TPF {float(ext.get('tokens_per_forward') or 0):.2f}",
+            f"{float(ext.get('seconds') or 0):.2f} s",
+        ]
         seed = seed if seed is not None else ext.get("seed")
     if seed is not None:
         parts.append(f"seed {seed}")
@@ -227,4 +267,5 @@ def remote_loader(endpoint: str, api_key: str | None, timeout: float | None = No
     def load(name, device=None, quant=None):
         client = RemoteClient(endpoint, api_key) if timeout is None else RemoteClient(endpoint, api_key, timeout)
         return RemoteModel(client, name or None)
+
     return load

@@ -1,6 +1,7 @@
 """``localdiff show``: a model's architecture summary (torch-free: from config.json, or a GGUF file's header), its
 decoder and options, the CPU precision a load picks, and with ``--plan`` (or a budget flag) its memory plan for a GPU
 or the CPU with the precision ``pull`` / ``gen`` would pick. Works before a pull (the catalog's stand-in config)."""
+
 from __future__ import annotations
 
 import sys
@@ -25,10 +26,21 @@ def _summarize(cfg: dict, folder):
 
 def _basic_summary(cfg: dict) -> dict:
     t = cfg.get("text_config") or cfg
-    keys = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "num_experts",
-            "top_k_experts", "vocab_size", "max_position_embeddings")
-    return {"model_type": cfg.get("model_type"), "canvas_length": cfg.get("canvas_length"),
-            **{k: t.get(k) for k in keys if k in t}}
+    keys = (
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "num_experts",
+        "top_k_experts",
+        "vocab_size",
+        "max_position_embeddings",
+    )
+    return {
+        "model_type": cfg.get("model_type"),
+        "canvas_length": cfg.get("canvas_length"),
+        **{k: t.get(k) for k in keys if k in t},
+    }
 
 
 def _size_flag(text: str, flag: str) -> int:
@@ -75,14 +87,26 @@ def gguf_summary(path) -> dict:
     from localdiff.backends.gguf_config import cache_modes, describe as read_gguf
 
     h, c = read_gguf(path)
-    out = {"backend": "gguf (llama.cpp through llama-cpp-python)", "engine": "llama.cpp", "quant": c.quant,
-           "family": c.family, "cache": cache_modes(c.family, c.architecture),
-           "model_type": c.model_type, "gguf_architecture": c.architecture, "hidden_size": c.hidden_size,
-           "num_hidden_layers": c.num_hidden_layers, "num_attention_heads": c.num_attention_heads,
-           "num_key_value_heads": c.num_key_value_heads, "vocab_size": c.vocab_size,
-           "max_position_embeddings": c.max_position_embeddings, "mask_token_id": c.mask_token_id,
-           "eos_token_id": list(c.eos_token_id), "shift_logits": c.shift_logits, "file_bytes": h.file_size,
-           "tensors": len(h.tensors)}
+    out = {
+        "backend": "gguf (llama.cpp through llama-cpp-python)",
+        "engine": "llama.cpp",
+        "quant": c.quant,
+        "family": c.family,
+        "cache": cache_modes(c.family, c.architecture),
+        "model_type": c.model_type,
+        "gguf_architecture": c.architecture,
+        "hidden_size": c.hidden_size,
+        "num_hidden_layers": c.num_hidden_layers,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads,
+        "vocab_size": c.vocab_size,
+        "max_position_embeddings": c.max_position_embeddings,
+        "mask_token_id": c.mask_token_id,
+        "eos_token_id": list(c.eos_token_id),
+        "shift_logits": c.shift_logits,
+        "file_bytes": h.file_size,
+        "tensors": len(h.tensors),
+    }
     if c.num_experts:
         out["experts"] = {"total": c.num_experts, "top_k": c.num_experts_per_tok}
     if c.family == "block":
@@ -91,7 +115,7 @@ def gguf_summary(path) -> dict:
 
 
 def run_show(args) -> int:
-    name = args.name if args.name is not None else load_user_config().default_model   # "" is refused, as for gen -m
+    name = args.name if args.name is not None else load_user_config().default_model  # "" is refused, as for gen -m
     gg = _gguf_file(name)
     if gg is not None:
         summary = gguf_summary(gg)
@@ -103,18 +127,24 @@ def run_show(args) -> int:
     from localdiff.decoding.defaults import describe
     from localdiff.decoding.options import has_decoder
 
-    if has_decoder(summary.get("family")):   # a family whose decoders are not wired yet shows its model only
-        out["decoder"] = describe(summary["family"], folder if cfg is not None else None,
-                                  cfg.get("model_type") if cfg is not None else summary.get("model_type"))
-    if any(getattr(args, k, None) is not None for k in ("gpu_mem", "ram", "device", "kv_budget", "quant")) \
-            and not args.plan:
-        args.plan = True                          # a budget asks for the plan against it (was silently ignored)
+    if has_decoder(summary.get("family")):  # a family whose decoders are not wired yet shows its model only
+        out["decoder"] = describe(
+            summary["family"],
+            folder if cfg is not None else None,
+            cfg.get("model_type") if cfg is not None else summary.get("model_type"),
+        )
+    if (
+        any(getattr(args, k, None) is not None for k in ("gpu_mem", "ram", "device", "kv_budget", "quant"))
+        and not args.plan
+    ):
+        args.plan = True  # a budget asks for the plan against it (was silently ignored)
     if args.plan and cfg is None:
         raise UsageError("--plan: a GGUF model runs on the CPU through llama.cpp; there is no device plan")
     if cfg is not None:
         out["cpu_precision"] = _cpu_precision(cfg, summary)
     if args.plan:
         from localdiff.quantize.recipe import recipe_for_model
+
         plan, choice = _plan(args, cfg, recipe_for_model(name))
         out["plan"] = plan.to_dict()
         out["plan_text"] = plan.to_text()
@@ -129,8 +159,9 @@ def run_show(args) -> int:
         also = f"  (--decoder {' | '.join(others)} also runs)" if others else ""
         sys.stdout.write(f"\ndecoder: {out['decoder']['policy']}{also}\n")
         for key, o in out["decoder"]["options"].items():
-            sys.stdout.write(visible(f"  {key} = {plain(o['value'])}  ({o['flag']}, {o['env']}; {o['allowed']})")
-                             + "\n")
+            sys.stdout.write(
+                visible(f"  {key} = {plain(o['value'])}  ({o['flag']}, {o['env']}; {o['allowed']})") + "\n"
+            )
     if out.get("cpu_precision"):
         sys.stdout.write(f"\ncpu precision: {out['cpu_precision']['line']}\n")
     if args.plan:
@@ -152,7 +183,7 @@ def _plan(args, cfg: dict, recipe):
     if getattr(args, "device", None) is None and args.gpu_mem is None:
         from localdiff.hub.fit import gpu_mem_bytes
 
-        cpu = not gpu_mem_bytes()              # no GPU here and no --gpu-mem: plan this machine's RAM
+        cpu = not gpu_mem_bytes()  # no GPU here and no --gpu-mem: plan this machine's RAM
     if cpu and args.gpu_mem is not None:
         raise UsageError("--gpu-mem plans a GPU; with --device cpu give the RAM with --ram SIZE")
     ram = _size_flag(args.ram, "--ram") if getattr(args, "ram", None) is not None else None

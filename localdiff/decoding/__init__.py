@@ -4,12 +4,22 @@ stopping.
 
 The names below load on first use (PEP 562), so importing a submodule that needs no torch — the option schema
 (:mod:`localdiff.decoding.options`), read by ``list`` / ``show`` / ``config`` — does not import torch (~1 s)."""
+
 from importlib import import_module
 
-_WHERE = {"AcceptanceConfig": "acceptance", "accept": "acceptance", "token_entropy": "acceptance",
-          "init_canvas": "canvas", "renoise": "canvas", "CorrectionConfig": "correction", "correct": "correction",
-          "categorical": "draws", "linear_temperature": "schedules", "StableAndConfident": "stopping",
-          "finalize_canvas": "stopping"}
+_WHERE = {
+    "AcceptanceConfig": "acceptance",
+    "accept": "acceptance",
+    "token_entropy": "acceptance",
+    "init_canvas": "canvas",
+    "renoise": "canvas",
+    "CorrectionConfig": "correction",
+    "correct": "correction",
+    "categorical": "draws",
+    "linear_temperature": "schedules",
+    "StableAndConfident": "stopping",
+    "finalize_canvas": "stopping",
+}
 
 __all__ = list(_WHERE)
 

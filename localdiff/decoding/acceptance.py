@@ -6,6 +6,7 @@
   their token in every later step of the canvas (only the Re-Noising correction may reopen them). With locking on,
   at least one new position is locked per step, so every canvas progresses.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
     """Entropy in nats per position of FloatTensor[..., V] logits (same formula as torch Categorical)."""
     logp = logits - logits.logsumexp(dim=-1, keepdim=True)
     p = torch.softmax(logp, dim=-1)
-    return -(logp.clamp_(min=torch.finfo(logp.dtype).min) * p).sum(-1)   # logp is fresh: clamp in place
+    return -(logp.clamp_(min=torch.finfo(logp.dtype).min) * p).sum(-1)  # logp is fresh: clamp in place
 
 
 def entropy_bound_mask(entropy: torch.Tensor, bound: float) -> torch.Tensor:
@@ -35,8 +36,9 @@ def entropy_bound_mask(entropy: torch.Tensor, bound: float) -> torch.Tensor:
     return torch.scatter(torch.zeros_like(sel), -1, order, sel)
 
 
-def accept(entropy: torch.Tensor, confidence: torch.Tensor, locked: torch.Tensor | None, cfg: AcceptanceConfig
-           ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def accept(
+    entropy: torch.Tensor, confidence: torch.Tensor, locked: torch.Tensor | None, cfg: AcceptanceConfig
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Acceptance for one step.
 
     Args:
@@ -53,7 +55,7 @@ def accept(entropy: torch.Tensor, confidence: torch.Tensor, locked: torch.Tensor
     ent = entropy.masked_fill(locked, float("inf"))
     acc = entropy_bound_mask(ent, cfg.entropy_bound) & free
     new_lock = free & (confidence >= cfg.threshold)
-    stuck = ~new_lock.any(-1) & free.any(-1)            # rows where nothing new would lock
+    stuck = ~new_lock.any(-1) & free.any(-1)  # rows where nothing new would lock
     if bool(stuck.any()):
         best = confidence.masked_fill(~free, -1.0).argmax(-1)
         force = torch.zeros_like(new_lock).scatter_(-1, best[:, None], True) & stuck[:, None]

@@ -9,6 +9,7 @@ a row ends at its first EOS, later tokens become pad), row 0's new text
 ``CanvasDone`` event. At the end :meth:`Answer.done` counts the returned tokens (:func:`count_tokens`, the one
 place), decodes each row's text and gives the ``Done`` event.
 """
+
 from __future__ import annotations
 
 import time
@@ -41,9 +42,9 @@ class Answer:
         self.eos_t = torch.tensor(self.eos_ids, device=device) if self.eos_ids else None
         self.finished = torch.zeros(batch, dtype=torch.bool, device=device)
         self.blocks: list[torch.Tensor] = []
-        self.made = 0                               # generated positions of the blocks so far
-        self.detok = IncrementalText(req.decode)    # row 0's text, block by block
-        self.known: tuple | None = None             # (ids, text) of row 0 when the first block's text is all of it
+        self.made = 0  # generated positions of the blocks so far
+        self.detok = IncrementalText(req.decode)  # row 0's text, block by block
+        self.known: tuple | None = None  # (ids, text) of row 0 when the first block's text is all of it
         self.t0 = time.perf_counter()
 
     def finalize(self, block: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,8 +52,13 @@ class Answer:
         recording it (a loop may test whether this step ends the generation first)."""
         return finalize_canvas(block, self.finished, self.eos_t, self.pad_id)
 
-    def end_block(self, index: int, block: torch.Tensor | None, steps: int,
-                  finalized: tuple[torch.Tensor, torch.Tensor] | None = None) -> CanvasDone:
+    def end_block(
+        self,
+        index: int,
+        block: torch.Tensor | None,
+        steps: int,
+        finalized: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> CanvasDone:
         """Record a final block; returns its CanvasDone (CPU tensors).
 
         Args:
@@ -66,14 +72,14 @@ class Answer:
         final, self.finished = finalized if finalized is not None else self.finalize(block)
         self.blocks.append(final)
         self.req.stats.canvases += 1
-        room = max(self.req.max_new_tokens - self.made, 0)     # the answer stops at max_new_tokens inside a block
+        room = max(self.req.max_new_tokens - self.made, 0)  # the answer stops at max_new_tokens inside a block
         self.made += final.shape[1]
         text = ""
         if not ended:
             kept = strip_generated(final[0, :room], self.eos_ids, self.pad_id)
             text = self.detok.add(kept)
             if len(self.blocks) == 1 and not self.detok.pending:
-                self.known = (kept, text)           # Done's text when the answer is this block
+                self.known = (kept, text)  # Done's text when the answer is this block
         return CanvasDone(index, final.cpu(), text, steps, self.finished.cpu())
 
     @property
@@ -89,11 +95,13 @@ class Answer:
             out = self.blocks[0]
         else:
             out = torch.cat(self.blocks, dim=1) if self.blocks else torch.zeros(b, 0, dtype=torch.long)
-        return [strip_generated(out[r], self.eos_ids, self.pad_id, keep_eos=True)[:self.req.max_new_tokens]
-                for r in range(b)]
+        return [
+            strip_generated(out[r], self.eos_ids, self.pad_id, keep_eos=True)[: self.req.max_new_tokens]
+            for r in range(b)
+        ]
 
     def reason(self, rows: list[list[int]]) -> str:
-        """"eos" when every row has ended and every returned row ends with its EOS, else "length" (an EOS past
+        """ "eos" when every row has ended and every returned row ends with its EOS, else "length" (an EOS past
         ``max_new_tokens``, in a block that ran on, leaves the answer cut by the length)."""
         if self.all_finished and all(r and r[-1] in self.eos_ids for r in rows):
             return "eos"
@@ -110,8 +118,9 @@ class Answer:
         decode, texts = self.req.decode, []
         for r in rows:
             ids = r[:-1] if r and self.eos_ids and r[-1] in self.eos_ids else r
-            texts.append(known[1] if known is not None and not texts and ids == known[0] else
-                         decode(ids) if decode else "")
+            texts.append(
+                known[1] if known is not None and not texts and ids == known[0] else decode(ids) if decode else ""
+            )
         one = len(rows) == 1
         return Done(texts[0] if one else texts, rows[0] if one else rows, st, reason)
 
@@ -152,7 +161,7 @@ def strip_generated(ids, eos_ids, pad_id, keep_eos: bool = False) -> list[int]:
         except ValueError:
             pass
     out = row[:cut]
-    if pad_id is not None and out.count(pad_id):   # (an id that is also an EOS never comes before the cut)
+    if pad_id is not None and out.count(pad_id):  # (an id that is also an EOS never comes before the cut)
         out = [t for t in out if t != pad_id]
     if keep_eos and cut < len(row):
         out.append(row[cut])

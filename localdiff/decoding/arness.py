@@ -24,6 +24,7 @@ What the paper leaves open, and the conventions taken here (each one keeps left-
   ``<think i>`` tags) are left out, and positions are re-numbered over the decoded ones (the template is context,
   like the prompt).
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -53,7 +54,7 @@ def local_arness(order: Sequence[int], k: int) -> float:
         raise ValueError(f"k must be ≥ 1 (got {k})")
     if not order:
         return 0.0
-    hist = [-j for j in range(k, 0, -1)] + list(order)       # p_{1-k} .. p_0 = the prompt, then p_1 .. p_N
+    hist = [-j for j in range(k, 0, -1)] + list(order)  # p_{1-k} .. p_0 = the prompt, then p_1 .. p_N
     hits = sum(all(hist[t - i] == hist[t] - i for i in range(1, k + 1)) for t in range(k, len(hist)))
     return hits / len(order)
 
@@ -79,7 +80,7 @@ def masked_left(order: Sequence[int]) -> list[int]:
     out = []
     for p in order:
         i, decoded_left = p, 0
-        while i > 0:                      # decoded positions in [0, p)
+        while i > 0:  # decoded positions in [0, p)
             decoded_left += tree[i]
             i -= i & -i
         out.append(p - decoded_left)
@@ -110,6 +111,7 @@ def describe(arness: dict, ks: Sequence[int] = (1,)) -> str:
     """One line for humans: ``"ARness local@1 0.93 global@1 0.97"`` ("" when empty)."""
     if not arness:
         return ""
-    parts = [f"{kind}@{k} {arness[f'{kind}@{k}']:.2f}" for kind in ("local", "global") for k in ks
-             if f"{kind}@{k}" in arness]
+    parts = [
+        f"{kind}@{k} {arness[f'{kind}@{k}']:.2f}" for kind in ("local", "global") for k in ks if f"{kind}@{k}" in arness
+    ]
     return "ARness " + " ".join(parts)

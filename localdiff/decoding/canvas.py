@@ -3,19 +3,22 @@
 Random draws happen in the reference's order and shapes (transformers ``EntropyBoundSampler``): one
 ``randint(0, V, (B, C))`` per canvas init and per renoise, from the given generator.
 """
+
 from __future__ import annotations
 
 import torch
 
 
-def init_canvas(batch: int, length: int, vocab_size: int, device, generator: torch.Generator | None = None
-                ) -> torch.Tensor:
+def init_canvas(
+    batch: int, length: int, vocab_size: int, device, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """A canvas of uniform random tokens: LongTensor[batch, length] with values in [0, vocab_size)."""
     return torch.randint(0, vocab_size, (batch, length), device=device, generator=generator)
 
 
-def renoise(canvas: torch.Tensor, keep: torch.Tensor, vocab_size: int, generator: torch.Generator | None = None
-            ) -> tuple[torch.Tensor, torch.Tensor]:
+def renoise(
+    canvas: torch.Tensor, keep: torch.Tensor, vocab_size: int, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Fresh uniform noise at every position not in ``keep``.
 
     Args:

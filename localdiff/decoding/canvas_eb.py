@@ -8,6 +8,7 @@ entropy-bound acceptance (and optional τ-locking, Re-Noising correction), unifo
 when stable and confident. Random numbers are drawn in the reference's order and shapes, so a seeded CPU run with
 the reference sampler (no locking, no correction) reproduces its tokens.
 """
+
 from __future__ import annotations
 
 import functools
@@ -62,14 +63,31 @@ class CanvasEB:
 
     Options = CanvasEBOptions
 
-    def __init__(self, options: CanvasEBOptions, batch: int, canvas_length: int, vocab_size: int, device,
-                 generator: torch.Generator, sc_dtype: torch.dtype, fast: bool | None = None):
-        self.o, self.b, self.c, self.v, self.dev, self.gen = options, batch, canvas_length, vocab_size, device, generator
+    def __init__(
+        self,
+        options: CanvasEBOptions,
+        batch: int,
+        canvas_length: int,
+        vocab_size: int,
+        device,
+        generator: torch.Generator,
+        sc_dtype: torch.dtype,
+        fast: bool | None = None,
+    ):
+        self.o, self.b, self.c, self.v, self.dev, self.gen = (
+            options,
+            batch,
+            canvas_length,
+            vocab_size,
+            device,
+            generator,
+        )
         self.sc_dtype = sc_dtype
         self.max_steps = options.max_denoising_steps
         self.acc_cfg = AcceptanceConfig(options.entropy_bound, options.threshold)
-        self.cor_cfg = CorrectionConfig(options.correction, options.correction_floor,
-                                        max_reopens=options.correction_max_reopens)
+        self.cor_cfg = CorrectionConfig(
+            options.correction, options.correction_floor, max_reopens=options.correction_max_reopens
+        )
         self.stopper = StableAndConfident(options.stability_threshold, options.confidence_threshold)
         self.temps = _temperatures(self.max_steps, options.t_min, options.t_max)
         self.vocab_pass = VocabPass(sc_dtype) if (sc_dtype != torch.float32 if fast is None else fast) else None
@@ -86,10 +104,11 @@ class CanvasEB:
         self.done = torch.zeros(self.b, dtype=torch.bool, device=self.dev)
         self.stopper.reset()
         self.argmax = self.canvas
-        self.locked = torch.zeros(self.b, self.c, dtype=torch.bool, device=self.dev) \
-            if self.o.threshold is not None else None
+        self.locked = (
+            torch.zeros(self.b, self.c, dtype=torch.bool, device=self.dev) if self.o.threshold is not None else None
+        )
         self.reopens = torch.zeros(self.b, dtype=torch.long, device=self.dev)
-        self.n_done = 0   # host copy of done.sum() (one sync per step)
+        self.n_done = 0  # host copy of done.sum() (one sync per step)
 
     def model_inputs(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(canvas LongTensor[B, C], self-conditioning logits FloatTensor[B, C, V] or None) for the next forward."""
@@ -105,7 +124,7 @@ class CanvasEB:
             stop = self.stopper(r.argmax, None, r.entropy) if not self.n_done else None
             return Assessment(None, r.argmax, r.entropy, stop, r.probs, r.confidence, r.rows)
         proc = logits / self.temps[self.max_steps - step + 1]
-        argmax = proc.max(-1).indices      # = argmax(-1) (first index on ties, NaN/-inf rows alike; test), 30 % faster
+        argmax = proc.max(-1).indices  # = argmax(-1) (first index on ties, NaN/-inf rows alike; test), 30 % faster
         ent = token_entropy(proc)
         stop = self.stopper(argmax, proc, ent) if not self.n_done else None
         return Assessment(proc, argmax, ent, stop)
@@ -152,9 +171,16 @@ class CanvasEB:
             argmax, ent, new_canvas = self._carry_exact(a, new_canvas, probs)
         self.canvas, self.argmax, self.locked = new_canvas, argmax, locked
         self.n_done = int(self.done.sum())
-        return {"canvas_ids": new_canvas, "argmax_ids": argmax, "accepted": acc, "renoised": renoised,
-                "reopened": torch.zeros_like(acc) if reopened is None else reopened, "confidence": conf,
-                "entropy": ent, "locked": locked}
+        return {
+            "canvas_ids": new_canvas,
+            "argmax_ids": argmax,
+            "accepted": acc,
+            "renoised": renoised,
+            "reopened": torch.zeros_like(acc) if reopened is None else reopened,
+            "confidence": conf,
+            "entropy": ent,
+            "locked": locked,
+        }
 
     def _draw(self, probs, read: torch.Tensor, valid: bool) -> torch.Tensor:
         """The draft LongTensor[B, C]: one categorical draw per position from ``probs`` FloatTensor[B, C, V] (or on

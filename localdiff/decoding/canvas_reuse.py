@@ -8,6 +8,7 @@ error of a locked position's reused distribution against the fresh one on random
 accuracy with and without it). Draws take random numbers for the accepted positions only, as on the fast path
 without reuse.
 """
+
 from __future__ import annotations
 
 import torch
@@ -22,7 +23,7 @@ class CanvasEBReuse(CanvasEB):
     def __init__(self, *args, fast: bool | None = None, **kw):
         super().__init__(*args, fast=True, **kw)
         self._rows: torch.Tensor | None = None
-        self._own: torch.Tensor | None = None   # the self-conditioning buffer updated in place at head rows
+        self._own: torch.Tensor | None = None  # the self-conditioning buffer updated in place at head rows
 
     def head_rows(self) -> torch.Tensor | None:
         """BoolTensor[B, C] of the positions whose logits the next forward must compute (free positions of rows
@@ -61,7 +62,7 @@ class CanvasEBReuse(CanvasEB):
             if self.n_done:
                 new_canvas = torch.where(self.done[:, None], self.canvas, new_canvas)
             p16 = self.sc.probs
-            if p16 is not self._own:   # the previous input may be a vocab-pass buffer: keep a copy of our own
+            if p16 is not self._own:  # the previous input may be a vocab-pass buffer: keep a copy of our own
                 p16 = self._own = p16.to(self.sc_dtype, copy=True)
             p16[rows] = a.probs.to(self.sc_dtype)
             self.done |= self.stopper(a.argmax, None, a.entropy) if a.stop is None else a.stop

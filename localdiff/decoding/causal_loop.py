@@ -22,6 +22,7 @@ of positions the draft cache does not hold yet (those right before ``prompt_ids`
 and the prompt's features together. ``pending.keep_features`` is told after every change, so a cache left by a
 finished or cancelled generation is consistent for the next one.
 """
+
 from __future__ import annotations
 
 import time
@@ -34,8 +35,9 @@ from localdiff.decoding.request import Request
 from localdiff.events import CanvasDone, StepEvent
 
 
-def run(target, req: Request, cache, draft=None, draft_cache=None, prompt_ids: torch.Tensor | None = None,
-        pending=None):
+def run(
+    target, req: Request, cache, draft=None, draft_cache=None, prompt_ids: torch.Tensor | None = None, pending=None
+):
     """Generate after ``prompt_ids`` (default ``req.ids``) LongTensor[1, P]; yields StepEvent (with a draft and
     ``req.emit_steps``), CanvasDone per step, then Done (token ids: the new tokens, EOS kept).
 
@@ -77,8 +79,9 @@ def run(target, req: Request, cache, draft=None, draft_cache=None, prompt_ids: t
         if pending.feats is not None and pending.feats.shape[1]:
             feats, ctx_ids = torch.cat([pending.feats, feats], 1), torch.cat([pending.feat_ids, ctx_ids], 1)
         pending.keep_features(feats, ctx_ids)
-    yield CanvasDone(0, torch.tensor([[last]]), answer.detok.add([last] if last not in eos else []), 1,
-                     torch.tensor([last in eos]))
+    yield CanvasDone(
+        0, torch.tensor([[last]]), answer.detok.add([last] if last not in eos else []), 1, torch.tensor([last in eos])
+    )
     start, step, reason = past + p, 0, "length"
     stopped = last in eos
     dev = prompt_ids.device
@@ -101,7 +104,7 @@ def run(target, req: Request, cache, draft=None, draft_cache=None, prompt_ids: t
         tl, new_feats = target.prefill(block, cache, layers=layers if n > 1 else None)
         st.forwards += 1
         acc, bonus = policy.verify(block, tl)
-        new = block[0, 1:acc + 1].tolist() + [bonus]
+        new = block[0, 1 : acc + 1].tolist() + [bonus]
         produced = min(acc + 1, max_length - start - 1)
         for k, t in enumerate(new[:produced]):
             if t in eos:
@@ -121,8 +124,9 @@ def run(target, req: Request, cache, draft=None, draft_cache=None, prompt_ids: t
         step += 1
         if req.emit_steps and n > 1:
             yield _event(step, block, acc, conf)
-        yield CanvasDone(step, torch.tensor([new]), answer.detok.add([t for t in new if t not in eos]), 1,
-                         torch.tensor([stopped]))
+        yield CanvasDone(
+            step, torch.tensor([new]), answer.detok.add([t for t in new if t not in eos]), 1, torch.tensor([stopped])
+        )
     if last in eos:
         reason = "eos"
     st.canvases = step + 1
@@ -140,5 +144,16 @@ def _event(step: int, block: torch.Tensor, acc: int, conf: torch.Tensor | None) 
     if conf is not None:
         c[0, 1:] = conf.float().cpu()
     none = torch.zeros(1, n, dtype=torch.bool)
-    return StepEvent(step, 1, 1, canvas_ids=block.cpu().clone(), argmax_ids=block.cpu().clone(), accepted=accepted,
-                     renoised=rejected, reopened=none, confidence=c, entropy=torch.zeros(1, n), drafted=True)
+    return StepEvent(
+        step,
+        1,
+        1,
+        canvas_ids=block.cpu().clone(),
+        argmax_ids=block.cpu().clone(),
+        accepted=accepted,
+        renoised=rejected,
+        reopened=none,
+        confidence=c,
+        entropy=torch.zeros(1, n),
+        drafted=True,
+    )

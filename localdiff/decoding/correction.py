@@ -3,6 +3,7 @@ reopen locked tokens that lost confidence or form an immediate repetition, so th
 
 Bounded: at most ``max_reopens`` positions per canvas in total, so generation always terminates.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -22,8 +23,13 @@ class CorrectionConfig:
     max_reopens: int = 8
 
 
-def correct(locked: torch.Tensor, tokens: torch.Tensor, probs_of_tokens: torch.Tensor, reopened_so_far: torch.Tensor,
-            cfg: CorrectionConfig) -> torch.Tensor:
+def correct(
+    locked: torch.Tensor,
+    tokens: torch.Tensor,
+    probs_of_tokens: torch.Tensor,
+    reopened_so_far: torch.Tensor,
+    cfg: CorrectionConfig,
+) -> torch.Tensor:
     """Positions to reopen this step.
 
     Args:
@@ -47,5 +53,7 @@ def correct(locked: torch.Tensor, tokens: torch.Tensor, probs_of_tokens: torch.T
         return bad
     score = probs_of_tokens.masked_fill(~bad, float("inf"))
     order = score.argsort(dim=-1)
-    rank = torch.empty_like(order).scatter_(-1, order, torch.arange(order.shape[1], device=order.device).expand_as(order))
+    rank = torch.empty_like(order).scatter_(
+        -1, order, torch.arange(order.shape[1], device=order.device).expand_as(order)
+    )
     return bad & (rank < budget[:, None])

@@ -1,5 +1,6 @@
 """Decoder options seen from a checkpoint: the ``generation_config.json`` defaults and ``localdiff show``'s decoder
 section, both derived from the one schema (:mod:`localdiff.decoding.options`)."""
+
 from __future__ import annotations
 
 import json
@@ -47,11 +48,17 @@ def describe(family: str, folder: Path | None, model_type: str | None = None, de
     decoders = runnable(family, own)
     name = next((d for d in (decoder, gen.get(DECODER)) if d in decoders), own)
     cls = POLICIES[name]
-    if name != own:          # as the engine does: the model's own decoder's values do not carry over
+    if name != own:  # as the engine does: the model's own decoder's values do not carry over
         gen = {k: v for k, v in gen.items() if k not in POLICIES[own].names()}
     opts = {}
     for spec in cls.specs():
         value = gen.get(spec.name, spec.default)
-        opts[spec.name] = {"value": value, "flag": spec.cli_flag, "env": spec.env, "allowed": spec.rule(),
-                           "help": spec.help, "from": "generation_config" if spec.name in gen else "built-in"}
+        opts[spec.name] = {
+            "value": value,
+            "flag": spec.cli_flag,
+            "env": spec.env,
+            "allowed": spec.rule(),
+            "help": spec.help,
+            "from": "generation_config" if spec.name in gen else "built-in",
+        }
     return {"policy": name, "decoders": decoders, "options": opts}

@@ -8,6 +8,7 @@ Method: vLLM's ``detokenize_incrementally`` (``vllm/transformers_utils/detokeniz
 that starts one piece back, once without and once with the new ids, and give the difference; a text that ends in
 U+FFFD (an incomplete UTF-8 sequence of byte-fallback tokens) is held back until later ids complete it.
 """
+
 from __future__ import annotations
 
 
@@ -20,8 +21,8 @@ class IncrementalText:
     def __init__(self, decode) -> None:
         self.decode = decode
         self.ids: list[int] = []
-        self.prefix = 0      # where the decoding window starts: the start of the last piece given as text
-        self.read = 0        # ids before this have been given as text
+        self.prefix = 0  # where the decoding window starts: the start of the last piece given as text
+        self.read = 0  # ids before this have been given as text
 
     def add(self, ids) -> str:
         """The text that ``ids`` (list[int], no EOS or pad: the caller strips them) add to the answer; "" when
@@ -29,12 +30,12 @@ class IncrementalText:
         if self.decode is None or not len(ids):
             return ""
         self.ids.extend(ids)
-        before = self.decode(self.ids[self.prefix:self.read]) if self.read > self.prefix else ""
-        after = self.decode(self.ids[self.prefix:])
+        before = self.decode(self.ids[self.prefix : self.read]) if self.read > self.prefix else ""
+        after = self.decode(self.ids[self.prefix :])
         if len(after) <= len(before) or after.endswith("\ufffd"):
             return ""
         self.prefix, self.read = self.read, len(self.ids)
-        return after[len(before):]
+        return after[len(before) :]
 
     @property
     def pending(self) -> bool:

@@ -16,6 +16,7 @@ that block (one forward) and returns how many drafts are accepted and the token 
 Draws come from the run's generator in the reference's order (draft multinomial, uniforms, bonus multinomial), so a
 seeded run equals ``torch.manual_seed(seed); dflash_generate(...)`` on the CPU.
 """
+
 from __future__ import annotations
 
 import torch

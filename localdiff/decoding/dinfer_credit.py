@@ -6,6 +6,7 @@ step), then at each masked position the top-1 token of softmax(logits, float32) 
 dInfer's threshold decoder (:mod:`localdiff.decoding.dinfer_threshold`) on the fused logits logits + α·log(1 + C) —
 tokens proposed again and again gain confidence. Defaults (the class's): α = 0.7, γ = 0.2, β = 0.8.
 """
+
 from __future__ import annotations
 
 import torch

@@ -9,6 +9,7 @@ dInfer's entry points'; the class's is 0.4), or'ed with every confidence > τ (`
 the block's most confident position (its first on ties) — so decoding spreads over separated runs, one token each,
 forcing the model to decode apart.
 """
+
 from __future__ import annotations
 
 import torch
@@ -16,8 +17,9 @@ import torch
 from localdiff.decoding.dinfer_threshold import DEFAULT_THRESHOLD, proposals
 
 
-def hierarchy_transfer(logits: torch.Tensor, x0: torch.Tensor, masked: torch.Tensor, threshold: float | None,
-                       low_threshold: float | None) -> torch.Tensor:
+def hierarchy_transfer(
+    logits: torch.Tensor, x0: torch.Tensor, masked: torch.Tensor, threshold: float | None, low_threshold: float | None
+) -> torch.Tensor:
     """The decision of dInfer's ``HierarchyDecoder``: BoolTensor[B, L] ⊆ ``masked`` (BoolTensor[B, L]).
 
     Args: logits FloatTensor[B, L, V]; x0 LongTensor[B, L] proposals; threshold / low_threshold (None = not
@@ -44,8 +46,13 @@ def hierarchy_transfer(logits: torch.Tensor, x0: torch.Tensor, masked: torch.Ten
 class HierarchyDecoder:
     """``parallel_decoding hierarchy``. Args: threshold τ (None: 0.9), low_threshold, temperature, generator."""
 
-    def __init__(self, threshold: float | None, low_threshold: float | None, temperature: float,
-                 generator: torch.Generator | None):
+    def __init__(
+        self,
+        threshold: float | None,
+        low_threshold: float | None,
+        temperature: float,
+        generator: torch.Generator | None,
+    ):
         self.threshold = DEFAULT_THRESHOLD if threshold is None else threshold
         self.low_threshold, self.temperature, self.gen = low_threshold, temperature, generator
 

@@ -8,6 +8,7 @@ mask token (``rm_mask``), −inf elsewhere; committed: every position with confi
 confident position (and any within 1e-5 of it) always, plus every confidence ≥ τ. It differs from Fast-dLLM's rule
 (:func:`localdiff.decoding.parallel.threshold_transfer`) in the float32 softmax and the 1e-5 tie band.
 """
+
 from __future__ import annotations
 
 import torch
@@ -26,8 +27,9 @@ def proposals(logits: torch.Tensor, temperature: float, generator: torch.Generat
     return logits.argmax(-1)
 
 
-def threshold_transfer(logits: torch.Tensor, x0: torch.Tensor, masked: torch.Tensor, mask_id: int,
-                       threshold: float) -> torch.Tensor:
+def threshold_transfer(
+    logits: torch.Tensor, x0: torch.Tensor, masked: torch.Tensor, mask_id: int, threshold: float
+) -> torch.Tensor:
     """dInfer's ``get_transfer_index_threshold`` decision: BoolTensor[B, L] ⊆ ``masked`` (BoolTensor[B, L]).
 
     Args: logits FloatTensor[B, L, V] (the confidences' softmax, float32); x0 LongTensor[B, L] proposals.

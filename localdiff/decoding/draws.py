@@ -13,6 +13,7 @@ boundary are recomputed with the C library's ``log1p`` (what ATen calls); a one-
 ``torch.multinomial`` on a cloned generator guards the state layout; on any mismatch, or on non-CPU tensors, torch's
 own ``multinomial`` is used.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -22,14 +23,14 @@ import threading
 import numpy as np
 import torch
 
-_N = 624            # MT19937 state words
-_LEFT, _NEXT, _KEY = 8, 16, 24   # byte offsets in torch's CPU generator state (legacy THGeneratorState layout)
-_HI21 = np.uint64((1 << 21) - 1)         # the first word's bits that survive the 53-bit mask
+_N = 624  # MT19937 state words
+_LEFT, _NEXT, _KEY = 8, 16, 24  # byte offsets in torch's CPU generator state (legacy THGeneratorState layout)
+_HI21 = np.uint64((1 << 21) - 1)  # the first word's bits that survive the 53-bit mask
 _LOW29 = np.uint64((1 << 29) - 1)
-_MIN_FAST = 4096                         # below this torch's own loop is as fast
-_CHUNK = 1 << 18                         # elements per chunk (work buffers of ~6 MB)
-_MID_LO, _MID_SPAN = np.uint64((1 << 28) - 16), np.uint64(32)   # ±16 ulp around the float32 rounding midpoint
-_fast_ok: bool | None = None     # result of the one-time self-check (None = not run yet)
+_MIN_FAST = 4096  # below this torch's own loop is as fast
+_CHUNK = 1 << 18  # elements per chunk (work buffers of ~6 MB)
+_MID_LO, _MID_SPAN = np.uint64((1 << 28) - 16), np.uint64(32)  # ±16 ulp around the float32 rounding midpoint
+_fast_ok: bool | None = None  # result of the one-time self-check (None = not run yet)
 
 
 class _MT:
@@ -42,18 +43,18 @@ class _MT:
 
     def load(self, state: np.ndarray) -> None:
         """Position it where the torch CPU generator whose ``get_state()`` bytes are ``state`` is."""
-        left = int(state[_LEFT:_LEFT + 4].view(np.int32)[0])
-        nxt = int(state[_NEXT:_NEXT + 8].view(np.uint64)[0])
-        self.view[:_N] = state[_KEY:_KEY + 8 * _N].view(np.uint64)
+        left = int(state[_LEFT : _LEFT + 4].view(np.int32)[0])
+        nxt = int(state[_NEXT : _NEXT + 8].view(np.uint64)[0])
+        self.view[:_N] = state[_KEY : _KEY + 8 * _N].view(np.uint64)
         self.view[_N] = _N if left == 1 else nxt
 
     def store(self, state: np.ndarray) -> torch.Tensor:
         """``state`` with the MT19937 part replaced by this generator's, as a ByteTensor for ``set_state``."""
         out = state.copy()
         pos = int(self.view[_N])
-        out[_KEY:_KEY + 8 * _N].view(np.uint64)[:] = self.view[:_N]
-        out[_LEFT:_LEFT + 4].view(np.int32)[0] = _N + 1 - pos
-        out[_NEXT:_NEXT + 8].view(np.uint64)[0] = pos
+        out[_KEY : _KEY + 8 * _N].view(np.uint64)[:] = self.view[:_N]
+        out[_LEFT : _LEFT + 4].view(np.int32)[0] = _N + 1 - pos
+        out[_NEXT : _NEXT + 8].view(np.uint64)[0] = pos
         return torch.from_numpy(out)
 
 
@@ -71,7 +72,7 @@ def _exponentials(bg: np.random.MT19937, n: int, out: np.ndarray) -> np.ndarray:
         np.bitwise_and(raw[:, 0], _HI21, out=bits)
         np.left_shift(bits, np.uint64(32), out=bits)
         np.bitwise_or(bits, raw[:, 1], out=bits)
-        np.multiply(bits, -(2.0 ** -53), out=f, casting="unsafe")   # exact: < 2^53, times a power of two
+        np.multiply(bits, -(2.0**-53), out=f, casting="unsafe")  # exact: < 2^53, times a power of two
         np.log1p(f, out=f)
         # float32 rounding reads the low 29 mantissa bits; numpy's log1p may differ from the C library's (which ATen
         # calls) by an ulp, which matters only within a few ulp of the rounding midpoint: recompute those with it
@@ -79,8 +80,8 @@ def _exponentials(bg: np.random.MT19937, n: int, out: np.ndarray) -> np.ndarray:
         np.subtract(low, _MID_LO, out=low)
         np.less(low, _MID_SPAN, out=near)
         for i in np.flatnonzero(near):
-            f[i] = math.log1p(-float(bits[i]) * 2.0 ** -53)
-        np.negative(f, out=out[s:s + m], casting="same_kind")
+            f[i] = math.log1p(-float(bits[i]) * 2.0**-53)
+        np.negative(f, out=out[s : s + m], casting="same_kind")
     return out
 
 
@@ -88,8 +89,12 @@ def _buffers(m: int) -> tuple:
     """This thread's work buffers (uint64, float64, uint64, bool) of at least m elements."""
     buf = getattr(_local, "buf", None)
     if buf is None or buf[0].shape[0] < m:
-        buf = _local.buf = (np.empty(m, np.uint64), np.empty(m, np.float64), np.empty(m, np.uint64),
-                            np.empty(m, np.bool_))
+        buf = _local.buf = (
+            np.empty(m, np.uint64),
+            np.empty(m, np.float64),
+            np.empty(m, np.uint64),
+            np.empty(m, np.bool_),
+        )
     return buf
 
 
@@ -108,7 +113,7 @@ def _fast(probs: torch.Tensor, generator: torch.Generator, rows: torch.Tensor | 
     need = torch.nonzero(rows.reshape(-1).cpu()).view(-1).tolist()
     v, done = probs.shape[1], 0
     q = torch.empty(v, dtype=torch.float32)
-    for r in need:   # the words of the rows before r are drawn (the state advances) but never transformed
+    for r in need:  # the words of the rows before r are drawn (the state advances) but never transformed
         if r > done:
             _skip_words(mt.bg, 2 * v * (r - done))
         _exponentials(mt.bg, v, q.numpy())
@@ -132,20 +137,21 @@ def _self_check() -> bool:
     """Whether the fast path reproduces torch.multinomial here (token ids and generator state)."""
     try:
         g = torch.Generator().manual_seed(20261129)
-        torch.randint(0, 7, (3,), generator=g)                  # start mid-block
+        torch.randint(0, 7, (3,), generator=g)  # start mid-block
         p = torch.softmax(torch.randn(9, 700, generator=g), -1)
         a, b = torch.Generator(), torch.Generator()
         a.set_state(g.get_state())
         b.set_state(g.get_state())
-        ours = [_fast(p, a) for _ in range(3)]                  # crosses a 624-word block boundary
+        ours = [_fast(p, a) for _ in range(3)]  # crosses a 624-word block boundary
         theirs = [torch.multinomial(p, 1, generator=b) for _ in range(3)]
         return all(torch.equal(x, y) for x, y in zip(ours, theirs)) and torch.equal(a.get_state(), b.get_state())
     except Exception:
         return False
 
 
-def categorical(probs: torch.Tensor, generator: torch.Generator | None, rows: torch.Tensor | None = None,
-                valid: bool = False) -> torch.Tensor:
+def categorical(
+    probs: torch.Tensor, generator: torch.Generator | None, rows: torch.Tensor | None = None, valid: bool = False
+) -> torch.Tensor:
     """One draw per row of ``probs``: FloatTensor[N, V] (non-negative, finite) → LongTensor[N, 1].
 
     ``rows`` (BoolTensor[N] or None = all): the rows whose draw is read. The others' random numbers are still
@@ -161,22 +167,30 @@ def categorical(probs: torch.Tensor, generator: torch.Generator | None, rows: to
     back the generator state is not atomic: a generator shared by threads needs the caller's lock.
     """
     global _fast_ok
-    if (generator is None or probs.device.type != "cpu" or generator.device.type != "cpu"
-            or probs.dtype != torch.float32 or probs.dim() != 2 or probs.numel() < _MIN_FAST
-            or not probs.is_contiguous()):   # torch draws into empty_like(probs): its layout orders the draws
+    if (
+        generator is None
+        or probs.device.type != "cpu"
+        or generator.device.type != "cpu"
+        or probs.dtype != torch.float32
+        or probs.dim() != 2
+        or probs.numel() < _MIN_FAST
+        or not probs.is_contiguous()
+    ):  # torch draws into empty_like(probs): its layout orders the draws
         return torch.multinomial(probs, 1, generator=generator)
     if _fast_ok is None:
         _fast_ok = _self_check()
-    if not _fast_ok or not (valid or bool(((probs.max() < math.inf) & (probs.min() >= 0)
-                                            & (probs.sum(-1) > 0).all()).item())):
+    if not _fast_ok or not (
+        valid or bool(((probs.max() < math.inf) & (probs.min() >= 0) & (probs.sum(-1) > 0).all()).item())
+    ):
         return torch.multinomial(probs, 1, generator=generator)
     if rows is not None and 2 * int(rows.sum()) > rows.numel():
-        rows = None   # most rows are read: one vectorised pass over all is faster
+        rows = None  # most rows are read: one vectorised pass over all is faster
     return _fast(probs, generator, rows)
 
 
-def uniform_rows(shape: tuple[int, int, int], lo: int, hi: int, generator: torch.Generator | None,
-                 device) -> torch.Tensor:
+def uniform_rows(
+    shape: tuple[int, int, int], lo: int, hi: int, generator: torch.Generator | None, device
+) -> torch.Tensor:
     """Rows ``lo:hi`` (dim 1) of ``torch.rand(shape, dtype=float64, generator=generator, device=device)`` —
     FloatTensor[B, hi − lo, V], float64 — leaving ``generator`` where that whole draw leaves it.
 

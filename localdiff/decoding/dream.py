@@ -24,6 +24,7 @@ read. At temperature > 0 the first position's token is drawn from its own row on
 position of the sequence and keeps one), so seeded draws differ from upstream's; at temperature 0 the tokens are
 upstream's (tests).
 """
+
 from __future__ import annotations
 
 import torch
@@ -51,7 +52,7 @@ class Dream:
         #: Fast-dLLM's Dream block loop (module docstring); the loop then starts cached windows at the block
         self.fastdllm = options.fastdllm_blocks()
         self.window_at_block = self.fastdllm
-        self.length = None      # the sequence's length P + max_new_tokens (the runner sets it)
+        self.length = None  # the sequence's length P + max_new_tokens (the runner sets it)
 
     def begin_block(self, masked: torch.Tensor, steps: int, offset: int = 0) -> None:
         """A new block (``masked`` BoolTensor[B, L]) with a budget of ``steps``: its timesteps. ``offset``: the
@@ -60,9 +61,11 @@ class Dream:
         self.steps, self.offset = steps, offset
         self.ts = torch.linspace(1, self.o.eps, steps + 1, device=masked.device)
         if self.fastdllm and not self.parallel and steps < 2 and masked.shape[1] > 1:
-            raise UsageError(f"steps: Fast-dLLM's Dream block loop needs at least 2 steps per block (its first pass "
-                             f"commits one position; got {steps} for a block of {masked.shape[1]}): give more steps "
-                             f"or block_rule dream")
+            raise UsageError(
+                f"steps: Fast-dLLM's Dream block loop needs at least 2 steps per block (its first pass "
+                f"commits one position; got {steps} for a block of {masked.shape[1]}): give more steps "
+                f"or block_rule dream"
+            )
         # where upstream's alg_temp draw runs: Dream over the whole sequence (the block at `offset`); Fast-dLLM's
         # block loop over its cached window (the block, then the rest of the sequence without the dual cache)
         end = offset + masked.shape[1]
@@ -77,7 +80,7 @@ class Dream:
         """One step (see :meth:`localdiff.decoding.llada.LLaDA.step` for the shapes). Returns (x0, transfer)."""
         o, b = self.o, xb.shape[0]
         x0 = xb.clone()
-        if self.fastdllm and i == 0:        # the refresh pass commits the block's first position
+        if self.fastdllm and i == 0:  # the refresh pass commits the block's first position
             first = torch.zeros_like(masked)
             first[:, 0] = masked[:, 0]
             _, x0[first] = self._sample(logits[first])
@@ -112,7 +115,7 @@ class Dream:
             if not o.alg_temp:
                 idx = torch.topk(full, n).indices
             else:
-                full = torch.where(rows[:, None], full, torch.zeros_like(full))   # rows with nothing masked
+                full = torch.where(rows[:, None], full, torch.zeros_like(full))  # rows with nothing masked
                 full = F.pad(full, self.pad, value=-torch.inf)
                 idx = torch.multinomial(F.softmax(full / o.alg_temp, dim=-1), n, generator=self.gen) - self.pad[0]
             transfer[torch.arange(b, device=xb.device)[:, None].expand_as(idx), idx] = True

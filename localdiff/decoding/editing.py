@@ -7,6 +7,7 @@ confidence; editing replaces them outright with a confident other token), with t
 only inside the current block (its prompt positions never), and once the block has no masks left at most
 ``max_post_steps`` extra steps run, each of which must edit something, so every block ends.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,8 +28,9 @@ class EditingConfig:
         return self.threshold is not None and self.threshold > 0
 
 
-def edit_positions(tokens: torch.Tensor, editable: torch.Tensor, top: torch.Tensor, top_prob: torch.Tensor,
-                   cfg: EditingConfig) -> torch.Tensor:
+def edit_positions(
+    tokens: torch.Tensor, editable: torch.Tensor, top: torch.Tensor, top_prob: torch.Tensor, cfg: EditingConfig
+) -> torch.Tensor:
     """Positions whose committed token is replaced by this step's top token.
 
     Args:
@@ -44,8 +46,13 @@ def edit_positions(tokens: torch.Tensor, editable: torch.Tensor, top: torch.Tens
     return editable & (top_prob > cfg.threshold) & (top != tokens)
 
 
-def block_finished(had_masks: torch.Tensor, masks_left: torch.Tensor, edited: torch.Tensor, post_steps: torch.Tensor,
-                   cfg: EditingConfig) -> torch.Tensor:
+def block_finished(
+    had_masks: torch.Tensor,
+    masks_left: torch.Tensor,
+    edited: torch.Tensor,
+    post_steps: torch.Tensor,
+    cfg: EditingConfig,
+) -> torch.Tensor:
     """Rows whose block is final after this step (the Hub 2.1 loop's two exits, per row).
 
     Args:

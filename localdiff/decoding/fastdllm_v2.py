@@ -27,6 +27,7 @@ What differs from the generic loop (:mod:`localdiff.decoding.loop`):
 Where we differ from upstream: a prompt of exactly one block is prefilled (upstream's ``input_ids.shape[1] >
 block_size`` test skips it and then decodes without the prompt); batches run row-wise (upstream is batch 1).
 """
+
 from __future__ import annotations
 
 import math
@@ -91,7 +92,7 @@ def run(net, req: Request, cache, prefill: tuple | None, tail_ids: torch.Tensor)
         canvas = torch.full((b, blk), mask_id, dtype=torch.long, device=dev)
         if skip:
             canvas[:, :skip] = tail_ids
-        if not skip:                                   # the block's first token, autoregressively
+        if not skip:  # the block's first token, autoregressively
             if last is None:
                 raise ValueError("a block without prompt tokens needs the previous row's logits")
             canvas[:, 0] = _pick(last[:, None], options, generator, mask_id)[0][:, 0]
@@ -100,7 +101,7 @@ def run(net, req: Request, cache, prefill: tuple | None, tail_ids: torch.Tensor)
         for s0 in range(0, blk, sbs):
             while True:
                 masked = canvas == mask_id
-                sub = masked[:, s0:s0 + sbs] & ~stop[:, None]
+                sub = masked[:, s0 : s0 + sbs] & ~stop[:, None]
                 if not bool(sub.any()):
                     break
                 if req.cancel is not None and req.cancel():
@@ -108,25 +109,24 @@ def run(net, req: Request, cache, prefill: tuple | None, tail_ids: torch.Tensor)
                 forwards += ~(stop | answer.finished)
                 steps += 1
                 if block_kv is not None and not bool((canvas[:, s0] == mask_id).any()):
-                    logits = net.denoise_sub(canvas[:, s0:s0 + sbs], cache, block_kv, s0)
+                    logits = net.denoise_sub(canvas[:, s0 : s0 + sbs], cache, block_kv, s0)
                     shifted = torch.cat([logits[:, :1], logits[:, :-1]], 1)
                 else:
                     if options.sub_block_cache:
                         logits, block_kv = net.denoise_capture(canvas, cache)
                     else:
                         logits = net.denoise(canvas, cache)
-                    shifted = torch.cat([logits[:, :1], logits[:, :-1]], 1)[:, s0:s0 + sbs]
+                    shifted = torch.cat([logits[:, :1], logits[:, :-1]], 1)[:, s0 : s0 + sbs]
                 x1, p1 = _pick(shifted, options, generator, mask_id)
                 conf = torch.where(sub, p1, torch.tensor(-torch.inf, device=dev))
                 commit = conf > options.threshold
                 commit[torch.arange(b, device=dev), conf.argmax(-1)] = True
                 commit &= sub
-                canvas[:, s0:s0 + sbs] = torch.where(commit, x1, canvas[:, s0:s0 + sbs])
+                canvas[:, s0 : s0 + sbs] = torch.where(commit, x1, canvas[:, s0 : s0 + sbs])
                 stop |= _stopped(canvas, skip, mask_id, answer.eos_t)
                 if req.emit_steps:
                     yield _event(ci, steps, canvas, sub, p1, s0, mask_id)
-        block = torch.where(canvas == mask_id, torch.full_like(canvas, pad_id if pad_id is not None else 0),
-                            canvas)
+        block = torch.where(canvas == mask_id, torch.full_like(canvas, pad_id if pad_id is not None else 0), canvas)
         yield answer.end_block(ci, block[:, skip:], steps)
         if answer.all_finished or ci + 1 == n_blocks:
             break
@@ -142,18 +142,28 @@ def run(net, req: Request, cache, prefill: tuple | None, tail_ids: torch.Tensor)
     yield answer.done(rows, answer.reason(rows))
 
 
-def _event(ci: int, step: int, canvas: torch.Tensor, sub: torch.Tensor, p1: torch.Tensor, s0: int,
-           mask_id: int) -> StepEvent:
+def _event(
+    ci: int, step: int, canvas: torch.Tensor, sub: torch.Tensor, p1: torch.Tensor, s0: int, mask_id: int
+) -> StepEvent:
     """The StepEvent of one step over LongTensor[B, blk] ``canvas`` (CPU tensors): accepted = the committed
     positions, renoised = the masks left; confidence = the sampled tokens' probabilities ``p1`` at the sub-block's
     masked positions ``sub`` (BoolTensor[B, sbs] from ``s0``), 1 elsewhere."""
     b, blk = canvas.shape
     left = canvas == mask_id
     conf = torch.ones(b, blk, device=canvas.device)
-    conf[:, s0:s0 + sub.shape[1]] = torch.where(sub, p1, 1.0)
-    return StepEvent(ci, step, blk, canvas_ids=canvas.cpu(), argmax_ids=canvas.cpu(), accepted=(~left).cpu(),
-                     renoised=left.cpu(), reopened=torch.zeros_like(left).cpu(), confidence=conf.cpu(),
-                     entropy=torch.zeros(b, blk))
+    conf[:, s0 : s0 + sub.shape[1]] = torch.where(sub, p1, 1.0)
+    return StepEvent(
+        ci,
+        step,
+        blk,
+        canvas_ids=canvas.cpu(),
+        argmax_ids=canvas.cpu(),
+        accepted=(~left).cpu(),
+        renoised=left.cpu(),
+        reopened=torch.zeros_like(left).cpu(),
+        confidence=conf.cpu(),
+        entropy=torch.zeros(b, blk),
+    )
 
 
 def _stopped(canvas: torch.Tensor, skip: int, mask_id: int, eos_t) -> torch.Tensor:

@@ -35,6 +35,7 @@ logits, which nothing reads after the argmax). The runner gives the ids (upstrea
 Not reproduced: upstream's softmax for ``low_confidence`` in LLaDA ``generate.py`` runs in the logits' dtype (bf16
 for the released checkpoints); ours is float64, as Fast-dLLM's — the same token unless two confidences tie in bf16.
 """
+
 from __future__ import annotations
 
 import torch
@@ -58,9 +59,17 @@ def schedule_rows(counts: list[int], steps: int) -> list[list[int]]:
     return [[c // steps + (1 if s < c % steps else 0) for s in range(steps)] for c in counts]
 
 
-def predictions(logits: torch.Tensor, temperature: float, remasking: str, gen: torch.Generator,
-                masked: torch.Tensor, base: torch.Tensor | None = None, u: torch.Tensor | None = None,
-                r: torch.Tensor | None = None, drop_in_confidence: int | None = None):
+def predictions(
+    logits: torch.Tensor,
+    temperature: float,
+    remasking: str,
+    gen: torch.Generator,
+    masked: torch.Tensor,
+    base: torch.Tensor | None = None,
+    u: torch.Tensor | None = None,
+    r: torch.Tensor | None = None,
+    drop_in_confidence: int | None = None,
+):
     """LLaDA's per-position proposal and confidence (``generate.py``) at the ``masked`` positions: x0 = argmax of the
     logits, with Gumbel-max noise in float64 when ``temperature`` > 0 (``add_gumbel_noise``); confidence =
     softmax(logits, float64)[x0] (``low_confidence``) or uniform noise (``random``). Vocab-sized work runs on the
@@ -92,11 +101,14 @@ def predictions(logits: torch.Tensor, temperature: float, remasking: str, gen: t
         x0m = lm.argmax(-1)
     if base is None:
         base = torch.zeros(masked.shape, dtype=torch.long, device=logits.device)
-    x0 = base.masked_scatter(masked, x0m)            # row-major, as boolean indexing
+    x0 = base.masked_scatter(masked, x0m)  # row-major, as boolean indexing
     if remasking == "low_confidence":
         if cm is None:
-            lc = lm if drop_in_confidence is None else lm.index_fill(-1, torch.tensor([drop_in_confidence],
-                                                                                   device=lm.device), -torch.inf)
+            lc = (
+                lm
+                if drop_in_confidence is None
+                else lm.index_fill(-1, torch.tensor([drop_in_confidence], device=lm.device), -torch.inf)
+            )
             cm = torch.softmax(lc, dim=-1, dtype=torch.float64).gather(-1, x0m[:, None]).squeeze(-1)
         conf = torch.full(masked.shape, -float("inf"), dtype=torch.float64, device=logits.device)
         conf.masked_scatter_(masked, cm)
@@ -145,7 +157,7 @@ class LLaDA:
         self.idle = steps if self.o.kv_cache == "none" and not self.parallel else 0
         if self.dinfer is not None:
             self.dinfer.begin_block()
-        self.schedule = list(zip(*schedule_rows(masked.sum(dim=1).tolist(), steps)))   # per step: k of each row
+        self.schedule = list(zip(*schedule_rows(masked.sum(dim=1).tolist(), steps)))  # per step: k of each row
 
     def step(self, logits: torch.Tensor, xb: torch.Tensor, masked: torch.Tensor, i: int):
         """One step on a block. ``logits`` FloatTensor[B, L, V] (position-aligned), ``xb`` LongTensor[B, L] the block,
@@ -154,7 +166,7 @@ class LLaDA:
         Returns:
             (x0 LongTensor[B, L] proposals (= ``xb`` where not masked), transfer BoolTensor[B, L] ⊆ masked).
         """
-        if self.o.logits_eos_inf and self.eos_id is not None:      # never predicted (LLaDA's logits_eos_inf)
+        if self.o.logits_eos_inf and self.eos_id is not None:  # never predicted (LLaDA's logits_eos_inf)
             logits[..., self.eos_id] = -torch.inf
         if self.dinfer is not None:
             return self.dinfer.step(logits, xb, masked)
@@ -181,11 +193,11 @@ class LLaDA:
         self.shape = (b, v, dev)
         u = r = None
         if self.o.temperature > 0:
-            if kv == "prefix" and i > 0:                # upstream's unused add_gumbel_noise
+            if kv == "prefix" and i > 0:  # upstream's unused add_gumbel_noise
                 uniform_rows((b, hi - lo, v), 0, 0, self.gen, dev)
             u = uniform_rows((b, hi - lo, v), start - lo, end - lo, self.gen, dev)
         if self.o.remasking == "random":
-            r = torch.rand((b, hi - lo), generator=self.gen, device=dev)[:, start - lo:end - lo]
+            r = torch.rand((b, hi - lo), generator=self.gen, device=dev)[:, start - lo : end - lo]
         return u, r
 
     def _skip_idle_steps(self) -> None:
@@ -209,8 +221,9 @@ def dinfer_decoder(o, generator: torch.Generator, mask_id: int):
     if kind == "threshold":
         return ThresholdDecoder(o.threshold, o.temperature, generator, mask_id)
     if kind == "credit":
-        return CreditDecoder(o.threshold, o.temperature, generator, mask_id, o.credit_alpha, o.boost_gamma,
-                             o.decay_beta)
+        return CreditDecoder(
+            o.threshold, o.temperature, generator, mask_id, o.credit_alpha, o.boost_gamma, o.decay_beta
+        )
     if kind == "hierarchy":
         return HierarchyDecoder(o.threshold, o.low_threshold, o.temperature, generator)
     return None

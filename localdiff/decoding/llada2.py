@@ -33,6 +33,7 @@ comes from the step schedule in both modes (2.1's ``num_to_transfer = n`` is ``s
 ``steps = B``). Finished blocks are never edited (upstream edits only the current block too), so their cached K/V
 stay exact.
 """
+
 from __future__ import annotations
 
 import torch
@@ -56,14 +57,35 @@ class LLaDA2(SDAR):
     Options = LLaDA2Options
     TAKES_BUDGET = True
 
-    def __init__(self, options: LLaDA2Options, batch: int, block: int, mask_id: int, device,
-                 generator: torch.Generator | None, max_new_tokens: int | None = None, eos_ids=()):
+    def __init__(
+        self,
+        options: LLaDA2Options,
+        batch: int,
+        block: int,
+        mask_id: int,
+        device,
+        generator: torch.Generator | None,
+        max_new_tokens: int | None = None,
+        eos_ids=(),
+    ):
         steps = options.steps or block
         if max_new_tokens is not None:
             steps = min(steps, max(1, max_new_tokens // options.minimal_topk))
-        super().__init__(SDAROptions(steps=steps, remasking_strategy="low_confidence_dynamic",
-                                     confidence_threshold=options.threshold, temperature=options.temperature,
-                                     top_k=options.top_k, top_p=options.top_p), batch, block, mask_id, device, generator)
+        super().__init__(
+            SDAROptions(
+                steps=steps,
+                remasking_strategy="low_confidence_dynamic",
+                confidence_threshold=options.threshold,
+                temperature=options.temperature,
+                top_k=options.top_k,
+                top_p=options.top_p,
+            ),
+            batch,
+            block,
+            mask_id,
+            device,
+            generator,
+        )
         self.options = options
         #: the 2.0 generate filters at temperature 0; the 2.1 generate (editing on) does not
         self.filter_at_zero = options.editing_threshold is None
@@ -89,7 +111,7 @@ class LLaDA2(SDAR):
     def assess(self, logits: torch.Tensor, step: int):
         """As :class:`SDAR` (the mask token is never a prediction), with the quota of step ``min(step, steps)``
         (post-mask steps have no masks)."""
-        if self.dinfer is not None:          # dInfer's decoders read the logits (the mask token never predicted)
+        if self.dinfer is not None:  # dInfer's decoders read the logits (the mask token never predicted)
             self.logits = logits.float().clone()
             self.logits[..., self.mask_id] = -torch.inf
         return super().assess(logits, min(step, self.mask_steps))

@@ -11,6 +11,7 @@ model's ``denoise`` then takes ``head_rows`` and returns FloatTensor[N, V]; neve
 the attribute ``raw_logits`` (True: ``denoise`` gets ``raw_logits=True`` and returns the LM head's output before
 soft-capping, :class:`localdiff.arch.soft_embedding.RawLogits`, which the policy's ``assess`` takes).
 """
+
 from __future__ import annotations
 
 import math
@@ -23,8 +24,15 @@ from localdiff.decoding.request import Request
 from localdiff.events import GenerationStats, StepEvent
 
 
-def run(net, policy, req: Request, cache, prefill: tuple | None = None, start_canvas: torch.Tensor | None = None,
-        lead: int = 0):
+def run(
+    net,
+    policy,
+    req: Request,
+    cache,
+    prefill: tuple | None = None,
+    start_canvas: torch.Tensor | None = None,
+    lead: int = 0,
+):
     """Generate after a prompt; yields StepEvent (when ``req.emit_steps``), CanvasDone per block, then Done.
 
     Args:
@@ -51,10 +59,10 @@ def run(net, policy, req: Request, cache, prefill: tuple | None = None, start_ca
     pending = prefill if prefill is not None and prefill[0].shape[1] else None
     answer = Answer(req, batch, dev)
     forwards = torch.zeros(batch, dtype=torch.long, device=dev)  # summed once at the end: no per-step host sync
-    kw = {"raw_logits": True} if getattr(policy, "raw_logits", False) else {}   # the policy soft-caps (fast path)
+    kw = {"raw_logits": True} if getattr(policy, "raw_logits", False) else {}  # the policy soft-caps (fast path)
     for ci in range(math.ceil((n_new + lead) / c_len)):
         policy.begin_block(start_canvas if ci == 0 else None)
-        skip = lead if ci == 0 else 0               # prompt positions at the start of this block
+        skip = lead if ci == 0 else 0  # prompt positions at the start of this block
         last_block = (ci + 1) * c_len >= n_new + lead
         steps_used, early = 0, None
         for step in range(1, policy.max_steps + 1):
@@ -64,7 +72,7 @@ def run(net, policy, req: Request, cache, prefill: tuple | None = None, start_ca
             steps_used += 1
             canvas, sc = policy.model_inputs()
             rows = policy.head_rows() if hasattr(policy, "head_rows") else None
-            if rows is not None:       # the policy reads only these positions' logits: FloatTensor[N, V]
+            if rows is not None:  # the policy reads only these positions' logits: FloatTensor[N, V]
                 logits = net.denoise(canvas, cache, sc, head_rows=rows, **kw)
             elif pending is None:
                 logits = net.denoise(canvas, cache, sc, **kw)
@@ -74,13 +82,14 @@ def run(net, policy, req: Request, cache, prefill: tuple | None = None, start_ca
             a = policy.assess(logits, step)
             if not req.emit_steps and policy.ends_block(a, step):
                 fin = answer.finalize(a.argmax[:, skip:])
-                if last_block or bool(fin[1].all()):     # this step also ends the generation: skip its draws
+                if last_block or bool(fin[1].all()):  # this step also ends the generation: skip its draws
                     early = fin
                     break
             ev = policy.advance(a)
             if req.emit_steps:
-                yield StepEvent(ci, step, policy.max_steps,
-                                **{k: None if v is None else v.cpu() for k, v in ev.items()})
+                yield StepEvent(
+                    ci, step, policy.max_steps, **{k: None if v is None else v.cpu() for k, v in ev.items()}
+                )
             if policy.all_done():
                 break
         yield answer.end_block(ci, policy.argmax[:, skip:], steps_used, early)

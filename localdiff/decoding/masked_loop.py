@@ -21,6 +21,7 @@ The mask token's own logit is set to −inf before the policy sees the logits: u
 A step that commits nothing leaves x unchanged, so its logits are reused instead of recomputed (same tokens as
 upstream, which runs the forward again; forwards count what was run).
 """
+
 from __future__ import annotations
 
 import time
@@ -35,8 +36,9 @@ from localdiff.decoding.vicinity import VicinityRefresh
 from localdiff.events import StepEvent
 
 
-def block_plan(gen_length: int, block_length: int | None, steps: int | None,
-               first: int | None = None) -> list[tuple[int, int, int]]:
+def block_plan(
+    gen_length: int, block_length: int | None, steps: int | None, first: int | None = None
+) -> list[tuple[int, int, int]]:
     """(offset, length, steps) per block of the answer: blocks of ``block_length`` (None or longer than the answer =
     one block; the last block is shorter when it does not divide; ``first``: the first block's length when it
     differs — aligned blocks), ``steps`` (None = one per token) split over the blocks as evenly as LLaDA's
@@ -77,7 +79,7 @@ def run(net, policy, req: Request, store=None):
     """
     o, st = req.options, req.stats
     block_length, cache, mask_id = o.block_length, o.kv_cache, req.mask_id
-    stop_at_eos = getattr(o, "stop_at_eos", True)       # (NAP's canvas is one block: no such option)
+    stop_at_eos = getattr(o, "stop_at_eos", True)  # (NAP's canvas is one block: no such option)
     prompt_ids, prompt_mask = req.ids, req.mask
     dev = prompt_ids.device
     store = store if store is not None else _OnDevice()
@@ -85,45 +87,63 @@ def run(net, policy, req: Request, store=None):
     g = req.max_new_tokens
     answer = Answer(req, b, dev)
     x = torch.cat([prompt_ids, torch.full((b, g), mask_id, dtype=torch.long, device=dev)], dim=1)
-    if getattr(policy, "template", None) is not None:      # a canvas with prefilled tokens (NAP's tags)
+    if getattr(policy, "template", None) is not None:  # a canvas with prefilled tokens (NAP's tags)
         x[:, p:] = policy.template.to(dev)[:g]
-    amask = None if prompt_mask is None else torch.cat([prompt_mask.bool(), torch.ones(b, g, dtype=torch.bool,
-                                                                                      device=dev)], dim=1)
+    amask = (
+        None
+        if prompt_mask is None
+        else torch.cat([prompt_mask.bool(), torch.ones(b, g, dtype=torch.bool, device=dev)], dim=1)
+    )
     shift = 1 if getattr(net, "shift_logits", False) else 0
-    commit = torch.zeros(b, g, dtype=torch.long, device=dev)   # global step at which each position was committed
+    commit = torch.zeros(b, g, dtype=torch.long, device=dev)  # global step at which each position was committed
     forwards, gstep = 0, 0
     align = getattr(policy, "block_align", False) and block_length is not None
     vic = None
     if cache == "vicinity":
         vic = VicinityRefresh(o.prefix_look, o.after_look, o.warmup_steps)
-    for ci, (off, length, n_steps) in enumerate(block_plan(g, block_length, o.steps,
-                                                           block_length - p % block_length if align else None)):
+    for ci, (off, length, n_steps) in enumerate(
+        block_plan(g, block_length, o.steps, block_length - p % block_length if align else None)
+    ):
         start, end = p + off, p + off + length
-        ws = max(0, end - block_length) if align and ci == 0 else start     # the block as dInfer's iterator has it
+        ws = max(0, end - block_length) if align and ci == 0 else start  # the block as dInfer's iterator has it
         if vic is not None:
             vic.begin_block(ci, ws, end)
         active = ~answer.finished if stop_at_eos else torch.ones_like(answer.finished)
-        n_active = int(active.sum())                       # rows still decoding (fixed within a block)
+        n_active = int(active.sum())  # rows still decoding (fixed within a block)
         all_active = n_active == b
-        xv = x[:, start:end]                               # a view: commits write x through it
-        cv = commit[:, off:off + length]                   # the block's commit steps (a view)
+        xv = x[:, start:end]  # a view: commits write x through it
+        cv = commit[:, off : off + length]  # the block's commit steps (a view)
         masked = xv == mask_id if all_active else (xv == mask_id) & active[:, None]
         policy.begin_block(masked, n_steps, start)
         kv, logits, used = None, None, 0
         i = 0
-        cap = n_steps + length if policy.parallel else n_steps     # parallel rules commit ≥ 1 per step
+        cap = n_steps + length if policy.parallel else n_steps  # parallel rules commit ≥ 1 per step
         while bool(masked.any()) and i < cap:
             if req.cancel is not None and req.cancel():
                 return
-            with torch.inference_mode():   # the step's ops skip autograd's dispatch (nothing needs gradients)
+            with torch.inference_mode():  # the step's ops skip autograd's dispatch (nothing needs gradients)
                 if logits is None:
                     sel = masked if SKIP_COMMITTED else None
                     tp = time.perf_counter() if i == 0 else 0.0
-                    logits, kv = _block_logits(net, policy, x, amask, start, end, shift, cache, kv,
-                                               i == 0 if vic is None else (vic.next(), vic.window(x.shape[1])), p,
-                                               mask_id, store, sel, ws)
-                    if i == 0:   # prefill time: the block's first pass (over the prompt and the blocks before
-                        st.prefill_seconds += time.perf_counter() - tp   # it; the caches' refresh)
+                    logits, kv = _block_logits(
+                        net,
+                        policy,
+                        x,
+                        amask,
+                        start,
+                        end,
+                        shift,
+                        cache,
+                        kv,
+                        i == 0 if vic is None else (vic.next(), vic.window(x.shape[1])),
+                        p,
+                        mask_id,
+                        store,
+                        sel,
+                        ws,
+                    )
+                    if i == 0:  # prefill time: the block's first pass (over the prompt and the blocks before
+                        st.prefill_seconds += time.perf_counter() - tp  # it; the caches' refresh)
                     logits = _no_mask(logits, mask_id)
                     forwards += n_active
                     used += 1
@@ -132,13 +152,13 @@ def run(net, policy, req: Request, store=None):
                 x0, transfer = policy.step(logits, xb, masked, i)
                 transfer &= masked
                 if bool(transfer.any()):
-                    torch.where(transfer, x0, xb, out=xv)        # xb is xv: elementwise, in place
+                    torch.where(transfer, x0, xb, out=xv)  # xb is xv: elementwise, in place
                     cv.masked_fill_(transfer, gstep)
                     new_logits = None
                 else:
                     new_logits = logits
                 now = xv == mask_id if all_active else (xv == mask_id) & active[:, None]
-            if req.emit_steps:     # outside inference mode: the consumer runs between yields
+            if req.emit_steps:  # outside inference mode: the consumer runs between yields
                 yield _event(ci, used, n_steps, x[:, start:end], logits, xb, masked, mask_id)
             logits, masked = new_logits, now
             i += 1
@@ -170,15 +190,15 @@ def _block_logits(net, policy, x, amask, start, end, shift, cache, kv, first, p,
     full pass), or with ``cache`` "vicinity" the step's kind (:meth:`VicinityRefresh.next`). ``sel``: BoolTensor[B, L]
     positions whose logits are read (the LM head skips the others, which are 0), or None (all). ``ws``: where the
     cached windows start (≤ ``start``: an aligned block's part in the prompt is recomputed too; None = start)."""
-    lo = start - shift            # with shifted logits the raw row lo predicts position start
+    lo = start - shift  # with shifted logits the raw row lo predicts position start
     n = end - start
-    d = start - (start if ws is None else ws)     # the block's rows within a window from ws
+    d = start - (start if ws is None else ws)  # the block's rows within a window from ws
 
-    def call(fn, rows, *args, select=sel, **kw):   # the head on `rows` (and `select`) when the net can, else sliced
+    def call(fn, rows, *args, select=sel, **kw):  # the head on `rows` (and `select`) when the net can, else sliced
         if getattr(net, "selects_rows", False):
             return fn(*args, rows=rows, select=select, **kw)
         out = fn(*args, **kw)
-        return (out[0][:, rows[0]:rows[1]], out[1]) if kw.get("return_kv") else out[:, rows[0]:rows[1]]
+        return (out[0][:, rows[0] : rows[1]], out[1]) if kw.get("return_kv") else out[:, rows[0] : rows[1]]
 
     if cache == "vicinity":
         kind, (a, z) = first
@@ -187,26 +207,31 @@ def _block_logits(net, policy, x, amask, start, end, shift, cache, kv, first, p,
         if kind == "window":
             a = min(a, lo)
             return call(net.forward_window, (lo - a, lo - a + n), x[:, a:z], a, kv, amask), kv
-        first = True                                   # a refresh: as the dual cache's
+        first = True  # a refresh: as the dual cache's
     if cache == "none" or first:
         if policy.cfg_scale > 0:
             un = x.clone()
-            un[:, :p] = mask_id                       # LLaDA: the prompt masked
+            un[:, :p] = mask_id  # LLaDA: the prompt masked
             m2 = None if amask is None else torch.cat([amask, amask])
-            both = call(net.logits_full, (lo, lo + n), torch.cat([x, un]), m2,
-                        select=None if sel is None else torch.cat([sel, sel]))
+            both = call(
+                net.logits_full,
+                (lo, lo + n),
+                torch.cat([x, un]),
+                m2,
+                select=None if sel is None else torch.cat([sel, sel]),
+            )
             cond, unc = both.chunk(2)
             return guided(cond, unc, policy.cfg_scale), kv
         if cache == "none":
             return call(net.logits_full, (lo, lo + n), x, amask), kv
         raw, fresh = call(net.forward_window, (lo, lo + n), x, 0, None, amask, return_kv=True)
         return raw, store.place(fresh)
-    if shift and getattr(policy, "window_at_block", False):      # Fast-dLLM's Dream block loop (see there)
+    if shift and getattr(policy, "window_at_block", False):  # Fast-dLLM's Dream block loop (see there)
         return _shifted_in_window(call, net, x, amask, start, end, cache, kv, sel), kv
     w = lo - d
     if cache == "prefix":
         return call(net.forward_window, (d, d + n), x[:, w:], w, kv.prefix(w), amask), kv
-    return call(net.forward_window, (d, d + n), x[:, w:end], w, kv, amask), kv      # dual
+    return call(net.forward_window, (d, d + n), x[:, w:end], w, kv, amask), kv  # dual
 
 
 def _shifted_in_window(call, net, x, amask, start, end, cache, kv, sel):
@@ -221,8 +246,9 @@ def _shifted_in_window(call, net, x, amask, start, end, cache, kv, sel):
         raw_sel[:, :-1] = sel[:, 1:]
         raw_sel[:, 0] |= sel[:, 0]
     win = x[:, start:] if cache == "prefix" else x[:, start:end]
-    raw = call(net.forward_window, (0, n), win, start, kv.prefix(start) if cache == "prefix" else kv, amask,
-               select=raw_sel)
+    raw = call(
+        net.forward_window, (0, n), win, start, kv.prefix(start) if cache == "prefix" else kv, amask, select=raw_sel
+    )
     return torch.cat([raw[:, :1], raw[:, :-1]], dim=1)
 
 
@@ -259,7 +285,15 @@ def _event(ci, step, max_steps, block, logits, before, masked, mask_id) -> StepE
     ent[masked] = -(probs * torch.log(probs.clamp_min(1e-30))).sum(-1)
     acc = block != mask_id
     none = torch.zeros_like(acc)
-    return StepEvent(ci, step, max_steps, canvas_ids=block.clone().cpu(),
-                     argmax_ids=torch.where(masked, arg, before).cpu(), accepted=acc.cpu(), renoised=none.cpu(),
-                     reopened=none.cpu(), confidence=conf.cpu(), entropy=ent.cpu())
-
+    return StepEvent(
+        ci,
+        step,
+        max_steps,
+        canvas_ids=block.clone().cpu(),
+        argmax_ids=torch.where(masked, arg, before).cpu(),
+        accepted=acc.cpu(),
+        renoised=none.cpu(),
+        reopened=none.cpu(),
+        confidence=conf.cpu(),
+        entropy=ent.cpu(),
+    )

@@ -31,6 +31,7 @@ Rows of a batch are decoded independently (their own phase). Works with any mask
 ...): the masked loop (:mod:`localdiff.decoding.masked_loop`) prefills :attr:`NAP.template` and owns forwards,
 caches (the canvas is one block), stopping, events and the commit order (template tokens have commit step 0).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -135,8 +136,9 @@ class NAP:
 
     def __init__(self, options: NAPOptions, generator: torch.Generator, mask_id: int, encode=None, eos_ids=()):
         if encode is None:
-            raise TokenizerMissingError("parallel-forced decoding (trajectories) needs the model's tokenizer for its "
-                                        "<think i> / <summary> tags")
+            raise TokenizerMissingError(
+                "parallel-forced decoding (trajectories) needs the model's tokenizer for its <think i> / <summary> tags"
+            )
         self.o, self.gen, self.mask_id = options, generator, mask_id
         self.layout = layout(encode, options.trajectories, options.think_length, options.summary_length)
         self.template = torch.tensor([mask_id if t is None else int(t) for t in self.layout.ids], dtype=torch.long)
@@ -154,14 +156,14 @@ class NAP:
         self.think_pos = think.to(masked.device)
         self.think_k = num_transfer_tokens(self.think_pos[None], self.s_think)[0]
         summ = torch.zeros_like(think)
-        summ[lay.summary[0]:lay.summary[1]] = True
+        summ[lay.summary[0] : lay.summary[1]] = True
         self.sum_k = num_transfer_tokens(summ[None], self.s_sum)[0]
-        self.phase_i = [0] * masked.shape[0]      # per row: steps done in its current phase
+        self.phase_i = [0] * masked.shape[0]  # per row: steps done in its current phase
         self.in_summary = [False] * masked.shape[0]
 
     def step(self, logits: torch.Tensor, xb: torch.Tensor, masked: torch.Tensor, i: int):
         """One step (shapes as :meth:`localdiff.decoding.llada.LLaDA.step`). Returns (x0, transfer)."""
-        if self.eos_ids:     # a think block cannot end the answer: no EOS proposals there
+        if self.eos_ids:  # a think block cannot end the answer: no EOS proposals there
             logits = logits.clone()
             rows = self.think_pos.nonzero().squeeze(1)[:, None]
             logits[:, rows, torch.tensor(self.eos_ids, device=logits.device)[None, :]] = -torch.inf

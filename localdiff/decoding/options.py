@@ -15,6 +15,7 @@ Validation messages have one shape from every source: ``"<what the user typed>: 
 "what the user typed" is the flag (``--steps``), the variable (``LOCALDIFF_MAX_DENOISING_STEPS``), the config key
 (``config.toml: max_denoising_steps``), the ``/set`` word (``/set steps``) or the keyword argument.
 """
+
 from __future__ import annotations
 
 # the option modules, in the order their decoders are declared (the first declaration of a shared option name,
@@ -30,8 +31,21 @@ from localdiff.decoding.schema import ALIASES, DECODERS, POLICIES, Decoder, Opti
 from localdiff.decoding.schema import decoder, opt, unknown_option  # noqa: F401
 from localdiff.errors import UsageError
 
-__all__ = ["CanvasEBOptions", "DreamOptions", "LLaDAOptions", "SDAROptions", "FastDLLMv2Options", "Options",
-           "OptionSpec", "opt", "decoder", "POLICIES", "DECODERS", "ALIASES", "unknown_option"]
+__all__ = [
+    "CanvasEBOptions",
+    "DreamOptions",
+    "LLaDAOptions",
+    "SDAROptions",
+    "FastDLLMv2Options",
+    "Options",
+    "OptionSpec",
+    "opt",
+    "decoder",
+    "POLICIES",
+    "DECODERS",
+    "ALIASES",
+    "unknown_option",
+]
 __all__ += ["LLaDA2Options", "NAPOptions", "RefusionOptions", "CausalOptions"]
 
 #: the ``decoder`` option's name: which decoder runs (default: the model's, :func:`default_decoder`)
@@ -41,9 +55,16 @@ DECODER = "decoder"
 def decoder_spec() -> OptionSpec:
     """The ``decoder`` option (``--decoder``, ``LOCALDIFF_DECODER``, config key ``decoder``, ``/set decoder``, the
     server's ``localdiff.decoder``): a declared decoder's name; unset = the model's own."""
-    return OptionSpec(name=DECODER, kind=str, default=None, optional=True, choices=tuple(POLICIES),
-                      help="the decoder to run (default: the model's; `localdiff show MODEL` lists those it can run)",
-                      metavar="NAME", gen_key=DECODER)
+    return OptionSpec(
+        name=DECODER,
+        kind=str,
+        default=None,
+        optional=True,
+        choices=tuple(POLICIES),
+        help="the decoder to run (default: the model's; `localdiff show MODEL` lists those it can run)",
+        metavar="NAME",
+        gen_key=DECODER,
+    )
 
 
 def has_decoder(family: str) -> bool:
@@ -81,8 +102,10 @@ def choose(own: str, decoders, name, typed: str = DECODER) -> str:
         return own
     name = decoder_spec().coerce(name, typed)
     if name not in decoders:
-        raise UsageError(f"{typed}: this model runs the decoders {', '.join(decoders)}; {name} is a "
-                         f"{DECODERS[name].family}-family decoder (got {name!r})")
+        raise UsageError(
+            f"{typed}: this model runs the decoders {', '.join(decoders)}; {name} is a "
+            f"{DECODERS[name].family}-family decoder (got {name!r})"
+        )
     return name
 
 

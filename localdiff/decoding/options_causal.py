@@ -1,5 +1,6 @@
 """Decoder options of the causal family (Qwen3 / Llama targets): plain sampling, and DFlash speculative decoding when
 a draft is loaded. Names as llama.cpp / vLLM / transformers' ``generation_config.json`` (temperature, top_p, top_k)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,6 +19,12 @@ class CausalOptions(Options):
     temperature: float = temperature_opt(0.0, "sampling temperature (0 = greedy argmax)")
     top_p: float = opt(1.0, "nucleus sampling mass (1 = off)", lo=0, hi=1, lo_open=True, metavar="P")
     top_k: int = opt(0, "sample among the k most likely tokens (0 = off)", lo=0, hi=1_000_000_000, metavar="K")
-    block_size: int | None = opt(None, "DFlash: tokens per drafted block, the last accepted token included "
-                                 "(default: the draft's block_size)", kind=int, lo=1, hi=4096, optional=True,
-                                 metavar="N")
+    block_size: int | None = opt(
+        None,
+        "DFlash: tokens per drafted block, the last accepted token included (default: the draft's block_size)",
+        kind=int,
+        lo=1,
+        hi=4096,
+        optional=True,
+        metavar="N",
+    )

@@ -6,6 +6,7 @@ Upstream names and defaults: the Hub ``modeling_llada2_moe.py`` ``generate`` (2.
 diffusers ``LLaDA2Pipeline`` (its 2.1 recommendation: threshold 0.7, editing_threshold 0.5, max_post_steps 16,
 eos_early_stop True: the catalog's ``llada2.1:mini`` sampler). The block length is the model's (``block_size``).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -38,34 +39,70 @@ class LLaDA2Options(DInferParams, BlockSampling):
     Errors: :class:`UsageError` for ``top_k`` / ``top_p`` typed at temperature 0 with ``editing_threshold``, and for
     ``parallel_decoding`` with ``editing_threshold``."""
 
-    steps: int | None = opt(None, "denoising steps per block before editing (default: the block length, at least "
-                            "one token per step)", kind=int, lo=1, hi=100_000, optional=True, metavar="N",
-                            aliases=("denoising_steps",))
-    threshold: float = opt(0.95, "commit every masked position whose confidence exceeds this (when at least the "
-                           "step's quota do; else the quota's most confident)", lo=0, hi=1, metavar="TAU")
-    minimal_topk: int = opt(1, "cap the steps per block at max_new_tokens // minimal_topk", lo=1, hi=100_000,
-                            metavar="K")
-    editing_threshold: float | None = opt(None, "LLaDA2.1 token editing: replace a committed token of the block "
-                                          "when another token's probability exceeds this (off = no editing)",
-                                          kind=float, lo=0, hi=1, lo_open=True, optional=True, metavar="X")
-    max_post_steps: int = opt(16, "token editing: extra steps per block once it has no masks left", lo=0,
-                              hi=10_000, metavar="N")
-    eos_early_stop: bool = opt(False, "stop as soon as an EOS is committed and every generated position before it "
-                               "is filled (mid-block)")
-    parallel_decoding: str | None = opt(None, "dInfer's parallel decoders on LLaDA2 (inclusionAI/dInfer "
-                                        "BlockDiffusionLLM): threshold (the top-1 and every confidence ≥ τ), credit, "
-                                        "hierarchy; τ = --threshold; no step schedule (off = LLaDA2's threshold rule)",
-                                        kind=str, choices=("threshold", "credit", "hierarchy"), optional=True,
-                                        metavar="DECODER")
+    steps: int | None = opt(
+        None,
+        "denoising steps per block before editing (default: the block length, at least one token per step)",
+        kind=int,
+        lo=1,
+        hi=100_000,
+        optional=True,
+        metavar="N",
+        aliases=("denoising_steps",),
+    )
+    threshold: float = opt(
+        0.95,
+        "commit every masked position whose confidence exceeds this (when at least the "
+        "step's quota do; else the quota's most confident)",
+        lo=0,
+        hi=1,
+        metavar="TAU",
+    )
+    minimal_topk: int = opt(
+        1, "cap the steps per block at max_new_tokens // minimal_topk", lo=1, hi=100_000, metavar="K"
+    )
+    editing_threshold: float | None = opt(
+        None,
+        "LLaDA2.1 token editing: replace a committed token of the block "
+        "when another token's probability exceeds this (off = no editing)",
+        kind=float,
+        lo=0,
+        hi=1,
+        lo_open=True,
+        optional=True,
+        metavar="X",
+    )
+    max_post_steps: int = opt(
+        16, "token editing: extra steps per block once it has no masks left", lo=0, hi=10_000, metavar="N"
+    )
+    eos_early_stop: bool = opt(
+        False, "stop as soon as an EOS is committed and every generated position before it is filled (mid-block)"
+    )
+    parallel_decoding: str | None = opt(
+        None,
+        "dInfer's parallel decoders on LLaDA2 (inclusionAI/dInfer "
+        "BlockDiffusionLLM): threshold (the top-1 and every confidence ≥ τ), credit, "
+        "hierarchy; τ = --threshold; no step schedule (off = LLaDA2's threshold rule)",
+        kind=str,
+        choices=("threshold", "credit", "hierarchy"),
+        optional=True,
+        metavar="DECODER",
+    )
 
     def check(self, typed: Mapping[str, str]) -> None:
         if self.parallel_decoding is not None and self.editing_threshold is not None:
-            raise UsageError(f"{typed.get('parallel_decoding', 'parallel_decoding')}: dInfer's decoders do not edit "
-                             f"committed tokens; leave editing_threshold unset (got {self.editing_threshold})")
+            raise UsageError(
+                f"{typed.get('parallel_decoding', 'parallel_decoding')}: dInfer's decoders do not edit "
+                f"committed tokens; leave editing_threshold unset (got {self.editing_threshold})"
+            )
         if self.editing_threshold is None:
-            return                       # LLaDA2.0: top-k / top-p apply at temperature 0 too
-        if self.temperature == 0 and (self.top_k is not None or self.top_p not in (None, 1.0)) and (
-                "top_k" in typed or "top_p" in typed):
+            return  # LLaDA2.0: top-k / top-p apply at temperature 0 too
+        if (
+            self.temperature == 0
+            and (self.top_k is not None or self.top_p not in (None, 1.0))
+            and ("top_k" in typed or "top_p" in typed)
+        ):
             key = "top_k" if "top_k" in typed else "top_p"
-            raise UsageError(f"{typed[key]}: with editing_threshold (LLaDA2.1, whose generate ignores them at "
-                             f"temperature 0) top-k / top-p need temperature > 0 (got temperature 0)")
+            raise UsageError(
+                f"{typed[key]}: with editing_threshold (LLaDA2.1, whose generate ignores them at "
+                f"temperature 0) top-k / top-p need temperature > 0 (got temperature 0)"
+            )

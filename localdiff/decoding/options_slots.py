@@ -1,5 +1,6 @@
 """Decoder options of the slots family: ReFusion's plan-and-infill decoder (ML-GSAI/ReFusion ``generate.py``
 ``generate_refusion``, arXiv 2512.13586). Names and defaults are ``generate_refusion``'s keyword arguments."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,12 +17,26 @@ class RefusionOptions(Options):
     the best one), verifies the picked drafts globally and otherwise infills them autoregressively in parallel,
     accepting tokens whose verify probability exceeds ``token_threshold``."""
 
-    slot_size: int = opt(8, "tokens per slot (the unit planned, infilled and committed)", lo=1, hi=4096,
-                         metavar="K")
-    serial_num_blocks: int = opt(2, "sequential blocks the answer is split into (slots are planned within the "
-                                 "current block only)", lo=1, hi=100_000, metavar="N")
-    slot_threshold: float = opt(0.9, "plan: pick every slot whose first-token probability exceeds this (else the "
-                                "single best slot)", lo=0, hi=1, metavar="P")
-    token_threshold: float = opt(0.9, "verify: accept a drafted token when the causal pass gives it a probability "
-                                 "above this", lo=0, hi=1, metavar="P")
+    slot_size: int = opt(8, "tokens per slot (the unit planned, infilled and committed)", lo=1, hi=4096, metavar="K")
+    serial_num_blocks: int = opt(
+        2,
+        "sequential blocks the answer is split into (slots are planned within the current block only)",
+        lo=1,
+        hi=100_000,
+        metavar="N",
+    )
+    slot_threshold: float = opt(
+        0.9,
+        "plan: pick every slot whose first-token probability exceeds this (else the single best slot)",
+        lo=0,
+        hi=1,
+        metavar="P",
+    )
+    token_threshold: float = opt(
+        0.9,
+        "verify: accept a drafted token when the causal pass gives it a probability above this",
+        lo=0,
+        hi=1,
+        metavar="P",
+    )
     temperature: float = temperature_opt(0.0, "Gumbel-max sampling temperature of the plan's drafts (0 = argmax)")

@@ -10,6 +10,7 @@
 
 All take ``confidence`` FloatTensor[B, L] (−inf where nothing may be committed) and return BoolTensor[B, L].
 """
+
 from __future__ import annotations
 
 import torch
@@ -21,7 +22,7 @@ def topk_transfer(confidence: torch.Tensor, k) -> torch.Tensor:
     out = torch.zeros_like(confidence, dtype=torch.bool)
     for j, kj in enumerate(k.tolist() if isinstance(k, torch.Tensor) else k):
         if kj > 0:
-            out[j].index_fill_(0, torch.topk(confidence[j], k=kj).indices, True)   # no Python indexing per step
+            out[j].index_fill_(0, torch.topk(confidence[j], k=kj).indices, True)  # no Python indexing per step
     return out
 
 
@@ -57,8 +58,13 @@ def factor_transfer(confidence: torch.Tensor, masked: torch.Tensor, factor: floa
     return out
 
 
-def select(confidence: torch.Tensor, masked: torch.Tensor, scheduled_k: torch.Tensor | None,
-           threshold: float | None, factor: float | None) -> torch.Tensor:
+def select(
+    confidence: torch.Tensor,
+    masked: torch.Tensor,
+    scheduled_k: torch.Tensor | None,
+    threshold: float | None,
+    factor: float | None,
+) -> torch.Tensor:
     """Dispatch: ``factor`` rule, else ``threshold`` rule, else the schedule's ``scheduled_k`` (LongTensor[B] or a
     list of B ints)."""
     if factor is not None:

@@ -13,6 +13,7 @@ Two loops drive decoder policies, and each has its own protocol, because the cal
 The contract test (``tests/project/test_decoder_protocols.py``) checks every registered policy class against its protocol,
 so a new policy that misses a call fails there rather than inside a loop.
 """
+
 from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
@@ -90,7 +91,7 @@ def conforms(cls: type, protocol: type) -> list[str]:
             continue
         wp = [q for q in inspect.signature(want).parameters][1:]
         hp = list(inspect.signature(have).parameters.values())[1:]
-        extra = hp[len(wp):]
-        if [q.name for q in hp[:len(wp)]] != wp or any(q.default is inspect.Parameter.empty for q in extra):
+        extra = hp[len(wp) :]
+        if [q.name for q in hp[: len(wp)]] != wp or any(q.default is inspect.Parameter.empty for q in extra):
             problems.append(f"{cls.__name__}.{name}{inspect.signature(have)} does not match {name}({', '.join(wp)})")
     return problems

@@ -36,6 +36,7 @@ Other deviations, none reached when upstream works: ``gen_length`` is padded up 
 ``slot_size × serial_num_blocks`` (upstream pads to whole slots only, so its blocks can drop tail tokens or fail to
 reshape); several EOS ids are honoured (upstream: ``tokenizer.eos_token_id``).
 """
+
 from __future__ import annotations
 
 import math
@@ -77,7 +78,7 @@ class Refusion:
     cache: object = None
     prompt_len: int = 0
     gen_length: int = 0
-    trace: list = field(default_factory=list)      # tests: (kind, rows LongTensor) of every pass
+    trace: list = field(default_factory=list)  # tests: (kind, rows LongTensor) of every pass
 
     # -- passes ---------------------------------------------------------------------------------------------------
     def _pass(self, ids: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
@@ -105,7 +106,7 @@ class Refusion:
         t = float(self.options.temperature)
         if t == 0:
             x0 = logits.argmax(-1)
-        else:   # upstream add_gumbel_noise: exp(logits) / (−log u)^t in float64
+        else:  # upstream add_gumbel_noise: exp(logits) / (−log u)^t in float64
             u = torch.rand(logits.shape, generator=self.generator, dtype=torch.float64, device=logits.device)
             x0 = (logits.double().exp() / (-torch.log(u)) ** t).argmax(-1)
         return x0, torch.softmax(logits, -1).gather(-1, x0[:, None])[:, 0]
@@ -140,14 +141,14 @@ class Refusion:
         o, c, k = self.options, self.cache, int(self.options.slot_size)
         m, lo = len(remaining), c.length
         starts = torch.tensor(remaining)
-        spos = starts[:, None] + torch.arange(k)[None]                           # [m, k] true positions
+        spos = starts[:, None] + torch.arange(k)[None]  # [m, k] true positions
         ids, pos = torch.full((m * k,), self.mask_id), spos.flatten()
         if prompt is not None:
             ids, pos = torch.cat([torch.tensor(prompt), ids]), torch.cat([torch.arange(len(prompt)), pos])
         logits = self._pass(ids, pos, torch.arange(lo, lo + len(ids)), self._causal(lo, len(ids)))
         if prompt is not None:
             c.commit(prompt, list(range(len(prompt))))
-            logits, lo = logits[len(prompt):], c.length
+            logits, lo = logits[len(prompt) :], c.length
         draft, prob = self._draft(logits.float())
         draft, prob = draft.view(m, k).cpu(), prob.view(m, k).cpu()
         score = prob[:, 0]
@@ -169,13 +170,13 @@ class Refusion:
         if len(eos_at):
             e = int(eos_at[0])
             row = e // k
-            c.commit(flat[:e + 1].tolist(), fpos[:e + 1].tolist())
-            drop = set(picked[:row + 1]) | set(range(picked[row], m))
-            return RoundInfo(b, slot_no, "verify", slot_no[:row + 1], flat[:e + 1].tolist(), 0, True), drop
+            c.commit(flat[: e + 1].tolist(), fpos[: e + 1].tolist())
+            drop = set(picked[: row + 1]) | set(range(picked[row], m))
+            return RoundInfo(b, slot_no, "verify", slot_no[: row + 1], flat[: e + 1].tolist(), 0, True), drop
         if prefix // k > 0:
             n = prefix // k
-            c.commit(flat[:n * k].tolist(), fpos[:n * k].tolist())
-            return RoundInfo(b, slot_no, "verify", slot_no[:n], flat[:n * k].tolist(), 0), set(picked[:n])
+            c.commit(flat[: n * k].tolist(), fpos[: n * k].tolist())
+            return RoundInfo(b, slot_no, "verify", slot_no[:n], flat[: n * k].tolist(), 0), set(picked[:n])
         return self._infill(b, picked, slot_no, chosen.clone(), cpos, tags, remaining)
 
     def _infill(self, b, picked, slot_no, spec, rpos, tags, remaining) -> tuple[RoundInfo, set]:
@@ -202,16 +203,16 @@ class Refusion:
             hit = self._is_eos(spec[:, a:]) & (tags[:, a:] == 1)
             if bool(hit.any()):
                 e_row = int(hit.any(1).nonzero()[0])
-                spec, tags, rpos = spec[:e_row + 1], tags[:e_row + 1], rpos[:e_row + 1]
+                spec, tags, rpos = spec[: e_row + 1], tags[: e_row + 1], rpos[: e_row + 1]
                 tags[e_row] = 1
-                picked, slot_no = picked[:e_row + 1], slot_no[:e_row + 1]
+                picked, slot_no = picked[: e_row + 1], slot_no[: e_row + 1]
             n_new = int(tags[:, a:].sum(1).min())
             if n_new > 0:
                 a += n_new - 1 if bool((tags == 0).any()) else n_new
         flat = spec.flatten()
         eos = self._is_eos(flat).int()
         keep = int(((torch.cumsum(eos, 0) - eos) == 0).sum())
-        c.commit(flat[:keep].tolist(), rpos.flatten()[:keep].tolist())      # (d): rows already in commit order
+        c.commit(flat[:keep].tolist(), rpos.flatten()[:keep].tolist())  # (d): rows already in commit order
         drop = set(picked)
         if e_row is not None:
             drop |= set(range(e_row if self.eos_row_quirk else picked[e_row], len(remaining)))
@@ -229,8 +230,9 @@ class Refusion:
         return sorted((pos - p, t) for pos, t in zip(c.positions[p:], c.token_ids[p:]))
 
 
-def autoregressive(net, prompt: list[int], max_new_tokens: int, eos_ids, mask_id: int | None = None
-                   ) -> tuple[list[int], int]:
+def autoregressive(
+    net, prompt: list[int], max_new_tokens: int, eos_ids, mask_id: int | None = None
+) -> tuple[list[int], int]:
     """The same model's greedy left-to-right decoding, one token per forward, for comparisons.
 
     ``mask_id`` None: plain causal decoding (the first token from the prompt pass's last row). With ``mask_id``: the
@@ -249,7 +251,7 @@ def autoregressive(net, prompt: list[int], max_new_tokens: int, eos_ids, mask_id
     while len(out) < max_new_tokens:
         lo = cache.length
         logits = dec._pass(ids, pos, torch.arange(lo, lo + len(ids)), dec._causal(lo, len(ids)))
-        n = len(ids) - (1 if mask_id is not None and not out else 0)     # the mask's row is not committed
+        n = len(ids) - (1 if mask_id is not None and not out else 0)  # the mask's row is not committed
         cache.commit(ids[:n].tolist(), pos[:n].tolist())
         t = int(logits[-1].argmax())
         out.append(t)

@@ -1,6 +1,7 @@
 """``Request``: one validated generation, as :class:`localdiff.engine.Model` hands it to a family runner and the
 runner to its decoding loop (:mod:`localdiff.decoding.loop`, ``masked_loop``, ``causal_loop``, ``fastdllm_v2``,
 ``slots_loop``). It lives here, below the engine, so that the loops take it without importing the engine."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -50,5 +51,4 @@ class Request:
 
     def __post_init__(self) -> None:
         if self.rows is None:
-            self.rows = (self.ids.tolist() if self.mask is None else
-                         [r[m].tolist() for r, m in zip(self.ids, self.mask)])
+            self.rows = self.ids.tolist() if self.mask is None else [r[m].tolist() for r, m in zip(self.ids, self.mask)]

@@ -8,6 +8,7 @@ Two upstream conventions live here, each exact to its source, because they diffe
 * :func:`sampling_probs`, :func:`draw` — z-lab/dflash ``_sampling_probs`` (used by the causal decoder and DFlash's
   speculative sampling): warped probabilities renormalised after the top-k then top-p cut.
 """
+
 from __future__ import annotations
 
 import torch
@@ -32,8 +33,9 @@ def top_k_logits(logits: torch.Tensor, top_k: int) -> torch.Tensor:
     return logits.masked_fill(logits < kth, torch.finfo(logits.dtype).min)
 
 
-def sample_tokens(logits: torch.Tensor, temperature: float, top_p, top_k, generator, margin: bool = False,
-                  neg_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_tokens(
+    logits: torch.Tensor, temperature: float, top_p, top_k, generator, margin: bool = False, neg_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Dream's ``sample_tokens`` on FloatTensor[N, V]: (confidence FloatTensor[N], tokens LongTensor[N])."""
     if temperature > 0:
         logits = logits / temperature

@@ -1,4 +1,5 @@
 """Temperature schedules for the denoising steps."""
+
 from __future__ import annotations
 
 import torch

@@ -6,6 +6,7 @@ Validation messages have one shape from every source: ``"<what the user typed>: 
 "what the user typed" is the flag (``--steps``), the variable (``LOCALDIFF_MAX_DENOISING_STEPS``), the config key
 (``config.toml: max_denoising_steps``), the ``/set`` word (``/set steps``) or the keyword argument.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -87,8 +88,12 @@ class OptionSpec:
         """
         bad = UsageError(f"{typed}: must be {self.rule()} (got {value!r})")
         # "none" / "off" turn an optional option off; "" does not (an unset `--threshold "$TAU"` is a mistake)
-        if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "off")
-                             and self.optional and self.kind is not bool):
+        if value is None or (
+            isinstance(value, str)
+            and value.strip().lower() in ("none", "off")
+            and self.optional
+            and self.kind is not bool
+        ):
             if self.optional:
                 return None
             raise bad
@@ -158,7 +163,7 @@ def temperature_opt(default: float, help: str, **meta) -> Any:
     return opt(default, help, lo=0, hi=100, min_positive=1e-3, **meta)
 
 
-_SPECS: dict = {}   # Options subclass → its OptionSpecs (Options.specs)
+_SPECS: dict = {}  # Options subclass → its OptionSpecs (Options.specs)
 
 
 class Options:
@@ -225,10 +230,10 @@ class Options:
             elif spec.pair_of and key in typed_in:
                 constant[spec.pair_of] = (v, shown)
             out[name] = spec.coerce(v, shown)
-            if key in typed_in:                  # what the user typed (not checkpoint defaults): named in messages
+            if key in typed_in:  # what the user typed (not checkpoint defaults): named in messages
                 typed_out[name] = shown
-        for pair, (v, shown) in constant.items():   # a single value typed for a pair: constant (A = B)
-            if pair not in typed_out:                  # unless the user set the pair itself too
+        for pair, (v, shown) in constant.items():  # a single value typed for a pair: constant (A = B)
+            if pair not in typed_out:  # unless the user set the pair itself too
                 out[pair] = known[pair].coerce(v, shown)
                 typed_out[pair] = shown
         obj = cls(**out)
@@ -276,26 +281,35 @@ POLICIES: dict[str, type[Options]] = {}
 ALIASES: dict[str, str] = {}
 
 
-def decoder(name: str, family: str, policy: str | None = None, model_types: tuple[str, ...] = (),
-            family_default: bool = False, selectable: bool = False):
+def decoder(
+    name: str,
+    family: str,
+    policy: str | None = None,
+    model_types: tuple[str, ...] = (),
+    family_default: bool = False,
+    selectable: bool = False,
+):
     """Class decorator declaring an :class:`Options` subclass as the options of decoder ``name`` (arguments: the
     :class:`Decoder` fields); sets ``cls.POLICY = name`` and registers it.
 
     Raises:
         ValueError: ``name`` is declared by another class already.
     """
+
     def register(cls):
         old = POLICIES.get(name)
         if old is not None and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
             raise ValueError(f"decoder {name!r} is declared twice ({old.__qualname__}, {cls.__qualname__})")
         cls.POLICY = name
-        DECODERS[name] = Decoder(name, family, cls, policy, tuple(t.lower() for t in model_types), family_default,
-                                 selectable)
+        DECODERS[name] = Decoder(
+            name, family, cls, policy, tuple(t.lower() for t in model_types), family_default, selectable
+        )
         POLICIES[name] = cls
         for spec in cls.specs():
             for a in spec.aliases:
                 ALIASES.setdefault(a, spec.name)
         return cls
+
     return register
 
 
@@ -316,9 +330,11 @@ def unknown_option(key: str, typed: str, cls: type[Options] | None = None) -> Us
 
     owners = [c.POLICY for c in POLICIES.values() if key in c.names()]
     if cls is not None and owners:
-        named = "" if typed == key else f"'{key}' is "     # ("top_k: 'top_k' is ..." named it twice)
-        return UsageError(f"{typed}: {named}an option of the {', '.join(owners)} decoder, not of this model's "
-                          f"({cls.POLICY}); its options: {', '.join(cls.names())}")
+        named = "" if typed == key else f"'{key}' is "  # ("top_k: 'top_k' is ..." named it twice)
+        return UsageError(
+            f"{typed}: {named}an option of the {', '.join(owners)} decoder, not of this model's "
+            f"({cls.POLICY}); its options: {', '.join(cls.names())}"
+        )
     pool = sorted({n for c in POLICIES.values() for n in c.names()} | set(ALIASES))
     near = difflib.get_close_matches(key, pool, n=1)
     hint = f" (did you mean '{near[0]}'?)" if near else ""

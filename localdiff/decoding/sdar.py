@@ -34,6 +34,7 @@ upstream stops after ``steps + 1`` forwards with masks possibly left, our last s
 Upstream's extra forward over a completed block (``store_kv=True``) is our fused prefill: the loop prefills the
 block together with the next block's first step.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -82,8 +83,9 @@ class SDAR:
     #: whether the constructor also takes the answer's budget and the EOS ids (``max_new_tokens=``, ``eos_ids=``)
     TAKES_BUDGET = False
 
-    def __init__(self, options: SDAROptions, batch: int, block: int, mask_id: int, device,
-                 generator: torch.Generator | None):
+    def __init__(
+        self, options: SDAROptions, batch: int, block: int, mask_id: int, device, generator: torch.Generator | None
+    ):
         self.o, self.b, self.c, self.mask_id, self.dev, self.gen = options, batch, block, mask_id, device, generator
         self.max_steps = options.steps or block
         self.schedule = transfer_schedule(block, self.max_steps)
@@ -91,8 +93,11 @@ class SDAR:
     # -- per block ------------------------------------------------------------------------------------------------
     def begin_block(self, start: torch.Tensor | None = None) -> None:
         """A block of masks, or ``start`` (LongTensor[B, C]: the first block, prompt tail then masks)."""
-        self.canvas = (start.to(self.dev).clone() if start is not None else
-                       torch.full((self.b, self.c), self.mask_id, dtype=torch.long, device=self.dev))
+        self.canvas = (
+            start.to(self.dev).clone()
+            if start is not None
+            else torch.full((self.b, self.c), self.mask_id, dtype=torch.long, device=self.dev)
+        )
         self.argmax = self.canvas
         self.done = ~(self.canvas == self.mask_id).any(-1)
 
@@ -127,7 +132,7 @@ class SDAR:
         the step's quota (or it is the last step)."""
         if self.o.temperature > 0:
             return False
-        if a.eb is not None:                            # its positions do not depend on the draws
+        if a.eb is not None:  # its positions do not depend on the draws
             return bool((a.eb == a.masked).all())
         return step == self.max_steps or bool((a.masked.sum(-1) <= a.k).all())
 
@@ -141,13 +146,21 @@ class SDAR:
         self.done = ~left.any(-1)
         return self._event(a, x0, conf, left, torch.zeros_like(left))
 
-    def _event(self, a: Assessment, x0: torch.Tensor, conf: torch.Tensor, left: torch.Tensor,
-               reopened: torch.Tensor) -> dict:
+    def _event(
+        self, a: Assessment, x0: torch.Tensor, conf: torch.Tensor, left: torch.Tensor, reopened: torch.Tensor
+    ) -> dict:
         """The StepEvent fields after a step: ``left`` (BoolTensor[B, C]) the masks still open, ``reopened`` the
         committed positions this step changed (token editing; none here)."""
-        return {"canvas_ids": self.canvas, "argmax_ids": torch.where(a.masked, x0, self.canvas), "accepted": ~left,
-                "renoised": left, "reopened": reopened, "confidence": torch.where(a.masked, conf, 1.0),
-                "entropy": a.entropy, "locked": None}
+        return {
+            "canvas_ids": self.canvas,
+            "argmax_ids": torch.where(a.masked, x0, self.canvas),
+            "accepted": ~left,
+            "renoised": left,
+            "reopened": reopened,
+            "confidence": torch.where(a.masked, conf, 1.0),
+            "entropy": a.entropy,
+            "locked": None,
+        }
 
     def draw(self, a: Assessment) -> tuple[torch.Tensor, torch.Tensor]:
         """(tokens LongTensor[B, C], their probabilities FloatTensor[B, C]): sampled from ``a.probs`` (temperature
@@ -185,8 +198,8 @@ def entropy_bounded(entropy: torch.Tensor, masked: torch.Tensor, bound: float) -
     e = torch.where(masked, entropy, torch.tensor(torch.inf, device=entropy.device))
     ordered, order = torch.sort(e, dim=-1, stable=True)
     take = torch.cumsum(ordered, dim=-1) < bound
-    take[:, 0] = True                                   # at least one (upstream's max(1, ...))
-    take &= torch.isfinite(ordered)                     # never past the masks left
+    take[:, 0] = True  # at least one (upstream's max(1, ...))
+    take &= torch.isfinite(ordered)  # never past the masks left
     return torch.zeros_like(masked).scatter_(-1, order, take)
 
 

@@ -10,6 +10,7 @@ the first EOS, at most ``max_new_tokens``, and ``stats.commit_step`` = the round
 committed (ARness). A batch runs row by row (upstream decodes one prompt at a time); step and block events are
 emitted for row 0 only.
 """
+
 from __future__ import annotations
 
 import time
@@ -28,14 +29,14 @@ def run(net, req: Request):
     Done) with ReFusion on ``net`` (:class:`localdiff.arch.refusion.RefusionLM`); yields StepEvent / CanvasDone
     (row 0) and Done."""
     st = req.stats
-    answer = Answer(req, 1, "cpu")                      # row 0's blocks; Done for every row
+    answer = Answer(req, 1, "cpu")  # row 0's blocks; Done for every row
     eos, pad = answer.eos_ids, req.pad_id
     outs, orders, reason = [], [], "length"
     for ri, prompt in enumerate(req.rows):
         dec = Refusion(net, req.options, req.mask_id, tuple(eos), req.generator)
         rounds = yield from _row(dec, prompt, req, answer if ri == 0 else None)
         if rounds is None:
-            return                                      # cancelled (``req.cancel``): no Done
+            return  # cancelled (``req.cancel``): no Done
         st.forwards += dec.forwards
         row, order = _final(dec, rounds, req.max_new_tokens, eos, pad)
         outs.append(row)
@@ -61,13 +62,13 @@ def _row(dec: Refusion, prompt, req: Request, answer: Answer | None):
         if req.cancel is not None and req.cancel():
             return None
         tp = time.perf_counter()
-        info = next(rounds_left, None)                  # (the round runs here)
-        if n_round == 0:                                # the first round passes over the prompt too: prefill
+        info = next(rounds_left, None)  # (the round runs here)
+        if n_round == 0:  # the first round passes over the prompt too: prefill
             req.stats.prefill_seconds += time.perf_counter() - tp
         if info is None:
             break
         bl = dec.gen_length // int(o.serial_num_blocks)
-        while info.block > block:                       # blocks before this round's are final
+        while info.block > block:  # blocks before this round's are final
             yield from _block_done(dec, answer, block, bl, filled, steps, req.pad_id)
             block, steps = block + 1, 0
         n_round += 1
@@ -84,7 +85,7 @@ def _record(dec, info, filled, rounds, n_round) -> None:
     """Positions (answer-relative) filled by this round → token, and → round number."""
     c, p = dec.cache, dec.prompt_len
     n = len(info.tokens)
-    for pos, t in zip(c.positions[len(c.positions) - n:], c.token_ids[len(c.token_ids) - n:]):
+    for pos, t in zip(c.positions[len(c.positions) - n :], c.token_ids[len(c.token_ids) - n :]):
         filled[pos - p] = t
         rounds[pos - p] = n_round
 
@@ -100,12 +101,26 @@ def _event(dec, info, block, bl, k, filled, step) -> StepEvent:
     acc = torch.tensor([[lo + j in filled for j in range(bl)]])
     none = torch.zeros_like(acc)
     first = lo // k
-    slots = {"slot_size": k, "picked": [s - first for s in info.picked], "how": info.how,
-             "committed": [s - first for s in info.committed]}
+    slots = {
+        "slot_size": k,
+        "picked": [s - first for s in info.picked],
+        "how": info.how,
+        "committed": [s - first for s in info.committed],
+    }
     ones = acc.float()
-    return StepEvent(block, step, max(step, bl // k), canvas_ids=ids, argmax_ids=ids.clone(), accepted=acc,
-                     renoised=none, reopened=none.clone(), confidence=ones, entropy=torch.zeros_like(ones),
-                     slots=slots)
+    return StepEvent(
+        block,
+        step,
+        max(step, bl // k),
+        canvas_ids=ids,
+        argmax_ids=ids.clone(),
+        accepted=acc,
+        renoised=none,
+        reopened=none.clone(),
+        confidence=ones,
+        entropy=torch.zeros_like(ones),
+        slots=slots,
+    )
 
 
 def _block_done(dec, answer: Answer | None, block, bl, filled, steps, pad):

@@ -1,5 +1,6 @@
 """Stopping: per canvas (stable-and-confident, reference ``StableAndConfidentStoppingCriteria``) and per
 sequence (any EOS id ends a row; tokens after its first EOS become pad; max_new_tokens)."""
+
 from __future__ import annotations
 
 import torch
@@ -22,8 +23,7 @@ class StableAndConfident:
     def reset(self) -> None:
         self.history = None
 
-    def __call__(self, argmax: torch.Tensor, logits: torch.Tensor, entropy: torch.Tensor | None = None
-                 ) -> torch.Tensor:
+    def __call__(self, argmax: torch.Tensor, logits: torch.Tensor, entropy: torch.Tensor | None = None) -> torch.Tensor:
         if self.stability == 0:
             stable = torch.ones(argmax.shape[0], dtype=torch.bool, device=argmax.device)
         else:
@@ -37,8 +37,9 @@ class StableAndConfident:
         return stable & (ent.mean(-1) < self.confidence)
 
 
-def finalize_canvas(canvas: torch.Tensor, finished: torch.Tensor, eos_ids: torch.Tensor | None, pad_id: int | None
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+def finalize_canvas(
+    canvas: torch.Tensor, finished: torch.Tensor, eos_ids: torch.Tensor | None, pad_id: int | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Apply sequence stopping to a just-finished canvas.
 
     Args:

@@ -17,6 +17,7 @@ or two of the loop's steps, each one forward and one decision):
 Token-identical to dInfer's loop with ``maximum_unroll=1``; dInfer's loop unrolling (several iterations between mask
 checks, a CUDA-graph device) runs extra passes on a finished block, which localdiff skips (fewer forwards).
 """
+
 from __future__ import annotations
 
 
@@ -29,9 +30,9 @@ class VicinityRefresh:
 
     def __init__(self, prefix_look: int, after_look: int, warmup_steps: int):
         self.prefix_look, self.after_look, self.warmup = prefix_look, after_look, warmup_steps
-        self.iter_no = 0                 # dInfer's iteration counter (iter_no): counts every forward
+        self.iter_no = 0  # dInfer's iteration counter (iter_no): counts every forward
         self.has_cache = False
-        self.seen = None                 # the block require_update last saw (block_start, block_end)
+        self.seen = None  # the block require_update last saw (block_start, block_end)
         self.window_next = False
         self.block = (0, 0, 0)
 
@@ -39,7 +40,7 @@ class VicinityRefresh:
         """A new block ``block_id`` over sequence positions [start, end) (dInfer's block, which may begin in the
         prompt with aligned blocks)."""
         self.block = (block_id, start, end)
-        self.window_next = False         # a refresh that finished its block is not followed by a window pass
+        self.window_next = False  # a refresh that finished its block is not followed by a window pass
 
     def next(self) -> str:
         """The kind of the next forward: ``"full"`` (uncached), ``"refresh"`` (full + store the K/V) or
@@ -52,7 +53,7 @@ class VicinityRefresh:
             return "full"
         block_id, start, end = self.block
         refresh = not self.has_cache
-        if not refresh:                                  # require_update: has the block changed since last time?
+        if not refresh:  # require_update: has the block changed since last time?
             changed = self.seen != (start, end)
             self.seen = (start, end)
             refresh = changed and block_id > 0

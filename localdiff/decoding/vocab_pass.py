@@ -13,6 +13,7 @@ Native (:mod:`localdiff.kernels.vocab`, when a C compiler builds it and ``LOCALD
 probabilities written once in the self-conditioning dtype. Torch fallback: the fp32 cast and soft-capping as the
 model's ``logits`` does them, then 7 passes, 6 in place, into one reused buffer.
 """
+
 from __future__ import annotations
 
 from typing import Callable, NamedTuple
@@ -71,7 +72,7 @@ class VocabPass:
         raw, cap = (logits.values, logits.softcap) if isinstance(logits, RawLogits) else (logits, None)
         if self.native and raw.device.type == "cpu" and raw.dtype in (torch.bfloat16, torch.float32):
             return self._native(raw, cap, temperature)
-        if isinstance(logits, RawLogits):   # the model's own fp32 cast and in-place soft-capping
+        if isinstance(logits, RawLogits):  # the model's own fp32 cast and in-place soft-capping
             raw = raw.float()
             if cap is not None:
                 raw.div_(cap).tanh_().mul_(cap)
@@ -84,7 +85,7 @@ class VocabPass:
         self._flip ^= 1
         b = self._out[i]
         if b is None or b.shape != shape or b.dtype != dtype or b.device != device:
-            with torch.inference_mode(False):   # a normal tensor: the policy updates it in place (stopped rows)
+            with torch.inference_mode(False):  # a normal tensor: the policy updates it in place (stopped rows)
                 b = self._out[i] = torch.empty(shape, dtype=dtype, device=device)
         return b
 
@@ -110,11 +111,11 @@ class VocabPass:
     def _torch(self, logits: torch.Tensor, temperature: float) -> VocabResult:
         x = logits.mul_(1.0 / temperature)
         top, argmax = x.max(-1)
-        x.sub_(top[..., None])                       # x ≤ 0, exactly 0 at the argmax
+        x.sub_(top[..., None])  # x ≤ 0, exactly 0 at the argmax
         e = self._buffer(x.shape, x.dtype, x.device)
         torch.exp(x, out=e)
         s = e.sum(-1)
-        t = x.mul_(e).sum(-1)                        # Σ eᵢ·xᵢ (x is consumed)
+        t = x.mul_(e).sum(-1)  # Σ eᵢ·xᵢ (x is consumed)
         entropy = (s.log() - t / s).clamp_(min=0)
         e.div_(s[..., None])
         flat = e.view(-1, e.shape[-1])

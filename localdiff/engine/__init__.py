@@ -4,6 +4,7 @@ What differs per model family (caches, the loop, the decoder policy) lives in on
 (:data:`RUNNERS`: ``localdiff/engine/canvas.py``, ``masked.py``, ...); this module holds what every family shares:
 options, prompt encoding, validation, seeds, the generation lock, events (``localdiff/events.py``).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -41,6 +42,7 @@ def runner_for(family: str):
     """The runner module of a model family. Raises KeyError for a family without one."""
     return importlib.import_module(RUNNERS[family])
 
+
 @dataclass
 class Generation:
     """Result of ``Model.generate``: ``text`` (str, or list[str] for a batch), ``token_ids`` (list[int] or one list
@@ -73,9 +75,25 @@ class Model:
             draft_name: its name as given, or None.
     """
 
-    def __init__(self, net, config, tokenizer, path: Path, name: str, device, dtype, quant, gen_config: dict, *,
-                 backend: str = "torch", backend_version: str | None = None, threads: int | None = None,
-                 gpu_layers: int = 0, precision=None, threads_why: str | None = None):
+    def __init__(
+        self,
+        net,
+        config,
+        tokenizer,
+        path: Path,
+        name: str,
+        device,
+        dtype,
+        quant,
+        gen_config: dict,
+        *,
+        backend: str = "torch",
+        backend_version: str | None = None,
+        threads: int | None = None,
+        gpu_layers: int = 0,
+        precision=None,
+        threads_why: str | None = None,
+    ):
         self.net, self.config, self.tokenizer = net, config, tokenizer
         self.path, self.name, self.device, self.dtype, self.quant = path, name, torch.device(device), dtype, quant
         self.backend, self.backend_version = backend, backend_version
@@ -121,14 +139,16 @@ class Model:
         """Causal encoder pass: LongTensor[B, T] → K/V appended to ``cache`` (see ``DiffusionGemma.prefill``)."""
         self.net.prefill(input_ids.to(self.device), cache, attention_mask)
 
-    def denoise(self, canvas_ids: torch.Tensor, cache, self_conditioning_logits=None, prefill_ids=None,
-                prefill_mask=None) -> torch.Tensor:
+    def denoise(
+        self, canvas_ids: torch.Tensor, cache, self_conditioning_logits=None, prefill_ids=None, prefill_mask=None
+    ) -> torch.Tensor:
         """Decoder pass: LongTensor[B, C] → FloatTensor[B, C, V] logits; reads ``cache`` only — unless
         ``prefill_ids`` (LongTensor[B, T], padding mask ``prefill_mask``) are given: they are prefilled in the same
         forward (a fused pass, bit-identical to ``prefill`` then ``denoise``; see ``DiffusionGemma.denoise``)."""
         pre = None if prefill_ids is None else prefill_ids.to(self.device)
-        return self.net.denoise(canvas_ids.to(self.device), cache, self_conditioning_logits, prefill_ids=pre,
-                                prefill_mask=prefill_mask)
+        return self.net.denoise(
+            canvas_ids.to(self.device), cache, self_conditioning_logits, prefill_ids=pre, prefill_mask=prefill_mask
+        )
 
     # -- options ------------------------------------------------------------------------------------------------
     def sampler_options(self, _typed: dict | None = None, **overrides) -> dict:
@@ -152,21 +172,27 @@ class Model:
         mine = [POLICIES[p] for p in self.decoders]
         own = {n for c in mine for n in (*c.names(), *c.aliases())}
         foreign = {n for c in POLICIES.values() if c not in mine for n in (*c.names(), *c.aliases())}
-        return {k: v for k, v in settings.items() if k in keep or (
-            v in self.decoders if k == DECODER else (k in own or k not in foreign))}
+        return {
+            k: v
+            for k, v in settings.items()
+            if k in keep or (v in self.decoders if k == DECODER else (k in own or k not in foreign))
+        }
 
     def _options(self, overrides: dict, typed: dict | None = None):
         typed = typed or {}
         given = {k: v for k, v in overrides.items() if v is not None}
-        cls = POLICIES[choose(self.options_cls.POLICY, self.decoders, given.pop(DECODER, None),
-                              typed.get(DECODER, DECODER))]
-        for k in given:              # an option of another decoder this model can run: name the decoder to choose
+        cls = POLICIES[
+            choose(self.options_cls.POLICY, self.decoders, given.pop(DECODER, None), typed.get(DECODER, DECODER))
+        ]
+        for k in given:  # an option of another decoder this model can run: name the decoder to choose
             owner = next((p for p in self.decoders if k in POLICIES[p].names() and p != cls.POLICY), None)
             if owner is not None and k not in cls.names() and k not in cls.aliases():
-                raise UsageError(f"{typed.get(k, k)}: an option of the {owner} decoder, not of {cls.POLICY} (the "
-                                 f"decoder this runs); give decoder {owner} to use it (--decoder {owner})")
+                raise UsageError(
+                    f"{typed.get(k, k)}: an option of the {owner} decoder, not of {cls.POLICY} (the "
+                    f"decoder this runs); give decoder {owner} to use it (--decoder {owner})"
+                )
         names = set(cls.names())
-        if cls.POLICY != self.decoders[0]:   # the checkpoint's values of the model's own decoder do not carry over
+        if cls.POLICY != self.decoders[0]:  # the checkpoint's values of the model's own decoder do not carry over
             names -= set(POLICIES[self.decoders[0]].names())
         values = {k: v for k, v in self.generation_config.items() if k in names}
         values.update(given)
@@ -199,7 +225,9 @@ class Model:
 
     def _encode_one(self, prompt, chat, system):
         if self.tokenizer is None:
-            raise TokenizerMissingError(f"{self.path}: checkpoint has no tokenizer.json; pass token ids instead of text")
+            raise TokenizerMissingError(
+                f"{self.path}: checkpoint has no tokenizer.json; pass token ids instead of text"
+            )
         if isinstance(prompt, str) and not prompt.strip():
             raise UsageError("empty prompt")
         if chat:
@@ -213,9 +241,20 @@ class Model:
         return self.tokenizer.encode(text)
 
     # -- generation ---------------------------------------------------------------------------------------------
-    def stream(self, prompt, max_new_tokens: int | None = None, seed: int | None = None, chat: bool = True,
-               system: str | None = None, cache=None, attention_mask=None, start_canvas=None, emit_steps=True,
-               cancel=None, **sampler_options):
+    def stream(
+        self,
+        prompt,
+        max_new_tokens: int | None = None,
+        seed: int | None = None,
+        chat: bool = True,
+        system: str | None = None,
+        cache=None,
+        attention_mask=None,
+        start_canvas=None,
+        emit_steps=True,
+        cancel=None,
+        **sampler_options,
+    ):
         """Generate, yielding StepEvent per denoising step, CanvasDone per canvas, and a final Done.
 
         Args:
@@ -242,8 +281,10 @@ class Model:
         rows = self.encode_prompt(prompt, chat, system)
         longest = max(len(r) for r in rows)
         if longest + n_new > self.config.max_position_embeddings:
-            raise UsageError(f"prompt ({longest} tokens) + max_new_tokens ({n_new}) exceeds the model's context "
-                             f"({self.config.max_position_embeddings} tokens)")
+            raise UsageError(
+                f"prompt ({longest} tokens) + max_new_tokens ({n_new}) exceeds the model's context "
+                f"({self.config.max_position_embeddings} tokens)"
+            )
         seed = random.randrange(2**63) if seed is None else int(seed)
         gen = torch.Generator(device=self.device).manual_seed(seed)
         ids, mask = _left_pad(rows, self.pad_token_id or 0, self.device)
@@ -251,10 +292,23 @@ class Model:
             mask = attention_mask.to(self.device).bool()
         stats = GenerationStats(prompt_tokens=len(rows[0]) if mask is None else int(mask[0].sum()))
         decode = self.tokenizer.decode if self.tokenizer is not None else None
-        req = Request(options=options, ids=ids, max_new_tokens=n_new, mask=mask, rows=rows,
-                      eos_ids=self.eos_token_ids, pad_id=self.pad_token_id, mask_id=self.mask_token_id,
-                      generator=gen, stats=stats, emit_steps=emit_steps, cache=cache, start_canvas=start_canvas,
-                      decode=decode, cancel=cancel)
+        req = Request(
+            options=options,
+            ids=ids,
+            max_new_tokens=n_new,
+            mask=mask,
+            rows=rows,
+            eos_ids=self.eos_token_ids,
+            pad_id=self.pad_token_id,
+            mask_id=self.mask_token_id,
+            generator=gen,
+            stats=stats,
+            emit_steps=emit_steps,
+            cache=cache,
+            start_canvas=start_canvas,
+            decode=decode,
+            cancel=cancel,
+        )
         with self._generation():
             for ev in self.runner.stream(self, req):
                 if isinstance(ev, Done):
@@ -267,8 +321,10 @@ class Model:
         that holds it gets a UsageError (a second stream started before the first one was finished or closed)."""
         me = threading.get_ident()
         if self._owner == me:
-            raise UsageError("a generation is already running on this model in this thread; "
-                             "finish or close it before starting another")
+            raise UsageError(
+                "a generation is already running on this model in this thread; "
+                "finish or close it before starting another"
+            )
         with self._lock:
             self._owner = me
             try:
@@ -276,8 +332,16 @@ class Model:
             finally:
                 self._owner = None
 
-    def generate(self, prompt, max_new_tokens: int | None = None, seed: int | None = None, chat: bool = True,
-                 system: str | None = None, cache=None, **kw) -> Generation:
+    def generate(
+        self,
+        prompt,
+        max_new_tokens: int | None = None,
+        seed: int | None = None,
+        chat: bool = True,
+        system: str | None = None,
+        cache=None,
+        **kw,
+    ) -> Generation:
         """Run :meth:`stream` to the end without step events; returns a :class:`Generation`."""
         done = None
         for ev in self.stream(prompt, max_new_tokens, seed, chat, system, cache, emit_steps=False, **kw):
@@ -292,6 +356,6 @@ def _left_pad(rows: list[list[int]], pad: int, device) -> tuple[torch.Tensor, to
     ids = torch.full((len(rows), t), pad, dtype=torch.long)
     mask = torch.zeros(len(rows), t, dtype=torch.bool)
     for i, r in enumerate(rows):
-        ids[i, t - len(r):] = torch.tensor(r, dtype=torch.long)
-        mask[i, t - len(r):] = True
+        ids[i, t - len(r) :] = torch.tensor(r, dtype=torch.long)
+        mask[i, t - len(r) :] = True
     return ids.to(device), (None if bool(mask.all()) else mask.to(device))

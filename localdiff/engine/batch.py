@@ -21,6 +21,7 @@ feed-forwards of the block family never (their expert matmuls' row counts change
 family's experts are probed per width: :mod:`localdiff.engine.batch_canvas`). So every lane's tokens equal the
 same request run alone (tests/serve/test_batch.py, tests/serve/test_batch_canvas.py).
 """
+
 from __future__ import annotations
 
 import copy
@@ -72,12 +73,12 @@ class Lane:
     def __init__(self, batcher: "Batcher", fn, tag=None):
         self.batcher, self.fn, self.tag = batcher, fn, tag
         self.go = threading.Semaphore(0)
-        self.call: tuple | None = None     # (name, args, kw) posted and not answered yet
-        self.packed = None                 # the call's arguments as the packed forward takes them (this step)
+        self.call: tuple | None = None  # (name, args, kw) posted and not answered yet
+        self.packed = None  # the call's arguments as the packed forward takes them (this step)
         self.result = self.error = None
         self.done = False
-        self.rows = 0                      # rows of its last forward (stats)
-        self.steps = self.rows_sum = self.peers_max = 0   # steps it shared, their rows (all lanes), most lanes
+        self.rows = 0  # rows of its last forward (stats)
+        self.steps = self.rows_sum = self.peers_max = 0  # steps it shared, their rows (all lanes), most lanes
         view = copy.copy(batcher.model)
         view.net, view._lock, view._owner = GateNet(batcher.model.net, self), threading.Lock(), None
         self.model = view
@@ -86,8 +87,11 @@ class Lane:
     def stats(self) -> dict:
         """The batch this lane ran in: ``requests_max`` (most lanes in one of its steps), ``rows_per_step`` (mean
         rows of all lanes' forwards in its steps), ``steps``."""
-        return {"requests_max": self.peers_max, "rows_per_step": round(self.rows_sum / max(self.steps, 1), 2),
-                "steps": self.steps}
+        return {
+            "requests_max": self.peers_max,
+            "rows_per_step": round(self.rows_sum / max(self.steps, 1), 2),
+            "steps": self.steps,
+        }
 
     def _main(self) -> None:
         self.go.acquire()
@@ -169,7 +173,7 @@ class Batcher:
         try:
             with torch.inference_mode():
                 ln.result = getattr(self.model.net, name)(*args, **kw)
-            if isinstance(ln.result, RawLogits):      # (a buffer the next raw call of this step would reuse)
+            if isinstance(ln.result, RawLogits):  # (a buffer the next raw call of this step would reuse)
                 ln.result = RawLogits(ln.result.values.clone(), ln.result.softcap)
         except Exception as exc:  # noqa: BLE001 — raised in the lane, in the loop that called
             ln.error = exc
@@ -190,9 +194,12 @@ class Batcher:
             if bound is not None and name == "denoise" and isinstance(net, BlockLM):
                 ids = bound["canvas_ids"]
                 pre = bound.get("prefill_ids")
-                if bound.get("self_conditioning_logits") is None and ids.shape[0] == 1 and (
-                        pre is None or pre.shape[0] == 1) and set(bound) <= {"canvas_ids", "cache", "prefill_ids",
-                                                                            "prefill_mask", "self_conditioning_logits"}:
+                if (
+                    bound.get("self_conditioning_logits") is None
+                    and ids.shape[0] == 1
+                    and (pre is None or pre.shape[0] == 1)
+                    and set(bound) <= {"canvas_ids", "cache", "prefill_ids", "prefill_mask", "self_conditioning_logits"}
+                ):
                     kind = "block"
                     ln.packed = (ids, bound["cache"], pre, bound.get("prefill_mask"))
                     ln.rows = ids.shape[1] + (0 if pre is None else pre.shape[1])
@@ -216,11 +223,14 @@ class Batcher:
         fn = {"block": packed.block_denoise, "masked": packed.masked_window}.get(kind)
         try:
             calls = [ln.packed for ln in group]
-            results = (packed_canvas.canvas_denoise(net, calls, self.policy) if fn is None
-                       else fn(net, calls, self.policy.pack))
+            results = (
+                packed_canvas.canvas_denoise(net, calls, self.policy)
+                if fn is None
+                else fn(net, calls, self.policy.pack)
+            )
         except Exception as exc:  # noqa: BLE001 — each lane's own call then raises its own error, alone
             for ln in group:
-                if _wrote(kind, ln.packed):    # its fused prefill had begun: the failed pass reset its cache
+                if _wrote(kind, ln.packed):  # its fused prefill had begun: the failed pass reset its cache
                     ln.call, ln.packed, ln.error = None, None, exc
                 else:
                     self._alone(ln)

@@ -10,6 +10,7 @@ denoising step); the prompt's tail — ``T mod B`` tokens — opens the first ca
 ``lead``) and is prefilled with that block once it is final. A batch with left padding is padded further on the
 left to a whole number of blocks (padding occupies positions, as in the canvas family), so no canvas holds padding.
 """
+
 from __future__ import annotations
 
 import torch
@@ -67,11 +68,14 @@ def stream(model, req):
     options = req.options
     v2 = options.POLICY == "fast_dllm_v2"
     if v2 and cfg.block_size % options.small_block_size:
-        raise UsageError(f"small_block_size: must divide the model's block size {cfg.block_size} "
-                         f"(got {options.small_block_size})")
+        raise UsageError(
+            f"small_block_size: must divide the model's block size {cfg.block_size} (got {options.small_block_size})"
+        )
     if v2 and options.use_block_cache and not hasattr(net, "denoise_capture"):
-        raise UsageError("use_block_cache: not on a GGUF model (llama.cpp cannot rewrite cells inside a block); "
-                         "leave it off (the exact block cache is used)")
+        raise UsageError(
+            "use_block_cache: not on a GGUF model (llama.cpp cannot rewrite cells inside a block); "
+            "leave it off (the exact block cache is used)"
+        )
     if not v2 and (DECODERS[options.POLICY].family != "block" or not DECODERS[options.POLICY].policy):
         raise UsageError(f"the {options.POLICY} decoder does not run on block-diffusion models")
     blk = cfg.block_size
@@ -84,7 +88,7 @@ def stream(model, req):
     elif len(req.rows) == 1 and getattr(cache, "seq_len", 0):
         held = cache.token_ids[0] if cache.token_ids else []
         start = min(common_prefix(held, ids[0].tolist()), whole) // blk * blk
-        if v2 and not tail and start >= whole:    # Fast-dLLM v2 needs the last prompt block's logits
+        if v2 and not tail and start >= whole:  # Fast-dLLM v2 needs the last prompt block's logits
             start = max(whole - blk, 0)
         if not cache.truncate(start):
             cache.reset()
@@ -99,7 +103,7 @@ def stream(model, req):
         return
     first = torch.full((ids.shape[0], blk), model.mask_token_id, dtype=torch.long, device=ids.device)
     first[:, :tail] = ids[:, whole:]
-    cls = policy_class(options.POLICY)     # a class ``(options, batch, block, mask_id, device, generator)``
+    cls = policy_class(options.POLICY)  # a class ``(options, batch, block, mask_id, device, generator)``
     context = {"max_new_tokens": req.max_new_tokens, "eos_ids": model.eos_token_ids} if cls.TAKES_BUDGET else {}
     policy = cls(options, ids.shape[0], blk, model.mask_token_id, model.device, req.generator, **context)
     yield from loop.run(net, policy, req, cache, prefill=(todo, todo_mask), start_canvas=first, lead=tail)

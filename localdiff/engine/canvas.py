@@ -1,5 +1,6 @@
 """Runner of the canvas family (DiffusionGemma): exact block KV cache reused across chat turns, the generic loop
 (:mod:`localdiff.decoding.loop`) with the canvas policy (:class:`localdiff.decoding.canvas_eb.CanvasEB`)."""
+
 from __future__ import annotations
 
 from localdiff.cache.kv import KVCache
@@ -39,10 +40,18 @@ def stream(model, req):
     elif getattr(cache, "seq_len", 0):
         raise UsageError("cache reuse works for a single prompt; pass cache=None for batches")
     cfg = model.config
-    prec = model.precision     # the fast sampler in fp32 where bf16 would be the default
+    prec = model.precision  # the fast sampler in fp32 where bf16 would be the default
     fast = True if prec is not None and prec.sampler == "fast" else None
-    policy = policy_class(req.options)(req.options, ids.shape[0], cfg.canvas_length, cfg.vocab_size, model.device,
-                                       req.generator, _float_dtype(model.net.embed_tokens), fast=fast)
+    policy = policy_class(req.options)(
+        req.options,
+        ids.shape[0],
+        cfg.canvas_length,
+        cfg.vocab_size,
+        model.device,
+        req.generator,
+        _float_dtype(model.net.embed_tokens),
+        fast=fast,
+    )
     yield from loop.run(model.net, policy, req, cache, prefill=(todo, todo_mask), start_canvas=req.start_canvas)
 
 

@@ -1,6 +1,7 @@
 """Runner of the causal family (Qwen3 / Llama): exact KV cache, plain AR decoding or DFlash speculative decoding
 when a draft is attached (:func:`attach_draft`; ``localdiff.load(..., draft=...)``, ``gen --draft``), through
 :mod:`localdiff.decoding.causal_loop` and the :class:`localdiff.decoding.dflash.DFlash` policy."""
+
 from __future__ import annotations
 
 from localdiff.cache.causal import CausalCache
@@ -25,11 +26,14 @@ def attach_draft(model, draft_net, where: str = "draft") -> None:
     """
     c, t = draft_net.config, model.config
     if c.vocab_size != t.vocab_size or c.hidden_size != t.hidden_size:
-        raise CheckpointError(f"{where}: draft (vocab {c.vocab_size}, hidden {c.hidden_size}) does not fit the target "
-                              f"(vocab {t.vocab_size}, hidden {t.hidden_size})")
+        raise CheckpointError(
+            f"{where}: draft (vocab {c.vocab_size}, hidden {c.hidden_size}) does not fit the target "
+            f"(vocab {t.vocab_size}, hidden {t.hidden_size})"
+        )
     if max(c.target_layer_ids) >= t.num_hidden_layers:
-        raise CheckpointError(f"{where}: draft reads target layers {list(c.target_layer_ids)}, the target has "
-                              f"{t.num_hidden_layers}")
+        raise CheckpointError(
+            f"{where}: draft reads target layers {list(c.target_layer_ids)}, the target has {t.num_hidden_layers}"
+        )
     model.draft = draft_net
 
 
@@ -44,8 +48,9 @@ def load_draft(model, name, resolve, dtype=None) -> None:
     from localdiff.loader import load_model
 
     if model.family != "causal":
-        raise UsageError(f"--draft: DFlash drafts pair with causal targets (Qwen3, Llama); {model.name} is a "
-                         f"{model.family} model")
+        raise UsageError(
+            f"--draft: DFlash drafts pair with causal targets (Qwen3, Llama); {model.name} is a {model.family} model"
+        )
     if name == "auto":
         from localdiff.hub import catalog
 
@@ -79,8 +84,7 @@ def stream(model, req):
             family's.
     """
     if len(req.rows) != 1:
-        raise UsageError("causal models decode one prompt at a time (batch of "
-                         f"{len(req.rows)} given)")
+        raise UsageError(f"causal models decode one prompt at a time (batch of {len(req.rows)} given)")
     opts = req.options
     if opts.block_size is not None and model.draft is None:
         raise UsageError(f"block_size: needs a DFlash draft (--draft) (got {opts.block_size})")
@@ -89,8 +93,8 @@ def stream(model, req):
         raise UsageError("cache: pass the cache of this model's new_cache() (a causal model's conversation cache)")
     draft = model.draft
     drafts = draft is not None and int(opts.block_size or draft.block_size) > 1
-    kept = conv.reuse(req.rows[0], draft if drafts else None,
-                      draft.cache_layout(_BLOCK_ROOM) if drafts else None)
+    kept = conv.reuse(req.rows[0], draft if drafts else None, draft.cache_layout(_BLOCK_ROOM) if drafts else None)
     req.stats.prefill_tokens_reused = kept
-    yield from causal_loop.run(model.net, req, conv.target, draft, conv.draft if drafts else None,
-                               prompt_ids=req.ids[:, kept:], pending=conv)
+    yield from causal_loop.run(
+        model.net, req, conv.target, draft, conv.draft if drafts else None, prompt_ids=req.ids[:, kept:], pending=conv
+    )

@@ -2,6 +2,7 @@
 approximate caches are the ``kv_cache`` option, inside one generation), :mod:`localdiff.decoding.masked_loop` with
 the decoder's policy (LLaDA's, Dream's, NAP's or any masked-family declaration's:
 :func:`localdiff.decoding.options.policy_class`)."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -26,8 +27,7 @@ def prepare(model, kind: str = "masked-diffusion") -> int:
     if mask is None:
         raise CheckpointError(f"{model.path}: config.json has no mask_token_id (a {kind} model needs it)")
     if model.pad_token_id == mask:
-        raise CheckpointError(f"{model.path}: pad_token_id equals mask_token_id ({mask}); padding would read as "
-                              "masks")
+        raise CheckpointError(f"{model.path}: pad_token_id equals mask_token_id ({mask}); padding would read as masks")
     return mask
 
 
@@ -52,25 +52,32 @@ def stream(model, req):
         UsageError: a cache object other than this family's WindowStore (nothing is reused across generations).
     """
     if req.cache is not None and not isinstance(req.cache, WindowStore):
-        raise UsageError("cache: a masked-diffusion model keeps no cache between generations (its "
-                         "approximate caches are the kv_cache option: none, prefix, dual; pass "
-                         "model.new_cache(device_budget_bytes=...) to give them a device budget)")
+        raise UsageError(
+            "cache: a masked-diffusion model keeps no cache between generations (its "
+            "approximate caches are the kv_cache option: none, prefix, dual; pass "
+            "model.new_cache(device_budget_bytes=...) to give them a device budget)"
+        )
     ids, mask, options = req.ids, req.mask, req.options
-    if mask is not None:   # left padding must not read as masks
-        pad = model.pad_token_id if model.pad_token_id is not None else next(
-            t for t in (*model.eos_token_ids, 0, 1) if t != model.mask_token_id)
+    if mask is not None:  # left padding must not read as masks
+        pad = (
+            model.pad_token_id
+            if model.pad_token_id is not None
+            else next(t for t in (*model.eos_token_ids, 0, 1) if t != model.mask_token_id)
+        )
         ids = torch.where(mask, ids, torch.full_like(ids, pad))
     n_new = req.max_new_tokens
-    if options.POLICY == "nap":     # the canvas is NAP's template (max_new_tokens does not apply)
+    if options.POLICY == "nap":  # the canvas is NAP's template (max_new_tokens does not apply)
         encode = None if model.tokenizer is None else model.tokenizer.encode
         policy = NAP(options, req.generator, model.mask_token_id, encode, model.eos_token_ids)
         n_new = len(policy.template)
         if ids.shape[1] + n_new > model.config.max_position_embeddings:
-            raise UsageError(f"prompt ({ids.shape[1]} tokens) + the multi-trajectory canvas ({n_new} tokens) exceeds "
-                             f"the model's context ({model.config.max_position_embeddings} tokens)")
+            raise UsageError(
+                f"prompt ({ids.shape[1]} tokens) + the multi-trajectory canvas ({n_new} tokens) exceeds "
+                f"the model's context ({model.config.max_position_embeddings} tokens)"
+            )
     else:
         policy = policy_class(options.POLICY)(options, req.generator, model.mask_token_id)
-        policy.length = ids.shape[1] + n_new          # LLaDA's noise="upstream" draws over the whole sequence
+        policy.length = ids.shape[1] + n_new  # LLaDA's noise="upstream" draws over the whole sequence
         if getattr(options, "logits_eos_inf", False) or getattr(options, "confidence_eos_eot_inf", False):
             policy.eos_id, policy.eot_id = eos_and_eot(model, options.confidence_eos_eot_inf)
     try:
@@ -95,6 +102,8 @@ def eos_and_eot(model, need_eot: bool) -> tuple[int | None, int | None]:
     if eot is None:
         eot = next((e for e in model.eos_token_ids if e != eos), None)
     if need_eot and eot is None:
-        raise UsageError("confidence_eos_eot_inf: this model has no end-of-turn token (no <|eot_id|> in its "
-                         "tokenizer, no second EOS id)")
+        raise UsageError(
+            "confidence_eos_eot_inf: this model has no end-of-turn token (no <|eot_id|> in its "
+            "tokenizer, no second EOS id)"
+        )
     return eos, eot

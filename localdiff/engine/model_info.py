@@ -1,5 +1,6 @@
 """What front ends (the chat, ``serve``) ask the engine about models without loading one: the installed models and
 a model's catalog card. The chat and the server import these from :mod:`localdiff.engine`, never from the hub."""
+
 from __future__ import annotations
 
 
@@ -31,11 +32,21 @@ def model_card(model) -> dict:
         entry = catalog.lookup(name) or catalog.entry_for_repo(name.split("@", 1)[0])
         if entry is None and (path is not None or Path(name).is_dir()):
             where = Path(path if path is not None else name).resolve()
-            entry = next((e for e in catalog.entries() if e.embedded_path is not None
-                          and Path(e.embedded_path).resolve() == where), None)
+            entry = next(
+                (
+                    e
+                    for e in catalog.entries()
+                    if e.embedded_path is not None and Path(e.embedded_path).resolve() == where
+                ),
+                None,
+            )
     except Exception:  # a broken catalog must not stop a chat from starting
         entry = None
     if entry is None:
         return {"name": name, "description": "", "single_turn": False, "prompt_examples": []}
-    return {"name": name, "description": entry.description, "single_turn": bool(entry.single_turn),
-            "prompt_examples": list(entry.prompt_examples)}
+    return {
+        "name": name,
+        "description": entry.description,
+        "single_turn": bool(entry.single_turn),
+        "prompt_examples": list(entry.prompt_examples),
+    }

@@ -2,6 +2,7 @@
 lives inside one generation); the loop, ReFusion's decoder per prompt row, and its events are
 :mod:`localdiff.decoding.slots_loop`.
 """
+
 from __future__ import annotations
 
 from localdiff.decoding import slots_loop
@@ -33,6 +34,7 @@ def stream(model, req):
         UsageError: a cache passed in (nothing is kept across generations).
     """
     if req.cache is not None:
-        raise UsageError("cache: ReFusion keeps no cache between generations (its reordered K/V cache lives "
-                         "inside one generation)")
+        raise UsageError(
+            "cache: ReFusion keeps no cache between generations (its reordered K/V cache lives inside one generation)"
+        )
     yield from slots_loop.run(model.net, req)

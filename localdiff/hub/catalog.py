@@ -11,6 +11,7 @@ A catalog file holds ``[[models]]`` tables with these keys:
   the DFlash draft paired with a causal target: ``gen --draft auto``) and a ``[models.sampler]`` table of
   recommended sampler options.
 """
+
 from __future__ import annotations
 
 import difflib

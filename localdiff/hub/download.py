@@ -7,6 +7,7 @@ When the file is whole it is verified — size, plus sha256 for LFS files or the
 renamed to ``blobs/<blob>``, which is exactly the name ``hf_hub_download`` gives it (the X-Linked-Etag / ETag), so
 ``hf download`` and ``localdiff pull`` reuse each other's files. The same per-blob lock file as hf is held.
 """
+
 from __future__ import annotations
 
 import errno
@@ -20,8 +21,8 @@ from localdiff.errors import HubError
 
 CHUNK = 1 << 20  # bytes per read / write
 RETRY_STATUSES = (429, 500, 502, 503, 504)  # transient: retried with backoff (Retry-After honoured)
-RETRY_BASE_S = 0.5        # first backoff; doubles per consecutive failure
-RETRY_MAX_S = 30.0        # longest single wait (a longer Retry-After is capped to this)
+RETRY_BASE_S = 0.5  # first backoff; doubles per consecutive failure
+RETRY_MAX_S = 30.0  # longest single wait (a longer Retry-After is capped to this)
 
 
 def sleep(seconds: float) -> None:
@@ -122,8 +123,16 @@ def _disk_full(e: OSError, path: Path, rf: RemoteFile, have: int) -> HubError:
     )
 
 
-def fetch_blob(url: str, blob_path: Path, rf: RemoteFile, headers: dict, progress, lock_path: Path | None = None,
-               max_retries: int = 5, timeout: float = 10.0) -> int:
+def fetch_blob(
+    url: str,
+    blob_path: Path,
+    rf: RemoteFile,
+    headers: dict,
+    progress,
+    lock_path: Path | None = None,
+    max_retries: int = 5,
+    timeout: float = 10.0,
+) -> int:
     """Download ``url`` into ``blob_path`` (resuming ``blob_path + '.incomplete'``), verify it, and move it in place.
 
     Args:
@@ -211,8 +220,9 @@ def _transfer(url, part: Path, rf: RemoteFile, headers, progress, hasher, max_re
             req_headers["Range"] = f"bytes={have}-"
         got_this_attempt = 0
         try:
-            with session.stream("GET", url, headers=req_headers, timeout=httpx2.Timeout(timeout, read=timeout),
-                                follow_redirects=True) as resp:
+            with session.stream(
+                "GET", url, headers=req_headers, timeout=httpx2.Timeout(timeout, read=timeout), follow_redirects=True
+            ) as resp:
                 if resp.status_code == 416:  # our partial is not a prefix the server accepts: start over
                     part.unlink(missing_ok=True)
                     hasher = _reset(hasher, rf)
@@ -224,9 +234,11 @@ def _transfer(url, part: Path, rf: RemoteFile, headers, progress, hasher, max_re
                     resp.read()
                     failures += 1
                     if failures > max_retries:
-                        raise HubError(f"the Hub kept answering {resp.status_code} for {rf.path} ({failures} tries): "
-                                       "a problem on its side; run the same pull again later — it resumes from the "
-                                       "bytes already on disk")
+                        raise HubError(
+                            f"the Hub kept answering {resp.status_code} for {rf.path} ({failures} tries): "
+                            "a problem on its side; run the same pull again later — it resumes from the "
+                            "bytes already on disk"
+                        )
                     sleep(retry_delay(resp.headers.get("Retry-After"), failures))
                     continue
                 if resp.status_code >= 400:
@@ -261,15 +273,18 @@ def _transfer(url, part: Path, rf: RemoteFile, headers, progress, hasher, max_re
         except (httpx2.TransportError, httpx2.StreamError) as e:
             failures = 0 if got_this_attempt else failures + 1
             if failures > max_retries:
-                raise HubError(f"download of {rf.path} kept failing ({type(e).__name__}: {e}); "
-                               "run the same pull again to resume") from None
+                raise HubError(
+                    f"download of {rf.path} kept failing ({type(e).__name__}: {e}); run the same pull again to resume"
+                ) from None
             sleep(retry_delay(None, failures))
             continue
         if have + got_this_attempt < rf.size:  # connection closed early: resume from what we have
             failures = 0 if got_this_attempt else failures + 1
             if failures > max_retries:
-                raise HubError(f"download of {rf.path} stopped at {have + got_this_attempt} of {rf.size} bytes "
-                               "repeatedly; run the same pull again to resume")
+                raise HubError(
+                    f"download of {rf.path} stopped at {have + got_this_attempt} of {rf.size} bytes "
+                    "repeatedly; run the same pull again to resume"
+                )
             if failures:
                 sleep(retry_delay(None, failures))  # no new bytes: back off before asking again
             continue

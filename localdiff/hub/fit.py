@@ -2,6 +2,7 @@
 precision: the machine's RAM and GPU memory (:func:`ram_bytes`, :func:`gpu_mem_bytes`, measured
 without torch), the precision chooser on a config (:func:`fit_choice`, :func:`memory_estimate`) and the pull's check
 (:func:`check_fit`: a note on stderr, or a one-line refusal unless ``--force``)."""
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,12 @@ def gpu_mem_bytes() -> int:
     if not exe:
         return 0
     try:
-        out = subprocess.run([exe, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=5).stdout
+        out = subprocess.run(
+            [exe, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout
         return int(out.split()[0]) * 1024 * 1024
     except (OSError, ValueError, IndexError, subprocess.SubprocessError):
         return 0
@@ -41,7 +46,7 @@ def fit_choice(cfg: dict, gpu: int | None = None, ram: int | None = None, recipe
 
     gpu = gpu_mem_bytes() if gpu is None else gpu
     ram = ram_bytes() if ram is None else ram
-    if not gpu and not ram:              # an unknown machine: nothing to judge (never a refusal)
+    if not gpu and not ram:  # an unknown machine: nothing to judge (never a refusal)
         return None
     try:
         return choose_precision(cfg, gpu, ram, recipe=recipe)
@@ -72,25 +77,34 @@ def memory_estimate(cfg: dict, weight_bytes: int, gpu: int | None = None, ram: i
         if not c.fits:
             from localdiff.quantize.fit import machine_text
 
-            return f"needs {c.need_line()}, the smallest precision localdiff offers, and this machine has " \
-                   f"{machine_text(c.gpu_bytes, c.ram_bytes)} ({c.reason})", False
-        return f"memory: {c.reason}" + ("" if c.precision == "bf16" else
-                                         f"; gen loads it in {c.precision} when no --quant is given"), True
+            return (
+                f"needs {c.need_line()}, the smallest precision localdiff offers, and this machine has "
+                f"{machine_text(c.gpu_bytes, c.ram_bytes)} ({c.reason})",
+                False,
+            )
+        return f"memory: {c.reason}" + (
+            "" if c.precision == "bf16" else f"; gen loads it in {c.precision} when no --quant is given"
+        ), True
     budget = gpu or ram
     where = f"{human_bytes(gpu)} GPU memory" if gpu else f"{human_bytes(ram)} RAM and no NVIDIA GPU"
     if not budget or weight_bytes <= 0.9 * budget:
         return None
     for name, factor in (("int8", 0.5), ("int4", INT4_BYTES_PER_WEIGHT / 2)):
         if factor * weight_bytes <= 0.9 * budget:
-            return (f"memory: weights are {human_bytes(weight_bytes)}, this machine has {where}: about "
-                    f"{human_bytes(factor * weight_bytes)} in {name}"), True
-    return (f"needs about {human_bytes(INT4_BYTES_PER_WEIGHT / 2 * weight_bytes)} for the weights in int4 (the "
-            f"smallest precision localdiff offers; {human_bytes(weight_bytes)} in 16 bits) and this machine has "
-            f"{where}"), False
+            return (
+                f"memory: weights are {human_bytes(weight_bytes)}, this machine has {where}: about "
+                f"{human_bytes(factor * weight_bytes)} in {name}"
+            ), True
+    return (
+        f"needs about {human_bytes(INT4_BYTES_PER_WEIGHT / 2 * weight_bytes)} for the weights in int4 (the "
+        f"smallest precision localdiff offers; {human_bytes(weight_bytes)} in 16 bits) and this machine has "
+        f"{where}"
+    ), False
 
 
-def check_fit(t: "Target", cfg: dict | None, weight_bytes: int, force: bool, progress,
-              fetched: str = "nothing was downloaded") -> None:
+def check_fit(
+    t: "Target", cfg: dict | None, weight_bytes: int, force: bool, progress, fetched: str = "nothing was downloaded"
+) -> None:
     """The fit check of a pull: say on stderr which precision the model fits in here; refuse (HubError) when it fits
     in none, unless ``force`` (``fetched``: what the refusal says was downloaded). ``cfg`` None and ``weight_bytes``
     0: nothing to check."""
@@ -106,8 +120,7 @@ def check_fit(t: "Target", cfg: dict | None, weight_bytes: int, force: bool, pro
         progress.note(text.replace("memory: ", f"memory: {t.name} ", 1))
         return
     if not force:
-        raise HubError(f"{t.name} cannot run on this machine: it {text}; {fetched} (pass --force to pull it "
-                       "anyway)")
+        raise HubError(f"{t.name} cannot run on this machine: it {text}; {fetched} (pass --force to pull it anyway)")
     progress.note(f"warning: {t.name} {text}; pulling anyway (--force)")
 
 

@@ -9,6 +9,7 @@ A label matches a file name case-insensitively when ``-``, ``.`` or ``_`` preced
 follow (``Q4_K_M`` in ``LLaDA-8B-Instruct-Q4_K_M.gguf``, not ``Q4_K`` in it). Split files (``-00001-of-00003.gguf``) are refused: one file
 per model here.
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -17,8 +18,10 @@ import re
 from localdiff.errors import HubError
 
 #: quantization labels of llama.cpp files (``llama_ftype`` names: Q4_K_M, Q8_0, IQ4_XS, F16, BF16, TQ1_0, MXFP4 ...)
-QUANT_RE = re.compile(r"^(?:[Qq]\d(?:_[Kk0-9])?(?:_[A-Za-z0-9]+)?|[Ii][Qq]\d_[A-Za-z0-9]+(?:_[A-Za-z0-9]+)?|"
-                      r"[Ff]16|[Ff]32|[Bb][Ff]16|[Tt][Qq]\d_\d|[Mm][Xx][Ff][Pp]4(?:_[Mm][Oo][Ee])?)$")
+QUANT_RE = re.compile(
+    r"^(?:[Qq]\d(?:_[Kk0-9])?(?:_[A-Za-z0-9]+)?|[Ii][Qq]\d_[A-Za-z0-9]+(?:_[A-Za-z0-9]+)?|"
+    r"[Ff]16|[Ff]32|[Bb][Ff]16|[Tt][Qq]\d_\d|[Mm][Xx][Ff][Pp]4(?:_[Mm][Oo][Ee])?)$"
+)
 _SPLIT_RE = re.compile(r"-\d{5}-of-\d{5}\.gguf$", re.IGNORECASE)
 
 
@@ -65,11 +68,24 @@ def pick(files: list, quant: str, label: str) -> list:
     hits = [f for f in files if matches(f.path, quant)]
     if len(hits) == 1:
         return hits
-    have = sorted({m.group(0).upper() for f in files if f.path.lower().endswith(".gguf")
-                   for m in [re.search(r"(?<![A-Za-z0-9])(I?Q\d[A-Z0-9_]*|B?F16|F32|TQ\d_\d)(?![A-Za-z0-9])",
-                                       f.path.rsplit("/", 1)[-1][:-5], re.IGNORECASE)] if m})
+    have = sorted(
+        {
+            m.group(0).upper()
+            for f in files
+            if f.path.lower().endswith(".gguf")
+            for m in [
+                re.search(
+                    r"(?<![A-Za-z0-9])(I?Q\d[A-Z0-9_]*|B?F16|F32|TQ\d_\d)(?![A-Za-z0-9])",
+                    f.path.rsplit("/", 1)[-1][:-5],
+                    re.IGNORECASE,
+                )
+            ]
+            if m
+        }
+    )
     if not hits:
         listed = f" (it has {', '.join(have)})" if have else " (it has no single-file .gguf)"
         raise HubError(f"{label} has no {quant} GGUF file{listed}")
-    raise HubError(f"{label} has {len(hits)} {quant} GGUF files ({', '.join(f.path for f in hits[:3])}); "
-                   "pull one by its repo path")
+    raise HubError(
+        f"{label} has {len(hits)} {quant} GGUF files ({', '.join(f.path for f in hits[:3])}); pull one by its repo path"
+    )

@@ -9,6 +9,7 @@
   since; ``pull`` then re-hashes just that file. Blobs without a record (e.g. written by ``hf download``) are trusted
   as hf verified them.
 """
+
 from __future__ import annotations
 
 import json
@@ -62,8 +63,9 @@ def no_pull_running(storage: Path, name: str):
     try:
         lock.acquire(timeout=0)
     except Timeout:
-        raise HubError(f"a pull of {name} is running; wait for it to finish (or stop it), then run "
-                       f"`localdiff rm {name}` again") from None
+        raise HubError(
+            f"a pull of {name} is running; wait for it to finish (or stop it), then run `localdiff rm {name}` again"
+        ) from None
     try:
         yield
     finally:

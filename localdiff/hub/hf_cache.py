@@ -11,6 +11,7 @@ A snapshot is *complete* when every file of the tree listing that matches the pu
 snapshot with the listed size. Snapshots written without a tree listing (older hf versions) are judged from their
 ``config.json`` and safetensors index instead.
 """
+
 from __future__ import annotations
 
 import json
@@ -65,7 +66,7 @@ def repo_id_from_folder(folder: Path) -> str | None:
     name = folder.name
     if not name.startswith("models--"):
         return None
-    return name[len("models--"):].replace("--", "/", 1)
+    return name[len("models--") :].replace("--", "/", 1)
 
 
 def read_ref(storage: Path, revision: str) -> str | None:
@@ -139,8 +140,11 @@ def filter_files(files: list[RemoteFile], allow, ignore) -> list[RemoteFile]:
     """Files matching ``allow`` and not ``ignore`` (fnmatch globs, as hf's ``filter_repo_objects``)."""
     from huggingface_hub.utils import filter_repo_objects
 
-    return list(filter_repo_objects(files, allow_patterns=list(allow) or None,
-                                    ignore_patterns=list(ignore) or None, key=lambda r: r.path))
+    return list(
+        filter_repo_objects(
+            files, allow_patterns=list(allow) or None, ignore_patterns=list(ignore) or None, key=lambda r: r.path
+        )
+    )
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """What is installed: the embedded models and every complete snapshot in the Hugging Face cache (``localdiff list``),
 one row per model, or per GGUF file of a GGUF repo. :mod:`localdiff.hub.models` names and resolves them."""
+
 from __future__ import annotations
 
 import json
@@ -54,10 +55,23 @@ def list_models(cache_dir: Path | None = None) -> list[dict]:
     for e in catalog.entries():
         if e.embedded and (e.embedded_path / "config.json").is_file():
             cfg = read_config(e.embedded_path)
-            out.append(_mark_draft({"name": e.alias, "repo": None, "revision": None, "commit": None,
-                                    "size_bytes": _dir_size(e.embedded_path), "quant": _weights_kind(cfg),
-                                    "path": str(e.embedded_path), "backend": "torch", "embedded": True,
-                                    "description": e.description}, cfg))
+            out.append(
+                _mark_draft(
+                    {
+                        "name": e.alias,
+                        "repo": None,
+                        "revision": None,
+                        "commit": None,
+                        "size_bytes": _dir_size(e.embedded_path),
+                        "quant": _weights_kind(cfg),
+                        "path": str(e.embedded_path),
+                        "backend": "torch",
+                        "embedded": True,
+                        "description": e.description,
+                    },
+                    cfg,
+                )
+            )
     for storage in cached_repos(cache_dir):
         repo = repo_id_from_folder(storage)
         for rev, commit in sorted(repo_revisions(storage).items()):
@@ -76,11 +90,24 @@ def list_models(cache_dir: Path | None = None) -> list[dict]:
                 name = entry.alias
             else:
                 name = repo if rev == "main" else f"{repo}@{rev}"
-            out.append(_mark_draft({"name": name, "repo": repo, "revision": rev, "commit": commit,
-                                    "size_bytes": status.size_bytes, "quant": _weights_kind(cfg), "path": str(snap),
-                                    "backend": "torch", "embedded": False,
-                                    "description": entry.description if entry else "",
-                                    "changed": changed_files(storage, commit, allow, ignore)}, cfg))
+            out.append(
+                _mark_draft(
+                    {
+                        "name": name,
+                        "repo": repo,
+                        "revision": rev,
+                        "commit": commit,
+                        "size_bytes": status.size_bytes,
+                        "quant": _weights_kind(cfg),
+                        "path": str(snap),
+                        "backend": "torch",
+                        "embedded": False,
+                        "description": entry.description if entry else "",
+                        "changed": changed_files(storage, commit, allow, ignore),
+                    },
+                    cfg,
+                )
+            )
     return out
 
 
@@ -102,12 +129,32 @@ def _gguf_rows(storage: Path, repo: str, rev: str, commit: str) -> list[dict]:
         except CheckpointError:
             continue
         family = "block" if h.metadata.get("localdiff.family") == "block" else "masked"
-        entry = next((e for e in catalog.entries() if e.gguf_repo and e.gguf_repo.lower() == repo.lower()
-                      and e.gguf_revision in (rev, commit)), None)
+        entry = next(
+            (
+                e
+                for e in catalog.entries()
+                if e.gguf_repo and e.gguf_repo.lower() == repo.lower() and e.gguf_revision in (rev, commit)
+            ),
+            None,
+        )
         name = f"{entry.alias}-{quant.lower()}" if entry else (repo if rev == "main" else f"{repo}@{rev}") + f":{quant}"
-        rows.append({"name": name, "repo": repo, "revision": rev, "commit": commit, "size_bytes": f.stat().st_size,
-                     "quant": quant, "path": str(f), "backend": "gguf", "embedded": False, "engine": "llama.cpp",
-                     "family": family, "cache": cache_modes(family, h.architecture),
-                     "description": entry.description if entry else "", "draft": False,
-                     "changed": changed_files(storage, commit, (rel,), ())})
+        rows.append(
+            {
+                "name": name,
+                "repo": repo,
+                "revision": rev,
+                "commit": commit,
+                "size_bytes": f.stat().st_size,
+                "quant": quant,
+                "path": str(f),
+                "backend": "gguf",
+                "embedded": False,
+                "engine": "llama.cpp",
+                "family": family,
+                "cache": cache_modes(family, h.architecture),
+                "description": entry.description if entry else "",
+                "draft": False,
+                "changed": changed_files(storage, commit, (rel,), ()),
+            }
+        )
     return rows

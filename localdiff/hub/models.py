@@ -10,6 +10,7 @@ Downloads go to the standard Hugging Face cache (``HF_HOME`` / ``HF_HUB_CACHE``)
 ``localdiff pull`` share files. See ``pull.py`` for the download itself, ``installed.py`` for what is installed
 (``list_models``) and ``hf_cache.py`` for the layout.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,14 @@ from localdiff.hub import catalog, gguf_names
 from localdiff.hub.catalog import CatalogEntry
 from localdiff.errors import CheckpointError, ModelNotFoundError, UsageError
 from localdiff.hub.guard import changed_files
-from localdiff.hub.hf_cache import (hub_cache_dir, read_ref, remove_snapshot, repo_id_from_folder, snapshot_status,
-                                    storage_folder)
+from localdiff.hub.hf_cache import (
+    hub_cache_dir,
+    read_ref,
+    remove_snapshot,
+    repo_id_from_folder,
+    snapshot_status,
+    storage_folder,
+)
 from localdiff.hub.installed import list_models, read_config
 
 _REPO_RE = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.\-]*/[\w.\-]+)(?:@(?P<rev>[\w.\-/]+))?$")
@@ -65,7 +72,7 @@ class Target:
 
     @property
     def label(self) -> str:
-        """"org/name@revision" for repos, the folder for paths."""
+        """ "org/name@revision" for repos, the folder for paths."""
         return f"{self.repo}@{self.revision}" if self.kind == "repo" else str(self.path)
 
 
@@ -95,8 +102,10 @@ def parse_name(name: str) -> Target:
         if base is not None and base.gguf_repo:
             return Target("repo", name, repo=base.gguf_repo, revision=base.gguf_revision, entry=base, quant=tagged[1])
         if base is not None:
-            raise ModelNotFoundError(f"{tagged[0]} has no GGUF files in the catalog, so no {tagged[1]} "
-                                     f"quantization (pull {tagged[0]} itself, or a GGUF repo as org/repo:{tagged[1]})")
+            raise ModelNotFoundError(
+                f"{tagged[0]} has no GGUF files in the catalog, so no {tagged[1]} "
+                f"quantization (pull {tagged[0]} itself, or a GGUF repo as org/repo:{tagged[1]})"
+            )
     if entry is not None:
         if entry.embedded:
             return Target("embedded", name, path=entry.embedded_path, entry=entry)
@@ -126,11 +135,19 @@ def check_revision(rev: str) -> str:
         UsageError: an invalid revision.
     """
     parts = rev.split("/")
-    bad = (not rev or ".." in rev or rev.endswith(".") or rev == "@" or "@{" in rev
-           or any(not p or p.startswith(".") or p.endswith(".lock") for p in parts))
+    bad = (
+        not rev
+        or ".." in rev
+        or rev.endswith(".")
+        or rev == "@"
+        or "@{" in rev
+        or any(not p or p.startswith(".") or p.endswith(".lock") for p in parts)
+    )
     if bad or not re.fullmatch(r"[\w.\-/]+", rev):
-        raise UsageError(f"invalid revision {rev!r}: use a branch, tag or commit hash (git ref rules: no '..', no "
-                         "empty or '.'-leading part)")
+        raise UsageError(
+            f"invalid revision {rev!r}: use a branch, tag or commit hash (git ref rules: no '..', no "
+            "empty or '.'-leading part)"
+        )
     return rev
 
 
@@ -138,8 +155,10 @@ def _unknown_message(name: str) -> str:
     pulled = [m["name"] for m in list_models()]
     near = catalog.suggest(name, extra=pulled)
     hint = f"; did you mean {', '.join(repr(n) for n in near)}?" if near else ""
-    return (f"unknown model '{name}'{hint} (use a catalog name from `localdiff list --all`, org/name from the Hub, "
-            "or a checkpoint folder)")
+    return (
+        f"unknown model '{name}'{hint} (use a catalog name from `localdiff list --all`, org/name from the Hub, "
+        "or a checkpoint folder)"
+    )
 
 
 def check_checkpoint_dir(path: Path) -> Path:
@@ -189,28 +208,36 @@ def resolve_model(name: str) -> Path:
     status = snapshot_status(storage, commit, t.allow_patterns, t.ignore_patterns)
     if not status.complete:
         snap = storage / "snapshots" / commit
-        if not any(snap.glob("*.safetensors")) and not any(snap.glob("*.gguf")) \
-                and not list(storage.glob("blobs/*.incomplete")):
+        if (
+            not any(snap.glob("*.safetensors"))
+            and not any(snap.glob("*.gguf"))
+            and not list(storage.glob("blobs/*.incomplete"))
+        ):
             raise ModelNotFoundError(f"{t.label} is not pulled: run `localdiff pull {name}`")
-        raise ModelNotFoundError(f"{t.label} is only partly pulled ({len(status.missing)} files missing): "
-                                 f"run `localdiff pull {name}` to finish")
+        raise ModelNotFoundError(
+            f"{t.label} is only partly pulled ({len(status.missing)} files missing): "
+            f"run `localdiff pull {name}` to finish"
+        )
     changed = changed_files(storage, commit, t.allow_patterns, t.ignore_patterns)
     if changed:
-        raise CheckpointError(f"{t.label}: {changed[0]} changed on disk since it was verified"
-                              + (f" (and {len(changed) - 1} more)" if len(changed) > 1 else "")
-                              + f"; run `localdiff pull {name} --verify`")
+        raise CheckpointError(
+            f"{t.label}: {changed[0]} changed on disk since it was verified"
+            + (f" (and {len(changed) - 1} more)" if len(changed) > 1 else "")
+            + f"; run `localdiff pull {name} --verify`"
+        )
     if t.quant:
         snap = storage / "snapshots" / commit
         hits = sorted(p for p in snap.rglob("*.gguf") if gguf_names.matches(str(p.relative_to(snap)), t.quant))
         if len(hits) != 1:
-            raise ModelNotFoundError(f"{t.label}: no single {t.quant} GGUF file in the snapshot: run "
-                                     f"`localdiff pull {name}`")
+            raise ModelNotFoundError(
+                f"{t.label}: no single {t.quant} GGUF file in the snapshot: run `localdiff pull {name}`"
+            )
         return hits[0]
     return check_checkpoint_dir(storage / "snapshots" / commit)
 
 
 def describe_path(path: Path) -> str:
-    """"org/name@commit" when ``path`` is a snapshot in the HF cache, else the path itself (for --json output)."""
+    """ "org/name@commit" when ``path`` is a snapshot in the HF cache, else the path itself (for --json output)."""
     path = Path(path).resolve()
     parts = path.parts
     for i in range(len(parts) - 2):
@@ -242,14 +269,19 @@ def remove(name: str) -> dict:
     commit = read_ref(storage, t.revision)
     if commit is None or not storage.is_dir():
         raise ModelNotFoundError(f"{t.label} is not in the cache ({hub_cache_dir()}); nothing to remove")
-    if t.quant:   # a snapshot goes as a whole: never take other quantizations pulled beside this one with it
+    if t.quant:  # a snapshot goes as a whole: never take other quantizations pulled beside this one with it
         snap = storage / "snapshots" / commit
-        others = sorted(str(p.relative_to(snap)) for p in snap.rglob("*.gguf")
-                        if not gguf_names.matches(str(p.relative_to(snap)), t.quant))
+        others = sorted(
+            str(p.relative_to(snap))
+            for p in snap.rglob("*.gguf")
+            if not gguf_names.matches(str(p.relative_to(snap)), t.quant)
+        )
         if others:
             whole = t.repo + ("" if t.revision == "main" else f"@{t.revision}")
-            raise UsageError(f"{name}: {whole} also holds {', '.join(others)} in the same snapshot, and rm removes "
-                             f"a whole snapshot; run `localdiff rm {whole}` to remove every quantization in it")
+            raise UsageError(
+                f"{name}: {whole} also holds {', '.join(others)} in the same snapshot, and rm removes "
+                f"a whole snapshot; run `localdiff rm {whole}` to remove every quantization in it"
+            )
     from localdiff.hub.guard import no_pull_running
 
     with no_pull_running(storage, name):
@@ -257,8 +289,9 @@ def remove(name: str) -> dict:
     return {"name": name, "repo": t.repo, "commit": commit, "freed_bytes": freed}
 
 
-def pull(name: str, quiet: bool = False, progress=None, verify: bool = False, check_space: bool = True,
-         force: bool = False) -> dict:
+def pull(
+    name: str, quiet: bool = False, progress=None, verify: bool = False, check_space: bool = True, force: bool = False
+) -> dict:
     """Download a model into the HF cache, resuming partial files (see ``localdiff.hub.pull.pull``; ``force``: pull
     even when the model fits this machine in no precision)."""
     from localdiff.hub.pull import pull as _pull

@@ -3,6 +3,7 @@
 All reporters share one small interface: ``start(total_bytes, done_bytes)``, ``file_start(name, size, initial)``,
 ``advance(n)``, ``file_done(name)``, ``note(text)``, ``close()``. Byte counts are in bytes; rates in bytes/second.
 """
+
 from __future__ import annotations
 
 import os
@@ -73,8 +74,10 @@ class PlainProgress(QuietProgress):
             rate = self.session_bytes / max(now - self.t0, 1e-9)
             left = (self.total - self.done) / rate if rate > 0 else 0
             pct = 100.0 * self.done / self.total if self.total else 100.0
-            self._line(f"  {human_bytes(self.done)} / {human_bytes(self.total)} ({pct:.0f}%), "
-                       f"{human_bytes(rate)}/s, ETA {_eta(left)}")
+            self._line(
+                f"  {human_bytes(self.done)} / {human_bytes(self.total)} ({pct:.0f}%), "
+                f"{human_bytes(rate)}/s, ETA {_eta(left)}"
+            )
 
     def file_done(self, name: str) -> None:
         pass
@@ -88,13 +91,24 @@ class RichProgress(QuietProgress):
 
     def __init__(self, stream: TextIO | None = None):
         from rich.console import Console
-        from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
-                                   TransferSpeedColumn)
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
 
         self.console = Console(file=stream or sys.stderr)
         self.progress = Progress(
-            TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-            TimeRemainingColumn(), console=self.console, transient=False,
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            console=self.console,
+            transient=False,
         )
         self.task = None
 

@@ -7,6 +7,7 @@ fetched smallest first with :func:`localdiff.hub.download.fetch_blob` (HTTP Rang
 into ``snapshots/<commit>/`` exactly as ``hf_hub_download`` does; ``refs/<revision>`` and hf's tree listing are
 written up front so an interrupted pull is visible to ``hf`` as partial, never as complete.
 """
+
 from __future__ import annotations
 
 import os
@@ -18,8 +19,16 @@ from localdiff.hub import download as dl
 from localdiff.hub.download import RETRY_STATUSES, RemoteFile, fetch_blob, retry_delay, verify_file
 from localdiff.errors import HubError, UsageError
 from localdiff.hub.guard import changed_since_verified, pull_lock, record_verified
-from localdiff.hub.hf_cache import (check_cache_folders, filter_files, read_ref, read_tree, snapshot_status,
-                                    storage_folder, write_ref, write_tree)
+from localdiff.hub.hf_cache import (
+    check_cache_folders,
+    filter_files,
+    read_ref,
+    read_tree,
+    snapshot_status,
+    storage_folder,
+    write_ref,
+    write_tree,
+)
 from localdiff.hub.fit import catalog_config, check_fit, gpu_mem_bytes, memory_estimate  # noqa: F401 — re-exported
 from localdiff.hub.progress import QuietProgress, human_bytes, make_progress
 
@@ -44,25 +53,36 @@ def offline() -> bool:
 def translate(e: BaseException, t: Target, what: str = "") -> HubError:
     """Turn a huggingface_hub / httpx2 exception into a one-line HubError with the fix."""
     import httpx2
-    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, OfflineModeIsEnabled,
-                                        RemoteEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError)
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        OfflineModeIsEnabled,
+        RemoteEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     ep = endpoint()
     if isinstance(e, GatedRepoError):
-        return HubError(f"{t.repo} is gated: accept its licence at {ep}/{t.repo} and log in with `hf auth login` "
-                        "(or set HF_TOKEN to a token of the account that accepted it)")
+        return HubError(
+            f"{t.repo} is gated: accept its licence at {ep}/{t.repo} and log in with `hf auth login` "
+            "(or set HF_TOKEN to a token of the account that accepted it)"
+        )
     if isinstance(e, RevisionNotFoundError):
         return HubError(f"revision '{t.revision}' not found in {t.repo}")
     if isinstance(e, RemoteEntryNotFoundError):
         return HubError(f"{what or 'file'} not found in {t.repo}@{t.revision}")
     if isinstance(e, RepositoryNotFoundError):
-        return HubError(f"{t.repo} not found on the Hub ({ep}); if it is private, log in with `hf auth login` "
-                        "or set HF_TOKEN")
+        return HubError(
+            f"{t.repo} not found on the Hub ({ep}); if it is private, log in with `hf auth login` or set HF_TOKEN"
+        )
     if isinstance(e, OfflineModeIsEnabled):
         return HubError(f"offline mode (HF_HUB_OFFLINE=1): cannot download {t.name}; unset HF_HUB_OFFLINE to pull")
     if isinstance(e, (httpx2.TransportError,)):
-        return HubError(f"cannot reach the Hub at {ep} ({type(e).__name__}); check the network or HTTPS_PROXY — "
-                        "pulled models keep working offline")
+        return HubError(
+            f"cannot reach the Hub at {ep} ({type(e).__name__}); check the network or HTTPS_PROXY — "
+            "pulled models keep working offline"
+        )
     if isinstance(e, HfHubHTTPError):
         status = getattr(getattr(e, "response", None), "status_code", "?")
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -94,8 +114,10 @@ def remote_files(t: Target) -> tuple[str, list[RemoteFile]]:
             if status not in RETRY_STATUSES:
                 raise translate(e, t) from None
             if attempt > INFO_RETRIES:
-                raise HubError(f"the Hub kept answering {status} for {t.repo} ({attempt} tries): a problem on its "
-                               "side; run the same pull again later") from None
+                raise HubError(
+                    f"the Hub kept answering {status} for {t.repo} ({attempt} tries): a problem on its "
+                    "side; run the same pull again later"
+                ) from None
             dl.sleep(retry_delay(resp.headers.get("Retry-After") if resp is not None else None, attempt))
     if not info.sha or info.siblings is None:
         raise HubError(f"the Hub's reply for {t.repo}@{t.revision} has no commit or file list")
@@ -103,8 +125,14 @@ def remote_files(t: Target) -> tuple[str, list[RemoteFile]]:
     for s in info.siblings:
         if s.size is None:
             raise HubError(f"the Hub's reply for {t.repo} lacks file sizes ({s.rfilename})")
-        files.append(RemoteFile(path=s.rfilename, size=int(s.size), blob_id=s.blob_id,
-                                sha256=s.lfs.sha256 if s.lfs is not None else None))
+        files.append(
+            RemoteFile(
+                path=s.rfilename,
+                size=int(s.size),
+                blob_id=s.blob_id,
+                sha256=s.lfs.sha256 if s.lfs is not None else None,
+            )
+        )
     return info.sha, files
 
 
@@ -120,8 +148,9 @@ def _link(blob: Path, pointer: Path) -> None:
         os.symlink(os.path.relpath(blob, pointer.parent), pointer)
 
 
-def pull(t: "Target", quiet: bool = False, progress=None, verify: bool = False, check_space: bool = True,
-         force: bool = False) -> dict:
+def pull(
+    t: "Target", quiet: bool = False, progress=None, verify: bool = False, check_space: bool = True, force: bool = False
+) -> dict:
     """Download (or finish downloading) a model into the HF cache.
 
     Args:
@@ -147,8 +176,17 @@ def pull(t: "Target", quiet: bool = False, progress=None, verify: bool = False, 
     """
     name = t.name
     if t.kind == "embedded":
-        return {"name": name, "path": str(t.path), "embedded": True, "up_to_date": True, "files": 0,
-                "total_bytes": 0, "downloaded_bytes": 0, "reused_bytes": 0, "warnings": []}
+        return {
+            "name": name,
+            "path": str(t.path),
+            "embedded": True,
+            "up_to_date": True,
+            "files": 0,
+            "total_bytes": 0,
+            "downloaded_bytes": 0,
+            "reused_bytes": 0,
+            "warnings": [],
+        }
     if t.kind == "path":
         raise UsageError(f"{name} is a local folder; there is nothing to pull")
     check_cache_folders()
@@ -159,24 +197,33 @@ def pull(t: "Target", quiet: bool = False, progress=None, verify: bool = False, 
         commit = read_ref(storage, t.revision)
         if commit and snapshot_status(storage, commit, t.allow_patterns, t.ignore_patterns).complete:
             files = filter_files(read_tree(storage, commit) or [], t.allow_patterns, t.ignore_patterns)
-            return _result(t, commit, storage, files, 0, sum(f.size for f in files), True, t0,
-                           ["offline: not checked for updates"])
+            return _result(
+                t, commit, storage, files, 0, sum(f.size for f in files), True, t0, ["offline: not checked for updates"]
+            )
     cfg = catalog_config(t)
-    if cfg is not None:        # the fit check from the catalog, before any network access (offline too)
+    if cfg is not None:  # the fit check from the catalog, before any network access (offline too)
         check_fit(t, cfg, t.entry.approx_size_bytes, force, progress)
     commit, all_files = remote_files(t)
     with pull_lock(storage, lambda: progress.note(f"waiting for another pull of {t.name} to finish…")):
-        return _pull_locked(t, progress, verify, check_space, t0, storage, commit, all_files,
-                            force or cfg is not None)
+        return _pull_locked(t, progress, verify, check_space, t0, storage, commit, all_files, force or cfg is not None)
 
 
-def _pull_locked(t, progress, verify: bool, check_space: bool, t0: float, storage: Path, commit: str,
-                 all_files: list, checked: bool = False) -> dict:
+def _pull_locked(
+    t,
+    progress,
+    verify: bool,
+    check_space: bool,
+    t0: float,
+    storage: Path,
+    commit: str,
+    all_files: list,
+    checked: bool = False,
+) -> dict:
     files = sorted(filter_files(all_files, t.allow_patterns, t.ignore_patterns), key=lambda r: (r.size, r.path))
     if getattr(t, "quant", None):
         from localdiff.hub.gguf_names import pick
 
-        files = pick(all_files, t.quant, t.label)   # one GGUF file: the quantization the name asks for
+        files = pick(all_files, t.quant, t.label)  # one GGUF file: the quantization the name asks for
     elif not any(f.path.endswith(".safetensors") for f in files) or not any(f.path == "config.json" for f in files):
         has_bin = any(f.path.endswith((".bin", ".pt", ".pth")) for f in all_files)
         why = "only pickled .bin weights, which localdiff does not load" if has_bin else "no config.json + safetensors"
@@ -197,8 +244,11 @@ def _pull_locked(t, progress, verify: bool, check_space: bool, t0: float, storag
                 _link(blob, snap / rf.path)
             continue
         if size is not None:
-            what = "empty" if size == 0 else (f"truncated ({size} of {rf.size} bytes)" if size != rf.size
-                                              else "corrupt (checksum mismatch)")
+            what = (
+                "empty"
+                if size == 0
+                else (f"truncated ({size} of {rf.size} bytes)" if size != rf.size else "corrupt (checksum mismatch)")
+            )
             warnings.append(f"{rf.path} in the cache is {what}; fetching it again")
             progress.note(warnings[-1])
             blob.unlink()
@@ -211,11 +261,15 @@ def _pull_locked(t, progress, verify: bool, check_space: bool, t0: float, storag
     need = sum(f.size for f in todo) - partial
     free = shutil.disk_usage(_existing_parent(blobs)).free
     if check_space and need + DISK_MARGIN > free:
-        raise HubError(f"not enough disk space for {t.label}: {human_bytes(need)} still to download + a "
-                       f"{human_bytes(DISK_MARGIN)} margin kept free, {human_bytes(free)} free in {storage.parent} "
-                       "(free space, point HF_HOME/HF_HUB_CACHE at a bigger disk, or pass --no-space-check)")
-    progress.note(f"pulling {t.name} ({t.repo}@{commit[:12]}): {len(files)} files, {human_bytes(total)}"
-                  + (f", {human_bytes(need)} to download" if need != total else ""))
+        raise HubError(
+            f"not enough disk space for {t.label}: {human_bytes(need)} still to download + a "
+            f"{human_bytes(DISK_MARGIN)} margin kept free, {human_bytes(free)} free in {storage.parent} "
+            "(free space, point HF_HOME/HF_HUB_CACHE at a bigger disk, or pass --no-space-check)"
+        )
+    progress.note(
+        f"pulling {t.name} ({t.repo}@{commit[:12]}): {len(files)} files, {human_bytes(total)}"
+        + (f", {human_bytes(need)} to download" if need != total else "")
+    )
     weights = sum(f.size for f in files if f.path.endswith(".safetensors"))
     todo.sort(key=lambda r: (r.path != "config.json", r.size, r.path))  # config first: the memory estimate
     url_base = f"{endpoint()}/{t.repo}/resolve/{commit}/"
@@ -228,8 +282,14 @@ def _pull_locked(t, progress, verify: bool, check_space: bool, t0: float, storag
         """Without a catalog config (and without --force): the fit check from the repo's config.json, which is
         fetched first, before the weights."""
         if not checked and not getattr(t, "quant", None):
-            check_fit(t, _load_json(snap / "config.json"), weights, False, progress,
-                      "only config.json was downloaded, not the weights")
+            check_fit(
+                t,
+                _load_json(snap / "config.json"),
+                weights,
+                False,
+                progress,
+                "only config.json was downloaded, not the weights",
+            )
 
     if (snap / "config.json").exists():
         warn_memory()
@@ -275,13 +335,32 @@ def _existing_parent(p: Path) -> Path:
     return p
 
 
-def _result(t: Target, commit: str, storage: Path, files, downloaded: int, reused: int, up_to_date: bool,
-            t0: float, warnings: list) -> dict:
-    return {"name": t.name, "repo": t.repo, "revision": t.revision, "commit": commit,
-            "path": str(storage / "snapshots" / commit), "files": len(files),
-            "total_bytes": sum(f.size for f in files), "downloaded_bytes": downloaded, "reused_bytes": reused,
-            "up_to_date": up_to_date, "seconds": round(time.monotonic() - t0, 3), "warnings": list(warnings),
-            "embedded": False}
+def _result(
+    t: Target,
+    commit: str,
+    storage: Path,
+    files,
+    downloaded: int,
+    reused: int,
+    up_to_date: bool,
+    t0: float,
+    warnings: list,
+) -> dict:
+    return {
+        "name": t.name,
+        "repo": t.repo,
+        "revision": t.revision,
+        "commit": commit,
+        "path": str(storage / "snapshots" / commit),
+        "files": len(files),
+        "total_bytes": sum(f.size for f in files),
+        "downloaded_bytes": downloaded,
+        "reused_bytes": reused,
+        "up_to_date": up_to_date,
+        "seconds": round(time.monotonic() - t0, 3),
+        "warnings": list(warnings),
+        "embedded": False,
+    }
 
 
 def fetch_config(t: Target) -> Path:

@@ -10,6 +10,7 @@ key hashing the source text, the compiler's path and version line, the flags and
 Failures are RuntimeError with one line (the compiler's first error line); the callers turn them into a status line
 and keep their torch kernels.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -62,8 +63,14 @@ def switched_off(env: str) -> bool:
     return os.environ.get(env, "1").strip().lower() in OFF
 
 
-def build(source: Path, lib_name: str, cc: str, flags: tuple[str, ...] = FLAGS, out_dir: Path | None = None,
-          cache: Path | None = None) -> Path:
+def build(
+    source: Path,
+    lib_name: str,
+    cc: str,
+    flags: tuple[str, ...] = FLAGS,
+    out_dir: Path | None = None,
+    cache: Path | None = None,
+) -> Path:
     """Compile ``source`` with ``cc`` and ``flags`` into ``out_dir/lib_name`` (default: the keyed folder under
     ``cache``, itself defaulting to :func:`cache_dir`); returns the library's path (an existing build of the same key
     is reused; the file appears atomically, so concurrent processes see a whole library or none).
@@ -85,8 +92,9 @@ def build(source: Path, lib_name: str, cc: str, flags: tuple[str, ...] = FLAGS, 
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
     os.close(fd)
     try:
-        r = subprocess.run([cc, *flags, "-o", tmp, str(source), "-lpthread", "-lm"], capture_output=True, text=True,
-                           timeout=300)
+        r = subprocess.run(
+            [cc, *flags, "-o", tmp, str(source), "-lpthread", "-lm"], capture_output=True, text=True, timeout=300
+        )
         if r.returncode != 0:
             err = next((ln for ln in r.stderr.splitlines() if "error" in ln), r.stderr.strip()[:200] or "failed")
             raise RuntimeError(f"{Path(cc).name} {' '.join(flags)}: {err.strip()}")
@@ -99,8 +107,9 @@ def build(source: Path, lib_name: str, cc: str, flags: tuple[str, ...] = FLAGS, 
     return lib
 
 
-def load_first(builder: Callable[[tuple[str, ...]], Path], loader: Callable[[Path], ctypes.CDLL]
-               ) -> tuple[ctypes.CDLL, tuple[str, ...]]:
+def load_first(
+    builder: Callable[[tuple[str, ...]], Path], loader: Callable[[Path], ctypes.CDLL]
+) -> tuple[ctypes.CDLL, tuple[str, ...]]:
     """Build and load with :data:`FLAGS`, else without ``-march=native``; returns (library, the flags used).
 
     Args:
@@ -133,13 +142,20 @@ class Kernel:
             that tests can patch it; a kernel module may pass its own name).
     """
 
-    def __init__(self, source: Path, lib_name: str, load: Callable[[Path], ctypes.CDLL],
-                 ready: Callable[[ctypes.CDLL, str, tuple], tuple], unavailable: Callable[[str], str],
-                 off: Callable[[], str | None] = lambda: None, compiler: Callable[[], str | None] | None = None):
+    def __init__(
+        self,
+        source: Path,
+        lib_name: str,
+        load: Callable[[Path], ctypes.CDLL],
+        ready: Callable[[ctypes.CDLL, str, tuple], tuple],
+        unavailable: Callable[[str], str],
+        off: Callable[[], str | None] = lambda: None,
+        compiler: Callable[[], str | None] | None = None,
+    ):
         self.source, self.lib_name, self.load, self.ready = source, lib_name, load, ready
         self.unavailable, self.off, self.compiler = unavailable, off, compiler
         self.lib: ctypes.CDLL | None = None
-        self.line: str | None = None         # None = not tried yet
+        self.line: str | None = None  # None = not tried yet
 
     def build(self, cc: str, flags: tuple[str, ...] = FLAGS, out_dir: Path | None = None) -> Path:
         """Compile the source with ``cc`` and ``flags`` (:func:`build`); returns the library's path.

@@ -19,6 +19,7 @@ this project's AMX CPU, where torch's own GEMMs use AMX). No AMX (unless forced)
 ``LOCALDIFF_NATIVE_EXPERTS=0`` → :func:`library` is None, :func:`status` says why, and the experts keep the torch
 path.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -34,10 +35,10 @@ from localdiff.kernels import build as _native
 SOURCE = Path(__file__).with_name("experts.c")
 ENV = "LOCALDIFF_NATIVE_EXPERTS"
 
-_PATH = 0                      # 2 AMX-BF16, 1 AVX512-BF16
-_OFF = False                   # set by disabled()
-_SCRATCH = threading.local()   # .ys: this thread's reused [rows · H] bf16 slot-output buffer
-_SCRATCH_MAX = 16 << 20        # bytes kept between calls (a canvas step's; longer prefills allocate theirs)
+_PATH = 0  # 2 AMX-BF16, 1 AVX512-BF16
+_OFF = False  # set by disabled()
+_SCRATCH = threading.local()  # .ys: this thread's reused [rows · H] bf16 slot-output buffer
+_SCRATCH_MAX = 16 << 20  # bytes kept between calls (a canvas step's; longer prefills allocate theirs)
 
 
 def _load(path: Path) -> ctypes.CDLL:
@@ -56,18 +57,27 @@ def _ready(lib: ctypes.CDLL, cc: str, flags: tuple) -> tuple:
         return None, "native experts unavailable: this CPU or build has no AVX512-BF16 (torch path)"
     forced = os.environ.get(ENV, "").strip().lower() == "avx512"
     if has == 1 and not forced:
-        return None, ("native experts not used: no AMX here, and the AVX512-BF16 path measured slower than the torch "
-                      f"path (0.57-0.93x, bench --only experts; {ENV}=avx512 forces it)")
+        return None, (
+            "native experts not used: no AMX here, and the AVX512-BF16 path measured slower than the torch "
+            f"path (0.57-0.93x, bench --only experts; {ENV}=avx512 forces it)"
+        )
     _PATH = 1 if forced else has
-    return lib, (f"native experts: {'AMX-BF16 tiles' if _PATH == 2 else 'AVX512-BF16 dot products'} "
-                 f"({_native.built_with(cc, flags)})")
+    return lib, (
+        f"native experts: {'AMX-BF16 tiles' if _PATH == 2 else 'AVX512-BF16 dot products'} "
+        f"({_native.built_with(cc, flags)})"
+    )
 
 
-_KERNEL = _native.Kernel(SOURCE, "liblocaldiff_experts.so", _load, _ready,
-                         unavailable=lambda why: f"native experts unavailable: {why}",
-                         off=lambda: f"native experts off ({ENV}=0)" if _native.switched_off(ENV) else None)
-library = _KERNEL.library       # the loaded library (built on the first call), or None when it cannot run here
-status = _KERNEL.status         # one line: which native experts path runs, or why none does
+_KERNEL = _native.Kernel(
+    SOURCE,
+    "liblocaldiff_experts.so",
+    _load,
+    _ready,
+    unavailable=lambda why: f"native experts unavailable: {why}",
+    off=lambda: f"native experts off ({ENV}=0)" if _native.switched_off(ENV) else None,
+)
+library = _KERNEL.library  # the loaded library (built on the first call), or None when it cannot run here
+status = _KERNEL.status  # one line: which native experts path runs, or why none does
 
 
 def reset() -> None:
@@ -91,13 +101,28 @@ def disabled():
 def applies(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> bool:
     """Whether :func:`moe` can run on these operands: bf16 CPU tensors, contiguous, autograd off, library loaded,
     not inside :func:`disabled`."""
-    return (not _OFF and x.dtype == torch.bfloat16 and gate_up.dtype == torch.bfloat16 and down.dtype == torch.bfloat16
-            and x.device.type == "cpu" and gate_up.device.type == "cpu" and not torch.is_grad_enabled()
-            and gate_up.is_contiguous() and down.is_contiguous() and library() is not None)
+    return (
+        not _OFF
+        and x.dtype == torch.bfloat16
+        and gate_up.dtype == torch.bfloat16
+        and down.dtype == torch.bfloat16
+        and x.device.type == "cpu"
+        and gate_up.device.type == "cpu"
+        and not torch.is_grad_enabled()
+        and gate_up.is_contiguous()
+        and down.is_contiguous()
+        and library() is not None
+    )
 
 
-def moe(x: torch.Tensor, flat: torch.Tensor, order: torch.Tensor, weights: torch.Tensor, gate_up: torch.Tensor,
-        down: torch.Tensor) -> torch.Tensor:
+def moe(
+    x: torch.Tensor,
+    flat: torch.Tensor,
+    order: torch.Tensor,
+    weights: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+) -> torch.Tensor:
     """The routed experts' output ``Σ_j w_tj · expert_{idx_tj}(x_t)`` by the native kernel (module docstring);
     :func:`applies` must hold.
 
@@ -116,8 +141,14 @@ def moe(x: torch.Tensor, flat: torch.Tensor, order: torch.Tensor, weights: torch
 
 
 @torch.library.custom_op("localdiff::experts_bf16", mutates_args=(), device_types="cpu")
-def _experts_bf16(x: torch.Tensor, flat: torch.Tensor, order: torch.Tensor, weights: torch.Tensor,
-                  gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+def _experts_bf16(
+    x: torch.Tensor,
+    flat: torch.Tensor,
+    order: torch.Tensor,
+    weights: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+) -> torch.Tensor:
     lib = _KERNEL.lib if _KERNEL.lib is not None else library()
     n, h = x.shape
     e, two_i, _ = gate_up.shape
@@ -128,9 +159,23 @@ def _experts_bf16(x: torch.Tensor, flat: torch.Tensor, order: torch.Tensor, weig
     rw = weights.reshape(-1).float().contiguous()
     ys = _slot_buffer(n * k * h)
     out = torch.empty(n, h, dtype=torch.bfloat16)
-    rc = lib.localdiff_experts_bf16(x.data_ptr(), n, h, two_i // 2, e, k, order.data_ptr(), ends.data_ptr(),
-                                    rw.data_ptr(), gate_up.data_ptr(), down.data_ptr(), ys.data_ptr(), out.data_ptr(),
-                                    int(_PATH == 2), torch.get_num_threads())
+    rc = lib.localdiff_experts_bf16(
+        x.data_ptr(),
+        n,
+        h,
+        two_i // 2,
+        e,
+        k,
+        order.data_ptr(),
+        ends.data_ptr(),
+        rw.data_ptr(),
+        gate_up.data_ptr(),
+        down.data_ptr(),
+        ys.data_ptr(),
+        out.data_ptr(),
+        int(_PATH == 2),
+        torch.get_num_threads(),
+    )
     if rc != 0:
         raise RuntimeError(f"native experts failed (code {rc}: out of memory)")
     return out

@@ -18,6 +18,7 @@ the compiler refuses it, into the user cache keyed by source, compiler, flags an
 reused). No compiler, a failed compile or ``LOCALDIFF_NATIVE_INT4=0`` → :func:`library` is None, :func:`status`
 says why in one line, and :func:`localdiff.quantize.int4.int4_matmul` dequantizes and runs a torch GEMM instead.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -40,14 +41,39 @@ def load(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     f = lib.localdiff_int4_mm
     f.restype = ctypes.c_int
-    f.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_void_p,
-                  ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_int,
-                  ctypes.c_int]
+    f.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_long,
+        ctypes.c_long,
+        ctypes.c_long,
+        ctypes.c_void_p,
+        ctypes.c_long,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_long,
+        ctypes.c_int,
+        ctypes.c_int,
+    ]
     f = lib.localdiff_int4_mm_grouped
     f.restype = ctypes.c_int
-    f.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_long,
-                  ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long,
-                  ctypes.c_int, ctypes.c_int]
+    f.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_long,
+        ctypes.c_void_p,
+        ctypes.c_long,
+        ctypes.c_long,
+        ctypes.c_void_p,
+        ctypes.c_long,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_long,
+        ctypes.c_int,
+        ctypes.c_int,
+    ]
     d = lib.localdiff_int4_dequant_bf16
     d.restype = ctypes.c_int
     d.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 3 + [ctypes.c_void_p]
@@ -60,8 +86,7 @@ def bf16_dot(lib: ctypes.CDLL | None = None) -> bool:
     """Whether bf16 activations run the AVX512-BF16 path with ``lib`` (default: the loaded library) in this process
     (not when ``LOCALDIFF_NATIVE_INT4=fma``)."""
     lib = lib if lib is not None else library()
-    return lib is not None and bool(lib.localdiff_int4_has_bf16()) and \
-        os.environ.get(ENV, "").strip().lower() != "fma"
+    return lib is not None and bool(lib.localdiff_int4_has_bf16()) and os.environ.get(ENV, "").strip().lower() != "fma"
 
 
 #: (the library loaded by :func:`library`, :func:`bf16_dot` of it when it loaded): matmul's per-call answer
@@ -71,25 +96,37 @@ _DOT: list = [None, False]
 def _ready(lib: ctypes.CDLL, cc: str, flags: tuple) -> tuple:
     _DOT[:] = [lib, bf16_dot(lib)]
     dot = "AVX512-BF16 dot products for bf16 activations, " if _DOT[1] else ""
-    return lib, (f"native int4 kernel: {dot}{lib.localdiff_int4_vector_width()}-lane fp32 FMA "
-                 f"({_native.built_with(cc, flags)})")
+    return lib, (
+        f"native int4 kernel: {dot}{lib.localdiff_int4_vector_width()}-lane fp32 FMA ({_native.built_with(cc, flags)})"
+    )
 
 
-_KERNEL = _native.Kernel(SOURCE, "liblocaldiff_int4.so", load, _ready,
-                         unavailable=lambda why: f"native int4 kernel unavailable: {why}",
-                         off=lambda: f"native int4 kernel off ({ENV}=0)" if _native.switched_off(ENV) else None,
-                         compiler=lambda: _compiler())
+_KERNEL = _native.Kernel(
+    SOURCE,
+    "liblocaldiff_int4.so",
+    load,
+    _ready,
+    unavailable=lambda why: f"native int4 kernel unavailable: {why}",
+    off=lambda: f"native int4 kernel off ({ENV}=0)" if _native.switched_off(ENV) else None,
+    compiler=lambda: _compiler(),
+)
 #: :meth:`Kernel.build`: compile ``int4.c`` with ``cc`` and ``flags`` into ``out_dir`` (default: the keyed cache
 #: folder); returns the library's path. Raises RuntimeError (the compiler's first error line) when it fails.
 build = _KERNEL.build
-library = _KERNEL.library          # the loaded library, built on the first call; None when unavailable (status())
-status = _KERNEL.status            # one line: which native int4 kernel is loaded, or why none is
-reset = _KERNEL.reset              # forget the loaded library / failure (tests that change the environment)
+library = _KERNEL.library  # the loaded library, built on the first call; None when unavailable (status())
+status = _KERNEL.status  # one line: which native int4 kernel is loaded, or why none is
+reset = _KERNEL.reset  # forget the loaded library / failure (tests that change the environment)
 
 
-def matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
-           threads: int | None = None, lib: ctypes.CDLL | None = None, out_dtype: torch.dtype | None = None
-           ) -> torch.Tensor:
+def matmul(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    scale: torch.Tensor,
+    zero: torch.Tensor,
+    threads: int | None = None,
+    lib: ctypes.CDLL | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
     """``x @ dequantize(packed, scale, zero)ᵀ`` by the native kernel (module docstring for the paths).
 
     Args:
@@ -107,11 +144,18 @@ def matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: tor
     lib = lib if lib is not None else (_KERNEL.lib if _KERNEL.lib is not None else library())
     m, k = x.shape
     n, g = scale.shape
-    if x.dtype not in (torch.float32, torch.bfloat16) or packed.dtype != torch.uint8 \
-            or scale.dtype != torch.bfloat16 or zero.dtype != torch.float16 or tuple(zero.shape) != (n, g) \
-            or tuple(packed.shape) != (n, g * GROUP // 2) or k > g * GROUP:
-        raise ValueError("native int4 matmul: bf16/fp32 x [M, K], uint8 codes [N, G*32], bf16 scale and fp16 zero "
-                         "[N, G], K <= 64 G")
+    if (
+        x.dtype not in (torch.float32, torch.bfloat16)
+        or packed.dtype != torch.uint8
+        or scale.dtype != torch.bfloat16
+        or zero.dtype != torch.float16
+        or tuple(zero.shape) != (n, g)
+        or tuple(packed.shape) != (n, g * GROUP // 2)
+        or k > g * GROUP
+    ):
+        raise ValueError(
+            "native int4 matmul: bf16/fp32 x [M, K], uint8 codes [N, G*32], bf16 scale and fp16 zero [N, G], K <= 64 G"
+        )
     dot = x.dtype == torch.bfloat16 and (_DOT[1] if lib is _DOT[0] else bf16_dot(lib))
     xx = x if dot else x.float()
     if k < g * GROUP:
@@ -120,17 +164,37 @@ def matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: tor
         xx = xx.contiguous()
     packed, scale, zero = packed.contiguous(), scale.contiguous(), zero.contiguous()
     out_dtype = out_dtype or x.dtype
-    ybf = out_dtype == torch.bfloat16          # the kernel rounds to bf16 itself: no fp32 result and cast
+    ybf = out_dtype == torch.bfloat16  # the kernel rounds to bf16 itself: no fp32 result and cast
     y = torch.empty(m, n, dtype=torch.bfloat16 if ybf else torch.float32)
-    rc = lib.localdiff_int4_mm(xx.data_ptr(), int(dot), xx.stride(0), m, g, packed.data_ptr(), n, scale.data_ptr(),
-                               zero.data_ptr(), y.data_ptr(), n, threads or torch.get_num_threads(), int(ybf))
+    rc = lib.localdiff_int4_mm(
+        xx.data_ptr(),
+        int(dot),
+        xx.stride(0),
+        m,
+        g,
+        packed.data_ptr(),
+        n,
+        scale.data_ptr(),
+        zero.data_ptr(),
+        y.data_ptr(),
+        n,
+        threads or torch.get_num_threads(),
+        int(ybf),
+    )
     if rc == -2:
         raise MemoryError("native int4 matmul: out of memory")
     return y if out_dtype in (torch.float32, torch.bfloat16) else y.to(out_dtype)
 
 
-def dequantize_bf16(packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, n0: int, n1: int,
-                    out: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+def dequantize_bf16(
+    packed: torch.Tensor,
+    scale: torch.Tensor,
+    zero: torch.Tensor,
+    n0: int,
+    n1: int,
+    out: torch.Tensor,
+    lib: ctypes.CDLL | None = None,
+) -> torch.Tensor:
     """Rows ``n0 .. n1 − 1`` of ``dequantize(packed, scale, zero)`` rounded to bf16, written into ``out``
     (bf16 Tensor[≥ n1 − n0, G·64], contiguous) by the kernel library: bit-equal to
     :func:`localdiff.quantize.int4.dequantize` with ``dtype=torch.bfloat16``. Returns ``out[: n1 − n0]``.
@@ -141,8 +205,14 @@ def dequantize_bf16(packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tenso
     return out[: n1 - n0]
 
 
-def grouped_matmul(xs: torch.Tensor, offsets: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
-                   zero: torch.Tensor, threads: int | None = None) -> torch.Tensor:
+def grouped_matmul(
+    xs: torch.Tensor,
+    offsets: torch.Tensor,
+    packed: torch.Tensor,
+    scale: torch.Tensor,
+    zero: torch.Tensor,
+    threads: int | None = None,
+) -> torch.Tensor:
     """Stacked int4 experts in one call: rows ``offsets[e] .. offsets[e + 1] − 1`` of ``xs`` times expert e's weight,
     each row computed as :func:`matmul` computes it (bit-equal to one call per expert).
 
@@ -157,10 +227,16 @@ def grouped_matmul(xs: torch.Tensor, offsets: torch.Tensor, packed: torch.Tensor
     lib = _KERNEL.lib if _KERNEL.lib is not None else library()
     r, k = xs.shape
     e, n, g = scale.shape
-    if xs.dtype not in (torch.float32, torch.bfloat16) or tuple(packed.shape) != (e, n, g * GROUP // 2) \
-            or tuple(zero.shape) != (e, n, g) or k > g * GROUP or tuple(offsets.shape) != (e + 1,):
-        raise ValueError("native int4 grouped matmul: x [R, K], offsets [E+1], codes [E, N, G*32], scale / zero "
-                         "[E, N, G], K <= 64 G")
+    if (
+        xs.dtype not in (torch.float32, torch.bfloat16)
+        or tuple(packed.shape) != (e, n, g * GROUP // 2)
+        or tuple(zero.shape) != (e, n, g)
+        or k > g * GROUP
+        or tuple(offsets.shape) != (e + 1,)
+    ):
+        raise ValueError(
+            "native int4 grouped matmul: x [R, K], offsets [E+1], codes [E, N, G*32], scale / zero [E, N, G], K <= 64 G"
+        )
     dot = xs.dtype == torch.bfloat16 and bf16_dot(lib)
     xx = xs if dot else xs.float()
     xx = F.pad(xx, (0, g * GROUP - k)) if k < g * GROUP else xx.contiguous()
@@ -168,9 +244,22 @@ def grouped_matmul(xs: torch.Tensor, offsets: torch.Tensor, packed: torch.Tensor
     y = torch.empty(r, n, dtype=torch.bfloat16 if ybf else torch.float32)
     off = offsets.to(torch.int64).contiguous()
     packed, scale, zero = packed.contiguous(), scale.contiguous(), zero.contiguous()
-    rc = lib.localdiff_int4_mm_grouped(xx.data_ptr(), int(dot), xx.stride(0), off.data_ptr(), e, g,
-                                       packed.data_ptr(), n, scale.data_ptr(), zero.data_ptr(), y.data_ptr(), n,
-                                       threads or torch.get_num_threads(), int(ybf))
+    rc = lib.localdiff_int4_mm_grouped(
+        xx.data_ptr(),
+        int(dot),
+        xx.stride(0),
+        off.data_ptr(),
+        e,
+        g,
+        packed.data_ptr(),
+        n,
+        scale.data_ptr(),
+        zero.data_ptr(),
+        y.data_ptr(),
+        n,
+        threads or torch.get_num_threads(),
+        int(ybf),
+    )
     if rc == -2:
         raise MemoryError("native int4 matmul: out of memory")
     return y

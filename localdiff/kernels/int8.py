@@ -18,6 +18,7 @@ so block steps of several requests (4–16 rows) stay near the weight-read time 
 No compiler, a failed compile or ``LOCALDIFF_NATIVE_INT8=0`` → :func:`library` is None and :func:`status` says why in
 one line (the callers keep their torch kernels).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -36,27 +37,62 @@ ENV = "LOCALDIFF_NATIVE_INT8"
 #: the torch GEMMs win)
 MAX_ROWS = 16
 
-_HAS_AMX: dict = {}            # id(library) → bool
-_HAS_BF16: dict = {}           # id(library) → bool: the AVX512-BF16 path runs bf16 activations
+_HAS_AMX: dict = {}  # id(library) → bool
+_HAS_BF16: dict = {}  # id(library) → bool: the AVX512-BF16 path runs bf16 activations
 
 
 def _load(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     f = lib.localdiff_int8_mm
     f.restype = ctypes.c_int
-    f.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_long,
-                  ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
+    f.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_long,
+        ctypes.c_long,
+        ctypes.c_long,
+        ctypes.c_void_p,
+        ctypes.c_long,
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_void_p,
+        ctypes.c_long,
+        ctypes.c_int,
+    ]
     lib.localdiff_int8_vector_width.restype = ctypes.c_int
     g = lib.localdiff_int8_mm_amx
     g.restype = ctypes.c_int
-    g.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_void_p,
-                  ctypes.c_long, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_long,
-                  ctypes.c_int]
+    g.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_long,
+        ctypes.c_long,
+        ctypes.c_long,
+        ctypes.c_void_p,
+        ctypes.c_long,
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_long,
+        ctypes.c_int,
+    ]
     lib.localdiff_int8_has_amx.restype = ctypes.c_int
     h = lib.localdiff_int8_mm_bf16
     h.restype = ctypes.c_int
-    h.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_long,
-                  ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_int]
+    h.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_long,
+        ctypes.c_long,
+        ctypes.c_long,
+        ctypes.c_void_p,
+        ctypes.c_long,
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_long,
+        ctypes.c_int,
+    ]
     lib.localdiff_int8_has_bf16dot.restype = ctypes.c_int
     return lib
 
@@ -67,21 +103,28 @@ def _ready(lib: ctypes.CDLL, cc: str, flags: tuple) -> tuple:
     bf16 = bool(os.environ.get(ENV, "").strip().lower() != "fma" and lib.localdiff_int8_has_bf16dot())
     _HAS_BF16[id(lib)] = bf16
     width = lib.localdiff_int8_vector_width()
-    return lib, (f"native int8 kernel: {'AMX-INT8 tiles, ' if amx else ''}"
-                 f"{'AVX512-BF16 dot products (bf16 activations), ' if bf16 else ''}{width}-lane fp32 FMA "
-                 f"({_native.built_with(cc, flags)})")
+    return lib, (
+        f"native int8 kernel: {'AMX-INT8 tiles, ' if amx else ''}"
+        f"{'AVX512-BF16 dot products (bf16 activations), ' if bf16 else ''}{width}-lane fp32 FMA "
+        f"({_native.built_with(cc, flags)})"
+    )
 
 
-_KERNEL = _native.Kernel(SOURCE, "liblocaldiff_int8.so", _load, _ready,
-                         unavailable=lambda why: f"native int8 kernel unavailable: {why}",
-                         off=lambda: f"native int8 kernel off ({ENV}=0)" if _native.switched_off(ENV) else None,
-                         compiler=lambda: _compiler())
+_KERNEL = _native.Kernel(
+    SOURCE,
+    "liblocaldiff_int8.so",
+    _load,
+    _ready,
+    unavailable=lambda why: f"native int8 kernel unavailable: {why}",
+    off=lambda: f"native int8 kernel off ({ENV}=0)" if _native.switched_off(ENV) else None,
+    compiler=lambda: _compiler(),
+)
 #: :meth:`Kernel.build`: compile ``int8.c`` with ``cc`` and ``flags`` into ``out_dir`` (default: the keyed cache
 #: folder); returns the library's path. Raises RuntimeError (the compiler's first error line) when it fails.
 build = _KERNEL.build
-library = _KERNEL.library          # the loaded library, built on the first call; None when unavailable (status())
-status = _KERNEL.status            # one line: which native kernel is loaded, or why none is
-reset = _KERNEL.reset              # forget the loaded library / failure (also localdiff.quantize.int8.reset_kernels)
+library = _KERNEL.library  # the loaded library, built on the first call; None when unavailable (status())
+status = _KERNEL.status  # one line: which native kernel is loaded, or why none is
+reset = _KERNEL.reset  # forget the loaded library / failure (also localdiff.quantize.int8.reset_kernels)
 
 
 def has_amx() -> bool:
@@ -109,25 +152,44 @@ def matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, threads: int |
     lib = _KERNEL.lib if _KERNEL.lib is not None else library()
     m, k = x.shape
     n = q.shape[0]
-    if x.dtype not in (torch.float32, torch.bfloat16) or x.stride(1) != 1 or not q.is_contiguous() \
-            or not scale.is_contiguous() or scale.dtype not in (torch.bfloat16, torch.float32):
+    if (
+        x.dtype not in (torch.float32, torch.bfloat16)
+        or x.stride(1) != 1
+        or not q.is_contiguous()
+        or not scale.is_contiguous()
+        or scale.dtype not in (torch.bfloat16, torch.float32)
+    ):
         raise ValueError("native int8 matmul: bf16/fp32 x with unit K stride, contiguous int8 q, bf16/fp32 scale")
     threads = threads or torch.get_num_threads()
     sbf = int(scale.dtype == torch.bfloat16)
     y = torch.empty(m, n, dtype=x.dtype)
     if m <= MAX_ROWS and _HAS_AMX.get(id(lib)):
-        rc = lib.localdiff_int8_mm_amx(x.data_ptr(), int(x.dtype == torch.bfloat16), x.stride(0), m, k,
-                                       q.data_ptr(), n, scale.data_ptr(), sbf, y.data_ptr(),
-                                       int(y.dtype == torch.bfloat16), n, threads)
+        rc = lib.localdiff_int8_mm_amx(
+            x.data_ptr(),
+            int(x.dtype == torch.bfloat16),
+            x.stride(0),
+            m,
+            k,
+            q.data_ptr(),
+            n,
+            scale.data_ptr(),
+            sbf,
+            y.data_ptr(),
+            int(y.dtype == torch.bfloat16),
+            n,
+            threads,
+        )
         if rc == 0:
             return y
     if x.dtype == torch.bfloat16 and _HAS_BF16.get(id(lib)):
-        rc = lib.localdiff_int8_mm_bf16(x.data_ptr(), x.stride(0), m, k, q.data_ptr(), n, scale.data_ptr(), sbf,
-                                        y.data_ptr(), 1, n, threads)
+        rc = lib.localdiff_int8_mm_bf16(
+            x.data_ptr(), x.stride(0), m, k, q.data_ptr(), n, scale.data_ptr(), sbf, y.data_ptr(), 1, n, threads
+        )
         if rc == 0:
             return y
     xf = x.float()
     yf = y if y.dtype == torch.float32 else torch.empty(m, n, dtype=torch.float32)
-    lib.localdiff_int8_mm(xf.data_ptr(), xf.stride(0), m, k, q.data_ptr(), n, scale.data_ptr(), sbf, yf.data_ptr(),
-                          n, threads)
+    lib.localdiff_int8_mm(
+        xf.data_ptr(), xf.stride(0), m, k, q.data_ptr(), n, scale.data_ptr(), sbf, yf.data_ptr(), n, threads
+    )
     return yf if y.dtype == torch.float32 else yf.to(y.dtype)

@@ -13,6 +13,7 @@ their bf16 rounding), argmax identical except exact ties.
 applies when no compiler works, and :func:`status` says why), ``torch`` (always the torch passes). Any other value:
 UsageError.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -29,7 +30,6 @@ ENV = "LOCALDIFF_VOCAB_KERNEL"
 CHOICES = ("auto", "native", "torch")
 
 
-
 def choice() -> str:
     """``$LOCALDIFF_VOCAB_KERNEL`` checked (default ``auto``). Raises UsageError for another value."""
     v = os.environ.get(ENV, "auto").strip().lower() or "auto"
@@ -43,39 +43,72 @@ def load(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     f = lib.localdiff_vocab_pass
     f.restype = ctypes.c_int
-    f.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_float,
-                  ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
-                  ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    f.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_long,
+        ctypes.c_long,
+        ctypes.c_long,
+        ctypes.c_float,
+        ctypes.c_float,
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_long,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_int,
+    ]
     lib.localdiff_vocab_vector_width.restype = ctypes.c_int
     return lib
 
 
 def _ready(lib: ctypes.CDLL, cc: str, flags: tuple) -> tuple:
     width = lib.localdiff_vocab_vector_width()
-    return lib, (f"vocab pass: native fused kernel, {'AVX-512 16-lane' if width == 16 else 'portable scalar'}"
-                 f" ({native.built_with(cc, flags)})")
+    return lib, (
+        f"vocab pass: native fused kernel, {'AVX-512 16-lane' if width == 16 else 'portable scalar'}"
+        f" ({native.built_with(cc, flags)})"
+    )
 
 
 def _off() -> str | None:
     return f"vocab pass: torch passes ({ENV}=torch)" if choice() == "torch" else None
 
 
-_KERNEL = native.Kernel(SOURCE, "liblocaldiff_vocab.so", load, _ready, off=_off,
-                        unavailable=lambda why: "vocab pass: torch passes (" + (
-                            "no C compiler: cc / gcc / clang on PATH" if why == native.NO_COMPILER
-                            else f"native kernel unavailable: {why}") + ")")
+_KERNEL = native.Kernel(
+    SOURCE,
+    "liblocaldiff_vocab.so",
+    load,
+    _ready,
+    off=_off,
+    unavailable=lambda why: (
+        "vocab pass: torch passes ("
+        + (
+            "no C compiler: cc / gcc / clang on PATH"
+            if why == native.NO_COMPILER
+            else f"native kernel unavailable: {why}"
+        )
+        + ")"
+    ),
+)
 #: :meth:`Kernel.build`: compile ``vocab.c``. Raises RuntimeError when the compiler fails or times out.
 build = _KERNEL.build
 #: the loaded kernel, built on the first call; None when off or unavailable (see ``status()``). Raises UsageError
 #: for a bad ``LOCALDIFF_VOCAB_KERNEL``.
 library = _KERNEL.library
-status = _KERNEL.status         # one line: which vocab pass runs, and why
-reset = _KERNEL.reset           # forget the loaded library / failure (tests that change the environment)
+status = _KERNEL.status  # one line: which vocab pass runs, and why
+reset = _KERNEL.reset  # forget the loaded library / failure (tests that change the environment)
 
 
-def vocab_pass(x: torch.Tensor, cap: float | None, temperature: float, out: torch.Tensor,
-               scratch: torch.Tensor | None = None, threads: int | None = None
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def vocab_pass(
+    x: torch.Tensor,
+    cap: float | None,
+    temperature: float,
+    out: torch.Tensor,
+    scratch: torch.Tensor | None = None,
+    threads: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The fused pass (module docstring) by the native kernel (:func:`library` must not be None).
 
     Args:
@@ -91,18 +124,40 @@ def vocab_pass(x: torch.Tensor, cap: float | None, temperature: float, out: torc
     """
     lib = _KERNEL.lib if _KERNEL.lib is not None else library()
     n, v = x.shape
-    if (x.dtype not in (torch.bfloat16, torch.float32) or out.dtype not in (torch.bfloat16, torch.float32)
-            or x.device.type != "cpu" or out.device.type != "cpu" or tuple(out.shape) != (n, v)
-            or x.stride(1) != 1 or out.stride(1) != 1 or not temperature > 0):
-        raise ValueError("native vocab pass: bf16/fp32 CPU [N, V] logits and output with unit stride along V, "
-                         "temperature > 0")
+    if (
+        x.dtype not in (torch.bfloat16, torch.float32)
+        or out.dtype not in (torch.bfloat16, torch.float32)
+        or x.device.type != "cpu"
+        or out.device.type != "cpu"
+        or tuple(out.shape) != (n, v)
+        or x.stride(1) != 1
+        or out.stride(1) != 1
+        or not temperature > 0
+    ):
+        raise ValueError(
+            "native vocab pass: bf16/fp32 CPU [N, V] logits and output with unit stride along V, temperature > 0"
+        )
     threads = max(1, min(threads or torch.get_num_threads(), n))
     if scratch is None or scratch.numel() < threads * v:
         scratch = torch.empty(threads * v, dtype=torch.float32)
     arg = torch.empty(n, dtype=torch.long)
     ent = torch.empty(n, dtype=torch.float32)
     conf = torch.empty(n, dtype=torch.float32)
-    lib.localdiff_vocab_pass(x.data_ptr(), int(x.dtype == torch.bfloat16), x.stride(0), n, v, float(cap or 0.0),
-                             1.0 / temperature, out.data_ptr(), int(out.dtype == torch.bfloat16), out.stride(0),
-                             arg.data_ptr(), ent.data_ptr(), conf.data_ptr(), scratch.data_ptr(), threads)
+    lib.localdiff_vocab_pass(
+        x.data_ptr(),
+        int(x.dtype == torch.bfloat16),
+        x.stride(0),
+        n,
+        v,
+        float(cap or 0.0),
+        1.0 / temperature,
+        out.data_ptr(),
+        int(out.dtype == torch.bfloat16),
+        out.stride(0),
+        arg.data_ptr(),
+        ent.data_ptr(),
+        conf.data_ptr(),
+        scratch.data_ptr(),
+        threads,
+    )
     return arg, ent, conf

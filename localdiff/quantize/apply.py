@@ -9,6 +9,7 @@ marks modules ``int8`` / ``int4`` (``--quant int4`` turns a recipe's int8 list i
 replace the token embedding with a :class:`~localdiff.quantize.embedding.QuantEmbedding` (and an untied LM head with
 a quantized linear layer) on models whose class reads ``head_int8``; the head then reads those tensors, no copy.
 """
+
 from __future__ import annotations
 
 import torch
@@ -34,8 +35,7 @@ def _targets(model: nn.Module, recipe: Recipe) -> list[tuple[str, nn.Module, str
         if prec == "float":
             continue
         if isinstance(mod, nn.Embedding) or name == "lm_head" or name.endswith(".lm_head"):
-            raise RecipeError(f"recipe {recipe.name!r} asks {prec} for {name!r}: embeddings and the LM head stay "
-                              f"float")
+            raise RecipeError(f"recipe {recipe.name!r} asks {prec} for {name!r}: embeddings and the LM head stay float")
         if isinstance(mod, nn.Linear) or (isinstance(mod, MoEExperts) and not isinstance(mod, QUANT_TYPES)):
             out.append((name, mod, prec))
     return out

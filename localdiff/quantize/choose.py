@@ -1,5 +1,6 @@
 """Which CPU kernel an int8 matmul runs, measured per shape in this process (:func:`cpu_kernel`), and the one-line
 summary ``gen -v`` / ``bench`` print (:func:`kernel_summary`). Used by :func:`localdiff.quantize.int8.int8_matmul`."""
+
 from __future__ import annotations
 
 import os
@@ -7,8 +8,8 @@ import os
 import torch
 import torch.nn.functional as F
 
-_KERNELS: dict = {}   # (row bucket, in, out, dtype) → kernel name: the measured table of this process
-_PROBE_ROWS = 4096    # the probe's weight rows at most (enough for a per-row rate; keeps the probe ~ms)
+_KERNELS: dict = {}  # (row bucket, in, out, dtype) → kernel name: the measured table of this process
+_PROBE_ROWS = 4096  # the probe's weight rows at most (enough for a per-row rate; keeps the probe ~ms)
 
 
 def cpu_kernel(m: int, k: int, n: int, dtype: torch.dtype = torch.bfloat16) -> str:
@@ -47,9 +48,11 @@ def cpu_kernel(m: int, k: int, n: int, dtype: torch.dtype = torch.bfloat16) -> s
         x = torch.randn(bucket, k).to(dtype)
         q = torch.randint(-127, 128, (rows, k), dtype=torch.int8)
         s = torch.rand(rows).to(torch.bfloat16)
-        runs = {"native": lambda: native.matmul(x, q, s),
-                "int8pack": lambda: torch._weight_int8pack_mm(x, q, s),
-                "dequant": lambda: F.linear(x, q.to(dtype)) * s.to(dtype)}
+        runs = {
+            "native": lambda: native.matmul(x, q, s),
+            "int8pack": lambda: torch._weight_int8pack_mm(x, q, s),
+            "dequant": lambda: F.linear(x, q.to(dtype)) * s.to(dtype),
+        }
         best = {}
         for name in cands:
             fn = runs[name]

@@ -21,6 +21,7 @@ bitsandbytes is imported only when "bnb" is chosen, so CPU-only installs never i
 also run on CPU through torch's ``_weight_int4pack_mm_for_cpu`` (same formula), which is how the tests check the
 conversion without a GPU. ``.ci/gpu_check.sh`` runs the CUDA checks and timings where a GPU is lent.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -42,8 +43,14 @@ def bnb_installed() -> bool:
     return importlib.util.find_spec("bitsandbytes") is not None
 
 
-def choose(device: torch.device | str, dtype: torch.dtype, in_features: int, out_features: int,
-           env: str | None = None, bnb: bool | None = None) -> str:
+def choose(
+    device: torch.device | str,
+    dtype: torch.dtype,
+    in_features: int,
+    out_features: int,
+    env: str | None = None,
+    bnb: bool | None = None,
+) -> str:
     """The backend for an int4 linear layer ``[out, in]`` on ``device`` with activations of ``dtype`` (module
     docstring); "native" on CPU. ``env`` defaults to ``$LOCALDIFF_CUDA_INT4`` ("", "auto" or one of
     :data:`BACKENDS`); ``bnb`` (default :func:`bnb_installed`) whether bitsandbytes is there.
@@ -62,7 +69,7 @@ def choose(device: torch.device | str, dtype: torch.dtype, in_features: int, out
         return "bnb"
     fits = dtype == torch.bfloat16 and in_features % (INNER_K_TILES * 16) == 0 and out_features % 16 == 0
     if want == "tinygemm" and not fits:
-        return "dequant"        # tinygemm cannot take this shape / dtype: the exact fallback
+        return "dequant"  # tinygemm cannot take this shape / dtype: the exact fallback
     return "tinygemm" if want in ("auto", "tinygemm") and fits else "dequant"
 
 
@@ -77,7 +84,7 @@ def tinygemm_dequantize(codes: torch.Tensor, sz: torch.Tensor) -> torch.Tensor:
     """tinygemm's dequantization ``(q − 8)·s + zt`` in fp32: codes uint8 [N, K] (K = 64·G), sz [G, N, 2] →
     Tensor[N, K] (the reference the tests hold the kernels to)."""
     n, k = codes.shape
-    s, zt = sz[..., 0].t().float(), sz[..., 1].t().float()                    # [N, G]
+    s, zt = sz[..., 0].t().float(), sz[..., 1].t().float()  # [N, G]
     q = codes.float().view(n, k // int4.GROUP, int4.GROUP)
     return ((q - 8) * s[..., None] + zt[..., None]).view(n, k)
 
@@ -90,15 +97,16 @@ class TinygemmLinear(nn.Module):
     def __init__(self, lin: int4.Int4Linear):
         super().__init__()
         self.in_features, self.out_features = lin.in_features, lin.out_features
-        codes = int4.unpack_codes(lin.weight)                                  # [N, Kp] values 0..15
+        codes = int4.unpack_codes(lin.weight)  # [N, Kp] values 0..15
         self.padded = codes.shape[1]
         self.scales_and_zeros = tinygemm_constants(lin.weight_scale, lin.weight_zero)
-        if codes.is_cuda:        # torch's CUDA packing takes two codes a byte, the even k in the high nibble
+        if codes.is_cuda:  # torch's CUDA packing takes two codes a byte, the even k in the high nibble
             pairs = (codes[:, ::2] << 4 | codes[:, 1::2]).to(torch.uint8)
             self.weight_int4pack = torch.ops.aten._convert_weight_to_int4pack(pairs, INNER_K_TILES)
         else:
-            self.weight_int4pack = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32),
-                                                                                   INNER_K_TILES)
+            self.weight_int4pack = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+                codes.to(torch.int32), INNER_K_TILES
+            )
         self.bias = lin.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -121,8 +129,9 @@ class BnbNF4Linear(nn.Module):
         import bitsandbytes.functional as bf
 
         w = int4.dequantize(lin.weight, lin.weight_scale, lin.weight_zero, lin.in_features, torch.float32)
-        self.weight_nf4, self.quant_state = bf.quantize_4bit(w.to(torch.bfloat16), blocksize=int4.GROUP,
-                                                             quant_type="nf4")
+        self.weight_nf4, self.quant_state = bf.quantize_4bit(
+            w.to(torch.bfloat16), blocksize=int4.GROUP, quant_type="nf4"
+        )
         self.in_features, self.out_features, self.bias = lin.in_features, lin.out_features, lin.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -152,7 +161,7 @@ def convert_model(model: nn.Module, env: str | None = None, force_device: str | 
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, new)
         swapped.add(id(mod))
-    for owner in model.modules():    # fused q/k/v, gate/up (localdiff.quantize.fuse) of swapped layers: unfused
+    for owner in model.modules():  # fused q/k/v, gate/up (localdiff.quantize.fuse) of swapped layers: unfused
         for attr in ("qkv_fused", "gate_up_fused"):
             fused = getattr(owner, attr, None)
             if fused is not None and any(id(m) in swapped for m in getattr(fused, "mods", ())):

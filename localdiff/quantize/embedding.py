@@ -21,6 +21,7 @@ Uses of the table, each without ever materialising it whole:
 Only model classes that read their head through ``head_int8`` (``supports_int8_head``: block and DiffusionGemma
 models) get a quantized table (:func:`localdiff.quantize.apply.quantize_model`); the rest keep it float.
 """
+
 from __future__ import annotations
 
 import torch
@@ -42,13 +43,18 @@ class QuantEmbedding(nn.Module):
     ``dtype``: the float dtype of the rows it returns (the model's); ``precision``: "int4" / "int8".
     """
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, precision: str, dtype: torch.dtype = torch.bfloat16,
-                 device=None):
+    def __init__(
+        self, num_embeddings: int, embedding_dim: int, precision: str, dtype: torch.dtype = torch.bfloat16, device=None
+    ):
         super().__init__()
         if precision not in ("int4", "int8"):
             raise ValueError(f"quantized embedding: precision {precision!r} (use int4 or int8)")
-        self.num_embeddings, self.embedding_dim, self.precision, self.dtype = \
-            num_embeddings, embedding_dim, precision, dtype
+        self.num_embeddings, self.embedding_dim, self.precision, self.dtype = (
+            num_embeddings,
+            embedding_dim,
+            precision,
+            dtype,
+        )
         v, h = num_embeddings, embedding_dim
         if precision == "int4":
             g = int4.groups(h)
@@ -76,8 +82,9 @@ class QuantEmbedding(nn.Module):
 
     def _dequantize(self, idx, dtype: torch.dtype) -> torch.Tensor:
         if self.precision == "int4":
-            return int4.dequantize(self.weight[idx], self.weight_scale[idx], self.weight_zero[idx],
-                                   self.embedding_dim, dtype)
+            return int4.dequantize(
+                self.weight[idx], self.weight_scale[idx], self.weight_zero[idx], self.embedding_dim, dtype
+            )
         return (self.weight[idx].float() * self.weight_scale[idx].float()[..., None]).to(dtype)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,7 @@ Rules:
 * without a GPU, a precision fits when everything (weights, KV budget, buffers, reserve) fits the RAM;
 * "bf16" stands for 16-bit weights; the float parts of every precision are in ``dtype`` (bf16 by default).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -57,14 +58,22 @@ class Choice:
 
 
 def machine_text(gpu_bytes: int, ram_bytes: int) -> str:
-    """"a 16.00 GiB GPU and 64.00 GiB of RAM" / "32.00 GiB of RAM and no GPU"."""
+    """ "a 16.00 GiB GPU and 64.00 GiB of RAM" / "32.00 GiB of RAM and no GPU"."""
     ram = f"{format_bytes(ram_bytes)} of RAM" if ram_bytes else "unknown RAM"
     return f"a {format_bytes(gpu_bytes)} GPU and {ram}" if gpu_bytes else f"{ram} and no GPU"
 
 
-def choose_precision(config: dict, gpu_bytes: int = 0, ram_bytes: int = 0, *, recipe: Recipe | None = None,
-                     kv_budget_bytes: int | None = None, dtype: str = "bfloat16",
-                     precisions: tuple[str, ...] = QUANTS, cpu_fallback: bool = True) -> Choice:
+def choose_precision(
+    config: dict,
+    gpu_bytes: int = 0,
+    ram_bytes: int = 0,
+    *,
+    recipe: Recipe | None = None,
+    kv_budget_bytes: int | None = None,
+    dtype: str = "bfloat16",
+    precisions: tuple[str, ...] = QUANTS,
+    cpu_fallback: bool = True,
+) -> Choice:
     """Pick the widest precision that fits (see the module docstring for the rules).
 
     Args:
@@ -86,8 +95,9 @@ def choose_precision(config: dict, gpu_bytes: int = 0, ram_bytes: int = 0, *, re
 
     def plan(p: str, device: str, budget: int) -> Plan:
         key = p if device == "cuda" else "cpu:" + p
-        plans[key] = plan_memory(config, budget, p, kv_budget_bytes, recipe=recipe, dtype=dtype, device=device,
-                                 ram_bytes=ram_bytes or None)
+        plans[key] = plan_memory(
+            config, budget, p, kv_budget_bytes, recipe=recipe, dtype=dtype, device=device, ram_bytes=ram_bytes or None
+        )
         return plans[key]
 
     def label(p: Plan) -> str:
@@ -99,16 +109,35 @@ def choose_precision(config: dict, gpu_bytes: int = 0, ram_bytes: int = 0, *, re
         for p in precisions:
             pl = plan(p, "cuda", gpu_bytes)
             if pl.resident:
-                wider = [plans[q] for q in precisions[:precisions.index(p)]]
-                return Choice(p, "cuda", pl, gpu_bytes, ram_bytes, _why(
-                    f"fits this {gpu} GPU in {label(pl)}, everything on the GPU", wider, "GPU memory", label), plans)
+                wider = [plans[q] for q in precisions[: precisions.index(p)]]
+                return Choice(
+                    p,
+                    "cuda",
+                    pl,
+                    gpu_bytes,
+                    ram_bytes,
+                    _why(f"fits this {gpu} GPU in {label(pl)}, everything on the GPU", wider, "GPU memory", label),
+                    plans,
+                )
         small = plans[precisions[-1]]
         wider = [plans[q] for q in precisions[:-1]]
         if small.fits and (not ram_bytes or small.host_fits):
-            return Choice(small.precision, "cuda", small, gpu_bytes, ram_bytes, _why(
-                f"fits this {gpu} GPU in {label(small)} with the experts of {small.n_cpu_moe} layers "
-                f"({format_bytes(small.host_weight_bytes)}) in host RAM ({label(small)} needs "
-                f"{format_bytes(small.resident_bytes)} to be whole on the GPU)", wider, "GPU memory", label), plans)
+            return Choice(
+                small.precision,
+                "cuda",
+                small,
+                gpu_bytes,
+                ram_bytes,
+                _why(
+                    f"fits this {gpu} GPU in {label(small)} with the experts of {small.n_cpu_moe} layers "
+                    f"({format_bytes(small.host_weight_bytes)}) in host RAM ({label(small)} needs "
+                    f"{format_bytes(small.resident_bytes)} to be whole on the GPU)",
+                    wider,
+                    "GPU memory",
+                    label,
+                ),
+                plans,
+            )
         gpu_note = f"no precision fits this {gpu} GPU: {label(small)} needs {format_bytes(small.resident_bytes)}"
         if not ram_bytes or not cpu_fallback:
             return Choice(None, "cuda", small, gpu_bytes, ram_bytes, gpu_note, plans)
@@ -121,12 +150,20 @@ def choose_precision(config: dict, gpu_bytes: int = 0, ram_bytes: int = 0, *, re
         pl = plan(p, "cpu", ram_bytes)
         if pl.fits:
             head = f"fits {ram} of RAM in {label(pl)} on the CPU"
-            return Choice(p, "cpu", pl, gpu_bytes, ram_bytes,
-                          (gpu_note + "; " if gpu_note else "") + _why(head, tried, "RAM", label), plans)
+            return Choice(
+                p,
+                "cpu",
+                pl,
+                gpu_bytes,
+                ram_bytes,
+                (gpu_note + "; " if gpu_note else "") + _why(head, tried, "RAM", label),
+                plans,
+            )
         tried.append(pl)
     needs = ", ".join(f"{label(p)} needs {format_bytes(_need(p))}" for p in tried)
-    return Choice(None, "cpu", tried[-1], gpu_bytes, ram_bytes, (gpu_note + "; " if gpu_note else "")
-                  + f"{needs} of RAM", plans)
+    return Choice(
+        None, "cpu", tried[-1], gpu_bytes, ram_bytes, (gpu_note + "; " if gpu_note else "") + f"{needs} of RAM", plans
+    )
 
 
 def _need(p: Plan) -> int:

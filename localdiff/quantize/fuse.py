@@ -12,6 +12,7 @@ projection dropped: 3 per layer of a dense block model. :class:`localdiff.quanti
 same way (codes, scales and zero points concatenated by rows; the int4 kernels also compute each output column from
 its own row alone).
 """
+
 from __future__ import annotations
 
 import torch
@@ -37,26 +38,37 @@ class FusedInt8:
         self.zero = torch.cat([m.weight_zero for m in mods]) if isinstance(mods[0], Int4Linear) else None
         o = 0
         for m, n in zip(mods, self.sizes):
-            m.weight, m.weight_scale = self.weight[o:o + n], self.scale[o:o + n]
+            m.weight, m.weight_scale = self.weight[o : o + n], self.scale[o : o + n]
             if self.zero is not None:
-                m.weight_zero = self.zero[o:o + n]
+                m.weight_zero = self.zero[o : o + n]
             o += n
         # the buffer objects bound here: while each module still holds them (checked by identity, no storage
         # queries), the fused call is valid
-        self._views = [(m, n, m._buffers.get(n)) for m in mods for n in ("weight", "weight_scale", "weight_zero")
-                       if n in m._buffers]
+        self._views = [
+            (m, n, m._buffers.get(n))
+            for m in mods
+            for n in ("weight", "weight_scale", "weight_zero")
+            if n in m._buffers
+        ]
 
     def valid(self) -> bool:
         """Whether the modules' buffers are still views of the fused weight and scale (see the class docstring)."""
-        if all(m._buffers.get(n) is t for m, n, t in self._views):   # the views set here: still valid
+        if all(m._buffers.get(n) is t for m, n, t in self._views):  # the views set here: still valid
             return True
         first, last = self.mods[0], self.mods[-1]
-        return (first.weight.data_ptr() == self.weight.data_ptr()
-                and first.weight_scale.data_ptr() == self.scale.data_ptr()
-                and last.weight.untyped_storage().data_ptr() == self.weight.untyped_storage().data_ptr()
-                and last.weight_scale.untyped_storage().data_ptr() == self.scale.untyped_storage().data_ptr()
-                and (self.zero is None or (first.weight_zero.data_ptr() == self.zero.data_ptr() and
-                     last.weight_zero.untyped_storage().data_ptr() == self.zero.untyped_storage().data_ptr())))
+        return (
+            first.weight.data_ptr() == self.weight.data_ptr()
+            and first.weight_scale.data_ptr() == self.scale.data_ptr()
+            and last.weight.untyped_storage().data_ptr() == self.weight.untyped_storage().data_ptr()
+            and last.weight_scale.untyped_storage().data_ptr() == self.scale.untyped_storage().data_ptr()
+            and (
+                self.zero is None
+                or (
+                    first.weight_zero.data_ptr() == self.zero.data_ptr()
+                    and last.weight_zero.untyped_storage().data_ptr() == self.zero.untyped_storage().data_ptr()
+                )
+            )
+        )
 
     def __call__(self, x: torch.Tensor):
         if not self.valid():
@@ -69,8 +81,7 @@ class FusedInt8:
 def _cat(ts: list[torch.Tensor]) -> torch.Tensor:
     """torch.cat along dim 0 into a buffer advised for huge pages on the CPU (as the loader's weights are:
     :func:`localdiff.hugepages.resident`)."""
-    out = torch.empty((sum(t.shape[0] for t in ts),) + tuple(ts[0].shape[1:]), dtype=ts[0].dtype,
-                      device=ts[0].device)
+    out = torch.empty((sum(t.shape[0] for t in ts),) + tuple(ts[0].shape[1:]), dtype=ts[0].dtype, device=ts[0].device)
     if out.device.type == "cpu" and hugepages.available() and out.numel() * out.element_size() >= 4 << 20:
         hugepages.advise(out)
     return torch.cat(ts, out=out)

@@ -24,6 +24,7 @@ Which kernel runs (:func:`int4_matmul`):
 * Otherwise (no compiler, CUDA, fp16): dequantize to fp32 (to fp16 for fp16 activations) and one GEMM — the exact
   reference computation, slow on CPU since the weight is expanded on every call.
 """
+
 from __future__ import annotations
 
 import torch
@@ -66,14 +67,14 @@ def quantize_tensor(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.
     g = groups(k)
     pad = g * GROUP - k
     wf = w.detach().float().contiguous()
-    if pad:   # pad each row with its last value (in the last group: its min / max unchanged); codes zeroed below
-        wf = torch.cat([wf, wf[:, k - 1:k].expand(n, pad)], dim=1)
+    if pad:  # pad each row with its last value (in the last group: its min / max unchanged); codes zeroed below
+        wf = torch.cat([wf, wf[:, k - 1 : k].expand(n, pad)], dim=1)
     elif wf.data_ptr() == w.data_ptr():
-        wf = wf.clone()                                                   # worked on in place below
+        wf = wf.clone()  # worked on in place below
     wg = wf.view(n, g, GROUP)
     lo, hi = torch.aminmax(wg, dim=-1)
     exact = torch.maximum((hi - lo) / 15.0, torch.maximum(lo.abs(), hi.abs()) / 256.0)
-    exact = torch.where(exact > 0, exact, torch.ones_like(exact))          # an all-zero group: s = 1, z = 0
+    exact = torch.where(exact > 0, exact, torch.ones_like(exact))  # an all-zero group: s = 1, z = 0
     scale = _round_up_bf16(exact)
     zero = (-lo / scale.float()).to(torch.float16)
     q = wg.div_(scale.float()[..., None]).add_(zero.float()[..., None]).round_().clamp_(0, 15).to(torch.uint8)
@@ -97,8 +98,13 @@ def unpack_codes(packed: torch.Tensor, k: int | None = None) -> torch.Tensor:
     return codes if k is None else codes[..., :k]
 
 
-def dequantize(packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, k: int | None = None,
-               dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def dequantize(
+    packed: torch.Tensor,
+    scale: torch.Tensor,
+    zero: torch.Tensor,
+    k: int | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
     """``s · (q − z)`` computed in fp32 (float64 when ``dtype`` is float64), returned in ``dtype``.
 
     Args:
@@ -227,12 +233,9 @@ class Int4Experts(MoEExperts):
         self.num_experts, self.hidden, self.inter = num_experts, hidden, inter
         for name, rows, cols in (("gate_up_proj", 2 * inter, hidden), ("down_proj", hidden, inter)):
             g = groups(cols)
-            self.register_buffer(name, torch.zeros(num_experts, rows, g * GROUP // 2, dtype=torch.uint8,
-                                                   device=device))
-            self.register_buffer(name + "_scale", torch.ones(num_experts, rows, g, dtype=torch.bfloat16,
-                                                             device=device))
-            self.register_buffer(name + "_zero", torch.zeros(num_experts, rows, g, dtype=torch.float16,
-                                                             device=device))
+            self.register_buffer(name, torch.zeros(num_experts, rows, g * GROUP // 2, dtype=torch.uint8, device=device))
+            self.register_buffer(name + "_scale", torch.ones(num_experts, rows, g, dtype=torch.bfloat16, device=device))
+            self.register_buffer(name + "_zero", torch.zeros(num_experts, rows, g, dtype=torch.float16, device=device))
 
     @classmethod
     def from_experts(cls, ex: MoEExperts) -> "Int4Experts":
@@ -248,8 +251,12 @@ class Int4Experts(MoEExperts):
         native library and fewer than :data:`GROUPED_MAX_ROWS` rows per expert (fp32: any): both projections of all
         experts in one library call each (:func:`localdiff.kernels.int4.grouped_matmul`; bit-equal to the
         per-expert loop, without its per-expert Python); otherwise the loop."""
-        if not (x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) and not torch.is_grad_enabled()
-                and native4.library() is not None):
+        if not (
+            x.device.type == "cpu"
+            and x.dtype in (torch.float32, torch.bfloat16)
+            and not torch.is_grad_enabled()
+            and native4.library() is not None
+        ):
             return super().forward(x, weights, index)
         k = index.shape[1]
         flat = index.reshape(-1)
@@ -262,16 +269,22 @@ class Int4Experts(MoEExperts):
         off = torch.zeros(self.num_experts + 1, dtype=torch.int64)
         torch.cumsum(counts, 0, out=off[1:])
         mm = int4_vnni.grouped_matmul if vnni else native4.grouped_matmul
-        gate, up = mm(x.index_select(0, token), off, self.gate_up_proj, self.gate_up_proj_scale,
-                      self.gate_up_proj_zero).chunk(2, dim=-1)
+        gate, up = mm(
+            x.index_select(0, token), off, self.gate_up_proj, self.gate_up_proj_scale, self.gate_up_proj_zero
+        ).chunk(2, dim=-1)
         ys = mm(gelu_tanh(gate) * up, off, self.down_proj, self.down_proj_scale, self.down_proj_zero)
         ys = (ys * weights.reshape(-1)[order, None]).to(x.dtype)
         return torch.zeros_like(x).index_add_(0, token, ys)
 
     def _vnni(self, x: torch.Tensor) -> bool:
         """Whether the int8-activation kernel runs for x (``act_int8``, CPU, bf16 / fp32, no autograd, library)."""
-        return self.act_int8 and x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) \
-            and not torch.is_grad_enabled() and int4_vnni.library() is not None
+        return (
+            self.act_int8
+            and x.device.type == "cpu"
+            and x.dtype in (torch.float32, torch.bfloat16)
+            and not torch.is_grad_enabled()
+            and int4_vnni.library() is not None
+        )
 
     def expert_ffn(self, e: int, x: torch.Tensor) -> torch.Tensor:
         """Expert ``e`` on x: Tensor[N, H] → Tensor[N, H] (gelu-tanh gated FFN on int4 weights)."""

@@ -22,6 +22,7 @@ Which kernel runs (measured on this project's 2-core AVX-512 CPU, torch 2.13; nu
 
 Saving / loading pre-quantized checkpoints and ``quantize_checkpoint`` live in :mod:`localdiff.quantize.io`.
 """
+
 from __future__ import annotations
 
 import logging
@@ -119,8 +120,12 @@ def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, use_bnb: 
         if not bitsandbytes_available():
             raise RecipeError("bitsandbytes is not installed (pip install bitsandbytes)")
         y = _bnb_matmul(x2, q, scale)
-    elif x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float32) and q.dtype == torch.int8 and (
-            kind := cpu_kernel(m, k, q.shape[0], x.dtype)) != "dequant":
+    elif (
+        x.device.type == "cpu"
+        and x.dtype in (torch.bfloat16, torch.float32)
+        and q.dtype == torch.int8
+        and (kind := cpu_kernel(m, k, q.shape[0], x.dtype)) != "dequant"
+    ):
         if kind == "native":
             from localdiff.kernels import int8 as native
 
@@ -312,7 +317,10 @@ def int8_entries(local: str, t: torch.Tensor, device=None) -> dict[str, torch.Te
     :func:`convert_modules` (so peak memory is the int8 model plus one float tensor).
     """
     q, s = quantize_tensor(t.to(device) if device is not None else t)
-    return {local: q.to(device) if device is not None else q, local + "_scale": s.to(device) if device is not None else s}
+    return {
+        local: q.to(device) if device is not None else q,
+        local + "_scale": s.to(device) if device is not None else s,
+    }
 
 
 #: name endings of the scale tensors of int8 modules
@@ -328,5 +336,3 @@ def is_quant_state(local: str) -> bool:
 def resident_bytes(module: nn.Module) -> int:
     """Bytes of all parameters and buffers of ``module`` (what it keeps in memory)."""
     return sum(t.numel() * t.element_size() for t in list(module.parameters()) + list(module.buffers()))
-
-

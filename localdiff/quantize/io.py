@@ -10,6 +10,7 @@ and each int4 module's by its packed uint8 codes under the same name plus ``<nam
 which precision) and every shard's safetensors metadata has ``localdiff.quant`` (the same JSON), so the next load
 skips the work.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,11 +34,21 @@ COPY_PATTERNS = ("*.json", "tokenizer*", "*.jinja", "*.model", "*.tiktoken", "*.
 def quant_info(recipe: Recipe, modules: list[str]) -> dict:
     """The ``quantization_config`` / metadata record of a pre-quantized checkpoint."""
     if recipe.quant() == "int4":
-        return {"quant_method": QUANT_METHODS["int4"], "bits": 4, "group_size": 64,
-                "scales": "per group of 64 inputs: bf16 scale (max - min) / 15 rounded up, fp16 zero point",
-                "recipe": recipe.to_dict(), "modules": sorted(modules)}
-    return {"quant_method": QUANT_METHOD, "bits": 8, "scales": "per-output-channel absmax / 127, bf16 rounded up",
-            "recipe": recipe.to_dict(), "modules": sorted(modules)}
+        return {
+            "quant_method": QUANT_METHODS["int4"],
+            "bits": 4,
+            "group_size": 64,
+            "scales": "per group of 64 inputs: bf16 scale (max - min) / 15 rounded up, fp16 zero point",
+            "recipe": recipe.to_dict(),
+            "modules": sorted(modules),
+        }
+    return {
+        "quant_method": QUANT_METHOD,
+        "bits": 8,
+        "scales": "per-output-channel absmax / 127, bf16 rounded up",
+        "recipe": recipe.to_dict(),
+        "modules": sorted(modules),
+    }
 
 
 def checkpoint_recipe(config: dict) -> Recipe | None:
@@ -50,14 +61,16 @@ def checkpoint_recipe(config: dict) -> Recipe | None:
     if not qc:
         return None
     if qc.get("quant_method") not in QUANT_METHODS.values():
-        raise CheckpointError(f"config.json: quantization method {qc.get('quant_method')!r} is not supported "
-                              f"(localdiff loads float checkpoints and its own "
-                              f"{' / '.join(map(repr, QUANT_METHODS.values()))})")
+        raise CheckpointError(
+            f"config.json: quantization method {qc.get('quant_method')!r} is not supported "
+            f"(localdiff loads float checkpoints and its own "
+            f"{' / '.join(map(repr, QUANT_METHODS.values()))})"
+        )
     return Recipe.from_dict(qc.get("recipe") or {}, name="checkpoint")
 
 
 def _precision(name: str, ndim: int, recipe: Recipe, tables: bool = False) -> str | None:
-    """"int8" / "int4" when checkpoint tensor ``name`` is quantized by ``recipe`` (2-D ``*.weight`` of a linear layer
+    """ "int8" / "int4" when checkpoint tensor ``name`` is quantized by ``recipe`` (2-D ``*.weight`` of a linear layer
     or 3-D stacked experts; the token embedding / LM head only with ``tables`` — the model class reads a quantized
     head — and the recipe's ``embeddings`` quantized; never vision tensors), else None."""
     if "vision" in name:
@@ -133,8 +146,13 @@ def _write_config(config: dict, out_dir: Path, info: dict) -> None:
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
-def save_quantized(model, out_dir: Path, recipe: Recipe | None = None, source_dir: Path | None = None,
-                   max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> Path:
+def save_quantized(
+    model,
+    out_dir: Path,
+    recipe: Recipe | None = None,
+    source_dir: Path | None = None,
+    max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+) -> Path:
     """Write a quantized ``localdiff.arch`` model as a pre-quantized checkpoint.
 
     Args:
@@ -175,12 +193,18 @@ def _weight_files(src: Path) -> list[Path]:
 def _default_recipe_for(src: Path) -> Recipe:
     for part in reversed(Path(src).resolve().parts):
         if part.startswith("models--"):
-            return recipe_for_model(part[len("models--"):].replace("--", "/"))
+            return recipe_for_model(part[len("models--") :].replace("--", "/"))
     return recipe_for_model(Path(src).name)
 
 
-def quantize_checkpoint(src: Path, out_dir: Path, recipe: str | Recipe | None = None, device: str | None = None,
-                        max_shard_bytes: int = DEFAULT_SHARD_BYTES, quant: str | None = None) -> dict:
+def quantize_checkpoint(
+    src: Path,
+    out_dir: Path,
+    recipe: str | Recipe | None = None,
+    device: str | None = None,
+    max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+    quant: str | None = None,
+) -> dict:
     """``localdiff quantize``: stream a float checkpoint tensor by tensor into a pre-quantized int8 / int4
     checkpoint.
 
@@ -215,7 +239,8 @@ def quantize_checkpoint(src: Path, out_dir: Path, recipe: str | Recipe | None = 
         recipe = recipe.with_precision(quant)
     files = _weight_files(src)
     from localdiff.arch import get_arch
-    tables = bool(getattr(get_arch(config).MODEL_CLASS, "supports_int8_head", False))   # as apply's targets
+
+    tables = bool(getattr(get_arch(config).MODEL_CLASS, "supports_int8_head", False))  # as apply's targets
     out_dir = _prepare_out(out_dir, src)
     modules: set[str] = set()
     bytes_in = 0
@@ -246,5 +271,11 @@ def quantize_checkpoint(src: Path, out_dir: Path, recipe: str | Recipe | None = 
     w.finish()
     _write_config(config, out_dir, info)
     _copy_side_files(src, out_dir)
-    return {"recipe": recipe.name, "quant": recipe.quant(), "quantized_tensors": n_q, "float_tensors": n_f, "bytes_in": bytes_in,
-            "bytes_out": w.total}
+    return {
+        "recipe": recipe.name,
+        "quant": recipe.quant(),
+        "quantized_tensors": n_q,
+        "float_tensors": n_f,
+        "bytes_in": bytes_in,
+        "bytes_out": w.total,
+    }

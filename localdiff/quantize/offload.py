@@ -5,6 +5,7 @@ Module and tensor names are unchanged (forward hooks move the experts' inputs to
 state dicts, saving and quantization work the same on a placed model. A loader can also put each tensor where the
 plan wants it while reading (:func:`device_for`), so the host-layer experts never touch device memory.
 """
+
 from __future__ import annotations
 
 import re

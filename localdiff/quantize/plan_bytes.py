@@ -15,6 +15,7 @@ into a device plan.
 * activation workspace for one forward of ``max(C, prefill_chunk)`` tokens (fused attention kernels assumed, so no
   L×L score matrix).
 """
+
 from __future__ import annotations
 
 from localdiff.quantize.recipe import DEFAULT_RECIPE, Recipe, RecipeError, table_precision
@@ -27,7 +28,7 @@ SCALE_BYTES = 2  # int8 per-channel scales are stored as bf16
 INT4_GROUP = 64
 INT4_GROUP_BYTES = INT4_GROUP // 2 + 2 + 2
 INT4_BYTES_PER_WEIGHT = INT4_GROUP_BYTES / INT4_GROUP
-QUANTS = ("bf16", "int8", "int4")   # the weight precisions localdiff offers, widest first
+QUANTS = ("bf16", "int8", "int4")  # the weight precisions localdiff offers, widest first
 INT8_ELIGIBLE = ("attention", "dense_mlp", "experts", "shared_expert", "self_conditioning", "router", "lm_head")
 
 
@@ -38,18 +39,25 @@ def plan_fields(config: dict) -> dict:
     the MoE top-k and sizes (0 for dense models). Raises CheckpointError for missing / malformed fields."""
     from localdiff.errors import CheckpointError
     from localdiff.summary import spec_of
+
     try:
         c = spec_of(config).parse_config(config)
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"config.json: invalid text_config ({e})") from None
-    return {"canvas_length": int(getattr(c, "canvas_length", 0) or 256),
-            "self_conditioning": c.model_type == "diffusion_gemma",
-            "top_k": int(getattr(c, "top_k_experts", 0) or getattr(c, "num_experts_per_tok", 0) or 0),
-            "moe_intermediate_size": int(getattr(c, "moe_intermediate_size", 0) or 0),
-            "intermediate_size": max(int(c.intermediate_size or 0),
-                                     int(getattr(c, "shared_expert_intermediate_size", 0) or 0)),
-            "hidden_size": c.hidden_size, "num_attention_heads": c.num_attention_heads, "vocab_size": c.vocab_size,
-            "num_hidden_layers": c.num_hidden_layers, "max_position_embeddings": c.max_position_embeddings}
+    return {
+        "canvas_length": int(getattr(c, "canvas_length", 0) or 256),
+        "self_conditioning": c.model_type == "diffusion_gemma",
+        "top_k": int(getattr(c, "top_k_experts", 0) or getattr(c, "num_experts_per_tok", 0) or 0),
+        "moe_intermediate_size": int(getattr(c, "moe_intermediate_size", 0) or 0),
+        "intermediate_size": max(
+            int(c.intermediate_size or 0), int(getattr(c, "shared_expert_intermediate_size", 0) or 0)
+        ),
+        "hidden_size": c.hidden_size,
+        "num_attention_heads": c.num_attention_heads,
+        "vocab_size": c.vocab_size,
+        "num_hidden_layers": c.num_hidden_layers,
+        "max_position_embeddings": c.max_position_embeddings,
+    }
 
 
 def int4_bytes(rows: int, in_features: int) -> int:
@@ -73,8 +81,9 @@ def _module_of(name: str) -> str:
     return name.rsplit(".", 1)[0]
 
 
-def tensor_bytes(config: dict, quant: str | None = "int8", dtype: str = "bfloat16",
-                 recipe: Recipe | None = None) -> list[dict]:
+def tensor_bytes(
+    config: dict, quant: str | None = "int8", dtype: str = "bfloat16", recipe: Recipe | None = None
+) -> list[dict]:
     """Bytes of every weight tensor: list of {component, layer, name, shape, params, precision, bytes}.
 
     An int8 tensor (a 2-D ``.weight`` or a 3-D stacked expert tensor whose module the recipe marks int8) costs
@@ -89,11 +98,15 @@ def tensor_bytes(config: dict, quant: str | None = "int8", dtype: str = "bfloat1
     quant = normalize_quant(quant)
     recipe = recipe or DEFAULT_RECIPE
     out = []
-    tables = table_precision(config, quant, recipe)     # embedding / LM head quantized themselves
+    tables = table_precision(config, quant, recipe)  # embedding / LM head quantized themselves
     for t in config_tensors(config):
         prec = dtype
-        if quant and t.component in INT8_ELIGIBLE and len(t.shape) >= 2 and \
-                recipe.precision_for(_module_of(t.name)) == "int8":
+        if (
+            quant
+            and t.component in INT8_ELIGIBLE
+            and len(t.shape) >= 2
+            and recipe.precision_for(_module_of(t.name)) == "int8"
+        ):
             prec = quant
         if tables and t.component in ("embeddings", "lm_head") and len(t.shape) == 2:
             prec = tables
@@ -104,18 +117,36 @@ def tensor_bytes(config: dict, quant: str | None = "int8", dtype: str = "bfloat1
             b = int4_bytes(rows, t.shape[-1])
         else:
             b = t.numel * fb
-        out.append({"component": t.component, "layer": t.layer, "name": t.name, "shape": t.shape,
-                    "params": t.numel, "precision": prec, "bytes": b})
+        out.append(
+            {
+                "component": t.component,
+                "layer": t.layer,
+                "name": t.name,
+                "shape": t.shape,
+                "params": t.numel,
+                "precision": prec,
+                "bytes": b,
+            }
+        )
     head = [r for r in out if r["component"] == "lm_head"] or [r for r in out if r["component"] == "embeddings"]
-    if quant and recipe.head == "int8" and head and not tables:    # localdiff.quantize.int8.Int8Head: a copy
+    if quant and recipe.head == "int8" and head and not tables:  # localdiff.quantize.int8.Int8Head: a copy
         h = head[0]
-        out.append(dict(h, component="head_int8", name="head_int8.weight", params=0, precision="int8",
-                        bytes=h["params"] + SCALE_BYTES * h["shape"][0]))
+        out.append(
+            dict(
+                h,
+                component="head_int8",
+                name="head_int8.weight",
+                params=0,
+                precision="int8",
+                bytes=h["params"] + SCALE_BYTES * h["shape"][0],
+            )
+        )
     return out
 
 
-def kv_bytes(config: dict, tokens: int, batch_size: int = 1, dtype: str = "bfloat16",
-             sliding_slack: int | None = None) -> int:
+def kv_bytes(
+    config: dict, tokens: int, batch_size: int = 1, dtype: str = "bfloat16", sliding_slack: int | None = None
+) -> int:
     """KV-cache bytes for ``tokens`` cached tokens per sequence.
 
     Sliding layers hold at most ``window − 1 + sliding_slack`` tokens: the reference attends to window − 1, and
@@ -154,7 +185,9 @@ def sc_buffer_bytes(config: dict, batch_size: int = 1) -> int:
     return 2 * f["canvas_length"] * f["vocab_size"] * 4 * batch_size
 
 
-def activation_bytes(config: dict, batch_size: int = 1, dtype: str = "bfloat16", prefill_chunk: int | None = None) -> int:
+def activation_bytes(
+    config: dict, batch_size: int = 1, dtype: str = "bfloat16", prefill_chunk: int | None = None
+) -> int:
     """Transient activations for ``max(C, prefill_chunk)`` tokens: per layer the residual, normed input, q/k/v,
     attention output, dense-MLP gate/up/act, the top-k-expanded expert input/output and one expert's
     intermediate (fused attention kernels assumed: no score matrix); the canvas' K/V in every layer; and the

@@ -28,6 +28,7 @@ quantized, router / norms / self-conditioning float as for int8 (format: localdi
 table in the recipe's ``int4_embeddings`` precision (:mod:`localdiff.quantize.embedding`: for models whose class
 reads a quantized head, the tied LM head then reads that table and no head copy is made).
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -62,7 +63,7 @@ def parse_bytes(text: str | int | float) -> int:
     return parse_size(text, RecipeError)
 
 
-format_bytes = format_size   # the memory plan's name for it (localdiff.units)
+format_bytes = format_size  # the memory plan's name for it (localdiff.units)
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ class Recipe:
     int4_activations: str = "float"
 
     def precision_for(self, module_name: str) -> str:
-        """"int8", "int4" or "float" for a module name (first matching rule, else ``default``)."""
+        """ "int8", "int4" or "float" for a module name (first matching rule, else ``default``)."""
         for pattern, precision in self.rules:
             if fnmatch.fnmatchcase(module_name, pattern):
                 return precision
@@ -112,13 +113,26 @@ class Recipe:
         swap = lambda p: quant if p in QUANTS else p  # noqa: E731
         rules = tuple((pat, swap(p)) for pat, p in self.rules)
         emb = self.int4_embeddings if quant == "int4" and self.int4_embeddings else self.embeddings
-        if rules == self.rules and swap(self.default) == self.default and swap(self.head) == self.head \
-                and emb == self.embeddings:
+        if (
+            rules == self.rules
+            and swap(self.default) == self.default
+            and swap(self.head) == self.head
+            and emb == self.embeddings
+        ):
             return self
-        return Recipe(name=self.name, rules=rules, default=swap(self.default), models=self.models,
-                      description=self.description, plans=self.plans, source=self.source, head=swap(self.head),
-                      embeddings=emb, int4_embeddings=self.int4_embeddings,
-                      int4_activations=self.int4_activations)
+        return Recipe(
+            name=self.name,
+            rules=rules,
+            default=swap(self.default),
+            models=self.models,
+            description=self.description,
+            plans=self.plans,
+            source=self.source,
+            head=swap(self.head),
+            embeddings=emb,
+            int4_embeddings=self.int4_embeddings,
+            int4_activations=self.int4_activations,
+        )
 
     def quant(self) -> str | None:
         """The quantized precision this recipe uses ("int4" when any rule / its head says int4, else "int8" when
@@ -128,12 +142,19 @@ class Recipe:
 
     def to_dict(self) -> dict:
         """JSON-serialisable form (recorded in pre-quantized checkpoints' metadata)."""
-        out = {"name": self.name, "default": self.default, "rules": [list(r) for r in self.rules],
-               "models": list(self.models)}
-        return out | ({"head": self.head} if self.head != "float" else {}) \
-            | ({"embeddings": self.embeddings} if self.embeddings != "float" else {}) \
-            | ({"int4_embeddings": self.int4_embeddings} if self.int4_embeddings else {}) \
+        out = {
+            "name": self.name,
+            "default": self.default,
+            "rules": [list(r) for r in self.rules],
+            "models": list(self.models),
+        }
+        return (
+            out
+            | ({"head": self.head} if self.head != "float" else {})
+            | ({"embeddings": self.embeddings} if self.embeddings != "float" else {})
+            | ({"int4_embeddings": self.int4_embeddings} if self.int4_embeddings else {})
             | ({"int4_activations": self.int4_activations} if self.int4_activations != "float" else {})
+        )
 
     @classmethod
     def from_dict(cls, data: dict, source: Path | None = None, name: str | None = None) -> "Recipe":
@@ -148,8 +169,10 @@ class Recipe:
             if not isinstance(r, dict) or not isinstance(r.get("pattern"), str):
                 raise RecipeError(f"{where}: every rule needs a string 'pattern'")
             if r.get("precision") not in PRECISIONS:
-                raise RecipeError(f"{where}: rule {r.get('pattern')!r} has precision {r.get('precision')!r} "
-                                  f"(use one of {', '.join(PRECISIONS)})")
+                raise RecipeError(
+                    f"{where}: rule {r.get('pattern')!r} has precision {r.get('precision')!r} "
+                    f"(use one of {', '.join(PRECISIONS)})"
+                )
             rules.append((r["pattern"], r["precision"]))
         default = data.get("default", "float")
         if default not in PRECISIONS:
@@ -171,30 +194,49 @@ class Recipe:
             if not isinstance(p, dict) or "gpu_mem" not in p:
                 raise RecipeError(f"{where}: every [[plans]] entry needs 'gpu_mem'")
             try:
-                plans.append(VramPlan(
-                    gpu_mem=parse_bytes(p["gpu_mem"]),
-                    kv_budget=parse_bytes(p["kv_budget"]) if "kv_budget" in p else None,
-                    reserve=parse_bytes(p["reserve"]) if "reserve" in p else None,
-                    host_expert_layers=int(p["host_expert_layers"]) if "host_expert_layers" in p else None))
+                plans.append(
+                    VramPlan(
+                        gpu_mem=parse_bytes(p["gpu_mem"]),
+                        kv_budget=parse_bytes(p["kv_budget"]) if "kv_budget" in p else None,
+                        reserve=parse_bytes(p["reserve"]) if "reserve" in p else None,
+                        host_expert_layers=int(p["host_expert_layers"]) if "host_expert_layers" in p else None,
+                    )
+                )
             except RecipeError as e:
                 raise RecipeError(f"{where}: {e}") from None
-        return cls(name=str(data.get("name") or name or (source.stem if source else "custom")), rules=tuple(rules),
-                   default=default, models=tuple(data.get("models", ())), description=str(data.get("description", "")),
-                   plans=tuple(plans), source=source, head=head, embeddings=emb["embeddings"] or "float",
-                   int4_embeddings=emb["int4_embeddings"], int4_activations=acts)
+        return cls(
+            name=str(data.get("name") or name or (source.stem if source else "custom")),
+            rules=tuple(rules),
+            default=default,
+            models=tuple(data.get("models", ())),
+            description=str(data.get("description", "")),
+            plans=tuple(plans),
+            source=source,
+            head=head,
+            embeddings=emb["embeddings"] or "float",
+            int4_embeddings=emb["int4_embeddings"],
+            int4_activations=acts,
+        )
 
 
 #: The rules used when no recipe is named: int8 for attention projections, the dense MLP and the experts;
 #: router, norms, embeddings / tied LM head and self-conditioning stay float.
-DEFAULT_RECIPE = Recipe.from_dict({
-    "name": "default",
-    "rules": [["*self_conditioning*", "float"], ["*router*", "float"], ["*self_attn.?_proj", "int8"],
-              ["*layers.*.mlp.*_proj", "int8"], ["*layers.*.experts", "int8"]],
-})
+DEFAULT_RECIPE = Recipe.from_dict(
+    {
+        "name": "default",
+        "rules": [
+            ["*self_conditioning*", "float"],
+            ["*router*", "float"],
+            ["*self_attn.?_proj", "int8"],
+            ["*layers.*.mlp.*_proj", "int8"],
+            ["*layers.*.experts", "int8"],
+        ],
+    }
+)
 
 
 def table_precision(config: dict, quant: str | None, recipe: Recipe) -> str | None:
-    """"int8" / "int4" when the token embedding (and LM head) are stored quantized under ``quant``: the recipe's
+    """ "int8" / "int4" when the token embedding (and LM head) are stored quantized under ``quant``: the recipe's
     ``int4_embeddings`` with int4 (else its ``embeddings``), for architectures whose model reads a quantized head
     (:mod:`localdiff.quantize.embedding`); None when they stay float."""
     from localdiff.arch import get_arch

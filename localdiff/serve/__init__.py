@@ -4,6 +4,7 @@ plain ASGI, the rest Starlette).
 :func:`serve` runs the server until interrupted; :func:`check_binding` is the refusal to listen beyond this
 machine without an API key. The app itself is :func:`localdiff.serve.app.build_app`.
 """
+
 from __future__ import annotations
 
 import logging
@@ -14,7 +15,7 @@ from localdiff.errors import CheckpointError, LocaldiffError, UsageError
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 DEFAULT_PORT = 11436
-LOG_FORMAT = "%(levelname)s:     %(message)s"   # localdiff's server log lines (access lines included)
+LOG_FORMAT = "%(levelname)s:     %(message)s"  # localdiff's server log lines (access lines included)
 
 
 def check_port(host: str, port: int) -> None:
@@ -32,7 +33,7 @@ def check_port(host: str, port: int) -> None:
         raise LocaldiffError(f"--host {host}: cannot resolve it ({getattr(e, 'strerror', None) or e})") from None
     family, kind, proto, _, addr = infos[0]
     with socket.socket(family, kind, proto) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)     # as uvicorn binds
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
         try:
             sock.bind(addr)
         except OSError as e:
@@ -46,11 +47,13 @@ def check_binding(host: str, api_key: str | None, insecure: bool) -> None:
     Raises:
         UsageError: with the two ways out in the message.
     """
-    if not host.strip():     # getaddrinfo reads "" as every interface; the refusal read "listen on  without"
+    if not host.strip():  # getaddrinfo reads "" as every interface; the refusal read "listen on  without"
         raise UsageError("--host: empty host name (leave --host out for 127.0.0.1)")
     if host not in LOCAL_HOSTS and not api_key and not insecure:
-        raise UsageError(f"refusing to listen on {host} without --api-key KEY (or --insecure to serve anyone who "
-                         f"can reach this machine)")
+        raise UsageError(
+            f"refusing to listen on {host} without --api-key KEY (or --insecure to serve anyone who "
+            f"can reach this machine)"
+        )
 
 
 def uvicorn_config(app, log_level: str = "info", **kw):
@@ -71,18 +74,33 @@ def uvicorn_config(app, log_level: str = "info", **kw):
     from localdiff.serve.transport import protocol_class
 
     kw.setdefault("timeout_graceful_shutdown", 2)
-    kw["http"] = protocol_class(kw.get("http", "auto"))   # one socket write per loop callback (serve/transport.py)
-    kw.setdefault("lifespan", "off")   # the app has no startup / shutdown handlers; with "on", a second Ctrl-C
+    kw["http"] = protocol_class(kw.get("http", "auto"))  # one socket write per loop callback (serve/transport.py)
+    kw.setdefault("lifespan", "off")  # the app has no startup / shutdown handlers; with "on", a second Ctrl-C
     # (uvicorn's force quit) printed a traceback of Starlette's lifespan task being cancelled
     return uvicorn.Config(app, log_level=log_level, proxy_headers=False, access_log=False, **kw)
 
 
-def serve(models, default_model: str, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
-          api_key: str | None = None, insecure: bool = False, device: str | None = None, quant: str | None = None,
-          sampler: dict | None = None, max_queue: int = 32, keep_alive: float | None = 300.0,
-          max_body: int | None = None, log_level: str = "info", gpu_mem: int | None = None,
-          threads: int | str | None = None, gpu_layers=None, draft: str | None = None, max_batch: int = 8,
-          kv_budget: int | None = None) -> int:
+def serve(
+    models,
+    default_model: str,
+    host: str = "127.0.0.1",
+    port: int = DEFAULT_PORT,
+    api_key: str | None = None,
+    insecure: bool = False,
+    device: str | None = None,
+    quant: str | None = None,
+    sampler: dict | None = None,
+    max_queue: int = 32,
+    keep_alive: float | None = 300.0,
+    max_body: int | None = None,
+    log_level: str = "info",
+    gpu_mem: int | None = None,
+    threads: int | str | None = None,
+    gpu_layers=None,
+    draft: str | None = None,
+    max_batch: int = 8,
+    kv_budget: int | None = None,
+) -> int:
     """Run the server in the foreground until Ctrl-C or SIGTERM; returns 0 once it has drained (a normal stop).
 
     Args:
@@ -107,11 +125,11 @@ def serve(models, default_model: str, host: str = "127.0.0.1", port: int = DEFAU
     import localdiff
     from localdiff.loader import gguf_target, load_config
 
-    for model in models:                   # a name that cannot load is an error now, not a log line after start
+    for model in models:  # a name that cannot load is an error now, not a log line after start
         if gguf_target(model) is None:
             folder = localdiff._resolve_path(model)[0]
             try:
-                load_config(folder)        # a folder that is no checkpoint (serve -m /etc) too
+                load_config(folder)  # a folder that is no checkpoint (serve -m /etc) too
             except CheckpointError as e:
                 raise CheckpointError(f"-m {model}: {e}") from None
             _check_not_draft(model, folder)
@@ -123,8 +141,10 @@ def serve(models, default_model: str, host: str = "127.0.0.1", port: int = DEFAU
     try:
         import uvicorn
     except ImportError:
-        raise LocaldiffError("`localdiff serve` needs starlette and uvicorn (part of the base install; reinstall "
-                             "localdiff or pip install starlette uvicorn)") from None
+        raise LocaldiffError(
+            "`localdiff serve` needs starlette and uvicorn (part of the base install; reinstall "
+            "localdiff or pip install starlette uvicorn)"
+        ) from None
     from localdiff.errors import ModelNotFoundError
     from localdiff.serve.app import DEFAULT_MAX_BODY, ServerSettings, build_app
     from localdiff.serve.names import NOT_OFFERED, ModelNames
@@ -133,14 +153,28 @@ def serve(models, default_model: str, host: str = "127.0.0.1", port: int = DEFAU
     names = ModelNames(models, default_model or (models[0] if models else ""))
 
     def loader(name: str):
-        if names.resolve(name) != name:      # the HTTP side passes offered names only; this is the second lock
+        if names.resolve(name) != name:  # the HTTP side passes offered names only; this is the second lock
             raise ModelNotFoundError(NOT_OFFERED)
-        return localdiff.load(name, device=device, quant=quant, gpu_mem=gpu_mem, threads=threads,
-                              gpu_layers=gpu_layers, draft=drafts.for_model(name))
+        return localdiff.load(
+            name,
+            device=device,
+            quant=quant,
+            gpu_mem=gpu_mem,
+            threads=threads,
+            gpu_layers=gpu_layers,
+            draft=drafts.for_model(name),
+        )
 
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO), format=LOG_FORMAT)
-    worker = ModelWorker(loader, names.default, sampler, max_queue=max_queue, keep_alive=keep_alive,
-                         max_batch=max_batch, kv_budget=kv_budget)
+    worker = ModelWorker(
+        loader,
+        names.default,
+        sampler,
+        max_queue=max_queue,
+        keep_alive=keep_alive,
+        max_batch=max_batch,
+        kv_budget=kv_budget,
+    )
     app = build_app(worker, ServerSettings(api_key=api_key, max_body=max_body or DEFAULT_MAX_BODY), names)
     config = uvicorn_config(app, log_level, host=host, port=port)
     server = uvicorn.Server(config)
@@ -149,8 +183,8 @@ def serve(models, default_model: str, host: str = "127.0.0.1", port: int = DEFAU
     try:
         server.run()
     finally:
-        stop.restore()           # a signal while the model thread lets go: Python's own handling again
-        worker.stop(wait=30.0)   # the running step ends (at most one step: the job was cancelled at shutdown)
+        stop.restore()  # a signal while the model thread lets go: Python's own handling again
+        worker.stop(wait=30.0)  # the running step ends (at most one step: the job was cancelled at shutdown)
     if not server.started:
         raise LocaldiffError(f"could not listen on {host}:{port} (is the port in use?)")
     if stop.seen:
@@ -172,11 +206,13 @@ def _check_not_draft(name: str, folder) -> None:
     try:
         cfg = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return                                  # the load reports a broken config.json itself
+        return  # the load reports a broken config.json itself
     if isinstance(cfg, dict) and catalog.is_draft(cfg):
         targets = catalog.draft_targets(name)
-        raise UsageError(f"-m {name}: a DFlash draft does not run alone; serve its target"
-                         f"{' (' + ', '.join(targets) + ')' if targets else ''} with --draft {name} instead")
+        raise UsageError(
+            f"-m {name}: a DFlash draft does not run alone; serve its target"
+            f"{' (' + ', '.join(targets) + ')' if targets else ''} with --draft {name} instead"
+        )
 
 
 class StopSignals:

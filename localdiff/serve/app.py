@@ -6,6 +6,7 @@ are plain ASGI (:class:`localdiff.serve.asgi.GenerationRoutes`, the hot path); t
 it. All model work happens in the :class:`~localdiff.serve.worker.ModelWorker` thread; handlers only parse, enqueue
 and relay.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -26,7 +27,7 @@ from localdiff.serve.names import ModelNames
 from localdiff.serve.worker import ModelWorker
 
 log = logging.getLogger("localdiff.serve")
-DEFAULT_MAX_BODY = 1 << 20   # 1 MiB of JSON per request
+DEFAULT_MAX_BODY = 1 << 20  # 1 MiB of JSON per request
 
 
 @dataclass
@@ -58,8 +59,9 @@ def _check_key(request: Request, settings: ServerSettings) -> None:
     check_key(settings.api_key, request.headers.get("authorization", ""), request.headers.get("x-api-key", ""))
 
 
-def build_app(worker: ModelWorker, settings: ServerSettings | None = None,
-              names: ModelNames | None = None) -> GenerationRoutes:
+def build_app(
+    worker: ModelWorker, settings: ServerSettings | None = None, names: ModelNames | None = None
+) -> GenerationRoutes:
     """The ASGI app around ``worker`` (already started or not; the caller owns its lifecycle). ``names``: the models
     it answers for (:class:`~localdiff.serve.names.ModelNames`; default: the installed ones and the worker's default
     model); any other name in a request is one 404."""
@@ -75,22 +77,29 @@ def build_app(worker: ModelWorker, settings: ServerSettings | None = None,
             except ApiError as err:
                 return _error_response(request, err)
             except Exception as exc:  # noqa: BLE001 — one log line and a JSON 500, never a traceback
-                log.error("internal error on %s %s: %s: %s", request.method, request.url.path,
-                          type(exc).__name__, exc)
-                return _error_response(request, ApiError(500, f"internal error: {type(exc).__name__}",
-                                                         type="server_error"))
+                log.error("internal error on %s %s: %s: %s", request.method, request.url.path, type(exc).__name__, exc)
+                return _error_response(
+                    request, ApiError(500, f"internal error: {type(exc).__name__}", type="server_error")
+                )
+
         return handler
 
     async def health(request: Request):
         raise_unavailable(worker)
         model = worker.model
-        return SafeJSONResponse({"status": "ok", "model": None if model is None else model.name,
-                                 "queued": worker.queued, "busy": worker.current is not None})
+        return SafeJSONResponse(
+            {
+                "status": "ok",
+                "model": None if model is None else model.name,
+                "queued": worker.queued,
+                "busy": worker.current is not None,
+            }
+        )
 
     async def root(request: Request):
         return PlainTextResponse("localdiff is running")
 
-    def _names() -> list[str]:   # the resident model first, then the offered ones (no DFlash draft)
+    def _names() -> list[str]:  # the resident model first, then the offered ones (no DFlash draft)
         out = [] if worker.model is None else [worker.model.name]
         return out + [n for n in names.names() if n not in out]
 
@@ -118,8 +127,9 @@ def build_app(worker: ModelWorker, settings: ServerSettings | None = None,
 
     async def http_error(request: Request, exc: HTTPException):
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return _error_response(request, ApiError(exc.status_code, f"{request.method} {request.url.path}: "
-                                                 f"{exc.detail}", type=kind))
+        return _error_response(
+            request, ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", type=kind)
+        )
 
     async def server_error(request: Request, exc: Exception):
         log.error("internal error on %s %s: %s: %s", request.method, request.url.path, type(exc).__name__, exc)

@@ -15,6 +15,7 @@ job's cancel flag at once (the engine stops before its next denoising step) and 
 handler, whether the job is still queued or streaming. Every request, Starlette's included, gets one access-log
 line once its response is complete (:func:`log_access`).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -42,7 +43,7 @@ class VisibleControls(logging.Filter):
     through the server's log, and must not run there as a control sequence."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        msg = record.getMessage()         # formatted once: the handler then finds it done
+        msg = record.getMessage()  # formatted once: the handler then finds it done
         record.msg, record.args = (visible(msg) if has_controls(msg) else msg), None
         return True
 
@@ -50,7 +51,7 @@ class VisibleControls(logging.Filter):
 for _logger in (log, access):
     _logger.addFilter(VisibleControls())
 
-ACCESS_LOG_DELAY = 0.002   # s: a response's access line waits this long (see log_access)
+ACCESS_LOG_DELAY = 0.002  # s: a response's access line waits this long (see log_access)
 _JSON = (b"content-type", b"application/json")
 _SSE = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
 _NDJSON = [(b"content-type", b"application/x-ndjson")]
@@ -63,8 +64,12 @@ def check_key(api_key: str | None, authorization: str, x_api_key: str) -> None:
         return
     given = authorization[7:].strip() if authorization.lower().startswith("bearer ") else x_api_key
     if not given or not hmac.compare_digest(given.encode(), api_key.encode()):
-        raise ApiError(401, "missing or wrong API key (send 'Authorization: Bearer KEY')",
-                       type="authentication_error", code="invalid_api_key")
+        raise ApiError(
+            401,
+            "missing or wrong API key (send 'Authorization: Bearer KEY')",
+            type="authentication_error",
+            code="invalid_api_key",
+        )
 
 
 def _no_constant(name: str):
@@ -79,7 +84,7 @@ def _no_repeats(pairs: list) -> dict:
     if len(out) != len(pairs):
         seen = set()
         key = next(k for k, _ in pairs if k in seen or seen.add(k))
-        shown = json.dumps(key if len(key) <= 60 else key[:60] + "…")   # ASCII: a key may hold a lone surrogate
+        shown = json.dumps(key if len(key) <= 60 else key[:60] + "…")  # ASCII: a key may hold a lone surrogate
         raise bad_request(f"{shown} appears twice in one object of the request body: send it once", param=shown[1:-1])
     return out
 
@@ -94,24 +99,26 @@ def parse_json(raw: bytes) -> dict:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise bad_request(f"request body is not UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}): send JSON "
-                          "encoded as UTF-8") from None
+        raise bad_request(
+            f"request body is not UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}): send JSON encoded as UTF-8"
+        ) from None
     try:
         body = json.loads(text, parse_constant=_no_constant, object_pairs_hook=_no_repeats)
     except json.JSONDecodeError as e:
         where = f"line {e.lineno}, column {e.colno}"
-        msg = e.msg[:80].removesuffix(" at")          # ("Invalid control character at" ends with it)
+        msg = e.msg[:80].removesuffix(" at")  # ("Invalid control character at" ends with it)
         raise bad_request(f"request body is not valid JSON ({msg} at {where})") from None
     except RecursionError:
         raise bad_request("request body is not valid JSON: nested too deeply") from None
     if not isinstance(body, dict):
         raise bad_request("request body must be a JSON object")
-    if b"\\ud" in raw or b"\\uD" in raw:        # only an escape can carry a lone surrogate (raw is UTF-8)
+    if b"\\ud" in raw or b"\\uD" in raw:  # only an escape can carry a lone surrogate (raw is UTF-8)
         try:
             json.dumps(body, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError:
-            raise bad_request("request body has an unpaired UTF-16 surrogate escape (e.g. \\ud800): "
-                              "not Unicode text") from None
+            raise bad_request(
+                "request body has an unpaired UTF-16 surrogate escape (e.g. \\ud800): not Unicode text"
+            ) from None
     return body
 
 
@@ -187,10 +194,17 @@ def log_access(scope, status: int | None) -> None:
     request"), though its head said 200."""
     if access.isEnabledFor(logging.INFO):
         client = scope.get("client")
-        path = scope.get("path", "") + ("?" + scope["query_string"].decode("latin-1") if scope.get("query_string")
-                                        else "")
-        access.info('%s - "%s %s HTTP/%s" %s', f"{client[0]}:{client[1]}" if client else "-", scope.get("method"),
-                    path, scope.get("http_version"), "-" if status is None else status)
+        path = scope.get("path", "") + (
+            "?" + scope["query_string"].decode("latin-1") if scope.get("query_string") else ""
+        )
+        access.info(
+            '%s - "%s %s HTTP/%s" %s',
+            f"{client[0]}:{client[1]}" if client else "-",
+            scope.get("method"),
+            path,
+            scope.get("http_version"),
+            "-" if status is None else status,
+        )
 
 
 def _openai_lines(shape: openai_api.Shape, req, batch: list, role: bool) -> str:
@@ -241,10 +255,12 @@ class GenerationRoutes:
             loaded: any other name is one 404 that reads nothing from the disk.
     """
 
-    ROUTES = {"/v1/chat/completions": (openai_api.parse_chat, True, False),
-              "/v1/completions": (openai_api.parse_completion, False, False),
-              "/api/chat": (ollama_api.parse_chat, True, True),
-              "/api/generate": (ollama_api.parse_generate, False, True)}   # path → (parser, chat, ollama shape)
+    ROUTES = {
+        "/v1/chat/completions": (openai_api.parse_chat, True, False),
+        "/v1/completions": (openai_api.parse_completion, False, False),
+        "/api/chat": (ollama_api.parse_chat, True, True),
+        "/api/generate": (ollama_api.parse_generate, False, True),
+    }  # path → (parser, chat, ollama shape)
 
     def __init__(self, worker, settings, fallback, names: ModelNames | None = None) -> None:
         self.worker, self.settings, self.fallback = worker, settings, fallback
@@ -276,32 +292,34 @@ class GenerationRoutes:
         hooked = False
         started = False
         try:
-            headers = {k: v for k, v in scope["headers"] if k in (b"authorization", b"x-api-key",
-                                                                   b"content-length")}
-            check_key(self.settings.api_key, headers.get(b"authorization", b"").decode("latin-1"),
-                      headers.get(b"x-api-key", b"").decode("latin-1"))
-            raw = await _read_body(receive, headers.get(b"content-length", b"").decode("latin-1"),
-                                   self.settings.max_body)
+            headers = {k: v for k, v in scope["headers"] if k in (b"authorization", b"x-api-key", b"content-length")}
+            check_key(
+                self.settings.api_key,
+                headers.get(b"authorization", b"").decode("latin-1"),
+                headers.get(b"x-api-key", b"").decode("latin-1"),
+            )
+            raw = await _read_body(
+                receive, headers.get(b"content-length", b"").decode("latin-1"), self.settings.max_body
+            )
             req = parse(parse_json(raw))
-            model_name = self.names.lookup(req.model)   # never a path from the request (localdiff.serve.names)
-            req.model = model_name if model_name is not None else await asyncio.to_thread(self.names.resolve,
-                                                                                          req.model)
-            if req.load_only:                     # Ollama's load request: the model thread loads, in queue order
+            model_name = self.names.lookup(req.model)  # never a path from the request (localdiff.serve.names)
+            req.model = model_name if model_name is not None else await asyncio.to_thread(self.names.resolve, req.model)
+            if req.load_only:  # Ollama's load request: the model thread loads, in queue order
                 model = await asyncio.to_thread(self.worker.load, req.model)
                 status = await _send_json(send, 200, ollama_api.loaded(model.name, chat))
                 return
             job = Job(req, asyncio.get_running_loop())
             hooked = on_disconnect(send, functools.partial(_gone, job), functools.partial(_stopping, job))
             watcher = None if hooked else asyncio.ensure_future(_watch(receive, job))
-            shape = _shape(self.worker.model, chat, ollama)   # built before the job runs (off the answer's path)
-            self.worker.submit(job)   # last before the wait: the woken model thread finds the interpreter lock free
+            shape = _shape(self.worker.model, chat, ollama)  # built before the job runs (off the answer's path)
+            self.worker.submit(job)  # last before the wait: the woken model thread finds the interpreter lock free
             first = await job.batch()
             if first[0][0] == "gone":
                 raise ClientGone()
             if first[0][0] == "error":
                 raise first[0][1]
-            job.held = first                      # read again by pieces()
-            if shape is None or shape.model != job.model.name:   # no resident model yet, or the job loaded another
+            job.held = first  # read again by pieces()
+            if shape is None or shape.model != job.model.name:  # no resident model yet, or the job loaded another
                 shape = _shape(job.model, chat, ollama)
             if not req.stream:
                 result = await collect(job)
@@ -310,7 +328,7 @@ class GenerationRoutes:
                 return
             await send({"type": "http.response.start", "status": 200, "headers": _NDJSON if ollama else _SSE})
             started, status = True, 200
-            role = chat and not ollama            # the role chunk goes out with the first parts (one write)
+            role = chat and not ollama  # the role chunk goes out with the first parts (one write)
             end = False
             try:
                 # run to its end (no return / break inside): an abandoned async generator is closed by a task that
@@ -318,24 +336,24 @@ class GenerationRoutes:
                 async for batch in pieces(job):
                     text = _ollama_lines(shape, batch) if ollama else _openai_lines(shape, req, batch, role)
                     role = False
-                    end = batch[-1][0] == "end"   # the last part and the end of the chunked body: one write
+                    end = batch[-1][0] == "end"  # the last part and the end of the chunked body: one write
                     await send({"type": "http.response.body", "body": text.encode(), "more_body": not end})
                     if end:
-                        flush_now(send)           # the answer's last byte goes now, the clean-up after it
-            except ApiError as err:               # failed mid-stream: the error as the stream's last part
+                        flush_now(send)  # the answer's last byte goes now, the clean-up after it
+            except ApiError as err:  # failed mid-stream: the error as the stream's last part
                 await send({"type": "http.response.body", "body": _stream_error(err, ollama), "more_body": True})
             if not end:
                 await send({"type": "http.response.body", "body": b""})
         except ClientGone:
             if not started:
                 status = await _send_json(send, 499, {"error": "client closed the request"})
-            else:                        # the access line says so, as nginx's does for a client gone mid-answer
+            else:  # the access line says so, as nginx's does for a client gone mid-answer
                 status = 499
-        except asyncio.CancelledError:   # uvicorn's shutdown gave up waiting (a step longer than its grace period,
-            log.info("POST %s cancelled by the server's shutdown", scope["path"])   # or a second Ctrl-C): one line
+        except asyncio.CancelledError:  # uvicorn's shutdown gave up waiting (a step longer than its grace period,
+            log.info("POST %s cancelled by the server's shutdown", scope["path"])  # or a second Ctrl-C): one line
             if job is not None:
                 _stopping(job)
-            try:                         # and the 503 still goes out (JSON, or the stream's last part and its end)
+            try:  # and the 503 still goes out (JSON, or the stream's last part and its end)
                 if not started:
                     err = shutting_down()
                     status = await _send_json(send, 503, err.body(ollama))
@@ -357,5 +375,5 @@ class GenerationRoutes:
             if watcher is not None:
                 watcher.cancel()
             if job is not None:
-                job.cancel.set()   # no-op after the end; stops the engine when the response is abandoned
-            asyncio.get_running_loop().call_later(ACCESS_LOG_DELAY, log_access, scope, status)   # after the write
+                job.cancel.set()  # no-op after the end; stops the engine when the response is abandoned
+            asyncio.get_running_loop().call_later(ACCESS_LOG_DELAY, log_access, scope, status)  # after the write

@@ -10,6 +10,7 @@ holds, and a model is never swapped under running requests). A job whose cache a
 the batch is empty, alone, as without batching. Each lane runs :meth:`ModelWorker._generate` unchanged (events,
 cancellation, stop strings, errors); a finished or cancelled lane leaves without disturbing the others.
 """
+
 from __future__ import annotations
 
 import queue
@@ -59,6 +60,7 @@ def _admit(worker, model, job) -> None:
             worker.last_used = time.monotonic()
             job.finished.set()
             job.wake()
+
     job.lane = worker.batcher.add(lane, job)
 
 
@@ -80,15 +82,20 @@ def _prepare(worker, job):
         job.finished.set()
         job.wake()
         return None
-    job.kv_bytes = kv_bytes(model, len(ids), job.req.max_new_tokens) if ids else 0   # (set: prepared)
+    job.kv_bytes = kv_bytes(model, len(ids), job.req.max_new_tokens) if ids else 0  # (set: prepared)
     return model
 
 
 def _joins(worker, job) -> bool:
     """Whether a queued item may join the running batch (a job for the resident model, whose forwards pack)."""
     model = worker.model
-    return (not isinstance(job, tuple) and job is not None and model is not None and (not job.req.model or job.req.model in
-                                                            (model.name, worker._key)) and batchable(model))
+    return (
+        not isinstance(job, tuple)
+        and job is not None
+        and model is not None
+        and (not job.req.model or job.req.model in (model.name, worker._key))
+        and batchable(model)
+    )
 
 
 def _serial(worker, job) -> None:
@@ -99,7 +106,7 @@ def _serial(worker, job) -> None:
 
 def run_batched(worker) -> None:
     """The model thread's loop with batching (module docstring); ends when the worker stops and the batch drained."""
-    held = None                         # an item taken off the queue that waits for the batch to drain
+    held = None  # an item taken off the queue that waits for the batch to drain
     while True:
         lanes = worker.batcher.lanes if worker.batcher is not None else []
         if worker._stop:
@@ -132,7 +139,7 @@ def run_batched(worker) -> None:
             except queue.Empty:
                 worker._maybe_unload()
                 if worker.model is None:
-                    worker.batcher = None        # (it holds the model: let an unloaded one go)
+                    worker.batcher = None  # (it holds the model: let an unloaded one go)
                 continue
         if item is None:
             break

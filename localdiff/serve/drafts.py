@@ -8,6 +8,7 @@ a time as the worker runs them.
 :meth:`Drafts.check` runs before the server starts, so a bad ``--draft`` is one line and exit 2, not an error on
 every request: the name must be a draft, and fit (vocabulary, hidden size, target layers) the causal ``-m`` models.
 """
+
 from __future__ import annotations
 
 import json
@@ -84,8 +85,10 @@ class Drafts:
         else:
             paired = [(m, raw, self.draft) for m, raw in causal]
             if models and not causal:
-                raise UsageError(f"--draft: DFlash drafts pair with causal targets (Qwen3, Llama); none of "
-                                 f"{', '.join(models)} is one")
+                raise UsageError(
+                    f"--draft: DFlash drafts pair with causal targets (Qwen3, Llama); none of "
+                    f"{', '.join(models)} is one"
+                )
             if not models:
                 _draft_config(self.draft)
         for m, raw, name in paired:
@@ -111,8 +114,9 @@ def _fits(name: str, cfg, target: str, raw: dict) -> None:
     vocab, hidden = raw.get("vocab_size"), raw.get("hidden_size")
     layers = raw.get("num_hidden_layers")
     if (vocab, hidden) != (cfg.vocab_size, cfg.hidden_size):
-        raise UsageError(f"--draft {name} (vocab {cfg.vocab_size}, hidden {cfg.hidden_size}) does not fit -m {target} "
-                         f"(vocab {vocab}, hidden {hidden})")
+        raise UsageError(
+            f"--draft {name} (vocab {cfg.vocab_size}, hidden {cfg.hidden_size}) does not fit -m {target} "
+            f"(vocab {vocab}, hidden {hidden})"
+        )
     if isinstance(layers, int) and max(cfg.target_layer_ids) >= layers:
-        raise UsageError(f"--draft {name} reads target layers {list(cfg.target_layer_ids)}; -m {target} has "
-                         f"{layers}")
+        raise UsageError(f"--draft {name} reads target layers {list(cfg.target_layer_ids)}; -m {target} has {layers}")

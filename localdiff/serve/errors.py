@@ -4,6 +4,7 @@ Every error the server returns is JSON in OpenAI's shape (``{"error": {"message"
 Ollama clients read ``error`` too (Ollama sends ``{"error": "message"}``), so Ollama routes get that flat shape.
 No error body ever carries a traceback.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,10 +26,23 @@ class ApiError(Exception):
         headers: extra response headers (Retry-After on 503).
     """
 
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, headers: dict | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict | None = None,
+    ) -> None:
         super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, " ".join(message.split()), type, param, code
+        self.status, self.message, self.type, self.param, self.code = (
+            status,
+            " ".join(message.split()),
+            type,
+            param,
+            code,
+        )
         self.headers = dict(headers or {})
 
     def openai_body(self) -> dict:
@@ -53,12 +67,12 @@ def json_repr(value, limit: int = 60) -> str:
     """``value`` as the client wrote it, for an error message: its JSON text (``true``, ``null``, ``"hot"``, not
     Python's ``True`` / ``None`` / ``'hot'``; control characters escaped), cut to ``limit`` characters with "…"."""
     if isinstance(value, float) and math.isinf(value):
-        return "a number too large"               # a literal such as 1e400, which Python reads as infinity
+        return "a number too large"  # a literal such as 1e400, which Python reads as infinity
     try:
         text = json.dumps(value, ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError):
         text = type(value).__name__
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def shutting_down() -> ApiError:
@@ -85,10 +99,10 @@ def from_engine(exc: BaseException, shown: dict | None = None) -> ApiError:
         return ApiError(404, msg, type="not_found_error", param="model", code="model_not_found")
     if isinstance(exc, UsageError):
         code = "context_length_exceeded" if "context" in msg else None
-        field = _NAMED.match(msg)         # an option's error names it first ("temperature: ..."): the param
+        field = _NAMED.match(msg)  # an option's error names it first ("temperature: ..."): the param
         param = field.group(1) if field else None
-        if param is not None and shown and param in shown:    # as the client named it
-            param, msg = shown[param], shown[param] + msg[field.end(1):]
+        if param is not None and shown and param in shown:  # as the client named it
+            param, msg = shown[param], shown[param] + msg[field.end(1) :]
         return ApiError(400, msg, param=param, code=code)
     if isinstance(exc, LocaldiffError):
         return ApiError(422, msg, type="unprocessable_error")

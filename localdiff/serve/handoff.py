@@ -1,6 +1,7 @@
 """A queued generation (:class:`Job`) and the hand-off of its events from the model worker's thread to the server's
 event loop: one ``call_soon_threadsafe`` per burst of events (:meth:`Job.post`, :meth:`Job.wake`), read by the HTTP
 side with :meth:`Job.batch`. The events and when the worker wakes the loop: :mod:`localdiff.serve.worker`."""
+
 from __future__ import annotations
 
 import asyncio
@@ -20,20 +21,20 @@ class Job:
     loop: asyncio.AbstractEventLoop
     events: Inbox = field(default_factory=Inbox)
     cancel: Flag = field(default_factory=Flag)
-    steps: int = 0            # denoising steps begun so far (tests read it to see a cancelled job stop)
-    began: float = 0.0        # time.monotonic() at the first step (streamed requests)
+    steps: int = 0  # denoising steps begun so far (tests read it to see a cancelled job stop)
+    began: float = 0.0  # time.monotonic() at the first step (streamed requests)
     finished: Flag = field(default_factory=Flag)
-    model: object = None      # the Model that runs it (set when it starts)
-    seed: int | None = None   # the seed actually used
-    prompt_tokens: int = 0    # the prompt's length in tokens, counted once when the job starts (for ``usage``)
-    load_seconds: float = 0.0   # loading the model it names, when it was not resident (Ollama's load_duration)
-    held: list = field(default_factory=list)   # events already taken off the queue by the handler (asgi.py)
-    stopping: bool = False    # cancelled by the server's shutdown (a 503, not the client's 499)
-    kv_bytes: int | None = None   # its KV-cache estimate once the batch loop prepared it (serve/batching.py)
-    lane: object = None       # its localdiff.engine.batch.Lane when it ran in a batch (``lane.stats()``)
+    model: object = None  # the Model that runs it (set when it starts)
+    seed: int | None = None  # the seed actually used
+    prompt_tokens: int = 0  # the prompt's length in tokens, counted once when the job starts (for ``usage``)
+    load_seconds: float = 0.0  # loading the model it names, when it was not resident (Ollama's load_duration)
+    held: list = field(default_factory=list)  # events already taken off the queue by the handler (asgi.py)
+    stopping: bool = False  # cancelled by the server's shutdown (a 503, not the client's 499)
+    kv_bytes: int | None = None  # its KV-cache estimate once the batch loop prepared it (serve/batching.py)
+    lane: object = None  # its localdiff.engine.batch.Lane when it ran in a batch (``lane.stats()``)
     spent: Spent | None = None  # the worker's own accounting (set at the first step; complete once the job ended)
     _pending: list = field(default_factory=list)
-    _leads: int = 0           # pending events that wait for a later one (``post(lead=True)``)
+    _leads: int = 0  # pending events that wait for a later one (``post(lead=True)``)
     _scheduled: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
 

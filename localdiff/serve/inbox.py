@@ -1,6 +1,7 @@
 """What a job's two threads share: :class:`Inbox` (its events, read on the server's loop) and :class:`Flag` (its
 cancel and finished flags), lighter than ``asyncio.Queue`` and ``threading.Event`` on a path that runs once per
 request (``localdiff.serve.worker``, ``localdiff.serve.asgi``)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -52,7 +53,7 @@ class Flag:
     ``threading.Event`` is made only for a caller that waits (tests, shutdown)."""
 
     __slots__ = ("_set", "_event")
-    _make = threading.Lock()   # makes ``_event`` once, whichever threads wait
+    _make = threading.Lock()  # makes ``_event`` once, whichever threads wait
 
     def __init__(self) -> None:
         self._set, self._event = False, None
@@ -75,6 +76,6 @@ class Flag:
         with Flag._make:
             if self._event is None:
                 self._event = threading.Event()
-        if self._set:              # set() ran before the event existed
+        if self._set:  # set() ran before the event existed
             self._event.set()
         return self._event.wait(timeout)

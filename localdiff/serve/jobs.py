@@ -5,6 +5,7 @@ worker, written out together; ``localdiff.serve.asgi``); whatever ends the itera
 client going away, the response being cancelled) sets the job's cancel flag, so the worker stops the generation
 within one denoising step.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ from localdiff.serve.errors import ApiError
 from localdiff.serve.worker import Job, ModelWorker
 
 
-_EVENT_AT = {"start": 2, "step": 1, "delta": 2}   # event kind → the index of its canvas-event payload (or None)
+_EVENT_AT = {"start": 2, "step": 1, "delta": 2}  # event kind → the index of its canvas-event payload (or None)
 
 
 class ClientGone(Exception):
@@ -44,10 +45,17 @@ class Result:
         when a draft ran): with a DFlash draft also ``acceptance_length`` (τ, tokens per verification step),
         ``acceptance_lengths`` (per step) and ``draft_forwards``."""
         s = self.stats
-        out = {"seed": self.seed, "forwards": s.get("forwards"), "steps": s.get("forwards"),
-               "canvases": s.get("canvases"), "tokens_per_forward": s.get("tokens_per_forward"),
-               "seconds": s.get("seconds"), "tokens_per_second": s.get("tokens_per_second"), "sampler": self.sampler,
-               **({"batch": s["batch"]} if s.get("batch") else {})}
+        out = {
+            "seed": self.seed,
+            "forwards": s.get("forwards"),
+            "steps": s.get("forwards"),
+            "canvases": s.get("canvases"),
+            "tokens_per_forward": s.get("tokens_per_forward"),
+            "seconds": s.get("seconds"),
+            "tokens_per_second": s.get("tokens_per_second"),
+            "sampler": self.sampler,
+            **({"batch": s["batch"]} if s.get("batch") else {}),
+        }
         if s.get("acceptance_lengths"):
             out.update({k: s[k] for k in ("acceptance_length", "acceptance_lengths", "draft_forwards") if k in s})
         return out
@@ -81,7 +89,7 @@ class StopMatcher:
             out, self.buf, self.hit = self.buf[:cut], "", True
         else:
             keep = min(self.hold, len(self.buf))
-            out, self.buf = self.buf[:len(self.buf) - keep], self.buf[len(self.buf) - keep:]
+            out, self.buf = self.buf[: len(self.buf) - keep], self.buf[len(self.buf) - keep :]
         self.sent += out
         return out
 
@@ -109,13 +117,13 @@ async def pieces(job: Job):
                 kind = item[0]
                 if kind == "gone":
                     raise ClientGone()
-                if stop.hit:   # the answer is cut: only the worker's end (at most one step later) for its numbers
+                if stop.hit:  # the answer is cut: only the worker's end (at most one step later) for its numbers
                     if kind in ("done", "error"):
                         out.append(("end", _result(stop.sent, "stop", item[1:] if kind == "done" else None, job)))
                         end = True
                         break
                     continue
-                event = _EVENT_AT.get(kind)   # where a canvas event rides, if any
+                event = _EVENT_AT.get(kind)  # where a canvas event rides, if any
                 if event is not None and item[event] is not None:
                     out.append(("event", item[event]))
                 if kind == "delta":
@@ -147,7 +155,7 @@ def _finish(job: Job, stop: StopMatcher, done, used) -> list:
     full = done.text if isinstance(done.text, str) else done.text[0]
     pending = stop.sent + stop.buf
     if full.startswith(pending) and len(full) > len(pending):
-        text = stop.feed(full[len(pending):])  # canvas-wise decoding can differ at joins
+        text = stop.feed(full[len(pending) :])  # canvas-wise decoding can differ at joins
         if text:
             out.append(("text", text))
     text = stop.flush()
@@ -173,16 +181,18 @@ def _result(text: str, reason: str, done_used, job: Job, cut: bool = True) -> Re
     stats = done.stats.as_dict()
     stats.pop("cache", None)
     stats["load_seconds"] = job.load_seconds
-    if job.lane is not None:     # it ran in a batch (serve --max-batch): the batch it shared steps with
+    if job.lane is not None:  # it ran in a batch (serve --max-batch): the batch it shared steps with
         stats["batch"] = job.lane.stats()
     n = len(ids)
-    if cut:      # the engine ended before it saw the cancel: its numbers, the kept text's tokens
+    if cut:  # the engine ended before it saw the cancel: its numbers, the kept text's tokens
         n = _kept_tokens(job, text)
         secs = float(stats.get("seconds") or 0.0)
-        stats.update(new_tokens=n, tokens_per_forward=n / max(int(stats.get("forwards") or 0), 1),
-                     tokens_per_second=n / secs if secs > 0 else 0.0)
-    return Result(text, reason, int(stats.get("prompt_tokens", 0)), n, stats, used.get("seed"),
-                  used.get("sampler", {}))
+        stats.update(
+            new_tokens=n,
+            tokens_per_forward=n / max(int(stats.get("forwards") or 0), 1),
+            tokens_per_second=n / secs if secs > 0 else 0.0,
+        )
+    return Result(text, reason, int(stats.get("prompt_tokens", 0)), n, stats, used.get("seed"), used.get("sampler", {}))
 
 
 def _kept_tokens(job: Job, text: str) -> int:
@@ -203,5 +213,6 @@ async def collect(job: Job) -> Result:
 def raise_unavailable(worker: ModelWorker) -> None:
     """503 while a model is loading (used by /health)."""
     if worker.loading:
-        raise ApiError(503, f"loading {worker.loading}", type="server_busy", code="loading",
-                       headers={"Retry-After": "2"})
+        raise ApiError(
+            503, f"loading {worker.loading}", type="server_busy", code="loading", headers={"Retry-After": "2"}
+        )

@@ -11,6 +11,7 @@ Every other name — a path, ``~``, ``..``, a percent-encoded spelling, a catalo
 lookup reads no file for it (the pulled models are listed again, at most every ``rescan_after`` seconds, only when
 a name is not among those already known, so a model pulled while the server runs is offered too).
 """
+
 from __future__ import annotations
 
 import threading
@@ -19,8 +20,7 @@ from pathlib import Path
 
 from localdiff.serve.errors import ApiError
 
-NOT_OFFERED = ("unknown model: this server answers only for the models that GET /v1/models lists "
-               "(Ollama: GET /api/tags)")
+NOT_OFFERED = "unknown model: this server answers only for the models that GET /v1/models lists (Ollama: GET /api/tags)"
 
 
 def not_offered() -> ApiError:
@@ -54,8 +54,8 @@ class ModelNames:
     """
 
     def __init__(self, command_line=(), default: str = "", installed=None, rescan_after: float = 2.0) -> None:
-        self._own: dict[str, str] = {}       # request name → canonical name (the loader's argument)
-        self._order: list[str] = []          # canonical names of the command line's models, in order
+        self._own: dict[str, str] = {}  # request name → canonical name (the loader's argument)
+        self._order: list[str] = []  # canonical names of the command line's models, in order
         for name in [*command_line, default]:
             if not name:
                 continue

@@ -7,6 +7,7 @@ decoder has it), ``seed``, ``stop``, and localdiff's sampler options by name. An
 request (the server's ``--keep-alive`` decides when the model unloads). A top-level ``localdiff: {"events":
 "canvases" | "steps"}`` adds localdiff's canvas events to the stream (``localdiff.wire``).
 """
+
 from __future__ import annotations
 
 import math
@@ -18,8 +19,7 @@ from localdiff.decoding.options import resolve_key
 from localdiff.serve.errors import bad_request, json_repr
 from localdiff.serve.jobs import Result
 from localdiff.serve.openai_api import parse_messages
-from localdiff.serve.options import (GenRequest, check_bool, check_str, option_specs, split_extension,
-                                     to_engine_options)
+from localdiff.serve.options import GenRequest, check_bool, check_str, option_specs, split_extension, to_engine_options
 
 _TOP = {"model", "stream", "options", "keep_alive", "format", "localdiff"}
 
@@ -31,11 +31,16 @@ def _now(t: float | None = None) -> str:
 
 
 _NUM, _UNIT = r"(?:\d+(?:\.\d*)?|\.\d+)", r"(?:ns|us|µs|ms|s|m|h)"
-_DURATION = re.compile(rf"-?{_NUM}{_UNIT}?(?:{_NUM}{_UNIT})*")   # Go's time.ParseDuration, or bare seconds
+_DURATION = re.compile(rf"-?{_NUM}{_UNIT}?(?:{_NUM}{_UNIT})*")  # Go's time.ParseDuration, or bare seconds
 
 
-_NAMES = {"max_tokens": "options.num_predict", "seed": "options.seed", "temperature": "options.temperature",
-          "stop": "options.stop", "sampler": "options"}   # how Ollama's request names the neutral fields
+_NAMES = {
+    "max_tokens": "options.num_predict",
+    "seed": "options.seed",
+    "temperature": "options.temperature",
+    "stop": "options.stop",
+    "sampler": "options",
+}  # how Ollama's request names the neutral fields
 
 
 def check_keep_alive(value) -> None:
@@ -45,8 +50,10 @@ def check_keep_alive(value) -> None:
         return
     if isinstance(value, str) and (not value.strip() or _DURATION.fullmatch(value.strip())):
         return
-    raise bad_request(f"'keep_alive' must be a duration such as \"5m\" or a number of seconds (got "
-                      f"{json_repr(value, 40)})", param="keep_alive")
+    raise bad_request(
+        f"'keep_alive' must be a duration such as \"5m\" or a number of seconds (got {json_repr(value, 40)})",
+        param="keep_alive",
+    )
 
 
 def _parse(body: dict, allowed: set, prompt, chat: bool) -> GenRequest:
@@ -70,18 +77,34 @@ def _parse(body: dict, allowed: set, prompt, chat: bool) -> GenRequest:
     n = opts.get("num_predict")
     if n in (-1, -2):
         n = None
-    fields = {"max_tokens": n, "temperature": opts.get("temperature"), "seed": opts.get("seed"),
-              "stop": opts.get("stop"), "sampler": sampler, "names": _NAMES}
+    fields = {
+        "max_tokens": n,
+        "temperature": opts.get("temperature"),
+        "seed": opts.get("seed"),
+        "stop": opts.get("stop"),
+        "sampler": sampler,
+        "names": _NAMES,
+    }
     eo = to_engine_options(fields)
     rest, events = split_extension(body.get("localdiff"))
     if rest:
-        raise bad_request("'localdiff' takes 'events' only here; decoder options go under 'options'",
-                          param="localdiff")
+        raise bad_request("'localdiff' takes 'events' only here; decoder options go under 'options'", param="localdiff")
     if events != "none" and not stream:
-        raise bad_request("'localdiff.events' needs \"stream\": true (canvas events ride on a stream)",
-                          param="localdiff.events")
-    return GenRequest(model=model, prompt=prompt, chat=chat, max_new_tokens=eo["max_new_tokens"], seed=eo["seed"],
-                      sampler=eo["sampler"], shown=eo["shown"], stop=eo["stop"], stream=stream, events=events)
+        raise bad_request(
+            "'localdiff.events' needs \"stream\": true (canvas events ride on a stream)", param="localdiff.events"
+        )
+    return GenRequest(
+        model=model,
+        prompt=prompt,
+        chat=chat,
+        max_new_tokens=eo["max_new_tokens"],
+        seed=eo["seed"],
+        sampler=eo["sampler"],
+        shown=eo["shown"],
+        stop=eo["stop"],
+        stream=stream,
+        events=events,
+    )
 
 
 def parse_chat(body: dict) -> GenRequest:
@@ -155,11 +178,17 @@ class Shape:
         s = r.stats
         secs = float(s.get("seconds") or 0.0)
         pre, load = float(s.get("prefill_seconds") or 0.0), float(s.get("load_seconds") or 0.0)
-        body.update(done=True, done_reason=r.finish_reason, total_duration=int((secs + load) * 1e9),
-                    load_duration=int(load * 1e9),
-                    prompt_eval_count=r.prompt_tokens, prompt_eval_duration=int(pre * 1e9),
-                    eval_count=r.completion_tokens, eval_duration=int(max(secs - pre, 0.0) * 1e9))
-        if s.get("acceptance_lengths"):     # a DFlash draft ran: its τ, as the OpenAI routes' extension has it
+        body.update(
+            done=True,
+            done_reason=r.finish_reason,
+            total_duration=int((secs + load) * 1e9),
+            load_duration=int(load * 1e9),
+            prompt_eval_count=r.prompt_tokens,
+            prompt_eval_duration=int(pre * 1e9),
+            eval_count=r.completion_tokens,
+            eval_duration=int(max(secs - pre, 0.0) * 1e9),
+        )
+        if s.get("acceptance_lengths"):  # a DFlash draft ran: its τ, as the OpenAI routes' extension has it
             body["localdiff"] = r.extension()
         return body
 
@@ -171,10 +200,16 @@ def tags(models: list[dict]) -> dict:
         name = str(m.get("name") or m.get("alias") or m.get("repo") or "")
         if not name:
             continue
-        out.append({"name": name, "model": name, "modified_at": _mtime(m.get("path")),
-                    "size": int(m.get("size_bytes") or 0),
-                    "digest": str(m.get("revision") or ""), "details": {"family": str(m.get("model_type") or ""),
-                                                                        "format": "safetensors"}})
+        out.append(
+            {
+                "name": name,
+                "model": name,
+                "modified_at": _mtime(m.get("path")),
+                "size": int(m.get("size_bytes") or 0),
+                "digest": str(m.get("revision") or ""),
+                "details": {"family": str(m.get("model_type") or ""), "format": "safetensors"},
+            }
+        )
     return {"models": out}
 
 
@@ -203,7 +238,17 @@ def ps(model, expires: float | None = None, batch: dict | None = None) -> dict:
         return {"models": []}
     size = _resident_bytes(model)
     on_gpu = str(getattr(model, "device", "cpu")).startswith("cuda")
-    return {"models": [{"name": model.name, "model": model.name, "size": size, "digest": "",
-                        "details": {"format": "safetensors"}, "expires_at": "" if expires is None else _now(expires),
-                        "size_vram": size if on_gpu else 0,
-                        **({"localdiff": {"batch": batch}} if batch is not None else {})}]}
+    return {
+        "models": [
+            {
+                "name": model.name,
+                "model": model.name,
+                "size": size,
+                "digest": "",
+                "details": {"format": "safetensors"},
+                "expires_at": "" if expires is None else _now(expires),
+                "size_vram": size if on_gpu else 0,
+                **({"localdiff": {"batch": batch}} if batch is not None else {}),
+            }
+        ]
+    }

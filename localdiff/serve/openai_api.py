@@ -8,6 +8,7 @@ Supported request fields: ``model``, ``messages`` / ``prompt``, ``max_tokens`` (
 change the answer in ways localdiff cannot honour (``top_p`` ≠ 1, penalties, ``logprobs``, ``tools``, ...) are a
 400 naming the field, never silently ignored.
 """
+
 from __future__ import annotations
 
 import functools
@@ -22,16 +23,35 @@ from localdiff.serve.jobs import Result
 from localdiff.serve.options import GenRequest, check_bool, check_str, split_extension, to_engine_options
 
 ROLES = ("system", "user", "assistant")
-_COMMON = {"model", "max_tokens", "max_completion_tokens", "temperature", "seed", "stop", "stream",
-           "stream_options", "n", "user", "localdiff"}
+_COMMON = {
+    "model",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "seed",
+    "stop",
+    "stream",
+    "stream_options",
+    "n",
+    "user",
+    "localdiff",
+}
 # accepted when they ask for the default behaviour only
-_NEUTRAL = {"top_p": 1, "presence_penalty": 0, "frequency_penalty": 0, "logprobs": False, "echo": False,
-            "parallel_tool_calls": None, "tool_choice": "none", "response_format": {"type": "text"}}
+_NEUTRAL = {
+    "top_p": 1,
+    "presence_penalty": 0,
+    "frequency_penalty": 0,
+    "logprobs": False,
+    "echo": False,
+    "parallel_tool_calls": None,
+    "tool_choice": "none",
+    "response_format": {"type": "text"},
+}
 
 
-_MARK = "\x00text\x00"   # stands for the text in a chunk template (no model text is this exact JSON string)
-_ID, _CREATED, _REASON = "\x00id\x00", "\x00created\x00", "\x00reason\x00"   # and the other per-request values
-_RUN = uuid.uuid4().hex[:12]   # response ids: a random prefix per server process + a per-response counter
+_MARK = "\x00text\x00"  # stands for the text in a chunk template (no model text is this exact JSON string)
+_ID, _CREATED, _REASON = "\x00id\x00", "\x00created\x00", "\x00reason\x00"  # and the other per-request values
+_RUN = uuid.uuid4().hex[:12]  # response ids: a random prefix per server process + a per-response counter
 _SEQ = itertools.count()
 
 
@@ -47,7 +67,7 @@ def dumps(obj) -> str:
 _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 
-_QMARK, _QID, _QCREATED, _QREASON = (dumps(m) for m in (_MARK, _ID, _CREATED, _REASON))   # as they appear in JSON
+_QMARK, _QID, _QCREATED, _QREASON = (dumps(m) for m in (_MARK, _ID, _CREATED, _REASON))  # as they appear in JSON
 
 
 def _check_fields(body: dict, allowed: set) -> None:
@@ -73,7 +93,7 @@ def _common(body: dict, prompt, chat: bool) -> GenRequest:
         if not isinstance(so, dict) or set(so) - {"include_usage"}:
             raise bad_request("'stream_options' must be an object with 'include_usage' only", param="stream_options")
         include_usage = check_bool(so.get("include_usage", False), "stream_options.include_usage")
-        if not stream:   # as OpenAI: 400 (it shapes a stream's chunks; without a stream it was silently dropped)
+        if not stream:  # as OpenAI: 400 (it shapes a stream's chunks; without a stream it was silently dropped)
             raise bad_request("'stream_options' is only allowed with \"stream\": true", param="stream_options")
     if body.get("user") is not None:
         check_str(body["user"], "user")
@@ -82,14 +102,32 @@ def _common(body: dict, prompt, chat: bool) -> GenRequest:
         raise bad_request("'max_tokens' and 'max_completion_tokens' differ: send one", param="max_completion_tokens")
     sampler, events = split_extension(body.get("localdiff"))
     if events != "none" and not stream:
-        raise bad_request("'localdiff.events' needs \"stream\": true (canvas events ride on a stream)",
-                          param="localdiff.events")
-    opts = to_engine_options({"max_tokens": body.get(max_name), "names": {"max_tokens": max_name},
-                              "temperature": body.get("temperature"), "seed": body.get("seed"),
-                              "stop": body.get("stop"), "sampler": sampler})
-    return GenRequest(model=model, prompt=prompt, chat=chat, max_new_tokens=opts["max_new_tokens"],
-                      seed=opts["seed"], sampler=opts["sampler"], shown=opts["shown"], stop=opts["stop"], stream=stream,
-                      include_usage=include_usage, events=events)
+        raise bad_request(
+            "'localdiff.events' needs \"stream\": true (canvas events ride on a stream)", param="localdiff.events"
+        )
+    opts = to_engine_options(
+        {
+            "max_tokens": body.get(max_name),
+            "names": {"max_tokens": max_name},
+            "temperature": body.get("temperature"),
+            "seed": body.get("seed"),
+            "stop": body.get("stop"),
+            "sampler": sampler,
+        }
+    )
+    return GenRequest(
+        model=model,
+        prompt=prompt,
+        chat=chat,
+        max_new_tokens=opts["max_new_tokens"],
+        seed=opts["seed"],
+        sampler=opts["sampler"],
+        shown=opts["shown"],
+        stop=opts["stop"],
+        stream=stream,
+        include_usage=include_usage,
+        events=events,
+    )
 
 
 def parse_messages(messages, param: str = "messages") -> list[dict]:
@@ -110,22 +148,25 @@ def parse_messages(messages, param: str = "messages") -> list[dict]:
             raise bad_request(f"'{where}' must be an object with 'role' and 'content'", param=where)
         extra = sorted(set(m) - {"role", "content"})
         if extra:
-            what = ("images are not supported" if "images" in extra else
-                    "fields other than 'role' and 'content' are not supported")
+            what = (
+                "images are not supported"
+                if "images" in extra
+                else "fields other than 'role' and 'content' are not supported"
+            )
             raise bad_request(f"'{where}.{extra[0]}': {what}", param=f"{where}.{extra[0]}")
         role = m.get("role")
         if role == "developer":
             role = "system"
         if role not in ROLES:
-            raise bad_request(f"'{where}.role' must be one of {', '.join(ROLES)} (got {json_repr(role)})",
-                              param=where)
+            raise bad_request(f"'{where}.role' must be one of {', '.join(ROLES)} (got {json_repr(role)})", param=where)
         content = m.get("content")
         if isinstance(content, list):
             parts = []
             for p in content:
                 if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
-                    raise bad_request(f"'{where}.content' parts must be text parts (images are not supported)",
-                                      param=where)
+                    raise bad_request(
+                        f"'{where}.content' parts must be text parts (images are not supported)", param=where
+                    )
                 parts.append(p["text"])
             content = "".join(parts)
         if not isinstance(content, str):
@@ -166,8 +207,10 @@ def _templates(model: str, chat: bool) -> tuple[str, ...]:
     response fills them in)."""
     shape = Shape.__new__(Shape)
     shape.model, shape.chat, shape.id, shape.created = model, chat, _ID, _CREATED
-    return tuple("data: " + dumps(c) + "\n\n" for c in (shape.chunk(_MARK), shape.chunk(first=True),
-                                                          shape.chunk(finish_reason=_REASON), shape.event(_MARK)))
+    return tuple(
+        "data: " + dumps(c) + "\n\n"
+        for c in (shape.chunk(_MARK), shape.chunk(first=True), shape.chunk(finish_reason=_REASON), shape.event(_MARK))
+    )
 
 
 class Shape:
@@ -182,8 +225,7 @@ class Shape:
         self.id = ("chatcmpl-" if chat else "cmpl-") + _RUN + f"{next(_SEQ):012x}"
         self.created = int(time.time())
         qid, created = dumps(self.id), str(self.created)
-        text, role, finish, event = (t.replace(_QID, qid).replace(_QCREATED, created)
-                                     for t in _templates(model, chat))
+        text, role, finish, event = (t.replace(_QID, qid).replace(_QCREATED, created) for t in _templates(model, chat))
         self._text, self._role, self._finish = text.split(_QMARK), role, finish.split(_QREASON)
         self._event = event.split(_QMARK)
 
@@ -194,15 +236,22 @@ class Shape:
     def usage(r: Result) -> dict:
         """OpenAI ``usage`` from a Result (``prompt_tokens_details.cached_tokens``: the prompt's tokens served from
         the conversation cache kept across requests)."""
-        return {"prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens,
-                "total_tokens": r.prompt_tokens + r.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": r.cached_tokens}}
+        return {
+            "prompt_tokens": r.prompt_tokens,
+            "completion_tokens": r.completion_tokens,
+            "total_tokens": r.prompt_tokens + r.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": r.cached_tokens},
+        }
 
     def full(self, r: Result) -> dict:
         """The non-streaming response."""
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": r.text}, "logprobs": None,
-                      "finish_reason": r.finish_reason}
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": r.text},
+                "logprobs": None,
+                "finish_reason": r.finish_reason,
+            }
             body = self._head("chat.completion")
         else:
             choice = {"index": 0, "text": r.text, "logprobs": None, "finish_reason": r.finish_reason}
@@ -256,5 +305,7 @@ class Shape:
 def models_list(names: list[str]) -> dict:
     """``GET /v1/models`` body."""
     now = int(time.time())
-    return {"object": "list", "data": [{"id": n, "object": "model", "created": now, "owned_by": "localdiff"}
-                                       for n in names]}
+    return {
+        "object": "list",
+        "data": [{"id": n, "object": "model", "created": now, "owned_by": "localdiff"} for n in names],
+    }

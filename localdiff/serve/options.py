@@ -5,6 +5,7 @@ The OpenAI and Ollama parsers first bring their request to one neutral dict (``m
 the decoder option schema (``localdiff.decoding.options``), names and ranges, and returns what ``Model.stream``
 takes. Rules that depend on the model (its family's decoder, its context length) are the engine's.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,7 +17,7 @@ from localdiff.errors import UsageError
 from localdiff.serve.errors import bad_request, json_repr
 from localdiff.wire import EVENT_LEVELS
 
-MAX_STOP = 4            # stop sequences per request (OpenAI's limit)
+MAX_STOP = 4  # stop sequences per request (OpenAI's limit)
 MAX_SEED = 2**63 - 1
 
 
@@ -56,8 +57,11 @@ class GenRequest:
 def check_int(value, name: str, lo: int | None = None, hi: int | None = None) -> int:
     """``value`` as an int (bools, floats with a fraction and floats past 2^53, which hold no exact integer such as
     1e30, rejected) within [lo, hi]; else a 400."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-            isinstance(value, float) and (not math.isfinite(value) or not value.is_integer() or abs(value) > 2**53)):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or (isinstance(value, float) and (not math.isfinite(value) or not value.is_integer() or abs(value) > 2**53))
+    ):
         raise bad_request(f"'{name}' must be an integer (got {json_repr(value)})", param=name)
     value = int(value)
     if lo is not None and value < lo:
@@ -157,8 +161,10 @@ def split_extension(ext, name: str = "localdiff") -> tuple[dict | None, str]:
     if events is None:
         events = "none"
     if events not in EVENT_LEVELS:
-        raise bad_request(f"'{name}.events' must be one of {', '.join(map(repr, EVENT_LEVELS))} (got "
-                          f"{json.dumps(events)[:40]})", param=f"{name}.events")
+        raise bad_request(
+            f"'{name}.events' must be one of {', '.join(map(repr, EVENT_LEVELS))} (got {json.dumps(events)[:40]})",
+            param=f"{name}.events",
+        )
     return {k: v for k, v in ext.items() if k != "events"}, events
 
 
@@ -171,7 +177,7 @@ def check_clashes(options_cls, sampler: dict, shown: dict) -> None:
     Raises:
         ApiError(400).
     """
-    if len(sampler) < 2:                   # (nothing can clash: most requests set no option or one)
+    if len(sampler) < 2:  # (nothing can clash: most requests set no option or one)
         return
     names, aliases, seen = set(options_cls.names()), options_cls.aliases(), {}
     for key in sampler:
@@ -216,10 +222,15 @@ def to_engine_options(fields: dict) -> dict:
     Raises:
         ApiError(400) for a wrong type, a value out of range or an unknown option.
     """
-    where = fields.get("names") or {}   # request field → how the client's API names it (Ollama: under options)
+    where = fields.get("names") or {}  # request field → how the client's API names it (Ollama: under options)
     sampler_name = where.get("sampler", "localdiff")
-    out = {"max_new_tokens": None, "seed": None, "stop": check_stop(fields.get("stop"), where.get("stop", "stop")),
-           "sampler": {}, "shown": {}}
+    out = {
+        "max_new_tokens": None,
+        "seed": None,
+        "stop": check_stop(fields.get("stop"), where.get("stop", "stop")),
+        "sampler": {},
+        "shown": {},
+    }
     if fields.get("max_tokens") is not None:
         out["max_new_tokens"] = check_int(fields["max_tokens"], where.get("max_tokens", "max_tokens"), lo=1)
     if fields.get("seed") is not None:
@@ -245,13 +256,13 @@ def to_engine_options(fields: dict) -> dict:
     if fields.get("temperature") is not None:
         raw, shown = fields["temperature"], where.get("temperature", "temperature")
         t = check_number(raw, shown)
-        name = resolve_key("temperature")            # a constant schedule: the option and its pair (t_max, t_min)
-        if name in specs:                            # its range from the schema (1e308 gave an empty answer); the
-            t = _sampler_value(specs[name], raw, shown)   # message shows the value as sent (-1, not -1.0)
-        if out["shown"].get(name, shown) != shown:     # also set under the extension key (Ollama: the same place)
+        name = resolve_key("temperature")  # a constant schedule: the option and its pair (t_max, t_min)
+        if name in specs:  # its range from the schema (1e308 gave an empty answer); the
+            t = _sampler_value(specs[name], raw, shown)  # message shows the value as sent (-1, not -1.0)
+        if out["shown"].get(name, shown) != shown:  # also set under the extension key (Ollama: the same place)
             raise bad_request(f"'{shown}' and '{out['shown'][name]}' both set the temperature: send one", param=shown)
         for key in (name, getattr(specs.get(name), "pair_of", None)):
-            if key and key not in out["sampler"]:       # (the pair's other option set under the extension key stays)
+            if key and key not in out["sampler"]:  # (the pair's other option set under the extension key stays)
                 out["sampler"][key], out["shown"][key] = t, shown
         out["shown"].setdefault("temperature", shown)
     return out

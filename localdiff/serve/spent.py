@@ -1,5 +1,6 @@
 """What a job's generation has used, as the model worker sees it (:class:`Spent`), for answers whose engine run ends
 without a Done (a stop string, a client gone)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -20,8 +21,8 @@ class Spent:
     seconds: float = 0.0
     prefill_seconds: float = 0.0
     sampler: dict = field(default_factory=dict)
-    _ran_opening: bool = False    # the step that ran last opened a canvas
-    _opens: bool = True           # the next step opens one
+    _ran_opening: bool = False  # the step that ran last opened a canvas
+    _opens: bool = True  # the next step opens one
 
     def poll(self, now: float, stops: bool) -> None:
         """At each cancel poll (``time.perf_counter()``, before a step; ``stops``: no step follows)."""
@@ -44,7 +45,13 @@ class Spent:
 
     def stats(self, prompt_tokens: int, new_tokens: int) -> dict:
         """GenerationStats-shaped numbers for ``new_tokens`` kept (TPF and tokens/s over the steps run)."""
-        return {"forwards": self.steps, "new_tokens": new_tokens, "prompt_tokens": prompt_tokens,
-                "canvases": self.canvases, "seconds": self.seconds, "prefill_seconds": self.prefill_seconds,
-                "tokens_per_forward": new_tokens / max(self.steps, 1),
-                "tokens_per_second": new_tokens / self.seconds if self.seconds > 0 else 0.0}
+        return {
+            "forwards": self.steps,
+            "new_tokens": new_tokens,
+            "prompt_tokens": prompt_tokens,
+            "canvases": self.canvases,
+            "seconds": self.seconds,
+            "prefill_seconds": self.prefill_seconds,
+            "tokens_per_forward": new_tokens / max(self.steps, 1),
+            "tokens_per_second": new_tokens / self.seconds if self.seconds > 0 else 0.0,
+        }

@@ -15,6 +15,7 @@ this transport, as :func:`localdiff.serve.uvicorn_config` passes it to uvicorn; 
 watcher task; a server shutting down ends the running answers at their next step, with an error as the stream's
 last part).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -32,8 +33,8 @@ class CorkedTransport:
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self._transport, self._loop, self._held = transport, loop, []
-        self.on_lost = None       # called (no arguments, on the loop) when the connection is lost,
-        self.on_shutdown = None   # and when the server shuts down mid-response: :func:`on_disconnect`
+        self.on_lost = None  # called (no arguments, on the loop) when the connection is lost,
+        self.on_shutdown = None  # and when the server shuts down mid-response: :func:`on_disconnect`
 
     def write(self, data) -> None:
         """Hold ``data`` (bytes-like) until the current callback ends."""
@@ -124,6 +125,7 @@ def protocol_class(http: str = "auto") -> type:
     else:
         raise ValueError(f"unknown HTTP implementation {http!r} (auto, h11 or httptools)")
     if base not in _CORKED:
+
         class Corked(base):
             __doc__ = f"uvicorn's {base.__name__}; its connections write through :class:`CorkedTransport`."
 
@@ -143,8 +145,11 @@ def protocol_class(http: str = "auto") -> type:
                     hook()
 
             def send_400_response(self, msg: str) -> None:
-                self.transport.write(bad_request_bytes(msg, self.server_state.default_headers,
-                                                       getattr(self, "url", b"").startswith(b"/api/")))
+                self.transport.write(
+                    bad_request_bytes(
+                        msg, self.server_state.default_headers, getattr(self, "url", b"").startswith(b"/api/")
+                    )
+                )
                 self.transport.close()
 
         Corked.__name__ = Corked.__qualname__ = f"Corked{base.__name__}"
@@ -161,10 +166,14 @@ def bad_request_bytes(msg: str, default_headers=(), ollama: bool = False) -> byt
     from localdiff.serve.errors import ApiError
 
     body = json.dumps(ApiError(400, msg).body(ollama), separators=(",", ":")).encode()
-    head = [b"HTTP/1.1 400 Bad Request\r\n", *(k + b": " + v + b"\r\n" for k, v in default_headers),
-            b"content-type: application/json\r\n", b"content-length: %d\r\n" % len(body),
-            b"connection: close\r\n\r\n"]
+    head = [
+        b"HTTP/1.1 400 Bad Request\r\n",
+        *(k + b": " + v + b"\r\n" for k, v in default_headers),
+        b"content-type: application/json\r\n",
+        b"content-length: %d\r\n" % len(body),
+        b"connection: close\r\n\r\n",
+    ]
     return b"".join(head) + body
 
 
-_CORKED: dict = {}   # uvicorn protocol class → its corked subclass (made once)
+_CORKED: dict = {}  # uvicorn protocol class → its corked subclass (made once)

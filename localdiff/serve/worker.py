@@ -23,6 +23,7 @@ A resident causal model keeps its conversation cache across requests (``Model.ne
 Cancellation (client gone, stop string hit): the engine polls the job's ``cancel`` flag before every denoising step
 (``Model.stream(cancel=...)``), so at most the step already running finishes; no step events are needed for it.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -43,8 +44,8 @@ from localdiff.serve.spent import Spent
 from localdiff.wire import EventEncoder
 
 log = logging.getLogger("localdiff.serve")
-START_WAIT = 0.05   # s: a stream's response head waits this long at most for the first text or step event
-CLOSE_AFTER = 0.002   # s: a finished job's engine stream is closed after this idle time (or before the next item)
+START_WAIT = 0.05  # s: a stream's response head waits this long at most for the first text or step event
+CLOSE_AFTER = 0.002  # s: a finished job's engine stream is closed after this idle time (or before the next item)
 
 
 class ModelWorker:
@@ -60,29 +61,37 @@ class ModelWorker:
             1 = one at a time. kv_budget: KV-cache bytes the batch's requests may hold together (None = no limit).
     """
 
-    def __init__(self, loader, default_model: str, defaults: dict | None = None, max_queue: int = 32,
-                 keep_alive: float | None = 300.0, max_batch: int = 1, kv_budget: int | None = None) -> None:
+    def __init__(
+        self,
+        loader,
+        default_model: str,
+        defaults: dict | None = None,
+        max_queue: int = 32,
+        keep_alive: float | None = 300.0,
+        max_batch: int = 1,
+        kv_budget: int | None = None,
+    ) -> None:
         self.loader, self.default_model, self.defaults = loader, default_model, dict(defaults or {})
         self.keep_alive = keep_alive
         self.model = None
-        self._key = None      # the name the resident model was loaded by
+        self._key = None  # the name the resident model was loaded by
         self.loading: str | None = None
         self.load_error: str | None = None
         self.last_used = time.monotonic()
         self.current: Job | None = None
         self.max_batch, self.kv_budget = max(1, int(max_batch)), kv_budget
-        self.running: list[Job] = []   # the batch's jobs (max_batch > 1)
-        self.batcher = None            # its localdiff.engine.batch.Batcher while a batch runs
+        self.running: list[Job] = []  # the batch's jobs (max_batch > 1)
+        self.batcher = None  # its localdiff.engine.batch.Batcher while a batch runs
         # a C queue: put (on the loop) and get (in this thread) run no Python, so neither thread holds the GIL long
         # around a hand-off (queue.Queue's Condition is ~30 lines of Python on each side); bounded in submit()
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self.max_queue = max_queue
         self._thread = threading.Thread(target=self._run, name="localdiff-model", daemon=True)
         self._stop = False
-        self._ended = None    # the last job's engine stream, not closed yet (:meth:`_close_ended`)
-        self._applicable: tuple = (None, {})   # (model, its share of ``defaults``)
-        self._conversation: tuple = (None, None)   # (causal model, its conversation cache kept across requests)
-        self.threads = torch.get_num_threads()   # applied in the worker thread (see the module docstring)
+        self._ended = None  # the last job's engine stream, not closed yet (:meth:`_close_ended`)
+        self._applicable: tuple = (None, {})  # (model, its share of ``defaults``)
+        self._conversation: tuple = (None, None)  # (causal model, its conversation cache kept across requests)
+        self.threads = torch.get_num_threads()  # applied in the worker thread (see the module docstring)
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
     def start(self, preload: str | None = None) -> None:
@@ -108,16 +117,21 @@ class ModelWorker:
         """When the resident model unloads if it stays idle (``time.time()`` seconds), or None (never; no model)."""
         if self.model is None or self.keep_alive is None:
             return None
-        idle = 0.0 if self.current is not None or self.running else time.monotonic() - self.last_used   # (a job runs: not idle)
+        idle = (
+            0.0 if self.current is not None or self.running else time.monotonic() - self.last_used
+        )  # (a job runs: not idle)
         return time.time() + max(self.keep_alive - idle, 0.0)
 
     def batch_info(self) -> dict:
         """The running batch (``/api/ps``): ``active`` requests, ``max_batch``, ``rows_last_step`` (rows of the last
         packed step's forwards, all requests), ``steps`` run by this batch."""
         b = self.batcher
-        return {"active": len(self.running) + (self.current is not None), "max_batch": self.max_batch,
-                "rows_last_step": b.last_rows if b is not None and self.running else 0,
-                "steps": b.steps if b is not None else 0}
+        return {
+            "active": len(self.running) + (self.current is not None),
+            "max_batch": self.max_batch,
+            "rows_last_step": b.last_rows if b is not None and self.running else 0,
+            "steps": b.steps if b is not None else 0,
+        }
 
     @property
     def queued(self) -> int:
@@ -126,10 +140,15 @@ class ModelWorker:
 
     def submit(self, job: Job) -> None:
         """Enqueue ``job`` in arrival order. Raises ApiError(503, Retry-After) when the queue is full."""
-        if self._q.qsize() >= self.max_queue:   # (jobs are submitted from the loop thread only: no race)
+        if self._q.qsize() >= self.max_queue:  # (jobs are submitted from the loop thread only: no race)
             many = "s" * (self.max_queue != 1)
-            raise ApiError(503, f"server busy: {self.max_queue} request{many} already queued; retry later",
-                           type="server_busy", code="queue_full", headers={"Retry-After": "5"})
+            raise ApiError(
+                503,
+                f"server busy: {self.max_queue} request{many} already queued; retry later",
+                type="server_busy",
+                code="queue_full",
+                headers={"Retry-After": "5"},
+            )
         self._q.put(job)
 
     def load(self, name: str):
@@ -192,7 +211,7 @@ class ModelWorker:
             self.current = None
             self.last_used = time.monotonic()
             job.finished.set()
-            job.wake()   # the last burst, once this thread is about to wait (the loop need not wait for it)
+            job.wake()  # the last burst, once this thread is about to wait (the loop need not wait for it)
 
     def _close_ended(self) -> None:
         """Close the last job's engine stream (its clean-up: the generation lock, the KV cache and the canvas
@@ -202,8 +221,11 @@ class ModelWorker:
             stream.close()
 
     def _maybe_unload(self) -> None:
-        if (self.model is not None and self.keep_alive is not None
-                and time.monotonic() - self.last_used > self.keep_alive):
+        if (
+            self.model is not None
+            and self.keep_alive is not None
+            and time.monotonic() - self.last_used > self.keep_alive
+        ):
             log.info("unloading %s after %.0f s idle", self.model.name, self.keep_alive)
             self.model, self._conversation = None, (None, None)
 
@@ -223,7 +245,7 @@ class ModelWorker:
             raise
         finally:
             self.loading = None
-        self.model, self.load_error, self._key = model, None, name   # (its label may spell the name otherwise)
+        self.model, self.load_error, self._key = model, None, name  # (its label may spell the name otherwise)
         self.last_used = time.monotonic()
         log.info("model %s ready", name)
         return model
@@ -250,7 +272,7 @@ class ModelWorker:
         try:
             t_load = time.perf_counter()
             model = self._ensure(req.model) if lane is None else lane
-            if lane is None:        # (a lane's job: set when the batch loop prepared it)
+            if lane is None:  # (a lane's job: set when the batch loop prepared it)
                 job.load_seconds = time.perf_counter() - t_load
             check_clashes(model.options_cls, req.sampler, req.shown)
             sampler = {**self._defaults_for(self.model if lane is not None else model), **req.sampler}
@@ -264,32 +286,45 @@ class ModelWorker:
                 job.spent.poll(now, stops)
                 if job.steps == 0:
                     job.model, job.seed = model, seed
-                    if req.stream:   # rides with the first text / step event / error: no wake-up of its own
+                    if req.stream:  # rides with the first text / step event / error: no wake-up of its own
                         job.post(("start", model, wire.begin() if wire else None), wake=False, lead=True)
                         job.began = time.monotonic()
-                else:                # what the last step yielded goes out while the next one runs; the start
-                    job.wake(leads=time.monotonic() - job.began > START_WAIT)   # alone after START_WAIT s
+                else:  # what the last step yielded goes out while the next one runs; the start
+                    job.wake(leads=time.monotonic() - job.began > START_WAIT)  # alone after START_WAIT s
                 job.steps += 1
                 return stops
 
-            ids = model.encode_prompt(req.prompt, req.chat)[0]   # rendered and tokenized once per request
+            ids = model.encode_prompt(req.prompt, req.chat)[0]  # rendered and tokenized once per request
             job.prompt_tokens = len(ids)
-            stream = model.stream(ids, max_new_tokens=req.max_new_tokens, seed=seed, emit_steps=req.events == "steps",
-                                  cancel=cancel, cache=self._cache_for(model) if lane is None else None, **sampler)
+            stream = model.stream(
+                ids,
+                max_new_tokens=req.max_new_tokens,
+                seed=seed,
+                emit_steps=req.events == "steps",
+                cancel=cancel,
+                cache=self._cache_for(model) if lane is None else None,
+                **sampler,
+            )
             for ev in stream:
                 if isinstance(ev, StepEvent):
                     job.post(("step", wire.step(ev)), wake=False)
                 elif isinstance(ev, CanvasDone):
-                    last = bool(ev.finished.all())   # then Done follows at once; the end wakes the loop
+                    last = bool(ev.finished.all())  # then Done follows at once; the end wakes the loop
                     job.spent.canvas_done(model.family not in ("causal", "slots"))
                     job.post(("delta", ev.text, wire.canvas(ev) if wire else None), wake=not last)
                 elif isinstance(ev, Done):
-                    job.post(("done", ev, {"seed": getattr(ev, "seed", seed),
-                                           "sampler": getattr(ev, "options", None) or {}}), wake=False)
+                    job.post(
+                        (
+                            "done",
+                            ev,
+                            {"seed": getattr(ev, "seed", seed), "sampler": getattr(ev, "options", None) or {}},
+                        ),
+                        wake=False,
+                    )
                     return
                 if job.cancel.is_set():
                     break
-            if job.spent is not None:        # cancelled (a stop string, the client gone): what it used so far
+            if job.spent is not None:  # cancelled (a stop string, the client gone): what it used so far
                 job.spent.end(time.perf_counter())
                 job.spent.sampler = model.sampler_options(**sampler)
             job.post(("error", _cancelled(job, "cancelled")), wake=False)
@@ -298,7 +333,7 @@ class ModelWorker:
             if err.status >= 500:
                 log.error("generation failed: %s: %s", type(exc).__name__, exc)
             job.post(("error", err), wake=False)
-        finally:    # closed once the loop has the last burst (CLOSE_AFTER idle, or before the next item)
+        finally:  # closed once the loop has the last burst (CLOSE_AFTER idle, or before the next item)
             if lane is None:
                 self._ended = stream
             elif stream is not None:

@@ -3,6 +3,7 @@
 ``run_chat`` is the entry point the CLI calls. Textual is imported only when the TUI actually starts, so
 ``--list`` and the not-a-terminal refusal stay cheap.
 """
+
 from __future__ import annotations
 
 import sys
@@ -62,8 +63,10 @@ def run_chat(
             print(format_listing(store.list_conversations()))
             return 0
         if not (sys.stdout.isatty() and sys.stdin.isatty()):
-            print("localdiff chat needs an interactive terminal; for pipelines use `localdiff gen -p PROMPT`",
-                  file=sys.stderr)
+            print(
+                "localdiff chat needs an interactive terminal; for pipelines use `localdiff gen -p PROMPT`",
+                file=sys.stderr,
+            )
             return 2
         try:
             conversation_id = store.resolve(resume)
@@ -73,7 +76,7 @@ def run_chat(
     except LocaldiffError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
-    whose = ""   # the model came from the resumed conversation: the error says how to resume on another
+    whose = ""  # the model came from the resumed conversation: the error says how to resume on another
     if model is None:
         saved = store.load(conversation_id).model if conversation_id is not None else ""
         whose = f" (conversation #{conversation_id}'s model; -m MODEL resumes it on another)" if saved else ""
@@ -107,8 +110,17 @@ def run_chat(
 
     install_paste_guard()  # escape sequences inside a bracketed paste become text, never keys
     install_lenient_decoder()  # a keyboard byte that is not UTF-8 becomes "�", never a crash
-    app = ChatApp(model, store=store, conversation_id=conversation_id, device=device, quant=quant, settings=settings,
-                  loader=first_then_load, config_file=config_file, theme=theme)
+    app = ChatApp(
+        model,
+        store=store,
+        conversation_id=conversation_id,
+        device=device,
+        quant=quant,
+        settings=settings,
+        loader=first_then_load,
+        config_file=config_file,
+        theme=theme,
+    )
     app.run()
     return int(app.return_code or 0)
 
@@ -120,7 +132,7 @@ def _load_first(load, name: str, device, quant):
         note = sys.stderr.isatty()
     except (AttributeError, ValueError):
         note = False
-    if note:   # on a terminal only: a log file gets the error line alone
+    if note:  # on a terminal only: a log file gets the error line alone
         from localdiff.safetext import visible
 
         note = visible(f"loading {name or 'the server’s first model'}…")
@@ -129,7 +141,7 @@ def _load_first(load, name: str, device, quant):
     try:
         return load(name, device=device, quant=quant)
     finally:
-        if note:   # blanked with spaces (no escape sequence: TERM=dumb too); the UI or the error line follows
+        if note:  # blanked with spaces (no escape sequence: TERM=dumb too); the UI or the error line follows
             sys.stderr.write(" " * len(note) + "\r")
             sys.stderr.flush()
 

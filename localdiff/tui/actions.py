@@ -1,6 +1,7 @@
 """Key and palette actions of ``localdiff chat``: ctrl+c / ctrl+d / scrolling / Tab completion from the prompt box,
 copying the last answer, new chat, clear (asks first), regenerate, theme (saved) and the canvas panel toggle.
 Mixed into :class:`localdiff.tui.app.ChatApp`."""
+
 from __future__ import annotations
 
 import time
@@ -28,8 +29,9 @@ class ActionsMixin:
     def on_prompt_area_scroll_request(self, event: PromptArea.ScrollRequest) -> None:
         """PageUp/PageDown (Home/End on an empty prompt) scroll the transcript; the prompt keeps the focus."""
         t = self.transcript
-        {"page_up": t.scroll_page_up, "page_down": t.scroll_page_down,
-         "home": t.scroll_home, "end": t.scroll_end}[event.action](animate=False)
+        {"page_up": t.scroll_page_up, "page_down": t.scroll_page_down, "home": t.scroll_home, "end": t.scroll_end}[
+            event.action
+        ](animate=False)
 
     async def on_prompt_area_completions(self, event: PromptArea.Completions) -> None:
         """Tab with several candidates lists them; with none, says so."""
@@ -68,8 +70,10 @@ class ActionsMixin:
         if not self._clear_pending:
             self._clear_pending = True
             n = len(self.messages)
-            await self.transcript.add_note(f"clear this conversation ({n} turn{'' if n == 1 else 's'}, deleted from "
-                                           "the history too)? /clear again confirms; anything else keeps it")
+            await self.transcript.add_note(
+                f"clear this conversation ({n} turn{'' if n == 1 else 's'}, deleted from "
+                "the history too)? /clear again confirms; anything else keeps it"
+            )
             return
         self._clear_pending = False
         if self.conversation_id is not None:

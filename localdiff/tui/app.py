@@ -4,6 +4,7 @@ Layout (top to bottom): status line, transcript, live canvas panel (while genera
 One conversation = one chat message list + one engine cache (``Model.new_cache()`` once per conversation, passed to
 every turn, so turn N's prefill reuses the prefix of turn N-1). Each finished turn is written to the ChatStore.
 """
+
 from __future__ import annotations
 
 import os
@@ -100,10 +101,20 @@ class ChatApp(ActionsMixin, SlashMixin, App):
     #: Screen classes by terminal height: the canvas panel and the footer give way first, the prompt stays visible.
     VERTICAL_BREAKPOINTS = [(0, "-tiny"), (16, "-short"), (24, "-tall")]
 
-    def __init__(self, model_name: str = "tiny", *, store: ChatStore, conversation_id: int | None = None,
-                 device: str | None = None, quant: str | None = None, settings: ChatSettings | None = None,
-                 loader: Callable | None = None, frame_interval: float = 0.05, config_file=None,
-                 theme: str | None = None) -> None:
+    def __init__(
+        self,
+        model_name: str = "tiny",
+        *,
+        store: ChatStore,
+        conversation_id: int | None = None,
+        device: str | None = None,
+        quant: str | None = None,
+        settings: ChatSettings | None = None,
+        loader: Callable | None = None,
+        frame_interval: float = 0.05,
+        config_file=None,
+        theme: str | None = None,
+    ) -> None:
         super().__init__()
         self.config_file = config_file
         self._start_theme = theme
@@ -202,7 +213,7 @@ class ChatApp(ActionsMixin, SlashMixin, App):
 
     async def on_model_failed(self, event: ModelFailed) -> None:
         await self.transcript.add_note(f"could not load {event.name}: {event.error}", error=True)
-        if self.model is not None:   # a /model switch failed: the loaded model still answers (and quitting is 0)
+        if self.model is not None:  # a /model switch failed: the loaded model still answers (and quitting is 0)
             self.status.set_state("ready")
             await self.transcript.add_note(f"still on {self.model_name}; ctrl+p → Switch model to try another")
             return
@@ -259,8 +270,9 @@ class ChatApp(ActionsMixin, SlashMixin, App):
         # A single-turn model (catalog) gets each message on its own: earlier turns would make it answer nothing.
         context = self.messages[-1:] if self.card.get("single_turn") else list(self.messages)
         job = GenerationJob(context, self.settings.stream_kwargs())
-        work = partial(run_generation, self.model, self.cache, job, self.slot, self.post_message,
-                       self.cancel_event, self.step_hook)
+        work = partial(
+            run_generation, self.model, self.cache, job, self.slot, self.post_message, self.cancel_event, self.step_hook
+        )
         self.run_worker(work, thread=True, group="generate", exit_on_error=False)
 
     # ---------------------------------------------------------------- worker messages
@@ -316,9 +328,16 @@ class ChatApp(ActionsMixin, SlashMixin, App):
             self.messages.append({"role": "assistant", "content": event.text})
             stats = event.stats.as_dict() if event.stats is not None else {}
             try:
-                self.turn_ids.append(self.store.add_turn(self.conversation_id, "assistant", event.text,
-                                                         model=str(self.model_name),
-                                                         finish_reason=event.finish_reason, stats=stats))
+                self.turn_ids.append(
+                    self.store.add_turn(
+                        self.conversation_id,
+                        "assistant",
+                        event.text,
+                        model=str(self.model_name),
+                        finish_reason=event.finish_reason,
+                        stats=stats,
+                    )
+                )
             except HistoryError as exc:  # the chat goes on; this answer is just not in the history
                 self.turn_ids.append(None)
                 await self.transcript.add_note(f"answer not saved: {exc}", error=True)
@@ -338,8 +357,11 @@ class ChatApp(ActionsMixin, SlashMixin, App):
             await self.transcript.add_note(f"generation failed: {event.error}", error=True)
         elif event.finish_reason == "cancelled":
             self.canvas.mark_stopped()
-            kept = ("kept the finished canvases" if event.text else
-                    "nothing was final; the message is back in the prompt box")
+            kept = (
+                "kept the finished canvases"
+                if event.text
+                else "nothing was final; the message is back in the prompt box"
+            )
             await self.transcript.add_note(f"stopped — {kept}")
         if event.stats is not None:
             self.last_stats = event.stats

@@ -1,4 +1,5 @@
 """Command palette entries (ctrl+p) for ``localdiff chat`` and the list of models one can switch to."""
+
 from __future__ import annotations
 
 from functools import partial
@@ -47,17 +48,31 @@ class ChatCommands(Provider):
         app = self.app
         cmds = [
             ("New chat", "Start a new conversation (the current one stays in the history)", app.action_new_chat),
-            ("Clear conversation", "Delete this conversation's turns from screen, context and history",
-             app.action_clear_chat),
+            (
+                "Clear conversation",
+                "Delete this conversation's turns from screen, context and history",
+                app.action_clear_chat,
+            ),
             ("Regenerate last answer", "Drop the last answer and generate it again", app.action_regenerate),
-            ("Toggle dark / light theme", "Switch between the dark and the light theme (ctrl+t)",
-             app.action_toggle_theme),
-            ("Toggle canvas panel", "Show or hide the last canvas when idle (ctrl+o); it always shows while answering",
-             app.action_toggle_canvas),
+            (
+                "Toggle dark / light theme",
+                "Switch between the dark and the light theme (ctrl+t)",
+                app.action_toggle_theme,
+            ),
+            (
+                "Toggle canvas panel",
+                "Show or hide the last canvas when idle (ctrl+o); it always shows while answering",
+                app.action_toggle_canvas,
+            ),
         ]
         for name in getattr(self, "_models", []):
-            cmds.append((f"Switch model: {name}", f"Load {name} and continue this conversation with it",
-                         partial(app.switch_model, name)))
+            cmds.append(
+                (
+                    f"Switch model: {name}",
+                    f"Load {name} and continue this conversation with it",
+                    partial(app.switch_model, name),
+                )
+            )
         return cmds
 
     async def discover(self) -> Hits:

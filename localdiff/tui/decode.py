@@ -6,6 +6,7 @@ Textual's POSIX drivers decode the terminal's input with a strict incremental UT
 message being typed. :func:`install_lenient_decoder` makes that decoder replace invalid bytes with U+FFFD instead, so
 the character shows in the prompt box (it can be deleted) and the chat goes on.
 """
+
 from __future__ import annotations
 
 import codecs

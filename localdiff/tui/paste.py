@@ -12,6 +12,7 @@ Two layers:
 
 A paste never sends: only the Enter key does (see ``widgets/prompt.py``).
 """
+
 from __future__ import annotations
 
 from localdiff.safetext import visible
@@ -50,10 +51,10 @@ class PasteGuard:
                 j = window.find(PASTE_START)
                 if j < 0:
                     out.append(text[i:])
-                    self._recent = (self._recent + text[i:])[-(len(PASTE_START) - 1):]
+                    self._recent = (self._recent + text[i:])[-(len(PASTE_START) - 1) :]
                     break
                 end = j + len(PASTE_START) - len(self._recent)  # index in text[i:] just after the marker
-                out.append(text[i:i + end])
+                out.append(text[i : i + end])
                 i += end
                 self._recent = ""
                 self.in_paste = True
@@ -62,7 +63,7 @@ class PasteGuard:
                 if j < 0:
                     chunk = text[i:]
                     keep = _marker_prefix_len(chunk, PASTE_END) if data else 0
-                    body, self._held = chunk[:len(chunk) - keep], chunk[len(chunk) - keep:]
+                    body, self._held = chunk[: len(chunk) - keep], chunk[len(chunk) - keep :]
                     out.append(body.replace("\x1b", ESC_PICTURE))
                     break
                 out.append(text[i:j].replace("\x1b", ESC_PICTURE) + PASTE_END)

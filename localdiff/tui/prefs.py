@@ -4,6 +4,7 @@
 options in the ``[sampler]`` table; the theme (ctrl+t) is the top-level ``theme``. The file is edited with tomlkit,
 so the user's comments and layout stay, and replaced atomically (a crash leaves the old file or the new one).
 """
+
 from __future__ import annotations
 
 import os

@@ -5,6 +5,7 @@ receives Textual messages. Denoising steps go through a one-element ``FrameSlot`
 are dropped if the UI has not drawn them yet), so the UI is never more than one step behind and never flooded.
 Canvas texts and the final result are posted as ordinary messages, so none is ever dropped.
 """
+
 from __future__ import annotations
 
 import threading
@@ -18,7 +19,7 @@ from localdiff.tokenizer import PieceDecoder
 
 #: Cell states of the canvas view.
 LOCKED, NEW, NOISY, REOPENED, MASK = "locked", "new", "noisy", "reopened", "mask"
-MASK_TEXT = "░"   # how a still-masked cell of a masked-diffusion model reads
+MASK_TEXT = "░"  # how a still-masked cell of a masked-diffusion model reads
 
 
 @dataclass
@@ -99,8 +100,9 @@ def slots_note(slots: dict | None) -> str:
     return note
 
 
-def frame_from_step(ev: StepEvent, token_text: TokenText, prev_accepted: list[bool] | None,
-                    mask_id: int | None = None) -> CanvasFrame:
+def frame_from_step(
+    ev: StepEvent, token_text: TokenText, prev_accepted: list[bool] | None, mask_id: int | None = None
+) -> CanvasFrame:
     """Build a CanvasFrame from a StepEvent (row 0); ``prev_accepted`` is the previous step's mask of this canvas;
     ``mask_id``: the model's mask token (masked family), whose not-accepted cells are MASK."""
     ids = ev.canvas_ids[0].tolist()
@@ -119,18 +121,33 @@ def frame_from_step(ev: StepEvent, token_text: TokenText, prev_accepted: list[bo
             states.append(NOISY)
     conf = [float(c) for c in ev.confidence[0].tolist()]
     tokens = [MASK_TEXT if st == MASK else token_text(i) for i, st in zip(ids, states)]
-    return CanvasFrame(ev.canvas_index, ev.step, ev.max_steps, tokens, states, conf,
-                       slots=slots_note(ev.slots), drafted=bool(ev.drafted))
+    return CanvasFrame(
+        ev.canvas_index,
+        ev.step,
+        ev.max_steps,
+        tokens,
+        states,
+        conf,
+        slots=slots_note(ev.slots),
+        drafted=bool(ev.drafted),
+    )
 
 
 def frame_from_done(ev: CanvasDone, token_text: TokenText, last: CanvasFrame | None) -> CanvasFrame:
     """The finished canvas: every position final (LOCKED); confidence and step count from the last step seen."""
     ids = ev.token_ids[0].tolist()
     conf = last.confidence if last is not None and last.canvas_index == ev.canvas_index else [1.0] * len(ids)
-    conf = list(conf[len(conf) - len(ids):]) if len(conf) > len(ids) else conf   # a block shared with the prompt's
+    conf = list(conf[len(conf) - len(ids) :]) if len(conf) > len(ids) else conf  # a block shared with the prompt's
     # tail (block family): its steps cover the tail's positions too, the finished canvas only the answer's
-    return CanvasFrame(ev.canvas_index, ev.steps, max(ev.steps, last.max_steps if last else ev.steps),
-                       [token_text(i) for i in ids], [LOCKED] * len(ids), list(conf), final=True)
+    return CanvasFrame(
+        ev.canvas_index,
+        ev.steps,
+        max(ev.steps, last.max_steps if last else ev.steps),
+        [token_text(i) for i in ids],
+        [LOCKED] * len(ids),
+        list(conf),
+        final=True,
+    )
 
 
 class FrameSlot:
@@ -174,8 +191,9 @@ class CanvasText(Message):
 class GenerationFinished(Message):
     """The generation ended: finished, cancelled (Esc) or failed (``error`` is a one-line message)."""
 
-    def __init__(self, text: str, finish_reason: str, stats=None, error: str | None = None,
-                 steps_after_cancel: int = 0) -> None:
+    def __init__(
+        self, text: str, finish_reason: str, stats=None, error: str | None = None, steps_after_cancel: int = 0
+    ) -> None:
         super().__init__()
         self.text, self.finish_reason, self.stats, self.error = text, finish_reason, stats, error
         self.steps_after_cancel = steps_after_cancel
@@ -198,8 +216,15 @@ class GenerationJob:
     kwargs: dict = field(default_factory=dict)
 
 
-def run_generation(model, cache, job: GenerationJob, slot: FrameSlot, post: Callable[[Message], object],
-                   cancel: threading.Event, step_hook: Callable[[StepEvent], None] | None = None) -> None:
+def run_generation(
+    model,
+    cache,
+    job: GenerationJob,
+    slot: FrameSlot,
+    post: Callable[[Message], object],
+    cancel: threading.Event,
+    step_hook: Callable[[StepEvent], None] | None = None,
+) -> None:
     """Consume ``model.stream`` in the calling thread, posting FrameReady / CanvasText / GenerationFinished.
 
     Cancellation: ``cancel`` is checked after every event; when set the loop stops pulling from the engine
@@ -237,10 +262,10 @@ def run_generation(model, cache, job: GenerationJob, slot: FrameSlot, post: Call
                 if ev.token_ids is None:  # a remote model: text only, no canvas
                     post(CanvasText(ev.canvas_index, ev.text, None))
                 else:
-                    eos = set(getattr(model, "eos_token_ids", None) or [])   # (a remote model learns them late)
+                    eos = set(getattr(model, "eos_token_ids", None) or [])  # (a remote model learns them late)
                     done_tokens += _tokens_to_eos(ev.token_ids[0].tolist(), eos)
                     if last is not None and last.drafted and last.canvas_index == ev.canvas_index:
-                        final = replace(last, final=True)   # keep the drafted block and what was accepted
+                        final = replace(last, final=True)  # keep the drafted block and what was accepted
                     else:
                         final = frame_from_done(ev, token_text, last)
                     final.forwards, final.answer_tokens = forwards, done_tokens

@@ -4,6 +4,7 @@
 ``/set seed 1`` (``/set seed none`` for a fresh seed each turn); ``/set max_tokens 128``; any other sampler option the
 model reports in ``Model.sampler_options()`` by its own name. ``/set`` alone lists the current values.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ class ChatSettings:
     max_new_tokens: int | None = None
     seed: int | None = None
     sampler: dict = field(default_factory=dict)
-    typed: dict = field(default_factory=dict, repr=False)   # option → the /set word the user typed (messages)
+    typed: dict = field(default_factory=dict, repr=False)  # option → the /set word the user typed (messages)
     system: str | None = None
 
     def stream_kwargs(self) -> dict:
@@ -57,7 +58,10 @@ class ChatSettings:
         """One line per setting: overrides first, then the model's effective defaults (``defaults``)."""
         eff = dict(defaults or {})
         eff.update(self.sampler)
-        parts = [f"max_tokens={self.max_new_tokens if self.max_new_tokens is not None else 'default'}", f"seed={self.seed if self.seed is not None else 'none'}"]
+        parts = [
+            f"max_tokens={self.max_new_tokens if self.max_new_tokens is not None else 'default'}",
+            f"seed={self.seed if self.seed is not None else 'none'}",
+        ]
         parts += [f"{k}={v}{'*' if k in self.sampler else ''}" for k, v in sorted(eff.items())]
         return "  ".join(parts)
 
@@ -134,7 +138,7 @@ def apply_set_checked(settings: ChatSettings, args: str, model=None) -> str:
     defaults: dict = {}
     if model is not None and hasattr(model, "sampler_options"):
         try:
-            defaults = dict(model.sampler_options(decoder=settings.sampler.get(DECODER)))   # the chosen decoder's
+            defaults = dict(model.sampler_options(decoder=settings.sampler.get(DECODER)))  # the chosen decoder's
         except Exception:
             defaults = {}
     before = (settings.max_new_tokens, settings.seed, dict(settings.sampler))

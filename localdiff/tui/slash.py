@@ -4,6 +4,7 @@
 ``/new``, ``/regen``, ``/help``, ``/bye`` ``/exit`` ``/quit``. Mixed into :class:`localdiff.tui.app.ChatApp`; every
 handler writes one note to the transcript (errors as error notes) and never raises.
 """
+
 from __future__ import annotations
 
 import os
@@ -18,8 +19,22 @@ HELP = (
     "/set (list) · /set steps 8 · /set threshold 0.9 · /set entropy_bound 0.3 · /set seed 1 · /set max_tokens 128\n"
     "/model NAME · /system TEXT · /show · /stats · /verbose · /copy · /new · /clear · /regen · /help · /bye"
 )
-COMMANDS = ("bye", "clear", "copy", "exit", "help", "model", "new", "quit", "regen", "set", "show", "stats",
-            "system", "verbose")
+COMMANDS = (
+    "bye",
+    "clear",
+    "copy",
+    "exit",
+    "help",
+    "model",
+    "new",
+    "quit",
+    "regen",
+    "set",
+    "show",
+    "stats",
+    "system",
+    "verbose",
+)
 _TAKES_ARGS = {"model", "set", "system"}
 
 
@@ -29,18 +44,21 @@ def format_stats(stats) -> str:
     d = stats.as_dict() if hasattr(stats, "as_dict") else dict(stats)
     reused = d.get("prefill_tokens_reused", 0)
 
-    def n(key: str, word: str) -> str:   # "1 canvas", "2 canvases"
+    def n(key: str, word: str) -> str:  # "1 canvas", "2 canvases"
         k = d.get(key, 0)
         return f"{k} {word if k == 1 else word + ('es' if word.endswith('s') else 's')}"
-    return (f"total {d.get('seconds', 0.0):.2f} s · prefill {d.get('prefill_seconds', 0.0):.2f} s"
-            f" · prompt {n('prompt_tokens', 'token')} ({reused} reused from the cache)\n"
-            f"answer {n('new_tokens', 'token')} in {n('canvases', 'canvas')}"
-            f" · {n('forwards', 'forward')} · TPF {d.get('tokens_per_forward', 0.0):.2f}"
-            f" · {d.get('tokens_per_second', 0.0):.1f} tok/s" + _tau(d))
+
+    return (
+        f"total {d.get('seconds', 0.0):.2f} s · prefill {d.get('prefill_seconds', 0.0):.2f} s"
+        f" · prompt {n('prompt_tokens', 'token')} ({reused} reused from the cache)\n"
+        f"answer {n('new_tokens', 'token')} in {n('canvases', 'canvas')}"
+        f" · {n('forwards', 'forward')} · TPF {d.get('tokens_per_forward', 0.0):.2f}"
+        f" · {d.get('tokens_per_second', 0.0):.1f} tok/s" + _tau(d)
+    )
 
 
 def _tau(d: dict) -> str:
-    """" · DFlash τ 3.20 over 5 drafted blocks" ("" without drafts)."""
+    """ " · DFlash τ 3.20 over 5 drafted blocks" ("" without drafts)."""
     n = len(d.get("acceptance_lengths") or ())
     return f" · DFlash τ {d.get('acceptance_length', 0.0):.2f} over {n} drafted block{'s' * (n != 1)}" if n else ""
 
@@ -49,12 +67,18 @@ def clipboard_note(n_chars: int, env=None) -> str:
     """What to tell after an OSC 52 clipboard write: it cannot be confirmed, and some terminals ignore it."""
     env = os.environ if env is None else env
     if env.get("TERM_PROGRAM") == "Apple_Terminal" or env.get("TERM") == "linux":
-        return (f"this terminal does not support OSC 52 clipboard writes; the answer ({n_chars} characters) is in "
-                "the chat's own clipboard (ctrl+v pastes it into the prompt) — select it with the mouse to copy it")
+        return (
+            f"this terminal does not support OSC 52 clipboard writes; the answer ({n_chars} characters) is in "
+            "the chat's own clipboard (ctrl+v pastes it into the prompt) — select it with the mouse to copy it"
+        )
     if env.get("TMUX"):
-        return (f"copied the last answer ({n_chars} characters) with OSC 52; in tmux this needs "
-                "`set -g set-clipboard on` (otherwise ctrl+v in the prompt still pastes it)")
-    return f"copied the last answer ({n_chars} characters) with OSC 52 (if nothing arrives, your terminal ignores OSC 52)"
+        return (
+            f"copied the last answer ({n_chars} characters) with OSC 52; in tmux this needs "
+            "`set -g set-clipboard on` (otherwise ctrl+v in the prompt still pastes it)"
+        )
+    return (
+        f"copied the last answer ({n_chars} characters) with OSC 52 (if nothing arrives, your terminal ignores OSC 52)"
+    )
 
 
 class SlashMixin:
@@ -119,18 +143,25 @@ class SlashMixin:
     async def _cmd_system(self, args: str) -> None:
         if not args:
             current = self.settings.system
-            await self.transcript.add_note(f"system prompt: {current!r}" if current else
-                                           "no system prompt (/system TEXT sets one, /system off clears it)")
+            await self.transcript.add_note(
+                f"system prompt: {current!r}"
+                if current
+                else "no system prompt (/system TEXT sets one, /system off clears it)"
+            )
             return
         self.settings.system = None if args.lower() in ("off", "none", "clear") else args
-        await self.transcript.add_note("system prompt cleared" if self.settings.system is None
-                                       else f"system prompt set ({len(args)} characters) for the next turns")
+        await self.transcript.add_note(
+            "system prompt cleared"
+            if self.settings.system is None
+            else f"system prompt set ({len(args)} characters) for the next turns"
+        )
 
     async def _cmd_model(self, args: str) -> None:
         if not args:
             names = ", ".join(self.model_choices()) or "none"
-            await self.transcript.add_note(f"current model: {self.model_name} · ready to load: {names}"
-                                           " (/model NAME switches; Tab completes)")
+            await self.transcript.add_note(
+                f"current model: {self.model_name} · ready to load: {names} (/model NAME switches; Tab completes)"
+            )
             return
         await self.switch_model(args)
 
@@ -164,27 +195,40 @@ class SlashMixin:
             params = sum(p.numel() for p in m.net.parameters())
         except Exception:
             params = 0
-        shape = " · ".join(f"{label} {getattr(cfg, key)}" for key, label in (
-            ("num_hidden_layers", "layers"), ("hidden_size", "hidden"), ("num_attention_heads", "heads"),
-            ("num_experts", "experts"), ("vocab_size", "vocab"), ("canvas_length", "canvas"),
-            ("max_position_embeddings", "context")) if getattr(cfg, key, None) is not None)
+        shape = " · ".join(
+            f"{label} {getattr(cfg, key)}"
+            for key, label in (
+                ("num_hidden_layers", "layers"),
+                ("hidden_size", "hidden"),
+                ("num_attention_heads", "heads"),
+                ("num_experts", "experts"),
+                ("vocab_size", "vocab"),
+                ("canvas_length", "canvas"),
+                ("max_position_embeddings", "context"),
+            )
+            if getattr(cfg, key, None) is not None
+        )
         try:
             defaults = "  ".join(f"{k}={v}" for k, v in sorted(m.sampler_options().items()))
         except Exception:
             defaults = "?"
         dtype = str(getattr(m, "dtype", "")).replace("torch.", "")
-        lines = [f"{self.model_name}: {card.get('description') or getattr(cfg, 'model_type', '') or 'checkpoint'}",
-                 f"{getattr(cfg, 'model_type', '?')} · {params / 1e6:.1f} M parameters · {shape}",
-                 f"{getattr(m, 'device', '?')} · {dtype} · quant {getattr(m, 'quant', None) or 'none'} · "
-                 + ("single-turn (each message starts fresh)" if card.get("single_turn") else "multi-turn"),
-                 f"path {getattr(m, 'path', None) or '—'}", f"sampler defaults: {defaults}"]
+        lines = [
+            f"{self.model_name}: {card.get('description') or getattr(cfg, 'model_type', '') or 'checkpoint'}",
+            f"{getattr(cfg, 'model_type', '?')} · {params / 1e6:.1f} M parameters · {shape}",
+            f"{getattr(m, 'device', '?')} · {dtype} · quant {getattr(m, 'quant', None) or 'none'} · "
+            + ("single-turn (each message starts fresh)" if card.get("single_turn") else "multi-turn"),
+            f"path {getattr(m, 'path', None) or '—'}",
+            f"sampler defaults: {defaults}",
+        ]
         return "\n".join(lines)
 
     def welcome_text(self) -> str:
         """The start-up line: what the loaded model can do (catalog entry), single-turn handling, /help."""
         card = self.card or {}
-        parts = [f"{self.model_name}: {card['description']}." if card.get("description") else
-                 f"{self.model_name} is ready."]
+        parts = [
+            f"{self.model_name}: {card['description']}." if card.get("description") else f"{self.model_name} is ready."
+        ]
         if card.get("prompt_examples"):
             parts.append("It knows prompts like: " + " · ".join(card["prompt_examples"]))
         if card.get("single_turn"):

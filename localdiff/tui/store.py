@@ -4,6 +4,7 @@ The database lives at ``<data dir>/chat.sqlite3`` where the data dir is ``$LOCAL
 ``platformdirs.user_data_dir("localdiff")``. Every call opens its own short connection and commits before returning,
 so each turn is on disk as soon as it is written (a crash loses at most the answer in flight).
 """
+
 from __future__ import annotations
 
 import json
@@ -110,7 +111,7 @@ class ChatStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with self._connect() as con:
                 con.executescript(_SCHEMA)
-        except OSError as exc:   # e.g. LOCALDIFF_DATA_DIR=/dev/full: "[Errno 17] File exists" from mkdir
+        except OSError as exc:  # e.g. LOCALDIFF_DATA_DIR=/dev/full: "[Errno 17] File exists" from mkdir
             raise HistoryError(f"cannot open chat history {self.path}: {_why(exc, self.path.parent)}") from None
         except sqlite3.Error as exc:
             raise HistoryError(f"cannot open chat history {self.path}: {exc}") from None
@@ -187,8 +188,9 @@ class ChatStore:
         """The user's last ``limit`` prompts over all conversations, oldest first, consecutive repeats once (the
         prompt box's Up/Down history)."""
         with self._connect() as con:
-            rows = con.execute("SELECT content FROM turns WHERE role = 'user' ORDER BY id DESC LIMIT ?",
-                               (int(limit),)).fetchall()
+            rows = con.execute(
+                "SELECT content FROM turns WHERE role = 'user' ORDER BY id DESC LIMIT ?", (int(limit),)
+            ).fetchall()
         out: list[str] = []
         for (content,) in reversed(rows):
             if not out or out[-1] != content:
@@ -249,7 +251,9 @@ class ChatStore:
         try:
             cid = int(str(resume).strip().lstrip("#"))
         except ValueError:
-            raise HistoryError(f"conversation id must be a number, got {resume!r} (see `localdiff chat --list`)") from None
+            raise HistoryError(
+                f"conversation id must be a number, got {resume!r} (see `localdiff chat --list`)"
+            ) from None
         self.load(cid)  # raises if unknown
         return cid
 

@@ -1,4 +1,5 @@
 """Backbone equality with the reference (transformers 5.23.0 DiffusionGemmaForBlockDiffusion), loading, show."""
+
 import json
 import shutil
 
@@ -23,7 +24,7 @@ def test_logits_match_reference(which, request):
     m = localdiff.load(path, device="cpu")
     v, c_len = m.config.vocab_size, m.config.canvas_length
     g = torch.Generator().manual_seed(7)
-    ids = torch.randint(3, v, (1, 13), generator=g)          # longer than the sliding window
+    ids = torch.randint(3, v, (1, 13), generator=g)  # longer than the sliding window
     canvas = torch.randint(0, v, (1, c_len), generator=g)
     pkv = _cache(ref)
     with torch.no_grad():
@@ -112,8 +113,9 @@ def test_vision_tower_never_loaded(tmp_path):
     assert any("vision_tower" in k for k in idx["weight_map"])
     m = localdiff.load(tmp_path, device="cpu")
     ours = sum(t.numel() * t.element_size() for t in list(m.net.parameters()) + list(m.net.buffers()))
-    text_ref = sum(p.numel() * p.element_size() for n, p in ref.named_parameters()
-                   if "vision" not in n and "lm_head" not in n)
+    text_ref = sum(
+        p.numel() * p.element_size() for n, p in ref.named_parameters() if "vision" not in n and "lm_head" not in n
+    )
     scalars = sum(b.numel() * b.element_size() for n, b in ref.named_buffers() if n.endswith("layer_scalar"))
     assert ours == text_ref + scalars
 
@@ -174,7 +176,7 @@ def test_grouped_moe_equals_the_per_expert_loop(dtype):
 
     torch.manual_seed(0)
     moe = MoEExperts(8, 64, 32).to(dtype)
-    moe.kernel = "grouped"   # bf16's default kernel is the streaming bmm (tests/bench/test_speed.py)
+    moe.kernel = "grouped"  # bf16's default kernel is the streaming bmm (tests/bench/test_speed.py)
     with torch.no_grad():
         moe.gate_up_proj.normal_(0, 0.1)
         moe.down_proj.normal_(0, 0.1)

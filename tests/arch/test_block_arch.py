@@ -1,6 +1,7 @@
 """Block-diffusion architectures (SDAR, SDAR-MoE, Fast-dLLM v2, Tiny-A2D BD3LM): logits equal transformers' Qwen3 /
 Qwen3-MoE / Qwen2 under a block-causal 4D mask (1e-4, fp32) after loading a checkpoint written in each UPSTREAM
 layout; the cached roles (prefill, denoise, the fused pass) equal the uncached pass; one-line config errors."""
+
 from __future__ import annotations
 
 import json
@@ -58,17 +59,17 @@ def test_cached_roles_equal_the_uncached_pass(pair, budget):
     cache = KVCache(**ours.cache_layout(), device_budget_bytes=budget)
     ours.prefill(ids[:, :blk], cache)
     assert cache.seq_len == blk
-    got = [ours.denoise(ids[:, blk:2 * blk], cache)]
+    got = [ours.denoise(ids[:, blk : 2 * blk], cache)]
     for k in (2, 3):
-        got.append(ours.denoise(ids[:, k * blk:(k + 1) * blk], cache, prefill_ids=ids[:, (k - 1) * blk:k * blk]))
-    assert cache.seq_len == 3 * blk and cache.token_ids[0] == ids[0, :3 * blk].tolist()
+        got.append(ours.denoise(ids[:, k * blk : (k + 1) * blk], cache, prefill_ids=ids[:, (k - 1) * blk : k * blk]))
+    assert cache.seq_len == 3 * blk and cache.token_ids[0] == ids[0, : 3 * blk].tolist()
     torch.testing.assert_close(torch.cat(got, 1), want[:, blk:], rtol=0, atol=2e-5)
     # fused == prefill then denoise (not bit for bit: a linear over n + c rows may round differently from one over
     # c rows on this CPU's GEMM; ~1e-7 in practice)
     c2 = KVCache(**ours.cache_layout(), device_budget_bytes=budget)
     ours.prefill(ids[:, :blk], c2)
-    ours.prefill(ids[:, blk:2 * blk], c2)
-    sep = ours.denoise(ids[:, 2 * blk:3 * blk], c2)
+    ours.prefill(ids[:, blk : 2 * blk], c2)
+    sep = ours.denoise(ids[:, 2 * blk : 3 * blk], c2)
     torch.testing.assert_close(sep, got[1], rtol=0, atol=1e-5)
 
 
@@ -77,26 +78,30 @@ def test_padding_in_the_cache_is_never_attended(pair):
     blk = ours.config.block_size
     ids = _ids(t=3 * blk)
     keep = torch.ones_like(ids, dtype=torch.bool)
-    keep[0, :blk + 1] = False
+    keep[0, : blk + 1] = False
     cache = KVCache(**ours.cache_layout())
-    ours.prefill(ids[:, :2 * blk], cache, keep[:, :2 * blk])
-    got = ours.denoise(ids[:, 2 * blk:], cache)
-    torch.testing.assert_close(got, ours.logits_full(ids, keep)[:, 2 * blk:], rtol=0, atol=2e-5)
+    ours.prefill(ids[:, : 2 * blk], cache, keep[:, : 2 * blk])
+    got = ours.denoise(ids[:, 2 * blk :], cache)
+    torch.testing.assert_close(got, ours.logits_full(ids, keep)[:, 2 * blk :], rtol=0, atol=2e-5)
     junk = ids.clone()
-    junk[0, :blk + 1] = 5
+    junk[0, : blk + 1] = 5
     cache.reset()
-    ours.prefill(junk[:, :2 * blk], cache, keep[:, :2 * blk])
-    torch.testing.assert_close(ours.denoise(ids[:, 2 * blk:], cache), got, rtol=0, atol=1e-5)
+    ours.prefill(junk[:, : 2 * blk], cache, keep[:, : 2 * blk])
+    torch.testing.assert_close(ours.denoise(ids[:, 2 * blk :], cache), got, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("layout,change,field", [
-    ("sdar", {"mask_token_id": None}, "mask_token_id"),
-    ("sdar", {"pad_token_id": 126}, "mask_token_id"),
-    ("sdar", {"hidden_size": None}, "hidden_size"),
-    ("sdar", {"rope_theta": None}, "rope_theta"),
-    ("sdar_moe", {"num_experts": None}, "num_experts"),
-    ("Fast_dLLM_Qwen", {"bd_size": 0}, "bd_size"),
-    ("sdar", {"mask_token_id": 500}, "mask_token_id")])
+@pytest.mark.parametrize(
+    "layout,change,field",
+    [
+        ("sdar", {"mask_token_id": None}, "mask_token_id"),
+        ("sdar", {"pad_token_id": 126}, "mask_token_id"),
+        ("sdar", {"hidden_size": None}, "hidden_size"),
+        ("sdar", {"rope_theta": None}, "rope_theta"),
+        ("sdar_moe", {"num_experts": None}, "num_experts"),
+        ("Fast_dLLM_Qwen", {"bd_size": 0}, "bd_size"),
+        ("sdar", {"mask_token_id": 500}, "mask_token_id"),
+    ],
+)
 def test_bad_config_is_one_line_naming_the_field(tmp_path, layout, change, field):
     cfg = upstream_config(layout)
     for k, v in change.items():

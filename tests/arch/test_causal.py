@@ -2,6 +2,7 @@
 LlamaForCausalLM (1e-4, fp32) after loading a ``save_pretrained`` folder, cached passes equal the uncached one,
 greedy tokens equal transformers' ``generate``, seeded sampling equals the reference's draws (z-lab/dflash
 ``sample``), one-line errors."""
+
 from __future__ import annotations
 
 import json
@@ -37,7 +38,7 @@ def test_logits_equal_transformers(pair):
     assert got.dtype == torch.float32 and got.shape == (2, 13, VOCAB)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
     keep = torch.ones_like(ids)
-    keep[0, :4] = 0                                          # left padding: positions count real tokens only
+    keep[0, :4] = 0  # left padding: positions count real tokens only
     with torch.no_grad():
         pos = (keep.cumsum(-1) - 1).clamp_min(0)
         want_pad = ref(ids, attention_mask=keep, position_ids=pos).logits
@@ -50,7 +51,7 @@ def test_cached_passes_equal_the_full_pass_and_features_are_transformers_hidden_
     full = ours.logits_full(ids)
     cache = KVCache(**ours.cache_layout(8))
     parts, feats = [], []
-    for a, b in ((0, 7), (7, 10), (10, 11), (11, 17)):      # blocks longer than the room exercise staging
+    for a, b in ((0, 7), (7, 10), (10, 11), (11, 17)):  # blocks longer than the room exercise staging
         lg, f = ours.prefill(ids[:, a:b], cache, layers=[0, 2, len(ours.layers) - 1])
         parts.append(lg)
         feats.append(f)
@@ -60,7 +61,7 @@ def test_cached_passes_equal_the_full_pass_and_features_are_transformers_hidden_
         hs = ref(ids, output_hidden_states=True).hidden_states
     want = torch.cat([hs[1], hs[3], hs[len(ours.layers)]], -1)
     torch.testing.assert_close(torch.cat(feats, 1), want, rtol=0, atol=1e-4)
-    cache.truncate(9)                                        # crop, then continue: same as never having gone on
+    cache.truncate(9)  # crop, then continue: same as never having gone on
     lg, _ = ours.prefill(ids[:, 9:12], cache)
     torch.testing.assert_close(lg, full[:, 9:12], rtol=0, atol=1e-5)
 
@@ -70,7 +71,9 @@ def test_greedy_tokens_equal_transformers_generate(pair):
     m = localdiff.load(str(folder), device="cpu")
     for seed in range(4):
         prompt = _ids(1, 5 + seed, seed)
-        want = ref.generate(prompt, max_new_tokens=24, do_sample=False, eos_token_id=EOS, pad_token_id=0)[0, prompt.shape[1]:]
+        want = ref.generate(prompt, max_new_tokens=24, do_sample=False, eos_token_id=EOS, pad_token_id=0)[
+            0, prompt.shape[1] :
+        ]
         g = m.generate(prompt[0].tolist(), max_new_tokens=24, chat=False)
         assert g.token_ids == want.tolist()
         assert g.stats.forwards == len(g.token_ids) and g.stats.acceptance_lengths == []

@@ -1,6 +1,7 @@
 """LLaDA2.x MoE (``llada2_moe``): the router against a transcription of the Hub gate and transformers' own
 group-limited router, the whole model's logits against transformers' Glm4MoeForCausalLM (same layer math) under a
 block-causal 4D mask, cached = uncached through the block KV cache, and a tiny Hub-layout checkpoint loading."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -35,8 +36,16 @@ def test_router_matches_the_hub_gate(e, k, groups, keep):
 def test_router_matches_transformers_group_limited_router():
     from transformers import Glm4MoeConfig
     from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeTopkRouter
-    cfg = Glm4MoeConfig(hidden_size=24, n_routed_experts=12, num_experts_per_tok=3, n_group=4, topk_group=2,
-                        routed_scaling_factor=2.5, norm_topk_prob=True)
+
+    cfg = Glm4MoeConfig(
+        hidden_size=24,
+        n_routed_experts=12,
+        num_experts_per_tok=3,
+        n_group=4,
+        topk_group=2,
+        routed_scaling_factor=2.5,
+        norm_topk_prob=True,
+    )
     r = Glm4MoeTopkRouter(cfg)
     g = torch.Generator().manual_seed(3)
     with torch.no_grad():
@@ -45,7 +54,7 @@ def test_router_matches_transformers_group_limited_router():
     x = torch.randn(29, 24, generator=g)
     _, w_ref, idx_ref = r(x)
     w, idx = sigmoid_group_route(torch.nn.functional.linear(x, r.weight), r.e_score_correction_bias, 3, 4, 2, 2.5)
-    order_ref, order = idx_ref.argsort(-1), idx.argsort(-1)   # transformers' top-k is unsorted
+    order_ref, order = idx_ref.argsort(-1), idx.argsort(-1)  # transformers' top-k is unsorted
     assert torch.equal(idx.gather(1, order), idx_ref.gather(1, order_ref))
     torch.testing.assert_close(w.gather(1, order), w_ref.gather(1, order_ref), rtol=0, atol=1e-6)
 
@@ -85,7 +94,7 @@ def test_cached_blocks_equal_the_uncached_pass(budget):
     first = net.denoise(ids[:, 8:12], cache, prefill_ids=ids[:, :8])
     assert cache.seq_len == 8
     torch.testing.assert_close(first, full[:, 8:12], rtol=0, atol=1e-5)
-    again = net.denoise(ids[:, 8:12], cache)                      # a later step: the cache is only read
+    again = net.denoise(ids[:, 8:12], cache)  # a later step: the cache is only read
     torch.testing.assert_close(again, first, rtol=0, atol=1e-5)
     second = net.denoise(ids[:, 12:16], cache, prefill_ids=ids[:, 8:12])
     torch.testing.assert_close(second, full[:, 12:16], rtol=0, atol=1e-5)
@@ -114,12 +123,33 @@ def test_unsupported_router_is_a_one_line_error(tmp_path):
 
 def test_real_mini_config_counts():
     """LLaDA2.0-mini's config.json (as published): 16B total, ~1.4B active parameters per token."""
-    mini = dict(model_type="llada2_moe", vocab_size=157184, hidden_size=2048, intermediate_size=5120,
-                num_hidden_layers=20, num_attention_heads=16, num_key_value_heads=4, head_dim=128,
-                moe_intermediate_size=512, num_experts=256, num_experts_per_tok=8, num_shared_experts=1, n_group=8,
-                topk_group=4, routed_scaling_factor=2.5, first_k_dense_replace=1, partial_rotary_factor=0.5,
-                rope_theta=600000, use_qk_norm=True, use_qkv_bias=False, use_bias=False, score_function="sigmoid",
-                max_position_embeddings=32768, pad_token_id=156892, tie_word_embeddings=False)
+    mini = dict(
+        model_type="llada2_moe",
+        vocab_size=157184,
+        hidden_size=2048,
+        intermediate_size=5120,
+        num_hidden_layers=20,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        head_dim=128,
+        moe_intermediate_size=512,
+        num_experts=256,
+        num_experts_per_tok=8,
+        num_shared_experts=1,
+        n_group=8,
+        topk_group=4,
+        routed_scaling_factor=2.5,
+        first_k_dense_replace=1,
+        partial_rotary_factor=0.5,
+        rope_theta=600000,
+        use_qk_norm=True,
+        use_qkv_bias=False,
+        use_bias=False,
+        score_function="sigmoid",
+        max_position_embeddings=32768,
+        pad_token_id=156892,
+        tie_word_embeddings=False,
+    )
     c = parse_config(mini)
     assert c.mask_token_id == 156895 and c.eos_token_id == (156892,) and sum(c.moe_layers) == 19
     assert dataclasses.asdict(c)["rope_parameters"]["partial_rotary_factor"] == 0.5

@@ -2,6 +2,7 @@
 Llama / Qwen3-MoE / Qwen2 / Qwen3 under a bidirectional 4D mask (1e-4, fp32) after loading a checkpoint written in
 each UPSTREAM layout with the loader; forward_window (Fast-dLLM prefix / dual cache) equals the full pass; padding;
 one-line errors naming the field; ``localdiff show`` on each."""
+
 from __future__ import annotations
 
 import json
@@ -48,8 +49,8 @@ def test_padding_keys_are_never_attended(pair):
     family, ref, ours, _ = pair
     ids = _ids()
     keep = torch.ones_like(ids, dtype=torch.bool)
-    keep[0, :4] = False                     # left padding in row 0
-    keep[1, -3:] = False                    # right padding in row 1
+    keep[0, :4] = False  # left padding in row 0
+    keep[1, -3:] = False  # right padding in row 1
     got = ours.logits_full(ids, keep.long())
     torch.testing.assert_close(got, ref_logits(ref, ids, keep), rtol=0, atol=1e-4)
     # right padding: the real tokens' logits equal those of the unpadded sequence alone, whatever the pads hold
@@ -65,12 +66,12 @@ def test_forward_window_with_kv_of_the_same_tokens_equals_the_full_pass(pair, st
     family, ref, ours, _ = pair
     ids = _ids()
     full, kv = ours.forward_window(ids, 0, return_kv=True)
-    assert torch.equal(full, ours.logits_full(ids))                      # kv=None, start=0 is logits_full exactly
+    assert torch.equal(full, ours.logits_full(ids))  # kv=None, start=0 is logits_full exactly
     assert len(kv) == len(ours.layers) and kv[0][0].shape[2] == 13
-    win = ids[:, start:start + length]
-    dual = ours.forward_window(win, start, kv)                           # dual cache: kv of the whole sequence
-    torch.testing.assert_close(dual, full[:, start:start + length], rtol=0, atol=1e-5)
-    if start + length == 13:                                             # prefix cache: kv of the prefix only
+    win = ids[:, start : start + length]
+    dual = ours.forward_window(win, start, kv)  # dual cache: kv of the whole sequence
+    torch.testing.assert_close(dual, full[:, start : start + length], rtol=0, atol=1e-5)
+    if start + length == 13:  # prefix cache: kv of the prefix only
         prefix = [(k[:, :, :start], v[:, :, :start]) for k, v in kv]
         logits, fresh = ours.forward_window(win, start, prefix, return_kv=True)
         torch.testing.assert_close(logits, full[:, start:], rtol=0, atol=1e-5)
@@ -83,7 +84,7 @@ def test_forward_window_reads_stale_kv_outside_the_window(pair):
     ids = _ids()
     _, kv = ours.forward_window(ids, 0, return_kv=True)
     changed = ids.clone()
-    changed[:, 10:] = MASK                                               # tokens after the window changed
+    changed[:, 10:] = MASK  # tokens after the window changed
     stale = ours.forward_window(changed[:, 4:8], 4, kv)
     torch.testing.assert_close(stale, ours.logits_full(ids)[:, 4:8], rtol=0, atol=1e-5)
     assert not torch.allclose(stale, ours.logits_full(changed)[:, 4:8], atol=1e-4)
@@ -95,8 +96,9 @@ def test_window_padding_mask_covers_the_full_sequence(pair):
     keep = torch.ones_like(ids, dtype=torch.bool)
     keep[0, :3] = False
     full, kv = ours.forward_window(ids, 0, attention_mask=keep, return_kv=True)
-    torch.testing.assert_close(ours.forward_window(ids[:, 6:10], 6, kv, attention_mask=keep), full[:, 6:10],
-                               rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        ours.forward_window(ids[:, 6:10], 6, kv, attention_mask=keep), full[:, 6:10], rtol=0, atol=1e-5
+    )
     with pytest.raises(ValueError, match="keys"):
         ours.forward_window(ids[:, 6:10], 6, kv, attention_mask=keep[:, :5])
 
@@ -150,18 +152,21 @@ def test_lladamoe_router_bias_and_shared_expert_follow_the_hub_code():
 
 
 # -- bad input: one line naming the field -------------------------------------------------------------------------
-@pytest.mark.parametrize("family,change,field", [
-    ("llada", {"mask_token_id": None}, "mask_token_id"),
-    ("llada", {"mask_token_id": EOS}, "mask_token_id"),
-    ("dream", {"pad_token_id": MASK}, "mask_token_id"),
-    ("llada", {"d_model": None}, "d_model"),
-    ("llada", {"layer_norm_type": "default"}, "layer_norm_type"),
-    ("dream", {"num_hidden_layers": None}, "num_hidden_layers"),
-    ("qwen3", {"mask_token_id": 999}, "mask_token_id"),
-    ("lladamoe", {"moe_layer_freq": [1, 1]}, "moe_layer_freq"),
-    ("lladamoe", {"expert_intermediate_size": None}, "expert_intermediate_size"),
-    ("dream", {"use_sliding_window": True}, "use_sliding_window"),
-])
+@pytest.mark.parametrize(
+    "family,change,field",
+    [
+        ("llada", {"mask_token_id": None}, "mask_token_id"),
+        ("llada", {"mask_token_id": EOS}, "mask_token_id"),
+        ("dream", {"pad_token_id": MASK}, "mask_token_id"),
+        ("llada", {"d_model": None}, "d_model"),
+        ("llada", {"layer_norm_type": "default"}, "layer_norm_type"),
+        ("dream", {"num_hidden_layers": None}, "num_hidden_layers"),
+        ("qwen3", {"mask_token_id": 999}, "mask_token_id"),
+        ("lladamoe", {"moe_layer_freq": [1, 1]}, "moe_layer_freq"),
+        ("lladamoe", {"expert_intermediate_size": None}, "expert_intermediate_size"),
+        ("dream", {"use_sliding_window": True}, "use_sliding_window"),
+    ],
+)
 def test_bad_config_is_one_line_naming_the_field(tmp_path, family, change, field):
     raw = upstream_config(family)
     for k, v in change.items():
@@ -195,10 +200,16 @@ def test_llada_checkpoint_names_are_the_olmo_layout():
 
 
 # -- catalog ------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("alias,repo,mask", [
-    ("llada:8b", "GSAI-ML/LLaDA-8B-Instruct", 126336), ("llada-moe:7b", "inclusionAI/LLaDA-MoE-7B-A1B-Instruct", 156895),
-    ("dream:7b", "Dream-org/Dream-v0-Instruct-7B", 151666), ("diffucoder:7b", "apple/DiffuCoder-7B-cpGRPO", 151666),
-    ("qwen3-mdm:0.6b", "dllm-hub/Qwen3-0.6B-diffusion-mdlm-v0.1", 151669)])
+@pytest.mark.parametrize(
+    "alias,repo,mask",
+    [
+        ("llada:8b", "GSAI-ML/LLaDA-8B-Instruct", 126336),
+        ("llada-moe:7b", "inclusionAI/LLaDA-MoE-7B-A1B-Instruct", 156895),
+        ("dream:7b", "Dream-org/Dream-v0-Instruct-7B", 151666),
+        ("diffucoder:7b", "apple/DiffuCoder-7B-cpGRPO", 151666),
+        ("qwen3-mdm:0.6b", "dllm-hub/Qwen3-0.6B-diffusion-mdlm-v0.1", 151669),
+    ],
+)
 def test_catalog_entries_show_before_pull(alias, repo, mask, tmp_path, monkeypatch, capsys):
     from huggingface_hub import constants
 

@@ -1,6 +1,7 @@
 """The native bf16 MoE experts (localdiff.kernels.experts): the kernel against the experts' math in float64 on odd
 sizes (both of its paths, thread counts), MoEExperts and a whole bf16 DiffusionGemma with and without it, the switch,
 the fallback, and the FLOP counter seeing it."""
+
 from __future__ import annotations
 
 import math
@@ -16,8 +17,14 @@ from localdiff.arch.layers import MoEExperts
 needs_kernel = pytest.mark.skipif(ne.library() is None, reason=f"no native experts here: {ne.status()}")
 
 # (tokens, hidden, intermediate, experts, top-k): H and I not multiples of 16 / 32, a single row, a group > 32 rows
-CONFIGS = [(1, 7, 5, 3, 1), (13, 45, 17, 6, 2), (40, 100, 37, 5, 3), (9, 33, 16, 8, 4), (70, 130, 50, 4, 2),
-           (5, 64, 32, 9, 2)]
+CONFIGS = [
+    (1, 7, 5, 3, 1),
+    (13, 45, 17, 6, 2),
+    (40, 100, 37, 5, 3),
+    (9, 33, 16, 8, 4),
+    (70, 130, 50, 4, 2),
+    (5, 64, 32, 9, 2),
+]
 
 
 @pytest.fixture
@@ -97,7 +104,7 @@ def test_the_two_paths_agree(fresh):
     second = _native(*case)
     assert (first == second).float().mean() >= 0.98
     scale = first.float().abs().max()
-    assert ((first.float() - second.float()).abs() <= first.float().abs() * 2 ** -7 + 1e-3 * scale).all()
+    assert ((first.float() - second.float()).abs() <= first.float().abs() * 2**-7 + 1e-3 * scale).all()
 
 
 @needs_kernel
@@ -140,8 +147,10 @@ def _both_paths(m, ids, canvas, passes, monkeypatch):
         run(native, m.prefill, ids, cache)
     fast, slow, sc = [], [], None
     for _ in range(passes):
-        f, s = (run(native, m.denoise, canvas, cache, self_conditioning_logits=sc)
-                for native, cache in zip((True, False), caches))
+        f, s = (
+            run(native, m.denoise, canvas, cache, self_conditioning_logits=sc)
+            for native, cache in zip((True, False), caches)
+        )
         fast.append(f.float())
         slow.append(s.float())
         canvas, sc = s.argmax(-1), s
@@ -254,7 +263,7 @@ def test_gen_v_names_the_experts_kernel(ref_small, fresh):
     off = describe(m.net)["experts"]
     assert off.startswith("stream") and "LOCALDIFF_NATIVE_EXPERTS=0" in off
     fp32 = localdiff.load(ref_small[1], device="cpu", dtype="float32")
-    assert describe(fp32.net)["experts"].startswith("torch._grouped_mm")     # the exact path is untouched
+    assert describe(fp32.net)["experts"].startswith("torch._grouped_mm")  # the exact path is untouched
 
 
 @needs_kernel

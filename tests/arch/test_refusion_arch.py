@@ -1,6 +1,7 @@
 """ReFusion's model (localdiff.arch.refusion) against transformers' own Qwen3ForCausalLM on a tiny odd-sized config
 in the upstream checkpoint layout: full causal logits, and the slot pass (tokens cached in generation order, RoPE at
 true positions) against transformers fed the same order with explicit position_ids."""
+
 from __future__ import annotations
 
 import torch

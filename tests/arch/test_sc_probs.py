@@ -1,6 +1,7 @@
 """The exact canvas path hands the model its own softmax (``Probabilities(probs, logits)``) instead of the logits:
 the next forward is bit-identical to recomputing it from the logits, the top-k approximation still reads the logits,
 and the argmax by ``max(-1).indices`` equals ``argmax(-1)`` (ties, NaN and -inf rows)."""
+
 import torch
 
 import localdiff
@@ -46,7 +47,7 @@ def test_topk_reads_the_logits():
 def test_max_indices_is_argmax():
     g = torch.Generator().manual_seed(0)
     for trial in range(60):
-        x = torch.randint(0, 4, (6, 999), generator=g).float()      # many ties
+        x = torch.randint(0, 4, (6, 999), generator=g).float()  # many ties
         if trial % 3 == 0:
             x[trial % 6, trial % 999] = float("nan")
         if trial % 4 == 0:

@@ -1,6 +1,7 @@
 """The checks every Llama-shaped spec shares (localdiff/arch/spec_parts.py): a zero or non-dividing head count, a
 mask id equal to the pad id or outside the vocabulary are one ValueError naming the field, for every spec that
 parses those keys — never a ZeroDivisionError from ``hidden_size // num_attention_heads``."""
+
 from __future__ import annotations
 
 import copy
@@ -26,10 +27,13 @@ def test_zero_heads_without_head_dim_is_a_named_value_error(kind, key):
 @pytest.mark.parametrize("kind,key", HEADS)
 def test_key_value_heads_must_divide_the_query_heads(kind, key):
     raw = copy.deepcopy(BABY[kind])
-    raw["n_kv_heads" if kind == "llada" else "num_key_value_heads"] = 2   # every baby has 3..5 query heads, odd
+    raw["n_kv_heads" if kind == "llada" else "num_key_value_heads"] = 2  # every baby has 3..5 query heads, odd
     raw[key] = 3
-    with pytest.raises(ValueError, match=r"num_attention_heads \(3\) must be a positive multiple of the key/value "
-                                         r"heads \(2\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"num_attention_heads \(3\) must be a positive multiple of the key/value "
+        r"heads \(2\)",
+    ):
         get_spec(raw).parse_config(raw)
 
 

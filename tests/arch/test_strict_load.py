@@ -1,6 +1,7 @@
 """Strict checkpoint loading (issue 40 item 4): every tensor of a checkpoint is read by the model or is known to be
 ignorable by its architecture's ``CHECKPOINT_RULES``; any other tensor is a one-line load error naming it and the
 config.json field that would read it."""
+
 from __future__ import annotations
 
 import json
@@ -42,11 +43,11 @@ def _error(folder) -> str:
 def test_a_stray_tensor_is_a_one_line_error_and_a_rotary_cache_is_not(model_type, tmp_path):
     raw = BABY[model_type]
     state = _write(tmp_path, raw)
-    load_model(tmp_path, dtype=torch.float32)                      # the checkpoint as written loads
+    load_model(tmp_path, dtype=torch.float32)  # the checkpoint as written loads
     first = next(iter(state))
     prefix = first[: first.index("layers.")] if "layers." in first else ""
     _add(tmp_path, {f"{prefix}layers.0.self_attn.rotary_emb.inv_freq": torch.ones(4)}, state)
-    load_model(tmp_path, dtype=torch.float32)                      # a rotary cache is ignorable
+    load_model(tmp_path, dtype=torch.float32)  # a rotary cache is ignorable
     _add(tmp_path, {"model.stray_proj.weight": torch.ones(3, 3)}, state)
     msg = _error(tmp_path)
     assert "model.stray_proj.weight is in the checkpoint but" in msg and "model.safetensors" in msg
@@ -58,30 +59,39 @@ def test_llada_moe_qk_norm_without_qk_layernorm_names_the_field(tmp_path):
     load_model(tmp_path, dtype=torch.float32)
     (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in raw.items() if k != "qk_layernorm"}))
     msg = _error(tmp_path)
-    assert msg.endswith("model.layers.0.self_attn.k_norm.weight is in the checkpoint but config.json has no "
-                        "qk_layernorm: true; 5 more unread tensor(s)"), msg
+    assert msg.endswith(
+        "model.layers.0.self_attn.k_norm.weight is in the checkpoint but config.json has no "
+        "qk_layernorm: true; 5 more unread tensor(s)"
+    ), msg
     (tmp_path / "config.json").write_text(json.dumps({**raw, "qk_layernorm": False}))
     assert "config.json has qk_layernorm: false, not true" in _error(tmp_path)
 
 
 def test_llada_untied_head_without_weight_tying_names_the_field(tmp_path):
-    raw = BABY["llada"]                       # weight_tying: false → a separate ff_out head
+    raw = BABY["llada"]  # weight_tying: false → a separate ff_out head
     _write(tmp_path, raw)
     load_model(tmp_path, dtype=torch.float32)
     (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in raw.items() if k != "weight_tying"}))
     msg = _error(tmp_path)
-    assert msg.endswith("model.transformer.ff_out.weight is in the checkpoint but config.json has no weight_tying: "
-                        "false (it differs from model.transformer.wte.weight, which it would be tied to)"), msg
+    assert msg.endswith(
+        "model.transformer.ff_out.weight is in the checkpoint but config.json has no weight_tying: "
+        "false (it differs from model.transformer.wte.weight, which it would be tied to)"
+    ), msg
 
 
-@pytest.mark.parametrize("model_type,head,embed", [("a2d-qwen3", "lm_head.weight", "model.embed_tokens.weight"),
-                                                   ("llada2_moe", "lm_head.weight", "model.word_embeddings.weight")])
+@pytest.mark.parametrize(
+    "model_type,head,embed",
+    [
+        ("a2d-qwen3", "lm_head.weight", "model.embed_tokens.weight"),
+        ("llada2_moe", "lm_head.weight", "model.word_embeddings.weight"),
+    ],
+)
 def test_a_tied_head_copy_loads_only_when_equal_to_the_embeddings(model_type, head, embed, tmp_path):
     raw = {**BABY[model_type], "tie_word_embeddings": True}
     state = _write(tmp_path, raw)
     assert head not in state
     _add(tmp_path, {head: state[embed].clone()}, state)
-    load_model(tmp_path, dtype=torch.float32)                      # an equal copy, as transformers ties it
+    load_model(tmp_path, dtype=torch.float32)  # an equal copy, as transformers ties it
     _add(tmp_path, {head: state[embed] + 1}, state)
     msg = _error(tmp_path)
     assert f"{head} is in the checkpoint but config.json has tie_word_embeddings: true, not false" in msg
@@ -91,12 +101,17 @@ def test_a_tied_head_copy_loads_only_when_equal_to_the_embeddings(model_type, he
 def test_diffusion_gemma_encoder_copies_and_vision_tower(tmp_path):
     raw = BABY["diffusion_gemma"]
     state = _write(tmp_path, raw)
-    enc = {k.replace("model.decoder.", "model.encoder.language_model."): v.clone() for k, v in state.items()
-           if k.startswith("model.decoder.layers.1.") and not k.endswith("layer_scalar")}
-    vision = {"model.encoder.vision_tower.encoder.layers.0.mlp.fc1.weight": torch.ones(2, 2),
-              "model.encoder.embed_vision.embedding_projection.weight": torch.ones(2, 2)}
+    enc = {
+        k.replace("model.decoder.", "model.encoder.language_model."): v.clone()
+        for k, v in state.items()
+        if k.startswith("model.decoder.layers.1.") and not k.endswith("layer_scalar")
+    }
+    vision = {
+        "model.encoder.vision_tower.encoder.layers.0.mlp.fc1.weight": torch.ones(2, 2),
+        "model.encoder.embed_vision.embedding_projection.weight": torch.ones(2, 2),
+    }
     _add(tmp_path, {**enc, **vision}, state)
-    load_model(tmp_path, dtype=torch.float32)                      # tied copies equal, vision tower skipped
+    load_model(tmp_path, dtype=torch.float32)  # tied copies equal, vision tower skipped
     bad = dict(enc)
     name = next(iter(bad))
     bad[name] = bad[name] + 1

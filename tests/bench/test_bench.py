@@ -1,4 +1,5 @@
 """`localdiff bench`: the quick reference comparison on a tiny random model, the eval on a few items, the report."""
+
 import json
 
 import pytest
@@ -15,8 +16,25 @@ TINY = models_dir() / "tiny"
 def test_quick_reference_comparison_json(ref_small, tmp_path):
     _, path = ref_small
     out = tmp_path / "r.json"
-    rc = bench.main(["--quick", "--only", "ref", "--ref-on", "random", "--random-model", str(path),
-                     "--seeds", "4", "--reps", "2", "--out", str(out), "--md", str(tmp_path / "r.md")])
+    rc = bench.main(
+        [
+            "--quick",
+            "--only",
+            "ref",
+            "--ref-on",
+            "random",
+            "--random-model",
+            str(path),
+            "--seeds",
+            "4",
+            "--reps",
+            "2",
+            "--out",
+            str(out),
+            "--md",
+            str(tmp_path / "r.md"),
+        ]
+    )
     assert rc == 0
     res = json.loads(out.read_text())
     assert res["environment"]["threads"] == 2 and res["quick"] is True
@@ -47,9 +65,11 @@ def test_eval_on_three_items(tmp_path):
     pa, pb = ["What is 27 + 58?", "Reverse the letters: c a t"], ["What is 13 + 40?"]
     ga = m.generate(pa, seed=0, max_new_tokens=64)
     gb = m.generate(pb, seed=1, max_new_tokens=64)
-    items = [{"family": "a", "prompt": pa[0], "answer": "  " + ga.text[0] + " "},
-             {"family": "a", "prompt": pa[1], "answer": ga.text[1] + " extra"},
-             {"family": "b", "prompt": pb[0], "answer": gb.text}]
+    items = [
+        {"family": "a", "prompt": pa[0], "answer": "  " + ga.text[0] + " "},
+        {"family": "a", "prompt": pa[1], "answer": ga.text[1] + " extra"},
+        {"family": "b", "prompt": pb[0], "answer": gb.text},
+    ]
     f = tmp_path / "eval.jsonl"
     f.write_text("".join(json.dumps(i) + "\n" for i in items))
     out = tmp_path / "e.json"
@@ -70,8 +90,9 @@ def test_exact_match_and_items(tmp_path):
     assert exact_match("t  a\nc", "t a c")
     assert not exact_match("27 + 58 = 86.", "27 + 58 = 85.")
     f = tmp_path / "e.jsonl"
-    f.write_text("".join(json.dumps({"family": k, "prompt": f"p{i}", "answer": "a"}) + "\n"
-                         for i, k in enumerate("aabbb")))
+    f.write_text(
+        "".join(json.dumps({"family": k, "prompt": f"p{i}", "answer": "a"}) + "\n" for i, k in enumerate("aabbb"))
+    )
     assert [i["prompt"] for i in load_items(f, per_family=1)] == ["p0", "p2"]
     assert len(load_items(f)) == 5
     f.write_text('{"family": "x"}\n')
@@ -80,19 +101,31 @@ def test_exact_match_and_items(tmp_path):
 
 
 def test_best_point_and_sweep_grid():
-    rows = [{"label": "a", "setting": {}, "accuracy": 0.90, "tpf": 2.0},
-            {"label": "b", "setting": {}, "accuracy": 0.895, "tpf": 5.0},
-            {"label": "c", "setting": {}, "accuracy": 0.50, "tpf": 9.0},
-            {"label": "d", "setting": {}, "accuracy": 0.40, "tpf": 3.0},
-            {"label": "e", "setting": {}, "accuracy": 0.87, "tpf": 7.0}]
+    rows = [
+        {"label": "a", "setting": {}, "accuracy": 0.90, "tpf": 2.0},
+        {"label": "b", "setting": {}, "accuracy": 0.895, "tpf": 5.0},
+        {"label": "c", "setting": {}, "accuracy": 0.50, "tpf": 9.0},
+        {"label": "d", "setting": {}, "accuracy": 0.40, "tpf": 3.0},
+        {"label": "e", "setting": {}, "accuracy": 0.87, "tpf": 7.0},
+    ]
     b = best_point(rows)  # margin 1 pp
     assert b["label"] == "b" and set(b["pareto"]) == {"a", "b", "c", "e"}
     assert best_point(rows, n_items=100)["label"] == "e"  # one standard error of 0.90 over 100 items = 3 pp
-    ties = [{"label": "eb=1.0 τ=0.95", "setting": {"entropy_bound": 1.0, "threshold": 0.95}, "accuracy": 0.41,
-             "tpf": 4.8505},
-            {"label": "eb=1.0 τ=off", "setting": {"entropy_bound": 1.0, "threshold": None}, "accuracy": 0.41,
-             "tpf": 4.8491},
-            {"label": "eb=0.1 τ=off", "setting": {}, "accuracy": 0.42, "tpf": 4.59}]
+    ties = [
+        {
+            "label": "eb=1.0 τ=0.95",
+            "setting": {"entropy_bound": 1.0, "threshold": 0.95},
+            "accuracy": 0.41,
+            "tpf": 4.8505,
+        },
+        {
+            "label": "eb=1.0 τ=off",
+            "setting": {"entropy_bound": 1.0, "threshold": None},
+            "accuracy": 0.41,
+            "tpf": 4.8491,
+        },
+        {"label": "eb=0.1 τ=off", "setting": {}, "accuracy": 0.42, "tpf": 4.59},
+    ]
     assert best_point(ties, n_items=180)["label"] == "eb=1.0 τ=off"  # a 0.03 % TPF edge is a tie: no τ wins
     ties[2]["label"], ties[2]["tpf"] = "default", 4.84
     assert best_point(ties, n_items=180)["label"] == "default"  # within 1 % of the fastest: the default stays
@@ -121,17 +154,25 @@ def test_targets_table_reports_met_and_unmet():
     from localdiff.bench.report import _targets_md
 
     spread = {"median": 1.65, "min": 1.4, "max": 1.9, "n": 5}
-    secs = {"ref": {"runs": [{"model": "embedded (tiny)",
-                              "summary": {"speed_ratio": spread, "identical_seeds": 5, "seeds": 5}}]},
-            "history": {"model": "embedded (tiny)", "ratio_8192_vs_256": 2.35, "rest_ratio_8192_vs_256": 1.44,
-                        "others": [{"model": "wider", "ratio_8192_vs_256": 1.2}]},
-            "sweep": {"best": {"label": "default"}}}
+    secs = {
+        "ref": {
+            "runs": [{"model": "embedded (tiny)", "summary": {"speed_ratio": spread, "identical_seeds": 5, "seeds": 5}}]
+        },
+        "history": {
+            "model": "embedded (tiny)",
+            "ratio_8192_vs_256": 2.35,
+            "rest_ratio_8192_vs_256": 1.44,
+            "others": [{"model": "wider", "ratio_8192_vs_256": 1.2}],
+        },
+        "sweep": {"best": {"label": "default"}},
+    }
     lines = _targets_md(secs)
     assert lines[0] == "| target | wanted | this run | met |"
     table = {ln.split(" | ")[0][2:]: ln for ln in lines[2:] if ln}
     assert table["speed vs the reference, embedded model, identical tokens"].endswith("| 1.65× on 5/5 seeds | no |")
     assert table["step time, 8192 ÷ 256 tokens of history (embedded (tiny))"].endswith(
-        "| 2.35× (1.44× without the step's attention) | no |")
+        "| 2.35× (1.44× without the step's attention) | no |"
+    )
     assert table["step time, 8192 ÷ 256 tokens of history (wider)"].endswith("| 1.20× | yes |")
     assert table["generation_config defaults = best accuracy-per-TPF point"].endswith("| default | yes |")
     assert _targets_md({}) == []
@@ -150,9 +191,28 @@ def test_profile_section_keeps_the_profilers_lines_off_stderr(tmp_path):
     root = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
     env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
-    r = subprocess.run([sys.executable, "-m", "localdiff", "bench", "--only", "profile", "--quick", "--threads", "1",
-                        "--no-plot", "--out", str(tmp_path / "b.json"), "--md", str(tmp_path / "b.md")],
-                       capture_output=True, env=env, cwd=root, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "localdiff",
+            "bench",
+            "--only",
+            "profile",
+            "--quick",
+            "--threads",
+            "1",
+            "--no-plot",
+            "--out",
+            str(tmp_path / "b.json"),
+            "--md",
+            str(tmp_path / "b.md"),
+        ],
+        capture_output=True,
+        env=env,
+        cwd=root,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert b"USDT" not in r.stderr and b"profiler_start" not in r.stderr, r.stderr
     assert json.loads((tmp_path / "b.json").read_text())["sections"]["profile"]["forwards"] > 0

@@ -1,5 +1,6 @@
 """``localdiff bench --only precision`` (issue #24's accuracy line): the paired-seed statistics against hand-worked
 values, and the section end to end on three items whose answers are the float32 path's own."""
+
 import json
 import math
 
@@ -16,7 +17,7 @@ def test_t_quantiles():
 
 
 def test_paired_difference_by_hand():
-    p = precision.paired([12, 10, 9, 13], [10, 10, 10, 10], n_items=200)   # d = 2, 0, -1, 3
+    p = precision.paired([12, 10, 9, 13], [10, 10, 10, 10], n_items=200)  # d = 2, 0, -1, 3
     sd = math.sqrt((1 + 1 + 4 + 4) / 3)
     half = 3.182 * sd / 2
     assert p["diffs"] == [2, 0, -1, 3] and p["mean_items"] == 1 and p["sd_items"] == pytest.approx(sd)
@@ -29,11 +30,13 @@ def test_paired_difference_by_hand():
 
 def test_verdict_needs_the_interval_above_minus_one_point():
     def rows(ds):
-        return [{"seed": s, "float32": 100, "bfloat16": 100 + d, "float32 fast": 100 - d, "float64": 100}
-                for s, d in enumerate(ds)]
+        return [
+            {"seed": s, "float32": 100, "bfloat16": 100 + d, "float32 fast": 100 - d, "float64": 100}
+            for s, d in enumerate(ds)
+        ]
 
-    assert precision.summarize(rows([1, 1, 0, 1, 0, 1, 1, 0]), 100)["within_1pt"] is True    # CI +0.19 … +1.06
-    noisy = precision.summarize(rows([1, -1, 0, 2]), 100)       # mean +0.5 pt but CI −1.6 … +2.6: not shown
+    assert precision.summarize(rows([1, 1, 0, 1, 0, 1, 1, 0]), 100)["within_1pt"] is True  # CI +0.19 … +1.06
+    noisy = precision.summarize(rows([1, -1, 0, 2]), 100)  # mean +0.5 pt but CI −1.6 … +2.6: not shown
     assert noisy["within_1pt"] is False and noisy["bfloat16_minus_float32"]["ci_pt"][0] < -1
     lossy = precision.summarize(rows([-2, -3, -2, -3]), 100)
     assert lossy["within_1pt"] is False and lossy["bfloat16_minus_float32"]["mean_pt"] == -2.5
@@ -50,11 +53,28 @@ def test_section_end_to_end(tmp_path):
     f = tmp_path / "eval.jsonl"
     f.write_text("".join(json.dumps({"family": "a", "prompt": p, "answer": t}) + "\n" for p, t in zip(prompts, g.text)))
     out = tmp_path / "p.json"
-    assert bench.main(["--only", "precision", "--eval-file", str(f), "--seeds", "2", "--max-new-tokens", "64",
-                       "--out", str(out), "--md", str(tmp_path / "p.md")]) == 0
+    assert (
+        bench.main(
+            [
+                "--only",
+                "precision",
+                "--eval-file",
+                str(f),
+                "--seeds",
+                "2",
+                "--max-new-tokens",
+                "64",
+                "--out",
+                str(out),
+                "--md",
+                str(tmp_path / "p.md"),
+            ]
+        )
+        == 0
+    )
     sec = json.loads(out.read_text())["sections"]["precision"]
     assert [r["seed"] for r in sec["rows"]] == [0, 1000] and sec["n_items"] == 3
-    assert sec["rows"][0]["float32"] == 3                      # the answers are float32's own at seed 0
+    assert sec["rows"][0]["float32"] == 3  # the answers are float32's own at seed 0
     assert all(0 <= r[d] <= 3 for r in sec["rows"] for d in precision.DTYPES)
     assert len(sec["bfloat16_minus_float32"]["diffs"]) == 2
     md = (tmp_path / "p.md").read_text()

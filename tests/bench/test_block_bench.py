@@ -1,14 +1,26 @@
 """``localdiff bench --only block`` on a baby SDAR shape: the four step timings, the same logits from both
 implementations in fp32, and the Markdown table (speed itself is the bench's business, never a test's)."""
+
 from __future__ import annotations
 
 import torch
 
 from localdiff.bench import block as bb
 
-BABY = dict(bb.SDAR_1_7B, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, vocab_size=301, mask_token_id=300, eos_token_id=1, pad_token_id=0,
-            bos_token_id=2)
+BABY = dict(
+    bb.SDAR_1_7B,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=301,
+    mask_token_id=300,
+    eos_token_id=1,
+    pad_token_id=0,
+    bos_token_id=2,
+)
 
 
 def test_step_times_compare_the_same_model():
@@ -39,9 +51,13 @@ def test_tokens_per_second_rows_and_int8_pass(monkeypatch):
         rows = res["tokens_per_second"][prec]["rows"]
         assert rows["ar"]["tokens_per_forward"] == 1.0 and rows["static"]["tokens_per_forward"] == 1.0
         assert rows["forced"]["tokens_per_forward"] == 4.0 and rows["ar"]["new_tokens"] == 8
-        assert rows["static"]["prefill_tokens_reused"] == 512          # the prompt came from the reused cache
-    assert set(res["int8"]["512"]["ms"]) == {"localdiff_block", "localdiff_1tok", "transformers_block",
-                                             "transformers_1tok"}
+        assert rows["static"]["prefill_tokens_reused"] == 512  # the prompt came from the reused cache
+    assert set(res["int8"]["512"]["ms"]) == {
+        "localdiff_block",
+        "localdiff_1tok",
+        "transformers_block",
+        "transformers_1tok",
+    }
     md = "\n".join(bb.render_md(res))
     assert "Tokens/s, int8" in md and "6.1 tokens/s" in md and "int8 (bf16 act.)" in md
     t = res["tokens_per_second"]["bfloat16"]

@@ -1,5 +1,6 @@
 """``localdiff bench --only int4``'s parts that run in seconds: resident bytes count the quantized head copy, the
 report renders targets met / not met, and the llama.cpp helper's stand-in vocabulary and missing-package reason."""
+
 from __future__ import annotations
 
 import copy
@@ -20,12 +21,13 @@ def test_section_is_listed():
 
 def test_resident_bytes_count_the_head_copy_and_shrink():
     net = build_baby(BABY["sdar"]).to(torch.bfloat16)
-    recipe = Recipe.from_dict({"rules": [["*self_attn.?_proj", "int8"], ["*layers.*.mlp.*_proj", "int8"]],
-                               "head": "int8"})
+    recipe = Recipe.from_dict(
+        {"rules": [["*self_attn.?_proj", "int8"], ["*layers.*.mlp.*_proj", "int8"]], "head": "int8"}
+    )
     q4 = quantize_model(copy.deepcopy(net), recipe, quant="int4")
     q8 = quantize_model(copy.deepcopy(net), recipe, quant="int8")
     head = net.head_weight()
-    h4 = head.shape[0] * ((head.shape[1] + 63) // 64) * (32 + 4)           # codes + bf16 scale + fp16 zero
+    h4 = head.shape[0] * ((head.shape[1] + 63) // 64) * (32 + 4)  # codes + bf16 scale + fp16 zero
     h8 = head.shape[0] * (head.shape[1] + 2)
     assert bench_int4.resident(q4) - sum(t.numel() * t.element_size() for t in q4.state_dict().values()) == h4
     assert bench_int4.resident(q8) - sum(t.numel() * t.element_size() for t in q8.state_dict().values()) == h8
@@ -33,16 +35,35 @@ def test_resident_bytes_count_the_head_copy_and_shrink():
 
 
 def test_render_reports_targets():
-    steps = {"shape": "SDAR-1.7B", "history": 512, "cpu": "Test CPU",
-             "steps": {k: {"median_ms": v, "range_ms": [v, v + 1], "runs": 3}
-                       for k, v in {"bf16 block": 300, "bf16 1tok": 280, "int4 block": 100, "int4 1tok": 60,
-                                    "int8 block": 180, "int8 1tok": 120}.items()},
-             "resident_bytes": {"bf16": 100, "int4": 40, "int8": 60},
-             "ratios": {"int4_over_int8_block": 0.56, "int4_over_bf16_resident": 0.4},
-             "targets": {"int4 block step <= 0.6x int8 block step": True, "resident bytes <= 0.3x bf16": False},
-             "kernels": {"int4": "k4", "int8": "k8"}, "llama_cpp": {"skipped": "not installed"}}
-    acc = {"model": "tiny", "n_items": 10, "rows": [{"seed": 0}], "mean_accuracy": {"float32": 0.5, "int4": 0.5},
-           "int4_minus_float32": {"mean_pt": 0.0, "ci_pt": None}, "int4_within_2pt": True}
+    steps = {
+        "shape": "SDAR-1.7B",
+        "history": 512,
+        "cpu": "Test CPU",
+        "steps": {
+            k: {"median_ms": v, "range_ms": [v, v + 1], "runs": 3}
+            for k, v in {
+                "bf16 block": 300,
+                "bf16 1tok": 280,
+                "int4 block": 100,
+                "int4 1tok": 60,
+                "int8 block": 180,
+                "int8 1tok": 120,
+            }.items()
+        },
+        "resident_bytes": {"bf16": 100, "int4": 40, "int8": 60},
+        "ratios": {"int4_over_int8_block": 0.56, "int4_over_bf16_resident": 0.4},
+        "targets": {"int4 block step <= 0.6x int8 block step": True, "resident bytes <= 0.3x bf16": False},
+        "kernels": {"int4": "k4", "int8": "k8"},
+        "llama_cpp": {"skipped": "not installed"},
+    }
+    acc = {
+        "model": "tiny",
+        "n_items": 10,
+        "rows": [{"seed": 0}],
+        "mean_accuracy": {"float32": 0.5, "int4": 0.5},
+        "int4_minus_float32": {"mean_pt": 0.0, "ci_pt": None},
+        "int4_within_2pt": True,
+    }
     md = "\n".join(bench_int4.render_md({"steps": steps, "accuracy": acc}))
     assert "Test CPU" in md and "| int4 block | 100.0 |" in md
     assert "int4 block step <= 0.6x int8 block step: met" in md and "resident bytes <= 0.3x bf16: NOT met" in md
@@ -66,13 +87,15 @@ def test_stepper_without_llama_cpp_says_why(monkeypatch):
 
     monkeypatch.setattr(builtins, "__import__", fake)
     why = gguf_qwen3.stepper(2, 8)
-    assert isinstance(why, str) and "not installed" in why and "llama" in why.replace("-", "_")   # names what is missing
+    assert isinstance(why, str) and "not installed" in why and "llama" in why.replace("-", "_")  # names what is missing
 
 
 def test_canvas_part_runs_at_the_smoke_shape():
     from localdiff.bench import int4_dg
 
     r = int4_dg.canvas_steps(True, lambda *_: None, size="smoke", reps=1)
-    assert {"bf16", "int4"} <= set(r["steps"]) <= {"bf16", "int4", "int4-exact"} and r["resident_bytes"]["int4"] < r["resident_bytes"]["bf16"]
+    assert {"bf16", "int4"} <= set(r["steps"]) <= {"bf16", "int4", "int4-exact"} and r["resident_bytes"]["int4"] < r[
+        "resident_bytes"
+    ]["bf16"]
     md = "\n".join(int4_dg.render_md(r))
     assert "| int4 |" in md and "target ≤ 0.75" in md

@@ -1,5 +1,6 @@
 """The `slots` bench section's pieces on a tiny checkpoint (speed numbers come from `localdiff bench`, never from
 tests): the decoder comparison counts what each decoder returned, and the memory figures are the tensors' bytes."""
+
 from __future__ import annotations
 
 import torch
@@ -20,8 +21,9 @@ def test_compare_and_memory(tmp_path):
     for row, mask in ((ar, m.mask_token_id), (causal, None)):
         toks = [autoregressive(m.net, it["prompt"], 12, m.eos_token_ids, mask)[0] for it in items]
         assert row["tokens"] == sum(map(len, toks)) and row["forwards"] == row["tokens"]  # one token per forward
-    assert rf["tokens"] == sum(len(m.generate(it["prompt"], max_new_tokens=12, slot_size=4,
-                                              serial_num_blocks=1).token_ids) for it in items)
+    assert rf["tokens"] == sum(
+        len(m.generate(it["prompt"], max_new_tokens=12, slot_size=4, serial_num_blocks=1).token_ids) for it in items
+    )
     mem = memory(m.net, 10, 6)
     a = m.net.config
     assert mem["refusion_cache_bytes"] == a.num_hidden_layers * 2 * a.num_key_value_heads * a.head_dim * 16 * 4
@@ -33,6 +35,7 @@ def test_compare_and_memory(tmp_path):
 def test_autoregressive_modes_match_full_causal_passes(tmp_path):
     """Greedy decoding over the K/V buffer = argmax of uncached full passes (transformers' Qwen3), both modes."""
     from refusion_ckpt import MASK
+
     hf = build_hf(4, scale=5.0)
     save_upstream(hf, tmp_path)
     m = localdiff.load(str(tmp_path))

@@ -1,5 +1,6 @@
 """``localdiff bench --only scale`` on the smoke shape: four sides interleaved, per-repetition ratios, FLOPs by
 component, per-group peak memory, and the markdown renders."""
+
 from __future__ import annotations
 
 import pytest
@@ -17,7 +18,7 @@ def test_scale_section_smoke():
     assert [g["sides"] for g in s["group_peak_rss"]] == [list(s["runs"])]
     assert all(g["peak_rss_bytes"] > 0 for g in s["group_peak_rss"])
     ref = s["runs"]["reference float32"]["flops_check"]
-    assert ref["ratio"] == pytest.approx(1.0, rel=1e-9)           # the reference computes what the shapes say
+    assert ref["ratio"] == pytest.approx(1.0, rel=1e-9)  # the reference computes what the shapes say
     assert s["runs"]["localdiff float32"]["flops_check"]["counted"]["LM head"] == ref["counted"]["LM head"]
     if s["runs"]["localdiff default"]["dtype"] == "bfloat16":
         roof = s["roofline"]

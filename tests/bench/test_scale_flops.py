@@ -1,6 +1,7 @@
 """The scale bench's FLOP counter (localdiff.bench.scale_flops): equal to torch's own FlopCounterMode where both count,
 the same under torch.inference_mode (ops reach the mode undecomposed there), products filed by their shapes, and
 the two formulas torch lacks (grouped_mm with offsets, CPU attention) by hand."""
+
 from __future__ import annotations
 
 import pytest
@@ -15,10 +16,10 @@ V, E = 37, 5
 
 
 def _work(x, w, emb, p):
-    F.linear(x, w)                                  # other
-    F.linear(x[..., :3], emb)                       # [.., V] out: LM head
-    F.linear(p, emb.t())                            # reduction over V: self-conditioning product
-    torch.bmm(torch.randn(E, 4, 6), torch.randn(E, 6, 2))          # E matrices: experts
+    F.linear(x, w)  # other
+    F.linear(x[..., :3], emb)  # [.., V] out: LM head
+    F.linear(p, emb.t())  # reduction over V: self-conditioning product
+    torch.bmm(torch.randn(E, 4, 6), torch.randn(E, 6, 2))  # E matrices: experts
 
 
 def test_counts_equal_torch_and_inference_mode():
@@ -32,8 +33,12 @@ def test_counts_equal_torch_and_inference_mode():
     with torch.inference_mode(), fi:
         _work(x, w, emb, p)
     assert sum(fc.by_component.values()) == ref.get_total_flops() == sum(fi.by_component.values())
-    want = {"other linears": 2 * 6 * 7 * 11, "LM head": 2 * 6 * 3 * V, "self-conditioning product": 2 * 6 * V * 3,
-            "experts": 2 * E * 4 * 6 * 2}
+    want = {
+        "other linears": 2 * 6 * 7 * 11,
+        "LM head": 2 * 6 * 3 * V,
+        "self-conditioning product": 2 * 6 * V * 3,
+        "experts": 2 * E * 4 * 6 * 2,
+    }
     assert dict(fc.by_component) == want == dict(fi.by_component)
 
 
@@ -46,7 +51,7 @@ def test_attention_and_grouped_mm_formulas():
     if not hasattr(torch, "_grouped_mm"):
         pytest.skip("this torch has no _grouped_mm")
     a, b = torch.randn(10, 16, dtype=torch.bfloat16), torch.randn(E, 16, 8, dtype=torch.bfloat16)  # 16-byte strides
-    offs = torch.tensor([2, 2, 5, 7, 8], dtype=torch.int32)        # rows 8, 9 past the last group: not computed
+    offs = torch.tensor([2, 2, 5, 7, 8], dtype=torch.int32)  # rows 8, 9 past the last group: not computed
     fc = FlopCount(V, E)
     with fc:
         torch._grouped_mm(a, b, offs=offs)
@@ -59,4 +64,4 @@ def test_prefill_arithmetic_groups():
     assert sum(step.values()) == sum(scale.flops_per_step(text).values())
     pre = scale_flops.prefill_flops(text, scale.CANVAS)
     assert pre["LM head"] == pre["self-conditioning product"] == 0
-    assert pre["experts"] == step["experts"]       # the same rows through the same experts
+    assert pre["experts"] == step["experts"]  # the same rows through the same experts

@@ -1,6 +1,7 @@
 """Speed work that must not change results (issue #24): skipped vocab-sized work gives the same tokens, the cached
 chat template renders the same text, the bf16 expert kernel stays within bf16 rounding, and the default compute
 dtype follows the detected CPU capability and the model."""
+
 from __future__ import annotations
 
 import pytest
@@ -38,10 +39,9 @@ def test_canvas_tokens_same_with_skipped_draws(ref_small, opts, monkeypatch):
     from localdiff.decoding import canvas_eb, draws
 
     m = localdiff.load(ref_small[1], device="cpu")
-    kw = dict(max_new_tokens=2 * m.config.canvas_length, max_denoising_steps=6, entropy_bound=0.5, chat=False,
-              **opts)
+    kw = dict(max_new_tokens=2 * m.config.canvas_length, max_denoising_steps=6, entropy_bound=0.5, chat=False, **opts)
     fast = [m.generate([5, 6, 7 + s], seed=s, **kw).token_ids for s in range(3)]
-    full = lambda p, g, rows=None, valid=False: draws.categorical(p, g)   # noqa: E731 — every row drawn, transformed
+    full = lambda p, g, rows=None, valid=False: draws.categorical(p, g)  # noqa: E731 — every row drawn, transformed
     monkeypatch.setattr(canvas_eb, "categorical", full)
     slow = [m.generate([5, 6, 7 + s], seed=s, **kw).token_ids for s in range(3)]
     assert fast == slow
@@ -67,17 +67,26 @@ def test_masked_head_skip_gives_identical_tokens(family, tmp_path, monkeypatch):
     assert net.selects_rows
     prompt = torch.randint(0, MASK - 2, (2, 7), generator=torch.Generator().manual_seed(0))
     if family == "llada":
-        cases = [(LLaDA, LLaDAOptions(steps=24, block_length=12)),
-                 (LLaDA, LLaDAOptions(steps=12, block_length=12, temperature=0.7)),
-                 (LLaDA, LLaDAOptions(steps=24, block_length=24, threshold=0.05))]
+        cases = [
+            (LLaDA, LLaDAOptions(steps=24, block_length=12)),
+            (LLaDA, LLaDAOptions(steps=12, block_length=12, temperature=0.7)),
+            (LLaDA, LLaDAOptions(steps=24, block_length=24, threshold=0.05)),
+        ]
     else:
-        cases = [(Dream, DreamOptions(steps=12, block_length=12, alg="entropy")),
-                 (Dream, DreamOptions(steps=12, block_length=24, alg="origin", temperature=0.5))]
+        cases = [
+            (Dream, DreamOptions(steps=12, block_length=12, alg="entropy")),
+            (Dream, DreamOptions(steps=12, block_length=24, alg="origin", temperature=0.5)),
+        ]
 
     def tokens(cls, o, cache):
         pol = cls(o, torch.Generator().manual_seed(3), MASK)
-        req = Request(options=dataclasses.replace(o, kv_cache=cache), ids=prompt, max_new_tokens=24, mask_id=MASK,
-                      emit_steps=False)
+        req = Request(
+            options=dataclasses.replace(o, kv_cache=cache),
+            ids=prompt,
+            max_new_tokens=24,
+            mask_id=MASK,
+            emit_steps=False,
+        )
         evs = list(masked_loop.run(net, pol, req))
         return evs[-1].token_ids, evs[-1].stats.forwards
 
@@ -138,14 +147,14 @@ def test_stream_experts_padding_never_reaches_the_output(monkeypatch):
     e, h, i, n, k = 6, 48, 16, 23, 2
     gate_up = (torch.randn(e, 2 * i, h, generator=g) * 0.1).bfloat16()
     down = (torch.randn(e, h, i, generator=g) * 0.1).bfloat16()
-    flat = torch.randint(0, e - 1, (n * k,), generator=g)          # expert e - 1 gets no rows
+    flat = torch.randint(0, e - 1, (n * k,), generator=g)  # expert e - 1 gets no rows
     order = torch.argsort(flat, stable=True)
     xs = torch.randn(n, h, generator=g).bfloat16()[order // k]
     w = torch.rand(n * k, generator=g)
     want = []
-    for r in range(n * k):                                          # one row at a time, no padding at all
+    for r in range(n * k):  # one row at a time, no padding at all
         ex = int(flat[order[r]])
-        gate, up = F.linear(xs[r:r + 1], gate_up[ex]).chunk(2, -1)
+        gate, up = F.linear(xs[r : r + 1], gate_up[ex]).chunk(2, -1)
         want.append(F.linear(gelu_tanh(gate) * up * w[order][r].bfloat16(), down[ex]))
     plain = torch.Tensor.new_empty
     monkeypatch.setattr(torch.Tensor, "new_empty", lambda self, *a, **kw: plain(self, *a, **kw).fill_(float("nan")))
@@ -172,7 +181,7 @@ def test_default_dtype_rules(monkeypatch):
     assert capability.choose_cpu_dtype("bfloat16", 10**9).dtype == "float32"
     monkeypatch.setattr(capability, "bf16_instructions", lambda flags=None: ["amx_bf16"])
     monkeypatch.setattr(capability, "matmul_rates", lambda refresh=False: {"float32": 100.0, "bfloat16": 600.0})
-    assert capability.choose_cpu_dtype("float32", 3_400_000).dtype == "float32"      # tiny: kept exact
+    assert capability.choose_cpu_dtype("float32", 3_400_000).dtype == "float32"  # tiny: kept exact
     assert capability.choose_cpu_dtype("bfloat16", 3_400_000).dtype == "bfloat16"
     assert capability.choose_cpu_dtype("float32", 200_000_000).dtype == "bfloat16"
     monkeypatch.setattr(capability, "matmul_rates", lambda refresh=False: {"float32": 100.0, "bfloat16": 120.0})

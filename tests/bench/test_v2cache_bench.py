@@ -1,6 +1,7 @@
 """``localdiff bench --only v2cache`` on a baby Fast-dLLM v2 shape: the three passes are timed, the sub-block pass's
 logits are those the decoder gets, the served share counts real ``denoise_sub`` calls, and the table renders (speed
 itself is the bench's business, never a test's)."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,9 +9,19 @@ import torch
 
 from localdiff.bench import v2cache as vb
 
-BABY = dict(vb.FAST_DLLM_V2_1_5B, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, vocab_size=301, mask_token_id=300, eos_token_id=1, pad_token_id=0,
-            bos_token_id=2)
+BABY = dict(
+    vb.FAST_DLLM_V2_1_5B,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=301,
+    mask_token_id=300,
+    eos_token_id=1,
+    pad_token_id=0,
+    bos_token_id=2,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,5 +1,6 @@
 """Block KV cache (localdiff/cache.py): offload tiers give bit-identical logits and tokens, the device budget holds
 at every step (and the accounting equals the tensors' real sizes), multi-turn prefix reuse, flat sliding memory."""
+
 from pathlib import Path
 
 import pytest
@@ -18,20 +19,43 @@ from localdiff.events import StepEvent
 V = 160
 
 
-def tiny_model(canvas=8, window=6, seed=0, layers=("sliding_attention", "full_attention", "sliding_attention",
-                                                    "full_attention"), device="cpu") -> Model:
+def tiny_model(
+    canvas=8,
+    window=6,
+    seed=0,
+    layers=("sliding_attention", "full_attention", "sliding_attention", "full_attention"),
+    device="cpu",
+) -> Model:
     """A random-weight DiffusionGemma (sliding + full layers with different head shapes), no tokenizer."""
-    cfg = DiffusionGemmaConfig.from_dict(dict(canvas_length=canvas, text_config=dict(
-        vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=len(layers), num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, global_head_dim=16, num_global_key_value_heads=1,
-        sliding_window=window, layer_types=list(layers), num_experts=4, top_k_experts=2, moe_intermediate_size=16,
-        max_position_embeddings=1 << 16)))
+    cfg = DiffusionGemmaConfig.from_dict(
+        dict(
+            canvas_length=canvas,
+            text_config=dict(
+                vocab_size=V,
+                hidden_size=32,
+                intermediate_size=48,
+                num_hidden_layers=len(layers),
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=8,
+                global_head_dim=16,
+                num_global_key_value_heads=1,
+                sliding_window=window,
+                layer_types=list(layers),
+                num_experts=4,
+                top_k_experts=2,
+                moe_intermediate_size=16,
+                max_position_embeddings=1 << 16,
+            ),
+        )
+    )
     torch.manual_seed(seed)
     net = DiffusionGemma(cfg)
     with torch.no_grad():
         for n, p in net.named_parameters():
-            p.copy_(1.0 + 0.3 * torch.randn(p.shape) if ("norm" in n or n.endswith("scale"))
-                    else 0.1 * torch.randn(p.shape))
+            p.copy_(
+                1.0 + 0.3 * torch.randn(p.shape) if ("norm" in n or n.endswith("scale")) else 0.1 * torch.randn(p.shape)
+            )
     net.to(device).eval().requires_grad_(False)
     return Model(net, cfg, None, Path("."), "test", device, torch.float32, None, {})
 
@@ -52,7 +76,7 @@ class ConcatCache(BlockCache):
         return None if not n else (self.k[i][:, :, -n:], self.v[i][:, :, -n:])
 
     def past_mask(self, i):
-        return None if self.mask is None else self.mask[:, self.seq_len - self.visible_len(i):]
+        return None if self.mask is None else self.mask[:, self.seq_len - self.visible_len(i) :]
 
     def with_canvas(self, i, k, v):
         p = self.past(i)
@@ -127,11 +151,12 @@ def test_parse_size():
     with pytest.raises(UsageError):
         KVCache([None], device_budget_bytes=-1, layer_heads=[(4, 1)])
     with pytest.raises(UsageError):
-        KVCache([None], device_budget_bytes=1024)          # a finite budget needs the layer shapes
+        KVCache([None], device_budget_bytes=1024)  # a finite budget needs the layer shapes
 
 
 def test_device_tier_refuses_to_exceed_its_budget():
     from localdiff.cache.tiers import DeviceTier
+
     tier = DeviceTier(torch.device("cpu"), 100)
     tier.alloc((1, 1, 5, 5), torch.float32)
     assert tier.bytes == tier.peak == 100
@@ -157,7 +182,7 @@ def test_buffer_growth_under_a_budget_parks_the_run_on_the_host():
         check_accounting(cache, budget)
         ck = torch.randn(1, 1, 4, 4, generator=g)
         assert torch.equal(cache.with_canvas(0, ck, ck)[0], ora.with_canvas(0, ck, ck)[0])
-    assert caps[-1] == 40 and sorted(set(caps)) == sorted(set(caps), key=caps.index)   # grew up to the plan
+    assert caps[-1] == 40 and sorted(set(caps)) == sorted(set(caps), key=caps.index)  # grew up to the plan
     assert cache.stats()["device_bytes_peak"] == budget
     assert cache.stats()["blocks_host"] == 16 - 10 and cache.stats()["blocks_device"] == 10
 
@@ -170,7 +195,7 @@ def test_plan_capacity_respects_budget_and_prefers_sliding_layers():
         assert all(c in (0, 11 + 16) for c, w in zip(caps, windows) if w is not None)
         assert all(c % 8 == 0 for c, w in zip(caps, windows) if w is None)
     caps = plan_capacity(29 * 128 + 8 * 80 * 3 + 8 * 32, windows, keep, 8, tb)
-    assert caps == [27, 32, 27, 24]   # sliding first, then 3 blocks per full layer, a leftover block to layer 1
+    assert caps == [27, 32, 27, 24]  # sliding first, then 3 blocks per full layer, a leftover block to layer 1
     assert plan_capacity(None, windows, keep, 8, tb) == [None] * 4
 
 
@@ -196,7 +221,7 @@ def _denoise_run(m, cache, prompt, mask=None, n_canvas=4, check=None):
 def test_logits_bit_identical_for_every_budget(batch):
     m = tiny_model()
     g = torch.Generator().manual_seed(1)
-    prompt = torch.randint(3, V, (batch, 13), generator=g)   # 13 tokens: blocks of 8 + 5; longer than the window
+    prompt = torch.randint(3, V, (batch, 13), generator=g)  # 13 tokens: blocks of 8 + 5; longer than the window
     mask = None
     if batch == 2:
         mask = torch.ones(2, 13, dtype=torch.bool)
@@ -210,11 +235,11 @@ def test_logits_bit_identical_for_every_budget(batch):
         assert s["tokens"] == 13 + 4 * m.config.canvas_length
         if name == "unlimited":
             assert s["host_bytes"] == 0 and s["blocks_to_host"] == 0
-        else:   # the tiers were really used: blocks went to the host and were streamed back
+        else:  # the tiers were really used: blocks went to the host and were streamed back
             assert s["host_bytes"] > 0 and s["blocks_to_host"] > 0 and s["blocks_to_device"] > 0
         if name == "one block":
             assert s["blocks_device"] == 1 and s["device_bytes"] == one_block(m) * batch
-        if name == "partial":   # sliding layers resident, the newest blocks of full layers on device
+        if name == "partial":  # sliding layers resident, the newest blocks of full layers on device
             assert 0 < s["device_bytes"] and s["blocks_device"] > 2 and s["blocks_host"] > 0
 
 
@@ -248,7 +273,7 @@ def test_two_turn_chat_prefills_only_new_tokens():
         cache = m.new_cache(device_budget_bytes=budget)
         g1 = m.generate(p1, max_new_tokens=2 * c, cache=cache, **kw)
         held = list(cache.token_ids[0])
-        assert held[:19] == p1 and len(held) == 19 + c == cache.seq_len   # prompt + the first (prefilled) canvas
+        assert held[:19] == p1 and len(held) == 19 + c == cache.seq_len  # prompt + the first (prefilled) canvas
         p2 = p1 + g1.token_ids + [5, 6, 7, 8, 9]
         s2 = m.generate(p2, max_new_tokens=c, cache=cache, **kw).stats
         assert s2.prefill_tokens_reused == 19 + c
@@ -281,10 +306,10 @@ def test_truncate_into_host_blocks_matches_oracle():
         ora, cache = ConcatCache(m.net.layer_windows()), m.new_cache(device_budget_bytes=budget)
         for cch in (ora, cache):
             m.prefill(prompt, cch)
-            assert cch.truncate(25)            # within the slack: into a block, possibly on the host
-            m.prefill(prompt[:, :3], cch)      # 28 tokens again
+            assert cch.truncate(25)  # within the slack: into a block, possibly on the host
+            m.prefill(prompt[:, :3], cch)  # 28 tokens again
         assert torch.equal(m.denoise(canvas, cache), m.denoise(canvas, ora))
-        assert not cache.truncate(5) and cache.seq_len == 28   # too far back for the sliding layers: unchanged
+        assert not cache.truncate(5) and cache.seq_len == 28  # too far back for the sliding layers: unchanged
         check_accounting(cache, budget)
         cache.reset()
         assert cache.seq_len == 0 and cache.stats()["device_bytes"] == 0 and cache.stats()["host_bytes"] == 0
@@ -302,9 +327,9 @@ def test_sliding_layer_memory_flat_to_4k_tokens(budget):
         m.prefill(torch.randint(0, V, (1, 128), generator=g), cache)
         sizes.append([sum(cache.layer_nbytes(i)) for i in sliding])
         full_sizes.append(sum(sum(cache.layer_nbytes(i)) for i in full))
-        assert all(cache.layers[i].held <= 15 + 128 + 128 for i in sliding)   # window - 1 + slack (+ a block)
-    assert sizes[2:] == [sizes[2]] * len(sizes[2:])        # flat once the window (plus slack) is full
-    assert all(cache.layers[i].held == cache.seq_len for i in full)   # full layers keep everything
+        assert all(cache.layers[i].held <= 15 + 128 + 128 for i in sliding)  # window - 1 + slack (+ a block)
+    assert sizes[2:] == [sizes[2]] * len(sizes[2:])  # flat once the window (plus slack) is full
+    assert all(cache.layers[i].held == cache.seq_len for i in full)  # full layers keep everything
     assert full_sizes[-1] >= cache.seq_len * sum(2 * 16 * 4 for _ in full) > 10 * full_sizes[1]
     assert cache.stats()["blocks_freed"] >= len(sliding) * 30
     check_accounting(cache, budget)
@@ -313,9 +338,10 @@ def test_sliding_layer_memory_flat_to_4k_tokens(budget):
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["append", "truncate", "read"]), st.integers(1, 23)), min_size=1,
-                max_size=14),
-       st.sampled_from([None, 0, 1, 3, 7, 40]))
+@given(
+    st.lists(st.tuples(st.sampled_from(["append", "truncate", "read"]), st.integers(1, 23)), min_size=1, max_size=14),
+    st.sampled_from([None, 0, 1, 3, 7, 40]),
+)
 def test_cache_reads_equal_oracle_under_random_operations(ops, budget_tokens):
     """Appends of any length, truncations and reads, per budget: every read equals a plain concatenation."""
     windows, heads = [5, None, None], [(4, 2), (6, 1), (4, 3)]
@@ -330,7 +356,7 @@ def test_cache_reads_equal_oracle_under_random_operations(ops, budget_tokens):
                 k, v = torch.randn(1, h, n, d, generator=g), torch.randn(1, h, n, d, generator=g)
                 cache.append(i, k, v)
                 ora.append(i, k, v)
-            mask = torch.rand(1, n, generator=g) > 0.2 if n % 3 == 0 else None   # some appends carry padding
+            mask = torch.rand(1, n, generator=g) > 0.2 if n % 3 == 0 else None  # some appends carry padding
             cache.commit(n, mask, 1)
             ora.commit(n, mask, 1)
         elif op == "truncate":
@@ -381,8 +407,9 @@ def test_prefetch_schedule_keeps_slots_apart(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _StandInStream())
     monkeypatch.setattr(torch.cuda, "Event", _StandInEvent)
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
-    m = tiny_model(layers=("sliding_attention", "full_attention", "full_attention", "sliding_attention",
-                           "full_attention"))
+    m = tiny_model(
+        layers=("sliding_attention", "full_attention", "full_attention", "sliding_attention", "full_attention")
+    )
     prompt = torch.randint(3, V, (1, 19), generator=torch.Generator().manual_seed(3))
     ref = _denoise_run(m, ConcatCache(m.net.layer_windows()), prompt, n_canvas=3)
     for budget in (0, one_block(m), 12 * one_block(m)):
@@ -390,7 +417,7 @@ def test_prefetch_schedule_keeps_slots_apart(monkeypatch):
         assert torch.equal(_denoise_run(m, cache, prompt, n_canvas=3), ref)
         s = cache.stats()
         assert s["prefetched_reads"] > 0 and s["blocks_to_device"] > 0
-        assert len(cache.staging.slots) >= 2    # two parities in use
+        assert len(cache.staging.slots) >= 2  # two parities in use
 
 
 @pytest.mark.gpu

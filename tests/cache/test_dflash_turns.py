@@ -3,6 +3,7 @@ keeps the target's K/V, the draft's context K/V and the pending target features 
 next prompt that starts with it prefills only the rest — tokens and per-step acceptance lengths equal to a run
 without the cache, and the cache afterwards equal to what a fresh run leaves (random tiny Qwen3 target + draft as
 tests/decoding/test_dflash.py builds them, and the shipped trained pair tiny-qwen3 + tiny-dflash)."""
+
 from __future__ import annotations
 
 import pytest
@@ -64,13 +65,14 @@ def test_turns_reuse_the_conversation_and_equal_runs_without_it(spec, block_size
         assert mine.token_ids == alone.token_ids and mine.stats.acceptance_lengths == alone.stats.acceptance_lengths
         assert mine.stats.prefill_tokens_reused == held and alone.stats.prefill_tokens_reused == 0
         assert mine.stats.prefill_tokens_computed == len(conv) - held
-        assert mine.stats.acceptance_length == pytest.approx(sum(mine.stats.acceptance_lengths)
-                                                             / len(mine.stats.acceptance_lengths))
+        assert mine.stats.acceptance_length == pytest.approx(
+            sum(mine.stats.acceptance_lengths) / len(mine.stats.acceptance_lengths)
+        )
         assert_same_state(cache, fresh)
-        held = len(conv) + len(mine.token_ids) - 1          # the answer's last token opens the next block
+        held = len(conv) + len(mine.token_ids) - 1  # the answer's last token opens the next block
         assert cache.seq_len == held == cache.draft.seq_len + cache.feats.shape[1]
         conv = conv + mine.token_ids + _rand(3, g)
-    assert cache.draft.seq_len > 40                          # the draft's K/V were kept, not rebuilt
+    assert cache.draft.seq_len > 40  # the draft's K/V were kept, not rebuilt
 
 
 def test_plain_causal_decoding_reuses_its_cache_too(pair):
@@ -92,12 +94,14 @@ def test_an_edited_or_another_conversation_keeps_only_what_agrees(spec):
     conv = _rand(8, g)
     first = spec.generate(conv, max_new_tokens=16, chat=False, cache=cache)
     conv = conv + first.token_ids + _rand(4, g)
-    cases = [(conv[:5] + [(conv[5] + 1) % (VOCAB - 3)] + conv[6:], 5),     # an edited earlier turn
-             (conv[:12], 11),                                           # a shorter prompt inside the cache
-             ([(conv[0] + 1) % (VOCAB - 3)] + conv[1:], 0),             # another conversation
-             (conv, None)]
+    cases = [
+        (conv[:5] + [(conv[5] + 1) % (VOCAB - 3)] + conv[6:], 5),  # an edited earlier turn
+        (conv[:12], 11),  # a shorter prompt inside the cache
+        ([(conv[0] + 1) % (VOCAB - 3)] + conv[1:], 0),  # another conversation
+        (conv, None),
+    ]
     for prompt, kept in cases:
-        spec.generate(conv, max_new_tokens=16, chat=False, cache=cache)   # the cache holds `conv` + an answer
+        spec.generate(conv, max_new_tokens=16, chat=False, cache=cache)  # the cache holds `conv` + an answer
         mine = spec.generate(prompt, max_new_tokens=16, chat=False, cache=cache)
         fresh = spec.new_cache()
         alone = spec.generate(prompt, max_new_tokens=16, chat=False, cache=fresh)
@@ -118,7 +122,7 @@ def test_a_turn_without_drafting_then_one_with_drafts_stays_exact(spec):
         alone = spec.generate(conv, max_new_tokens=14, chat=False, cache=fresh, **kw)
         assert mine.token_ids == alone.token_ids and mine.stats.acceptance_lengths == alone.stats.acceptance_lengths
         if turn:
-            assert mine.stats.prefill_tokens_reused > 0    # the target's part at least
+            assert mine.stats.prefill_tokens_reused > 0  # the target's part at least
         if bs != 1:
             assert_same_state(cache, fresh)
         conv = conv + mine.token_ids + _rand(2, g)
@@ -129,10 +133,13 @@ def test_a_cancelled_turn_leaves_a_cache_the_next_turn_can_use(spec):
     cache = spec.new_cache()
     conv = _rand(7, g)
     calls = []
-    events = list(spec.stream(conv, max_new_tokens=30, chat=False, cache=cache,
-                              cancel=lambda: calls.append(1) is None and len(calls) > 3))
+    events = list(
+        spec.stream(
+            conv, max_new_tokens=30, chat=False, cache=cache, cancel=lambda: calls.append(1) is None and len(calls) > 3
+        )
+    )
     assert len(calls) == 4 and not any(type(e).__name__ == "Done" for e in events)
-    assert cache.seq_len > len(conv)                        # the prompt and the steps that ran
+    assert cache.seq_len > len(conv)  # the prompt and the steps that ran
     prompt = conv + _rand(3, g)
     mine = spec.generate(prompt, max_new_tokens=12, chat=False, cache=cache)
     assert mine.stats.prefill_tokens_reused >= len(conv)
@@ -166,8 +173,14 @@ def test_the_chat_reuses_the_conversation_each_turn_and_shows_tau():
     for turn, q in enumerate(("What is 41 + 93?", "Reverse the letters: d r a g o n", "Sort these words: elk cat")):
         msgs.append({"role": "user", "content": q})
         posted: list = []
-        run_generation(spec, cache, GenerationJob(list(msgs), {"max_new_tokens": 24}), FrameSlot(), posted.append,
-                       threading.Event())
+        run_generation(
+            spec,
+            cache,
+            GenerationJob(list(msgs), {"max_new_tokens": 24}),
+            FrameSlot(),
+            posted.append,
+            threading.Event(),
+        )
         done = posted[-1]
         assert isinstance(done, GenerationFinished) and done.error is None
         alone = spec.generate(msgs, max_new_tokens=24)

@@ -1,5 +1,6 @@
 """localdiff.heap: after a load, a step's large temporaries come from the heap (no fresh page faults on reuse), the
 weights still load as fresh mappings, LOCALDIFF_HEAP=0 leaves malloc alone, and tokens do not change."""
+
 import resource
 import sys
 
@@ -12,7 +13,7 @@ from localdiff import heap
 linux = pytest.mark.skipif(not sys.platform.startswith("linux") or heap._fn() is None, reason="glibc mallopt only")
 
 
-REUSED = 800   # minor faults of three 40 MiB reuses: 0 from the heap; fresh mappings each time took 1,599 on a Zen 4
+REUSED = 800  # minor faults of three 40 MiB reuses: 0 from the heap; fresh mappings each time took 1,599 on a Zen 4
 # VM (2 MiB pages for part of them) and 30,720 in 4 KiB pages; one of the three mapped afresh (532, once in CI after
 # the GGUF tests' threads) still passes
 
@@ -31,12 +32,12 @@ def _faults_of_reuse(nbytes: int = 40 << 20) -> int:
 def test_after_a_load_large_temporaries_do_not_fault_again():
     localdiff.load("tiny", device="cpu", dtype="float32")
     assert heap.status().startswith("step temporaries from the heap")
-    assert _faults_of_reuse() < REUSED          # (was < 200: 532 once in CI)
-    with heap.for_weights():                         # while loading: the freed 40 MiB went back to the kernel,
-        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt      # so a weight copy's first touch faults
+    assert _faults_of_reuse() < REUSED  # (was < 200: 532 once in CI)
+    with heap.for_weights():  # while loading: the freed 40 MiB went back to the kernel,
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt  # so a weight copy's first touch faults
         torch.ones(10 << 20)
-        assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0 > 300     # 2 MiB pages where THP is on
-    assert _faults_of_reuse() < REUSED               # restored
+        assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0 > 300  # 2 MiB pages where THP is on
+    assert _faults_of_reuse() < REUSED  # restored
 
 
 @linux

@@ -1,5 +1,6 @@
 """localdiff.hugepages: weights copied out of the memory-mapped file into huge-page-advised memory keep their values
 (and dtype conversion), small tensors are left alone, and the loader's CPU weights no longer view the file."""
+
 from __future__ import annotations
 
 import torch
@@ -8,7 +9,7 @@ from localdiff import hugepages
 
 
 def test_resident_copies_equal_values_and_converts():
-    t = torch.randn(3, 1 << 20)                              # 12 MiB fp32
+    t = torch.randn(3, 1 << 20)  # 12 MiB fp32
     r = hugepages.resident(t)
     assert r.data_ptr() != t.data_ptr() or not hugepages.available()
     assert torch.equal(r, t) and r.is_contiguous()
@@ -27,7 +28,7 @@ def test_small_tensor_is_copied_too():
 def test_advise_when_available():
     t = torch.empty(8 << 20, dtype=torch.uint8)
     assert hugepages.advise(t) == hugepages.available()
-    assert not hugepages.advise(torch.empty(1 << 10, dtype=torch.uint8))   # no 2 MiB-aligned interior
+    assert not hugepages.advise(torch.empty(1 << 10, dtype=torch.uint8))  # no 2 MiB-aligned interior
 
 
 def test_resident_copies_a_mapped_file_tensor(tmp_path):
@@ -36,7 +37,7 @@ def test_resident_copies_a_mapped_file_tensor(tmp_path):
 
     from localdiff.hugepages import resident
 
-    w = torch.randn(1 << 21)                                   # 8 MiB
+    w = torch.randn(1 << 21)  # 8 MiB
     save_file({"w": w}, str(tmp_path / "x.safetensors"))
     from safetensors import safe_open
 
@@ -55,8 +56,9 @@ def test_fits_in_memory_reads_memavailable(monkeypatch, tmp_path):
     info = tmp_path / "meminfo"
     info.write_text("MemTotal:       1000 kB\nMemAvailable:    100 kB\n")
     real = Path.read_text
-    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: real(info) if str(self) == "/proc/meminfo"
-                        else real(self, *a, **k))
+    monkeypatch.setattr(
+        Path, "read_text", lambda self, *a, **k: real(info) if str(self) == "/proc/meminfo" else real(self, *a, **k)
+    )
     assert hugepages.fits_in_memory(80 * 1024) and not hugepages.fits_in_memory(81 * 1024)
 
 

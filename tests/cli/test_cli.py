@@ -1,5 +1,6 @@
 """The ``localdiff`` command line: ``gen`` as a subprocess (stdin, streams, --json, Ctrl-C) and the config / list /
 show / chat commands in-process."""
+
 from __future__ import annotations
 
 import fcntl
@@ -41,9 +42,14 @@ ENDLESS_TOKENS = 60000
 
 def cli_env(tmp_path: Path, **extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LOCALDIFF_", "HF_"))}
-    (tmp_path / "config.toml").touch()   # LOCALDIFF_CONFIG names it: a missing named file is an error
-    env.update(LOCALDIFF_CONFIG=str(tmp_path / "config.toml"), HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1",
-               TERM="xterm-256color", PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
+    (tmp_path / "config.toml").touch()  # LOCALDIFF_CONFIG names it: a missing named file is an error
+    env.update(
+        LOCALDIFF_CONFIG=str(tmp_path / "config.toml"),
+        HF_HOME=str(tmp_path / "hf"),
+        HF_HUB_OFFLINE="1",
+        TERM="xterm-256color",
+        PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+    )
     env.pop("NO_COLOR", None)
     env.update(extra)
     return env
@@ -107,10 +113,28 @@ def _sigint_default() -> None:
 def test_gen_sigint_flushes_final_canvases_and_exits_130(tmp_path, endless_ckpt):
     """Ctrl-C once the first canvas is on stdout: the final canvases are flushed, one line ``interrupted``, exit 130.
     The generation is far too long to end on its own first (``endless_ckpt``), however loaded the machine."""
-    proc = subprocess.Popen([sys.executable, "-m", "localdiff", "gen", "-m", str(endless_ckpt), "-p", "hello",
-                             "-n", str(ENDLESS_TOKENS), "--seed", "0"], env=cli_env(tmp_path), cwd=ROOT,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            preexec_fn=_sigint_default)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "localdiff",
+            "gen",
+            "-m",
+            str(endless_ckpt),
+            "-p",
+            "hello",
+            "-n",
+            str(ENDLESS_TOKENS),
+            "--seed",
+            "0",
+        ],
+        env=cli_env(tmp_path),
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=_sigint_default,
+    )
     try:
         fd = proc.stdout.fileno()
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
@@ -126,7 +150,7 @@ def test_gen_sigint_flushes_final_canvases_and_exits_130(tmp_path, endless_ckpt)
         proc.send_signal(signal.SIGINT)
         rest, err = proc.communicate(timeout=60)
     finally:
-        if proc.poll() is None:     # a failed run must not leave an endless generation loading the machine
+        if proc.poll() is None:  # a failed run must not leave an endless generation loading the machine
             proc.kill()
             proc.communicate()
     assert proc.returncode == 130
@@ -148,10 +172,11 @@ def test_default_model_comes_from_env_and_flag_wins(tmp_path, ckpt, monkeypatch,
 
 
 def test_gen_runs_the_embedded_model_by_default(tmp_path):
-    r = gen(["-p", "What is 12 + 30?", "-n", "16", "--seed", "0"], cli_env(tmp_path), text=True,
-            stdin=subprocess.DEVNULL)
+    r = gen(
+        ["-p", "What is 12 + 30?", "-n", "16", "--seed", "0"], cli_env(tmp_path), text=True, stdin=subprocess.DEVNULL
+    )
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "12 + 30 = 42."      # the embedded model knows its sums (98 % held out)
+    assert r.stdout.strip() == "12 + 30 = 42."  # the embedded model knows its sums (98 % held out)
 
 
 def test_config_precedence_flag_env_file_checkpoint(tmp_path, monkeypatch, ckpt):
@@ -159,8 +184,9 @@ def test_config_precedence_flag_env_file_checkpoint(tmp_path, monkeypatch, ckpt)
     from localdiff.config import load_user_config, sampler_overrides
 
     cfg_file = tmp_path / "config.toml"
-    cfg_file.write_text('default_model = "tiny"\n[sampler]\nmax_denoising_steps = 10\nthreshold = 0.5\n'
-                        "entropy_bound = 0.2\n")
+    cfg_file.write_text(
+        'default_model = "tiny"\n[sampler]\nmax_denoising_steps = 10\nthreshold = 0.5\nentropy_bound = 0.2\n'
+    )
     monkeypatch.setenv("LOCALDIFF_CONFIG", str(cfg_file))
     monkeypatch.setenv("LOCALDIFF_THRESHOLD", "0.7")
     cfg = load_user_config()
@@ -168,10 +194,10 @@ def test_config_precedence_flag_env_file_checkpoint(tmp_path, monkeypatch, ckpt)
     over = sampler_overrides({"max_denoising_steps": 3, "threshold": None}, cfg)
     assert over == {"max_denoising_steps": 3, "threshold": 0.7, "entropy_bound": 0.2}
     m = localdiff.load(str(ckpt))
-    assert m.sampler_options(**over)["max_denoising_steps"] == 3          # flag > file > checkpoint (4)
+    assert m.sampler_options(**over)["max_denoising_steps"] == 3  # flag > file > checkpoint (4)
     assert m.sampler_options(**sampler_overrides({}, cfg))["max_denoising_steps"] == 10  # file > checkpoint
     monkeypatch.delenv("LOCALDIFF_CONFIG")
-    (tmp_path / "empty.toml").touch()          # (a named file that is missing is an error: test_cli_hardening)
+    (tmp_path / "empty.toml").touch()  # (a named file that is missing is an error: test_cli_hardening)
     monkeypatch.setenv("LOCALDIFF_CONFIG", str(tmp_path / "empty.toml"))
     monkeypatch.delenv("LOCALDIFF_THRESHOLD")
     assert m.sampler_options(**sampler_overrides({}, load_user_config()))["max_denoising_steps"] == 4
@@ -199,7 +225,7 @@ def test_list_all_and_show_before_pull(tmp_path, monkeypatch, capsys):
     shown = json.loads(capsys.readouterr().out)
     assert shown["path"] is None and "offline stand-in" in shown["source"]
     assert abs(shown["summary"]["parameters"]["total"] - 25.2e9) / 25.2e9 < 0.03
-    assert main(["list", "--all"]) == 0        # the table: pinned commits as 12 digits, as for pulled models
+    assert main(["list", "--all"]) == 0  # the table: pinned commits as 12 digits, as for pulled models
     table = capsys.readouterr().out
     pinned = rows["llada2:mini"]["revision"]
     assert len(pinned) == 40 and f"@{pinned[:12]} " in table and pinned not in table
@@ -216,8 +242,9 @@ def test_chat_needs_a_terminal_and_list_does_not_import_textual(tmp_path, capsys
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "localdiff gen" in err
     code = "import sys; from localdiff.cli import main; main(['list']); print('textual' in sys.modules)"
-    r = subprocess.run([sys.executable, "-c", code], env=cli_env(tmp_path), capture_output=True, text=True,
-                       cwd=ROOT, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", code], env=cli_env(tmp_path), capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
     assert r.stdout.strip().splitlines()[-1] == "False"
 
 
@@ -236,8 +263,12 @@ def test_show_plan_for_a_24_gib_card(capsys):
 
 
 def test_gen_verbose_reports_cache_accounting(tmp_path, ckpt):
-    r = gen(["-m", str(ckpt), "-v", "--kv-budget", "1KiB", "-p", "hi", "-n", "16"], cli_env(tmp_path), text=True,
-            stdin=subprocess.DEVNULL)
+    r = gen(
+        ["-m", str(ckpt), "-v", "--kv-budget", "1KiB", "-p", "hi", "-n", "16"],
+        cli_env(tmp_path),
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
     assert r.returncode == 0, r.stderr
     lines = r.stderr.strip().splitlines()
     stats = next(s for s in lines if s.startswith("stats: "))
@@ -245,12 +276,12 @@ def test_gen_verbose_reports_cache_accounting(tmp_path, ckpt):
     assert "computed" in stats and "reused" in stats
     import re
 
-    from localdiff.units import parse_size   # the line's sizes have units (binary), read back here
+    from localdiff.units import parse_size  # the line's sizes have units (binary), read back here
 
     assert re.search(r"device budget 1\.00 KiB\b", cache), cache
     assert parse_size(re.search(r", device \S+ \S+ \(peak (\S+ \S+)\)", cache).group(1)) <= 1024
     assert int(re.search(r"moved (\d+) blocks to host", cache).group(1)) > 0
-    config = next(s for s in lines if s.startswith("config: "))     # the file LOCALDIFF_CONFIG names (empty)
+    config = next(s for s in lines if s.startswith("config: "))  # the file LOCALDIFF_CONFIG names (empty)
     assert config == f"config: {tmp_path / 'config.toml'}"
 
 
@@ -258,8 +289,12 @@ def test_threads_sets_torchs_thread_count(tmp_path, ckpt):
     """--threads and LOCALDIFF_THREADS reach torch (they were documented gguf-only and ignored on torch models);
     gen -v's backend line says how many run."""
     for extra, env, n in ((["--threads", "1"], {}, 1), ([], {"LOCALDIFF_THREADS": "2"}, 2)):
-        r = gen(["-m", str(ckpt), "-v", "-p", "hi", "-n", "4", *extra], {**cli_env(tmp_path), **env}, text=True,
-                stdin=subprocess.DEVNULL)
+        r = gen(
+            ["-m", str(ckpt), "-v", "-p", "hi", "-n", "4", *extra],
+            {**cli_env(tmp_path), **env},
+            text=True,
+            stdin=subprocess.DEVNULL,
+        )
         assert r.returncode == 0, r.stderr
         line = next(s for s in r.stderr.splitlines() if s.startswith("backend: torch"))
         assert line.endswith(f", {n} thread" + ("s" if n != 1 else "")), line
@@ -273,8 +308,16 @@ def test_show_gpu_mem_implies_the_plan(capsys):
 
 def test_list_and_config_do_not_import_torch(tmp_path):
     """(every command imported torch through the option schema: ~1 s before `list` printed anything)"""
-    code = ("import sys; from localdiff.cli import main; rc = main(['list']) or main(['config', 'path']); "
-            "print(rc, 'torch' in sys.modules)")
-    r = subprocess.run([sys.executable, "-c", code], env=cli_env(tmp_path), capture_output=True, text=True,
-                       timeout=120, stdin=subprocess.DEVNULL)
+    code = (
+        "import sys; from localdiff.cli import main; rc = main(['list']) or main(['config', 'path']); "
+        "print(rc, 'torch' in sys.modules)"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        env=cli_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
     assert r.returncode == 0 and r.stdout.rstrip().splitlines()[-1] == "0 False", (r.stdout, r.stderr)

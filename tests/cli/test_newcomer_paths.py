@@ -3,6 +3,7 @@
 ``--temperature`` is one usage error (never an empty answer or an internal error) while 0 and the bounds run; an empty
 revision after ``@`` is a usage error; ``quantize -o`` into a folder that cannot be created names it before any
 work."""
+
 from __future__ import annotations
 
 import errno
@@ -23,8 +24,9 @@ class FullDevice(io.StringIO):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["gen", "--help"], ["list", "-h"], ["bench", "--help"]],
-                         ids=["top", "gen", "list", "bench"])
+@pytest.mark.parametrize(
+    "argv", [["--help"], ["gen", "--help"], ["list", "-h"], ["bench", "--help"]], ids=["top", "gen", "list", "bench"]
+)
 def test_help_on_a_full_device_is_an_error(argv, isolated, monkeypatch, capsys):
     """``localdiff --help >/dev/full`` (and every subcommand's help) exits 1 with the write error on stderr."""
     monkeypatch.setattr("sys.stdout", FullDevice())
@@ -72,18 +74,19 @@ def test_temperature_zero_and_the_bounds_are_accepted(value, isolated, capsys):
 def test_empty_revision_is_a_usage_error(argv, isolated, capsys):
     """``pull`` / ``show org/repo@``: an empty revision after ``@`` is a usage error (exit 2) saying what to give."""
     assert main(argv) == 2
-    assert capsys.readouterr().err == ("error: org/repo@: empty revision after '@' (give a branch, tag or commit "
-                                       "hash, or drop the '@')\n")
+    assert capsys.readouterr().err == (
+        "error: org/repo@: empty revision after '@' (give a branch, tag or commit hash, or drop the '@')\n"
+    )
 
 
 def test_quantize_to_an_uncreatable_folder_names_it(isolated, tmp_path, capsys):
     """``quantize -o DIR`` where DIR cannot be created (under a file; under ``/proc``) is a usage error naming it,
     given before the model is quantized; the file in the way is left as it was."""
     (tmp_path / "a-file").write_text("x")
-    under_a_file = str(tmp_path / "a-file" / "x")          # uncreatable on every OS
+    under_a_file = str(tmp_path / "a-file" / "x")  # uncreatable on every OS
     assert main(["quantize", "tiny", "-o", under_a_file]) == 2
     assert capsys.readouterr().err == f"error: -o {under_a_file}: cannot create the folder: Not a directory\n"
     assert (tmp_path / "a-file").read_text() == "x"
-    if os.path.isdir("/proc/self"):                        # the newcomer's case, where /proc exists (Linux)
+    if os.path.isdir("/proc/self"):  # the newcomer's case, where /proc exists (Linux)
         assert main(["quantize", "tiny", "-o", "/proc/x"]) == 2
         assert capsys.readouterr().err == "error: -o /proc/x: cannot create the folder: No such file or directory\n"

@@ -1,6 +1,7 @@
 """One source of truth for decoder options (#14): every option of every policy appears, from the schema, in
 ``gen --help`` / ``chat --help``, the environment variables, the config file, ``show`` and the chat's ``/set``; an
 out-of-range value gives the same one-line message (after the name the user typed) from each source."""
+
 from __future__ import annotations
 
 import json
@@ -38,8 +39,11 @@ def test_every_option_has_a_flag_in_gen_and_chat_help():
 
 def test_every_option_is_read_from_env_and_config_file(tmp_path):
     for spec in SPECS:
-        good = "on" if spec.kind is bool else (spec.choices[0] if spec.choices else str(spec.default if spec.default
-                                                                                        is not None else spec.hi))
+        good = (
+            "on"
+            if spec.kind is bool
+            else (spec.choices[0] if spec.choices else str(spec.default if spec.default is not None else spec.hi))
+        )
         cfg = load_user_config(env={spec.env: good}, path=tmp_path / "none.toml")
         assert spec.name in cfg.sampler and cfg.origins[spec.name] == f"env:{spec.env}"
         f = tmp_path / f"{spec.name}.toml"
@@ -66,8 +70,9 @@ def test_out_of_range_value_gives_the_same_message_from_every_source(spec, tmp_p
     msgs = {}
     key = spec.cli_flag[2:].replace("-", "_")
     for where, call in {
-        "flag": lambda: m.sampler_options(_typed={key: spec.cli_flag},
-                                          **sampler_overrides({key: bad}, load_user_config(env={}, path=tmp_path / "x"))),
+        "flag": lambda: m.sampler_options(
+            _typed={key: spec.cli_flag}, **sampler_overrides({key: bad}, load_user_config(env={}, path=tmp_path / "x"))
+        ),
         "env": lambda: load_user_config(env={spec.env: bad}, path=tmp_path / "x"),
         "config": lambda: load_user_config(env={}, path=_write(tmp_path, spec.name, bad)),
         "/set": lambda: apply_set_checked(ChatSettings(), f"{spec.name} {bad}", m),
@@ -79,8 +84,10 @@ def test_out_of_range_value_gives_the_same_message_from_every_source(spec, tmp_p
     assert msgs["flag"].startswith(spec.cli_flag + ": ") and msgs["env"].startswith(spec.env + ": ")
     assert msgs["/set"].startswith(f"/set {spec.name}: ") and msgs["api"].startswith(f"{spec.name}: ")
     assert f"[sampler] {spec.name}: " in msgs["config"]
-    bodies = {w: msg.split(": ", 1)[1] if w != "config" else msg.split(f"[sampler] {spec.name}: ", 1)[1]
-              for w, msg in msgs.items()}
+    bodies = {
+        w: msg.split(": ", 1)[1] if w != "config" else msg.split(f"[sampler] {spec.name}: ", 1)[1]
+        for w, msg in msgs.items()
+    }
     assert len(set(bodies.values())) == 1, msgs
     assert bodies["api"].startswith("must be ") and f"(got {bad!r})" in bodies["api"]
 
@@ -118,7 +125,7 @@ def test_a_single_temperature_is_constant():
     assert (o.t_max, o.t_min) == (0.5, 0.2)
     o = cls.build({"t_max": "0.5", "t_min": "0.2"}, {"t_max": "--temperature", "t_min": "--t-min"})
     assert (o.t_max, o.t_min) == (0.5, 0.2)
-    o = cls.build({"t_min": 0.4, "t_max": 0.8})                      # checkpoint defaults: the schedule stays
+    o = cls.build({"t_min": 0.4, "t_max": 0.8})  # checkpoint defaults: the schedule stays
     assert (o.t_max, o.t_min) == (0.8, 0.4)
 
 
@@ -127,7 +134,11 @@ def test_check_overrides_before_a_model_is_known():
     from localdiff.decoding.options import check_overrides
 
     check_overrides({"steps": "4", "temperature": "0.3", "threshold": "0.9", "max_new_tokens": 8})
-    for bad, flag in (({"steps": "0"}, "--steps"), ({"temperature": "1:2:3"}, "--temperature"),
-                      ({"entropy_bound": "-1"}, "--entropy-bound"), ({"threshold": "2"}, "--threshold")):
+    for bad, flag in (
+        ({"steps": "0"}, "--steps"),
+        ({"temperature": "1:2:3"}, "--temperature"),
+        ({"entropy_bound": "-1"}, "--entropy-bound"),
+        ({"threshold": "2"}, "--threshold"),
+    ):
         with pytest.raises(UsageError, match=flag):
             check_overrides(bad, {k: flag for k in bad})

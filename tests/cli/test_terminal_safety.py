@@ -4,6 +4,7 @@ The experiment: a checkpoint whose tokenizer decodes to OSC / SGR / BS / CR / C1
 run through ``localdiff gen`` on a pseudo-terminal, through pipes with and without ``--raw-bytes`` and ``--json``,
 and through the chat app, whose screen is rendered to the terminal sequence Textual would write.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -32,10 +33,15 @@ def evil(tmp_path_factory):
 
 
 def _env(tmp_path):
-    (tmp_path / "c.toml").touch()   # LOCALDIFF_CONFIG names it: a missing named file is an error
+    (tmp_path / "c.toml").touch()  # LOCALDIFF_CONFIG names it: a missing named file is an error
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LOCALDIFF_", "HF_"))}
-    env.update(LOCALDIFF_CONFIG=str(tmp_path / "c.toml"), HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1",
-               TERM="xterm-256color", PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
+    env.update(
+        LOCALDIFF_CONFIG=str(tmp_path / "c.toml"),
+        HF_HOME=str(tmp_path / "hf"),
+        HF_HUB_OFFLINE="1",
+        TERM="xterm-256color",
+        PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+    )
     return env
 
 
@@ -56,11 +62,12 @@ def test_visible_replaces_c0_c1_del_but_keeps_newlines_tabs_and_text():
 def test_bidi_overrides_and_isolates_are_shown_not_run_but_rtl_text_and_marks_stay():
     """U+202E and its kin reorder what a terminal shows after them (Trojan Source): shown as <U+202E> etc."""
     text = "ok \u202eevil\u202c \u2066iso\u2069 \u202a\u202b\u202d \u2067\u2068"
-    assert visible(text) == ("ok <U+202E>evil<U+202C> <U+2066>iso<U+2069> <U+202A><U+202B><U+202D> "
-                             "<U+2067><U+2068>")
+    assert visible(text) == ("ok <U+202E>evil<U+202C> <U+2066>iso<U+2069> <U+202A><U+202B><U+202D> <U+2067><U+2068>")
     assert has_controls(text) and not has_controls(visible(text))
-    assert visible("\u05e9\u05dc\u05d5\u05dd \u200f\u200e \u0645\u0631\u062d\u0628\u0627") == \
-        "\u05e9\u05dc\u05d5\u05dd \u200f\u200e \u0645\u0631\u062d\u0628\u0627"   # Hebrew, RLM/LRM, Arabic kept
+    assert (
+        visible("\u05e9\u05dc\u05d5\u05dd \u200f\u200e \u0645\u0631\u062d\u0628\u0627")
+        == "\u05e9\u05dc\u05d5\u05dd \u200f\u200e \u0645\u0631\u062d\u0628\u0627"
+    )  # Hebrew, RLM/LRM, Arabic kept
     dumped = json_dumps({"t": text})
     assert "\u202e" not in dumped and "\\u202e" in dumped and json.loads(dumped)["t"] == text
 
@@ -68,8 +75,14 @@ def test_bidi_overrides_and_isolates_are_shown_not_run_but_rtl_text_and_marks_st
 def test_gen_on_a_pseudo_terminal_gets_no_raw_control_bytes(evil, tmp_path):
     master, slave = pty.openpty()
     tty.setraw(slave)  # no \n → \r\n translation: every byte the program writes arrives as written
-    proc = subprocess.Popen([sys.executable, "-m", "localdiff", "gen", "-m", str(evil), *ARGS, "--raw-bytes"],
-                            stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env=_env(tmp_path), cwd=ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "localdiff", "gen", "-m", str(evil), *ARGS, "--raw-bytes"],
+        stdin=subprocess.DEVNULL,
+        stdout=slave,
+        stderr=slave,
+        env=_env(tmp_path),
+        cwd=ROOT,
+    )
     os.close(slave)
     data = b""
     while True:
@@ -90,8 +103,14 @@ def test_gen_on_a_pseudo_terminal_gets_no_raw_control_bytes(evil, tmp_path):
 
 def test_piped_stdout_is_sanitized_unless_raw_bytes_and_json_stays_escaped(evil, tmp_path):
     def run(*extra):
-        r = subprocess.run([sys.executable, "-m", "localdiff", "gen", "-m", str(evil), *ARGS, *extra],
-                           capture_output=True, env=_env(tmp_path), cwd=ROOT, timeout=120, stdin=subprocess.DEVNULL)
+        r = subprocess.run(
+            [sys.executable, "-m", "localdiff", "gen", "-m", str(evil), *ARGS, *extra],
+            capture_output=True,
+            env=_env(tmp_path),
+            cwd=ROOT,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+        )
         assert r.returncode == 0, r.stderr
         return r.stdout
 
@@ -114,8 +133,12 @@ def test_chat_transcript_reaches_the_terminal_without_control_characters(evil, t
     model = localdiff.load(str(evil), device="cpu")
 
     async def go():
-        app = ChatApp("evil", store=ChatStore(tmp_path / "h.sqlite3"), loader=lambda name, **_: model,
-                      settings=ChatSettings(seed=0, max_new_tokens=16))
+        app = ChatApp(
+            "evil",
+            store=ChatStore(tmp_path / "h.sqlite3"),
+            loader=lambda name, **_: model,
+            settings=ChatSettings(seed=0, max_new_tokens=16),
+        )
         async with app.run_test(size=(120, 40)) as pilot:
             await wait_for(pilot, lambda: app.model is not None and not app.generating)
             await pilot.press(*"hello", "enter")
@@ -145,13 +168,22 @@ def test_list_and_show_print_model_provided_strings_visibly(evil, tmp_path, monk
     cfg = json.loads((ck / "config.json").read_text())
     cfg["architectures"] = ["Evil\x1b]0;PWNED\x07Arch"]
     (ck / "config.json").write_text(json.dumps(cfg))
-    (tmp_path / "c.toml").touch()   # LOCALDIFF_CONFIG names it: a missing named file is an error
+    (tmp_path / "c.toml").touch()  # LOCALDIFF_CONFIG names it: a missing named file is an error
     monkeypatch.setenv("LOCALDIFF_CONFIG", str(tmp_path / "c.toml"))
     assert main(["show", str(ck)]) == 0
     out = capsys.readouterr().out
     assert "Evil␛]0;PWNED␇Arch" in out and not has_controls(out)
-    row = {"name": "acme/x\x1b[2J", "repo": "acme/x", "revision": "main", "commit": "0" * 40, "size_bytes": 1,
-           "quant": "\x9bq", "path": "/p\x08", "embedded": False, "description": ""}
+    row = {
+        "name": "acme/x\x1b[2J",
+        "repo": "acme/x",
+        "revision": "main",
+        "commit": "0" * 40,
+        "size_bytes": 1,
+        "quant": "\x9bq",
+        "path": "/p\x08",
+        "embedded": False,
+        "description": "",
+    }
     monkeypatch.setattr(hub, "list_models", lambda: [dict(row)])
     assert main(["list"]) == 0
     out = capsys.readouterr().out
@@ -166,11 +198,11 @@ def test_gen_against_an_endpoint_shows_the_servers_text_visibly(evil, tmp_path, 
 
     from localdiff.cli import main
 
-    (tmp_path / "c.toml").touch()   # LOCALDIFF_CONFIG names it: a missing named file is an error
+    (tmp_path / "c.toml").touch()  # LOCALDIFF_CONFIG names it: a missing named file is an error
     monkeypatch.setenv("LOCALDIFF_CONFIG", str(tmp_path / "c.toml"))
     from localdiff.serve.names import ModelNames
 
-    server = Running(model=str(evil), names=ModelNames([str(evil)]))   # a folder: offered as `serve -m` gives it
+    server = Running(model=str(evil), names=ModelNames([str(evil)]))  # a folder: offered as `serve -m` gives it
     try:
         argv = ["gen", "--endpoint", server.url, "-m", str(evil), *ARGS]
         assert main(argv) == 0

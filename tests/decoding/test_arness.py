@@ -1,5 +1,6 @@
 """ARness (localdiff.decoding.arness, issue #21): DiffuCoder / NAP Local and Global AR-ness@k of a decoding order.
 Every expected value below is computed by hand in the comment next to it."""
+
 import random
 
 import pytest
@@ -15,7 +16,7 @@ def _both(commit_step, k):
 @pytest.mark.parametrize("k", [1, 2, 3, 4, 9])
 def test_left_to_right_is_one(k):
     assert _both([1, 2, 3, 4, 5, 6], k) == (1.0, 1.0)
-    assert _both([1, 1, 2, 2, 3, 3], k) == (1.0, 1.0)      # two per step, left to right: still 1
+    assert _both([1, 1, 2, 2, 3, 3], k) == (1.0, 1.0)  # two per step, left to right: still 1
 
 
 def test_right_to_left_by_hand():
@@ -39,7 +40,7 @@ def test_random_order_by_hand():
     assert arness.local_arness(o, 2) == 0.25
     # global@1: masked {0..3}: 0 ✓; {1,2,3}: 3 ✗; {1,2}: 1 ✓; {2}: 2 ✓ → 3/4
     assert arness.global_arness(o, 1) == 0.75
-    assert arness.global_arness(o, 2) == 0.75            # {1,2} still excludes 3 at step 2
+    assert arness.global_arness(o, 2) == 0.75  # {1,2} still excludes 3 at step 2
     assert arness.global_arness(o, 3) == 1.0
 
 

@@ -2,6 +2,7 @@
 transformers Qwen3 reference's weights; cached decoding (fused prefill, KV cache with device budget unlimited / 0 /
 partial) equals uncached decoding token for token over 20 prompts and several blocks; our departure from upstream
 (never overwrite prompt tokens); the runner's prompt handling; bad input."""
+
 from __future__ import annotations
 
 import math
@@ -18,7 +19,7 @@ from localdiff.engine.block import split_prompt
 from localdiff.errors import UsageError
 
 B = 4
-pytestmark = pytest.mark.usefixtures("one_thread")     # tiny tensors: one thread is far faster on a busy machine
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread is far faster on a busy machine
 
 
 @pytest.fixture(scope="module")
@@ -36,13 +37,24 @@ def _prompt(n, seed):
 def _upstream(ref, prompt, steps, strategy, n_new, tau=0.85, eb=None, **sampling):
     from upstream_sdar import sdar_generate
 
-    def logits_fn(ids):   # a model that never predicts the mask token (ours never commits it: see decoding/sdar.py)
+    def logits_fn(ids):  # a model that never predicts the mask token (ours never commits it: see decoding/sdar.py)
         out = ref_logits(ref, ids, B)
         out[..., MASK] = -torch.inf
         return out
 
-    x = sdar_generate(logits_fn, torch.tensor([prompt]), MASK, n_new, B, steps,
-                      strategy, tau, stopping_criteria_idx=[EOS], eb_threshold=eb, **sampling)
+    x = sdar_generate(
+        logits_fn,
+        torch.tensor([prompt]),
+        MASK,
+        n_new,
+        B,
+        steps,
+        strategy,
+        tau,
+        stopping_criteria_idx=[EOS],
+        eb_threshold=eb,
+        **sampling,
+    )
     return x
 
 
@@ -55,9 +67,10 @@ def test_equals_upstream_sdar_generate(sdar, strategy, steps, plen):
     for seed in range(3):
         prompt = _prompt(plen, seed)
         x = _upstream(ref, prompt, steps, strategy, 14, tau=0.3)
-        up = strip_generated(x[0, plen:], [EOS], m.pad_token_id, keep_eos=True)[:14]   # pad dropped, as ours
-        g = m.generate(prompt, max_new_tokens=14, steps=steps, remasking_strategy=strategy,
-                       confidence_threshold=0.3, temperature=0)
+        up = strip_generated(x[0, plen:], [EOS], m.pad_token_id, keep_eos=True)[:14]  # pad dropped, as ours
+        g = m.generate(
+            prompt, max_new_tokens=14, steps=steps, remasking_strategy=strategy, confidence_threshold=0.3, temperature=0
+        )
         assert g.token_ids == up, (seed, g.token_ids, up)
 
 
@@ -67,7 +80,7 @@ def test_we_never_overwrite_the_prompt_where_upstream_does(sdar):
     ref, m = sdar
     prompt = _prompt(7, 11)
     x = _upstream(ref, prompt, 2, "low_confidence_static", 8)
-    assert x[0, :7].tolist() != prompt                  # upstream's behaviour we do not copy
+    assert x[0, :7].tolist() != prompt  # upstream's behaviour we do not copy
     cache = m.new_cache()
     g = m.generate(prompt, max_new_tokens=8, steps=2, remasking_strategy="low_confidence_static", cache=cache)
     assert cache.token_ids[0][:7] == prompt
@@ -81,20 +94,25 @@ def test_entropy_bounded_equals_upstream(sdar, plen):
     temperature 0, steps = B (upstream's ``steps + 1`` forwards then never leave masks behind)."""
     ref, m = sdar
     tpf = []
-    for seed, eb in [(0, 4.0), (1, 9.0), (2, 14.0), (3, 6.0)]:     # 5 prompt lengths x 4 seeds = 20 prompts
+    for seed, eb in [(0, 4.0), (1, 9.0), (2, 14.0), (3, 6.0)]:  # 5 prompt lengths x 4 seeds = 20 prompts
         prompt = _prompt(plen, seed)
         x = _upstream(ref, prompt, B, "entropy_bounded", 14, eb=eb)
         up = strip_generated(x[0, plen:], [EOS], m.pad_token_id, keep_eos=True)[:14]
-        g = m.generate(prompt, max_new_tokens=14, remasking_strategy="entropy_bounded", eb_threshold=eb,
-                       temperature=0)
+        g = m.generate(prompt, max_new_tokens=14, remasking_strategy="entropy_bounded", eb_threshold=eb, temperature=0)
         assert g.token_ids == up, (seed, eb, g.token_ids, up)
         tpf.append(len(g.token_ids) / g.stats.forwards)
-    assert min(tpf) < 1.2 and max(tpf) > 1.5, tpf      # the bound really changes how many commit per step
+    assert min(tpf) < 1.2 and max(tpf) > 1.5, tpf  # the bound really changes how many commit per step
 
 
-@pytest.mark.parametrize("base,strategy,kw", [(40, "low_confidence_dynamic", {}),
-                                              (50, "low_confidence_static", {"top_k": 5}),
-                                              (60, "sequential", {"top_p": 0.8}), (70, "entropy_bounded", {"eb": 9.0})])
+@pytest.mark.parametrize(
+    "base,strategy,kw",
+    [
+        (40, "low_confidence_dynamic", {}),
+        (50, "low_confidence_static", {"top_k": 5}),
+        (60, "sequential", {"top_p": 0.8}),
+        (70, "entropy_bounded", {"eb": 9.0}),
+    ],
+)
 def test_seeded_sampling_equals_upstream(sdar, base, strategy, kw):
     """Temperature 0.8 with ``seed=S`` equals upstream run after ``torch.manual_seed(S)`` (its multinomial over the
     block's [block, vocab] probabilities each step, as our draw), steps = B (no prompt overwrite); 5 prompts per
@@ -110,8 +128,17 @@ def test_seeded_sampling_equals_upstream(sdar, base, strategy, kw):
             x = _upstream(ref, prompt, B, strategy, 14, tau=0.3, eb=eb, temperature=0.8, **up_kw)
         up = strip_generated(x[0, plen:], [EOS], m.pad_token_id, keep_eos=True)[:14]
         opt = {"eb_threshold": eb} if eb is not None else {}
-        g = m.generate(prompt, max_new_tokens=14, seed=base + i, steps=B, remasking_strategy=strategy,
-                       confidence_threshold=0.3, temperature=0.8, **kw, **opt)
+        g = m.generate(
+            prompt,
+            max_new_tokens=14,
+            seed=base + i,
+            steps=B,
+            remasking_strategy=strategy,
+            confidence_threshold=0.3,
+            temperature=0.8,
+            **kw,
+            **opt,
+        )
         assert g.token_ids == up, (i, g.token_ids, up)
 
 
@@ -121,7 +148,7 @@ def test_entropy_bounded_choice():
 
     ent = torch.tensor([[0.3, 0.1, 2.0, 0.2], [5.0, 4.0, 0.0, 0.0]])
     masked = torch.tensor([[True, True, True, True], [True, True, False, False]])
-    got = entropy_bounded(ent, masked, 0.61)      # row 0: sums 0.1, 0.3, 0.6 < 0.61 (not 2.6); row 1: one
+    got = entropy_bounded(ent, masked, 0.61)  # row 0: sums 0.1, 0.3, 0.6 < 0.61 (not 2.6); row 1: one
     assert got.tolist() == [[True, True, False, True], [False, True, False, False]]
     assert entropy_bounded(ent, torch.zeros_like(masked), 10.0).sum() == 0
     with pytest.raises(UsageError, match="eb_threshold"):
@@ -132,8 +159,9 @@ def test_entropy_bounded_last_step_commits_the_rest(sdar):
     """steps 2 < B with a tiny bound (one mask per step): the second step commits every mask left, so each block
     takes 2 forwards and no mask reaches the answer (upstream would stop after steps + 1 forwards, masks left)."""
     _, m = sdar
-    g = m.generate(_prompt(8, 3), max_new_tokens=8, steps=2, remasking_strategy="entropy_bounded",
-                   eb_threshold=1e-3, temperature=0)
+    g = m.generate(
+        _prompt(8, 3), max_new_tokens=8, steps=2, remasking_strategy="entropy_bounded", eb_threshold=1e-3, temperature=0
+    )
     assert MASK not in g.token_ids and g.stats.forwards <= 4
 
 
@@ -141,9 +169,9 @@ def _uncached(net, ids, mask, opts, n_new, eos, pad):
     """The same policy, every step an uncached logits_full over prompt + finished blocks + the block."""
     ids, mask, tail = split_prompt(ids, mask, B, pad)
     b = ids.shape[0]
-    seq, keep = ids[:, :ids.shape[1] - tail], (None if mask is None else mask[:, :ids.shape[1] - tail])
+    seq, keep = ids[:, : ids.shape[1] - tail], (None if mask is None else mask[:, : ids.shape[1] - tail])
     first = torch.full((b, B), MASK)
-    first[:, :tail] = ids[:, ids.shape[1] - tail:]
+    first[:, :tail] = ids[:, ids.shape[1] - tail :]
     pol = SDAR(opts, b, B, MASK, "cpu", None)
     out, finished = [], torch.zeros(b, dtype=torch.bool)
     for ci in range(math.ceil((n_new + tail) / B)):
@@ -178,7 +206,7 @@ def test_cached_decoding_equals_uncached_decoding(sdar, budget):
         want = _uncached(m.net, torch.tensor([p]), None, opts, 13, m.eos_token_ids, m.pad_token_id)[0]
         g = m.generate(p, max_new_tokens=13, cache=m.new_cache(budget), confidence_threshold=0.5)
         assert g.token_ids == want
-    tiers = g.stats.cache          # the last (longest) prompt: where its blocks lived
+    tiers = g.stats.cache  # the last (longest) prompt: where its blocks lived
     if budget == 0:
         assert tiers["blocks_device"] == 0 and tiers["blocks_host"] > 0
     elif budget:
@@ -194,8 +222,8 @@ def _left(rows, pad):
     ids = torch.full((len(rows), t), pad)
     mask = torch.zeros(len(rows), t, dtype=torch.bool)
     for i, r in enumerate(rows):
-        ids[i, t - len(r):] = torch.tensor(r)
-        mask[i, t - len(r):] = True
+        ids[i, t - len(r) :] = torch.tensor(r)
+        mask[i, t - len(r) :] = True
     return ids, mask
 
 

@@ -3,6 +3,7 @@ lossless (greedy DFlash = the target's own greedy decoding, 20 prompts × severa
 the same tokens AND per-step acceptance lengths as z-lab/dflash ``dflash_generate`` (a test-side transcription in
 tests/helpers/dflash_ref.py; checked against the PyPI package itself when installed), seeded sampling equal to the
 reference's draws, the events the chat shows, one-line errors."""
+
 from __future__ import annotations
 
 import json
@@ -10,14 +11,24 @@ import pytest
 import torch
 
 import localdiff
-from dflash_ref import (EOS, MASK, VOCAB, force_acceptance, load_ref_draft, ref_generate, target_config,
-                        write_draft, write_target)
+from dflash_ref import (
+    EOS,
+    MASK,
+    VOCAB,
+    force_acceptance,
+    load_ref_draft,
+    ref_generate,
+    target_config,
+    write_draft,
+    write_target,
+)
 from localdiff.errors import CheckpointError, UsageError
 from localdiff.events import CanvasDone, StepEvent
 from hub_fixtures import cache  # noqa: F401  (the Hub stand-in fixture: huggingface_hub pointed at it)
 
-PROMPTS = [torch.randint(0, VOCAB - 3, (1, 4 + i % 7), generator=torch.Generator().manual_seed(100 + i))
-           for i in range(20)]
+PROMPTS = [
+    torch.randint(0, VOCAB - 3, (1, 4 + i % 7), generator=torch.Generator().manual_seed(100 + i)) for i in range(20)
+]
 
 
 @pytest.fixture(scope="module")
@@ -49,10 +60,10 @@ def test_greedy_dflash_is_lossless(pairs, kind):
         for bs in (2, 3, 5, 8):
             g = spec.generate(p[0].tolist(), max_new_tokens=24, chat=False, block_size=bs)
             assert g.token_ids == want, (bs, p)
-            assert sum(g.stats.acceptance_lengths) == len(want) - 1     # the first token comes from the prefill
+            assert sum(g.stats.acceptance_lengths) == len(want) - 1  # the first token comes from the prefill
             assert max(g.stats.acceptance_lengths, default=0) <= bs
             taus.append(g.stats.acceptance_length)
-    if kind == "forced":       # the construction really drafts several accepted tokens per step
+    if kind == "forced":  # the construction really drafts several accepted tokens per step
         assert sum(taus) / len(taus) > 2.0
     assert spec.draft.block_size == 5
 
@@ -65,7 +76,7 @@ def test_tokens_and_acceptance_lengths_equal_the_reference(pairs, kind, bs):
     for p in PROMPTS[:6]:
         want, lengths = ref_generate(rdraft, ref, p, 24, [EOS], block_size=bs)
         g = spec.generate(p[0].tolist(), max_new_tokens=24, chat=False, block_size=bs)
-        assert g.token_ids == want[0, p.shape[1]:].tolist()
+        assert g.token_ids == want[0, p.shape[1] :].tolist()
         assert g.stats.acceptance_lengths == lengths
 
 
@@ -76,9 +87,8 @@ def test_seeded_sampling_equals_the_reference_draws(pairs, t, top_p, top_k):
     for i, p in enumerate(PROMPTS[:4]):
         torch.manual_seed(i)
         want, lengths = ref_generate(rdraft, ref, p, 24, [EOS], t, top_p, top_k)
-        g = spec.generate(p[0].tolist(), max_new_tokens=24, chat=False, seed=i, temperature=t, top_p=top_p,
-                          top_k=top_k)
-        assert g.token_ids == want[0, p.shape[1]:].tolist()
+        g = spec.generate(p[0].tolist(), max_new_tokens=24, chat=False, seed=i, temperature=t, top_p=top_p, top_k=top_k)
+        assert g.token_ids == want[0, p.shape[1] :].tolist()
         assert g.stats.acceptance_lengths == lengths
 
 
@@ -91,7 +101,7 @@ def test_the_transcription_equals_the_pypi_package(pairs):
     raw = json.loads((draft / "config.json").read_text())
     pk = dm.DFlashDraftModel(Qwen3Config(**raw)).eval()
     pk.load_state_dict(load_file(str(draft / "model.safetensors")), strict=False)
-    dm._cuda_time = lambda: 0.0            # its stats timer synchronises CUDA
+    dm._cuda_time = lambda: 0.0  # its stats timer synchronises CUDA
     for p in PROMPTS[:4]:
         r = dm.dflash_generate(pk, ref, p, 24, [EOS], return_stats=True)
         want, lengths = ref_generate(rdraft, ref, p, 24, [EOS])
@@ -114,9 +124,9 @@ def test_events_show_each_drafted_block_and_what_was_accepted(pairs):
     assert out == done.token_ids
     for e, produced in zip(steps, done.stats.acceptance_lengths):
         n = e.canvas_ids.shape[1]
-        acc = int(e.accepted[0].sum())                   # the last token + the accepted drafts
+        acc = int(e.accepted[0].sum())  # the last token + the accepted drafts
         assert 1 <= acc <= n and bool(e.renoised[0, acc:].all()) and not bool(e.renoised[0, :acc].any())
-        assert produced <= acc                           # + 1 bonus, unless EOS / max_new_tokens cut it
+        assert produced <= acc  # + 1 bonus, unless EOS / max_new_tokens cut it
         frame = frame_from_step(e, TokenText(None), None, MASK)
         assert frame.count(NEW) == acc and frame.count(NOISY) == n - acc
     assert done.stats.draft_forwards == len(steps) and done.stats.forwards == len(steps) + 1
@@ -132,10 +142,12 @@ def test_errors_are_one_line(pairs, tmp_path):
         localdiff.load(str(target), device="cpu", draft=str(target))
     with pytest.raises(UsageError, match="one prompt at a time"):
         localdiff.load(str(target), device="cpu", draft=str(draft)).generate([[3, 4], [5, 6]], chat=False)
-    for change, what in (({"hidden_size": 24}, "does not fit"), ({"dflash_config": {"mask_token_id": MASK,
-                          "target_layer_ids": [1, 9]}}, "target_layer_ids"),
-                         ({"architectures": ["DFlash2DraftModel"]}, "DFlash2"),
-                         ({"dflash_config": {}}, "mask_token_id")):
+    for change, what in (
+        ({"hidden_size": 24}, "does not fit"),
+        ({"dflash_config": {"mask_token_id": MASK, "target_layer_ids": [1, 9]}}, "target_layer_ids"),
+        ({"architectures": ["DFlash2DraftModel"]}, "DFlash2"),
+        ({"dflash_config": {}}, "mask_token_id"),
+    ):
         bad = tmp_path / what.replace(" ", "_")
         write_draft(bad, dict(target_config("qwen3"), **({"hidden_size": 24} if "hidden_size" in change else {})))
         raw = json.loads((bad / "config.json").read_text())
@@ -184,8 +196,14 @@ def test_chat_shows_each_drafted_block_and_how_much_was_accepted(pairs):
     target, draft, _, _ = pairs["forced"]
     spec = localdiff.load(str(target), device="cpu", draft=str(draft))
     posted = []
-    run_generation(spec, None, GenerationJob(PROMPTS[2][0].tolist(), {"max_new_tokens": 20}), FrameSlot(),
-                   posted.append, threading.Event())
+    run_generation(
+        spec,
+        None,
+        GenerationJob(PROMPTS[2][0].tolist(), {"max_new_tokens": 20}),
+        FrameSlot(),
+        posted.append,
+        threading.Event(),
+    )
     done = posted[-1]
     assert isinstance(done, GenerationFinished) and done.error is None
     frames = [m.frame for m in posted if isinstance(m, CanvasText) and m.frame is not None and m.frame.drafted]
@@ -195,7 +213,7 @@ def test_chat_shows_each_drafted_block_and_how_much_was_accepted(pairs):
         view.show(f)
         acc = f.count("new") - 1
         assert view.border_title == f"drafted block {f.canvas_index} · accepted {acc}/{len(f.states) - 1}"
-        assert produced <= acc + 1          # the accepted drafts + the target's token (fewer at EOS / the cap)
+        assert produced <= acc + 1  # the accepted drafts + the target's token (fewer at EOS / the cap)
 
 
 def test_cli_gen_draft_json_equals_the_target_alone_and_reports_tau(pairs, capsys):
@@ -219,11 +237,14 @@ def test_cli_gen_draft_json_equals_the_target_alone_and_reports_tau(pairs, capsy
     assert spec["token_ids"] == alone["token_ids"] and spec["sampler"]["block_size"] == 4
     assert spec["draft"] == str(draft) and alone["draft"] is None
     lengths = spec["stats"]["acceptance_lengths"]
-    assert lengths and max(lengths) <= 4 and spec["stats"]["acceptance_length"] == pytest.approx(
-        sum(lengths) / len(lengths))
+    assert (
+        lengths
+        and max(lengths) <= 4
+        and spec["stats"]["acceptance_length"] == pytest.approx(sum(lengths) / len(lengths))
+    )
     assert main(base[:-3] + ["-v", "--draft", str(draft), "-p", ids]) == 0
     assert "DFlash τ" in capsys.readouterr().err
-    assert main(["serve", "--draft", str(target)]) == 2       # serve runs drafts (tests/serve/test_serve_drafts.py)
+    assert main(["serve", "--draft", str(target)]) == 2  # serve runs drafts (tests/serve/test_serve_drafts.py)
     assert "not a DFlash draft model" in capsys.readouterr().err
 
 

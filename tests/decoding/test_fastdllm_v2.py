@@ -1,6 +1,7 @@
 """Fast-dLLM v2's decoder (token shift, AR first token of each block, sub-block threshold decoding) equals a
 transcription of upstream ``generate`` (temperature 0) on transformers' Qwen2 weights, through the block KV cache
 with device budget unlimited / 0."""
+
 from __future__ import annotations
 
 import json
@@ -14,7 +15,7 @@ from localdiff.errors import UsageError
 from upstream_fastdllm_v2 import v2_generate
 
 BLK = 6
-pytestmark = pytest.mark.usefixtures("one_thread")     # tiny tensors: one thread is far faster on a busy machine
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread is far faster on a busy machine
 
 
 @pytest.fixture(scope="module")
@@ -35,13 +36,14 @@ def test_equals_upstream_generate(v2, plen, threshold, sbs, budget):
 
     def logits_fn(ids):
         out = ref_logits(ref, ids, BLK)
-        out[..., MASK] = -torch.inf      # a model that never predicts the mask token (ours never does)
+        out[..., MASK] = -torch.inf  # a model that never predicts the mask token (ours never does)
         return out
 
     x = v2_generate(logits_fn, prompt, 4 * BLK, MASK, threshold, sbs, BLK, EOS)
     want = [t for t in x[0, plen:].tolist() if t != m.pad_token_id][:14]
-    got = m.generate(prompt[0].tolist(), max_new_tokens=14, threshold=threshold, small_block_size=sbs,
-                     cache=m.new_cache(budget))
+    got = m.generate(
+        prompt[0].tolist(), max_new_tokens=14, threshold=threshold, small_block_size=sbs, cache=m.new_cache(budget)
+    )
     assert got.token_ids == want
 
 
@@ -56,6 +58,7 @@ def _logits_fn(ref):
         out = ref_logits(ref, ids, BLK)
         out[..., MASK] = -torch.inf
         return out
+
     return fn
 
 
@@ -71,16 +74,27 @@ def test_sub_block_cache_equals_upstream(v2, plen, threshold, sbs, budget):
     prompt = torch.randint(0, EOS - 2, (1, plen), generator=torch.Generator().manual_seed(plen + 50))
     x = v2_generate(Cached(ref), prompt, 4 * BLK, MASK, threshold, sbs, BLK, EOS, use_block_cache=True)
     want = [t for t in x[0, plen:].tolist() if t != m.pad_token_id][:14]
-    got = m.generate(prompt[0].tolist(), max_new_tokens=14, threshold=threshold, small_block_size=sbs,
-                     kv_cache="dual", cache=m.new_cache(budget))
+    got = m.generate(
+        prompt[0].tolist(),
+        max_new_tokens=14,
+        threshold=threshold,
+        small_block_size=sbs,
+        kv_cache="dual",
+        cache=m.new_cache(budget),
+    )
     assert got.token_ids == want
-    same = m.generate(prompt[0].tolist(), max_new_tokens=14, threshold=threshold, small_block_size=sbs,
-                      use_block_cache=True)
+    same = m.generate(
+        prompt[0].tolist(), max_new_tokens=14, threshold=threshold, small_block_size=sbs, use_block_cache=True
+    )
     assert same.token_ids == want
     plain = m.generate(prompt[0].tolist(), max_new_tokens=14, threshold=threshold, small_block_size=sbs)
     for kv in ("none", "prefix"):
-        assert m.generate(prompt[0].tolist(), max_new_tokens=14, threshold=threshold, small_block_size=sbs,
-                          kv_cache=kv).token_ids == plain.token_ids
+        assert (
+            m.generate(
+                prompt[0].tolist(), max_new_tokens=14, threshold=threshold, small_block_size=sbs, kv_cache=kv
+            ).token_ids
+            == plain.token_ids
+        )
     if sbs == BLK:
         up = v2_generate(_logits_fn(ref), prompt, 4 * BLK, MASK, threshold, sbs, BLK, EOS)
         assert got.token_ids == plain.token_ids == [t for t in up[0, plen:].tolist() if t != m.pad_token_id][:14]
@@ -95,8 +109,10 @@ def test_kv_cache_option(v2):
         m.generate([5, 6, 7], max_new_tokens=4, use_block_cache=True, kv_cache="prefix")
 
 
-@pytest.mark.parametrize("kw,runs", [({"use_block_cache": True}, True), ({"kv_cache": "dual"}, True),
-                                     ({"kv_cache": "prefix"}, False), ({}, False)])
+@pytest.mark.parametrize(
+    "kw,runs",
+    [({"use_block_cache": True}, True), ({"kv_cache": "dual"}, True), ({"kv_cache": "prefix"}, False), ({}, False)],
+)
 def test_sub_block_cache_runs_fewer_rows(v2, kw, runs):
     """The cached path's sub-block passes really run only the sub-block (the arch method is called), and only with
     the sub-block cache. (On this random model its approximation never changes a token: the equality tests above
@@ -116,8 +132,9 @@ def test_cancel_is_polled_before_every_step(v2):
     """The server's ``cancel`` callback stops Fast-dLLM v2's loop before the next forward (no Done), as the other
     loops (localdiff.decoding.loop / masked_loop)."""
     _, m = v2
-    full = list(m.stream([5, 6, 7], max_new_tokens=12, threshold=1.0, small_block_size=2, emit_steps=True,
-                         cancel=lambda: False))
+    full = list(
+        m.stream([5, 6, 7], max_new_tokens=12, threshold=1.0, small_block_size=2, emit_steps=True, cancel=lambda: False)
+    )
     assert type(full[-1]).__name__ == "Done"
     calls = []
 
@@ -125,8 +142,9 @@ def test_cancel_is_polled_before_every_step(v2):
         calls.append(1)
         return len(calls) >= 3
 
-    cut = list(m.stream([5, 6, 7], max_new_tokens=12, threshold=1.0, small_block_size=2, emit_steps=True,
-                        cancel=cancel))
+    cut = list(
+        m.stream([5, 6, 7], max_new_tokens=12, threshold=1.0, small_block_size=2, emit_steps=True, cancel=cancel)
+    )
     assert len(calls) == 3 and [type(e).__name__ for e in cut] == ["StepEvent", "StepEvent"]
 
 
@@ -148,7 +166,7 @@ def test_sub_block_pass_logits_equal_upstream_cached_forward(v2):
     full_up, block_up = up.block(torch.cat([prompt, canvas], 1), BLK, keep=True)
     full, block_kv = m.net.denoise_capture(canvas, cache)
     assert torch.allclose(full[..., keep], full_up[..., keep], atol=1e-4)
-    canvas[0, 2] = 11                                   # a commit in the sub-block [2, 4)
+    canvas[0, 2] = 11  # a commit in the sub-block [2, 4)
     sub_up = up.sub(torch.cat([prompt, canvas], 1), BLK, 2, 2, block_up)
     sub = m.net.denoise_sub(canvas[:, 2:4], cache, block_kv, 2)
     assert torch.allclose(sub[..., keep], sub_up[..., keep], atol=1e-4)

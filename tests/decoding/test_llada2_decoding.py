@@ -3,6 +3,7 @@ token-identical to compact transcriptions of the Hub LLaDA2.0 generate (threshol
 and LLaDA2.1 generate (token editing, max_post_steps), which run every step uncached over the whole sequence — so
 these also show cached = uncached (KV cache with device budget unlimited / 0 / partial, 20 prompts, several
 blocks); the editing bounds; option errors."""
+
 from __future__ import annotations
 
 import pytest
@@ -29,17 +30,27 @@ def _prompt(n, seed):
     return torch.randint(0, EOS - 2, (n,), generator=g).tolist()
 
 
-@pytest.mark.parametrize("steps,threshold,minimal_topk,early", [(4, 0.95, 1, False), (4, 0.3, 1, True),
-                                                                (2, 0.5, 1, False), (4, 0.3, 7, True)])
+@pytest.mark.parametrize(
+    "steps,threshold,minimal_topk,early",
+    [(4, 0.95, 1, False), (4, 0.3, 1, True), (2, 0.5, 1, False), (4, 0.3, 7, True)],
+)
 def test_equals_the_hub_llada20_generate(llada2, steps, threshold, minimal_topk, early):
     m, fn = llada2, _logits_fn(llada2)
     eos_seen = 0
     for plen in (3, 4, 5, 6, 9):
         prompt = _prompt(plen, plen)
-        want, fwd = llada20_generate(fn, torch.tensor([prompt]), B, steps, 14, threshold, minimal_topk, early,
-                                     EOS, MASK)
-        g = m.generate(prompt, max_new_tokens=14, steps=steps, threshold=threshold, minimal_topk=minimal_topk,
-                       eos_early_stop=early, temperature=0)
+        want, fwd = llada20_generate(
+            fn, torch.tensor([prompt]), B, steps, 14, threshold, minimal_topk, early, EOS, MASK
+        )
+        g = m.generate(
+            prompt,
+            max_new_tokens=14,
+            steps=steps,
+            threshold=threshold,
+            minimal_topk=minimal_topk,
+            eos_early_stop=early,
+            temperature=0,
+        )
         assert g.token_ids == want, (plen, g.token_ids, want)
         assert g.stats.forwards == fwd
         eos_seen += EOS in want
@@ -62,18 +73,27 @@ def test_top_k_top_p_at_temperature_0_equal_the_hub_llada20_generate(llada2, top
     assert fewer, "the filters never changed a confidence past the threshold: the path was not exercised"
 
 
-@pytest.mark.parametrize("editing_threshold,max_post_steps,per_step", [(0.2, 16, 1), (0.35, 2, 1), (0.2, 0, 1),
-                                                                       (0.2, 3, 2)])
+@pytest.mark.parametrize(
+    "editing_threshold,max_post_steps,per_step", [(0.2, 16, 1), (0.35, 2, 1), (0.2, 0, 1), (0.2, 3, 2)]
+)
 def test_equals_the_hub_llada21_generate(llada2, editing_threshold, max_post_steps, per_step):
     """The 2.1 generate's ``num_to_transfer = n`` is our ``steps = B / n``."""
     m, fn = llada2, _logits_fn(llada2)
     edits = 0
     for plen in (3, 4, 5, 6, 9):
         prompt = _prompt(plen, 40 + plen)
-        want, fwd, e = llada21_generate(fn, torch.tensor([prompt]), B, 14, 0.5, editing_threshold, max_post_steps,
-                                        per_step, False, EOS, MASK)
-        g = m.generate(prompt, max_new_tokens=14, steps=B // per_step, threshold=0.5,
-                       editing_threshold=editing_threshold, max_post_steps=max_post_steps, temperature=0)
+        want, fwd, e = llada21_generate(
+            fn, torch.tensor([prompt]), B, 14, 0.5, editing_threshold, max_post_steps, per_step, False, EOS, MASK
+        )
+        g = m.generate(
+            prompt,
+            max_new_tokens=14,
+            steps=B // per_step,
+            threshold=0.5,
+            editing_threshold=editing_threshold,
+            max_post_steps=max_post_steps,
+            temperature=0,
+        )
         assert g.token_ids == want, (plen, g.token_ids, want)
         assert g.stats.forwards == fwd
         edits += e
@@ -89,15 +109,22 @@ def test_cached_equals_uncached_over_20_prompts(llada2, budget):
     for n in range(1, 21):
         prompt = _prompt(n, 100 + n)
         want, _, _ = llada21_generate(fn, torch.tensor([prompt]), B, 13, 0.4, 0.25, 4, 1, False, EOS, MASK)
-        g = m.generate(prompt, max_new_tokens=13, cache=m.new_cache(budget), threshold=0.4, editing_threshold=0.25,
-                       max_post_steps=4, temperature=0)
+        g = m.generate(
+            prompt,
+            max_new_tokens=13,
+            cache=m.new_cache(budget),
+            threshold=0.4,
+            editing_threshold=0.25,
+            max_post_steps=4,
+            temperature=0,
+        )
         assert g.token_ids == want, (n, g.token_ids, want)
 
 
 def test_editing_rule_and_bounds():
     cfg = EditingConfig(0.5, 2)
     tokens = torch.tensor([[5, 6, 7, 8]])
-    editable = torch.tensor([[False, True, True, True]])          # position 0: the prompt
+    editable = torch.tensor([[False, True, True, True]])  # position 0: the prompt
     top, prob = torch.tensor([[9, 6, 1, 2]]), torch.tensor([[0.9, 0.9, 0.6, 0.4]])
     assert edit_positions(tokens, editable, top, prob, cfg).tolist() == [[False, False, True, False]]
     assert not edit_positions(tokens, editable, top, prob, EditingConfig(None)).any()
@@ -108,14 +135,19 @@ def test_editing_rule_and_bounds():
 
 
 def test_events_report_edits_and_the_step_cap(llada2):
-    evs = [e for e in llada2.stream(_prompt(6, 3), max_new_tokens=8, threshold=0.5, editing_threshold=0.2,
-                                    max_post_steps=2, temperature=0) if type(e).__name__ == "StepEvent"]
+    evs = [
+        e
+        for e in llada2.stream(
+            _prompt(6, 3), max_new_tokens=8, threshold=0.5, editing_threshold=0.2, max_post_steps=2, temperature=0
+        )
+        if type(e).__name__ == "StepEvent"
+    ]
     assert evs and max(e.step for e in evs) <= B + 2
     assert all(e.reopened is not None for e in evs)
 
 
 def test_options_and_errors(llada2):
-    with pytest.raises(UsageError, match="top-k / top-p need temperature > 0") as e:   # 2.1 ignores them at T 0
+    with pytest.raises(UsageError, match="top-k / top-p need temperature > 0") as e:  # 2.1 ignores them at T 0
         llada2.generate(_prompt(5, 1), max_new_tokens=4, top_k=3, temperature=0, editing_threshold=0.5)
     assert "\n" not in str(e.value)
     with pytest.raises(UsageError, match="editing_threshold"):
@@ -133,18 +165,39 @@ def test_cli_gen_with_token_editing_equals_the_hub_llada21_generate(tmp_path, ca
     from llada2_ref import write_checkpoint
     from localdiff.cli import main
     from wordlevel import save_wordlevel_tokenizer
+
     folder = write_checkpoint(tmp_path / "llada2", seed=11)
     save_wordlevel_tokenizer(folder, TINY["vocab_size"])
-    argv = ["gen", "-m", str(folder), "--raw", "-p", "t5 t6 t7 t8 t9 t10", "-n", "10", "--json", "--temperature",
-            "0", "--threshold", "0.3", "--editing-threshold", "0.2", "--max-post-steps", "3"]
+    argv = [
+        "gen",
+        "-m",
+        str(folder),
+        "--raw",
+        "-p",
+        "t5 t6 t7 t8 t9 t10",
+        "-n",
+        "10",
+        "--json",
+        "--temperature",
+        "0",
+        "--threshold",
+        "0.3",
+        "--editing-threshold",
+        "0.2",
+        "--max-post-steps",
+        "3",
+    ]
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
     m = localdiff.load(str(folder), dtype=torch.float32)
-    want, _, _ = llada21_generate(_logits_fn(m), torch.tensor([[5, 6, 7, 8, 9, 10]]), B, 10, 0.3, 0.2, 3, 1, False,
-                                  EOS, MASK)
+    want, _, _ = llada21_generate(
+        _logits_fn(m), torch.tensor([[5, 6, 7, 8, 9, 10]]), B, 10, 0.3, 0.2, 3, 1, False, EOS, MASK
+    )
     assert out["token_ids"] == want and out["sampler"]["editing_threshold"] == 0.2
-    for bad, word in ((["--editing-threshold", "1.5"], "--editing-threshold"),
-                      (["--remasking-strategy", "sequential"], "sdar")):
+    for bad, word in (
+        (["--editing-threshold", "1.5"], "--editing-threshold"),
+        (["--remasking-strategy", "sequential"], "sdar"),
+    ):
         assert main(argv[:8] + bad) != 0
         err = capsys.readouterr().err.strip()
         assert word in err and len(err.splitlines()) == 1 and "Traceback" not in err

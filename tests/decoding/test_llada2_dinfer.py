@@ -2,6 +2,7 @@
 hierarchy equals the transcription of dInfer's block-diffusion pipeline (``upstream_dinfer_bd.py`` with
 ``upstream_dinfer.py``'s decoders) token for token at temperature 0 on a tiny random ``llada2_moe`` checkpoint; the
 threshold decoder's ≥ τ differs from LLaDA2's own > τ rule exactly at τ; option errors are one line."""
+
 from __future__ import annotations
 
 
@@ -37,8 +38,9 @@ def _decoder(kind, threshold):
     return ud.HierarchyDecoder(low_threshold=0.3, **kw)
 
 
-@pytest.mark.parametrize("kind,threshold", [("threshold", 0.9), ("threshold", 0.4), ("credit", 0.6),
-                                            ("hierarchy", 0.9), ("hierarchy", 0.5)])
+@pytest.mark.parametrize(
+    "kind,threshold", [("threshold", 0.9), ("threshold", 0.4), ("credit", 0.6), ("hierarchy", 0.9), ("hierarchy", 0.5)]
+)
 def test_parallel_decoding_on_llada2_equals_dinfer_block_diffusion(llada2, kind, threshold):
     m, fn = llada2, _logits_fn(llada2)
     differs = 0
@@ -50,7 +52,7 @@ def test_parallel_decoding_on_llada2_equals_dinfer_block_diffusion(llada2, kind,
         assert g.stats.forwards == fwd
         own = m.generate(prompt, max_new_tokens=14, threshold=threshold, steps=B, temperature=0)
         differs += own.token_ids != g.token_ids or own.stats.forwards != fwd
-    if kind != "threshold":      # dInfer's threshold rule is LLaDA2's with steps = B but at τ (the test below)
+    if kind != "threshold":  # dInfer's threshold rule is LLaDA2's with steps = B but at τ (the test below)
         assert differs, "dInfer's decoder behaved as LLaDA2's own rule on every prompt: not exercised"
 
 
@@ -60,7 +62,7 @@ def test_threshold_at_tau_commits_with_dinfer_not_with_llada2():
     masked = torch.ones(1, 3, dtype=torch.bool)
     x0 = logits.argmax(-1)
     conf = torch.softmax(logits, -1).max(-1).values
-    tau = float(conf[0, 0])                       # exactly the first position's confidence
+    tau = float(conf[0, 0])  # exactly the first position's confidence
     assert threshold_transfer(logits, x0, masked, 99, tau).tolist() == [[True, True, False]]
     assert (conf > tau).tolist() == [[False, True, False]]
 

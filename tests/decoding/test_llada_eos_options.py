@@ -2,6 +2,7 @@
 transcription of ML-GSAI/LLaDA ``generate.py`` (``upstream_llada_eos.py``) token for token at temperature 0, on the
 contract-exact fake model (random weights, few steps), with the EOS / EoT ids the runner resolves; option surfaces
 and errors."""
+
 from __future__ import annotations
 
 import collections
@@ -18,8 +19,10 @@ from localdiff.engine.masked import eos_and_eot
 from localdiff.errors import UsageError
 
 MASK = 36
-PROMPTS = [torch.randint(3, 36, (int(n),), generator=torch.Generator().manual_seed(100 + i)).tolist()
-           for i, n in enumerate(torch.randint(2, 10, (20,), generator=torch.Generator().manual_seed(7)))]
+PROMPTS = [
+    torch.randint(3, 36, (int(n),), generator=torch.Generator().manual_seed(100 + i)).tolist()
+    for i, n in enumerate(torch.randint(2, 10, (20,), generator=torch.Generator().manual_seed(7)))
+]
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -35,6 +38,7 @@ def _logits(m):
         out = m.net.logits_full(x).clone()
         out[..., MASK] = -torch.inf
         return out
+
     return fn
 
 
@@ -42,28 +46,35 @@ def _logits(m):
 def llada(monkeypatch, tmp_path):
     """A model whose EOS and EoT are the two tokens the random model predicts most (so both options matter)."""
     plain = _model(monkeypatch, tmp_path)
-    counts = collections.Counter(t for p in PROMPTS for t in plain.generate(p, max_new_tokens=8, steps=8,
-                                                                             block_length=4, chat=False).token_ids)
+    counts = collections.Counter(
+        t for p in PROMPTS for t in plain.generate(p, max_new_tokens=8, steps=8, block_length=4, chat=False).token_ids
+    )
     (eos, _), (eot, _) = counts.most_common(2)
     return _model(monkeypatch, tmp_path, (eos, eot))
 
 
-@pytest.mark.parametrize("flags", [{"logits_eos_inf": True}, {"confidence_eos_eot_inf": True},
-                                   {"logits_eos_inf": True, "confidence_eos_eot_inf": True}])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        {"logits_eos_inf": True},
+        {"confidence_eos_eot_inf": True},
+        {"logits_eos_inf": True, "confidence_eos_eot_inf": True},
+    ],
+)
 def test_eos_options_equal_llada_generate(llada, flags):
     eos, eot = llada.config.eos_token_id
     assert eos_and_eot(llada, True) == (eos, eot)
     differs = 0
     for p in PROMPTS:
-        want = up.generate(_logits(llada), torch.tensor([p]), 8, 8, 4, MASK, eos, eot, **flags)[0, len(p):].tolist()
+        want = up.generate(_logits(llada), torch.tensor([p]), 8, 8, 4, MASK, eos, eot, **flags)[0, len(p) :].tolist()
         cut = next((k for k, t in enumerate(want) if t in (eos, eot)), None)
-        want = want if cut is None else want[:cut + 1]
+        want = want if cut is None else want[: cut + 1]
         g = llada.generate(p, max_new_tokens=8, steps=8, block_length=4, chat=False, **flags)
         assert g.token_ids == want, (p, g.token_ids, want)
         if flags.get("logits_eos_inf"):
             assert eos not in g.token_ids
-        plain = up.generate(_logits(llada), torch.tensor([p]), 8, 8, 4, MASK, eos, eot)[0, len(p):].tolist()
-        full = up.generate(_logits(llada), torch.tensor([p]), 8, 8, 4, MASK, eos, eot, **flags)[0, len(p):].tolist()
+        plain = up.generate(_logits(llada), torch.tensor([p]), 8, 8, 4, MASK, eos, eot)[0, len(p) :].tolist()
+        full = up.generate(_logits(llada), torch.tensor([p]), 8, 8, 4, MASK, eos, eot, **flags)[0, len(p) :].tolist()
         differs += plain != full
     assert differs, "the option changed no answer: not exercised"
 
@@ -80,7 +91,6 @@ def test_surfaces_and_errors(llada, monkeypatch, tmp_path):
         no_eot.generate([5, 6], max_new_tokens=4, chat=False, confidence_eos_eot_inf=True)
     assert "\n" not in str(e.value)
     with pytest.raises(UsageError, match="compute their own confidences"):
-        llada.generate([5, 6], max_new_tokens=4, chat=False, confidence_eos_eot_inf=True,
-                       parallel_decoding="threshold")
+        llada.generate([5, 6], max_new_tokens=4, chat=False, confidence_eos_eot_inf=True, parallel_decoding="threshold")
     with pytest.raises(UsageError, match="logits_eos_inf: must be on or off"):
         llada.generate([5, 6], max_new_tokens=4, chat=False, logits_eos_inf="maybe")

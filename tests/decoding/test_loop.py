@@ -1,5 +1,6 @@
 """The generic block loop and the engine on a fake model (no transformers): block scheduling, the fused prefill
 stage, EOS / max_new_tokens stopping, and honest token counts (#22 item 9: exactly the ids returned)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,11 +23,11 @@ OPTS = dict(max_denoising_steps=3, entropy_bound=100.0, t_min=0.5, t_max=0.5)
 
 
 def test_answer_spans_blocks_and_eos_ends_generation():
-    m, net = _model([10, 11, 12, 13, 14, 1, 20, 21])          # EOS (1) in block 2
+    m, net = _model([10, 11, 12, 13, 14, 1, 20, 21])  # EOS (1) in block 2
     evs = list(m.stream([3, 4, 5], chat=False, seed=0, max_new_tokens=12, **OPTS))
     done = evs[-1]
     assert isinstance(done, Done) and done.finish_reason == "eos"
-    assert done.token_ids == [10, 11, 12, 13, 14, 1]                   # EOS kept, nothing after it
+    assert done.token_ids == [10, 11, 12, 13, 14, 1]  # EOS kept, nothing after it
     assert [e.canvas_index for e in evs if isinstance(e, CanvasDone)] == [0, 1]
     assert done.stats.new_tokens == len(done.token_ids) == 6
     assert done.seed == 0 and done.options["max_denoising_steps"] == 3
@@ -75,5 +76,5 @@ def test_stream_and_generate_agree_and_second_stream_in_one_thread_is_refused():
     next(first)
     with pytest.raises(Exception, match="already running"):
         next(m.stream([3, 4], chat=False, seed=4, max_new_tokens=8, **OPTS))
-    first.close()                                    # closing releases the lock
+    first.close()  # closing releases the lock
     assert m.generate([3, 4], chat=False, seed=4, max_new_tokens=8, **OPTS).token_ids == g.token_ids

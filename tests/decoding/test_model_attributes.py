@@ -1,5 +1,6 @@
 """Every attribute of a loaded ``Model`` exists once its constructor returns (issue #41 item 4): ``localdiff.load``,
 the family runners and a generation add none later, so a reader finds them all in ``Model.__init__``."""
+
 from __future__ import annotations
 
 import pytest

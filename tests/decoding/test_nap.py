@@ -2,6 +2,7 @@
 the engine's tokens and decoding order equal a compact test-side transcription of the algorithm in nap.py's
 docstring (temperature 0, deterministic); every think step touches every unfinished think block; options select the
 policy; bad input is one line."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,7 +17,7 @@ from localdiff.engine import Model
 from localdiff.errors import LocaldiffError, UsageError
 from localdiff.events import Done, StepEvent
 
-pytestmark = pytest.mark.usefixtures("one_thread")   # one intra-op thread for the tiny fake model
+pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread for the tiny fake model
 
 MASK, EOS = 36, 2
 
@@ -26,8 +27,18 @@ def make(monkeypatch, tmp_path):
     def _make(seed=0, tokenizer=CharTok(), gen_config=None):
         cfg = dataclasses.replace(FakeMaskedConfig(eos_token_id=(EOS,), pad_token_id=0))
         monkeypatch.setitem(REGISTRY, cfg.model_type, ArchEntry("fake_masked", "fake_masked", "masked"))
-        return Model(FakeMaskedNet(cfg, seed=seed), cfg, tokenizer, tmp_path, "fake", "cpu", torch.float32, None,
-                     dict(gen_config or {}))
+        return Model(
+            FakeMaskedNet(cfg, seed=seed),
+            cfg,
+            tokenizer,
+            tmp_path,
+            "fake",
+            "cpu",
+            torch.float32,
+            None,
+            dict(gen_config or {}),
+        )
+
     return _make
 
 
@@ -50,7 +61,7 @@ def reference(net, prompt, m, think, summary, steps, budget):
         s_t = min(max(round(steps * n_t / (n_t + summary)), 1), steps - 1)
         s_s = steps - s_t
 
-    def schedule(n, s):          # LLaDA get_num_transfer_tokens: n // s each step, the first n % s one more
+    def schedule(n, s):  # LLaDA get_num_transfer_tokens: n // s each step, the first n % s one more
         return [n // s + (1 if i < n % s else 0) for i in range(s)]
 
     k_t, k_s = schedule(n_t, s_t), schedule(summary, s_s)
@@ -87,11 +98,11 @@ def reference(net, prompt, m, think, summary, steps, budget):
                         share[b] += 1
                         left -= 1
             for b in range(u):
-                chosen += by_conf(open_[b])[:share[b]]
+                chosen += by_conf(open_[b])[: share[b]]
         else:
             chosen = [by_conf(b)[0] for b in open_]
             rest = by_conf([q for b in open_ for q in b if q not in chosen])
-            chosen += rest[:max(0, k - u)]
+            chosen += rest[: max(0, k - u)]
         for q in chosen:
             canvas[q], commit[q] = tok[q], step
         i += 1
@@ -119,16 +130,25 @@ def _run(model, prompt, **kw):
     return done, events
 
 
-@pytest.mark.parametrize("m,think,summary,steps,budget", [
-    (1, 5, 4, None, "even"), (2, 6, 5, None, "even"), (3, 4, 3, None, "confidence"),
-    (2, 7, 4, 6, "even"), (3, 5, 4, 5, "confidence"), (2, 3, 6, 12, "even")])
+@pytest.mark.parametrize(
+    "m,think,summary,steps,budget",
+    [
+        (1, 5, 4, None, "even"),
+        (2, 6, 5, None, "even"),
+        (3, 4, 3, None, "confidence"),
+        (2, 7, 4, 6, "even"),
+        (3, 5, 4, 5, "confidence"),
+        (2, 3, 6, 12, "even"),
+    ],
+)
 def test_equals_transcription(make, m, think, summary, steps, budget):
     model = make(seed=1)
     prompt = [5, 9, 11, 4, 20]
-    done, _ = _run(model, prompt, trajectories=m, think_length=think, summary_length=summary, steps=steps,
-                   budget=budget)
+    done, _ = _run(
+        model, prompt, trajectories=m, think_length=think, summary_length=summary, steps=steps, budget=budget
+    )
     canvas, commit, fw = reference(model.net, prompt, m, think, summary, steps, budget)
-    end = next((k + 1 for k, t in enumerate(canvas) if t == EOS), len(canvas))      # up to the first EOS, no pad
+    end = next((k + 1 for k, t in enumerate(canvas) if t == EOS), len(canvas))  # up to the first EOS, no pad
     keep = [k for k in range(end) if canvas[k] != 0]
     assert done.token_ids == [canvas[k] for k in keep]
     assert done.stats.commit_step == [commit[k] for k in keep]
@@ -150,9 +170,9 @@ def test_every_step_touches_every_unfinished_block(make):
             think_steps += 1
             for a, e in open_blocks:
                 assert bool(new[a:e].any()), f"step {ev.step}: think block {a}:{e} got nothing"
-            assert not bool(new[lay.summary[0]:].any())
+            assert not bool(new[lay.summary[0] :].any())
         before = acc
-    assert 1 <= think_steps <= 4        # steps=5 → S_T = round(5·18/22) = 4 think steps at most
+    assert 1 <= think_steps <= 4  # steps=5 → S_T = round(5·18/22) = 4 think steps at most
 
 
 def test_no_eos_inside_think_blocks_and_summary_ends(make):
@@ -160,7 +180,7 @@ def test_no_eos_inside_think_blocks_and_summary_ends(make):
     done, _ = _run(model, [4, 4, 6], trajectories=2, think_length=8, summary_length=4)
     tag = CharTok().encode("<summary>")
     ids = done.token_ids
-    at = next(k for k in range(len(ids)) if ids[k:k + len(tag)] == tag)      # the summary tag was reached
+    at = next(k for k in range(len(ids)) if ids[k : k + len(tag)] == tag)  # the summary tag was reached
     assert EOS not in ids[:at]
 
 
@@ -169,17 +189,17 @@ def test_deterministic_and_lower_arness_than_left_to_right(make):
     a, _ = _run(model, [3, 5, 7], trajectories=3, think_length=6, summary_length=4)
     b, _ = _run(model, [3, 5, 7], trajectories=3, think_length=6, summary_length=4)
     assert a.token_ids == b.token_ids and a.stats.commit_step == b.stats.commit_step
-    assert a.stats.arness["global@1"] < 1.0       # 3 tokens a step, in 3 blocks: never strictly left to right
+    assert a.stats.arness["global@1"] < 1.0  # 3 tokens a step, in 3 blocks: never strictly left to right
     assert a.stats.tokens_per_forward > 1.0
 
 
 def test_the_decoder_option_selects_nap_and_a_nap_option_alone_names_it(make):
     model = make()
-    assert model.sampler_options()["decoder"] == "llada"                   # the family default
+    assert model.sampler_options()["decoder"] == "llada"  # the family default
     assert model.sampler_options()["remasking"] == "low_confidence"
     assert model.sampler_options(decoder="nap", trajectories=2)["trajectories"] == 2
     with pytest.raises(UsageError, match=r"^trajectories: an option of the nap decoder.*give decoder nap"):
-        model.sampler_options(trajectories=2)                             # no implicit switch
+        model.sampler_options(trajectories=2)  # no implicit switch
     with pytest.raises(UsageError, match=r"^threshold: an option of the llada decoder.*give decoder llada"):
         model.sampler_options(decoder="nap", trajectories=2, threshold=0.9)
     with pytest.raises(UsageError, match="trajectories"):
@@ -189,10 +209,10 @@ def test_the_decoder_option_selects_nap_and_a_nap_option_alone_names_it(make):
     with pytest.raises(UsageError, match=r"^--decoder: must be one of canvas_eb, llada"):
         model.sampler_options(_typed={"decoder": "--decoder"}, decoder="nope")
     gc = make(gen_config={"decoder": "nap", "trajectories": 2, "think_length": 4, "summary_length": 3})
-    assert gc.sampler_options()["trajectories"] == 2                     # a checkpoint can default to NAP
-    assert gc.sampler_options(decoder="llada", remasking="random")["remasking"] == "random"   # ... and run LLaDA's
+    assert gc.sampler_options()["trajectories"] == 2  # a checkpoint can default to NAP
+    assert gc.sampler_options(decoder="llada", remasking="random")["remasking"] == "random"  # ... and run LLaDA's
     keys = make(gen_config={"trajectories": 2, "think_length": 4, "summary_length": 3})
-    assert keys.sampler_options()["decoder"] == "llada"                   # NAP's keys alone select nothing
+    assert keys.sampler_options()["decoder"] == "llada"  # NAP's keys alone select nothing
 
 
 def test_needs_a_tokenizer(make):
@@ -230,7 +250,7 @@ def test_show_reports_the_checkpoints_default_decoder(tmp_path):
     (tmp_path / "generation_config.json").write_text('{"decoder": "nap", "trajectories": 3, "steps": 32}')
     d = describe("masked", tmp_path)
     assert d["policy"] == "nap" and d["options"]["trajectories"]["value"] == 3 and d["decoders"] == ["llada", "nap"]
-    assert d["options"]["steps"]["value"] is None           # LLaDA's step count does not carry over to NAP
+    assert d["options"]["steps"]["value"] is None  # LLaDA's step count does not carry over to NAP
     assert describe("masked", tmp_path, decoder="llada")["options"]["steps"]["value"] == 32
     (tmp_path / "generation_config.json").write_text('{"trajectories": 3, "steps": 32}')
-    assert describe("masked", tmp_path)["policy"] == "llada"     # NAP's keys alone select nothing
+    assert describe("masked", tmp_path)["policy"] == "llada"  # NAP's keys alone select nothing

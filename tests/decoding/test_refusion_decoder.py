@@ -3,6 +3,7 @@
 checkpoints with a mask token: tokens, the round sequence (verify / infill, EOS), and the K/V cache after every round.
 Plus: the reorder moves K/V instead of recomputing them, and thresholds 1.0 / 1.0 equal a cache-free one-slot
 process."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -17,8 +18,10 @@ from upstream_refusion import CALLS, generate_refusion
 
 #: (slot_size, serial_num_blocks, slot_threshold, token_threshold, gen_length)
 SETTINGS = [(4, 2, 0.3, 0.3, 32), (8, 1, 0.5, 0.15, 32), (2, 2, 0.2, 0.5, 16), (4, 1, 0.9, 0.9, 16)]
-PROMPTS = [torch.randint(0, 90, (int(n),), generator=torch.Generator().manual_seed(100 + i)).tolist()
-           for i, n in enumerate(torch.randint(3, 10, (20,), generator=torch.Generator().manual_seed(7)))]
+PROMPTS = [
+    torch.randint(0, 90, (int(n),), generator=torch.Generator().manual_seed(100 + i)).tolist()
+    for i, n in enumerate(torch.randint(3, 10, (20,), generator=torch.Generator().manual_seed(7)))
+]
 
 
 @pytest.fixture(scope="module")
@@ -50,12 +53,13 @@ def _ours(net, prompt, k, nb, st, tt, g, quirk=False):
 def test_token_identical_to_upstream_transcription(models):
     seen = set()
     for mi, (hf, net) in enumerate(models):
-        for k, nb, st, tt, g in SETTINGS[2 * mi:2 * mi + 2]:     # two settings per checkpoint, 20 prompts each
+        for k, nb, st, tt, g in SETTINGS[2 * mi : 2 * mi + 2]:  # two settings per checkpoint, 20 prompts each
             for prompt in PROMPTS:
-                ref, log, ref_caches, _, ref_pos = generate_refusion(hf, torch.tensor([prompt]), g, MASK, EOS, k, nb,
-                                                                     st, tt)
+                ref, log, ref_caches, _, ref_pos = generate_refusion(
+                    hf, torch.tensor([prompt]), g, MASK, EOS, k, nb, st, tt
+                )
                 dec, rounds, caches = _ours(net, prompt, k, nb, st, tt, g)
-                assert dec.answer() == ref[0, len(prompt):].tolist(), (k, nb, st, tt, prompt)
+                assert dec.answer() == ref[0, len(prompt) :].tolist(), (k, nb, st, tt, prompt)
                 assert dec.cache.positions == ref_pos[0].tolist()
                 assert dec.forwards == CALLS[0]
                 assert [(r.how, r.eos) for r in rounds] == [(h, e) for h, _, e in log]
@@ -78,7 +82,7 @@ def test_upstream_eos_row_quirk_reproducible(models):
         for prompt in PROMPTS[:10]:
             ref = generate_refusion(hf, torch.tensor([prompt]), g, MASK, EOS, k, nb, st, tt, eos_row_quirk=True)[0]
             quirk = _ours(net, prompt, k, nb, st, tt, g, quirk=True)[0].answer()
-            assert quirk == ref[0, len(prompt):].tolist()
+            assert quirk == ref[0, len(prompt) :].tolist()
             differ |= quirk != _ours(net, prompt, k, nb, st, tt, g)[0].answer()
     assert differ
 
@@ -93,6 +97,7 @@ def _recording(dec):
             for r in rows.tolist():
                 written[(li, r)] = (dec.cache.k[li][0, :, r].clone(), dec.cache.v[li][0, :, r].clone())
         return out
+
     dec._pass = rec
     return written
 
@@ -117,7 +122,7 @@ def test_reorder_moves_kv_without_recompute(models):
             for info in dec.run(prompt, g):
                 parallel |= info.how == "infill" and len(info.picked) > 1
                 n = dec.cache.length
-                for li in (0, len(net.layers) - 1):       # every committed row = the tensor its pass wrote there
+                for li in (0, len(net.layers) - 1):  # every committed row = the tensor its pass wrote there
                     for r in range(n - len(info.tokens), n):
                         assert torch.equal(dec.cache.k[li][0, :, r], written[(li, r)][0])
                         assert torch.equal(dec.cache.v[li][0, :, r], written[(li, r)][1])
@@ -134,9 +139,11 @@ def _one_slot_reference(hf, prompt, g, k, nb):
     """Thresholds 1.0 / 1.0 without any cache: each round, a full pass over prompt + committed (commit order) + the
     block's remaining masks picks the slot whose first mask is most confident and drafts its first token; then each
     next token is the argmax at a mask placed after the slot's tokens so far (a full pass each)."""
+
     def logits(ids, pos):
         with torch.no_grad():
             return hf(input_ids=torch.tensor([ids]), position_ids=torch.tensor([pos])).logits[0]
+
     p, done = len(prompt), []
     bl = g // nb
     for b in range(nb):
@@ -145,11 +152,17 @@ def _one_slot_reference(hf, prompt, g, k, nb):
         while remaining:
             base, bpos = prompt + [t for t, _ in done], list(range(p)) + [q for _, q in done]
             lg = logits(base + [MASK] * (k * len(remaining)), bpos + [s + u for s in remaining for u in range(k)])
-            first = lg[len(base)::k][:len(remaining)]
+            first = lg[len(base) :: k][: len(remaining)]
             s = int(torch.softmax(first, -1).max(-1).values.argmax())
             slot = [int(first[s].argmax())]
             while len(slot) < k and slot[-1] != EOS:
-                slot.append(int(logits(base + slot + [MASK], bpos + [remaining[s] + u for u in range(len(slot) + 1)])[-1].argmax()))
+                slot.append(
+                    int(
+                        logits(base + slot + [MASK], bpos + [remaining[s] + u for u in range(len(slot) + 1)])[
+                            -1
+                        ].argmax()
+                    )
+                )
             done += [(t, remaining[s] + u) for u, t in enumerate(slot)]
             if slot[-1] == EOS:
                 remaining, stop = remaining[:s], True

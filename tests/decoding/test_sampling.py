@@ -1,4 +1,5 @@
 """Canvas decoding: reference-exact generation, step-exact sampler, properties of the sampler parts."""
+
 import math
 
 import pytest
@@ -7,7 +8,15 @@ from hypothesis import given, settings, strategies as st
 
 import localdiff
 from localdiff.events import CanvasDone, Done, StepEvent
-from localdiff.decoding import (AcceptanceConfig, CorrectionConfig, accept, correct, finalize_canvas, renoise, token_entropy)
+from localdiff.decoding import (
+    AcceptanceConfig,
+    CorrectionConfig,
+    accept,
+    correct,
+    finalize_canvas,
+    renoise,
+    token_entropy,
+)
 
 import transformers  # noqa: F401 — test-only reference (the `test` extra)
 
@@ -15,8 +24,15 @@ import transformers  # noqa: F401 — test-only reference (the `test` extra)
 def _new_tokens(m, ids, seed, n_new, steps, mask=None):
     """Full new-token rows (pad kept) from our stream, as the reference returns them."""
     canv = []
-    for ev in m.stream(ids, chat=False, seed=seed, max_new_tokens=n_new, max_denoising_steps=steps,
-                       attention_mask=mask, emit_steps=False):
+    for ev in m.stream(
+        ids,
+        chat=False,
+        seed=seed,
+        max_new_tokens=n_new,
+        max_denoising_steps=steps,
+        attention_mask=mask,
+        emit_steps=False,
+    ):
         if isinstance(ev, CanvasDone):
             canv.append(ev.token_ids)
     return torch.cat(canv, 1)
@@ -39,18 +55,26 @@ def test_reference_exact_generation(ref_small, batch):
             ids[1, :4] = 0
             kw["attention_mask"] = mask
         torch.manual_seed(seed)
-        out = ref.generate(ids, max_new_tokens=3 * c_len, max_denoising_steps=8, eos_token_id=m.eos_token_ids,
-                           pad_token_id=m.pad_token_id, **kw)
-        theirs = out.sequences[:, ids.shape[1]:]
+        out = ref.generate(
+            ids,
+            max_new_tokens=3 * c_len,
+            max_denoising_steps=8,
+            eos_token_id=m.eos_token_ids,
+            pad_token_id=m.pad_token_id,
+            **kw,
+        )
+        theirs = out.sequences[:, ids.shape[1] :]
         ours = _new_tokens(m, ids, seed, 3 * c_len, 8, mask)
         same += theirs.shape == ours.shape and bool((theirs == ours).all())
     assert same >= 17, f"only {same}/20 seeds identical"
 
 
 def test_step_exact_against_reference_sampler():
-    from transformers.models.diffusion_gemma.generation_diffusion_gemma import (EntropyBoundSampler,
-                                                                                  EntropyBoundSamplerConfig,
-                                                                                  LinearTemperatureScheduleLogitsProcessor)
+    from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
+        EntropyBoundSampler,
+        EntropyBoundSamplerConfig,
+        LinearTemperatureScheduleLogitsProcessor,
+    )
     from localdiff.decoding import linear_temperature
     from localdiff.decoding.acceptance import entropy_bound_mask
 
@@ -60,7 +84,9 @@ def test_step_exact_against_reference_sampler():
         raw = torch.randn(b, c, v, generator=g) * 4
         canvas = torch.randint(0, v, (b, c), generator=g)
         for cur in (8, 3, 1):
-            proc_ref = LinearTemperatureScheduleLogitsProcessor(0.4, 0.8, 8)(None, raw, torch.tensor(cur, dtype=torch.int32))
+            proc_ref = LinearTemperatureScheduleLogitsProcessor(0.4, 0.8, 8)(
+                None, raw, torch.tensor(cur, dtype=torch.int32)
+            )
             proc = raw / linear_temperature(cur, 8, 0.4, 0.8)
             assert torch.equal(proc, proc_ref)
             sampler = EntropyBoundSampler(EntropyBoundSamplerConfig(entropy_bound=0.3), c, v, 8)
@@ -105,8 +131,9 @@ def test_eos_in_first_canvas_ends_generation(ref_small):
     with torch.no_grad():
         m.net.embed_tokens.weight[eos] *= 0
         m.net.embed_tokens.weight[eos] += m.net.norm.weight.sign() * 50
-    evs = list(m.stream([5, 6, 7], chat=False, seed=0, max_new_tokens=4 * m.config.canvas_length,
-                        max_denoising_steps=4))
+    evs = list(
+        m.stream([5, 6, 7], chat=False, seed=0, max_new_tokens=4 * m.config.canvas_length, max_denoising_steps=4)
+    )
     done = evs[-1]
     assert isinstance(done, Done) and done.finish_reason == "eos"
     assert sum(isinstance(e, CanvasDone) for e in evs) == 1
@@ -115,8 +142,9 @@ def test_eos_in_first_canvas_ends_generation(ref_small):
 def test_tokens_per_forward_counts(ref_small):
     _, path = ref_small
     m = localdiff.load(path, device="cpu")
-    evs = list(m.stream([4, 5, 6], chat=False, seed=3, max_new_tokens=2 * m.config.canvas_length,
-                        max_denoising_steps=5))
+    evs = list(
+        m.stream([4, 5, 6], chat=False, seed=3, max_new_tokens=2 * m.config.canvas_length, max_denoising_steps=5)
+    )
     steps = sum(isinstance(e, StepEvent) for e in evs)
     canv = torch.cat([e.token_ids for e in evs if isinstance(e, CanvasDone)], 1)
     st_ = evs[-1].stats
@@ -131,21 +159,30 @@ def test_chat_template_sandbox_refuses_hostile_template(tmp_path):
 
     HF(models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]")).save(str(tmp_path / "tokenizer.json"))
     (tmp_path / "chat_template.jinja").write_text(
-        "{{ messages.__class__.__init__.__globals__['os'].system('echo pwned > " + str(tmp_path / "x") + "') }}")
+        "{{ messages.__class__.__init__.__globals__['os'].system('echo pwned > " + str(tmp_path / "x") + "') }}"
+    )
     tok = Tokenizer(tmp_path, [1], 0)
     with pytest.raises(ChatTemplateError):
         tok.apply_chat_template([{"role": "user", "content": "hi"}])
     assert not (tmp_path / "x").exists()
-    (tmp_path / "chat_template.jinja").write_text("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
-                                                  "{% if add_generation_prompt %}<model>{% endif %}")
+    (tmp_path / "chat_template.jinja").write_text(
+        "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+        "{% if add_generation_prompt %}<model>{% endif %}"
+    )
     tok = Tokenizer(tmp_path, [1], 0)
     assert tok.apply_chat_template([{"role": "user", "content": "hi"}]) == "<user>hi<model>"
 
 
 # -- properties of the sampler parts (synthetic logits) ----------------------------------------------------------
 @settings(max_examples=60, deadline=None)
-@given(st.integers(1, 3), st.integers(2, 24), st.integers(3, 40), st.floats(0.01, 3.0),
-       st.sampled_from([None, 0.5, 0.9, 0.99]), st.integers(0, 2**31 - 1))
+@given(
+    st.integers(1, 3),
+    st.integers(2, 24),
+    st.integers(3, 40),
+    st.floats(0.01, 3.0),
+    st.sampled_from([None, 0.5, 0.9, 0.99]),
+    st.integers(0, 2**31 - 1),
+)
 def test_acceptance_properties(b, c, v, bound, tau, seed):
     g = torch.Generator().manual_seed(seed)
     locked = torch.zeros(b, c, dtype=torch.bool) if tau is not None else None
@@ -156,7 +193,7 @@ def test_acceptance_properties(b, c, v, bound, tau, seed):
         acc, new = accept(token_entropy(logits), probs.max(-1).values, locked, AcceptanceConfig(bound, tau))
         assert acc.shape == (b, c)
         if locked is None:
-            assert bool(acc.any(-1).all())          # EB always accepts the lowest-entropy position
+            assert bool(acc.any(-1).all())  # EB always accepts the lowest-entropy position
             break
         free_before = ~locked
         assert bool((new & ~free_before).sum() == 0)  # only free positions newly lock
@@ -201,7 +238,7 @@ def test_finalize_pads_after_first_eos(b, c, seed):
         eos_at = [i for i, t in enumerate(canvas[r].tolist()) if t in (1, 2)]
         if eos_at:
             k = eos_at[0]
-            assert row[:k + 1] == canvas[r, :k + 1].tolist() and set(row[k + 1:]) <= {0} and fin[r]
+            assert row[: k + 1] == canvas[r, : k + 1].tolist() and set(row[k + 1 :]) <= {0} and fin[r]
         else:
             assert row == canvas[r].tolist() and bool(fin[r]) == (set(row) == {0})  # all-pad canvas ends a row
 
@@ -212,9 +249,17 @@ def test_generation_loop_properties_with_locking_and_correction(ref_small):
     _, path = ref_small
     m = localdiff.load(path, device="cpu")
     prev, seen = None, 0
-    for ev in m.stream([4, 5, 6], chat=False, seed=5, max_new_tokens=2 * m.config.canvas_length,
-                       max_denoising_steps=6, threshold=0.5, correction=True, correction_floor=0.2,
-                       correction_max_reopens=2):
+    for ev in m.stream(
+        [4, 5, 6],
+        chat=False,
+        seed=5,
+        max_new_tokens=2 * m.config.canvas_length,
+        max_denoising_steps=6,
+        threshold=0.5,
+        correction=True,
+        correction_floor=0.2,
+        correction_max_reopens=2,
+    ):
         if isinstance(ev, StepEvent):
             seen += 1
             assert ev.canvas_ids.shape == (1, m.config.canvas_length) and ev.step <= 6
@@ -224,7 +269,7 @@ def test_generation_loop_properties_with_locking_and_correction(ref_small):
                 kept = prev.locked & ~ev.reopened
                 assert torch.equal(ev.canvas_ids[kept], prev.canvas_ids[kept])
             prev = ev
-    assert seen >= 2 and prev is not None and prev.locked is not None   # the properties were checked on real steps
+    assert seen >= 2 and prev is not None and prev.locked is not None  # the properties were checked on real steps
 
 
 @pytest.mark.parametrize("opts", [{}, {"threshold": 0.9, "correction": True}])
@@ -234,8 +279,9 @@ def test_final_step_without_draws_gives_the_same_tokens(ref_small, opts):
     m = localdiff.load(ref_small[1], device="cpu")
     c_len = m.config.canvas_length
     for seed in range(12):
-        kw = dict(chat=False, seed=seed, max_new_tokens=(1 + seed % 3) * c_len, max_denoising_steps=2 + seed % 4,
-                  **opts)
+        kw = dict(
+            chat=False, seed=seed, max_new_tokens=(1 + seed % 3) * c_len, max_denoising_steps=2 + seed % 4, **opts
+        )
         g = m.generate([4 + seed, 5, 6], **kw)
         done = [ev for ev in m.stream([4 + seed, 5, 6], emit_steps=True, **kw) if isinstance(ev, Done)][0]
         assert g.token_ids == done.token_ids and g.stats.forwards == done.stats.forwards

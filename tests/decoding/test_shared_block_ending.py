@@ -1,5 +1,6 @@
 """The loops' shared pieces (issue #41 item 2): every loop takes the generation's ``Request`` and ends its blocks
 through ``decoding.answer.Answer``; step events are built from the policy's fields by name, not by dict order."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -64,8 +65,7 @@ def test_step_events_take_the_policy_fields_by_name(monkeypatch):
 
     def steps():
         m = _model([[10, 11, 12, 1]])
-        return [e for e in m.stream([3, 4], chat=False, seed=0, max_new_tokens=4, **OPTS)
-                if isinstance(e, StepEvent)]
+        return [e for e in m.stream([3, 4], chat=False, seed=0, max_new_tokens=4, **OPTS) if isinstance(e, StepEvent)]
 
     want = steps()
     advance = CanvasEB.advance
@@ -75,13 +75,19 @@ def test_step_events_take_the_policy_fields_by_name(monkeypatch):
     for a, b in zip(got, want):
         for f in StepEvent.__dataclass_fields__:
             x, y = getattr(a, f), getattr(b, f)
-            assert (torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y), f
+            assert torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y, f
 
 
 def test_answer_ends_blocks_and_counts_what_it_returns():
     """Answer directly: sequence stopping per block, row 0's text cut at max_new_tokens, one Done."""
-    req = Request(options=None, ids=torch.zeros(2, 1, dtype=torch.long), max_new_tokens=6, eos_ids=[1], pad_id=0,
-                  decode=lambda ids: "".join(f" {i}" for i in ids))
+    req = Request(
+        options=None,
+        ids=torch.zeros(2, 1, dtype=torch.long),
+        max_new_tokens=6,
+        eos_ids=[1],
+        pad_id=0,
+        decode=lambda ids: "".join(f" {i}" for i in ids),
+    )
     assert req.rows == [[0], [0]]
     ans = Answer(req, 2, "cpu")
     first = ans.end_block(0, torch.tensor([[5, 6, 1, 7], [5, 6, 7, 8]]), 3)
@@ -94,7 +100,8 @@ def test_answer_ends_blocks_and_counts_what_it_returns():
     req.stats.forwards = 4
     done = ans.done(rows, ans.reason(rows))
     assert done.text == [" 5 6", " 5 6 7 8 9"] and done.stats.new_tokens == 9 and req.stats.canvases == 2
-    cut = Answer(Request(options=None, ids=torch.zeros(1, 1, dtype=torch.long), max_new_tokens=3, eos_ids=[1]),
-                 1, "cpu")
+    cut = Answer(
+        Request(options=None, ids=torch.zeros(1, 1, dtype=torch.long), max_new_tokens=3, eos_ids=[1]), 1, "cpu"
+    )
     cut.end_block(0, torch.tensor([[5, 6, 7, 1]]), 1)
-    assert cut.rows() == [[5, 6, 7]] and cut.reason(cut.rows()) == "length"    # the EOS past max_new_tokens
+    assert cut.rows() == [[5, 6, 7]] and cut.reason(cut.rows()) == "length"  # the EOS past max_new_tokens

@@ -2,6 +2,7 @@
 cache, dInfer's decoders and vicinity refresh and LLaDA's upstream noise are in ``localdiff gen --help``, in
 ``localdiff show`` for a model of their decoder, and taken by the server (a request's ``localdiff`` object reaches
 the model's decoder and comes back in the response's settings)."""
+
 from __future__ import annotations
 
 import re
@@ -18,9 +19,19 @@ from localdiff.decoding.options import POLICIES
 SDAR = [("tiny-bd", "remasking_strategy", "entropy_bounded"), ("tiny-bd", "eb_threshold", 0.5)]
 V2 = [("fast-dllm-v2:1.5b", "kv_cache", "dual"), ("fast-dllm-v2:1.5b", "use_block_cache", True)]
 DINFER = [("tiny-mdm", "parallel_decoding", v) for v in ("threshold", "credit", "hierarchy")] + [
-    ("tiny-mdm", k, v) for k, v in (("low_threshold", 0.4), ("credit_alpha", 0.5), ("boost_gamma", 0.3),
-                                    ("decay_beta", 0.7), ("start_block_align", True), ("kv_cache", "vicinity"),
-                                    ("prefix_look", 4), ("after_look", 3), ("warmup_steps", 1))]
+    ("tiny-mdm", k, v)
+    for k, v in (
+        ("low_threshold", 0.4),
+        ("credit_alpha", 0.5),
+        ("boost_gamma", 0.3),
+        ("decay_beta", 0.7),
+        ("start_block_align", True),
+        ("kv_cache", "vicinity"),
+        ("prefix_look", 4),
+        ("after_look", 3),
+        ("warmup_steps", 1),
+    )
+]
 NOISE = [("tiny-mdm", "noise", "upstream")]
 CASES = SDAR + V2 + DINFER + NOISE
 Q = "What is 41 + 93?"
@@ -32,7 +43,7 @@ def _flag(option: str) -> str:
 
 def test_gen_help_names_each_flag_and_value():
     gen = build_parser()._subparsers._group_actions[0].choices["gen"]
-    text = " ".join(re.sub(r"-\n\s+", "-", gen.format_help()).split())     # argparse wraps at hyphens and spaces
+    text = " ".join(re.sub(r"-\n\s+", "-", gen.format_help()).split())  # argparse wraps at hyphens and spaces
     for _, option, value in CASES:
         assert re.search(rf"(?<![\w-]){re.escape(_flag(option))}(?![\w-])", text), option
         if isinstance(value, str):
@@ -60,10 +71,24 @@ def server():
 
 @pytest.mark.parametrize("model,option,value", SDAR + DINFER + NOISE + [("tiny-mdm", None, None)])
 def test_the_server_passes_them_to_the_models_decoder(server, model, option, value):
-    ext = {option: value} if option else {"parallel_decoding": "credit", "kv_cache": "vicinity", "prefix_look": 2,
-                                          "after_look": 2, "warmup_steps": 1, "noise": "upstream", "temperature": 0.5}
-    r = httpx.post(server.url + "/v1/completions", json={"model": model, "prompt": Q, "max_tokens": 8, "seed": 1,
-                                                         "localdiff": ext}, timeout=120)
+    ext = (
+        {option: value}
+        if option
+        else {
+            "parallel_decoding": "credit",
+            "kv_cache": "vicinity",
+            "prefix_look": 2,
+            "after_look": 2,
+            "warmup_steps": 1,
+            "noise": "upstream",
+            "temperature": 0.5,
+        }
+    )
+    r = httpx.post(
+        server.url + "/v1/completions",
+        json={"model": model, "prompt": Q, "max_tokens": 8, "seed": 1, "localdiff": ext},
+        timeout=120,
+    )
     assert r.status_code == 200, r.text
     used = r.json()["localdiff"]["sampler"]
     assert {k: used[k] for k in ext} == ext

@@ -5,6 +5,7 @@ Stated error (fp32 kernel, float64 reference, random logits of std 4 (max ≈ 16
 probabilities (before their bf16 rounding) and confidence within 2e-5 relative, entropy within 2e-5 relative +
 1e-6 absolute, argmax identical (ties excluded: bf16 inputs tie exactly, so tied rows are skipped).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -38,7 +39,7 @@ def _reference(x: torch.Tensor, cap, temp: float):
 def _check(lib, n, v, cap, temp, dtype, threads, seed=0):
     g = torch.Generator().manual_seed(seed)
     x = (torch.randn(n, v, generator=g) * 4).to(dtype)
-    x[0, v // 3] = 200.0                                # a near-one-hot row (soft-capped to ~30 when capped)
+    x[0, v // 3] = 200.0  # a near-one-hot row (soft-capped to ~30 when capped)
     out32 = torch.empty(n, v)
     arg, ent, conf = _call(lib, x, cap, temp, out32, threads)
     z, p, h = _reference(x, cap, temp)
@@ -49,7 +50,7 @@ def _check(lib, n, v, cap, temp, dtype, threads, seed=0):
     assert ((out32.double() - p).abs() <= REL * p + 1e-30).all()
     assert ((conf.double() - p.max(-1).values).abs() <= REL * p.max(-1).values).all()
     assert ((ent.double() - h).abs() <= REL * h + 1e-6).all()
-    out16 = torch.empty(n, v, dtype=torch.bfloat16)   # bf16 output = the fp32 values rounded (as torch rounds)
+    out16 = torch.empty(n, v, dtype=torch.bfloat16)  # bf16 output = the fp32 values rounded (as torch rounds)
     arg16, ent16, conf16 = _call(lib, x, cap, temp, out16, threads)
     assert torch.equal(out16, out32.bfloat16())
     assert torch.equal(arg16, arg) and torch.equal(ent16, ent) and torch.equal(conf16, conf)
@@ -61,18 +62,35 @@ def _call(lib, x, cap, temp, out, threads):
     n, v = x.shape
     arg, ent, conf = torch.empty(n, dtype=torch.long), torch.empty(n), torch.empty(n)
     scratch = torch.empty(threads * v)
-    lib.localdiff_vocab_pass(x.data_ptr(), int(x.dtype == torch.bfloat16), x.stride(0), n, v, float(cap or 0.0),
-                             1.0 / temp, out.data_ptr(), int(out.dtype == torch.bfloat16), out.stride(0),
-                             arg.data_ptr(), ent.data_ptr(), conf.data_ptr(), scratch.data_ptr(), threads)
+    lib.localdiff_vocab_pass(
+        x.data_ptr(),
+        int(x.dtype == torch.bfloat16),
+        x.stride(0),
+        n,
+        v,
+        float(cap or 0.0),
+        1.0 / temp,
+        out.data_ptr(),
+        int(out.dtype == torch.bfloat16),
+        out.stride(0),
+        arg.data_ptr(),
+        ent.data_ptr(),
+        conf.data_ptr(),
+        scratch.data_ptr(),
+        threads,
+    )
     return arg, ent, conf
 
 
-@pytest.mark.parametrize("n,v,cap,temp,dtype,threads", [
-    (7, 1001, 30.0, 0.8, torch.bfloat16, 1),            # V not a multiple of 16, soft-capped
-    (5, 4099, None, 1.3, torch.float32, 3),             # no cap, fp32 logits, rows over 3 threads
-    (3, 17, 30.0, 0.45, torch.float32, 2),              # one vector plus a one-element tail
-    (2, 15, 5.0, 2.0, torch.bfloat16, 1),               # shorter than one vector, a tight cap
-])
+@pytest.mark.parametrize(
+    "n,v,cap,temp,dtype,threads",
+    [
+        (7, 1001, 30.0, 0.8, torch.bfloat16, 1),  # V not a multiple of 16, soft-capped
+        (5, 4099, None, 1.3, torch.float32, 3),  # no cap, fp32 logits, rows over 3 threads
+        (3, 17, 30.0, 0.45, torch.float32, 2),  # one vector plus a one-element tail
+        (2, 15, 5.0, 2.0, torch.bfloat16, 1),  # shorter than one vector, a tight cap
+    ],
+)
 def test_native_pass_matches_float64(n, v, cap, temp, dtype, threads):
     _lib_or_skip()
     _check(None, n, v, cap, temp, dtype, threads)
@@ -83,7 +101,7 @@ def test_portable_build_matches_float64(tmp_path):
     if cc is None:
         pytest.skip("no C compiler")
     lib = vocab_native.load(vocab_native.build(cc, native.PORTABLE_FLAGS, out_dir=tmp_path))
-    assert lib.localdiff_vocab_vector_width() == 1          # the scalar code, not the AVX-512 one
+    assert lib.localdiff_vocab_vector_width() == 1  # the scalar code, not the AVX-512 one
     _check(lib, 4, 1001, 30.0, 0.8, torch.bfloat16, 2, seed=1)
     _check(lib, 3, 33, None, 1.7, torch.float32, 1, seed=2)
     assert _call(lib, _ties(), 30.0, 1.0, torch.empty(2, 40), 1)[0].tolist() == [7, 33]
@@ -100,7 +118,7 @@ def test_first_argmax_on_ties_and_bad_input():
     _lib_or_skip()
     x = _ties()
     arg, _, conf = vocab_native.vocab_pass(x, 30.0, 1.0, torch.empty(2, 40))
-    assert arg.tolist() == [7, 33]                          # the first of equal maxima, as torch.argmax
+    assert arg.tolist() == [7, 33]  # the first of equal maxima, as torch.argmax
     with pytest.raises(ValueError):
         vocab_native.vocab_pass(x.half(), None, 1.0, torch.empty(2, 40))
     with pytest.raises(ValueError):
@@ -191,7 +209,7 @@ def test_raw_head_is_f_linear_bit_for_bit_into_a_reused_buffer():
         r = raw_head(x, w, 30.0, bufs)
         assert r.softcap == 30.0 and r.values.shape == (b, c, v) and torch.equal(r.values, F.linear(x, w))
     again = raw_head(x, w, None, bufs)
-    assert again.values.data_ptr() == r.values.data_ptr() and len(bufs) == 1   # one buffer, reused per shape
+    assert again.values.data_ptr() == r.values.data_ptr() and len(bufs) == 1  # one buffer, reused per shape
 
 
 @pytest.mark.parametrize("opts", [{}, {"threshold": 0.5, "reuse_locked": True}])

@@ -1,6 +1,7 @@
 """The 16-bit fast path of the canvas decoder (issue #24): the vocabulary-sized work in few in-place passes
 (:mod:`localdiff.decoding.vocab_pass`) and the self-conditioning input handed over as probabilities equal the
 exact path's math (to fp32 rounding), and give the exact path's tokens where rounding cannot flip a decision."""
+
 from __future__ import annotations
 
 import functools
@@ -24,7 +25,7 @@ def test_vocab_pass_equals_the_exact_formulas(temp, native):
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(2, 7, 1000, generator=g) * 6
     logits[0, 0] = -50.0
-    logits[0, 0, 3] = 40.0                                           # a near-one-hot row
+    logits[0, 0, 3] = 40.0  # a near-one-hot row
     proc = logits / temp
     probs = torch.softmax(proc, -1)
     vp = VocabPass(torch.float32, native=native)
@@ -34,9 +35,9 @@ def test_vocab_pass_equals_the_exact_formulas(temp, native):
     assert torch.allclose(conf, probs.max(-1).values, atol=1e-6, rtol=1e-5)
     assert torch.allclose(p, probs, atol=1e-7, rtol=1e-5)
     idx = torch.tensor([5, 0, 13])
-    assert torch.equal(rows(idx), p.view(-1, 1000)[idx])             # the draws' rows: the same values
+    assert torch.equal(rows(idx), p.view(-1, 1000)[idx])  # the draws' rows: the same values
     bufs = [p.data_ptr(), vp.run(logits.clone(), temp).probs.data_ptr()]
-    assert bufs[0] != bufs[1]                                        # never the previous call's buffer ...
+    assert bufs[0] != bufs[1]  # never the previous call's buffer ...
     assert vp.run(logits.clone(), temp).probs.data_ptr() == bufs[0]  # ... two reused in turn
 
 
@@ -65,11 +66,12 @@ def test_fast_path_gives_the_exact_tokens_in_fp32(opts, monkeypatch):
     monkeypatch.setattr(canvas, "policy_class", lambda _o: functools.partial(canvas_eb.CanvasEB, fast=True))
     draw = canvas_eb.CanvasEB._draw
 
-    def full(self, p, read):                    # the reference's stream draws from every position's row
+    def full(self, p, read):  # the reference's stream draws from every position's row
         return p(torch.arange(read.numel())).view(*read.shape, -1) if callable(p) else p
 
-    monkeypatch.setattr(canvas_eb.CanvasEB, "_draw", lambda self, p, read, valid: draw(self, full(self, p, read),
-                                                                                      read, False))
+    monkeypatch.setattr(
+        canvas_eb.CanvasEB, "_draw", lambda self, p, read, valid: draw(self, full(self, p, read), read, False)
+    )
     fast = m.generate(prompts, **kw)
     assert fast.token_ids == exact.token_ids
     assert fast.stats.forwards == exact.stats.forwards
@@ -124,7 +126,7 @@ def test_reuse_locked_is_opt_in_and_needs_a_lock():
     finally:
         CanvasEBReuse.head_rows = orig
     assert out.stats.forwards >= 2 and all(len(t) for t in out.token_ids)
-    assert any(n is not None and n < 2 * m.config.canvas_length for n in seen)   # fewer head rows than positions
+    assert any(n is not None and n < 2 * m.config.canvas_length for n in seen)  # fewer head rows than positions
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -142,8 +144,8 @@ def test_fused_rms_norm_equals_the_formula_in_16_bits(dtype):
 
     for weight in (w, None):
         want = formula(x, weight)
-        assert torch.equal(rms_norm(x, weight, 1e-6), want)                   # the in-place inference path
-        assert torch.equal(torch.rms_norm(x, (448,), weight, 1e-6), want)     # = torch's kernel (autograd path)
+        assert torch.equal(rms_norm(x, weight, 1e-6), want)  # the in-place inference path
+        assert torch.equal(torch.rms_norm(x, (448,), weight, 1e-6), want)  # = torch's kernel (autograd path)
         with torch.inference_mode():
             assert torch.equal(rms_norm(x, weight, 1e-6), want)
         xg = x.clone().requires_grad_(True)
@@ -151,8 +153,8 @@ def test_fused_rms_norm_equals_the_formula_in_16_bits(dtype):
         assert torch.equal(y.detach(), want) and y.requires_grad
         y.float().sum().backward()
         assert xg.grad is not None
-    for x in (x[:, :, :128].reshape(3, 37, 2, 64), x[:, 1:]):               # per-head shape, a non-contiguous view
-        assert torch.equal(rms_norm(x, w[:x.shape[-1]], 1e-6), formula(x, w[:x.shape[-1]]))
+    for x in (x[:, :, :128].reshape(3, 37, 2, 64), x[:, 1:]):  # per-head shape, a non-contiguous view
+        assert torch.equal(rms_norm(x, w[: x.shape[-1]], 1e-6), formula(x, w[: x.shape[-1]]))
 
 
 def test_draw_rows_draws_the_read_rows_only():
@@ -161,11 +163,11 @@ def test_draw_rows_draws_the_read_rows_only():
     g = torch.Generator().manual_seed(0)
     probs = torch.softmax(torch.randn(6, 5000, generator=g), -1)
     probs[2] = 0.0
-    probs[2, 4321] = 1.0                                             # a one-hot row draws its token
+    probs[2, 4321] = 1.0  # a one-hot row draws its token
     read = torch.tensor([False, True, True, False, False, True])
     a, b = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
     out = draw_rows(probs, read, a)
     assert out[2] == 4321 and bool((out[~read] == 0).all())
     assert torch.equal(out[read], torch.multinomial(probs[read], 1, generator=b).view(-1))
-    assert torch.equal(a.get_state(), b.get_state())                 # advanced by the three read rows only
+    assert torch.equal(a.get_state(), b.get_state())  # advanced by the three read rows only
     assert torch.equal(draw_rows(probs, torch.zeros(6, dtype=torch.bool), a), torch.zeros(6, dtype=torch.long))

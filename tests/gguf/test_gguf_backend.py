@@ -5,6 +5,7 @@ the torch path's, then the masked-family decoders on both backends, then bad inp
 Without llama-cpp-python (or the ``gguf`` writer) these tests skip with a reason — except where
 ``LOCALDIFF_REQUIRE_GGUF=1`` (set by ``.ci/run``): there a missing package is a failure, so CI cannot skip them.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,7 +22,7 @@ from gguf_models import REQUIRED, need as _need
 FAMILIES = ["llada", "lladamoe", "dream"]
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")   # conftest: one torch thread
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one torch thread
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +33,9 @@ def files(tmp_path_factory):
 
     out = {}
     for fam in FAMILIES:
-        out[fam] = {k: gm.write_both(fam, tmp_path_factory.mktemp(f"{fam}_{k}"), q8=(k == "q8"), seed=3)
-                    for k in ("f32", "q8")}
+        out[fam] = {
+            k: gm.write_both(fam, tmp_path_factory.mktemp(f"{fam}_{k}"), q8=(k == "q8"), seed=3) for k in ("f32", "q8")
+        }
     return out
 
 
@@ -54,7 +56,9 @@ def test_header_reader_agrees_with_the_gguf_package(files):
         for _, path in files[fam].values():
             h, cfg = describe(path)
             r = gguf.GGUFReader(str(path))
-            theirs = {t.name: (tuple(int(s) for s in t.shape), int(t.tensor_type), int(t.data_offset)) for t in r.tensors}
+            theirs = {
+                t.name: (tuple(int(s) for s in t.shape), int(t.tensor_type), int(t.data_offset)) for t in r.tensors
+            }
             ours = {t.name: (t.shape, t.type, h.data_start + t.offset) for t in h.tensors}
             assert ours == theirs
             assert cfg.vocab_size == 131 and cfg.mask_token_id == 126 and cfg.shift_logits == (fam == "dream")
@@ -65,11 +69,11 @@ def test_f32_logits_agree_with_the_torch_path(family, files):
     ref, gg = _both(files[family]["f32"])
     assert gg.backend == "gguf" and gg.quant == "F32" and gg.net.shift_logits == ref.net.shift_logits
     g = torch.Generator().manual_seed(1)
-    for t in (37, 100):                                         # the second needs a larger context: rebuilt
+    for t in (37, 100):  # the second needs a larger context: rebuilt
         ids = torch.randint(0, 131, (2, t), generator=g)
-        ids[:, 20:] = 126                                       # a canvas of masks after a "prompt"
+        ids[:, 20:] = 126  # a canvas of masks after a "prompt"
         mask = torch.ones(2, t, dtype=torch.bool)
-        mask[1, :5] = False                                     # row 1 left-padded
+        mask[1, :5] = False  # row 1 left-padded
         for m in (None, mask):
             a, b = ref.net.logits_full(ids, m), gg.net.logits_full(ids, m)
             keep = torch.ones(2, t, dtype=torch.bool) if m is None else m
@@ -99,20 +103,24 @@ def test_q8_0_top1_agreement_on_200_positions(family, files):
         agree = (a.argmax(-1) == b.argmax(-1)).float().mean().item()
         rel = ((a - b).abs().max() / a.abs().max()).item()
         assert agree >= floor, f"{family} {folder.name}: Q8_0 top-1 agreement {agree:.3f} (max rel. error {rel:.2e})"
-        assert 1e-4 < rel < 0.05      # really quantized, and close
+        assert 1e-4 < rel < 0.05  # really quantized, and close
 
 
 def _prompts(n=20):
     g = torch.Generator().manual_seed(7)
-    return [torch.randint(0, 120, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist()
-            for _ in range(n)]
+    return [
+        torch.randint(0, 120, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist() for _ in range(n)
+    ]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_temperature_0_decoding_gives_the_same_tokens_on_both_backends(family, files):
     ref, gg = _both(files[family]["f32"])
-    settings = ([dict(steps=8, block_length=4), dict(steps=8, block_length=8, threshold=0.3)] if family != "dream"
-                else [dict(steps=8, alg="entropy"), dict(steps=8, alg="maskgit_plus", threshold=0.3)])
+    settings = (
+        [dict(steps=8, block_length=4), dict(steps=8, block_length=8, threshold=0.3)]
+        if family != "dream"
+        else [dict(steps=8, alg="entropy"), dict(steps=8, alg="maskgit_plus", threshold=0.3)]
+    )
     for kw in settings:
         for p in _prompts():
             a = ref.generate(p, max_new_tokens=8, seed=0, **kw)
@@ -124,8 +132,29 @@ def test_temperature_0_decoding_gives_the_same_tokens_on_both_backends(family, f
 def test_gen_cli_on_a_gguf_file(files, capsys):
     _need("llama_cpp")
     _, path = files["llada"]["f32"]
-    assert main(["gen", "-m", str(path), "--raw", "-p", "the cat sat", "-n", "8", "--steps", "4", "--seed", "0",
-                 "--json", "-v", "--threads", "1"]) == 0
+    assert (
+        main(
+            [
+                "gen",
+                "-m",
+                str(path),
+                "--raw",
+                "-p",
+                "the cat sat",
+                "-n",
+                "8",
+                "--steps",
+                "4",
+                "--seed",
+                "0",
+                "--json",
+                "-v",
+                "--threads",
+                "1",
+            ]
+        )
+        == 0
+    )
     cap = capsys.readouterr()
     out = json.loads(cap.out)
     assert len(out["token_ids"]) <= 8 and out["quant"] == "F32"
@@ -134,7 +163,7 @@ def test_gen_cli_on_a_gguf_file(files, capsys):
     import localdiff
 
     m = localdiff.load(str(path), threads=1)
-    ids = m.encode_prompt("hello there")                          # chat template from the GGUF
+    ids = m.encode_prompt("hello there")  # chat template from the GGUF
     assert ids[0][:2] == [122, 120] and ids[0][-1] == 121
     assert m.tokenizer.decode(m.tokenizer.encode("the cat sat")) == "the cat sat"
 
@@ -167,7 +196,7 @@ def test_without_the_extra_a_gguf_model_names_it(files, monkeypatch, capsys):
 
     _, path = files["llada"]["f32"]
     monkeypatch.setattr(backend, "_LIB", None)
-    monkeypatch.setitem(sys.modules, "llama_cpp", None)          # import fails as if not installed
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import fails as if not installed
     assert main(["gen", "-m", str(path), "-p", "hi", "-n", "4"]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and 'pip install "localdiff[gguf]"' in err
@@ -210,8 +239,10 @@ def test_the_bench_converter_matches_the_torch_path(tmp_path):
     a, b = ref.net.logits_full(ids), gg.net.logits_full(ids)
     assert ((a - b).abs().max() / a.abs().max()) <= 1e-3
     assert gg.eos_token_ids[:2] == [1, 5]
-    assert ref.generate(texts[0], chat=False, max_new_tokens=8, steps=8).token_ids == \
-        gg.generate(texts[0], chat=False, max_new_tokens=8, steps=8).token_ids
+    assert (
+        ref.generate(texts[0], chat=False, max_new_tokens=8, steps=8).token_ids
+        == gg.generate(texts[0], chat=False, max_new_tokens=8, steps=8).token_ids
+    )
 
 
 @pytest.mark.slow
@@ -240,8 +271,9 @@ def test_llama_cpp_own_diffusion_loop_agrees_with_ours(files, tmp_path, monkeypa
     m = localdiff.load(str(path), threads=1)
     for prompt in ([5, 6, 7, 8], [40, 41, 42, 43, 44, 45]):
         ours = m.generate(prompt, max_new_tokens=10, steps=10, block_length=1).token_ids
-        theirs = gguf_cli.run(exe, path, prompt, len(prompt) + 10, steps=len(prompt) + 10, threads=1,
-                              block_length=1, top_k=1)["ids"]
+        theirs = gguf_cli.run(
+            exe, path, prompt, len(prompt) + 10, steps=len(prompt) + 10, threads=1, block_length=1, top_k=1
+        )["ids"]
         assert 126 not in theirs
         cut = next((i + 1 for i, t in enumerate(theirs) if t in m.eos_token_ids), len(theirs))
         assert ours == theirs[:cut], (prompt, ours, theirs)

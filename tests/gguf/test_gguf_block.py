@@ -4,6 +4,7 @@ and as a qwen3 / qwen3moe / qwen2 GGUF with localdiff's diffusion keys (``gguf_b
 cached GGUF decoding against an uncached GGUF pass per step. Skips without llama-cpp-python / gguf unless
 ``LOCALDIFF_REQUIRE_GGUF=1``.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -16,7 +17,7 @@ from gguf_models import need as _need
 KINDS = ["sdar", "sdar_moe", "Fast_dLLM_Qwen"]
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")   # conftest: one torch thread
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one torch thread
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +39,9 @@ def _both(pair):
 
 def _prompts(n=20, lo=3, hi=14, seed=7):
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, 125, (int(torch.randint(lo, hi, (1,), generator=g)),), generator=g).tolist()
-            for _ in range(n)]
+    return [
+        torch.randint(3, 125, (int(torch.randint(lo, hi, (1,), generator=g)),), generator=g).tolist() for _ in range(n)
+    ]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -58,10 +60,14 @@ def test_f32_logits_agree_with_the_torch_path(kind, files):
         assert err <= 1e-4, f"{kind}: relative logit error {err:.2e}"
 
 
-SETTINGS = {"sdar": [dict(remasking_strategy="low_confidence_static", steps=4),
-                     dict(remasking_strategy="low_confidence_dynamic", confidence_threshold=0.2)],
-            "sdar_moe": [dict(remasking_strategy="low_confidence_static", steps=2)],
-            "Fast_dLLM_Qwen": [dict(small_block_size=4, threshold=0.3), dict(small_block_size=8, threshold=0.9)]}
+SETTINGS = {
+    "sdar": [
+        dict(remasking_strategy="low_confidence_static", steps=4),
+        dict(remasking_strategy="low_confidence_dynamic", confidence_threshold=0.2),
+    ],
+    "sdar_moe": [dict(remasking_strategy="low_confidence_static", steps=2)],
+    "Fast_dLLM_Qwen": [dict(small_block_size=4, threshold=0.3), dict(small_block_size=8, threshold=0.9)],
+}
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -88,8 +94,7 @@ def test_long_prompts_batches_and_a_growing_context(kind, files, monkeypatch):
     ref, gg = _both(files[kind])
     long = _prompts(1, 515, 530, seed=3)[0]
     kw = SETTINGS[kind][0]
-    assert ref.generate(long, max_new_tokens=16, **kw).token_ids == gg.generate(long, max_new_tokens=16,
-                                                                                  **kw).token_ids
+    assert ref.generate(long, max_new_tokens=16, **kw).token_ids == gg.generate(long, max_new_tokens=16, **kw).token_ids
     assert gg.net.ctx.n_ctx >= len(long) + 16
     batch = [[5, 6, 7, 8, 9, 10, 11], [40, 41, 42]]
     gg.net.ctx.close()
@@ -106,7 +111,7 @@ def test_long_prompts_batches_and_a_growing_context(kind, files, monkeypatch):
     monkeypatch.setattr("localdiff.backends.gguf_block.grown", spy)
     b = gg.generate(batch, max_new_tokens=128, **kw)
     assert a.token_ids == b.token_ids
-    assert len(sizes) >= 2 and sizes == sorted(sizes)          # grown past the first allocation
+    assert len(sizes) >= 2 and sizes == sorted(sizes)  # grown past the first allocation
 
 
 def test_cached_decoding_equals_an_uncached_pass_per_step(files):
@@ -125,7 +130,7 @@ def test_cached_decoding_equals_an_uncached_pass_per_step(files):
     def checked(canvas, cache, sc=None, prefill_ids=None, prefill_mask=None):
         got = real(canvas, cache, sc, prefill_ids, prefill_mask)
         seq = torch.tensor([cache.token_ids[0] + canvas[0].tolist()])
-        want = fresh.logits_full(seq)[:, -canvas.shape[1]:]
+        want = fresh.logits_full(seq)[:, -canvas.shape[1] :]
         assert torch.equal(got, want) or (got - want).abs().max() <= 1e-5 * want.abs().max()
         seen.append(seq.shape[1])
         return got
@@ -135,7 +140,7 @@ def test_cached_decoding_equals_an_uncached_pass_per_step(files):
     for kw in SETTINGS["sdar"]:
         for p in _prompts(seed=11):
             gg.generate(p, max_new_tokens=12, **kw)
-        gg.generate([9, 8, 7, 6, 5], max_new_tokens=8, cache=cache, **kw)      # a chat turn, then the next one
+        gg.generate([9, 8, 7, 6, 5], max_new_tokens=8, cache=cache, **kw)  # a chat turn, then the next one
         gg.generate([9, 8, 7, 6, 5, 4, 3, 2, 1], max_new_tokens=8, cache=cache, **kw)
     assert len(seen) > 200
 
@@ -149,18 +154,40 @@ def test_chat_cache_reuse_matches_a_fresh_generation(files):
     b = gg.generate(turn, max_new_tokens=8, cache=cache)
     assert b.stats.prefill_tokens_reused > 0
     assert b.token_ids == ref.generate(turn, max_new_tokens=8).token_ids
-    other = gg.new_cache()                                   # a second chat on the same model: memory rebuilt
-    assert gg.generate([50, 51, 52], max_new_tokens=8, cache=other).token_ids == \
-        ref.generate([50, 51, 52], max_new_tokens=8).token_ids
-    c = gg.generate(turn, max_new_tokens=8, cache=cache)    # back to the first chat
+    other = gg.new_cache()  # a second chat on the same model: memory rebuilt
+    assert (
+        gg.generate([50, 51, 52], max_new_tokens=8, cache=other).token_ids
+        == ref.generate([50, 51, 52], max_new_tokens=8).token_ids
+    )
+    c = gg.generate(turn, max_new_tokens=8, cache=cache)  # back to the first chat
     assert c.token_ids == b.token_ids
 
 
 def test_gen_cli_names_engine_quant_and_cache(files, capsys):
     _need("llama_cpp")
     _, path = files["sdar"]
-    assert main(["gen", "-m", str(path), "--raw", "-p", "the cat", "-n", "8", "--seed", "0", "-v", "--threads",
-                 "1", "--gpu-layers", "0"]) == 0
+    assert (
+        main(
+            [
+                "gen",
+                "-m",
+                str(path),
+                "--raw",
+                "-p",
+                "the cat",
+                "-n",
+                "8",
+                "--seed",
+                "0",
+                "-v",
+                "--threads",
+                "1",
+                "--gpu-layers",
+                "0",
+            ]
+        )
+        == 0
+    )
     err = capsys.readouterr().err
     assert "engine llama.cpp, F32, cache exact block cache (llama.cpp K/V memory), 0 GPU layers, 1 thread" in err
     assert main(["show", str(path), "--json"]) == 0
@@ -188,16 +215,31 @@ def test_bad_block_files_and_options_give_one_line(files, tmp_path, capsys):
     gb.write_gguf("sdar", files["sdar"][0], wrong, model_type="fast_dllm_v2")
     cases.append((["gen", "-m", str(wrong), "-p", "hi", "-n", "4"], 1, "stored as GGUF architecture 'qwen2'"))
     _need("llama_cpp")
-    cases.append((["gen", "-m", str(path), "--raw", "-p", "hi", "-n", "4", "--use-block-cache"], 2,
-                   "use_block_cache: not on a GGUF model"))
-    cases.append((["gen", "-m", str(path), "--raw", "-p", "hi", "-n", "4", "--gpu-layers", "-3"], 2,
-                   "--gpu-layers"))
-    cases.append((["gen", "--endpoint", "http://127.0.0.1:1", "-p", "hi", "--gpu-layers", "2"], 2,
-                   "--gpu-layers applies to local models, not to --endpoint"))
-    cases.append((["gen", "-m", str(hf), "-p", "hi", "-n", "4", "--gpu-layers", "all"], 2,
-                   "--gpu-layers: only for GGUF models"))
-    cases.append((["gen", "-m", str(path), "--raw", "-p", "hi", "-n", "4", "--kv-budget", "1MiB"], 2,
-                   "--kv-budget: a GGUF model's K/V live in llama.cpp's memory"))
+    cases.append(
+        (
+            ["gen", "-m", str(path), "--raw", "-p", "hi", "-n", "4", "--use-block-cache"],
+            2,
+            "use_block_cache: not on a GGUF model",
+        )
+    )
+    cases.append((["gen", "-m", str(path), "--raw", "-p", "hi", "-n", "4", "--gpu-layers", "-3"], 2, "--gpu-layers"))
+    cases.append(
+        (
+            ["gen", "--endpoint", "http://127.0.0.1:1", "-p", "hi", "--gpu-layers", "2"],
+            2,
+            "--gpu-layers applies to local models, not to --endpoint",
+        )
+    )
+    cases.append(
+        (["gen", "-m", str(hf), "-p", "hi", "-n", "4", "--gpu-layers", "all"], 2, "--gpu-layers: only for GGUF models")
+    )
+    cases.append(
+        (
+            ["gen", "-m", str(path), "--raw", "-p", "hi", "-n", "4", "--kv-budget", "1MiB"],
+            2,
+            "--kv-budget: a GGUF model's K/V live in llama.cpp's memory",
+        )
+    )
     for argv, code, text in cases:
         assert main(argv) == code, argv
         err = capsys.readouterr().err.strip()
@@ -221,22 +263,34 @@ def test_serve_answers_from_gguf_files_of_both_families(tmp_path):
     bd = tmp_path / "tiny-bd.gguf"
     gb.write_gguf("sdar", models_dir() / "tiny-bd", bd, tokenizer=True)
     mdm = convert_llada(models_dir() / "tiny-mdm", tmp_path / "tiny-mdm.gguf")
-    q, opts = "What is 41 + 93?", {"seed": 3, "num_predict": 16, "steps": 4, "remasking_strategy":
-                                   "low_confidence_dynamic", "confidence_threshold": 0.9}
+    q, opts = (
+        "What is 41 + 93?",
+        {
+            "seed": 3,
+            "num_predict": 16,
+            "steps": 4,
+            "remasking_strategy": "low_confidence_dynamic",
+            "confidence_threshold": 0.9,
+        },
+    )
     torch_bd = localdiff.load("tiny-bd").generate(q, max_new_tokens=16, seed=3).token_ids
     from localdiff.serve.names import ModelNames
 
-    s = Running(model=str(bd), names=ModelNames([str(bd), str(mdm)], installed=lambda: []))   # serve -m bd -m mdm
+    s = Running(model=str(bd), names=ModelNames([str(bd), str(mdm)], installed=lambda: []))  # serve -m bd -m mdm
     try:
         for path in (bd, mdm):
             kw = {k: v for k, v in opts.items() if k in ("seed", "num_predict")} if path == mdm else opts
             want = localdiff.load(str(path), threads=1).generate(
-                q, max_new_tokens=16, seed=3, **{k: v for k, v in kw.items() if k not in ("seed", "num_predict")})
-            r = httpx.post(s.url + "/api/chat", json={"model": str(path), "stream": False, "messages": [
-                {"role": "user", "content": q}], "options": kw}, timeout=120)
+                q, max_new_tokens=16, seed=3, **{k: v for k, v in kw.items() if k not in ("seed", "num_predict")}
+            )
+            r = httpx.post(
+                s.url + "/api/chat",
+                json={"model": str(path), "stream": False, "messages": [{"role": "user", "content": q}], "options": kw},
+                timeout=120,
+            )
             assert r.status_code == 200, r.text
             assert r.json()["message"]["content"] == want.text
-            if path == bd:         # the same ids (llama.cpp's detokenizer keeps the first word's "▁" as a space)
+            if path == bd:  # the same ids (llama.cpp's detokenizer keeps the first word's "▁" as a space)
                 assert want.token_ids == torch_bd and want.text.strip() == r.json()["message"]["content"].strip()
     finally:
         s.stop()
@@ -273,4 +327,4 @@ def test_q8_0_and_q4_k_m_top1_agreement_with_f32(kind, tmp_path, capsys):
         agree = (got.argmax(-1) == base.argmax(-1)).float().mean().item()
         with capsys.disabled():
             print(f"\n{kind} {q}: top-1 agreement with F32 {agree:.3f}")
-        assert agree >= (0.75 if q == "Q8_0" else 0.2), (kind, q, agree)    # chance: 1 / 131
+        assert agree >= (0.75 if q == "Q8_0" else 0.2), (kind, q, agree)  # chance: 1 / 131

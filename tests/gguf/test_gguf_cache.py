@@ -4,6 +4,7 @@ file loaded as its llama / qwen2 twin, ``localdiff.backends.gguf_window``) give 
 llama.cpp's default 512-token micro-batch) and a left-padded batch; LLaDA-MoE is refused in one line. Skips without
 llama-cpp-python / gguf unless ``LOCALDIFF_REQUIRE_GGUF=1``.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,7 +20,7 @@ FAMILIES = ["llada", "dream"]
 MODES = ["none", "prefix", "dual"]
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")   # conftest: one torch thread
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one torch thread
 
 
 def _write(family, folder, seed=3, length=1024):
@@ -54,12 +55,13 @@ def models(tmp_path_factory):
 
 def _prompts(n=20, lo=3, hi=12, seed=7):
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, 120, (int(torch.randint(lo, hi, (1,), generator=g)),), generator=g).tolist()
-            for _ in range(n)]
+    return [
+        torch.randint(0, 120, (int(torch.randint(lo, hi, (1,), generator=g)),), generator=g).tolist() for _ in range(n)
+    ]
 
 
 def _settings(family):
-    return (dict(steps=8, block_length=4) if family == "llada" else dict(steps=8, block_length=4, alg="entropy"))
+    return dict(steps=8, block_length=4) if family == "llada" else dict(steps=8, block_length=4, alg="entropy")
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -100,7 +102,7 @@ def test_the_dual_cache_reads_the_suffix_from_the_blocks_first_pass(models):
     gg.net.forward_window(x, 0, None, return_kv=True)
     y = x.clone()
     y[0, 10:14] = torch.tensor([1, 2, 3, 4])
-    y[0, 20:] = 126                                  # the suffix changes too: the cache keeps the first pass's
+    y[0, 20:] = 126  # the suffix changes too: the cache keeps the first pass's
     a = ref.net.forward_window(y[:, 10:14], 10, kv)
     b = gg.net.forward_window(y[:, 10:14], 10, [None])
     assert ((a - b).abs().max() / a.abs().max()) <= 1e-4

@@ -8,6 +8,7 @@ Block models are checked with their own attention: llama.cpp decodes the sequenc
 memory with causal attention off (each block sees the finished blocks and itself, bidirectionally) — the torch
 model's block-causal ``logits_full``. Skips without ``gguf`` / ``llama_cpp`` (fails under LOCALDIFF_REQUIRE_GGUF=1).
 """
+
 from __future__ import annotations
 
 import json
@@ -18,12 +19,20 @@ import torch
 
 from localdiff.cli import main
 
-from convert_helpers import (BLOCK, MASKED, Q_BLOCK, block_checkpoint, convert, llama_logits, masked_checkpoint,
-                             random_ids)
+from convert_helpers import (
+    BLOCK,
+    MASKED,
+    Q_BLOCK,
+    block_checkpoint,
+    convert,
+    llama_logits,
+    masked_checkpoint,
+    random_ids,
+)
 from gguf_models import need
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")   # conftest: one torch thread
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one torch thread
 
 
 def _torch_logits(ckpt, ids):
@@ -37,7 +46,8 @@ def _source(family, tmp_path, **kw):
         return masked_checkpoint(family, tmp_path / family, **kw), None
     ck = block_checkpoint(family, tmp_path / family, **kw)
     return ck, json.loads((ck / "config.json").read_text()).get("block_size") or json.loads(
-        (ck / "config.json").read_text())["bd_size"]
+        (ck / "config.json").read_text()
+    )["bd_size"]
 
 
 @pytest.mark.parametrize("family", MASKED + list(BLOCK))
@@ -51,7 +61,7 @@ def test_f32_round_trip_logits_equal_the_checkpoint(family, tmp_path):
     a, b = _torch_logits(ck, ids), llama_logits(out, ids, block)
     err = ((a - b).abs().max() / a.abs().max()).item()
     assert err <= 1e-5, f"{family}: relative logit error {err:.2e}"
-    if block:   # the block mask matters: a fully bidirectional pass over the same ids differs
+    if block:  # the block mask matters: a fully bidirectional pass over the same ids differs
         assert ((a - llama_logits(out, ids, None)).abs().max() / a.abs().max()).item() > 1e-3
     from localdiff.backends.gguf_file import read_header
 
@@ -77,8 +87,10 @@ def test_gen_runs_a_converted_file_and_matches_the_torch_path(family, tmp_path, 
     ref, gg = localdiff.load(str(ck), dtype="float32"), localdiff.load(str(out), threads=1)
     assert gg.backend == "gguf" and gg.eos_token_ids[:2] == [1, 5]
     for prompt in ([9, 10, 11, 12], [40, 41, 42]):
-        assert ref.generate(prompt, max_new_tokens=8, steps=8).token_ids == \
-            gg.generate(prompt, max_new_tokens=8, steps=8).token_ids
+        assert (
+            ref.generate(prompt, max_new_tokens=8, steps=8).token_ids
+            == gg.generate(prompt, max_new_tokens=8, steps=8).token_ids
+        )
 
 
 @pytest.mark.parametrize("family", MASKED + list(BLOCK))
@@ -125,7 +137,7 @@ def test_q5_k_m_and_q6_k_files_load(qtype, tmp_path):
     ids = random_ids(40, seed=2)
     a, b = llama_logits(tmp_path / "f32.gguf", ids), llama_logits(tmp_path / "q.gguf", ids)
     assert (a.argmax(-1) == b.argmax(-1)).float().mean().item() >= 0.75
-    assert 1e-4 < ((a - b).abs().max() / a.abs().max()).item() < 0.1      # really quantized, and close
+    assert 1e-4 < ((a - b).abs().max() / a.abs().max()).item() < 0.1  # really quantized, and close
 
 
 def test_a_byte_level_bpe_tokenizer_is_written_as_llama_cpp_gpt2_and_tokenizes_alike(tmp_path):
@@ -145,8 +157,12 @@ def test_a_byte_level_bpe_tokenizer_is_written_as_llama_cpp_gpt2_and_tokenizes_a
     vocab = {t: i for i, t in enumerate(toks) if types[i] != 5}
     tk = Tokenizer(models.BPE(vocab=vocab, merges=[tuple(m.split(" ")) for m in merges]))
     regex = next(k for k, v in PRE_TOKENIZERS.items() if v == "qwen2")
-    tk.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(regex), behavior="isolated"),
-                                                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tk.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(regex), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tk.decoder = decoders.ByteLevel()
     tk.add_special_tokens(list(gm.SPECIALS.values()))
     tk.save(str(ck / "tokenizer.json"))
@@ -161,8 +177,11 @@ def test_a_byte_level_bpe_tokenizer_is_written_as_llama_cpp_gpt2_and_tokenizes_a
     md = read_header(out).metadata
     assert md["tokenizer.ggml.model"] == "gpt2" and md["tokenizer.ggml.pre"] == "qwen2"
     gg = localdiff.load(str(out), threads=1)
-    texts = ["the theory in the set", "  spaces,   then\nnew lines\n\n and 2024 digits!",
-             "<|user|>are these the ones?<|end|><|assistant|>"]
+    texts = [
+        "the theory in the set",
+        "  spaces,   then\nnew lines\n\n and 2024 digits!",
+        "<|user|>are these the ones?<|end|><|assistant|>",
+    ]
     for t in texts:
         assert gg.tokenizer.encode(t) == tk.encode(t).ids, t
     assert gg.tokenizer.decode(tk.encode(texts[1]).ids) == texts[1]
@@ -192,8 +211,8 @@ def test_a_bf16_checkpoint_is_written_bit_exact_and_quantized_from_a_bf16_interm
     need("llama_cpp")
     assert main(["convert", str(ck), "-o", str(tmp_path / "q.gguf"), "--type", "Q8_0"]) == 0
     assert "writing the BF16 intermediate" in capsys.readouterr().err
-    ids = random_ids(48, seed=4)       # the random SDAR's margins are small: 0.958 here (loose floor)
-    agree = (llama_logits(tmp_path / "q.gguf", ids, 4).argmax(-1) == llama_logits(out, ids, 4).argmax(-1))
+    ids = random_ids(48, seed=4)  # the random SDAR's margins are small: 0.958 here (loose floor)
+    agree = llama_logits(tmp_path / "q.gguf", ids, 4).argmax(-1) == llama_logits(out, ids, 4).argmax(-1)
     assert agree.float().mean().item() >= 0.8
     assert convert(ck, tmp_path / "quiet.gguf", "F16") == 0 and capsys.readouterr().err == ""
 
@@ -211,7 +230,7 @@ def test_a_catalog_name_resolves_like_gen_and_the_trained_tiny_sdar_round_trips(
     md = read_header(out).metadata
     assert md["general.architecture"] == "qwen3" and md["localdiff.model_type"] == "sdar"
     assert md["localdiff.block_length"] == 4 and md["localdiff.family"] == "block"
-    assert md["tokenizer.ggml.eot_token_id"] == 5                 # generation_config's second end token
+    assert md["tokenizer.ggml.eot_token_id"] == 5  # generation_config's second end token
     ref = localdiff.load("tiny-bd", dtype="float32")
     text = ref.tokenizer.apply_chat_template([{"role": "user", "content": "What is 12 plus 7?"}])
     ids = ref.tokenizer.encode(text)

@@ -1,5 +1,6 @@
 """``localdiff convert``'s output handling: ``--force``, atomic output (Ctrl-C, disk full, a failing quantizer leave
 no partial file and keep an existing one), and bad input (one line, non-zero exit, nothing written)."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,9 @@ def _one_line_error(capsys) -> str:
     return err
 
 
-def test_refuses_to_overwrite_without_force_and_keeps_the_old_file_until_the_new_one_is_complete(tmp_path, capsys,
-                                                                                                   monkeypatch):
+def test_refuses_to_overwrite_without_force_and_keeps_the_old_file_until_the_new_one_is_complete(
+    tmp_path, capsys, monkeypatch
+):
     need("gguf")
     from localdiff.backends import gguf_write
 
@@ -31,7 +33,7 @@ def test_refuses_to_overwrite_without_force_and_keeps_the_old_file_until_the_new
     calls = []
     real = gguf_write._as_stored
 
-    def interrupted(x, dtype):           # Ctrl-C after a few tensors were written
+    def interrupted(x, dtype):  # Ctrl-C after a few tensors were written
         calls.append(1)
         if len(calls) == 5:
             raise KeyboardInterrupt
@@ -85,9 +87,26 @@ def test_a_failing_quantizer_leaves_no_partial_files(tmp_path, capsys, monkeypat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
 
 
-@pytest.mark.parametrize("case", ["missing", "type", "diffusion_gemma", "refusion", "llada2", "no_dir", "dir",
-                                  "gguf_src", "moe_dense_layer", "no_tokenizer", "threads", "missing_tensor",
-                                  "unknown_tensor", "shared_expert", "causal"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "missing",
+        "type",
+        "diffusion_gemma",
+        "refusion",
+        "llada2",
+        "no_dir",
+        "dir",
+        "gguf_src",
+        "moe_dense_layer",
+        "no_tokenizer",
+        "threads",
+        "missing_tensor",
+        "unknown_tensor",
+        "shared_expert",
+        "causal",
+    ],
+)
 def test_bad_input_is_one_line_and_writes_nothing(case, tmp_path, capsys):
     need("gguf")
     ck = block_checkpoint("sdar", tmp_path / "ck")
@@ -145,8 +164,6 @@ def test_bad_input_is_one_line_and_writes_nothing(case, tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
-
-
 def test_too_little_disk_space_is_refused_before_writing(tmp_path, capsys, monkeypatch):
     need("gguf")
     import shutil as sh
@@ -166,11 +183,11 @@ def test_a_missing_package_is_one_line_naming_the_extra(missing, tmp_path, capsy
     import sys
 
     need("gguf")
-    from localdiff.backends import llama_lib as backend      # the shared llama.cpp loader
+    from localdiff.backends import llama_lib as backend  # the shared llama.cpp loader
 
     ck = block_checkpoint("sdar", tmp_path / "ck")
     monkeypatch.setattr(backend, "_LIB", None)
-    monkeypatch.setitem(sys.modules, missing, None)               # import fails as if not installed
+    monkeypatch.setitem(sys.modules, missing, None)  # import fails as if not installed
     assert convert(ck, tmp_path / "m.gguf", "Q8_0") == 1
     assert 'pip install "localdiff[gguf]"' in _one_line_error(capsys)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]

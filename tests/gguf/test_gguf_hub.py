@@ -1,6 +1,7 @@
 """``localdiff pull`` of a GGUF repo (#17): one quantization file chosen by a tag (``org/repo:Q8_0``,
 ``org/repo --quant Q8_0``, a catalog ``<alias>-q8_0``), with the byte-level resume and verification of safetensors
 pulls, against the local Hub stand-in; ``list`` / ``show`` tell the backend and the quantization."""
+
 from __future__ import annotations
 
 import json
@@ -21,7 +22,7 @@ REPO = "acme/tiny-llada-GGUF"
 def gguf_files(tmp_path_factory):
     import gguf_models as gm
 
-    gm.need("gguf")      # a skip naming the extra; a failure under LOCALDIFF_REQUIRE_GGUF=1 (.ci/run)
+    gm.need("gguf")  # a skip naming the extra; a failure under LOCALDIFF_REQUIRE_GGUF=1 (.ci/run)
     out = {}
     for q8 in (False, True):
         _, path = gm.write_both("llada", tmp_path_factory.mktemp("q8" if q8 else "f32"), q8=q8, seed=1)
@@ -32,8 +33,14 @@ def gguf_files(tmp_path_factory):
 @pytest.fixture
 def stand_in(gguf_files):
     with StandInHub() as h:
-        h.add_repo(REPO, {"README.md": b"# tiny\n", "tiny-llada-F32.gguf": gguf_files["F32"],
-                          "tiny-llada-Q8_0.gguf": gguf_files["Q8_0"]})
+        h.add_repo(
+            REPO,
+            {
+                "README.md": b"# tiny\n",
+                "tiny-llada-F32.gguf": gguf_files["F32"],
+                "tiny-llada-Q8_0.gguf": gguf_files["Q8_0"],
+            },
+        )
         h.repos[REPO].lfs_patterns = ("*.gguf",)
         yield h
 
@@ -43,8 +50,9 @@ def test_pull_one_quantization_then_list_and_show(cache, stand_in, capsys):  # n
     assert res["files"] == 1
     assert stand_in.stats.gets(REPO, "tiny-llada-F32.gguf") == []
     path = hub.resolve_model(f"{REPO}:Q8_0")
-    assert path.name == "tiny-llada-Q8_0.gguf" and path.stat().st_size == len(stand_in.repos[REPO].commits[
-        stand_in.repos[REPO].revisions["main"]]["tiny-llada-Q8_0.gguf"])
+    assert path.name == "tiny-llada-Q8_0.gguf" and path.stat().st_size == len(
+        stand_in.repos[REPO].commits[stand_in.repos[REPO].revisions["main"]]["tiny-llada-Q8_0.gguf"]
+    )
     rows = [m for m in hub.list_models() if m["repo"] == REPO]
     assert [(m["name"], m["quant"], m["backend"]) for m in rows] == [(f"{REPO}:Q8_0", "Q8_0", "gguf")]
     assert main(["list"]) == 0
@@ -53,7 +61,7 @@ def test_pull_one_quantization_then_list_and_show(cache, stand_in, capsys):  # n
     assert main(["show", f"{REPO}:Q8_0", "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)["summary"]
     assert shown["quant"] == "Q8_0" and shown["backend"].startswith("gguf") and shown["model_type"] == "llada"
-    assert main(["pull", REPO, "--quant", "Q8_0", "-q"]) == 0                      # up to date: nothing fetched
+    assert main(["pull", REPO, "--quant", "Q8_0", "-q"]) == 0  # up to date: nothing fetched
     assert len(stand_in.stats.gets(REPO, "tiny-llada-Q8_0.gguf")) == 1
 
 
@@ -101,11 +109,13 @@ def test_rm_of_one_quantization_never_takes_the_others_with_it(cache, stand_in, 
     hub.pull(f"{REPO}:Q8_0", quiet=True)
     hub.pull(f"{REPO}:F32", quiet=True)
     assert main(["rm", f"{REPO}:Q8_0"]) == 2
-    assert capsys.readouterr().err == (f"error: {REPO}:Q8_0: {REPO} also holds tiny-llada-F32.gguf in the same "
-                                       f"snapshot, and rm removes a whole snapshot; run `localdiff rm {REPO}` to "
-                                       "remove every quantization in it\n")
+    assert capsys.readouterr().err == (
+        f"error: {REPO}:Q8_0: {REPO} also holds tiny-llada-F32.gguf in the same "
+        f"snapshot, and rm removes a whole snapshot; run `localdiff rm {REPO}` to "
+        "remove every quantization in it\n"
+    )
     assert hub.resolve_model(f"{REPO}:Q8_0").is_file() and hub.resolve_model(f"{REPO}:F32").is_file()
     assert main(["rm", REPO]) == 0 and not [m for m in hub.list_models() if m["repo"] == REPO]
     hub.pull(f"{REPO}:F32", quiet=True)
-    assert main(["rm", f"{REPO}:F32"]) == 0   # the only quantization pulled: the snapshot is exactly it
+    assert main(["rm", f"{REPO}:F32"]) == 0  # the only quantization pulled: the snapshot is exactly it
     assert not [m for m in hub.list_models() if m["repo"] == REPO]

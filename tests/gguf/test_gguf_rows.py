@@ -1,5 +1,6 @@
 """The gguf backend's head-row contract (``rows`` / ``select``, as ``localdiff.arch.masked.MaskedLM``: the masked
 loop reads only still-masked rows) and the bench's one-line skip when llama.cpp's program cannot be built."""
+
 from __future__ import annotations
 
 import pytest
@@ -37,8 +38,8 @@ def test_rows_with_left_padding_keep_positions(net):
     mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1], [1] * 7]).bool()
     full = net.logits_full(ids, mask)
     assert torch.equal(full[0, :2], torch.zeros(2, net.n_vocab))
-    alone = net.logits_full(ids[:1, 2:])      # the same real tokens, but at positions 0..4
-    assert not torch.allclose(full[0, 2:], alone[0])       # positions kept as in the padded row (RoPE differs)
+    alone = net.logits_full(ids[:1, 2:])  # the same real tokens, but at positions 0..4
+    assert not torch.allclose(full[0, 2:], alone[0])  # positions kept as in the padded row (RoPE differs)
     part = net.logits_full(ids, mask, rows=(1, 5))
     assert torch.equal(part, full[:, 1:5])
 
@@ -67,8 +68,10 @@ def test_the_program_s_timing_and_answer_are_read_from_its_log(tmp_path):
     from localdiff.errors import LocaldiffError
 
     fake = tmp_path / "llama-diffusion-cli"
-    fake.write_text("#!/bin/sh\nprintf 'diffusion step: 3/3 [===] 100%%\\ntotal time: 12.50ms, time per step: 4.1ms\\n"
-                    "0.00.273.081 I \\n 41 + 93 = 134.\\n' >&2\n")
+    fake.write_text(
+        "#!/bin/sh\nprintf 'diffusion step: 3/3 [===] 100%%\\ntotal time: 12.50ms, time per step: 4.1ms\\n"
+        "0.00.273.081 I \\n 41 + 93 = 134.\\n' >&2\n"
+    )
     fake.chmod(0o755)
     r = gguf_cli.run_cli(fake, tmp_path / "m.gguf", "What is 41 + 93?", 20, steps=20, threads=1, block_length=4)
     assert (r["ms"], r["text"]) == (12.5, "41 + 93 = 134.")

@@ -1,6 +1,7 @@
 """The CLI and server tests' isolation from the user's settings: no LOCALDIFF_* variables, an empty config file
 under tmp_path named by LOCALDIFF_CONFIG (a missing named file is an error) and, for ``isolated``, an offline Hub whose
 cache is under tmp_path."""
+
 from __future__ import annotations
 
 import os

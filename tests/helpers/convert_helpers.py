@@ -1,5 +1,6 @@
 """Helpers of the ``localdiff convert`` tests: tiny checkpoints in each upstream layout with the shipped tiny
 tokenizer, the CLI call, and llama.cpp's raw logits of a GGUF file (non-causal, optionally block by block)."""
+
 from __future__ import annotations
 
 import json
@@ -61,7 +62,7 @@ def llama_logits(path, ids: list[int], block: int | None = None) -> torch.Tensor
     cp.n_ctx = cp.n_batch = cp.n_ubatch = (n + 63) // 64 * 64
     cp.n_seq_max, cp.n_threads, cp.n_threads_batch = 1, 1, 1
     cp.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
-    cp.type_k = cp.type_v = 0                                    # GGML_TYPE_F32
+    cp.type_k = cp.type_v = 0  # GGML_TYPE_F32
     ctx = lib.llama_init_from_model(model, cp)
     lib.llama_set_causal_attn(ctx, False)
     nv = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(model))
@@ -69,7 +70,7 @@ def llama_logits(path, ids: list[int], block: int | None = None) -> torch.Tensor
     out = []
     try:
         for s in range(0, n, step):
-            chunk = ids[s:s + step]
+            chunk = ids[s : s + step]
             batch.n_tokens = len(chunk)
             for j, t in enumerate(chunk):
                 batch.token[j], batch.pos[j], batch.n_seq_id[j], batch.logits[j] = t, s + j, 1, 1
@@ -87,5 +88,5 @@ def llama_logits(path, ids: list[int], block: int | None = None) -> torch.Tensor
 def random_ids(n: int, seed: int = 1) -> list[int]:
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(7, 365, (n,), generator=g)
-    ids[n // 2:] = 6                                            # a canvas of masks after a "prompt"
+    ids[n // 2 :] = 6  # a canvas of masks after a "prompt"
     return ids.tolist()

@@ -3,6 +3,7 @@ transformers' own ``Qwen3ForCausalLM`` / ``LlamaForCausalLM`` (``save_pretrained
 as on the Hub), and a DFlash draft in z-lab's layout (Qwen3 config.json with ``architectures: ["DFlashDraftModel"]``,
 ``block_size``, ``num_target_layers``, ``dflash_config``; tensors ``layers.N.*``, ``fc``, ``hidden_norm``, ``norm``).
 Odd sizes. Used by tests/arch/test_causal.py and tests/decoding/test_dflash.py."""
+
 from __future__ import annotations
 
 import json
@@ -14,15 +15,41 @@ VOCAB, MASK, EOS = 97, 96, 95
 
 
 def target_config(kind: str = "qwen3", layers: int = 5) -> dict:
-    common = dict(vocab_size=VOCAB, hidden_size=40, intermediate_size=56, num_hidden_layers=layers,
-                  num_attention_heads=5, num_key_value_heads=1, max_position_embeddings=512, eos_token_id=EOS,
-                  bos_token_id=1, rms_norm_eps=1e-6)
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=40,
+        intermediate_size=56,
+        num_hidden_layers=layers,
+        num_attention_heads=5,
+        num_key_value_heads=1,
+        max_position_embeddings=512,
+        eos_token_id=EOS,
+        bos_token_id=1,
+        rms_norm_eps=1e-6,
+    )
     if kind == "qwen3":
-        return dict(common, model_type="qwen3", architectures=["Qwen3ForCausalLM"], head_dim=12,
-                    rope_theta=1000000.0, tie_word_embeddings=False)
-    return dict(common, model_type="llama", architectures=["LlamaForCausalLM"], rope_theta=500000.0,
-                rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                              "original_max_position_embeddings": 64}, tie_word_embeddings=True)
+        return dict(
+            common,
+            model_type="qwen3",
+            architectures=["Qwen3ForCausalLM"],
+            head_dim=12,
+            rope_theta=1000000.0,
+            tie_word_embeddings=False,
+        )
+    return dict(
+        common,
+        model_type="llama",
+        architectures=["LlamaForCausalLM"],
+        rope_theta=500000.0,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+        tie_word_embeddings=True,
+    )
 
 
 def write_target(folder, kind: str = "qwen3", layers: int = 5, seed: int = 0):
@@ -34,7 +61,7 @@ def write_target(folder, kind: str = "qwen3", layers: int = 5, seed: int = 0):
     cls = transformers.Qwen3ForCausalLM if kind == "qwen3" else transformers.LlamaForCausalLM
     torch.manual_seed(seed)
     ref = cls(cfg_cls(**{k: v for k, v in raw.items() if k not in ("model_type", "architectures")})).eval()
-    with torch.no_grad():   # larger weights than the default init: peaked, input-dependent logits
+    with torch.no_grad():  # larger weights than the default init: peaked, input-dependent logits
         for name, p in ref.named_parameters():
             if "norm" in name:
                 p.copy_(1 + 0.1 * torch.randn_like(p))
@@ -46,11 +73,25 @@ def write_target(folder, kind: str = "qwen3", layers: int = 5, seed: int = 0):
 
 
 def draft_config(target: dict, layers: int = 2, block_size: int = 6, layer_ids=None) -> dict:
-    raw = dict(model_type="qwen3", architectures=["DFlashDraftModel"], vocab_size=target["vocab_size"],
-               hidden_size=target["hidden_size"], intermediate_size=44, num_hidden_layers=layers,
-               num_attention_heads=5, num_key_value_heads=1, head_dim=12, rope_theta=1000000.0, rms_norm_eps=1e-6,
-               max_position_embeddings=512, block_size=block_size, num_target_layers=target["num_hidden_layers"],
-               dflash_config={"mask_token_id": MASK}, attention_bias=False, tie_word_embeddings=False)
+    raw = dict(
+        model_type="qwen3",
+        architectures=["DFlashDraftModel"],
+        vocab_size=target["vocab_size"],
+        hidden_size=target["hidden_size"],
+        intermediate_size=44,
+        num_hidden_layers=layers,
+        num_attention_heads=5,
+        num_key_value_heads=1,
+        head_dim=12,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=512,
+        block_size=block_size,
+        num_target_layers=target["num_hidden_layers"],
+        dflash_config={"mask_token_id": MASK},
+        attention_bias=False,
+        tie_word_embeddings=False,
+    )
     if layer_ids is not None:
         raw["dflash_config"]["target_layer_ids"] = list(layer_ids)
     return raw
@@ -70,12 +111,21 @@ def write_draft(folder, target: dict, layers: int = 2, block_size: int = 6, laye
     t = {"fc.weight": rnd(h, len(ids) * h), "hidden_norm.weight": one(h), "norm.weight": one(h)}
     for n in range(layers):
         p = f"layers.{n}."
-        t.update({p + "self_attn.q_proj.weight": rnd(q, h), p + "self_attn.k_proj.weight": rnd(kv, h),
-                  p + "self_attn.v_proj.weight": rnd(kv, h), p + "self_attn.o_proj.weight": rnd(h, q),
-                  p + "self_attn.q_norm.weight": one(d), p + "self_attn.k_norm.weight": one(d),
-                  p + "mlp.gate_proj.weight": rnd(i, h), p + "mlp.up_proj.weight": rnd(i, h),
-                  p + "mlp.down_proj.weight": rnd(h, i), p + "input_layernorm.weight": one(h),
-                  p + "post_attention_layernorm.weight": one(h)})
+        t.update(
+            {
+                p + "self_attn.q_proj.weight": rnd(q, h),
+                p + "self_attn.k_proj.weight": rnd(kv, h),
+                p + "self_attn.v_proj.weight": rnd(kv, h),
+                p + "self_attn.o_proj.weight": rnd(h, q),
+                p + "self_attn.q_norm.weight": one(d),
+                p + "self_attn.k_norm.weight": one(d),
+                p + "mlp.gate_proj.weight": rnd(i, h),
+                p + "mlp.up_proj.weight": rnd(i, h),
+                p + "mlp.down_proj.weight": rnd(h, i),
+                p + "input_layernorm.weight": one(h),
+                p + "post_attention_layernorm.weight": one(h),
+            }
+        )
     folder.mkdir(parents=True, exist_ok=True)
     save_file(t, str(folder / "model.safetensors"))
     (folder / "config.json").write_text(json.dumps(raw))
@@ -123,8 +173,9 @@ def _rejection_sample(draft_tokens, target_probs, draft_probs):
     residual.sub_(draft_probs[0, accepted])
     residual.clamp_min_(0)
     total = residual.sum()
-    residual = torch.where(total > 0, residual / total.clamp_min(torch.finfo(residual.dtype).tiny),
-                           target_probs[0, accepted])
+    residual = torch.where(
+        total > 0, residual / total.clamp_min(torch.finfo(residual.dtype).tiny), target_probs[0, accepted]
+    )
     return accepted, _sample_probs(residual[None])[0]
 
 
@@ -155,8 +206,10 @@ class RefDraft(torch.nn.Module):
             self.layers.append(layer)
         dc = raw["dflash_config"]
         from localdiff.arch.dflash_spec import build_target_layer_ids
+
         self.target_layer_ids = dc.get("target_layer_ids") or build_target_layer_ids(
-            raw["num_target_layers"], cfg.num_hidden_layers)
+            raw["num_target_layers"], cfg.num_hidden_layers
+        )
         self.norm = Qwen3RMSNorm(h, cfg.rms_norm_eps)
         self.rotary_emb = Qwen3RotaryEmbedding(cfg)
         self.fc = nn.Linear(len(self.target_layer_ids) * h, h, bias=False)
@@ -185,8 +238,9 @@ class RefDraft(torch.nn.Module):
             k = k * cos + rotate_half(k) * sin
             k, v = past_key_values.update(k, v, i)
             rep = q.shape[1] // k.shape[1]
-            o = torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1),
-                                                                 v.repeat_interleave(rep, 1))
+            o = torch.nn.functional.scaled_dot_product_attention(
+                q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+            )
             x = res + att.o_proj(o.transpose(1, 2).reshape(b, q_len, -1))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.norm(x)
@@ -202,13 +256,14 @@ def load_ref_draft(folder) -> RefDraft:
 
 
 @torch.inference_mode()
-def ref_generate(draft, target, input_ids, max_new_tokens, stop_token_ids, temperature=0.0, top_p=1.0, top_k=0,
-                 block_size=None):
+def ref_generate(
+    draft, target, input_ids, max_new_tokens, stop_token_ids, temperature=0.0, top_p=1.0, top_k=0, block_size=None
+):
     """``dflash_generate`` transcribed (v1 draft, batch 1): (output ids LongTensor[1, P + new], acceptance
     lengths list[int])."""
     from transformers import DynamicCache
 
-    def crop(cache, n):            # upstream _crop_to: transformers 5 crops by a negative count
+    def crop(cache, n):  # upstream _crop_to: transformers 5 crops by a negative count
         cache.crop(-(cache.get_seq_length() - n))
 
     def make(config):
@@ -222,10 +277,16 @@ def ref_generate(draft, target, input_ids, max_new_tokens, stop_token_ids, tempe
     out_ids = torch.full((1, max_length + 1), MASK if draft is None else draft.mask_token_id, dtype=torch.long)
     pos = torch.arange(out_ids.shape[1]).unsqueeze(0)
     tcache, dcache = make(target.config), (make(draft.cfg) if draft is not None else None)
-    o = target(input_ids, position_ids=pos[:, :n_in], past_key_values=tcache, use_cache=True, logits_to_keep=1,
-               output_hidden_states=block_size > 1)
+    o = target(
+        input_ids,
+        position_ids=pos[:, :n_in],
+        past_key_values=tcache,
+        use_cache=True,
+        logits_to_keep=1,
+        output_hidden_states=block_size > 1,
+    )
     out_ids[:, :n_in] = input_ids
-    out_ids[:, n_in:n_in + 1] = _sample(o.logits, temperature, top_p, top_k)
+    out_ids[:, n_in : n_in + 1] = _sample(o.logits, temperature, top_p, top_k)
     feat = lambda hs: torch.cat([hs[i + 1] for i in draft.target_layer_ids], -1)  # noqa: E731
     if block_size > 1:
         target_hidden = feat(o.hidden_states)
@@ -235,10 +296,14 @@ def ref_generate(draft, target, input_ids, max_new_tokens, stop_token_ids, tempe
     embed, head = target.get_input_embeddings().weight, target.lm_head
     while start + 1 < max_length and not stopped:
         vs = min(block_size, max_length - start)
-        block = out_ids[:, start:start + vs].clone()
+        block = out_ids[:, start : start + vs].clone()
         if vs > 1:
-            dh = draft(pos[:, start - target_hidden.shape[1]:start + vs], torch.nn.functional.embedding(block, embed),
-                       target_hidden, dcache)[:, 1 - vs:, :]
+            dh = draft(
+                pos[:, start - target_hidden.shape[1] : start + vs],
+                torch.nn.functional.embedding(block, embed),
+                target_hidden,
+                dcache,
+            )[:, 1 - vs :, :]
             crop(dcache, start)
             dl = head(dh)
             if temperature > 0:
@@ -246,8 +311,13 @@ def ref_generate(draft, target, input_ids, max_new_tokens, stop_token_ids, tempe
                 block[:, 1:] = _sample_probs(dprobs)
             else:
                 block[:, 1:] = torch.argmax(dl, dim=-1)
-        o = target(block, position_ids=pos[:, start:start + vs], past_key_values=tcache, use_cache=True,
-                   output_hidden_states=vs > 1)
+        o = target(
+            block,
+            position_ids=pos[:, start : start + vs],
+            past_key_values=tcache,
+            use_cache=True,
+            output_hidden_states=vs > 1,
+        )
         if temperature > 0:
             tprobs = _sampling_probs(o.logits, temperature, top_p, top_k)
             if vs > 1:
@@ -258,11 +328,11 @@ def ref_generate(draft, target, input_ids, max_new_tokens, stop_token_ids, tempe
             post = torch.argmax(o.logits, dim=-1)
             acc = (block[:, 1:] == post[:, :-1]).cumprod(dim=1).sum(dim=1)[0].item()
             bonus = post[:, acc][0]
-        out_ids[:, start:start + acc + 1] = block[:, :acc + 1]
+        out_ids[:, start : start + acc + 1] = block[:, : acc + 1]
         out_ids[:, start + acc + 1] = bonus
         produced = min(acc + 1, max_length - start - 1)
         if stops is not None:
-            hit = torch.isin(out_ids[0, start + 1:start + produced + 1], stops).nonzero(as_tuple=True)[0]
+            hit = torch.isin(out_ids[0, start + 1 : start + produced + 1], stops).nonzero(as_tuple=True)[0]
             if hit.numel() > 0:
                 produced, stopped = hit[0].item() + 1, True
         start += produced
@@ -270,7 +340,7 @@ def ref_generate(draft, target, input_ids, max_new_tokens, stop_token_ids, tempe
         lengths.append(produced)
         if vs > 1:
             target_hidden = feat(o.hidden_states)[:, :produced, :]
-    return out_ids[:, :min(start + 1, max_length)], lengths
+    return out_ids[:, : min(start + 1, max_length)], lengths
 
 
 def force_acceptance(target_folder, draft_folder, push: float = 1.8, strength: float = 0.05, token: int = 7) -> None:

@@ -5,6 +5,7 @@ special tokens keep their ids (pad 0, eos 1, bos 2, unk 3, turn markers 4/5, mas
 one of OSC "set window title" (``ESC ] 0 ; … BEL``), SGR colour (``ESC [ 31 m``), backspaces, a carriage return,
 a C1 CSI (U+009B), DEL or a NUL, so whatever the model samples carries control characters.
 """
+
 from __future__ import annotations
 
 import json

@@ -8,6 +8,7 @@ threshold decoding commits several tokens per step). ``forward_window`` follows 
 window's tokens at positions start..start+n-1; keys/values = kv before start, the window's fresh K/V, kv from
 start+n on (K stored after RoPE); ``attention_mask`` = key padding over the full sequence.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -41,14 +42,16 @@ def _rope(x: torch.Tensor, pos: torch.Tensor, base: float = 10000.0) -> torch.Te
     inv = 1.0 / base ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
     ang = (pos.float()[..., None] * inv)[:, None]
     cos, sin = torch.cat([ang.cos(), ang.cos()], -1), torch.cat([ang.sin(), ang.sin()], -1)
-    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
     return x * cos + torch.cat([-x2, x1], -1) * sin
 
 
 class FakeMaskedNet(nn.Module):
     roles = frozenset({ROLE_LOGITS, ROLE_WINDOW})
 
-    def __init__(self, cfg: FakeMaskedConfig | None = None, seed: int = 0, scale: float = 3.0, mask_bias: float = -40.0):
+    def __init__(
+        self, cfg: FakeMaskedConfig | None = None, seed: int = 0, scale: float = 3.0, mask_bias: float = -40.0
+    ):
         super().__init__()
         self.config = cfg or FakeMaskedConfig()
         c = self.config
@@ -58,13 +61,19 @@ class FakeMaskedNet(nn.Module):
         kvd = c.kv_heads * c.head_dim
         self.blocks = nn.ParameterList()
         for _ in range(c.layers):
-            for shape in ((hd, c.hidden), (kvd, c.hidden), (kvd, c.hidden), (c.hidden, hd), (2 * c.hidden, c.hidden),
-                          (c.hidden, 2 * c.hidden)):
+            for shape in (
+                (hd, c.hidden),
+                (kvd, c.hidden),
+                (kvd, c.hidden),
+                (c.hidden, hd),
+                (2 * c.hidden, c.hidden),
+                (c.hidden, 2 * c.hidden),
+            ):
                 self.blocks.append(nn.Parameter(torch.randn(*shape, generator=g) / shape[1] ** 0.5))
-        self.head = nn.Parameter(scale * torch.randn(c.vocab_size, c.hidden, generator=g) / c.hidden ** 0.5)
+        self.head = nn.Parameter(scale * torch.randn(c.vocab_size, c.hidden, generator=g) / c.hidden**0.5)
         self.bias = torch.zeros(c.vocab_size)
-        self.bias[c.mask_token_id] = mask_bias     # trained models never predict the mask token
-        self.windows: list[tuple[int, int, bool]] = []    # (start, n, with kv) per forward: tests read it
+        self.bias[c.mask_token_id] = mask_bias  # trained models never predict the mask token
+        self.windows: list[tuple[int, int, bool]] = []  # (start, n, with kv) per forward: tests read it
 
     @property
     def shift_logits(self) -> bool:
@@ -80,7 +89,7 @@ class FakeMaskedNet(nn.Module):
         b, n = input_ids.shape
         self.windows.append((start, n, kv is not None))
         pads = (~attention_mask.bool()).sum(1, keepdim=True) if attention_mask is not None else 0
-        pos = torch.arange(start, start + n)[None, :] - pads          # positions counted from the first real token
+        pos = torch.arange(start, start + n)[None, :] - pads  # positions counted from the first real token
         inv = 1.0 / 10.0 ** (torch.arange(0, c.hidden, 2, dtype=torch.float32) / c.hidden)
         ang = pos.float()[..., None] * inv
         h = self.embed[input_ids] + torch.cat([ang.sin(), ang.cos()], -1)[..., : c.hidden]
@@ -88,11 +97,11 @@ class FakeMaskedNet(nn.Module):
         if attention_mask is not None:
             m = attention_mask.bool()
             if kv is None:
-                m = m[:, start:start + n]
+                m = m[:, start : start + n]
             keymask = m[:, None, None, :]
         fresh = []
         for layer in range(c.layers):
-            wq, wk, wv, wo, w1, w2 = self.blocks[6 * layer: 6 * layer + 6]
+            wq, wk, wv, wo, w1, w2 = self.blocks[6 * layer : 6 * layer + 6]
             a = nn.functional.layer_norm(h, (c.hidden,))
             q = (a @ wq.T).view(b, n, c.heads, c.head_dim).transpose(1, 2)
             k = (a @ wk.T).view(b, n, c.kv_heads, c.head_dim).transpose(1, 2)
@@ -101,11 +110,11 @@ class FakeMaskedNet(nn.Module):
             fresh.append((k, v))
             if kv is not None:
                 kc, vc = kv[layer]
-                k = torch.cat([kc[:, :, :start], k, kc[:, :, start + n:]], dim=2)
-                v = torch.cat([vc[:, :, :start], v, vc[:, :, start + n:]], dim=2)
+                k = torch.cat([kc[:, :, :start], k, kc[:, :, start + n :]], dim=2)
+                v = torch.cat([vc[:, :, :start], v, vc[:, :, start + n :]], dim=2)
             rep = c.heads // c.kv_heads
             k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-            s = q @ k.transpose(-1, -2) / c.head_dim ** 0.5
+            s = q @ k.transpose(-1, -2) / c.head_dim**0.5
             if keymask is not None:
                 s = s.masked_fill(~keymask, float("-inf"))
             o = (s.softmax(-1) @ v).transpose(1, 2).reshape(b, n, -1)
@@ -138,5 +147,6 @@ def fake_model(monkeypatch, tmp_path, seed: int = 0, scale: float = 3.0, tokeniz
 
     cfg = dataclasses.replace(FakeMaskedConfig(eos_token_id=(), pad_token_id=None), **over)
     monkeypatch.setitem(REGISTRY, cfg.model_type, ArchEntry("fake_masked", "fake_masked", "masked"))
-    return Model(FakeMaskedNet(cfg, seed=seed, scale=scale), cfg, tokenizer, tmp_path, "fake", "cpu", torch.float32,
-                 None, {})
+    return Model(
+        FakeMaskedNet(cfg, seed=seed, scale=scale), cfg, tokenizer, tmp_path, "fake", "cpu", torch.float32, None, {}
+    )

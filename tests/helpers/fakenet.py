@@ -4,6 +4,7 @@
 answer overwhelmingly likely: position p of the generated sequence (absolute, counted from the first canvas) gets
 ``answer[p]`` (or ``fill`` after the answer). Every forward is counted.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ class FakeConfig:
     max_position_embeddings: int = 4096
     eos_token_id: tuple = (1,)
     pad_token_id: int | None = 0
-    model_type: str = "diffusion_gemma"     # runs the canvas family's policy
+    model_type: str = "diffusion_gemma"  # runs the canvas family's policy
     raw: dict = field(default_factory=dict)
 
 
@@ -41,7 +42,9 @@ class FakeNet(nn.Module):
 
     def _write(self, ids, mask, cache):
         with cache.writing(ids, mask):
-            cache.append(0, torch.zeros(ids.shape[0], 1, ids.shape[1], 2), torch.zeros(ids.shape[0], 1, ids.shape[1], 2))
+            cache.append(
+                0, torch.zeros(ids.shape[0], 1, ids.shape[1], 2), torch.zeros(ids.shape[0], 1, ids.shape[1], 2)
+            )
 
     def prefill(self, input_ids, cache, attention_mask=None):
         if self.prompt_len is None:

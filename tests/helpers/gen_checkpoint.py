@@ -5,6 +5,7 @@ vocabulary resized to the tokenizer's. ``generation_config.json`` sets few denoi
 ``endless=True``, an EOS id outside the vocabulary so a generation always runs to ``max_new_tokens`` (for the
 Ctrl-C test).
 """
+
 from __future__ import annotations
 
 import json
@@ -25,9 +26,11 @@ def build_checkpoint(path: Path, endless: bool = False, steps: int = 4) -> Path:
 
     src = ROOT / "models" / "tiny"
     vocab = Tokenizer.from_file(str(src / "tokenizer.json")).get_vocab_size()
-    cfg = DiffusionGemmaConfig(text_config=dict(CONFIGS["small"], vocab_size=vocab, eos_token_id=1, pad_token_id=0,
-                                                bos_token_id=2),
-                               canvas_length=8, vision_config=dict(MINIMAL_VISION))
+    cfg = DiffusionGemmaConfig(
+        text_config=dict(CONFIGS["small"], vocab_size=vocab, eos_token_id=1, pad_token_id=0, bos_token_id=2),
+        canvas_length=8,
+        vision_config=dict(MINIMAL_VISION),
+    )
     torch.manual_seed(0)
     model = DiffusionGemmaForBlockDiffusion(cfg).eval()
     path.mkdir(parents=True, exist_ok=True)
@@ -35,8 +38,12 @@ def build_checkpoint(path: Path, endless: bool = False, steps: int = 4) -> Path:
     for name in TOKENIZER_FILES:
         if (src / name).is_file():
             shutil.copy(src / name, path / name)
-    gen = {"max_denoising_steps": steps, "eos_token_id": [vocab] if endless else [1], "pad_token_id": 0,
-           "max_new_tokens": 16}
+    gen = {
+        "max_denoising_steps": steps,
+        "eos_token_id": [vocab] if endless else [1],
+        "pad_token_id": 0,
+        "max_new_tokens": 16,
+    }
     (path / "generation_config.json").write_text(json.dumps(gen))
     return path
 

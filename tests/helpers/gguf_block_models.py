@@ -12,6 +12,7 @@ diffusion keys — independently of ``localdiff``:
 llama.cpp's ``qwen3moe`` graph has experts in every layer and normalises the top-k weights: the MoE model is built
 with ``mlp_only_layers = []`` and ``norm_topk_prob = True``. F32 files.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,6 +28,7 @@ OVERRIDES = {"sdar_moe": dict(mlp_only_layers=[], norm_topk_prob=True)}
 def _vocab(v: int, mask: int):
     """0 pad, 1 eos, 2 bos (CONTROL), 3..97 the bytes 0x20..0x7e, 98 newline (GPT-2 byte-level), a few merges, the
     mask (CONTROL), the rest unused."""
+
     def b2u(b):
         return chr(b + 256) if b in (0x20, 0x0A) else chr(b)
 
@@ -48,10 +50,20 @@ def gguf_tensors(cfg: dict, sd: dict) -> dict:
     out = {"token_embd.weight": sd["model.embed_tokens.weight"], "output_norm.weight": sd["model.norm.weight"]}
     if "lm_head.weight" in sd:
         out["output.weight"] = sd["lm_head.weight"]
-    names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-             "self_attn.o_proj": "attn_output", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
-             "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm", "mlp.gate": "ffn_gate_inp"}
+    names = {
+        "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output",
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "ffn_norm",
+        "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+        "self_attn.q_norm": "attn_q_norm",
+        "self_attn.k_norm": "attn_k_norm",
+        "mlp.gate": "ffn_gate_inp",
+    }
     for i in range(cfg["num_hidden_layers"]):
         b = f"model.layers.{i}."
         for up, ours in names.items():
@@ -61,7 +73,8 @@ def gguf_tensors(cfg: dict, sd: dict) -> dict:
         if cfg.get("num_experts"):
             for w in ("gate", "up", "down"):
                 out[f"blk.{i}.ffn_{w}_exps.weight"] = torch.stack(
-                    [sd[f"{b}mlp.experts.{e}.{w}_proj.weight"] for e in range(cfg["num_experts"])])
+                    [sd[f"{b}mlp.experts.{e}.{w}_proj.weight"] for e in range(cfg["num_experts"])]
+                )
     return {k: v.float().numpy() for k, v in out.items()}
 
 
@@ -149,8 +162,12 @@ def _tokenizer(w, ckpt: Path, cfg: dict) -> None:
     w.add_token_types(types)
     w.add_add_space_prefix(False)
     w.add_add_bos_token(False)
-    for key, fn in (("bos_token_id", w.add_bos_token_id), ("eos_token_id", w.add_eos_token_id),
-                    ("pad_token_id", w.add_pad_token_id), ("mask_token_id", w.add_mask_token_id)):
+    for key, fn in (
+        ("bos_token_id", w.add_bos_token_id),
+        ("eos_token_id", w.add_eos_token_id),
+        ("pad_token_id", w.add_pad_token_id),
+        ("mask_token_id", w.add_mask_token_id),
+    ):
         v = cfg.get(key)
         if isinstance(v, list):
             v = v[0]
@@ -160,7 +177,7 @@ def _tokenizer(w, ckpt: Path, cfg: dict) -> None:
     ends = json.loads(gen.read_text()).get("eos_token_id") if gen.is_file() else None
     ends = [e for e in (ends if isinstance(ends, list) else [ends]) if e is not None and e != cfg.get("eos_token_id")]
     if ends:
-        w.add_eot_token_id(int(ends[0]))            # e.g. <end_of_turn>: generation ends there too
+        w.add_eot_token_id(int(ends[0]))  # e.g. <end_of_turn>: generation ends there too
     tpl = ckpt / "chat_template.jinja"
     if tpl.is_file():
         w.add_chat_template(tpl.read_text(encoding="utf-8"))

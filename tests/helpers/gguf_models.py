@@ -13,6 +13,7 @@ names and metadata keys (the ``gguf`` package's writer), converted here the way 
 F32 files, or Q8_0 (every ≥2-D weight whose rows are a multiple of 32, router excepted; norms and biases F32, as the
 converter does). The vocabulary is a GPT-2 byte-level one: printable ASCII + newline, a few merges, control tokens.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,13 +36,23 @@ def need(module: str):
     except ImportError as e:
         if REQUIRED:
             pytest.fail(f"LOCALDIFF_REQUIRE_GGUF=1 but {module} is not importable ({e})")
-        pytest.skip(f"{module} not installed (pip install \"localdiff[gguf]\")")
+        pytest.skip(f'{module} not installed (pip install "localdiff[gguf]")')
+
 
 MASK, EOS, PAD = 126, 125, 124
-SPECIALS = {120: "<|user|>", 121: "<|assistant|>", 122: "<|bos|>", 123: "<|end|>", PAD: "<|pad|>", EOS: "<|eos|>",
-            MASK: "<|mask|>"}
-TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ '<|user|>' if m['role'] == 'user' else '<|assistant|>' }}"
-            "{{ m['content'] }}<|end|>{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+SPECIALS = {
+    120: "<|user|>",
+    121: "<|assistant|>",
+    122: "<|bos|>",
+    123: "<|end|>",
+    PAD: "<|pad|>",
+    EOS: "<|eos|>",
+    MASK: "<|mask|>",
+}
+TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{{ '<|user|>' if m['role'] == 'user' else '<|assistant|>' }}"
+    "{{ m['content'] }}<|end|>{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 
 
 def dims(family: str, q8: bool = False) -> dict:
@@ -83,11 +94,31 @@ def upstream(family: str, d: dict, seed: int = 0) -> tuple[dict, dict]:
             sd[b + "ff_norm.weight"] = _rand(g, (h,), one=True)
         sd[t + "ln_f.weight"] = _rand(g, (h,), one=True)
         sd[t + "ff_out.weight"] = _rand(g, (v, h), 0.3)
-        cfg = dict(model_type="llada", architectures=["LLaDAModelLM"], d_model=h, n_heads=heads, n_kv_heads=kv,
-                   n_layers=n, mlp_hidden_size=inter, mlp_ratio=4, vocab_size=v, embedding_size=v, weight_tying=False,
-                   rope_theta=10000.0, rms_norm_eps=1e-5, max_sequence_length=512, block_type="llama",
-                   layer_norm_type="rms", activation_type="silu", rope=True, rope_full_precision=True,
-                   include_bias=False, include_qkv_bias=False, alibi=False, **ids)
+        cfg = dict(
+            model_type="llada",
+            architectures=["LLaDAModelLM"],
+            d_model=h,
+            n_heads=heads,
+            n_kv_heads=kv,
+            n_layers=n,
+            mlp_hidden_size=inter,
+            mlp_ratio=4,
+            vocab_size=v,
+            embedding_size=v,
+            weight_tying=False,
+            rope_theta=10000.0,
+            rms_norm_eps=1e-5,
+            max_sequence_length=512,
+            block_type="llama",
+            layer_norm_type="rms",
+            activation_type="silu",
+            rope=True,
+            rope_full_precision=True,
+            include_bias=False,
+            include_qkv_bias=False,
+            alibi=False,
+            **ids,
+        )
         return cfg, sd
     sd["model.embed_tokens.weight"] = _rand(g, (v, h), 0.5)
     for i in range(n):
@@ -115,19 +146,52 @@ def upstream(family: str, d: dict, seed: int = 0) -> tuple[dict, dict]:
     sd["model.norm.weight"] = _rand(g, (h,), one=True)
     sd["lm_head.weight"] = _rand(g, (v, h), 0.3)
     if family == "dream":
-        cfg = dict(model_type="Dream", architectures=["DreamModel"], hidden_size=h, intermediate_size=inter,
-                   num_hidden_layers=n, num_attention_heads=heads, num_key_value_heads=kv, rms_norm_eps=1e-6,
-                   rope_theta=10000.0, rope_scaling=None, max_position_embeddings=512, tie_word_embeddings=False,
-                   use_sliding_window=False, vocab_size=v, **ids)
+        cfg = dict(
+            model_type="Dream",
+            architectures=["DreamModel"],
+            hidden_size=h,
+            intermediate_size=inter,
+            num_hidden_layers=n,
+            num_attention_heads=heads,
+            num_key_value_heads=kv,
+            rms_norm_eps=1e-6,
+            rope_theta=10000.0,
+            rope_scaling=None,
+            max_position_embeddings=512,
+            tie_word_embeddings=False,
+            use_sliding_window=False,
+            vocab_size=v,
+            **ids,
+        )
     else:
-        cfg = dict(model_type="llada", architectures=["LLaDAMoEModelLM"], hidden_size=h, num_hidden_layers=n,
-                   num_attention_heads=heads, num_key_value_heads=kv, dense_intermediate_size=inter,
-                   expert_intermediate_size=d["exp_inter"], shared_expert_intermediate_size=None,
-                   num_experts=d["experts"], num_experts_per_tok=d["top_k"], moe_layer_freq=[1] * n,
-                   qk_layernorm=True, norm_topk_prob=False, moe_router_enable_expert_bias=False,
-                   moe_router_score_function="softmax", rope_theta=50000.0, partial_rotary_factor=1.0,
-                   rope_scaling=None, rms_norm_eps=1e-5, max_position_embeddings=512, tie_word_embeddings=False,
-                   attention_bias=False, clip_qkv=None, vocab_size=v, **ids)
+        cfg = dict(
+            model_type="llada",
+            architectures=["LLaDAMoEModelLM"],
+            hidden_size=h,
+            num_hidden_layers=n,
+            num_attention_heads=heads,
+            num_key_value_heads=kv,
+            dense_intermediate_size=inter,
+            expert_intermediate_size=d["exp_inter"],
+            shared_expert_intermediate_size=None,
+            num_experts=d["experts"],
+            num_experts_per_tok=d["top_k"],
+            moe_layer_freq=[1] * n,
+            qk_layernorm=True,
+            norm_topk_prob=False,
+            moe_router_enable_expert_bias=False,
+            moe_router_score_function="softmax",
+            rope_theta=50000.0,
+            partial_rotary_factor=1.0,
+            rope_scaling=None,
+            rms_norm_eps=1e-5,
+            max_position_embeddings=512,
+            tie_word_embeddings=False,
+            attention_bias=False,
+            clip_qkv=None,
+            vocab_size=v,
+            **ids,
+        )
     return cfg, sd
 
 
@@ -144,9 +208,17 @@ def gguf_tensors(family: str, cfg: dict, sd: dict) -> dict:
         out["token_embd.weight"] = sd[t + "wte.weight"]
         out["output_norm.weight"] = sd[t + "ln_f.weight"]
         out["output.weight"] = sd[t + "ff_out.weight"]
-        names = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "attn_out": "attn_output",
-                 "ff_proj": "ffn_gate", "up_proj": "ffn_up", "ff_out": "ffn_down", "attn_norm": "attn_norm",
-                 "ff_norm": "ffn_norm"}
+        names = {
+            "q_proj": "attn_q",
+            "k_proj": "attn_k",
+            "v_proj": "attn_v",
+            "attn_out": "attn_output",
+            "ff_proj": "ffn_gate",
+            "up_proj": "ffn_up",
+            "ff_out": "ffn_down",
+            "attn_norm": "attn_norm",
+            "ff_norm": "ffn_norm",
+        }
         for i in range(cfg["n_layers"]):
             for up, ours in names.items():
                 w = sd[f"{t}blocks.{i}.{up}.weight"]
@@ -159,11 +231,20 @@ def gguf_tensors(family: str, cfg: dict, sd: dict) -> dict:
         out["token_embd.weight"] = sd["model.embed_tokens.weight"]
         out["output_norm.weight"] = sd["model.norm.weight"]
         out["output.weight"] = sd["lm_head.weight"]
-        names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-                 "self_attn.o_proj": "attn_output", "input_layernorm": "attn_norm",
-                 "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-                 "mlp.down_proj": "ffn_down", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
-                 "mlp.gate": "ffn_gate_inp"}
+        names = {
+            "self_attn.q_proj": "attn_q",
+            "self_attn.k_proj": "attn_k",
+            "self_attn.v_proj": "attn_v",
+            "self_attn.o_proj": "attn_output",
+            "input_layernorm": "attn_norm",
+            "post_attention_layernorm": "ffn_norm",
+            "mlp.gate_proj": "ffn_gate",
+            "mlp.up_proj": "ffn_up",
+            "mlp.down_proj": "ffn_down",
+            "self_attn.q_norm": "attn_q_norm",
+            "self_attn.k_norm": "attn_k_norm",
+            "mlp.gate": "ffn_gate_inp",
+        }
         for i in range(cfg["num_hidden_layers"]):
             b = f"model.layers.{i}."
             for up, ours in names.items():
@@ -173,12 +254,14 @@ def gguf_tensors(family: str, cfg: dict, sd: dict) -> dict:
             if family == "lladamoe":
                 for w in ("gate", "up", "down"):
                     out[f"blk.{i}.ffn_{w}_exps.weight"] = torch.stack(
-                        [sd[f"{b}mlp.experts.{e}.{w}_proj.weight"] for e in range(cfg["num_experts"])])
+                        [sd[f"{b}mlp.experts.{e}.{w}_proj.weight"] for e in range(cfg["num_experts"])]
+                    )
     return {k: v.float().numpy() for k, v in out.items()}
 
 
 def _vocab(v: int):
     """GPT-2 byte-level tokens: 0..94 = bytes 0x20..0x7e, 95 = newline, 96.. merges, then SPECIALS, the rest unused."""
+
     def b2u(b):  # GPT-2 bytes_to_unicode for the bytes used here
         return chr(b + 256) if b in (0x20, 0x0A) else chr(b)
 
@@ -190,12 +273,19 @@ def _vocab(v: int):
     while len(toks) < v:
         i = len(toks)
         toks.append(SPECIALS.get(i, f"[PAD{i}]"))
-        types.append(3 if i in SPECIALS else 5)      # CONTROL / UNUSED
+        types.append(3 if i in SPECIALS else 5)  # CONTROL / UNUSED
     return toks, types, [f"{a} {b}" for a, b in merges]
 
 
-def write_gguf(family: str, cfg: dict, sd: dict, path, q8: bool = False, arch: str | None = None,
-               chat_template: str | None = TEMPLATE) -> None:
+def write_gguf(
+    family: str,
+    cfg: dict,
+    sd: dict,
+    path,
+    q8: bool = False,
+    arch: str | None = None,
+    chat_template: str | None = TEMPLATE,
+) -> None:
     """Write the GGUF file of an upstream checkpoint (see the module docstring). ``arch`` overrides
     ``general.architecture`` (a "llama" file for the bad-input test)."""
     import gguf
@@ -242,8 +332,9 @@ def write_gguf(family: str, cfg: dict, sd: dict, path, q8: bool = False, arch: s
         w.add_chat_template(chat_template)
     for name, t in gguf_tensors(family, cfg, sd).items():
         if q8 and t.ndim >= 2 and t.shape[-1] % 32 == 0 and "ffn_gate_inp" not in name:
-            w.add_tensor(name, gguf.quants.quantize(t, gguf.GGMLQuantizationType.Q8_0),
-                         raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+            w.add_tensor(
+                name, gguf.quants.quantize(t, gguf.GGMLQuantizationType.Q8_0), raw_dtype=gguf.GGMLQuantizationType.Q8_0
+            )
         else:
             w.add_tensor(name, t)
     w.write_header_to_file()

@@ -1,5 +1,6 @@
 """Fixtures of the Hub tests: a stand-in Hub with a few repos and huggingface_hub's cache pointed at tmp_path
 (in-process), and where a file's blob lands in that cache."""
+
 from __future__ import annotations
 
 import hashlib
@@ -45,7 +46,7 @@ def point_hub_at(stand_in: StandInHub, tmp_path: Path, monkeypatch) -> Path:
 def cache(tmp_path, stand_in, monkeypatch):
     """:func:`point_hub_at` the stand-in, on a fixed machine for the fit check (64 GiB RAM, no GPU)."""
     hub_dir = point_hub_at(stand_in, tmp_path, monkeypatch)
-    import localdiff.hub.fit as machine                        # the fit check sees a fixed machine, not this one
+    import localdiff.hub.fit as machine  # the fit check sees a fixed machine, not this one
 
     monkeypatch.setattr(machine, "ram_bytes", lambda: 64 * 2**30)
     monkeypatch.setattr(machine, "gpu_mem_bytes", lambda: 0)

@@ -14,6 +14,7 @@ event is set), ``cut_after`` (close the connection after N bytes, once), ``fail_
 or 429 with Retry-After before serving), ``short_next`` (complete but empty responses), and counters of bytes served
 per file.
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -84,11 +85,11 @@ class StandInHub:
         self.repos: dict[str, Repo] = {}
         self.stats = Stats()
         self.token = token
-        self.pause_after: dict = {}   # (repo, path) -> (nbytes, threading.Event)
-        self.cut_after: dict = {}     # (repo, path) -> nbytes (applies once)
-        self.corrupt: set = set()     # (repo, path) served with the last byte flipped
-        self.fail_next: dict = {}     # (repo, path or None = revision info) -> [(status, headers)] answered first
-        self.short_next: dict = {}    # (repo, path) -> n: the next n GETs answer an empty body (Content-Length 0)
+        self.pause_after: dict = {}  # (repo, path) -> (nbytes, threading.Event)
+        self.cut_after: dict = {}  # (repo, path) -> nbytes (applies once)
+        self.corrupt: set = set()  # (repo, path) served with the last byte flipped
+        self.fail_next: dict = {}  # (repo, path or None = revision info) -> [(status, headers)] answered first
+        self.short_next: dict = {}  # (repo, path) -> n: the next n GETs answer an empty body (Content-Length 0)
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -97,8 +98,9 @@ class StandInHub:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server.server_address[1]}"
 
-    def add_repo(self, repo_id: str, files: dict, revision: str = "main", gated: bool = False,
-                 commit: str | None = None) -> str:
+    def add_repo(
+        self, repo_id: str, files: dict, revision: str = "main", gated: bool = False, commit: str | None = None
+    ) -> str:
         """Add (or move) ``revision`` of ``repo_id`` to a commit holding ``files``; returns the commit sha.
 
         ``commit`` names that commit (40 hex) instead of one derived from the files: a repo the catalog pins."""
@@ -175,8 +177,12 @@ class StandInHub:
                     auth = self.headers.get("Authorization", "")
                     if auth != f"Bearer {hub.token}":
                         status = 401 if not auth else 403
-                        self._error(status, "GatedRepo", "Access to this model is restricted. You must have access "
-                                    "to it and be authenticated to access it. Please log in.")
+                        self._error(
+                            status,
+                            "GatedRepo",
+                            "Access to this model is restricted. You must have access "
+                            "to it and be authenticated to access it. Please log in.",
+                        )
                         return None
                 commit, files = repo.files_at(rev)
                 if commit is None:
@@ -234,9 +240,21 @@ class StandInHub:
                 repo, commit, files = found
                 blobs = "blobs" in parse_qs(urlparse(self.path).query)
                 siblings = [repo.sibling(p, files[p]) if blobs else {"rfilename": p} for p in sorted(files)]
-                self._json({"_id": "x", "id": repo_id, "modelId": repo_id, "sha": commit, "private": False,
-                            "gated": "manual" if repo.gated else False, "disabled": False, "siblings": siblings,
-                            "tags": [], "downloads": 0, "likes": 0})
+                self._json(
+                    {
+                        "_id": "x",
+                        "id": repo_id,
+                        "modelId": repo_id,
+                        "sha": commit,
+                        "private": False,
+                        "gated": "manual" if repo.gated else False,
+                        "disabled": False,
+                        "siblings": siblings,
+                        "tags": [],
+                        "downloads": 0,
+                        "likes": 0,
+                    }
+                )
 
             def _tree(self, repo_id, rev):
                 found = self._repo(repo_id, rev)
@@ -341,9 +359,18 @@ def tiny_checkpoint_files(weight_bytes: int = 300_000, seed: int = 0) -> dict:
     header = json.dumps({"w": {"dtype": "F32", "shape": [n], "data_offsets": [0, n * 4]}}).encode()
     header += b" " * (-len(header) % 8)
     st = struct.pack("<Q", len(header)) + header + bytes(rnd.getrandbits(8) for _ in range(n * 4))
-    config = {"model_type": "diffusion_gemma", "canvas_length": 16,
-              "text_config": {"hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 128, "num_experts": 4,
-                              "top_k_experts": 2, "dtype": "float32"}}
+    config = {
+        "model_type": "diffusion_gemma",
+        "canvas_length": 16,
+        "text_config": {
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "vocab_size": 128,
+            "num_experts": 4,
+            "top_k_experts": 2,
+            "dtype": "float32",
+        },
+    }
     return {
         "config.json": json.dumps(config, indent=1).encode(),
         "generation_config.json": json.dumps({"max_denoising_steps": 8}).encode(),

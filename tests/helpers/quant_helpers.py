@@ -1,5 +1,6 @@
 """Shared by the quantization tests: paired logits of two nets, their agreement, and a float twin of an int4
 net (the same weights dequantized)."""
+
 from __future__ import annotations
 
 import copy
@@ -50,6 +51,7 @@ def dequantized_twin(qnet: nn.Module, net: nn.Module) -> nn.Module:
             else:
                 for p in ("gate_up_proj", "down_proj"):
                     t = getattr(f, p)
-                    t.copy_(int4.dequantize(getattr(m, p), getattr(m, p + "_scale"), getattr(m, p + "_zero"),
-                                            t.shape[-1]))
+                    t.copy_(
+                        int4.dequantize(getattr(m, p), getattr(m, p + "_scale"), getattr(m, p + "_zero"), t.shape[-1])
+                    )
     return twin

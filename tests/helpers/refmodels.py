@@ -1,26 +1,60 @@
 """Builders for tiny random DiffusionGemma checkpoints with the reference (transformers, test-only dependency)."""
+
 from __future__ import annotations
 
 import torch
 
 CONFIGS = {
     # sliding window (6) shorter than the prompts used in tests, top-k 2, sliding + full layers
-    "small": dict(vocab_size=160, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=16, global_head_dim=32, num_global_key_value_heads=1,
-                  sliding_window=6, layer_types=["sliding_attention", "sliding_attention", "full_attention",
-                                                 "full_attention"],
-                  num_experts=4, top_k_experts=2, moe_intermediate_size=32, max_position_embeddings=1024),
+    "small": dict(
+        vocab_size=160,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        global_head_dim=32,
+        num_global_key_value_heads=1,
+        sliding_window=6,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention", "full_attention"],
+        num_experts=4,
+        top_k_experts=2,
+        moe_intermediate_size=32,
+        max_position_embeddings=1024,
+    ),
     # odd sizes, different layer pattern (full first), top-k 3, more KV heads on global layers
-    "odd": dict(vocab_size=131, hidden_size=48, intermediate_size=72, num_hidden_layers=3, num_attention_heads=3,
-                num_key_value_heads=3, head_dim=12, global_head_dim=20, num_global_key_value_heads=3,
-                sliding_window=5, layer_types=["full_attention", "sliding_attention", "full_attention"],
-                num_experts=5, top_k_experts=3, moe_intermediate_size=24, max_position_embeddings=1024),
+    "odd": dict(
+        vocab_size=131,
+        hidden_size=48,
+        intermediate_size=72,
+        num_hidden_layers=3,
+        num_attention_heads=3,
+        num_key_value_heads=3,
+        head_dim=12,
+        global_head_dim=20,
+        num_global_key_value_heads=3,
+        sliding_window=5,
+        layer_types=["full_attention", "sliding_attention", "full_attention"],
+        num_experts=5,
+        top_k_experts=3,
+        moe_intermediate_size=24,
+        max_position_embeddings=1024,
+    ),
 }
 
 
 # transformers reads vision_config=None as its ~170M-parameter default tower: tests pass this minimal one instead
-MINIMAL_VISION = dict(model_type="gemma4_vision", hidden_size=16, intermediate_size=16, num_hidden_layers=1,
-                      num_attention_heads=1, num_key_value_heads=1, head_dim=16, global_head_dim=16)
+MINIMAL_VISION = dict(
+    model_type="gemma4_vision",
+    hidden_size=16,
+    intermediate_size=16,
+    num_hidden_layers=1,
+    num_attention_heads=1,
+    num_key_value_heads=1,
+    head_dim=16,
+    global_head_dim=16,
+)
 
 
 def build_reference(name: str, canvas_length: int = 8, seed: int = 0, vision: bool = False):
@@ -30,8 +64,16 @@ def build_reference(name: str, canvas_length: int = 8, seed: int = 0, vision: bo
     # transformers always builds a vision tower (vision_config=None means its ~170M-parameter default), so tests
     # give it a minimal one; `vision=True` makes it a little larger, for the "never loaded" test.
     h = 32 if vision else 16
-    vcfg = dict(model_type="gemma4_vision", hidden_size=h, intermediate_size=h, num_hidden_layers=2 if vision else 1,
-                num_attention_heads=1, num_key_value_heads=1, head_dim=16, global_head_dim=16)
+    vcfg = dict(
+        model_type="gemma4_vision",
+        hidden_size=h,
+        intermediate_size=h,
+        num_hidden_layers=2 if vision else 1,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        head_dim=16,
+        global_head_dim=16,
+    )
     cfg = DiffusionGemmaConfig(text_config=dict(CONFIGS[name]), canvas_length=canvas_length, vision_config=vcfg)
     torch.manual_seed(seed)
     model = DiffusionGemmaForBlockDiffusion(cfg).eval()

@@ -4,15 +4,27 @@
 ``QWEN3_TINY``: odd sizes (hidden 40, 3 heads of 14 over 1 key/value head, intermediate 56, vocab 97). Weights are
 random but scaled up so the drafts are confident enough for the decoder's thresholds to bite.
 """
+
 from __future__ import annotations
 
 import json
 
 import torch
 
-QWEN3_TINY = dict(hidden_size=40, num_attention_heads=3, num_key_value_heads=1, head_dim=14, num_hidden_layers=2,
-                  intermediate_size=56, vocab_size=97, rope_theta=10000.0, max_position_embeddings=512,
-                  rms_norm_eps=1e-6, tie_word_embeddings=False, attention_bias=False)
+QWEN3_TINY = dict(
+    hidden_size=40,
+    num_attention_heads=3,
+    num_key_value_heads=1,
+    head_dim=14,
+    num_hidden_layers=2,
+    intermediate_size=56,
+    vocab_size=97,
+    rope_theta=10000.0,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    attention_bias=False,
+)
 MASK, BOS, EOS, PAD = 96, 95, 94, 93
 
 

@@ -1,4 +1,5 @@
 """A ``localdiff serve`` app running in a background thread on 127.0.0.1 (an OS-chosen port), for the tests."""
+
 from __future__ import annotations
 
 import logging
@@ -51,15 +52,32 @@ class LogTrap(logging.Handler):
 class Running:
     """A started server: ``url`` (http://127.0.0.1:PORT), ``worker``, ``logs``; ``stop()`` ends it."""
 
-    def __init__(self, model="tiny", api_key=None, max_queue=32, max_body=None, keep_alive=300.0, defaults=None,
-                 names=None, loader=None, max_batch=8, kv_budget=None):
+    def __init__(
+        self,
+        model="tiny",
+        api_key=None,
+        max_queue=32,
+        max_body=None,
+        keep_alive=300.0,
+        defaults=None,
+        names=None,
+        loader=None,
+        max_batch=8,
+        kv_budget=None,
+    ):
         """``names``: the server's ModelNames (default: the installed models and "tiny"); ``loader``: the worker's
         ``loader(name)`` (default: ``localdiff.load`` on the CPU); ``max_batch`` / ``kv_budget``: serve's
         ``--max-batch`` / ``--kv-budget``."""
         self.logs = LogTrap()
-        self.worker = ModelWorker(loader or (lambda name: localdiff.load(name, device="cpu")), "tiny", defaults,
-                                  max_queue=max_queue, keep_alive=keep_alive, max_batch=max_batch,
-                                  kv_budget=kv_budget)
+        self.worker = ModelWorker(
+            loader or (lambda name: localdiff.load(name, device="cpu")),
+            "tiny",
+            defaults,
+            max_queue=max_queue,
+            keep_alive=keep_alive,
+            max_batch=max_batch,
+            kv_budget=kv_budget,
+        )
         settings = ServerSettings(api_key=api_key, **({"max_body": max_body} if max_body else {}))
         self.app = build_app(self.worker, settings, names) if names is not None else build_app(self.worker, settings)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # (asyncio sets TCP_NODELAY)
@@ -71,7 +89,7 @@ class Running:
         for name in ("localdiff.serve", "uvicorn.error"):  # after uvicorn's logging setup (its access log is off)
             logging.getLogger(name).addHandler(self.logs)
         self.log_level = logging.getLogger("localdiff.serve").level
-        logging.getLogger("localdiff.serve").setLevel(logging.INFO)        # as `localdiff serve` logs
+        logging.getLogger("localdiff.serve").setLevel(logging.INFO)  # as `localdiff serve` logs
         self.worker.start(preload=model)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
         self.thread.start()

@@ -1,5 +1,6 @@
 """Shared helpers for the chat (TUI) tests: making the app, waiting on it, sending a turn, parking the worker
 (the ``tiny`` fixture lives in conftest)."""
+
 from __future__ import annotations
 
 import threading
@@ -48,4 +49,5 @@ def hold_first_step(app):
             paused.set()
             while not release.wait(0.05) and not app.cancel_event.is_set():
                 pass
+
     return hook, paused, release

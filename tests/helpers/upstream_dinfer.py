@@ -14,6 +14,7 @@ replace_position=(start, end))`` (the window's fresh K/V replace [start, end) of
 token's logit at −inf as localdiff's loop has it. ``torch.compile`` decorators are dropped. The decoders under test
 are independent code (``localdiff.decoding``).
 """
+
 from __future__ import annotations
 
 import math
@@ -29,13 +30,14 @@ def add_gumbel_noise(logits, temperature):
         return logits
     logits = logits.to(torch.float64)
     noise = torch.rand_like(logits, dtype=torch.float64)
-    gumbel_noise = (- torch.log(noise)) ** temperature
+    gumbel_noise = (-torch.log(noise)) ** temperature
     return logits.exp() / gumbel_noise
 
 
 # ------------------------------------------------------------------------------------------------ parallel_strategy
-def get_transfer_index_threshold(logits, temperature, mask_index, x, mask_id, threshold, rm_mask=True,
-                                 use_float64=False, **kwargs):
+def get_transfer_index_threshold(
+    logits, temperature, mask_index, x, mask_id, threshold, rm_mask=True, use_float64=False, **kwargs
+):
     logits_with_noise = add_gumbel_noise(logits, temperature=temperature)
     x0 = torch.argmax(logits_with_noise, dim=-1)
     if use_float64:
@@ -53,8 +55,9 @@ def get_transfer_index_threshold(logits, temperature, mask_index, x, mask_id, th
 
 
 class ThresholdParallelDecoder:
-    def __init__(self, temperature, threshold, remasking="low_confidence", mask_id=126336, eos_id=126081,
-                 use_float64=False):
+    def __init__(
+        self, temperature, threshold, remasking="low_confidence", mask_id=126336, eos_id=126081, use_float64=False
+    ):
         self.temperature, self.remasking, self.mask_id = temperature, remasking, mask_id
         self.threshold, self.eos_id, self.use_float64 = threshold, eos_id, use_float64
 
@@ -64,12 +67,18 @@ class ThresholdParallelDecoder:
     def decode(self, logits, block_start, block_end, x, iter_threshold=None):
         if iter_threshold is None:
             iter_threshold = self.threshold
-        mask_index = (x[:, block_start:block_end] == self.mask_id)
+        mask_index = x[:, block_start:block_end] == self.mask_id
         assert mask_index.shape[1] == logits.shape[1]
         curr_x = x[:, block_start:block_end]
-        x0, transfer_index = get_transfer_index_threshold(logits, self.temperature, mask_index, curr_x,
-                                                          self.mask_id, threshold=iter_threshold,
-                                                          use_float64=self.use_float64)
+        x0, transfer_index = get_transfer_index_threshold(
+            logits,
+            self.temperature,
+            mask_index,
+            curr_x,
+            self.mask_id,
+            threshold=iter_threshold,
+            use_float64=self.use_float64,
+        )
         transfer_index = torch.logical_and(transfer_index, mask_index)
         x[:, block_start:block_end] = torch.where(transfer_index, x0, curr_x)
 
@@ -104,13 +113,19 @@ class CreditThresholdParallelDecoder(ThresholdParallelDecoder):
     def decode(self, logits, block_start, block_end, x, iter_threshold=None):
         if iter_threshold is None:
             iter_threshold = self.threshold
-        mask_index = (x[:, block_start:block_end] == self.mask_id)
+        mask_index = x[:, block_start:block_end] == self.mask_id
         curr_x = x[:, block_start:block_end]
         key = (block_start, block_end)
         used_logits = self._apply_credit_fusion(logits, mask_index, key)
-        x0, transfer_index = get_transfer_index_threshold(used_logits, self.temperature, mask_index, curr_x,
-                                                          self.mask_id, threshold=iter_threshold,
-                                                          use_float64=self.use_float64)
+        x0, transfer_index = get_transfer_index_threshold(
+            used_logits,
+            self.temperature,
+            mask_index,
+            curr_x,
+            self.mask_id,
+            threshold=iter_threshold,
+            use_float64=self.use_float64,
+        )
         transfer_index = torch.logical_and(transfer_index, mask_index)
         x[:, block_start:block_end] = torch.where(transfer_index, x0, curr_x)
         if not (x.data == self.mask_id).any():
@@ -119,8 +134,9 @@ class CreditThresholdParallelDecoder(ThresholdParallelDecoder):
 
 
 class HierarchyDecoder:
-    def __init__(self, temperature, remasking="low_confidence", mask_id=126336, eos_id=126081, threshold=None,
-                 low_threshold=0.4):
+    def __init__(
+        self, temperature, remasking="low_confidence", mask_id=126336, eos_id=126081, threshold=None, low_threshold=0.4
+    ):
         self.temperature, self.remasking, self.mask_id, self.eos_id = temperature, remasking, mask_id, eos_id
         self.iter = 0
         self.threshold, self.low_threshold = threshold, low_threshold
@@ -143,10 +159,9 @@ class HierarchyDecoder:
         seg_id = torch.cumsum(starts.to(torch.int64), dim=-1) - 1
         seg_id = torch.where(mask_index, seg_id, 0)
         seg_max = torch.full((B, L), neg_inf_val, device=device, dtype=confidence.dtype)
-        seg_max = torch.scatter_reduce(seg_max, dim=1, index=seg_id, src=confidence, reduce="amax",
-                                       include_self=True)
+        seg_max = torch.scatter_reduce(seg_max, dim=1, index=seg_id, src=confidence, reduce="amax", include_self=True)
         seg_max_at_pos = seg_max.gather(dim=1, index=seg_id)
-        transfer_index = (confidence == seg_max_at_pos)
+        transfer_index = confidence == seg_max_at_pos
         if self.low_threshold is not None:
             transfer_index = torch.logical_and(transfer_index, torch.gt(confidence, self.low_threshold))
         if iter_threshold is not None:
@@ -162,7 +177,7 @@ class HierarchyDecoder:
     def decode(self, logits, block_start, block_end, x, iter_threshold=None):
         if iter_threshold is None:
             iter_threshold = self.threshold
-        mask_index = (x[:, block_start:block_end] == self.mask_id)
+        mask_index = x[:, block_start:block_end] == self.mask_id
         x0, transfer_index = self.get_transfer_index(logits, mask_index, iter_threshold)
         self.iter += 1
         transfer_index = torch.logical_and(transfer_index, mask_index)
@@ -174,7 +189,7 @@ class TokenArray:
     def __init__(self, prompt, gen_length, mask_id, eos_id, device="cpu"):
         self.prompt = prompt.to(device)
         self.data = torch.full((prompt.shape[0], prompt.shape[1] + gen_length), mask_id, dtype=torch.long)
-        self.data[:, :prompt.shape[1]] = prompt.clone()
+        self.data[:, : prompt.shape[1]] = prompt.clone()
         self.gen_length, self.eos_id, self.mask_id = gen_length, eos_id, mask_id
 
     @property
@@ -221,8 +236,9 @@ class DiffusionKVCacheManager:
         if self.cache_update_freq is None:
             _require_update = self.block_start != block_start or self.block_end != block_end
         else:
-            _require_update = iter_no % self.cache_update_freq == 0 \
-                or (self.block_start != block_start or self.block_end != block_end)
+            _require_update = iter_no % self.cache_update_freq == 0 or (
+                self.block_start != block_start or self.block_end != block_end
+            )
         self.block_start, self.block_end = block_start, block_end
         return _require_update
 
@@ -273,20 +289,25 @@ class BaseDiffusionIteration:
         if kv_cache is not None and kv_cache.require_update(self.iter_no, block_loc.start, block_loc.end):
             output = model(x.data, use_cache=True)
             self.num_forwards += 1
-            decoder.decode(output.logits[:, block_loc.start:block_loc.end], block_loc.start, block_loc.end, x)
+            decoder.decode(output.logits[:, block_loc.start : block_loc.end], block_loc.start, block_loc.end, x)
             kv_cache.update(output.past_key_values)
             self.cache_updates += 1
         if kv_cache is None:
-            logits = model(x.data).logits[:, block_loc.start:block_loc.end]
+            logits = model(x.data).logits[:, block_loc.start : block_loc.end]
         elif kv_cache.cache_type == "prefix":
             past_key_values, replace_position = kv_cache.get_key_values(block_loc.start, block_loc.end)
-            logits = model(x[:, block_loc.start:], past_key_values=past_key_values, use_cache=True,
-                           replace_position=replace_position).logits
-            logits = logits[:, :block_loc.end - block_loc.start]
+            logits = model(
+                x[:, block_loc.start :],
+                past_key_values=past_key_values,
+                use_cache=True,
+                replace_position=replace_position,
+            ).logits
+            logits = logits[:, : block_loc.end - block_loc.start]
         else:
             past_key_values, replace_position = kv_cache.get_key_values(block_loc.start, block_loc.end)
-            logits = model(block, past_key_values=past_key_values, use_cache=True,
-                           replace_position=replace_position).logits
+            logits = model(
+                block, past_key_values=past_key_values, use_cache=True, replace_position=replace_position
+            ).logits
         decoder.decode(logits, block_loc.start, block_loc.end, x)
         self.num_forwards += 1
         self.iter_no += 1
@@ -308,8 +329,9 @@ class VicinityCacheIteration:
             decoder.decode(out_full.logits[:, block_start:block_end], block_start, block_end, x)
             self.iter_no += 1
             return
-        if kv_cache.past_key_values is None or (kv_cache.require_update(self.iter_no, block_start, block_end)
-                                                and block_id > 0):
+        if kv_cache.past_key_values is None or (
+            kv_cache.require_update(self.iter_no, block_start, block_end) and block_id > 0
+        ):
             out_full = model(x.data, use_cache=True)
             self.num_forwards += 1
             decoder.decode(out_full.logits[:, block_start:block_end], block_start, block_end, x)
@@ -318,30 +340,52 @@ class VicinityCacheIteration:
             self.iter_no += 1
         window_input = x.data[:, left_start:right_end]
         past_key_values, replace_position = kv_cache.get_key_values(left_start, right_end)
-        out_step = model(window_input, past_key_values=past_key_values, use_cache=True,
-                         replace_position=replace_position)
+        out_step = model(
+            window_input, past_key_values=past_key_values, use_cache=True, replace_position=replace_position
+        )
         self.num_forwards += 1
         offset = block_start - left_start
-        logits_block = out_step.logits[:, offset:offset + (block_end - block_start)]
+        logits_block = out_step.logits[:, offset : offset + (block_end - block_start)]
         decoder.decode(logits_block, block_start, block_end, x)
         self.iter_no += 1
 
 
-def block_runner_decode(diff_iteration, model, decoder, x, kv_cache, block, block_loc, block_id, early_stop=True,
-                        maximum_unroll=4, expected_tpf=8):
+def block_runner_decode(
+    diff_iteration,
+    model,
+    decoder,
+    x,
+    kv_cache,
+    block,
+    block_loc,
+    block_id,
+    early_stop=True,
+    maximum_unroll=4,
+    expected_tpf=8,
+):
     """``BlockRunner.decode`` (select_undecoded is the identity in dInfer's version)."""
     while (block == decoder.mask_id).sum() > 0:
         unroll_k = int(max(min((block == decoder.mask_id).sum() // expected_tpf, maximum_unroll), 1))
         for unroll_i in range(unroll_k):
             diff_iteration.forward(model, decoder, x, kv_cache, block, block_loc, block_id)
-    eos_idx = torch.any(x[:, block_loc.start:block_loc.end] == decoder.eos_id, dim=1)
+    eos_idx = torch.any(x[:, block_loc.start : block_loc.end] == decoder.eos_id, dim=1)
     if early_stop:
-        x[eos_idx, block_loc.end:] = decoder.eos_id
+        x[eos_idx, block_loc.end :] = decoder.eos_id
     return eos_idx
 
 
-def generate(model, decoder, prompt, gen_length, block_length, cache=None, vicinity=None, start_block_align=True,
-             maximum_unroll=4, expected_tpf=8):
+def generate(
+    model,
+    decoder,
+    prompt,
+    gen_length,
+    block_length,
+    cache=None,
+    vicinity=None,
+    start_block_align=True,
+    maximum_unroll=4,
+    expected_tpf=8,
+):
     """``BlockWiseDiffusionLLM.generate`` (``vicinity`` = (prefix_look, after_look, warmup_steps):
     ``VicinityCacheDiffusionLLM``; ``cache`` None / "prefix" / "dual" as ``KVCacheFactory``). Returns the token
     array's data LongTensor[B, P + gen_length] (EOS kept) and the iteration object (``num_forwards``)."""
@@ -350,10 +394,20 @@ def generate(model, decoder, prompt, gen_length, block_length, cache=None, vicin
     diff_iteration = BaseDiffusionIteration() if vicinity is None else VicinityCacheIteration(*vicinity)
     kv_cache = DiffusionKVCacheManager(cache_type=cache) if cache is not None else None
     for block_id, (block_loc, block) in enumerate(it):
-        model.block = lambda b=block_loc: x[:, b.start:b.end]
+        model.block = lambda b=block_loc: x[:, b.start : b.end]
         decoder.block_init(block, block_id)
-        decode_compl = block_runner_decode(diff_iteration, model, decoder, x, kv_cache, block, block_loc, block_id,
-                                           maximum_unroll=maximum_unroll, expected_tpf=expected_tpf)
+        decode_compl = block_runner_decode(
+            diff_iteration,
+            model,
+            decoder,
+            x,
+            kv_cache,
+            block,
+            block_loc,
+            block_id,
+            maximum_unroll=maximum_unroll,
+            expected_tpf=expected_tpf,
+        )
         if torch.all(decode_compl):
             break
     return x.data, diff_iteration

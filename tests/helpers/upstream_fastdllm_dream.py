@@ -11,6 +11,7 @@ start, kv)`` (the fake puts the window's fresh K/V between the cached ones befor
 in-place replace does). The mask token's logit is −inf, as localdiff's loop has it. The decoder under test is
 independent code (``localdiff.decoding.dream``).
 """
+
 from __future__ import annotations
 
 import torch
@@ -29,17 +30,30 @@ def sample_tokens(logits, neg_entropy=False):
 
 def _model(net, mask_id):
     """upstream ``self(...)``: (logits, past_key_values) with the mask token's logit at −inf."""
+
     def call(x, start=0, past_key_values=None, use_cache=False):
         out = net.forward_window(x, start, past_key_values, None, return_kv=use_cache and past_key_values is None)
         logits, kv = out if isinstance(out, tuple) else (out, past_key_values)
         logits = logits.clone()
         logits[..., mask_id] = -torch.inf
         return logits, kv
+
     return call
 
 
-def fastdllm_dream_generate(net, input_ids, steps, gen_length, block_length, mask_token_id=36, eps=1e-3,
-                            threshold=None, dual_cache=False, alg_temp=None, generator=None):
+def fastdllm_dream_generate(
+    net,
+    input_ids,
+    steps,
+    gen_length,
+    block_length,
+    mask_token_id=36,
+    eps=1e-3,
+    threshold=None,
+    dual_cache=False,
+    alg_temp=None,
+    generator=None,
+):
     """``_sample`` with ``alg="confidence_threshold"`` when ``threshold`` is given, else any other alg (upstream
     then ranks by negative entropy). ``generator``: the ``alg_temp`` draw's (upstream: the global one).
     Returns (x LongTensor[1, P + gen_length], forwards)."""
@@ -66,10 +80,10 @@ def fastdllm_dream_generate(net, input_ids, steps, gen_length, block_length, mas
         i = 1
         while True:
             if dual_cache:
-                mask_index = (x[:, current_block_start:current_block_end] == mask_token_id)
+                mask_index = x[:, current_block_start:current_block_end] == mask_token_id
                 window = x[:, current_block_start:current_block_end]
             else:
-                mask_index = (x[:, current_block_start:] == mask_token_id)
+                mask_index = x[:, current_block_start:] == mask_token_id
                 window = x[:, current_block_start:]
             logits, _ = model(window, current_block_start, past_key_values, use_cache=True)
             nfe += 1
@@ -89,7 +103,7 @@ def fastdllm_dream_generate(net, input_ids, steps, gen_length, block_length, mas
                 for k in range(1, int(current_transfer_tokens)):
                     if selected_confidence[0, k] < threshold:
                         transfer_index[0, select_index[0, k]] = False
-                window[transfer_index] = x_[transfer_index]        # a view of x
+                window[transfer_index] = x_[transfer_index]  # a view of x
             else:
                 if i == steps_per_block:
                     break
@@ -99,8 +113,9 @@ def fastdllm_dream_generate(net, input_ids, steps, gen_length, block_length, mas
                 mask_logits = logits[mask_index]
                 confidence, x0 = sample_tokens(mask_logits, neg_entropy=True)
                 num_mask_token = mask_index.sum() / mask_index.shape[0]
-                number_transfer_tokens = int(num_mask_token * (1 - s / t)) if i < steps_per_block - 1 \
-                    else int(num_mask_token)
+                number_transfer_tokens = (
+                    int(num_mask_token * (1 - s / t)) if i < steps_per_block - 1 else int(num_mask_token)
+                )
                 full_confidence = torch.full_like(window, -torch.inf, dtype=logits.dtype)
                 full_confidence[mask_index] = confidence
                 full_confidence[:, block_length:] = -torch.inf
@@ -110,8 +125,9 @@ def fastdllm_dream_generate(net, input_ids, steps, gen_length, block_length, mas
                     else:
                         full_confidence = full_confidence / alg_temp
                         full_confidence = F.softmax(full_confidence, dim=-1)
-                        transfer_index = torch.multinomial(full_confidence, num_samples=number_transfer_tokens,
-                                                           generator=generator)
+                        transfer_index = torch.multinomial(
+                            full_confidence, num_samples=number_transfer_tokens, generator=generator
+                        )
                     x_ = torch.zeros_like(window, dtype=torch.long) + mask_token_id
                     x_[mask_index] = x0.clone()
                     row_indices = torch.arange(x.size(0)).unsqueeze(1).expand_as(transfer_index)

@@ -8,6 +8,7 @@ replaced by a full pass (the kept block K/V are stale on purpose), so :class:`Ca
 inference forward (``Fast_dLLM_QwenAttention.forward``: ``past_key_values`` of finished blocks, updated only with
 ``update_past_key_values``; ``block_past_key_values`` filled by a whole-block pass and overwritten in place at
 ``replace_position`` by a sub-block pass; SDPA without a mask inside the block) over transformers' Qwen2 weights."""
+
 from __future__ import annotations
 
 import torch
@@ -29,13 +30,13 @@ class Uncached:
     def __init__(self, logits_fn):
         self.fn = logits_fn
 
-    def prefill(self, ids, block_size):                 # whole blocks → the last row's logits
+    def prefill(self, ids, block_size):  # whole blocks → the last row's logits
         return self.fn(ids)[:, -1]
 
-    def block(self, x_t, block_size, keep=False):       # the current block's rows (no block cache)
+    def block(self, x_t, block_size, keep=False):  # the current block's rows (no block cache)
         return self.fn(x_t)[:, -block_size:], None
 
-    def commit(self, x_t, block_size):                  # a finished block → its last row's logits
+    def commit(self, x_t, block_size):  # a finished block → its last row's logits
         return self.fn(x_t)[:, -1]
 
 
@@ -51,11 +52,13 @@ class Cached:
         x = self.m.embed_tokens(ids)
         cos, sin = self.m.rotary_emb(x, torch.arange(start, start + n)[None])
         mask = None
-        if update and block_size and n > block_size:    # several blocks at once: block-causal among them
+        if update and block_size and n > block_size:  # several blocks at once: block-causal among them
             pos = torch.arange(n)
             past_n = 0 if self.past[0] is None else self.past[0][0].shape[2]
-            mask = torch.cat([torch.ones(n, past_n, dtype=torch.bool),
-                              (pos[None, :] // block_size) <= (pos[:, None] // block_size)], 1)
+            mask = torch.cat(
+                [torch.ones(n, past_n, dtype=torch.bool), (pos[None, :] // block_size) <= (pos[:, None] // block_size)],
+                1,
+            )
         for i, layer in enumerate(self.m.layers):
             att = layer.self_attn
             h = layer.input_layernorm(x)
@@ -64,11 +67,11 @@ class Cached:
             k = att.k_proj(h).view(shape).transpose(1, 2)
             v = att.v_proj(h).view(shape).transpose(1, 2)
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
-            if new_block is not None:                   # block_past_key_values.update (a fresh block cache)
+            if new_block is not None:  # block_past_key_values.update (a fresh block cache)
                 new_block.append([k.clone(), v.clone()])
-            elif block_kv is not None:                  # in place at replace_position, then the whole block
-                block_kv[i][0][:, :, replace:replace + n] = k
-                block_kv[i][1][:, :, replace:replace + n] = v
+            elif block_kv is not None:  # in place at replace_position, then the whole block
+                block_kv[i][0][:, :, replace : replace + n] = k
+                block_kv[i][1][:, :, replace : replace + n] = v
                 k, v = block_kv[i]
             if self.past[i] is not None:
                 k, v = torch.cat([self.past[i][0], k], 2), torch.cat([self.past[i][1], v], 2)
@@ -79,7 +82,7 @@ class Cached:
             x = x + att.o_proj(o.transpose(1, 2).reshape(1, n, -1))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         out = self.head(self.m.norm(x)).float()
-        out[..., self.mask_id] = -torch.inf            # a model that never predicts the mask token (ours never does)
+        out[..., self.mask_id] = -torch.inf  # a model that never predicts the mask token (ours never does)
         return out
 
     def prefill(self, ids, block_size):
@@ -91,21 +94,22 @@ class Cached:
 
     def sub(self, x_t, block_size, s0, sbs, block_kv):
         start = x_t.shape[1] - block_size + s0
-        return self._run(x_t[:, start:start + sbs], start, block_kv=block_kv, replace=s0)
+        return self._run(x_t[:, start : start + sbs], start, block_kv=block_kv, replace=s0)
 
     def commit(self, x_t, block_size):
         return self._run(x_t[:, -block_size:], x_t.shape[1] - block_size, update=True)[:, -1]
 
 
-def v2_generate(fwd, input_ids, max_new_tokens, mask_id, threshold, small_block_size, block_size, stop,
-                use_block_cache=False):
+def v2_generate(
+    fwd, input_ids, max_new_tokens, mask_id, threshold, small_block_size, block_size, stop, use_block_cache=False
+):
     """``fwd``: a logits_fn (uncached) or a :class:`Cached`; returns LongTensor[1, T] as upstream ``generate``."""
     fwd = fwd if isinstance(fwd, (Uncached, Cached)) else Uncached(fwd)
     if isinstance(fwd, Cached):
         fwd.mask_id = mask_id
     original = input_ids.shape[1]
     if input_ids.shape[1] > block_size:
-        last = fwd.prefill(input_ids[:, :input_ids.shape[1] // block_size * block_size], block_size)
+        last = fwd.prefill(input_ids[:, : input_ids.shape[1] // block_size * block_size], block_size)
         if input_ids.shape[1] % block_size == 0:
             input_ids = torch.cat([input_ids, last.argmax(-1)[:, None]], 1)
     for _ in range(max_new_tokens // block_size):
@@ -135,7 +139,7 @@ def v2_generate(fwd, input_ids, max_new_tokens, mask_id, threshold, small_block_
                     else:
                         logits, new = fwd.block(x_t, block_size, keep=use_block_cache)
                         block_kv = new if use_block_cache else None
-                        logits = torch.cat([logits[:, :1], logits[:, :-1]], 1)[:, s0:s0 + small_block_size]
+                        logits = torch.cat([logits[:, :1], logits[:, :-1]], 1)[:, s0 : s0 + small_block_size]
                     p = torch.softmax(logits.float(), -1)
                     x1 = p.argmax(-1)
                     x1_p = torch.gather(p, -1, x1[..., None]).squeeze(-1)
@@ -148,5 +152,5 @@ def v2_generate(fwd, input_ids, max_new_tokens, mask_id, threshold, small_block_
         input_ids = x_t
     if stop in input_ids[0, original:]:
         k = int((input_ids[0, original:] == stop).nonzero()[0])
-        input_ids = input_ids[:, :original + k + 1]
+        input_ids = input_ids[:, : original + k + 1]
     return input_ids

@@ -11,6 +11,7 @@ forward over the whole sequence under the block-causal mask, as upstream runs it
 Both return the generated ids up to and including the first EOS (or ``gen_length`` of them), and the number of
 forwards. One departure, shared with our decoders (decoding/sdar.py): the tests' logits_fn never predicts the mask.
 """
+
 from __future__ import annotations
 
 import torch
@@ -64,13 +65,25 @@ def _sample_t0_llada20(logits, top_k=None, top_p=None):
 
 
 def _answer(x, prompt_len, gen_length, eos_id):
-    gen = x[0, prompt_len:prompt_len + gen_length]
+    gen = x[0, prompt_len : prompt_len + gen_length]
     hits = (gen == eos_id).nonzero()
     return gen[: int(hits[0, 0]) + 1 if len(hits) else gen_length].tolist()
 
 
-def llada20_generate(logits_fn, prompt, block_length, steps, gen_length, threshold, minimal_topk=1,
-                     eos_early_stop=False, eos_id=None, mask_id=None, top_k=None, top_p=None):
+def llada20_generate(
+    logits_fn,
+    prompt,
+    block_length,
+    steps,
+    gen_length,
+    threshold,
+    minimal_topk=1,
+    eos_early_stop=False,
+    eos_id=None,
+    mask_id=None,
+    top_k=None,
+    top_p=None,
+):
     steps = min(steps, gen_length // minimal_topk)
     p = prompt.shape[1]
     nb = (p + gen_length + block_length - 1) // block_length
@@ -99,16 +112,27 @@ def llada20_generate(logits_fn, prompt, block_length, steps, gen_length, thresho
             if eos_early_stop and (x0[transfer] == eos_id).any():
                 # upstream searches the whole sequence (prompt included); our prompts hold no EOS
                 eos_pos = (cur[0] == eos_id).nonzero()
-                if len(eos_pos) and (cur[0, p:int(eos_pos[0, 0])] != mask_id).all():
+                if len(eos_pos) and (cur[0, p : int(eos_pos[0, 0])] != mask_id).all():
                     # (upstream returns all of it even past gen_length, in the last block: cut as the answer is)
-                    return cur[0, p:int(eos_pos[0, 0]) + 1].tolist()[:gen_length], forwards
+                    return cur[0, p : int(eos_pos[0, 0]) + 1].tolist()[:gen_length], forwards
         if (x[0, p:end] == eos_id).any():
             break
     return _answer(x, p, gen_length, eos_id), forwards
 
 
-def llada21_generate(logits_fn, prompt, block_length, gen_length, threshold, editing_threshold, max_post_steps,
-                     num_to_transfer=1, eos_early_stop=False, eos_id=None, mask_id=None):
+def llada21_generate(
+    logits_fn,
+    prompt,
+    block_length,
+    gen_length,
+    threshold,
+    editing_threshold,
+    max_post_steps,
+    num_to_transfer=1,
+    eos_early_stop=False,
+    eos_id=None,
+    mask_id=None,
+):
     p = prompt.shape[1]
     nb = (p + gen_length + block_length - 1) // block_length
     x = torch.full((1, nb * block_length), mask_id, dtype=torch.long)
@@ -120,7 +144,7 @@ def llada21_generate(logits_fn, prompt, block_length, gen_length, threshold, edi
         start = blk * block_length
         prompt_in_block = torch.zeros(block_length, dtype=torch.bool)
         if start < p:
-            prompt_in_block[:min(p - start, block_length)] = True
+            prompt_in_block[: min(p - start, block_length)] = True
         post = 0
         while True:
             old = cur[:, -block_length:].clone()
@@ -151,5 +175,5 @@ def llada21_generate(logits_fn, prompt, block_length, gen_length, threshold, edi
             if (gen == mask_id).sum() == 0 and (gen == eos_id).any():
                 break
         elif (x[0, p:end] == eos_id).any():
-            break   # upstream goes on with later blocks, which the answer (cut at the first EOS) never shows
+            break  # upstream goes on with later blocks, which the answer (cut at the first EOS) never shows
     return _answer(x, p, gen_length, eos_id), forwards, edits

@@ -12,6 +12,7 @@ decoded, as upstream does). The decoders under test are independent code (``loca
   ``get_transfer_index``, global RNG; the prefix cache's extra unused ``add_gumbel_noise`` call kept).
 * :func:`dream_generate` — HKUNLP/Dream ``generation_utils.py`` ``_sample`` (one block, shifted logits).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -25,19 +26,20 @@ def get_num_transfer_tokens(mask_index, steps):
     remainder = mask_num % steps
     num = torch.zeros(mask_num.size(0), steps, dtype=torch.int64) + base
     for i in range(mask_num.size(0)):
-        num[i, :remainder[i]] += 1
+        num[i, : remainder[i]] += 1
     return num
 
 
 def _canvas(prompt, gen_length, mask_id):
     """The prompt followed by ``gen_length`` mask ids: LongTensor [B, P + gen_length]."""
     x = torch.full((prompt.shape[0], prompt.shape[1] + gen_length), mask_id, dtype=torch.long)
-    x[:, :prompt.shape[1]] = prompt.clone()
+    x[:, : prompt.shape[1]] = prompt.clone()
     return x
 
 
-def llada_generate(model, prompt, steps, gen_length, block_length, cfg_scale=0.0, remasking="low_confidence",
-                   mask_id=36):
+def llada_generate(
+    model, prompt, steps, gen_length, block_length, cfg_scale=0.0, remasking="low_confidence", mask_id=36
+):
     """LLaDA ``generate`` at temperature 0 (Gumbel noise^0 = 1: argmax of exp(logits64)); ``model(x)`` → logits."""
     x = _canvas(prompt, gen_length, mask_id)
     prompt_index = x != mask_id
@@ -47,7 +49,7 @@ def llada_generate(model, prompt, steps, gen_length, block_length, cfg_scale=0.0
     steps = steps // num_blocks
     for num_block in range(num_blocks):
         lo = prompt.shape[1] + num_block * block_length
-        block_mask_index = x[:, lo:lo + block_length] == mask_id
+        block_mask_index = x[:, lo : lo + block_length] == mask_id
         num_transfer_tokens = get_num_transfer_tokens(block_mask_index, steps)
         for i in range(steps):
             mask_index = x == mask_id
@@ -65,7 +67,7 @@ def llada_generate(model, prompt, steps, gen_length, block_length, cfg_scale=0.0
                 x0_p = torch.squeeze(torch.gather(p, dim=-1, index=torch.unsqueeze(x0, -1)), -1)
             else:
                 raise NotImplementedError(remasking)
-            x0_p[:, lo + block_length:] = -np.inf
+            x0_p[:, lo + block_length :] = -np.inf
             x0 = torch.where(mask_index, x0, x)
             confidence = torch.where(mask_index, x0_p, -np.inf)
             transfer_index = torch.zeros_like(x0, dtype=torch.bool)
@@ -86,8 +88,9 @@ def add_gumbel_noise(logits, temperature):
     return logits.exp() / gumbel_noise
 
 
-def llada_generate_sampled(model, prompt, steps, gen_length, block_length, temperature, remasking="low_confidence",
-                           cfg_scale=0.0, mask_id=36):
+def llada_generate_sampled(
+    model, prompt, steps, gen_length, block_length, temperature, remasking="low_confidence", cfg_scale=0.0, mask_id=36
+):
     """LLaDA ``generate`` as written (global RNG; ``low_confidence``'s softmax in the logits' dtype)."""
     x = _canvas(prompt, gen_length, mask_id)
     prompt_index = x != mask_id
@@ -97,7 +100,7 @@ def llada_generate_sampled(model, prompt, steps, gen_length, block_length, tempe
     steps = steps // num_blocks
     for num_block in range(num_blocks):
         lo = prompt.shape[1] + num_block * block_length
-        num_transfer_tokens = get_num_transfer_tokens(x[:, lo:lo + block_length] == mask_id, steps)
+        num_transfer_tokens = get_num_transfer_tokens(x[:, lo : lo + block_length] == mask_id, steps)
         for i in range(steps):
             mask_index = x == mask_id
             if cfg_scale > 0.0:
@@ -116,7 +119,7 @@ def llada_generate_sampled(model, prompt, steps, gen_length, block_length, tempe
                 x0_p = torch.rand((x0.shape[0], x0.shape[1]), device=x0.device)
             else:
                 raise NotImplementedError(remasking)
-            x0_p[:, lo + block_length:] = -np.inf
+            x0_p[:, lo + block_length :] = -np.inf
             x0 = torch.where(mask_index, x0, x)
             confidence = torch.where(mask_index, x0_p, -np.inf)
             transfer_index = torch.zeros_like(x0, dtype=torch.bool)
@@ -213,12 +216,25 @@ def _blocks(x, prompt_len, steps, gen_length, block_length, mask_id):
     num_blocks = gen_length // block_length
     for num_block in range(num_blocks):
         start = prompt_len + num_block * block_length
-        yield start, start + block_length, get_num_transfer_tokens(x[:, start:start + block_length] == mask_id,
-                                                                   steps // num_blocks)
+        yield (
+            start,
+            start + block_length,
+            get_num_transfer_tokens(x[:, start : start + block_length] == mask_id, steps // num_blocks),
+        )
 
 
-def fastdllm_generate(model, prompt, steps, gen_length, block_length, mask_id=36, threshold=None, factor=None,
-                      temperature=0.0, remasking="low_confidence"):
+def fastdllm_generate(
+    model,
+    prompt,
+    steps,
+    gen_length,
+    block_length,
+    mask_id=36,
+    threshold=None,
+    factor=None,
+    temperature=0.0,
+    remasking="low_confidence",
+):
     """Fast-dLLM ``generate`` (no cache). Returns (x, nfe)."""
     x = _canvas(prompt, gen_length, mask_id)
     nfe = 0
@@ -229,8 +245,16 @@ def fastdllm_generate(model, prompt, steps, gen_length, block_length, mask_id=36
             mask_index = x == mask_id
             logits = model(x)
             mask_index[:, end:] = 0
-            x0, transfer_index = _pick(logits, mask_index, x, ntt[:, i] if threshold is None and factor is None
-                                       else None, threshold, factor, temperature, remasking)
+            x0, transfer_index = _pick(
+                logits,
+                mask_index,
+                x,
+                ntt[:, i] if threshold is None and factor is None else None,
+                threshold,
+                factor,
+                temperature,
+                remasking,
+            )
             x[transfer_index] = x0[transfer_index]
             i += 1
             if (x[:, start:end] == mask_id).sum() == 0:
@@ -238,22 +262,37 @@ def fastdllm_generate(model, prompt, steps, gen_length, block_length, mask_id=36
     return x, nfe
 
 
-def fastdllm_prefix_cache(net, prompt, steps, gen_length, block_length, mask_id=36, threshold=None, factor=None,
-                         **sampling):
+def fastdllm_prefix_cache(
+    net, prompt, steps, gen_length, block_length, mask_id=36, threshold=None, factor=None, **sampling
+):
     """Fast-dLLM ``generate_with_prefix_cache``; past_key_values[:, :, :start] → ``forward_window``'s kv."""
-    return _fastdllm_cached(net, prompt, steps, gen_length, block_length, mask_id, threshold, factor, dual=False,
-                            **sampling)
+    return _fastdllm_cached(
+        net, prompt, steps, gen_length, block_length, mask_id, threshold, factor, dual=False, **sampling
+    )
 
 
-def fastdllm_dual_cache(net, prompt, steps, gen_length, block_length, mask_id=36, threshold=None, factor=None,
-                         **sampling):
+def fastdllm_dual_cache(
+    net, prompt, steps, gen_length, block_length, mask_id=36, threshold=None, factor=None, **sampling
+):
     """Fast-dLLM ``generate_with_dual_cache``; replace_position = the block window of ``forward_window``."""
-    return _fastdllm_cached(net, prompt, steps, gen_length, block_length, mask_id, threshold, factor, dual=True,
-                            **sampling)
+    return _fastdllm_cached(
+        net, prompt, steps, gen_length, block_length, mask_id, threshold, factor, dual=True, **sampling
+    )
 
 
-def _fastdllm_cached(net, prompt, steps, gen_length, block_length, mask_id, threshold, factor, dual,
-                     temperature=0.0, remasking="low_confidence"):
+def _fastdllm_cached(
+    net,
+    prompt,
+    steps,
+    gen_length,
+    block_length,
+    mask_id,
+    threshold,
+    factor,
+    dual,
+    temperature=0.0,
+    remasking="low_confidence",
+):
     """The two cached loops: per block one full forward that also returns the K/V, then forwards of the window —
     the block and everything after it over the prefix's K/V (prefix cache), or the block alone over the whole
     sequence's K/V (dual cache). Returns (x, nfe)."""
@@ -277,17 +316,26 @@ def _fastdllm_cached(net, prompt, steps, gen_length, block_length, mask_id, thre
             mask_index = x[:, start:stop] == mask_id
             mask_index[:, block_length:] = 0
             logits = net.forward_window(x[:, start:stop], start, past_key_values)
-            if not dual:                                # generate_with_prefix_cache's unused noise
+            if not dual:  # generate_with_prefix_cache's unused noise
                 add_gumbel_noise(logits, temperature=temperature)
-            x0, transfer_index = _pick(logits, mask_index, x[:, start:stop], ntt[:, i] if i < ntt.shape[1] else None,
-                                       threshold, factor, temperature, remasking)
+            x0, transfer_index = _pick(
+                logits,
+                mask_index,
+                x[:, start:stop],
+                ntt[:, i] if i < ntt.shape[1] else None,
+                threshold,
+                factor,
+                temperature,
+                remasking,
+            )
             x[:, start:stop][transfer_index] = x0[transfer_index]
             i += 1
     return x, nfe
 
 
-def dream_generate(model, input_ids, steps, max_new_tokens, mask_token_id=36, eps=1e-3, alg="entropy",
-                   alg_temp=None, generator=None):
+def dream_generate(
+    model, input_ids, steps, max_new_tokens, mask_token_id=36, eps=1e-3, alg="entropy", alg_temp=None, generator=None
+):
     """Dream ``_sample`` at temperature 0 (``origin`` draws its reveal coin from ``generator``)."""
     x = F.pad(input_ids, (0, max_new_tokens), value=mask_token_id)
     timesteps = torch.linspace(1, eps, steps + 1)
@@ -321,8 +369,9 @@ def dream_generate(model, input_ids, steps, max_new_tokens, mask_token_id=36, ep
                     _, transfer_index = torch.topk(full_confidence, number_transfer_tokens)
                 else:
                     full_confidence = F.softmax(full_confidence / alg_temp, dim=-1)
-                    transfer_index = torch.multinomial(full_confidence, num_samples=number_transfer_tokens,
-                                                       generator=generator)
+                    transfer_index = torch.multinomial(
+                        full_confidence, num_samples=number_transfer_tokens, generator=generator
+                    )
                 x_ = torch.zeros_like(x, dtype=torch.long) + mask_token_id
                 x_[mask_index] = x0.clone()
                 row_indices = torch.arange(x.size(0)).unsqueeze(1).expand_as(transfer_index)

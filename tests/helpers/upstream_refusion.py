@@ -10,6 +10,7 @@ index, not the EOS row's); True is upstream verbatim. Returns (x in position ord
 each round as [(K, V)] per layer, the kept K/V appended each round, positions in cache order); ``CALLS[0]``
 is the number of model calls it made.
 """
+
 from __future__ import annotations
 
 import torch
@@ -17,7 +18,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 
-CALLS = [0]     # model calls of the last generate_refusion (upstream's forwards)
+CALLS = [0]  # model calls of the last generate_refusion (upstream's forwards)
 
 
 def _call(model, ids, pos, kv):
@@ -33,8 +34,18 @@ def _crop(kv, n):
 
 
 @torch.no_grad()
-def generate_refusion(model, prompt, gen_length, mask_id, eos_id, slot_size, serial_num_blocks, slot_threshold,
-                      token_threshold, eos_row_quirk=False):
+def generate_refusion(
+    model,
+    prompt,
+    gen_length,
+    mask_id,
+    eos_id,
+    slot_size,
+    serial_num_blocks,
+    slot_threshold,
+    token_threshold,
+    eos_row_quirk=False,
+):
     CALLS[0] = 0
     prompt_len = prompt.shape[1]  # upstream: bs, prompt_len = 1, ...; batch size 1
     gen_length = gen_length + (slot_size - gen_length % slot_size) % slot_size
@@ -45,15 +56,15 @@ def generate_refusion(model, prompt, gen_length, mask_id, eos_id, slot_size, ser
     eos_flag, block_length, pkv = False, gen_length // serial_num_blocks, None
     log, caches, appended = [], [], []
     for nb in range(serial_num_blocks):
-        blocks_x = gen_x[:, nb * block_length:(nb + 1) * block_length].reshape(1, -1, k)
-        blocks_pos = gen_pos_ids[:, nb * block_length:(nb + 1) * block_length].reshape(1, -1, k)
+        blocks_x = gen_x[:, nb * block_length : (nb + 1) * block_length].reshape(1, -1, k)
+        blocks_pos = gen_pos_ids[:, nb * block_length : (nb + 1) * block_length].reshape(1, -1, k)
         while blocks_x.numel() > 0:
             flat_x, flat_pos = blocks_x.reshape(1, -1), blocks_pos.reshape(1, -1)
             if pkv is None:
                 logits, pkv = _call(model, torch.cat([cur_x, flat_x], 1), torch.cat([cur_pos, flat_pos], 1), None)
             else:
                 logits, pkv = _call(model, flat_x, flat_pos, pkv)
-            gen_logits = logits[:, -flat_x.shape[1]:]
+            gen_logits = logits[:, -flat_x.shape[1] :]
             pkv = _crop(pkv, cur_x.shape[1])
             x0 = gen_logits.argmax(-1)
             x0_blocks = x0.view(1, -1, k)
@@ -86,7 +97,7 @@ def generate_refusion(model, prompt, gen_length, mask_id, eos_id, slot_size, ser
                 eos_flag = True
                 remove.update(range(eos_block, blocks_x.shape[1]))
             elif prefix_len // k > 0:
-                remain += top[:prefix_len // k].tolist()
+                remain += top[: prefix_len // k].tolist()
             if remain:
                 remove.update(remain)
                 idx = []
@@ -130,23 +141,27 @@ def generate_refusion(model, prompt, gen_length, mask_id, eos_id, slot_size, ser
                 if bool(hit.any()):
                     eos_loop = True
                     first_eos_row = int(torch.where(hit.any(1))[0][0])
-                    spec, tag_blocks = spec[:first_eos_row + 1], tag_blocks[:first_eos_row + 1]
+                    spec, tag_blocks = spec[: first_eos_row + 1], tag_blocks[: first_eos_row + 1]
                     tag_blocks[first_eos_row] = 1
-                    cpos, top = cpos[:first_eos_row + 1], top[:first_eos_row + 1]
-                    vkv = [(kk[:first_eos_row + 1], vv[:first_eos_row + 1]) for kk, vv in vkv]
+                    cpos, top = cpos[: first_eos_row + 1], top[: first_eos_row + 1]
+                    vkv = [(kk[: first_eos_row + 1], vv[: first_eos_row + 1]) for kk, vv in vkv]
                 new_len = int(tag_blocks[:, acc:].sum(1).min())
                 if new_len > 0:
                     acc += new_len - 1 if bool((tag_blocks == 0).any()) else new_len
                     pkv = _crop(vkv, cur_x.shape[1] + acc)
             ar_kv = [(kk[:, :, -k:], vv[:, :, -k:]) for kk, vv in pkv]
-            pkv = [(kk[:1, :, :cur_x.shape[1]], vv[:1, :, :cur_x.shape[1]]) for kk, vv in _crop(pkv, cur_x.shape[1])]
+            pkv = [(kk[:1, :, : cur_x.shape[1]], vv[:1, :, : cur_x.shape[1]]) for kk, vv in _crop(pkv, cur_x.shape[1])]
             em = (spec == eos_id).flatten().int()
             keepm = (torch.cumsum(em, -1) - em) == 0
             kept_tokens = spec.flatten()[keepm][None]
             kept_pos = cpos.flatten()[keepm][None]
-            kept = [(kk.permute(1, 0, 2, 3).reshape(1, kk.shape[1], -1, kk.shape[3])[:, :, keepm],
-                     vv.permute(1, 0, 2, 3).reshape(1, vv.shape[1], -1, vv.shape[3])[:, :, keepm])
-                    for kk, vv in ar_kv]
+            kept = [
+                (
+                    kk.permute(1, 0, 2, 3).reshape(1, kk.shape[1], -1, kk.shape[3])[:, :, keepm],
+                    vv.permute(1, 0, 2, 3).reshape(1, vv.shape[1], -1, vv.shape[3])[:, :, keepm],
+                )
+                for kk, vv in ar_kv
+            ]
             pkv = [(torch.cat([a, kk], 2), torch.cat([b, vv], 2)) for (a, b), (kk, vv) in zip(pkv, kept)]
             appended.append(kept)
             cur_x = torch.cat([cur_x, kept_tokens], 1)

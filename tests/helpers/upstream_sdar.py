@@ -13,6 +13,7 @@ step quota exceeds the masks left).
 states: ``transfer_index`` is created (upstream's branch never does: UnboundLocalError), and the entropy is each
 position's over the vocabulary, from ``probs`` (upstream takes it of ``x0_p``, [batch, block], summed over the
 block). Upstream's ``torch.sort`` is made stable (ties: the earlier position)."""
+
 from __future__ import annotations
 
 import torch
@@ -58,11 +59,21 @@ def get_num_transfer_tokens(block_length, steps):
     return n
 
 
-def sdar_generate(logits_fn, prompt: torch.Tensor, mask_id: int, gen_length: int, block_length: int,
-                  denoising_steps: int, remasking_strategy: str = "low_confidence_dynamic",
-                  confidence_threshold: float = 0.85, stopping_criteria_idx=None,
-                  eb_threshold: float | None = None, temperature: float = 0.0, top_k: int = 0,
-                  top_p: float = 1.0) -> torch.Tensor:
+def sdar_generate(
+    logits_fn,
+    prompt: torch.Tensor,
+    mask_id: int,
+    gen_length: int,
+    block_length: int,
+    denoising_steps: int,
+    remasking_strategy: str = "low_confidence_dynamic",
+    confidence_threshold: float = 0.85,
+    stopping_criteria_idx=None,
+    eb_threshold: float | None = None,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+) -> torch.Tensor:
     """``logits_fn(ids [1, T]) -> logits [1, T, V]`` (block-causal, uncached); returns x [1, num_blocks·B]."""
     p = prompt.shape[1]
     num_blocks = (p + gen_length + block_length - 1) // block_length
@@ -88,7 +99,7 @@ def sdar_generate(logits_fn, prompt: torch.Tensor, mask_id: int, gen_length: int
             transfer = torch.zeros_like(x0, dtype=torch.bool)
             if remasking_strategy == "sequential":
                 first = int(mask_index[0].nonzero()[0].min())
-                transfer[0, first:first + int(ntt[step])] = True
+                transfer[0, first : first + int(ntt[step])] = True
             elif remasking_strategy == "low_confidence_static":
                 _, idx = torch.topk(confidence[0], int(ntt[step]))
                 transfer[0, idx] = True

@@ -1,5 +1,6 @@
 """A word-level tokenizer for baby checkpoints: token ``t<i>`` is id i, whitespace-split, ``t0`` for unknown words,
 so a test's prompt ``"t5 t6 t7"`` is ids [5, 6, 7] in every model family's ``localdiff gen -m <folder>``."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,4 +1,5 @@
 """The embedded default model: found from a built wheel as well as from the source tree; answers fixed prompts."""
+
 import json
 import os
 import subprocess
@@ -22,22 +23,30 @@ def test_embedded_model_found_from_source_tree():
 
 def test_embedded_model_found_from_built_wheel(tmp_path):
     wheels = tmp_path / "wheels"
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation",
-                        "-q", "-w", str(wheels)], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels)],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     whl = next(wheels.glob("localdiff-*.whl"))
     import zipfile
 
     shipped = set(zipfile.ZipFile(whl).namelist())
     sources = {"localdiff/" + p.relative_to(ROOT / "localdiff").as_posix() for p in (ROOT / "localdiff").rglob("*.c")}
-    assert sources and sources <= shipped, sources - shipped    # the native kernels' C sources (built on first use)
+    assert sources and sources <= shipped, sources - shipped  # the native kernels' C sources (built on first use)
     target = tmp_path / "site"
-    r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(whl)],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(whl)],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
-    code = ("import json, localdiff; m = localdiff.load('tiny', device='cpu'); "
-            "g = m.generate('Reverse the letters: c a t', seed=0); "
-            "print(json.dumps({'file': localdiff.__file__, 'path': str(m.path), 'text': g.text}))")
+    code = (
+        "import json, localdiff; m = localdiff.load('tiny', device='cpu'); "
+        "g = m.generate('Reverse the letters: c a t', seed=0); "
+        "print(json.dumps({'file': localdiff.__file__, 'path': str(m.path), 'text': g.text}))"
+    )
     env = dict(os.environ, PYTHONPATH=str(target))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr

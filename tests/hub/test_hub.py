@@ -3,6 +3,7 @@
 Most tests run in-process (huggingface_hub's cache constant patched to tmp_path); the kill -9, CLI and offline tests
 run ``python -m localdiff`` in subprocesses with a fresh environment.
 """
+
 from __future__ import annotations
 
 import errno
@@ -25,19 +26,35 @@ from localdiff.hub import models as hub
 from localdiff.errors import HubError, ModelNotFoundError, UsageError
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
 def subprocess_env(tmp_path: Path, stand_in: StandInHub, **extra) -> dict:
-    (tmp_path / "none.toml").touch()   # LOCALDIFF_CONFIG names it: a missing named file is an error
+    (tmp_path / "none.toml").touch()  # LOCALDIFF_CONFIG names it: a missing named file is an error
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "LOCALDIFF_"))}
-    env.update(HF_HOME=str(tmp_path / "hf"), HF_ENDPOINT=stand_in.url, HF_HUB_DISABLE_XET="1",
-               HF_HUB_DISABLE_TELEMETRY="1", LOCALDIFF_CONFIG=str(tmp_path / "none.toml"), NO_COLOR="1",
-               PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
+    env.update(
+        HF_HOME=str(tmp_path / "hf"),
+        HF_ENDPOINT=stand_in.url,
+        HF_HUB_DISABLE_XET="1",
+        HF_HUB_DISABLE_TELEMETRY="1",
+        LOCALDIFF_CONFIG=str(tmp_path / "none.toml"),
+        NO_COLOR="1",
+        PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+    )
     env.update(extra)
     return env
 
 
 def run_cli(args, env, timeout=120, **kw):
-    return subprocess.run([sys.executable, "-m", "localdiff", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL, cwd=ROOT, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "localdiff", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        cwd=ROOT,
+        **kw,
+    )
 
 
 def test_pull_writes_hf_layout_and_hf_reuses_it(cache, stand_in):
@@ -50,7 +67,7 @@ def test_pull_writes_hf_layout_and_hf_reuses_it(cache, stand_in):
         assert (snap / name).is_symlink() and (snap / name).read_bytes() == files[name]
     assert not (snap / "pytorch_model.bin").exists() and not (snap / "README.md").exists()
     assert stand_in.stats.gets(REPO, "pytorch_model.bin") == []
-    assert blob_of(cache, REPO, files[WEIGHTS], lfs=True).is_file()   # blob named by the LFS sha256, as hf does
+    assert blob_of(cache, REPO, files[WEIGHTS], lfs=True).is_file()  # blob named by the LFS sha256, as hf does
     assert blob_of(cache, REPO, files["config.json"], lfs=False).is_file()  # git sha1 for small files
     assert (cache / "models--acme--tiny-diff" / "refs" / "main").read_text() == res["commit"]
     assert hub.resolve_model(REPO) == snap
@@ -60,8 +77,9 @@ def test_pull_writes_hf_layout_and_hf_reuses_it(cache, stand_in):
     from huggingface_hub import scan_cache_dir, snapshot_download
 
     n_gets = len([r for r in stand_in.stats.requests if r[0] == "GET"])
-    path = snapshot_download(REPO, allow_patterns=["*.json", "*.safetensors"], cache_dir=str(cache),
-                             endpoint=stand_in.url)
+    path = snapshot_download(
+        REPO, allow_patterns=["*.json", "*.safetensors"], cache_dir=str(cache), endpoint=stand_in.url
+    )
     assert Path(path) == snap
     assert len([r for r in stand_in.stats.requests if r[0] == "GET"]) == n_gets
     report = scan_cache_dir(cache)
@@ -71,8 +89,7 @@ def test_pull_writes_hf_layout_and_hf_reuses_it(cache, stand_in):
 def test_pull_reuses_files_from_hf_download(cache, stand_in):
     from huggingface_hub import snapshot_download
 
-    snapshot_download(REPO, allow_patterns=["*.json", "*.safetensors"], cache_dir=str(cache),
-                             endpoint=stand_in.url)
+    snapshot_download(REPO, allow_patterns=["*.json", "*.safetensors"], cache_dir=str(cache), endpoint=stand_in.url)
     served = stand_in.stats.served(REPO, WEIGHTS)
     res = hub.pull(REPO, quiet=True)
     assert res["up_to_date"] and res["downloaded_bytes"] == 0
@@ -191,7 +208,7 @@ def test_disk_full_then_a_later_pull_resumes(cache, stand_in, monkeypatch):
         def write(self, b):
             room = 50_000 - self.f.tell()
             if len(b) > room:  # like a real disk: what fits is written, then ENOSPC
-                self.f.write(b[:max(room, 0)])
+                self.f.write(b[: max(room, 0)])
                 self.f.flush()
                 raise OSError(errno.ENOSPC, "No space left on device")
             return self.f.write(b)
@@ -206,9 +223,12 @@ def test_disk_full_then_a_later_pull_resumes(cache, stand_in, monkeypatch):
             self.f.close()
 
     real_open = open
-    monkeypatch.setattr(dl, "open", lambda p, m="r", *a: FullDisk(real_open(p, m, *a))
-                        if ("a" in m or "w" in m) else real_open(p, m, *a),
-                        raising=False)
+    monkeypatch.setattr(
+        dl,
+        "open",
+        lambda p, m="r", *a: FullDisk(real_open(p, m, *a)) if ("a" in m or "w" in m) else real_open(p, m, *a),
+        raising=False,
+    )
     with pytest.raises(HubError, match="disk full while downloading model.safetensors"):
         hub.pull(REPO, quiet=True)
     monkeypatch.delattr(dl, "open")
@@ -262,8 +282,14 @@ def test_kill_9_mid_file_then_resume_from_bytes_on_disk(tmp_path, stand_in, cach
     release = threading.Event()
     stand_in.pause_after[(REPO, WEIGHTS)] = (cut, release)
     env = subprocess_env(tmp_path, stand_in)
-    proc = subprocess.Popen([sys.executable, "-m", "localdiff", "pull", REPO, "-q"], env=env, cwd=ROOT,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "localdiff", "pull", REPO, "-q"],
+        env=env,
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     blobs = cache / "models--acme--tiny-diff" / "blobs"
     deadline = time.monotonic() + 90
     partials = []
@@ -318,9 +344,11 @@ def test_memory_estimate_before_download():
     text, fits = memory_estimate(cfg, 51_600_000_000, gpu=16 * 2**30, ram=64 * 2**30)
     assert fits and "in int4 with the experts of 3 layers" in text
     text, fits = memory_estimate(cfg, 51_600_000_000, gpu=4 * 2**30, ram=2 * 2**30)
-    assert not fits and text.startswith("needs about 16.97 GiB of RAM in int4, the smallest precision localdiff "
-                                        "offers, and this machine has a 4.00 GiB GPU and 2.00 GiB of RAM (no "
-                                        "precision fits this 4.00 GiB GPU")
+    assert not fits and text.startswith(
+        "needs about 16.97 GiB of RAM in int4, the smallest precision localdiff "
+        "offers, and this machine has a 4.00 GiB GPU and 2.00 GiB of RAM (no "
+        "precision fits this 4.00 GiB GPU"
+    )
     text, fits = memory_estimate(cfg, 51_600_000_000, gpu=0, ram=32 * 2**30)
     assert fits and "fits 32.00 GiB of RAM in int8 on the CPU, not in bf16" in text
     # a config the planner does not understand: the byte rule

@@ -1,6 +1,7 @@
 """Pull robustness against the Hub stand-in (issue #22 items 2, 4–8): a ``../`` revision, 5xx / 429 retries with
 backoff, empty responses, same-size corruption noticed without hashing on every start, ``rm`` during a pull, the
 free-space margin, offline ``pull`` of a present model and a second concurrent pull."""
+
 from __future__ import annotations
 
 import io
@@ -59,8 +60,11 @@ def test_429_retry_after_is_honoured(cache, stand_in, sleeps):
 
 def test_a_server_that_keeps_failing_says_that_a_later_pull_resumes(cache, stand_in, sleeps):
     stand_in.fail_next[(REPO, WEIGHTS)] = [(503, {})] * 20
-    with pytest.raises(HubError, match=r"kept answering 503 for model.safetensors \(6 tries\).*run the same pull "
-                                       r"again later"):
+    with pytest.raises(
+        HubError,
+        match=r"kept answering 503 for model.safetensors \(6 tries\).*run the same pull "
+        r"again later",
+    ):
         hub.pull(REPO, quiet=True)
     assert len(sleeps) == 5 and sleeps == sorted(sleeps)
     stand_in.fail_next[(REPO, None)] = [(500, {})] * 20
@@ -88,8 +92,10 @@ def test_same_size_corruption_is_noticed_by_list_load_and_pull(cache, stand_in, 
     os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # a different mtime even on coarse clocks
     assert hub.list_models()[-1]["changed"] == [WEIGHTS]
     assert main(["list"]) == 0
-    assert f"model.safetensors changed on disk since it was verified; run `localdiff pull {REPO} --verify`" in \
-        capsys.readouterr().err
+    assert (
+        f"model.safetensors changed on disk since it was verified; run `localdiff pull {REPO} --verify`"
+        in capsys.readouterr().err
+    )
     with pytest.raises(CheckpointError, match=r"changed on disk since it was verified; run `localdiff pull "):
         hub.resolve_model(REPO)
     res = hub.pull(REPO, quiet=True)  # re-hashes only the changed file, finds it corrupt, fetches it again
@@ -124,7 +130,7 @@ def test_rm_refuses_while_a_pull_runs_and_the_pull_finishes(cache, stand_in):
     th, release, result = _pull_in_thread(stand_in)
     blobs = cache / "models--acme--tiny-diff" / "blobs"
     try:
-        deadline = time.monotonic() + 30      # bytes served may reach the client's file a moment later (loaded CPU)
+        deadline = time.monotonic() + 30  # bytes served may reach the client's file a moment later (loaded CPU)
         while not list(blobs.glob("*.incomplete")):
             assert time.monotonic() < deadline, "the paused pull wrote no .incomplete file"
             time.sleep(0.02)

@@ -2,6 +2,7 @@
 run, with the target they pair with; ``--json`` marks them; the server does not offer them (``/v1/models``,
 ``/api/tags``: tests/serve/test_serve_model_names.py) and ``serve -m`` refuses one; ``gen -m tiny-dflash`` keeps its
 refusal."""
+
 from __future__ import annotations
 
 import json
@@ -16,7 +17,7 @@ def no_pulls(tmp_path, monkeypatch):
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    (tmp_path / "config.toml").touch()    # a LOCALDIFF_CONFIG file must exist
+    (tmp_path / "config.toml").touch()  # a LOCALDIFF_CONFIG file must exist
     monkeypatch.setenv("LOCALDIFF_CONFIG", str(tmp_path / "config.toml"))
 
 
@@ -54,7 +55,7 @@ def test_gen_and_serve_refuse_a_draft_alone(no_pulls, capsys):
     assert "tiny-dflash is a DFlash draft model" in capsys.readouterr().err
     import socket
 
-    with socket.socket() as taken:          # refused before the port is tried (a free port would start a server)
+    with socket.socket() as taken:  # refused before the port is tried (a free port would start a server)
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         assert main(["serve", "-m", "tiny-dflash", "--port", str(taken.getsockname()[1])]) == 2

@@ -2,6 +2,7 @@
 refuses a model that fits this machine in no precision (``--force`` pulls anyway); it says which precision the fit
 assumes. Issue 42 item 3: ``gen`` without ``--quant`` loads in the precision the plan picks and says so. The Hub is
 the stand-in on 127.0.0.1; the machine (GPU memory, RAM) is fixed by monkeypatching."""
+
 from __future__ import annotations
 
 import json
@@ -46,12 +47,14 @@ def test_a_pull_that_cannot_fit_is_refused_before_any_request(cache, stand_in, m
     with pytest.raises(HubError) as e:
         hub.pull("llada2:mini", quiet=True)
     msg = str(e.value)
-    assert "\n" not in msg and msg.startswith("llada2:mini cannot run on this machine: it needs about 11.66 GiB of "
-                                              "RAM in int4, the smallest precision localdiff offers")
+    assert "\n" not in msg and msg.startswith(
+        "llada2:mini cannot run on this machine: it needs about 11.66 GiB of "
+        "RAM in int4, the smallest precision localdiff offers"
+    )
     assert "8.00 GiB of RAM and no GPU" in msg and "pass --force" in msg
-    assert stand_in.stats.requests == []                       # not even the revision info
+    assert stand_in.stats.requests == []  # not even the revision info
     assert not (cache / ("models--" + MINI_REPO.replace("/", "--"))).exists()
-    assert main(["pull", "llada2:mini"]) == 1                  # the CLI: one line, exit 1
+    assert main(["pull", "llada2:mini"]) == 1  # the CLI: one line, exit 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "cannot run on this machine" in err and "Traceback" not in err
     assert stand_in.stats.requests == []
@@ -69,7 +72,7 @@ def test_offline_the_fit_refusal_comes_before_the_network_error(cache, stand_in,
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(HubError, match="cannot run on this machine"):
         hub.pull("llada2:mini", quiet=True)
-    _machine(monkeypatch, 64)                                  # it fits: now the offline error
+    _machine(monkeypatch, 64)  # it fits: now the offline error
     with pytest.raises(HubError, match=r"offline mode \(HF_HUB_OFFLINE=1\)"):
         hub.pull("llada2:mini", quiet=True)
 
@@ -123,23 +126,27 @@ def test_gen_without_quant_loads_in_the_chosen_precision_and_says_so(tmp_path, m
 
     def fake_load(name, device, quant, *a, **k):
         asked.append(quant)
-        raise KeyboardInterrupt      # stop here: the choice is what is tested
+        raise KeyboardInterrupt  # stop here: the choice is what is tested
 
     monkeypatch.setattr(gen, "_load", fake_load)
-    (tmp_path / "none.toml").touch()    # a LOCALDIFF_CONFIG file must exist
+    (tmp_path / "none.toml").touch()  # a LOCALDIFF_CONFIG file must exist
     monkeypatch.setenv("LOCALDIFF_CONFIG", str(tmp_path / "none.toml"))
     monkeypatch.delenv("LOCALDIFF_QUANT", raising=False)
-    for ram, want, words in ((64, None, None), (24, "int8", "in int8 on the CPU, not in bf16"),
-                             (16, "int4", "in int4 on the CPU, not in bf16 or int8"), (8, "int4", "warning:")):
+    for ram, want, words in (
+        (64, None, None),
+        (24, "int8", "in int8 on the CPU, not in bf16"),
+        (16, "int4", "in int4 on the CPU, not in bf16 or int8"),
+        (8, "int4", "warning:"),
+    ):
         _machine(monkeypatch, ram)
         main(["gen", "-m", str(folder), "--device", "cpu", "--dtype", "bfloat16", "-p", "hi"])
         err = capsys.readouterr().err
         assert asked[-1] == want, ram
         if words is None:
-            assert "memory:" not in err and "warning:" not in err         # bf16 fits: the default, nothing said
+            assert "memory:" not in err and "warning:" not in err  # bf16 fits: the default, nothing said
         else:
             assert words in err and f"loading it in {want}" in err and "--quant chooses" in err
-    main(["gen", "-m", str(folder), "--device", "cpu", "--quant", "int8", "-p", "hi"])   # asked: no choice made
+    main(["gen", "-m", str(folder), "--device", "cpu", "--quant", "int8", "-p", "hi"])  # asked: no choice made
     assert asked[-1] == "int8" and "memory:" not in capsys.readouterr().err
     monkeypatch.setenv("LOCALDIFF_QUANT", "none")
     main(["gen", "-m", str(folder), "--device", "cpu", "-p", "hi"])

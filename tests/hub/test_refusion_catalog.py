@@ -1,5 +1,6 @@
 """The `refusion:8b` catalog entry: shows before a pull from its stand-in config, and its sampler and per-task
 presets (the paper's eval settings) are valid ReFusion options."""
+
 from __future__ import annotations
 
 import json

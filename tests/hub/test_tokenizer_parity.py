@@ -3,6 +3,7 @@
 and the same rendered chat prompt as ``apply_chat_template`` — with and without a system message, two turns, with
 and without the generation prompt. The folders are our own small ones (a word-level tokenizer and templates written
 here in the shapes the catalog's families use); tests/fixtures/real/SOURCE.md says which published files exist."""
+
 from __future__ import annotations
 
 import json
@@ -18,39 +19,81 @@ SPECIALS = ["<s>", "</s>", "<pad>", "<mask>", "<unk>", "<|im_start|>", "<|im_end
 #: templates of our own, one per prompt shape the catalog uses: ChatML with a default system turn, a BOS-led
 #: header template, role tags with the mask token named, and one that reads ``tools`` / every special token
 TEMPLATES = {
-    "chatml": ("{% for m in messages %}{% if loop.first and m['role'] != 'system' %}<|im_start|>system\nYou are "
-               "helpful.<|im_end|>\n{% endif %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-               "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"),
-    "bos_headers": ("{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
-                    "'<|h|>' + message['role'] + '<|/h|>\n\n' + message['content'] | trim + eos_token %}"
-                    "{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}"
-                    "{% endfor %}{% if add_generation_prompt %}{{ '<|h|>assistant<|/h|>\n\n' }}{% endif %}"),
-    "roles": ("{% for m in messages %}<role>{{ m['role'] | upper }}</role>{{ m['content'] }}<|role_end|>{% endfor %}"
-              "{% if add_generation_prompt %}<role>ASSISTANT</role>{{ mask_token }}{% endif %}"),
-    "every_special": ("{{ bos_token }}|{{ eos_token }}|{{ pad_token }}|{{ unk_token }}|{{ mask_token }}|"
-                      "{{ sep_token is defined }}|{{ cls_token is defined }}|{{ tools is defined }}|{{ tools }}|"
-                      "{{ documents }}{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}"),
+    "chatml": (
+        "{% for m in messages %}{% if loop.first and m['role'] != 'system' %}<|im_start|>system\nYou are "
+        "helpful.<|im_end|>\n{% endif %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    ),
+    "bos_headers": (
+        "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
+        "'<|h|>' + message['role'] + '<|/h|>\n\n' + message['content'] | trim + eos_token %}"
+        "{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}"
+        "{% endfor %}{% if add_generation_prompt %}{{ '<|h|>assistant<|/h|>\n\n' }}{% endif %}"
+    ),
+    "roles": (
+        "{% for m in messages %}<role>{{ m['role'] | upper }}</role>{{ m['content'] }}<|role_end|>{% endfor %}"
+        "{% if add_generation_prompt %}<role>ASSISTANT</role>{{ mask_token }}{% endif %}"
+    ),
+    "every_special": (
+        "{{ bos_token }}|{{ eos_token }}|{{ pad_token }}|{{ unk_token }}|{{ mask_token }}|"
+        "{{ sep_token is defined }}|{{ cls_token is defined }}|{{ tools is defined }}|{{ tools }}|"
+        "{{ documents }}{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}"
+    ),
 }
 
 CONVERSATIONS = {
     "one_turn": [{"role": "user", "content": "t5 t6"}],
     "system": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "t5 t6"}],
-    "two_turns": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "t5"},
-                  {"role": "assistant", "content": " t7 "}, {"role": "user", "content": "t8 t9"}],
+    "two_turns": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "t5"},
+        {"role": "assistant", "content": " t7 "},
+        {"role": "user", "content": "t8 t9"},
+    ],
 }
 
 #: (tokenizer_config.json extra keys, special_tokens_map.json or None): the layouts transformers treats differently
 LAYOUTS = {
-    "legacy_map_only": ({}, {"bos_token": "<s>", "eos_token": {"content": "</s>", "lstrip": False},
-                             "pad_token": "<pad>", "mask_token": "<mask>", "unk_token": "<unk>"}),
-    "legacy_map_overrides": ({"bos_token": None, "eos_token": "<|im_end|>", "pad_token": "</s>"},
-                             {"bos_token": "<s>", "eos_token": "</s>", "mask_token": "<mask>"}),
-    "config_only": ({"bos_token": {"__type": "AddedToken", "content": "<s>"}, "eos_token": "<|im_end|>",
-                     "pad_token": "<pad>", "mask_token": "<mask>"}, None),
-    "modern_ignores_map": ({"eos_token": "<|im_end|>", "added_tokens_decoder": {
-                               str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
-                                        "single_word": False, "special": True} for i, t in enumerate(SPECIALS)}},
-                           {"bos_token": "<s>", "eos_token": "</s>", "mask_token": "<mask>"}),
+    "legacy_map_only": (
+        {},
+        {
+            "bos_token": "<s>",
+            "eos_token": {"content": "</s>", "lstrip": False},
+            "pad_token": "<pad>",
+            "mask_token": "<mask>",
+            "unk_token": "<unk>",
+        },
+    ),
+    "legacy_map_overrides": (
+        {"bos_token": None, "eos_token": "<|im_end|>", "pad_token": "</s>"},
+        {"bos_token": "<s>", "eos_token": "</s>", "mask_token": "<mask>"},
+    ),
+    "config_only": (
+        {
+            "bos_token": {"__type": "AddedToken", "content": "<s>"},
+            "eos_token": "<|im_end|>",
+            "pad_token": "<pad>",
+            "mask_token": "<mask>",
+        },
+        None,
+    ),
+    "modern_ignores_map": (
+        {
+            "eos_token": "<|im_end|>",
+            "added_tokens_decoder": {
+                str(i): {
+                    "content": t,
+                    "lstrip": False,
+                    "normalized": False,
+                    "rstrip": False,
+                    "single_word": False,
+                    "special": True,
+                }
+                for i, t in enumerate(SPECIALS)
+            },
+        },
+        {"bos_token": "<s>", "eos_token": "</s>", "mask_token": "<mask>"},
+    ),
 }
 
 
@@ -101,7 +144,7 @@ def test_rendered_prompt_is_transformers_apply_chat_template(template, layout, t
         for gen in (True, False):
             try:
                 want = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen)
-            except TemplateError:           # a token the template needs is not set: both refuse
+            except TemplateError:  # a token the template needs is not set: both refuse
                 with pytest.raises(ChatTemplateError):
                     ours.apply_chat_template(messages, add_generation_prompt=gen)
                 continue

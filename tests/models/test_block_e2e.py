@@ -2,6 +2,7 @@
 upstream layout with a word-level tokenizer equals the transcription of upstream SDAR generate; the KV budget flag;
 bad input is one line and a non-zero exit (missing mask id, mask = pad, a config lacking a field, another family's
 option, a Fast-dLLM v2 sub-block that does not divide its block)."""
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,23 @@ def test_gen_equals_upstream_sdar_and_honours_the_kv_budget(tmp_path, capsys):
     folder.mkdir()
     ref = write_upstream("sdar", folder, seed=5)
     _tokenizer(folder)
-    argv = ["gen", "-m", str(folder), "--raw", "-p", "t5 t6 t7 t8 t9 t10", "-n", "10", "--seed", "0", "--json",
-            "--steps", "4", "--temperature", "0"]
+    argv = [
+        "gen",
+        "-m",
+        str(folder),
+        "--raw",
+        "-p",
+        "t5 t6 t7 t8 t9 t10",
+        "-n",
+        "10",
+        "--seed",
+        "0",
+        "--json",
+        "--steps",
+        "4",
+        "--temperature",
+        "0",
+    ]
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
 
@@ -47,11 +63,15 @@ def test_gen_equals_upstream_sdar_and_honours_the_kv_budget(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["token_ids"] == want
 
 
-@pytest.mark.parametrize("layout,change,field", [
-    ("sdar", {"mask_token_id": None}, "mask_token_id"),
-    ("sdar", {"pad_token_id": MASK}, "pad_token_id"),
-    ("sdar", {"num_hidden_layers": None}, "num_hidden_layers"),
-    ("Fast_dLLM_Qwen", {"bd_size": -1}, "bd_size")])
+@pytest.mark.parametrize(
+    "layout,change,field",
+    [
+        ("sdar", {"mask_token_id": None}, "mask_token_id"),
+        ("sdar", {"pad_token_id": MASK}, "pad_token_id"),
+        ("sdar", {"num_hidden_layers": None}, "num_hidden_layers"),
+        ("Fast_dLLM_Qwen", {"bd_size": -1}, "bd_size"),
+    ],
+)
 def test_bad_checkpoint_is_one_line_and_exit_code(tmp_path, capsys, layout, change, field):
     folder = tmp_path / "bad"
     folder.mkdir()

@@ -1,6 +1,7 @@
 """End to end on real baby masked checkpoints (#15): ``localdiff gen -m <folder>`` on a LLaDA and a Dream checkpoint
 written in their upstream layouts (``masked_ref.write_upstream``) with a small word-level tokenizer; the tokens equal
 the compact transcription of the upstream decoder (``upstream_masked``) on the same model."""
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,9 @@ def test_gen_on_a_baby_checkpoint_equals_the_upstream_transcription(family, tmp_
 
     folder = _checkpoint(family, tmp_path / family)
     flags = ["--steps", "8", "--block-length", "4"] if family == "llada" else ["--steps", "8", "--alg", "entropy"]
-    assert main(["gen", "-m", str(folder), "--raw", "-p", "t5 t6 t7 t8", "-n", "8", "--seed", "0", "--json",
-                 *flags]) == 0
+    assert (
+        main(["gen", "-m", str(folder), "--raw", "-p", "t5 t6 t7 t8", "-n", "8", "--seed", "0", "--json", *flags]) == 0
+    )
     out = json.loads(capsys.readouterr().out)
     m = localdiff.load(str(folder))
     prompt = torch.tensor([[5, 6, 7, 8]])
@@ -43,8 +45,12 @@ def test_gen_on_a_baby_checkpoint_equals_the_upstream_transcription(family, tmp_
     assert out["token_ids"] == want
     assert out["sampler"]["steps"] == 8 and len(out["stats"]["commit_step"]) == len(want)
     for extra in (["--kv-cache", "dual", "--threshold", "0.5"], ["--kv-cache", "prefix"]):
-        assert main(["gen", "-m", str(folder), "--raw", "-p", "t5 t6 t7 t8", "-n", "8", "--seed", "0", "-q",
-                     *flags, *extra]) == 0
+        assert (
+            main(
+                ["gen", "-m", str(folder), "--raw", "-p", "t5 t6 t7 t8", "-n", "8", "--seed", "0", "-q", *flags, *extra]
+            )
+            == 0
+        )
     capsys.readouterr()
     bad = ["--alg", "entropy"] if family == "llada" else ["--cfg-scale", "1"]
     assert main(["gen", "-m", str(folder), "--raw", "-p", "t5 t6", "-n", "4", *bad]) == 2

@@ -1,4 +1,5 @@
 """The embedded tiny model's training recipe can't rot: generator, tokenizer, eval set, a few training steps."""
+
 from __future__ import annotations
 
 import json
@@ -17,10 +18,12 @@ import tasks  # noqa: E402  (models/tiny/recipe is on pytest's pythonpath)
 
 
 def test_generator_is_deterministic_and_covers_every_family():
-    a = [tasks.sample(random.Random(7)) for _ in range(1)] + [tasks.sample(random.Random(7), family=f)
-                                                             for f in tasks.GENERATORS]
-    b = [tasks.sample(random.Random(7)) for _ in range(1)] + [tasks.sample(random.Random(7), family=f)
-                                                             for f in tasks.GENERATORS]
+    a = [tasks.sample(random.Random(7)) for _ in range(1)] + [
+        tasks.sample(random.Random(7), family=f) for f in tasks.GENERATORS
+    ]
+    b = [tasks.sample(random.Random(7)) for _ in range(1)] + [
+        tasks.sample(random.Random(7), family=f) for f in tasks.GENERATORS
+    ]
     assert a == b
     rng = random.Random(3)
     fams = {tasks.sample(rng)["family"] for _ in range(500)}
@@ -80,8 +83,11 @@ def test_tokenizer_digits_letters_and_chat_template():
     assert [t for t in enc.tokens if any(c.isdigit() for c in t)] == list("275885")  # one token per digit
     assert tok.encode("r e t t o", add_special_tokens=False).tokens == ["▁r", "▁e", "▁t", "▁t", "▁o"]
     tpl = jinja2.Environment().from_string((TINY / "chat_template.jinja").read_text())
-    text = tpl.render(messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
-                      add_generation_prompt=True, bos_token="<bos>")
+    text = tpl.render(
+        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+        add_generation_prompt=True,
+        bos_token="<bos>",
+    )
     assert text == "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
     assert tok.decode(tok.encode("What is 27 + 58?").ids) == "What is 27 + 58?"
 
@@ -113,8 +119,9 @@ def test_a_few_training_steps_lower_the_loss():
     data = train.Data(tok, (TINY / "chat_template.jinja").read_text(), canvas=8, seed=0)
     batch = data.batch(16)
     gen = torch.Generator().manual_seed(0)
-    _assert_loss_falls(model.parameters(), lambda step: train.loss_step(model, *batch, vocab=vocab,
-                                                                      sc=step % 2 == 1, gen=gen))
+    _assert_loss_falls(
+        model.parameters(), lambda step: train.loss_step(model, *batch, vocab=vocab, sc=step % 2 == 1, gen=gen)
+    )
 
 
 def _assert_loss_falls(params, loss_at) -> None:
@@ -135,8 +142,12 @@ def _assert_loss_falls(params, loss_at) -> None:
 
 
 def test_train_script_writes_a_loadable_checkpoint(tmp_path):
-    r = subprocess.run([sys.executable, str(RECIPE / "train.py"), "--steps", "2", "--micro", "--batch", "4",
-                        "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, str(RECIPE / "train.py"), "--steps", "2", "--micro", "--batch", "4", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "done: 2 steps" in r.stdout
     for f in ["config.json", "model.safetensors", "generation_config.json", "tokenizer.json", "chat_template.jinja"]:
@@ -149,8 +160,24 @@ def test_train_script_writes_a_loadable_checkpoint(tmp_path):
 
 def test_stage2_trainer_from_scratch_writes_a_checkpoint_localdiff_loads(tmp_path):
     """The shipped recipe's trainer (train_stage2.py, from a fresh reference initialisation) end to end."""
-    r = subprocess.run([sys.executable, str(RECIPE / "train_stage2.py"), "--steps", "2", "--micro", "--batch", "4",
-                        "--threads", "1", "--out", str(tmp_path)], capture_output=True, text=True, timeout=180)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(RECIPE / "train_stage2.py"),
+            "--steps",
+            "2",
+            "--micro",
+            "--batch",
+            "4",
+            "--threads",
+            "1",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "done: 2 steps" in r.stdout
     import localdiff
@@ -180,8 +207,10 @@ def test_stage2_objective_steps_lower_the_loss(tmp_path):
     data = train.Data(tok, (TINY / "chat_template.jinja").read_text(), cfg.canvas_length, seed=0)
     ids, mask, target = next(train_stage2.batches(data, 8, pool=2))
     gen = torch.Generator().manual_seed(0)
-    _assert_loss_falls(net.parameters(), lambda step: train_stage2.canvas_loss(net, ids, mask, target, 2, gen,
-                                                                               self_condition=step % 2 == 1))
+    _assert_loss_falls(
+        net.parameters(),
+        lambda step: train_stage2.canvas_loss(net, ids, mask, target, 2, gen, self_condition=step % 2 == 1),
+    )
 
 
 def test_multi_turn_items_put_earlier_turns_in_the_prefix():
@@ -190,8 +219,10 @@ def test_multi_turn_items_put_earlier_turns_in_the_prefix():
 
     tok = Tokenizer.from_file(str(TINY / "tokenizer.json"))
     data = train.Data(tok, (TINY / "chat_template.jinja").read_text(), canvas=32, seed=0, history_prob=1.0)
-    p, a = data.encode_item({"prompt": "Reverse the letters: r i v e r", "answer": "r e v i r"},
-                            [{"prompt": "What is 12 + 34?", "answer": "12 + 34 = 46."}])
+    p, a = data.encode_item(
+        {"prompt": "Reverse the letters: r i v e r", "answer": "r e v i r"},
+        [{"prompt": "What is 12 + 34?", "answer": "12 + 34 = 46."}],
+    )
     text = tok.decode(p, skip_special_tokens=False)
     assert text.count("<start_of_turn>user") == 2 and "12 + 34 = 46.<end_of_turn>" in text
     assert text.endswith("<start_of_turn>model\n") and tok.decode(a[:-1]) == "r e v i r"

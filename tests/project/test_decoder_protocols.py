@@ -1,4 +1,5 @@
 """Every decoder policy class conforms to its loop's protocol (localdiff.decoding.protocols, issue #41 item 1)."""
+
 from __future__ import annotations
 
 import pytest
@@ -36,7 +37,7 @@ def test_a_policy_that_misses_or_misnames_a_call_is_reported():
     class Broken:
         parallel = False
 
-        def begin_block(self, start=None):          # the block loop's signature on a window policy
+        def begin_block(self, start=None):  # the block loop's signature on a window policy
             pass
 
     problems = conforms(Broken, WindowPolicy)

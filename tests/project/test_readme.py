@@ -1,5 +1,6 @@
 """README facts a new user relies on (issue #22 item 13): the clone-and-cd step before the two commands, which stay
 as they are; test duration; exit code 141; stdin; batch draw order; and the flags it names exist."""
+
 from __future__ import annotations
 
 import re
@@ -12,7 +13,7 @@ TEST = 'pip install torch==2.13.0 && pip install ".[test]" && python -m pytest -
 
 def test_clone_and_cd_come_before_the_two_unchanged_commands():
     clone = README.find("git clone")
-    assert clone != -1 and "cd localdiff" in README[clone:clone + 80]
+    assert clone != -1 and "cd localdiff" in README[clone : clone + 80]
     assert clone < README.find(RUN) < README.find(TEST)
 
 
@@ -34,8 +35,12 @@ def test_flags_named_in_the_readme_exist():
     from localdiff.cli.dispatch import build_parser
 
     sub = build_parser()._subparsers._group_actions[0].choices
-    for cmd, flag in (("gen", "--raw-bytes"), ("pull", "--no-space-check"), ("pull", "--verify"),
-                      ("quantize", "--force")):
+    for cmd, flag in (
+        ("gen", "--raw-bytes"),
+        ("pull", "--no-space-check"),
+        ("pull", "--verify"),
+        ("quantize", "--force"),
+    ):
         assert flag in README and flag in sub[cmd]._option_string_actions, (cmd, flag)
 
 
@@ -45,7 +50,7 @@ def test_readme_lists_every_config_key_env_variable_and_decoder_option():
     from localdiff import config
     from localdiff.decoding.options import all_specs
 
-    conf = README[README.index("## Configuration"):]
+    conf = README[README.index("## Configuration") :]
     for key in config._TOP_KEYS:
         assert f"`{key}`" in conf, key
     for name in list(config._ENV_TOP) + list(config._ENV_OTHER):

@@ -2,6 +2,7 @@
 {decoding, cache, quantize, backends} → arch → kernels, with loader and hub beside — and form no cycle; ``arch``
 imports only arch / kernels / errors / units; ``kernels`` (the native C kernels) only kernels / errors; decoders work
 on logits and ids; the chat talks to the engine only."""
+
 from __future__ import annotations
 
 import ast
@@ -11,16 +12,45 @@ PKG = Path(__file__).resolve().parents[2] / "localdiff"
 
 #: top-level part → parts it must never import (function-level imports included)
 FORBIDDEN = {
-    "arch": {"engine", "loader", "cli", "tui", "serve", "decoding", "cache", "quantize", "hub", "bench", "backends",
-             "config", "summary", "tokenizer"},
+    "arch": {
+        "engine",
+        "loader",
+        "cli",
+        "tui",
+        "serve",
+        "decoding",
+        "cache",
+        "quantize",
+        "hub",
+        "bench",
+        "backends",
+        "config",
+        "summary",
+        "tokenizer",
+    },
     "decoding": {"engine", "loader", "cli", "tui", "serve", "hub", "bench", "cache", "quantize"},
     "cache": {"engine", "loader", "cli", "tui", "serve", "decoding", "hub", "bench"},
     "quantize": {"engine", "cli", "tui", "serve", "decoding", "hub", "bench"},
     "tui": {"hub", "cli", "serve", "loader", "bench"},
     "engine": {"cli", "tui", "serve", "bench"},
     "hub": {"engine", "cli", "tui", "serve", "decoding", "cache", "bench"},
-    "kernels": {"arch", "engine", "loader", "cli", "tui", "serve", "decoding", "cache", "quantize", "hub", "bench",
-                "backends", "config", "summary", "tokenizer"},
+    "kernels": {
+        "arch",
+        "engine",
+        "loader",
+        "cli",
+        "tui",
+        "serve",
+        "decoding",
+        "cache",
+        "quantize",
+        "hub",
+        "bench",
+        "backends",
+        "config",
+        "summary",
+        "tokenizer",
+    },
 }
 
 
@@ -72,7 +102,7 @@ def test_no_import_cycles():
         stack.append(v)
         for w in graph[v]:
             if state.get(w) == 1:
-                raise AssertionError("import cycle: " + " -> ".join(stack[stack.index(w):] + [w]))
+                raise AssertionError("import cycle: " + " -> ".join(stack[stack.index(w) :] + [w]))
             if w not in state:
                 visit(w)
         stack.pop()
@@ -84,8 +114,12 @@ def test_no_import_cycles():
 
 
 def test_imports_follow_the_allowed_direction():
-    bad = [f"{a} -> {b}" for a, deps in _imports(_modules()).items() for b in deps
-           if _part(b) in FORBIDDEN.get(_part(a), ())]
+    bad = [
+        f"{a} -> {b}"
+        for a, deps in _imports(_modules()).items()
+        for b in deps
+        if _part(b) in FORBIDDEN.get(_part(a), ())
+    ]
     assert not bad, bad
 
 
@@ -100,8 +134,11 @@ def test_the_checker_sees_a_violation(tmp_path, monkeypatch):
 
 
 def test_files_stay_under_about_400_lines():
-    big = [f"{p.relative_to(PKG.parent)} ({n})" for p in PKG.rglob("*.py")
-           if (n := len(p.read_text(encoding="utf-8").splitlines())) > 400]
+    big = [
+        f"{p.relative_to(PKG.parent)} ({n})"
+        for p in PKG.rglob("*.py")
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > 400
+    ]
     assert not big, big
 
 
@@ -109,8 +146,11 @@ def test_arch_imports_only_arch_kernels_errors_units():
     """The positive form of arch's rule (the blacklist above let a new top-level module slip in)."""
     graph = _imports(_modules())
     allowed = {"localdiff.errors", "localdiff.units"}
-    bad = {m: sorted(d for d in deps if not d.startswith(("localdiff.arch", "localdiff.kernels")) and d not in allowed)
-           for m, deps in graph.items() if m.startswith("localdiff.arch")}
+    bad = {
+        m: sorted(d for d in deps if not d.startswith(("localdiff.arch", "localdiff.kernels")) and d not in allowed)
+        for m, deps in graph.items()
+        if m.startswith("localdiff.arch")
+    }
     assert not {m: d for m, d in bad.items() if d}, bad
 
 
@@ -118,12 +158,16 @@ def test_kernels_sit_at_the_bottom():
     """``localdiff.kernels`` imports only itself and ``localdiff.errors``; every C source sits in it, beside its
     loader (one build-and-cache module, ``kernels/build.py``)."""
     graph = _imports(_modules())
-    bad = {m: sorted(d for d in deps if not d.startswith("localdiff.kernels") and d != "localdiff.errors")
-           for m, deps in graph.items() if m.startswith("localdiff.kernels")}
+    bad = {
+        m: sorted(d for d in deps if not d.startswith("localdiff.kernels") and d != "localdiff.errors")
+        for m, deps in graph.items()
+        if m.startswith("localdiff.kernels")
+    }
     assert not {m: d for m, d in bad.items() if d}, bad
     sources = sorted(p.relative_to(PKG).as_posix() for p in PKG.rglob("*.c"))
-    assert sources and all(s.startswith("kernels/") and (PKG / s).with_suffix(".py").is_file()
-                           for s in sources), sources
+    assert sources and all(s.startswith("kernels/") and (PKG / s).with_suffix(".py").is_file() for s in sources), (
+        sources
+    )
 
 
 def test_every_registry_family_is_listed_and_every_listed_family_runs():

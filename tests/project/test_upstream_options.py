@@ -4,6 +4,7 @@ cell names only things localdiff has (a ``localdiff gen`` flag with a value it a
 ``Model.stream`` keyword or method, a field ``localdiff show`` prints, a decoder policy, a server request field, a
 catalog name or a repository file), every "not supported" cell gives a reason, each table names the upstream file's
 commit, the summary counts are the tables', and every option of the upstream-derived decoders is mapped somewhere."""
+
 from __future__ import annotations
 
 import inspect
@@ -101,8 +102,17 @@ def known() -> Known:
 
 def test_the_document_has_the_upstream_functions_the_issue_lists():
     titles = " ".join(_tables())
-    for upstream in ("SDAR", "LLaDA `generate`", "Fast-dLLM v1 LLaDA", "Fast-dLLM v1 Dream", "Fast-dLLM v2", "Dream",
-                     "LLaDA2.0", "LLaDA2.1", "dInfer"):
+    for upstream in (
+        "SDAR",
+        "LLaDA `generate`",
+        "Fast-dLLM v1 LLaDA",
+        "Fast-dLLM v1 Dream",
+        "Fast-dLLM v2",
+        "Dream",
+        "LLaDA2.0",
+        "LLaDA2.1",
+        "dInfer",
+    ):
         assert upstream in titles, upstream
 
 
@@ -114,7 +124,7 @@ def test_every_cell_is_supported_as_something_localdiff_has_or_says_why_not(titl
         assert len(row) == 3, (title, row)
         cell = row[2]
         if cell.startswith(MISSING):
-            assert len(cell[len(MISSING):].split()) >= 4, (title, row[0], "give the reason")
+            assert len(cell[len(MISSING) :].split()) >= 4, (title, row[0], "give the reason")
             continue
         assert cell.startswith(SUPPORTED), (title, row[0], "a cell starts 'supported as' or 'not supported, because'")
         refs = re.findall(r"`([^`]+)`", cell)
@@ -146,22 +156,52 @@ def test_every_option_of_the_upstream_decoders_is_mapped(known):
     document (or a new row)."""
     from localdiff.decoding.options import POLICIES
 
-    cited = {ref.partition(" ")[0] for rows in _tables().values() for r in rows if r[2].startswith(SUPPORTED)
-             for ref in re.findall(r"`([^`]+)`", r[2])}
+    cited = {
+        ref.partition(" ")[0]
+        for rows in _tables().values()
+        for r in rows
+        if r[2].startswith(SUPPORTED)
+        for ref in re.findall(r"`([^`]+)`", r[2])
+    }
     for policy in UPSTREAM_POLICIES:
         for spec in POLICIES[policy].specs():
             assert spec.cli_flag in cited or spec.name in cited, (policy, spec.name)
 
 
-@pytest.mark.parametrize("ref", ["--no-such-flag", "--kv-cache sideways", "--remasking-strategy eb", "--steps 0",
-                                 "kv_cache=sideways", "no_such_option", "docs/NO_SUCH.md"])
+@pytest.mark.parametrize(
+    "ref",
+    [
+        "--no-such-flag",
+        "--kv-cache sideways",
+        "--remasking-strategy eb",
+        "--steps 0",
+        "kv_cache=sideways",
+        "no_such_option",
+        "docs/NO_SUCH.md",
+    ],
+)
 def test_the_checker_rejects_what_localdiff_does_not_have(known, ref):
     assert known.check(ref) is not None
 
 
-@pytest.mark.parametrize("ref", ["--kv-cache vicinity", "--remasking-strategy entropy_bounded", "-n",
-                                 "--no-stop-at-eos", "kv_cache=none", "denoising_steps", "mask_token_id", "block_size",
-                                 "attention_mask", "stream", "llada2", "stop", "llada2.1:mini",
-                                 "localdiff/decoding/sdar.py"])
+@pytest.mark.parametrize(
+    "ref",
+    [
+        "--kv-cache vicinity",
+        "--remasking-strategy entropy_bounded",
+        "-n",
+        "--no-stop-at-eos",
+        "kv_cache=none",
+        "denoising_steps",
+        "mask_token_id",
+        "block_size",
+        "attention_mask",
+        "stream",
+        "llada2",
+        "stop",
+        "llada2.1:mini",
+        "localdiff/decoding/sdar.py",
+    ],
+)
 def test_the_checker_accepts_what_localdiff_has(known, ref):
     assert known.check(ref) is None

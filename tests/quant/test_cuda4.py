@@ -1,6 +1,7 @@
 """int4 on CUDA (``localdiff.quantize.cuda4``), checked on the CPU: the backend choice, tinygemm's constants and
 layout (through torch's CPU tinygemm, the same dequantization formula), bitsandbytes' NF4 requantization (its CPU
 build), and a whole model converted as the loader does on CUDA. The CUDA timings run in ``.ci/gpu_check.sh``."""
+
 from __future__ import annotations
 
 import copy
@@ -18,12 +19,12 @@ from localdiff.quantize.fuse import fuse_model
 
 def test_choose_backend():
     bf = torch.bfloat16
-    assert cuda4.choose("cpu", bf, 2048, 6144, env="bnb") == "native"            # the native kernel on CPU
+    assert cuda4.choose("cpu", bf, 2048, 6144, env="bnb") == "native"  # the native kernel on CPU
     assert cuda4.choose("cuda", bf, 2048, 6144, env="") == "tinygemm"
     assert cuda4.choose("cuda", bf, 2048, 6144, env="auto") == "tinygemm"
     assert cuda4.choose("cuda", torch.float32, 2048, 6144, env="") == "dequant"  # tinygemm takes bf16 only
-    assert cuda4.choose("cuda", bf, 2000, 6144, env="tinygemm") == "dequant"      # in % 128 != 0
-    assert cuda4.choose("cuda", bf, 2048, 6136, env="") == "dequant"             # out % 16 != 0
+    assert cuda4.choose("cuda", bf, 2000, 6144, env="tinygemm") == "dequant"  # in % 128 != 0
+    assert cuda4.choose("cuda", bf, 2048, 6136, env="") == "dequant"  # out % 16 != 0
     assert cuda4.choose("cuda", bf, 2048, 6144, env="dequant") == "dequant"
     assert cuda4.choose("cuda", bf, 2048, 6144, env="bnb", bnb=True) == "bnb"
     with pytest.raises(LocaldiffError, match="needs bitsandbytes"):
@@ -47,9 +48,9 @@ def test_tinygemm_constants_reproduce_our_dequantization():
     ours = int4.dequantize(q.weight, q.weight_scale, q.weight_zero, dtype=torch.float64)
     theirs = cuda4.tinygemm_dequantize(int4.unpack_codes(q.weight), sz).double()
     s = q.weight_scale.double().repeat_interleave(64, 1)
-    bound = (s * (8 - q.weight_zero.double().repeat_interleave(64, 1))).abs() * 2.0 ** -8   # bf16 zt rounding
+    bound = (s * (8 - q.weight_zero.double().repeat_interleave(64, 1))).abs() * 2.0**-8  # bf16 zt rounding
     assert ((ours - theirs).abs() <= bound).all()
-    assert (ours - theirs).abs().max() <= s.max() / 32                      # a small fraction of one step
+    assert (ours - theirs).abs().max() <= s.max() / 32  # a small fraction of one step
 
 
 @pytest.mark.parametrize("n,k,m,bias", [(48, 256, 1, False), (32, 384, 5, True), (64, 128, 17, False)])
@@ -57,13 +58,15 @@ def test_tinygemm_linear_equals_its_dequantization(n, k, m, bias):
     q = _int4_linear(n, k, bias=bias, seed=n)
     t = cuda4.TinygemmLinear(q)
     x = torch.randn(2, m, k)
-    ref = x.to(torch.bfloat16).double() @ cuda4.tinygemm_dequantize(int4.unpack_codes(q.weight),
-                                                                   t.scales_and_zeros).double().t()
+    ref = (
+        x.to(torch.bfloat16).double()
+        @ cuda4.tinygemm_dequantize(int4.unpack_codes(q.weight), t.scales_and_zeros).double().t()
+    )
     if bias:
         ref = ref + q.bias.double()
     y = t(x)
     assert y.shape == (2, m, n) and y.dtype == x.dtype
-    torch.testing.assert_close(y.double(), ref, rtol=1e-2, atol=1e-2 * ref.abs().max().item())   # bf16 output
+    torch.testing.assert_close(y.double(), ref, rtol=1e-2, atol=1e-2 * ref.abs().max().item())  # bf16 output
 
 
 def test_bnb_nf4_requantization_error_is_bounded():
@@ -73,12 +76,13 @@ def test_bnb_nf4_requantization_error_is_bounded():
     x = torch.randn(3, 256)
     ref = x.double() @ int4.dequantize(q.weight, q.weight_scale, q.weight_zero, dtype=torch.float64).t()
     err = (b(x).double() - ref).abs().max() / ref.abs().max()
-    assert 0 < err < 0.15        # a second 4-bit rounding (NF4 has no zero point): close, not equal
+    assert 0 < err < 0.15  # a second 4-bit rounding (NF4 has no zero point): close, not equal
 
 
 def test_convert_model_as_on_cuda_unfuses_and_keeps_logits():
-    raw = dict(BABY["sdar"], hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
-               head_dim=32)                   # every projection tinygemm-shaped (in % 128, out % 16)
+    raw = dict(
+        BABY["sdar"], hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=32
+    )  # every projection tinygemm-shaped (in % 128, out % 16)
     net = build_baby(raw, seed=2).to(torch.bfloat16)
     qnet = quantize_model(copy.deepcopy(net), quant="int4")
     fuse_model(qnet)
@@ -87,10 +91,11 @@ def test_convert_model_as_on_cuda_unfuses_and_keeps_logits():
     counts = cuda4.convert_model(qnet, env="", force_device="cuda")
     assert counts == {"tinygemm": 7 * raw["num_hidden_layers"]}, counts
     assert not any(isinstance(m, int4.Int4Linear) for m in qnet.modules())
-    assert all(getattr(m, "qkv_fused", None) is None and getattr(m, "gate_up_fused", None) is None
-               for m in qnet.modules())
+    assert all(
+        getattr(m, "qkv_fused", None) is None and getattr(m, "gate_up_fused", None) is None for m in qnet.modules()
+    )
     after = forward_roles(qnet, ids)
-    for role in before:      # the same int4 weights through tinygemm's formula: bf16-close, same top-1 mostly
+    for role in before:  # the same int4 weights through tinygemm's formula: bf16-close, same top-1 mostly
         agree = (before[role].argmax(-1) == after[role].argmax(-1)).float().mean().item()
         assert agree >= 0.9, (role, agree)
 

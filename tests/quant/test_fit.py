@@ -1,6 +1,7 @@
 """The int4 memory plan (issue 42 item 3) and the precision chooser (bf16 → int8 → int4, the first that fits):
 int4 bytes against a test-side build of the format, the same tensor set as int8, the DiffusionGemma-26B-A4B flagship
 on 16 / 24 GiB GPUs and 32 GiB of RAM, plans for every catalog model, and ``show --plan --quant int4``."""
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,11 @@ def _cfg(name: str) -> dict:
 
 def _planned():
     """(alias, config) of every catalog model with a stand-in config (every model the planner can size pre-pull)."""
-    return [(e.alias, json.loads(e.offline_config.read_text())) for e in catalog.entries()
-            if e.offline_config is not None and e.offline_config.is_file()]
+    return [
+        (e.alias, json.loads(e.offline_config.read_text()))
+        for e in catalog.entries()
+        if e.offline_config is not None and e.offline_config.is_file()
+    ]
 
 
 def _packed(rows: int, cols: int) -> int:
@@ -50,18 +54,19 @@ def test_int4_quantizes_exactly_the_int8_set_and_plans_every_catalog_model(alias
     recipe = recipe_for_model(alias)
     i8 = {r["name"]: r for r in tensor_bytes(cfg, "int8", recipe=recipe)}
     i4 = {r["name"]: r for r in tensor_bytes(cfg, "int4", recipe=recipe)}
-    tables = table_precision(cfg, "int4", recipe)           # the recipe's int4_embeddings (block / canvas models)
+    tables = table_precision(cfg, "int4", recipe)  # the recipe's int4_embeddings (block / canvas models)
     assert i8.keys() - {"head_int8.weight"} == i4.keys() - {"head_int8.weight"}
     q8 = {n for n, r in i8.items() if r["precision"] == "int8" and n != "head_int8.weight"}
     q4 = {n for n, r in i4.items() if r["precision"] == "int4"}
     t4 = {n for n, r in i4.items() if r["component"] in ("embeddings", "lm_head")}
-    assert q4 == q8 | (t4 if tables == "int4" else set()) and q4   # the same tensors (+ the tables), and some
-    assert ("head_int8.weight" in i4) == ("head_int8.weight" in i8 and not tables)   # tables: no head copy
+    assert q4 == q8 | (t4 if tables == "int4" else set()) and q4  # the same tensors (+ the tables), and some
+    assert ("head_int8.weight" in i4) == ("head_int8.weight" in i8 and not tables)  # tables: no head copy
     for n, r in i4.items():
-        if r["component"] in ("router", "norms", "self_conditioning", "attention_norms") or \
-                (r["component"] == "embeddings" and not tables):
-            assert r["precision"] == "bfloat16", n          # stay 16-bit
-        if r["precision"] == "int4":                         # weights stored [out, in] / [E, out, in]
+        if r["component"] in ("router", "norms", "self_conditioning", "attention_norms") or (
+            r["component"] == "embeddings" and not tables
+        ):
+            assert r["precision"] == "bfloat16", n  # stay 16-bit
+        if r["precision"] == "int4":  # weights stored [out, in] / [E, out, in]
             rows = r["shape"][0] if len(r["shape"]) == 2 else r["shape"][0] * r["shape"][1]
             assert r["bytes"] == _packed_rows(rows, r["shape"][-1]), n
     gpu = plan_memory(cfg, 16 * GIB, "int4", recipe=recipe)
@@ -91,7 +96,7 @@ def test_flagship_int4_plans_16_24_gib_gpu_and_32_gib_ram():
     small = plan_memory(cfg, 16 * GIB, "int4", 256 << 20, recipe=recipe)
     assert small.resident and small.free_bytes > 0.6 * GIB
     p24 = plan_memory(cfg, 24 * GIB, "int4", recipe=recipe)
-    assert p24.resident and p24.free_bytes > 6 * GIB       # int8 at 24 GiB kept 5 layers on the host
+    assert p24.resident and p24.free_bytes > 6 * GIB  # int8 at 24 GiB kept 5 layers on the host
     assert plan_memory(cfg, 24 * GIB, "int8", recipe=recipe).n_cpu_moe == 5
     cpu = plan_memory(cfg, 32 * GIB, "int4", recipe=recipe, device="cpu")
     assert cpu.fits and cpu.device_total_bytes == p16.resident_bytes
@@ -106,26 +111,29 @@ def test_host_ram_is_checked_when_given():
     assert "host RAM" in p.to_text() and "does NOT fit" in p.to_text()
 
 
-@pytest.mark.parametrize("name,gpu,ram,want,device,words", [
-    (FLAGSHIP, 80, 128, "bf16", "cuda", "everything on the GPU"),
-    (FLAGSHIP, 24, 64, "int4", "cuda", "not in bf16 or int8"),
-    (FLAGSHIP, 16, 64, "int4", "cuda", "in int4, everything on the GPU"),
-    (FLAGSHIP, 0, 32, "int8", "cpu", "fits 32.00 GiB of RAM in int8 on the CPU, not in bf16"),
-    (FLAGSHIP, 0, 24, "int4", "cpu", "not in bf16 or int8"),
-    (FLAGSHIP, 0, 8, None, "cpu", "int4 needs 15.98 GiB of RAM"),
-    ("llada2:mini", 24, 64, "int8", "cuda", "in int8, everything on the GPU, not in bf16"),
-    ("llada2:mini", 0, 24, "int8", "cpu", "not in bf16"),
-    ("sdar:8b", 12, 16, "int4", "cuda", "fits this 12.00 GiB GPU in int4, everything on the GPU"),   # int4 tables
-    ("sdar:8b", 8, 16, "int8", "cpu", "no precision fits this 8.00 GiB GPU"),
-    ("qwen3-mdm:0.6b", 0, 8, "bf16", "cpu", "in bf16 on the CPU"),
-])
+@pytest.mark.parametrize(
+    "name,gpu,ram,want,device,words",
+    [
+        (FLAGSHIP, 80, 128, "bf16", "cuda", "everything on the GPU"),
+        (FLAGSHIP, 24, 64, "int4", "cuda", "not in bf16 or int8"),
+        (FLAGSHIP, 16, 64, "int4", "cuda", "in int4, everything on the GPU"),
+        (FLAGSHIP, 0, 32, "int8", "cpu", "fits 32.00 GiB of RAM in int8 on the CPU, not in bf16"),
+        (FLAGSHIP, 0, 24, "int4", "cpu", "not in bf16 or int8"),
+        (FLAGSHIP, 0, 8, None, "cpu", "int4 needs 15.98 GiB of RAM"),
+        ("llada2:mini", 24, 64, "int8", "cuda", "in int8, everything on the GPU, not in bf16"),
+        ("llada2:mini", 0, 24, "int8", "cpu", "not in bf16"),
+        ("sdar:8b", 12, 16, "int4", "cuda", "fits this 12.00 GiB GPU in int4, everything on the GPU"),  # int4 tables
+        ("sdar:8b", 8, 16, "int8", "cpu", "no precision fits this 8.00 GiB GPU"),
+        ("qwen3-mdm:0.6b", 0, 8, "bf16", "cpu", "in bf16 on the CPU"),
+    ],
+)
 def test_chooser_takes_the_first_precision_that_fits(name, gpu, ram, want, device, words):
     cfg, recipe = _cfg(name), recipe_for_model(name)
     c = choose_precision(cfg, gpu * GIB, ram * GIB, recipe=recipe)
     assert (c.precision, c.device) == (want, device) and words in c.reason
     assert c.quant == (None if want in (None, "bf16") else want)
     ladder = ["bf16", "int8", "int4"]
-    for q in ladder[:ladder.index(want) if want else 3]:   # every wider precision really does not fit
+    for q in ladder[: ladder.index(want) if want else 3]:  # every wider precision really does not fit
         if device == "cpu":
             assert not plan_memory(cfg, ram * GIB, q, recipe=recipe, device="cpu").fits
         else:
@@ -154,7 +162,7 @@ def test_show_plans_int4_on_a_gpu_and_on_the_cpu(capsys):
     assert main(["show", FLAGSHIP, "--quant", "int4", "--device", "cpu", "--ram", "32GiB", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["plan"]["device"] == "cpu" and d["plan"]["fits"] and d["plan"]["gpu_mem_bytes"] == 32 * GIB
-    assert d["precision_choice"]["precision"] == "int8"       # the chooser: int8 fits 32 GiB, bf16 does not
+    assert d["precision_choice"]["precision"] == "int8"  # the chooser: int8 fits 32 GiB, bf16 does not
     assert main(["show", FLAGSHIP, "--device", "cpu", "--gpu-mem", "16GiB"]) == 2
     assert "--ram" in capsys.readouterr().err
     assert main(["show", FLAGSHIP, "--device", "cpu", "--ram", "lots"]) == 2

@@ -2,6 +2,7 @@
 packing layout against a test-side transcription, and every kernel path (this CPU's default build, the fp32-FMA
 path forced, an AVX2 build, a generic C build, the torch fallback) against float64 dequantize-then-matmul for odd
 shapes and every row count 1..17 and 256."""
+
 from __future__ import annotations
 
 import shutil
@@ -14,7 +15,7 @@ from localdiff.kernels import int4 as native4
 from localdiff.quantize import int4
 from localdiff.quantize.int4 import dequantize, int4_matmul, quantize_tensor
 
-SHAPES = [(1, 1), (7, 5), (13, 64), (37, 100), (9, 129), (65, 257), (31, 1100), (17, 2049)]   # (N, K)
+SHAPES = [(1, 1), (7, 5), (13, 64), (37, 100), (9, 129), (65, 257), (31, 1100), (17, 2049)]  # (N, K)
 ROWS = list(range(1, 18)) + [256]
 CC = native_build.compiler()
 needs_cc = pytest.mark.skipif(CC is None, reason="no C compiler")
@@ -32,7 +33,7 @@ def fresh(monkeypatch):
 def _weights(n, k, seed=0):
     g = torch.Generator().manual_seed(seed)
     w = torch.randn(n, k, generator=g) * 0.05
-    w[0, : min(k, 70)] += 0.3                       # a group off-centre: its zero point is not near 7.5
+    w[0, : min(k, 70)] += 0.3  # a group off-centre: its zero point is not near 7.5
     return w
 
 
@@ -42,10 +43,10 @@ def _ref_dequant(packed, scale, zero, k):
     n = packed.shape[0]
     w = torch.zeros(n, scale.shape[1] * 64, dtype=torch.float64)
     for g in range(scale.shape[1]):
-        b = packed[:, g * 32:(g + 1) * 32].long()
+        b = packed[:, g * 32 : (g + 1) * 32].long()
         s, z = scale[:, g].double()[:, None], zero[:, g].double()[:, None]
-        w[:, g * 64:g * 64 + 32] = s * ((b & 15).double() - z)
-        w[:, g * 64 + 32:g * 64 + 64] = s * ((b >> 4).double() - z)
+        w[:, g * 64 : g * 64 + 32] = s * ((b & 15).double() - z)
+        w[:, g * 64 + 32 : g * 64 + 64] = s * ((b >> 4).double() - z)
     return w[:, :k]
 
 
@@ -67,17 +68,17 @@ def test_quantize_dequantize_error_bound():
     for n, k in SHAPES + [(3, 640)]:
         w = _weights(n, k, seed=k)
         if k > 64:
-            w[1, :64] = 0.0                            # an all-zero group
-            w[2, 64:128] = 0.123                       # a constant group
+            w[1, :64] = 0.0  # an all-zero group
+            w[2, 64:128] = 0.123  # a constant group
         p, s, z = quantize_tensor(w)
         deq = dequantize(p, s, z, k, torch.float64)
         step = s.double().repeat_interleave(64, dim=1)[:, :k]
         zz = z.double().abs().repeat_interleave(64, dim=1)[:, :k]
         err = (deq - w.double()).abs()
-        assert (err <= step * (0.5 + 2.0 ** -11 * zz) + 1e-12).all(), (n, k, (err / step).max())
+        assert (err <= step * (0.5 + 2.0**-11 * zz) + 1e-12).all(), (n, k, (err / step).max())
         wp = torch.nn.functional.pad(w, (0, s.shape[1] * 64 - k)).view(n, -1, 64)
         rng = (wp.amax(-1) - wp.amin(-1)) / 15
-        bound = torch.maximum(rng, wp.abs().amax(-1) / 256) * (1 + 2.0 ** -7)
+        bound = torch.maximum(rng, wp.abs().amax(-1) / 256) * (1 + 2.0**-7)
         assert (s.float() <= torch.maximum(bound, torch.ones_like(bound) * (bound == 0))).all()
         if k > 64:
             assert (deq[1, :64] == 0).all() and (deq[2, 64:128] - 0.123).abs().max() <= 0.123 / 256
@@ -139,10 +140,14 @@ def _variant(tmp_path, flags):
 
 
 @needs_cc
-@pytest.mark.parametrize("name,flags", [
-    ("avx2", ("-O3", "-mavx2", "-mfma", "-mf16c", "-fPIC", "-shared")),
-    ("avx512-no-bf16", ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-mf16c", "-fPIC", "-shared")),
-    ("generic", native_build.PORTABLE_FLAGS)])
+@pytest.mark.parametrize(
+    "name,flags",
+    [
+        ("avx2", ("-O3", "-mavx2", "-mfma", "-mf16c", "-fPIC", "-shared")),
+        ("avx512-no-bf16", ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-mf16c", "-fPIC", "-shared")),
+        ("generic", native_build.PORTABLE_FLAGS),
+    ],
+)
 def test_native_other_builds(tmp_path, name, flags):
     """The same source built for other targets (each runs where this CPU supports it): the AVX2 path, the AVX-512
     FMA path without BF16, and the generic C path (no -march: plain C vectors, software fp16 conversion)."""
@@ -156,8 +161,9 @@ def test_native_other_builds(tmp_path, name, flags):
     lib = _variant(tmp_path, flags)
     assert not lib.localdiff_int4_has_bf16()
     assert lib.localdiff_int4_vector_width() == (16 if name.startswith("avx512") else 8)
-    _check(lambda x, p, s, z, t: native4.matmul(x, p, s, z, threads=t, lib=lib, out_dtype=torch.float32),
-           threads=(1, 2))
+    _check(
+        lambda x, p, s, z, t: native4.matmul(x, p, s, z, threads=t, lib=lib, out_dtype=torch.float32), threads=(1, 2)
+    )
 
 
 def test_torch_fallback_without_compiler(fresh):
@@ -209,11 +215,11 @@ def test_many_bf16_rows_run_dequantized_bf16_blocks_and_a_gemm(fresh):
     assert torch.equal(native4.dequantize_bf16(p, s, z, 7, 19, buf)[:, :200], w16[7:19])
     x = torch.randn(2, int4.DEQUANT_ROWS, 200).to(torch.bfloat16)
     want = torch.nn.functional.linear(x, w16)
-    fresh.setattr(int4, "_BLOCK_BYTES", 64 * 256 * 2)               # several blocks of 64 rows
+    fresh.setattr(int4, "_BLOCK_BYTES", 64 * 256 * 2)  # several blocks of 64 rows
     got = int4_matmul(x, p, s, z)
     assert got.dtype == torch.bfloat16 and got.shape == (2, int4.DEQUANT_ROWS, 300)
     torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-2)
-    few = x[:1, : int4.DEQUANT_ROWS - 1]                              # the exact kernel below the threshold
+    few = x[:1, : int4.DEQUANT_ROWS - 1]  # the exact kernel below the threshold
     assert torch.equal(int4_matmul(few, p, s, z), native4.matmul(few.reshape(-1, 200), p, s, z).reshape(1, -1, 300))
 
 
@@ -232,11 +238,11 @@ def test_int4_experts_in_one_library_call_equal_the_per_expert_loop(fresh, dtype
         ex.down_proj.normal_(0, 0.1)
     q = int4.Int4Experts.from_experts(ex)
     x = torch.randn(9, 100).to(dtype)
-    index = torch.tensor([[0, 2], [2, 5], [0, 5], [2, 0], [5, 2], [0, 2], [2, 5], [5, 0], [0, 2]])   # 1, 3, 4: none
+    index = torch.tensor([[0, 2], [2, 5], [0, 5], [2, 0], [5, 2], [0, 2], [2, 5], [5, 0], [0, 2]])  # 1, 3, 4: none
     weights = torch.rand(9, 2)
     with torch.inference_mode():
         calls = []
         fresh.setattr(native4, "grouped_matmul", lambda *a, _f=native4.grouped_matmul: calls.append(1) or _f(*a))
         got = q(x, weights, index)
-        want = MoEExperts.forward(q, x, weights, index)            # the per-expert loop (expert_ffn)
+        want = MoEExperts.forward(q, x, weights, index)  # the per-expert loop (expert_ffn)
     assert len(calls) == 2 and got.dtype == dtype and torch.equal(got, want)

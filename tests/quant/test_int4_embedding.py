@@ -1,6 +1,7 @@
 """Quantized embedding tables (``localdiff.quantize.embedding``): lookup, tied head and soft embedding equal the same
 computations on the dequantized table; recipes' ``int4_embeddings``; block and DiffusionGemma models with int4 /
 int8 tables equal their float twins on dequantized weights; the flagship's int4 plan is resident on a 16 GiB GPU."""
+
 from __future__ import annotations
 
 import copy
@@ -32,9 +33,9 @@ def _reference_table(q: QuantEmbedding) -> torch.Tensor:
 @pytest.mark.parametrize("precision", ["int4", "int8"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_lookup_head_and_weighted_sum_equal_the_dequantized_table(precision, dtype, monkeypatch):
-    monkeypatch.setattr(embedding, "CHUNK", 64)          # several chunks in weighted_sum
+    monkeypatch.setattr(embedding, "CHUNK", 64)  # several chunks in weighted_sum
     g = torch.Generator().manual_seed(0)
-    emb = nn.Embedding(301, 100).to(dtype)               # 100 features: a padded last group of 64
+    emb = nn.Embedding(301, 100).to(dtype)  # 100 features: a padded last group of 64
     with torch.no_grad():
         emb.weight.copy_(torch.randn(301, 100, generator=g) * 0.3)
     q = QuantEmbedding.from_embedding(emb, precision)
@@ -60,12 +61,12 @@ def test_recipe_int4_embeddings():
     assert r.embeddings == "float" and r.with_precision("int8").embeddings == "float"
     r4 = r.with_precision("int4")
     assert r4.embeddings == "int4" and r4.quant() == "int4"
-    assert Recipe.from_dict(r4.to_dict()).embeddings == "int4"            # recorded in pre-quantized checkpoints
+    assert Recipe.from_dict(r4.to_dict()).embeddings == "int4"  # recorded in pre-quantized checkpoints
     assert DEFAULT_RECIPE.with_precision("int4").embeddings == "float"
     with pytest.raises(RecipeError, match="int4_embeddings precision 'int3'"):
         Recipe.from_dict({"int4_embeddings": "int3"})
     for name, want in (("sdar", "int4"), ("diffusiongemma-26b-a4b", "int4"), ("tiny", "int8")):
-        assert load_recipe(name).with_precision("int4").embeddings == want      # tiny: int4 tables cost ~1 point
+        assert load_recipe(name).with_precision("int4").embeddings == want  # tiny: int4 tables cost ~1 point
 
 
 def _twin_with_tables(qnet, net):
@@ -81,9 +82,15 @@ def _twin_with_tables(qnet, net):
     return twin
 
 
-@pytest.mark.parametrize("model_type,tied,precision", [("sdar", True, "int4"), ("sdar", False, "int4"),
-                                                       ("diffusion_gemma", True, "int4"),
-                                                       ("diffusion_gemma", True, "int8")])
+@pytest.mark.parametrize(
+    "model_type,tied,precision",
+    [
+        ("sdar", True, "int4"),
+        ("sdar", False, "int4"),
+        ("diffusion_gemma", True, "int4"),
+        ("diffusion_gemma", True, "int8"),
+    ],
+)
 def test_models_with_quantized_tables_equal_their_dequantized_twins(model_type, tied, precision):
     raw = dict(BABY[model_type], tie_word_embeddings=tied)
     net = build_baby(raw, seed=5)
@@ -92,14 +99,15 @@ def test_models_with_quantized_tables_equal_their_dequantized_twins(model_type, 
     assert isinstance(qnet.embed_tokens, QuantEmbedding) and qnet.embed_tokens.precision == precision
     assert isinstance(qnet.head_int8, TiedHead if tied else LinearHead)
     v = qnet.config.vocab_size
-    assert not any(t.is_floating_point() and tuple(t.shape) == (v, qnet.config.hidden_size)
-                   for t in qnet.state_dict().values())       # no float table or head left
+    assert not any(
+        t.is_floating_point() and tuple(t.shape) == (v, qnet.config.hidden_size) for t in qnet.state_dict().values()
+    )  # no float table or head left
     twin = _twin_with_tables(qnet, net)
     ids = torch.randint(2, v, (4, 11), generator=torch.Generator().manual_seed(6))
     out_q, out_t = forward_roles(qnet, ids), forward_roles(twin, ids)
     for role in out_q:
         torch.testing.assert_close(out_q[role], out_t[role], rtol=1e-4, atol=1e-4)
-    if model_type == "diffusion_gemma":      # the self-conditioning soft embedding reads the quantized table
+    if model_type == "diffusion_gemma":  # the self-conditioning soft embedding reads the quantized table
         from localdiff.cache.kv import KVCache
 
         sc = torch.randn(4, 6, v, generator=torch.Generator().manual_seed(7))
@@ -120,11 +128,13 @@ def test_flagship_int4_plan_resident_on_16gib_with_every_component_counted():
     p16 = plan_memory(cfg, 16 * GIB, "int4", recipe=recipe)
     comps = {c["component"]: c for c in p16.components}
     assert comps["embeddings"]["precision"] == "int4"
-    assert comps["embeddings"]["bytes"] == int4_bytes(262144, 2816)          # 396 MiB instead of 1.38 GiB bf16
-    assert "head_int8" not in comps                                           # the tied head reads the table
+    assert comps["embeddings"]["bytes"] == int4_bytes(262144, 2816)  # 396 MiB instead of 1.38 GiB bf16
+    assert "head_int8" not in comps  # the tied head reads the table
     assert p16.resident and p16.host_expert_layers == [] and p16.reserve_bytes == GIB
-    assert p16.device_total_bytes == p16.weight_bytes + p16.kv_budget_bytes + p16.sc_buffer_bytes \
-        + p16.activation_bytes + p16.reserve_bytes
+    assert (
+        p16.device_total_bytes
+        == p16.weight_bytes + p16.kv_budget_bytes + p16.sc_buffer_bytes + p16.activation_bytes + p16.reserve_bytes
+    )
     assert plan_memory(cfg, 24 * GIB, "int4", recipe=recipe).resident
     cpu = plan_memory(cfg, 32 * GIB, "int4", recipe=recipe, device="cpu")
     assert cpu.fits and cpu.device_total_bytes == p16.device_total_bytes
@@ -132,8 +142,9 @@ def test_flagship_int4_plan_resident_on_16gib_with_every_component_counted():
     float_tables = Recipe.from_dict({k: v for k, v in recipe.to_dict().items() if k != "int4_embeddings"})
     old = plan_memory(cfg, 16 * GIB, "int4", recipe=float_tables)
     assert not old.resident and old.n_cpu_moe == 3
-    assert old.device_total_bytes + old.host_weight_bytes - p16.device_total_bytes == \
-        262144 * 2816 * 2 - int4_bytes(262144, 2816)
+    assert old.device_total_bytes + old.host_weight_bytes - p16.device_total_bytes == 262144 * 2816 * 2 - int4_bytes(
+        262144, 2816
+    )
 
 
 @pytest.mark.parametrize("precision", ["int4", "int8"])

@@ -3,6 +3,7 @@ SDAR / LLaDA / Dream dense) equals its float twin with dequantized weights and a
 a loose floor asserted); the embedded trained model's int4 logits; ``gen --quant int4`` on every embedded model;
 pre-quantized int4 checkpoints (``quantize --quant int4``, ``save_quantized``) load without a second pass and give
 the same logits as quantizing at load."""
+
 from __future__ import annotations
 
 import copy
@@ -45,7 +46,7 @@ def test_family_int4_equals_dequantized_twin_and_agrees_with_fp32(model_type, ca
         top1_bf16 = (out_bf16[role].float().argmax(-1) == out_f[role].argmax(-1)).float().mean().item()
         with capsys.disabled():
             print(f"\n[int4 top-1] {model_type} {role}: int4 vs fp32 {top1:.3f}, bf16 vs fp32 {top1_bf16:.3f}")
-        assert top1 >= 0.4, (model_type, role, top1, top1_bf16)     # random nets: near-flat outputs (test_quant)
+        assert top1 >= 0.4, (model_type, role, top1, top1_bf16)  # random nets: near-flat outputs (test_quant)
 
 
 @pytest.fixture(scope="module")
@@ -78,16 +79,17 @@ def test_quantize_checkpoint_int4_loads_like_on_the_fly(tiny_fp32, tmp_path):
     with pytest.raises(Exception, match="already an int4"):
         quantize_checkpoint(tmp_path / "q4", tmp_path / "q5")
     pre = localdiff.load(tmp_path / "q4", device="cpu", dtype=torch.float32)
-    with pytest.raises(Exception, match="pre-quantized int4 checkpoint"):     # never a silent other precision
+    with pytest.raises(Exception, match="pre-quantized int4 checkpoint"):  # never a silent other precision
         localdiff.load(tmp_path / "q4", device="cpu", dtype=torch.float32, quant="int8")
-    live = localdiff.load("tiny", device="cpu", dtype=torch.float32, quant="int4")      # the same recipe, tiny's
+    live = localdiff.load("tiny", device="cpu", dtype=torch.float32, quant="int4")  # the same recipe, tiny's
     assert {type(m) for m in quantized_modules(pre.net).values()} == {int4.Int4Linear, int4.Int4Experts}
     assert isinstance(pre.net.embed_tokens, QuantEmbedding) and isinstance(live.net.embed_tokens, QuantEmbedding)
     a, b = denoise_pairs(live.net, pre.net, n_canvases=2, batch=2, canvas_len=8)
     assert torch.equal(a, b)
     # a live int4 model saved and loaded back: the same logits again
-    out = save_quantized(quantize_model(copy.deepcopy(tiny_fp32), load_recipe("tiny"), quant="int4"),
-                         tmp_path / "s4", source_dir=src)
+    out = save_quantized(
+        quantize_model(copy.deepcopy(tiny_fp32), load_recipe("tiny"), quant="int4"), tmp_path / "s4", source_dir=src
+    )
     back = localdiff.load(out, device="cpu", dtype=torch.float32)
     a2, b2 = denoise_pairs(live.net, back.net, n_canvases=2, batch=2, canvas_len=8)
     assert torch.equal(a2, b2)

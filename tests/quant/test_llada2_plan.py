@@ -1,5 +1,6 @@
 """LLaDA2.x memory plans (from the spec's tensor_shapes) and the placement a CUDA load follows, checked on CPU: the
 meta device stands in for the GPU, so the bytes left on the CPU are exactly the host-layer experts."""
+
 from __future__ import annotations
 
 import copy
@@ -28,7 +29,7 @@ def test_recipe_plans_agree_with_the_planner():
         plan = plan_for_recipe(_mini(), recipe, i)
         assert plan.fits and plan.device_total_bytes <= vp.gpu_mem
         assert plan.n_cpu_moe == vp.host_expert_layers
-        if plan.host_expert_layers:          # one fewer host layer would not fit; the dense layer 0 is never moved
+        if plan.host_expert_layers:  # one fewer host layer would not fit; the dense layer 0 is never moved
             assert 0 not in plan.host_expert_layers
             assert plan.device_total_bytes + plan.expert_layer_bytes[plan.host_expert_layers[-1]] > vp.gpu_mem
 
@@ -61,9 +62,10 @@ def test_24gib_plans():
 
 def test_show_prints_the_plan(capsys):
     from localdiff.cli import main
+
     assert main(["show", "llada2:mini", "--plan", "--gpu-mem", "24GiB"]) == 0
     out = capsys.readouterr().out
-    assert "decoder: llada2" in out                        # the stand-in config's model_type picks the decoder
+    assert "decoder: llada2" in out  # the stand-in config's model_type picks the decoder
     assert "recipe llada2-mini" in out and "fits" in out and "experts" in out and "host:" in out
     assert main(["show", "llada2:mini", "--plan", "--gpu-mem", "24GiB", "--quant", "bf16"]) == 0
     assert "host: experts of layers 1-6" in capsys.readouterr().out
@@ -71,6 +73,7 @@ def test_show_prints_the_plan(capsys):
 
 def test_placement_follows_the_plan():
     from localdiff.quantize.offload import device_for, place_model, placement_bytes
+
     net = build()
     plan = plan_memory(TINY, 10**9, None, dtype="float32")
     host = [2]
@@ -83,7 +86,7 @@ def test_placement_follows_the_plan():
     assert device_for("layers.2.shared_expert.up_proj.weight", host, "cuda").type == "cuda"
     assert device_for("layers.2.mlp.gate.weight", host, "cuda").type == "cuda"
     hooked = copy.deepcopy(net)
-    place_model(hooked, host, "cpu")                                    # hooks installed; results unchanged
+    place_model(hooked, host, "cpu")  # hooks installed; results unchanged
     assert sum(getattr(m, "_offload_hooked", False) for m in hooked.modules()) == TINY["num_experts"]
     ids = torch.randint(0, 96, (1, 10))
     assert torch.equal(hooked.logits_full(ids), net.logits_full(ids))
@@ -92,17 +95,19 @@ def test_placement_follows_the_plan():
 def test_int8_load_follows_the_recipe_the_plan_counts(tmp_path):
     from localdiff.loader import load_model
     from localdiff.quantize.int8 import Int8Linear
+
     ckpt = write_checkpoint(tmp_path / "ckpt")
     recipe = load_recipe("llada2-mini")
     net, _ = load_model(ckpt, "cpu", torch.float32, quant="int8", recipe=recipe)
-    planned = {r["name"].rsplit(".", 1)[0] for r in tensor_bytes(TINY, "int8", "float32", recipe)
-               if r["precision"] == "int8"}
+    planned = {
+        r["name"].rsplit(".", 1)[0] for r in tensor_bytes(TINY, "int8", "float32", recipe) if r["precision"] == "int8"
+    }
     quantized = {n for n, m in net.named_modules() if isinstance(m, Int8Linear)}
     assert quantized == planned
     assert "layers.1.self_attn.query_key_value" in quantized and "layers.1.mlp.gate" not in quantized
     ids = torch.randint(0, 96, (1, 9), generator=torch.Generator().manual_seed(2))
     ref = build().logits_full(ids)
-    err = net.logits_full(ids) - ref    # int8 noise (a near-tie in the router may flip an expert): RMS within 5 %
+    err = net.logits_full(ids) - ref  # int8 noise (a near-tie in the router may flip an expert): RMS within 5 %
     assert err.pow(2).mean().sqrt() < 0.05 * ref.pow(2).mean().sqrt()
 
 
@@ -110,9 +115,10 @@ def test_int8_load_follows_the_recipe_the_plan_counts(tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_load_keeps_host_experts_on_cpu(tmp_path):
     from localdiff.loader import load_model
+
     ckpt = write_checkpoint(tmp_path / "ckpt")
     ref = build().logits_full(torch.arange(9)[None])
-    plan = plan_memory(TINY, 1, None)   # nothing fits: every MoE layer's experts go to the host
+    plan = plan_memory(TINY, 1, None)  # nothing fits: every MoE layer's experts go to the host
     assert plan.host_expert_layers == [1, 2]
     net, _ = load_model(ckpt, "cuda", torch.float32, host_layers=plan.host_expert_layers)
     assert net.layers[1].mlp.experts[0].up_proj.weight.device.type == "cpu"

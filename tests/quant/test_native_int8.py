@@ -1,6 +1,7 @@
 """The native small-M int8 matmul (localdiff.kernels.int8): numerics against dequantize-then-matmul in float64,
 both of its paths (AMX-INT8 where this CPU has it, the fp32-FMA kernel everywhere), thread counts, a portable
 build, the fallback without a compiler, and a whole int8 block model against the torch int8 path."""
+
 from __future__ import annotations
 
 import copy
@@ -14,7 +15,7 @@ from localdiff.kernels import int8 as native
 from localdiff.quantize.choose import kernel_summary, reset_kernels
 from localdiff.quantize.int8 import dequantize, int8_matmul, quantize_model, quantize_tensor
 
-SHAPES = [(1, 1), (7, 5), (13, 33), (37, 100), (9, 17), (65, 257), (31, 1100), (17, 2049)]   # (N, K): odd, K % 16
+SHAPES = [(1, 1), (7, 5), (13, 33), (37, 100), (9, 17), (65, 257), (31, 1100), (17, 2049)]  # (N, K): odd, K % 16
 needs_lib = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler")
 
 
@@ -43,11 +44,11 @@ def _check_paths(threads=(1, 2)):
                 ref = x.double() @ deq.T
                 outs = [native.matmul(x, q, s, threads=t) for t in threads]
                 assert outs[0].dtype == dt and outs[0].shape == (m, n)
-                tol = 1e-5 if dt == torch.float32 else 8e-3          # bf16 output: its own rounding
+                tol = 1e-5 if dt == torch.float32 else 8e-3  # bf16 output: its own rounding
                 assert _rel(outs[0], ref) < tol, (n, k, m, dt)
                 for o in outs[1:]:
                     assert torch.equal(o, outs[0]), (n, k, m, dt, "thread counts differ")
-                if dt == torch.float32:                              # fp32 out: compare the sums themselves
+                if dt == torch.float32:  # fp32 out: compare the sums themselves
                     assert _rel(outs[0], ref) < 1e-6, (n, k, m)
 
 
@@ -86,9 +87,20 @@ def _bf16_path(x, q, s, threads=1, y_bf16=False):
     """The AVX512-BF16 path called directly: bf16 x [M, K] → fp32 (or bf16) y [M, N]."""
     m, k = x.shape
     y = torch.empty(m, q.shape[0], dtype=torch.bfloat16 if y_bf16 else torch.float32)
-    rc = native.library().localdiff_int8_mm_bf16(x.data_ptr(), x.stride(0), m, k, q.data_ptr(), q.shape[0],
-                                                 s.data_ptr(), int(s.dtype == torch.bfloat16), y.data_ptr(),
-                                                 int(y_bf16), q.shape[0], threads)
+    rc = native.library().localdiff_int8_mm_bf16(
+        x.data_ptr(),
+        x.stride(0),
+        m,
+        k,
+        q.data_ptr(),
+        q.shape[0],
+        s.data_ptr(),
+        int(s.dtype == torch.bfloat16),
+        y.data_ptr(),
+        int(y_bf16),
+        q.shape[0],
+        threads,
+    )
     assert rc == 0
     return y
 
@@ -111,11 +123,11 @@ def test_bf16_dot_path_exact_products_and_row_exact(fresh):
             x = torch.randn(m, k).to(torch.bfloat16)
             y = _bf16_path(x, q, s)
             assert _rel(y, x.double() @ deq.T) < 1e-6, (n, k, m)
-            assert torch.equal(torch.cat([_bf16_path(x[i:i + 1], q, s) for i in range(m)]), y), (n, k, m)
+            assert torch.equal(torch.cat([_bf16_path(x[i : i + 1], q, s) for i in range(m)]), y), (n, k, m)
             assert torch.equal(_bf16_path(x, q, s, threads=3), y), (n, k, m)
             assert torch.equal(_bf16_path(x, q, s, y_bf16=True), y.to(torch.bfloat16)), (n, k, m)
     if lib.localdiff_int8_has_amx():
-        return                                             # AMX takes bf16 x up to MAX_ROWS rows there
+        return  # AMX takes bf16 x up to MAX_ROWS rows there
     q, s = quantize_tensor(torch.randn(33, 100))
     x = torch.randn(5, 100).to(torch.bfloat16)
     assert torch.equal(native.matmul(x, q, s), _bf16_path(x, q, s, y_bf16=True))
@@ -135,7 +147,7 @@ def test_native_rows_alone_equal_rows_batched(fresh, dtype):
     for m in ROW_COUNTS:
         x = torch.randn(m, 300).to(dtype)
         y = native.matmul(x, q, s)
-        assert torch.equal(torch.cat([native.matmul(x[i:i + 1], q, s) for i in range(m)]), y), (m, dtype)
+        assert torch.equal(torch.cat([native.matmul(x[i : i + 1], q, s) for i in range(m)]), y), (m, dtype)
 
 
 @needs_lib
@@ -149,7 +161,7 @@ def test_source_builds_without_avx512(tmp_path):
     ref = x.double() @ dequantize(q, s).double().T
     for i, flags in enumerate((("-O3", "-mavx2", "-mfma", "-fPIC", "-shared"), ("-O1", "-fPIC", "-shared"))):
         lib = native._load(native.build(cc, flags, out_dir=tmp_path / str(i)))
-        assert lib.localdiff_int8_has_amx() == 0          # no AMX code in these builds
+        assert lib.localdiff_int8_has_amx() == 0  # no AMX code in these builds
         y = torch.empty(5, 29)
         lib.localdiff_int8_mm(x.data_ptr(), 77, 5, 77, q.data_ptr(), 29, s.data_ptr(), 1, y.data_ptr(), 29, 2)
         assert _rel(y, ref) < 1e-6, flags
@@ -198,7 +210,7 @@ def test_int8_block_model_native_equals_torch_path(fresh, dtype):
     """A tiny SDAR-layout model in int8: greedy tokens equal the torch int8 path's, logits within tolerance."""
     from block_models import build_net
 
-    _, net = build_net("sdar", seed=3, hidden_size=48, intermediate_size=80)   # k = 48, 80: int8pack-able too
+    _, net = build_net("sdar", seed=3, hidden_size=48, intermediate_size=80)  # k = 48, 80: int8pack-able too
     net = quantize_model(net.to(dtype))
     prompt = torch.randint(0, 120, (2, 8), generator=torch.Generator().manual_seed(4))
     fresh.setenv("LOCALDIFF_INT8_KERNEL", "native")
@@ -209,7 +221,7 @@ def test_int8_block_model_native_equals_torch_path(fresh, dtype):
     if dtype == torch.float32:
         assert (got_l - ref_l).abs().max().item() < 1e-4 * ref_l.abs().max().item()
         assert torch.equal(got_t, ref_t)
-    else:   # bf16 rounds every layer's output, so one last-bit difference grows through a random model: 1st block
+    else:  # bf16 rounds every layer's output, so one last-bit difference grows through a random model: 1st block
         tol = 0.05 * ref_l[:, :4].abs().max().item()
         assert (got_l[:, :4] - ref_l[:, :4]).abs().max().item() < tol
         # bf16 logits carry 8 mantissa bits, so two tokens can tie (or nearly) and the last-bit difference picks
@@ -230,18 +242,18 @@ def test_sdar_recipe_int8_head(tmp_path):
 
     rec = recipe_for_model("sdar:1.7b")
     assert rec.name == "sdar" and rec.head == "int8" and DEFAULT_RECIPE.head == "float"
-    assert Recipe.from_dict(rec.to_dict()).head == "int8"                  # kept in pre-quantized metadata
+    assert Recipe.from_dict(rec.to_dict()).head == "int8"  # kept in pre-quantized metadata
     with pytest.raises(RecipeError, match="head precision"):
         Recipe.from_dict({"head": "fp8"})
-    _, net = build_net("a2d-qwen3-bd3lm", seed=5)                          # tied embeddings
+    _, net = build_net("a2d-qwen3-bd3lm", seed=5)  # tied embeddings
     ids = torch.randint(0, 120, (1, 8), generator=torch.Generator().manual_seed(6))
     ref = net.logits_full(ids)
     q8 = quantize_model(copy.deepcopy(net), load_recipe("sdar"))
     assert q8.head_int8 is not None and not any("head_int8" in k for k in q8.state_dict())
     deq = dequantize(q8.head_int8.weight, q8.head_int8.weight_scale)
-    assert torch.equal(q8.head_weight(), net.head_weight())                # the lookup table stays float
+    assert torch.equal(q8.head_weight(), net.head_weight())  # the lookup table stays float
     got = q8.logits_full(ids)
-    assert (got - ref).abs().max().item() < 0.1 * ref.abs().max().item()   # int8 model vs float: close
+    assert (got - ref).abs().max().item() < 0.1 * ref.abs().max().item()  # int8 model vs float: close
     assert deq.shape == net.head_weight().shape
     assert getattr(quantize_model(copy.deepcopy(net)), "head_int8", None) is None
     ck = write_checkpoint(tmp_path / "ck", "sdar", seed=7)

@@ -1,5 +1,6 @@
 """Memory planner and architecture summary: parameter counts vs the reference, byte counts vs real tensors, KV bytes
 vs a real cache, the DiffusionGemma-26B-A4B stand-in config and its 24 GiB plan."""
+
 import json
 import math
 
@@ -31,7 +32,7 @@ def _by_name(ref):
 def test_parameter_counts_equal_the_reference(which, request):
     ref, path = request.getfixturevalue(which)
     params = _by_name(ref)
-    total = sum(p.numel() for p in params.values())           # the reference's own count (tied weights once)
+    total = sum(p.numel() for p in params.values())  # the reference's own count (tied weights once)
     counts = parameter_counts(_config(path))
     assert counts["total"] == total
     t = ref.config.text_config
@@ -51,7 +52,7 @@ def test_planner_bytes_equal_checkpoint_tensor_sizes(which, request):
             for k in h.keys():
                 if k.startswith("model.decoder."):
                     t = h.get_slice(k)
-                    ours = k[len("model.decoder."):]      # the planner names tensors as our module does
+                    ours = k[len("model.decoder.") :]  # the planner names tensors as our module does
                     if ours.startswith("self_conditioning.") and not ours.startswith("self_conditioning.pre_norm"):
                         ours = ours.replace("self_conditioning.", "self_conditioning.mlp.")
                     real[ours] = (tuple(t.get_shape()), math.prod(t.get_shape()) * 4)
@@ -67,7 +68,7 @@ def _local_bytes(model) -> dict:
     """Our model's state-dict bytes keyed like the planner (scales folded into their weight)."""
     out = {}
     for k, t in model.state_dict().items():
-        base = k[:-len("_scale")] if is_quant_state(k) else k
+        base = k[: -len("_scale")] if is_quant_state(k) else k
         out[base] = out.get(base, 0) + t.numel() * t.element_size()
     return out
 
@@ -92,9 +93,9 @@ def test_kv_bytes_equal_a_real_cache(ref_small):
     m = localdiff.load(path, device="cpu", dtype=torch.float32)
     cfg = _config(path)
     cache = m.new_cache()
-    n = 13                                              # longer than the sliding window (6)
+    n = 13  # longer than the sliding window (6)
     m.prefill(torch.randint(3, 100, (2, n)), cache)
-    visible = 0                                         # the K/V attention reads (reference semantics)
+    visible = 0  # the K/V attention reads (reference semantics)
     for i in range(len(cfg["text_config"]["layer_types"])):
         k, v = cache.past(i)
         visible += k.numel() * k.element_size() + v.numel() * v.element_size()
@@ -119,7 +120,7 @@ def test_standin_config_matches_published_facts():
     assert s["experts"]["total"] == 128 and s["experts"]["top_k"] == 8
     assert s["vocab_size"] == 262_144 and s["canvas_length"] == 256
     assert s["attention"]["full_attention"]["kv_heads"] == 2
-    assert s["parameters"]["by_component"]["dense_mlp"] > 0          # a dense MLP in every layer besides the MoE
+    assert s["parameters"]["by_component"]["dense_mlp"] > 0  # a dense MLP in every layer besides the MoE
     # transformers itself parses it into the same geometry
     from transformers import DiffusionGemmaConfig
 
@@ -133,7 +134,7 @@ def test_24gib_int8_plan_for_the_standin_fits_with_its_kv_budget():
     plan = plan_for_recipe(cfg, recipe, 0)
     assert plan.gpu_mem_bytes == 24 * GIB and plan.kv_budget_bytes == 2 * GIB
     assert plan.fits and plan.device_total_bytes <= 24 * GIB
-    assert plan.weight_bytes > 24 * GIB                  # int8 alone does not fit: expert layers must go to host
+    assert plan.weight_bytes > 24 * GIB  # int8 alone does not fit: expert layers must go to host
     assert 0 < plan.n_cpu_moe < 30 and plan.host_expert_layers == list(range(plan.n_cpu_moe))
     assert plan.kv_tokens >= 32768
     # one fewer host layer would not fit
@@ -175,7 +176,7 @@ def test_summary_disk_bytes_from_headers(ref_small):
         with safe_open(str(f), "pt") as h:
             total += sum(math.prod(h.get_slice(k).get_shape()) * 4 for k in h.keys())
     assert s["disk"]["weight_bytes_by_dtype"] == {"F32": total}
-    assert s["disk"]["text_weight_bytes_by_dtype"]["F32"] < total          # the vision tower is excluded there
+    assert s["disk"]["text_weight_bytes_by_dtype"]["F32"] < total  # the vision tower is excluded there
     assert s["has_vision_tower"] and s["disk"]["vision_weight_bytes"] > 0
     json.dumps(s)
     # before a pull (config only) the text-weight estimate equals what the headers say
@@ -218,9 +219,11 @@ def test_place_model_follows_the_plan(ref_small):
     assert device_for("layers.1.experts.down_proj", host, "cuda").type == "cuda"
     assert device_for("layers.2.mlp.down_proj.weight", host, "cuda").type == "cuda"
     placed = copy.deepcopy(net)
-    place_model(placed, host, "cpu")                                   # hooks installed; results unchanged
-    assert [n for n, m in placed.named_modules() if getattr(m, "_offload_hooked", False)] == \
-        ["layers.0.experts", "layers.2.experts"]
+    place_model(placed, host, "cpu")  # hooks installed; results unchanged
+    assert [n for n, m in placed.named_modules() if getattr(m, "_offload_hooked", False)] == [
+        "layers.0.experts",
+        "layers.2.experts",
+    ]
     ids, canvas = torch.randint(3, 100, (2, 9)), torch.randint(0, 100, (2, 8))
     outs = []
     for n in (net, placed):

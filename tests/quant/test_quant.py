@@ -6,6 +6,7 @@ Accuracy on *random* models: their output distributions are nearly flat (logit s
 0.2 nats, and that int8 agrees with fp32 about as well as bf16 does. The embedded (trained) model gets the plain
 criterion: top-1 ≥ 99 % of canvas positions and mean KL ≤ 0.01.
 """
+
 import copy
 import json
 
@@ -16,8 +17,19 @@ from torch import nn
 from localdiff.arch.layers import MoEExperts
 from localdiff.loader import load_model
 from localdiff.paths import models_dir
-from localdiff.quantize.int8 import (Int8Experts, Int8Linear, bitsandbytes_available, convert_modules, dequantize, int8_matmul,
-                                     quantize_model, quantize_tensor, quantized_modules, resident_bytes, set_backend)
+from localdiff.quantize.int8 import (
+    Int8Experts,
+    Int8Linear,
+    bitsandbytes_available,
+    convert_modules,
+    dequantize,
+    int8_matmul,
+    quantize_model,
+    quantize_tensor,
+    quantized_modules,
+    resident_bytes,
+    set_backend,
+)
 from localdiff.quantize.io import checkpoint_recipe, quantize_checkpoint, save_quantized
 from localdiff.quantize.recipe import Recipe, RecipeError, load_recipe
 from quant_helpers import agreement, denoise_pairs
@@ -31,7 +43,7 @@ def test_quantize_tensor_error_bound_and_zero_rows():
     w[3] = 0
     q, s = quantize_tensor(w)
     assert q.dtype == torch.int8 and s.dtype == torch.bfloat16 and q.abs().max() <= 127
-    assert (s.float() >= w.abs().amax(1) / 127).all()                 # scale rounded up: no clipping
+    assert (s.float() >= w.abs().amax(1) / 127).all()  # scale rounded up: no clipping
     assert ((dequantize(q, s) - w).abs() <= s.float()[:, None] / 2 + 1e-9).all()
     assert (q[3] == 0).all() and s[3] == 1
     q3, s3 = quantize_tensor(torch.stack([w, 2 * w]))
@@ -40,7 +52,7 @@ def test_quantize_tensor_error_bound_and_zero_rows():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("rows", [1, 5, 47, 48, 130])
-@pytest.mark.parametrize("k", [64, 40])                               # 40: not a multiple of 16 (no int8pack)
+@pytest.mark.parametrize("k", [64, 40])  # 40: not a multiple of 16 (no int8pack)
 def test_int8_matmul_paths_match_dequantized_weights(dtype, rows, k):
     torch.manual_seed(rows + k)
     q, s = quantize_tensor(torch.randn(24, k) * 0.05)
@@ -81,9 +93,12 @@ def test_int8_modules_equal_float_modules_with_dequantized_weights():
     deq.gate_up_proj.data = dequantize(qx.gate_up_proj, qx.gate_up_proj_scale)
     deq.down_proj.data = dequantize(qx.down_proj, qx.down_proj_scale)
     x = torch.randn(7, 32)
-    w, idx = torch.softmax(torch.randn(7, 2), -1), torch.tensor([[0, 1], [1, 2], [3, 0], [0, 2], [1, 3], [2, 3], [0, 3]])
+    w, idx = (
+        torch.softmax(torch.randn(7, 2), -1),
+        torch.tensor([[0, 1], [1, 2], [3, 0], [0, 2], [1, 3], [2, 3], [0, 3]]),
+    )
     assert torch.allclose(qx(x, w, idx), deq(x, w, idx), atol=1e-6)
-    assert not list(qx.parameters())                                   # no float copies kept
+    assert not list(qx.parameters())  # no float copies kept
 
 
 # -- on a model ---------------------------------------------------------------------------------------------------
@@ -97,7 +112,7 @@ def test_random_model_int8_accuracy(small_fp32):
     qnet = quantize_model(copy.deepcopy(small_fp32))
     kinds = {type(m) for m in quantized_modules(qnet).values()}
     assert kinds == {Int8Linear, Int8Experts}
-    assert isinstance(qnet.layers[0].router.proj, nn.Linear)           # router, norms, embeddings, SC stay float
+    assert isinstance(qnet.layers[0].router.proj, nn.Linear)  # router, norms, embeddings, SC stay float
     assert isinstance(qnet.self_conditioning.mlp.up_proj, nn.Linear)
     a, b = denoise_pairs(small_fp32, qnet, n_canvases=32)
     top1, kl, top1_decided, n_decided = agreement(a, b)
@@ -127,7 +142,7 @@ def test_resident_bytes_at_most_053_of_bf16(small_fp32):
         q_bytes += resident_bytes(m)
         bf16_bytes += fb
         if k is not None:
-            assert resident_bytes(m) == f.out_features * (k + 2)      # int8 weight + one bf16 scale per row
+            assert resident_bytes(m) == f.out_features * (k + 2)  # int8 weight + one bf16 scale per row
     assert q_bytes <= 0.53 * bf16_bytes, q_bytes / bf16_bytes
 
 
@@ -160,7 +175,7 @@ def _load_prequantized(path):
 def test_save_load_round_trip_gives_identical_logits(small_fp32, ref_small, tmp_path):
     qnet = quantize_model(copy.deepcopy(small_fp32), load_recipe("tiny"))
     out = save_quantized(qnet, tmp_path / "q", source_dir=ref_small[1], max_shard_bytes=40_000)
-    assert (out / "model.safetensors.index.json").is_file()            # sharded
+    assert (out / "model.safetensors.index.json").is_file()  # sharded
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["quantization_config"]["recipe"]["name"] == "tiny"
     back = _load_prequantized(out)
@@ -261,4 +276,4 @@ def test_bitsandbytes_int8_embedded_model_on_cpu():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_bitsandbytes_int8_accuracy(small_fp32):
     assert bitsandbytes_available(), "bitsandbytes is a test dependency: pip install '.[test]'"
-    _check_bitsandbytes_model(small_fp32, "cuda", None)                # automatic: bitsandbytes on CUDA
+    _check_bitsandbytes_model(small_fp32, "cuda", None)  # automatic: bitsandbytes on CUDA

@@ -7,6 +7,7 @@ never called it, so ``localdiff serve`` answered every request to ``tiny-qwen3``
 (round 2 session 12's newcomer finding). Also: a canvas that ran past ``max_new_tokens`` to its EOS reported
 ``finish_reason: "eos"`` for an answer the length cut.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,14 +37,15 @@ def test_cancel_is_polled_before_every_step_and_stops(name):
     evs = list(m.stream(Q, max_new_tokens=16, seed=0, cancel=lambda: calls.append(1) and False))
     done = evs[-1]
     assert isinstance(done, Done) and calls, name
-    if done.stats.forwards:                     # one poll per forward (prefill fused or not) at least per step
+    if done.stats.forwards:  # one poll per forward (prefill fused or not) at least per step
         assert len(calls) >= len([e for e in evs if isinstance(e, StepEvent)])
-    for stop_at in (1, 2):                      # True at the first / second poll: no Done, nothing after it
+    for stop_at in (1, 2):  # True at the first / second poll: no Done, nothing after it
         n = [0]
 
         def cancel():
             n[0] += 1
             return n[0] >= stop_at
+
         got = list(m.stream(Q, max_new_tokens=16, seed=0, cancel=cancel))
         assert not any(isinstance(e, Done) for e in got) and n[0] == stop_at, (name, stop_at)
         if stop_at == 1:
@@ -53,14 +55,25 @@ def test_cancel_is_polled_before_every_step_and_stops(name):
 @pytest.mark.parametrize("name", MODELS)
 def test_every_embedded_model_answers_over_http(server, name):
     want = localdiff.load(name).generate(Q, max_new_tokens=32, seed=3).text
-    r = httpx.post(server.url + "/api/chat", json={"model": name, "stream": False, "messages": [
-        {"role": "user", "content": Q}], "options": {"seed": 3, "num_predict": 32}}, timeout=120)
+    r = httpx.post(
+        server.url + "/api/chat",
+        json={
+            "model": name,
+            "stream": False,
+            "messages": [{"role": "user", "content": Q}],
+            "options": {"seed": 3, "num_predict": 32},
+        },
+        timeout=120,
+    )
     assert r.status_code == 200, r.text
     assert r.json()["message"]["content"] == want and r.json()["prompt_eval_duration"] > 0
     text, finish = "", None
-    with httpx.stream("POST", server.url + "/v1/chat/completions", json={
-            "model": name, "stream": True, "seed": 3, "max_tokens": 32,
-            "messages": [{"role": "user", "content": Q}]}, timeout=120) as s:
+    with httpx.stream(
+        "POST",
+        server.url + "/v1/chat/completions",
+        json={"model": name, "stream": True, "seed": 3, "max_tokens": 32, "messages": [{"role": "user", "content": Q}]},
+        timeout=120,
+    ) as s:
         assert s.status_code == 200
         for line in s.iter_lines():
             if line.startswith("data: {"):
@@ -88,7 +101,11 @@ def test_streamed_pieces_join_to_the_answer(name):
     """Each canvas / block / step's text is what it adds to the answer: joined, they are Done's text (decoding each
     block alone dropped the space a block began with under the Metaspace decoder: "41 + 93= 134.")."""
     m = localdiff.load(name)
-    for q, n, seed in [(Q, 32, 3), ("Reverse the letters: d r a g o n", 40, 0), ("Sort these words: elk cat gnu", 40, 1)]:
+    for q, n, seed in [
+        (Q, 32, 3),
+        ("Reverse the letters: d r a g o n", 40, 0),
+        ("Sort these words: elk cat gnu", 40, 1),
+    ]:
         evs = list(m.stream(q, max_new_tokens=n, seed=seed))
         pieces = "".join(e.text for e in evs if isinstance(e, CanvasDone))
         assert pieces == evs[-1].text, (name, q, pieces, evs[-1].text)
@@ -103,11 +120,11 @@ def test_incremental_text_matches_whole_decoding():
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
     tok.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Metaspace()])
-    ids = [1, 2, 3, 4, 3, 5, 6, 7, 1, 3, 3, 2]          # "a" "b" " " "c" " " "€" (three bytes) "a" ...
+    ids = [1, 2, 3, 4, 3, 5, 6, 7, 1, 3, 3, 2]  # "a" "b" " " "c" " " "€" (three bytes) "a" ...
     whole = tok.decode(ids)
     for cut in range(1, 5):
         t = IncrementalText(tok.decode)
-        out = [t.add(ids[i:i + cut]) for i in range(0, len(ids), cut)]
+        out = [t.add(ids[i : i + cut]) for i in range(0, len(ids), cut)]
         assert "".join(out) == whole and not t.pending, (cut, out, whole)
         assert not any("\ufffd" in o for o in out)
     assert IncrementalText(None).add([1, 2]) == ""
@@ -119,7 +136,7 @@ def test_tui_frames_of_a_block_shared_with_the_prompt_tail_line_up():
     from localdiff.tui.runner import frame_from_done, frame_from_step
 
     m = localdiff.load("tiny-bd")
-    text = lambda i: m.tokenizer.decode([i])   # noqa: E731
+    text = lambda i: m.tokenizer.decode([i])  # noqa: E731
     last = None
     for ev in m.stream("Convert 17 h to min.", max_new_tokens=32, seed=0):
         if isinstance(ev, StepEvent):
@@ -135,7 +152,7 @@ def test_gen_prints_what_json_returns_when_the_length_cuts_a_block(name, capsys,
     CanvasDone text ran past max_new_tokens (served: a whole slot for max_tokens 1)."""
     from localdiff.cli import main
 
-    (tmp_path / "c.toml").touch()   # LOCALDIFF_CONFIG names it: a missing named file is an error
+    (tmp_path / "c.toml").touch()  # LOCALDIFF_CONFIG names it: a missing named file is an error
     monkeypatch.setenv("LOCALDIFF_CONFIG", str(tmp_path / "c.toml"))
     for n in (2, 3, 7, 11):
         args = ["gen", "-m", name, "--seed", "0", "-n", str(n), "-p", "Reverse the letters: d r a g o n", "-q"]
@@ -144,7 +161,9 @@ def test_gen_prints_what_json_returns_when_the_length_cuts_a_block(name, capsys,
         assert main(args + ["--json"]) == 0
         out = json.loads(capsys.readouterr().out)
         assert printed == out["text"], (name, n, printed, out["text"])
-        pieces = "".join(e.text for e in localdiff.load(name).stream("Reverse the letters: d r a g o n",
-                                                                     max_new_tokens=n, seed=0)
-                         if isinstance(e, CanvasDone))
+        pieces = "".join(
+            e.text
+            for e in localdiff.load(name).stream("Reverse the letters: d r a g o n", max_new_tokens=n, seed=0)
+            if isinstance(e, CanvasDone)
+        )
         assert pieces == out["text"], (name, n, pieces)

@@ -1,6 +1,7 @@
 """``localdiff serve --max-batch``: concurrent requests through the official openai client share each step and get
 the answers they get alone (block and masked models, greedy and seeded sampling, one client leaving mid-way);
 ``/api/ps`` and the usage extension show the batch; ``--kv-budget`` holds a request back until it fits."""
+
 from __future__ import annotations
 
 import threading
@@ -14,8 +15,12 @@ from servehelpers import Running
 
 import localdiff
 
-ASKS = [("What is 41 + 93?", 24, 0.0, 1, {}), ("Tell me a story about a cat that", 16, 0.8, 2, {}),
-        ("hi", 9, 0.0, 3, {}), ("Count: 1 2 3 4 5 6 7", 20, 1.0, 4, {})]
+ASKS = [
+    ("What is 41 + 93?", 24, 0.0, 1, {}),
+    ("Tell me a story about a cat that", 16, 0.8, 2, {}),
+    ("hi", 9, 0.0, 3, {}),
+    ("Count: 1 2 3 4 5 6 7", 20, 1.0, 4, {}),
+]
 MASKED = {"kv_cache": "dual", "block_length": 8, "steps": 8}
 
 
@@ -29,14 +34,20 @@ def _held(server, n: int):
         while server.worker.queued < n and time.monotonic() - t0 < 30:
             time.sleep(0.01)
         gate.set()
+
     return release
 
 
 def _ask(url, prompt, max_tokens, temperature, seed, extra, stream=False, leave_after=None):
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
-    kw = dict(model=extra.get("model"), messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens,
-              temperature=temperature, seed=seed,
-              extra_body={"localdiff": {k: v for k, v in extra.items() if k != "model"}} if len(extra) > 1 else None)
+    kw = dict(
+        model=extra.get("model"),
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=max_tokens,
+        temperature=temperature,
+        seed=seed,
+        extra_body={"localdiff": {k: v for k, v in extra.items() if k != "model"}} if len(extra) > 1 else None,
+    )
     if not stream:
         r = client.chat.completions.create(**kw)
         return r.choices[0].message.content, (r.model_extra or {}).get("localdiff", {})
@@ -62,12 +73,14 @@ def test_concurrent_requests_through_serve_get_their_own_answers(name):
     try:
         release = _held(server, len(ASKS))
         with ThreadPoolExecutor(len(ASKS)) as pool:
-            futs = [pool.submit(_ask, server.url, p, n, t, s, extra, stream=i % 2 == 1)
-                    for i, (p, n, t, s, _) in enumerate(ASKS)]
+            futs = [
+                pool.submit(_ask, server.url, p, n, t, s, extra, stream=i % 2 == 1)
+                for i, (p, n, t, s, _) in enumerate(ASKS)
+            ]
             release()
             got = [f.result(timeout=120) for f in futs]
         assert [g[0] for g in got] == want
-        assert max(g[1]["batch"]["requests_max"] for g in got) >= 3        # they ran together
+        assert max(g[1]["batch"]["requests_max"] for g in got) >= 3  # they ran together
         ps = httpx.get(server.url + "/api/ps").json()["models"][0]["localdiff"]["batch"]
         assert ps["max_batch"] == 8 and ps["active"] == 0 and ps["steps"] > 0
     finally:
@@ -83,8 +96,12 @@ def test_a_client_leaving_mid_way_does_not_disturb_the_batch():
     try:
         release = _held(server, 3)
         with ThreadPoolExecutor(3) as pool:
-            futs = [pool.submit(_ask, server.url, p, n, t, s, {"model": "tiny-bd"}, stream=True,
-                                leave_after=1 if i == 1 else None) for i, (p, n, t, s) in enumerate(asks)]
+            futs = [
+                pool.submit(
+                    _ask, server.url, p, n, t, s, {"model": "tiny-bd"}, stream=True, leave_after=1 if i == 1 else None
+                )
+                for i, (p, n, t, s) in enumerate(asks)
+            ]
             release()
             got = [f.result(timeout=120)[0] for f in futs]
         assert got[0] == want[0] and got[1] is None and got[2] == want[2]
@@ -103,7 +120,7 @@ def test_kv_budget_holds_a_request_back_until_the_batch_has_room():
     from localdiff.serve.batching import kv_bytes
 
     one = kv_bytes(m, len(m.encode_prompt(asks[1][0])[0]), 24)
-    server = Running("tiny-bd", max_batch=8, kv_budget=one + 16)      # room for one request's cache at a time
+    server = Running("tiny-bd", max_batch=8, kv_budget=one + 16)  # room for one request's cache at a time
     try:
         release = _held(server, 2)
         with ThreadPoolExecutor(2) as pool:
@@ -111,6 +128,6 @@ def test_kv_budget_holds_a_request_back_until_the_batch_has_room():
             release()
             got = [f.result(timeout=120) for f in futs]
         assert [g[0] for g in got] == want
-        assert all(g[1]["batch"]["requests_max"] == 1 for g in got)     # one after the other
+        assert all(g[1]["batch"]["requests_max"] == 1 for g in got)  # one after the other
     finally:
         server.stop()

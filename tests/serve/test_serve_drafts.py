@@ -3,6 +3,7 @@ checked against the engine without a draft), τ in the responses' ``localdiff`` 
 and the conversation so far kept across requests (``usage.prompt_tokens_details.cached_tokens``; the same tokens and
 acceptance lengths as a run without it). Bad ``--draft`` values are one line and exit 2 before the server starts.
 The shipped trained pair: tiny-qwen3 + tiny-dflash."""
+
 from __future__ import annotations
 
 import os
@@ -35,8 +36,9 @@ def spec():
 @pytest.fixture(scope="module")
 def server():
     drafts = Drafts("auto")
-    s = Running(model="tiny-qwen3", loader=lambda name: localdiff.load(name, device="cpu",
-                                                                       draft=drafts.for_model(name)))
+    s = Running(
+        model="tiny-qwen3", loader=lambda name: localdiff.load(name, device="cpu", draft=drafts.for_model(name))
+    )
     yield s
     s.stop()
 
@@ -48,7 +50,7 @@ def test_openai_chat_with_a_draft_equals_the_target_alone_turn_after_turn(server
         msgs.append({"role": "user", "content": q})
         r = client.chat.completions.create(model="tiny-qwen3", messages=msgs, temperature=0, max_tokens=24)
         want = alone.generate(msgs, max_new_tokens=24, temperature=0)
-        drafted = spec.generate(msgs, max_new_tokens=24, temperature=0)     # no cache: a fresh run
+        drafted = spec.generate(msgs, max_new_tokens=24, temperature=0)  # no cache: a fresh run
         assert r.choices[0].message.content == want.text and r.usage.completion_tokens == len(want.token_ids)
         ext = r.model_extra["localdiff"]
         assert ext["acceptance_lengths"] == drafted.stats.acceptance_lengths and ext["draft_forwards"] > 0
@@ -61,8 +63,16 @@ def test_openai_chat_with_a_draft_equals_the_target_alone_turn_after_turn(server
 def test_streamed_and_completion_routes_report_tau(server, alone):
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
     msgs = [{"role": "user", "content": QUESTIONS[0]}]
-    chunks = list(client.chat.completions.create(model="tiny-qwen3", messages=msgs, temperature=0, max_tokens=20,
-                                                 stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny-qwen3",
+            messages=msgs,
+            temperature=0,
+            max_tokens=20,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == alone.generate(msgs, max_new_tokens=20, temperature=0).text
     assert chunks[-1].model_extra["localdiff"]["acceptance_length"] >= 1.0
@@ -77,8 +87,12 @@ def test_ollama_routes_equal_the_target_alone_and_report_tau(server, alone):
     out = httpx.post(server.url + "/api/chat", json=body, timeout=60).json()
     assert out["message"]["content"] == alone.generate(msgs, max_new_tokens=20, temperature=0).text
     assert out["localdiff"]["acceptance_length"] >= 1.0 and out["localdiff"]["acceptance_lengths"]
-    body = {"model": "tiny-qwen3", "prompt": QUESTIONS[2], "stream": False, "options": {"temperature": 0,
-                                                                                          "num_predict": 20}}
+    body = {
+        "model": "tiny-qwen3",
+        "prompt": QUESTIONS[2],
+        "stream": False,
+        "options": {"temperature": 0, "num_predict": 20},
+    }
     out = httpx.post(server.url + "/api/generate", json=body, timeout=60).json()
     assert out["response"] == alone.generate(QUESTIONS[2], max_new_tokens=20, temperature=0).text
     assert out["localdiff"]["draft_forwards"] > 0
@@ -98,32 +112,40 @@ def _env(tmp_path) -> dict:
     return env
 
 
-@pytest.mark.parametrize("args,words", [
-    (["-m", "tiny-qwen3", "--draft", "tiny-qwen3"], "not a DFlash draft"),
-    (["-m", "tiny", "--draft", "tiny-dflash"], "pair with causal targets"),
-    (["-m", "tiny", "--draft", "auto"], "pairs no draft with tiny"),
-    (["-m", "tiny-qwen3", "--draft", "no-such-draft"], "no-such-draft"),
-])
+@pytest.mark.parametrize(
+    "args,words",
+    [
+        (["-m", "tiny-qwen3", "--draft", "tiny-qwen3"], "not a DFlash draft"),
+        (["-m", "tiny", "--draft", "tiny-dflash"], "pair with causal targets"),
+        (["-m", "tiny", "--draft", "auto"], "pairs no draft with tiny"),
+        (["-m", "tiny-qwen3", "--draft", "no-such-draft"], "no-such-draft"),
+    ],
+)
 def test_bad_drafts_are_one_line_before_the_server_starts(args, words, capsys, isolated_config):
     from localdiff.cli import main
 
     port = str(Running.free_port())
-    assert main(["serve", "--port", port, *args]) in (1, 2)     # (checked before the port is bound)
+    assert main(["serve", "--port", port, *args]) in (1, 2)  # (checked before the port is bound)
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and words in err and "Traceback" not in err
 
 
 def test_serve_draft_auto_from_the_command_line(tmp_path, alone):
     port = Running.free_port()
-    p = subprocess.Popen([sys.executable, "-m", "localdiff", "serve", "--port", str(port), "-m", "tiny-qwen3",
-                          "--draft", "auto"], env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "localdiff", "serve", "--port", str(port), "-m", "tiny-qwen3", "--draft", "auto"],
+        env=_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         wait_healthy(url, p, 120)
         msgs = [{"role": "user", "content": QUESTIONS[0]}]
         r = openai.OpenAI(base_url=url + "/v1", api_key="x").chat.completions.create(
-            model="tiny-qwen3", messages=msgs, temperature=0, max_tokens=20)
+            model="tiny-qwen3", messages=msgs, temperature=0, max_tokens=20
+        )
         assert r.choices[0].message.content == alone.generate(msgs, max_new_tokens=20, temperature=0).text
         assert r.model_extra["localdiff"]["acceptance_length"] > 1.0
     finally:

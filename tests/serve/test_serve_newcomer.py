@@ -2,6 +2,7 @@
 ``localdiff`` extension had null forwards / canvases / seconds and an empty sampler, Ollama's durations were 0): from
 the engine's Done when the generation ended first, else from the worker's own accounting of the steps it ran before
 the cancel. Ollama's load request (an empty prompt) loads the model and generates nothing."""
+
 from __future__ import annotations
 
 import httpx
@@ -30,8 +31,7 @@ def test_openai_cut_answer_has_stats(server):
         if stream:
             body["stream_options"] = {"include_usage": True}
             with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
-                chunks = [__import__("json").loads(line[6:]) for line in r.iter_lines()
-                          if line.startswith("data: {")]
+                chunks = [__import__("json").loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
             text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
             last = chunks[-1]
         else:
@@ -43,14 +43,25 @@ def test_openai_cut_answer_has_stats(server):
         assert ext["forwards"] >= 1 and ext["steps"] == ext["forwards"] and ext["canvases"] >= 1, ext
         assert ext["seconds"] > 0 and ext["tokens_per_second"] > 0
         assert ext["tokens_per_forward"] == pytest.approx(usage["completion_tokens"] / ext["forwards"])
-        assert ext["seed"] == 2 and ext["sampler"]["max_denoising_steps"] == full["localdiff"]["sampler"][
-            "max_denoising_steps"] and ext["sampler"] == full["localdiff"]["sampler"]
+        assert (
+            ext["seed"] == 2
+            and ext["sampler"]["max_denoising_steps"] == full["localdiff"]["sampler"]["max_denoising_steps"]
+            and ext["sampler"] == full["localdiff"]["sampler"]
+        )
 
 
 def test_ollama_cut_answer_has_durations(server):
-    r = httpx.post(server.url + "/api/generate", json={
-        "model": "tiny", "prompt": CUT["prompt"], "raw": True, "stream": False,
-        "options": {"seed": 2, "num_predict": 128, "stop": ["5"]}}, timeout=60).json()
+    r = httpx.post(
+        server.url + "/api/generate",
+        json={
+            "model": "tiny",
+            "prompt": CUT["prompt"],
+            "raw": True,
+            "stream": False,
+            "options": {"seed": 2, "num_predict": 128, "stop": ["5"]},
+        },
+        timeout=60,
+    ).json()
     assert r["done"] and r["done_reason"] == "stop" and r["eval_count"] > 0
     assert r["total_duration"] > 0 and r["prompt_eval_duration"] > 0
     assert r["total_duration"] >= r["prompt_eval_duration"] + r["eval_duration"] - 1
@@ -72,9 +83,16 @@ def test_worker_accounting_of_a_cancelled_run():
     assert st["tokens_per_forward"] == 2.0 and st["tokens_per_second"] == pytest.approx(8 / 6)
 
 
-@pytest.mark.parametrize("path,body", [("/api/generate", {"prompt": ""}), ("/api/generate", {}),
-                                       ("/api/generate", {"prompt": "", "stream": False, "raw": True}),
-                                       ("/api/chat", {"messages": []}), ("/api/chat", {})])
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        ("/api/generate", {"prompt": ""}),
+        ("/api/generate", {}),
+        ("/api/generate", {"prompt": "", "stream": False, "raw": True}),
+        ("/api/chat", {"messages": []}),
+        ("/api/chat", {}),
+    ],
+)
 def test_ollama_load_request(server, path, body):
     """An empty or absent prompt / messages loads the model and answers ``done_reason: "load"``, as Ollama does
     (its documented way to preload a model); it generated an answer to an empty prompt (or was a 400)."""
@@ -88,8 +106,15 @@ def test_ollama_load_request(server, path, body):
 
 def test_huge_float_max_tokens_names_the_field(server):
     """(``max_tokens: 1e30`` was a 400 about max_new_tokens 1000000000000000019884624838656 over the context)"""
-    r = httpx.post(server.url + "/v1/chat/completions", json={
-        "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1e30}, timeout=60)
+    r = httpx.post(
+        server.url + "/v1/chat/completions",
+        json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1e30},
+        timeout=60,
+    )
     assert r.status_code == 400
-    assert r.json()["error"] == {"message": "'max_tokens' must be an integer (got 1e+30)",
-                                 "type": "invalid_request_error", "param": "max_tokens", "code": None}
+    assert r.json()["error"] == {
+        "message": "'max_tokens' must be an integer (got 1e+30)",
+        "type": "invalid_request_error",
+        "param": "max_tokens",
+        "code": None,
+    }

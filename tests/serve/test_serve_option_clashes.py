@@ -13,6 +13,7 @@
   forward, over the prompt and the blocks before it), the worker's own accounting (only the first step where
   canvases are not fused), and Ollama's ``load_duration`` of a model a request named.
 """
+
 from __future__ import annotations
 
 import json
@@ -52,8 +53,16 @@ def test_another_decoders_option_is_named_once_and_as_sent(server):
 
 
 def test_engine_errors_of_the_temperature_name_it_as_sent(server):
-    r = _post(server, "/api/chat", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
-                                    "stream": False, "options": {"temperature": 0}})
+    r = _post(
+        server,
+        "/api/chat",
+        {
+            "model": "tiny",
+            "messages": [{"role": "user", "content": "hi"}],
+            "stream": False,
+            "options": {"temperature": 0},
+        },
+    )
     assert r.status_code == 400
     assert r.json()["error"].startswith("options.temperature: "), r.json()
     r = _post(server, "/v1/completions", {"model": "tiny", "prompt": "hi", "temperature": 0})
@@ -61,11 +70,17 @@ def test_engine_errors_of_the_temperature_name_it_as_sent(server):
     assert r.json()["error"]["message"].startswith("temperature: ")
 
 
-@pytest.mark.parametrize("path,body,where", [
-    ("/v1/completions", {"model": "tiny", "prompt": "hi", "temperature": -1}, "temperature"),
-    ("/api/generate", {"model": "tiny", "prompt": "hi", "stream": False, "options": {"temperature": -1}},
-     "options.temperature"),
-])
+@pytest.mark.parametrize(
+    "path,body,where",
+    [
+        ("/v1/completions", {"model": "tiny", "prompt": "hi", "temperature": -1}, "temperature"),
+        (
+            "/api/generate",
+            {"model": "tiny", "prompt": "hi", "stream": False, "options": {"temperature": -1}},
+            "options.temperature",
+        ),
+    ],
+)
 def test_temperature_range_errors_show_the_value_as_sent(server, path, body, where):
     r = _post(server, path, body)
     assert r.status_code == 400
@@ -77,8 +92,11 @@ def test_temperature_range_errors_show_the_value_as_sent(server, path, body, whe
 def test_masked_model_counts_its_prefill(server):
     g = localdiff.load("tiny-mdm").generate("1 2 3 4", chat=False, max_new_tokens=8, seed=0)
     assert g.stats.prefill_seconds > 0 and g.stats.prefill_seconds < g.stats.seconds
-    r = _post(server, "/api/generate", {"model": "tiny-mdm", "prompt": "1 2 3", "raw": True, "stream": False,
-                                        "options": {"num_predict": 8}}).json()
+    r = _post(
+        server,
+        "/api/generate",
+        {"model": "tiny-mdm", "prompt": "1 2 3", "raw": True, "stream": False, "options": {"num_predict": 8}},
+    ).json()
     assert r["prompt_eval_duration"] > 0
     assert r["total_duration"] >= r["prompt_eval_duration"] + r["eval_duration"] - 1
 
@@ -93,22 +111,46 @@ def test_unknown_option_names_what_was_typed_once():
 M = [{"role": "user", "content": "hi"}]
 
 
-@pytest.mark.parametrize("path,body,named", [
-    ("/v1/chat/completions", {"model": "tiny", "messages": M, "temperature": 0.5, "localdiff": {"t_max": 0.7}},
-     ("'localdiff.t_max'", "'temperature'")),
-    ("/v1/chat/completions", {"model": "tiny", "messages": M, "localdiff": {"steps": 8, "max_denoising_steps": 4}},
-     ("'localdiff.steps'", "'localdiff.max_denoising_steps'")),
-    ("/api/chat", {"model": "tiny", "messages": M, "stream": False,
-                   "options": {"steps": 8, "max_denoising_steps": 4}}, ("'options.steps'", "'options.max_denoising_steps'")),
-    ("/v1/chat/completions", {"model": "tiny-mdm", "messages": M, "temperature": 0.5,
-                              "localdiff": {"temperature": 0.7}}, ("'temperature'", "'localdiff.temperature'")),
-    ("/v1/chat/completions", {"model": "tiny", "messages": M, "max_tokens": 5, "max_completion_tokens": 6},
-     ("'max_tokens'", "'max_completion_tokens'")),
-    ("/v1/chat/completions", {"model": "tiny", "messages": M, "localdiff": {"events": "steps"}},
-     ("'localdiff.events'", '"stream": true')),
-    ("/api/generate", {"model": "tiny", "prompt": "hi", "stream": False, "localdiff": {"events": "canvases"}},
-     ("'localdiff.events'", '"stream": true')),
-])
+@pytest.mark.parametrize(
+    "path,body,named",
+    [
+        (
+            "/v1/chat/completions",
+            {"model": "tiny", "messages": M, "temperature": 0.5, "localdiff": {"t_max": 0.7}},
+            ("'localdiff.t_max'", "'temperature'"),
+        ),
+        (
+            "/v1/chat/completions",
+            {"model": "tiny", "messages": M, "localdiff": {"steps": 8, "max_denoising_steps": 4}},
+            ("'localdiff.steps'", "'localdiff.max_denoising_steps'"),
+        ),
+        (
+            "/api/chat",
+            {"model": "tiny", "messages": M, "stream": False, "options": {"steps": 8, "max_denoising_steps": 4}},
+            ("'options.steps'", "'options.max_denoising_steps'"),
+        ),
+        (
+            "/v1/chat/completions",
+            {"model": "tiny-mdm", "messages": M, "temperature": 0.5, "localdiff": {"temperature": 0.7}},
+            ("'temperature'", "'localdiff.temperature'"),
+        ),
+        (
+            "/v1/chat/completions",
+            {"model": "tiny", "messages": M, "max_tokens": 5, "max_completion_tokens": 6},
+            ("'max_tokens'", "'max_completion_tokens'"),
+        ),
+        (
+            "/v1/chat/completions",
+            {"model": "tiny", "messages": M, "localdiff": {"events": "steps"}},
+            ("'localdiff.events'", '"stream": true'),
+        ),
+        (
+            "/api/generate",
+            {"model": "tiny", "prompt": "hi", "stream": False, "localdiff": {"events": "canvases"}},
+            ("'localdiff.events'", '"stream": true'),
+        ),
+    ],
+)
 def test_one_setting_given_twice_or_unusable_is_a_400_not_silently_settled(server, path, body, named):
     r = _post(server, path, body)
     assert r.status_code == 400, r.text
@@ -117,11 +159,14 @@ def test_one_setting_given_twice_or_unusable_is_a_400_not_silently_settled(serve
     assert all(n in msg for n in named), msg
 
 
-@pytest.mark.parametrize("path,body", [
-    ("/api/chat", {"model": "tiny", "messages": M, "stream": False, "options": {"temperature": 0.5, "seed": 1}}),
-    ("/v1/chat/completions", {"model": "tiny", "messages": M, "max_tokens": 6, "max_completion_tokens": 6}),
-    ("/v1/chat/completions", {"model": "tiny", "messages": M, "temperature": 0.5, "localdiff": {"t_min": 0.2}}),
-])
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        ("/api/chat", {"model": "tiny", "messages": M, "stream": False, "options": {"temperature": 0.5, "seed": 1}}),
+        ("/v1/chat/completions", {"model": "tiny", "messages": M, "max_tokens": 6, "max_completion_tokens": 6}),
+        ("/v1/chat/completions", {"model": "tiny", "messages": M, "temperature": 0.5, "localdiff": {"t_min": 0.2}}),
+    ],
+)
 def test_the_same_setting_once_still_runs(server, path, body):
     assert _post(server, path, body).status_code == 200
 
@@ -130,17 +175,20 @@ def test_c1_controls_in_json_bodies_are_escaped_and_the_log_shows_controls(serve
     # (an unknown field: its name is echoed; an unknown model's 404 echoes nothing, test_serve_model_names.py)
     r = _post(server, "/v1/chat/completions", {"model": "tiny", "messages": M, "frob\u009b31m": 1})
     assert r.status_code == 400 and b"\\u009b" in r.content and "\u009b".encode() not in r.content
-    assert "\u009b" in r.json()["error"]["message"]            # the same JSON value
+    assert "\u009b" in r.json()["error"]["message"]  # the same JSON value
     assert httpx.get(server.url + "/v1/%1b%5b2Jx", timeout=10).status_code == 404
-    time.sleep(0.05)                                            # (the access line is written 2 ms after)
+    time.sleep(0.05)  # (the access line is written 2 ms after)
     lines = [rec.getMessage() for rec in server.logs.records]
     assert any("/v1/\u241b[2Jx" in m for m in lines) and not any("\x1b" in m for m in lines)
 
 
-@pytest.mark.parametrize("raw,ollama", [
-    (b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n{}", True),
-    (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-A: a\x01b\r\n\r\n", False),
-])
+@pytest.mark.parametrize(
+    "raw,ollama",
+    [
+        (b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n{}", True),
+        (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-A: a\x01b\r\n\r\n", False),
+    ],
+)
 def test_requests_the_http_parser_refuses_get_a_json_400(server, raw, ollama):
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as c:
         c.sendall(raw)
@@ -170,32 +218,44 @@ def test_endpoint_temperature_flags_map_as_locally(server, capsys, tmp_path, mon
 
     assert request_fields(None, None, {"temperature": 0.0}) == {"temperature": 0.0}
     assert request_fields(None, None, {"t_max": 0.9, "t_min": 0.1}) == {"localdiff": {"t_max": 0.9, "t_min": 0.1}}
-    (tmp_path / "c.toml").touch()   # LOCALDIFF_CONFIG names it: a missing named file is an error
+    (tmp_path / "c.toml").touch()  # LOCALDIFF_CONFIG names it: a missing named file is an error
     monkeypatch.setenv("LOCALDIFF_CONFIG", str(tmp_path / "c.toml"))
-    assert main(["gen", "--endpoint", server.url, "-m", "tiny", "-p", "hi", "--temperature", "0.9:0.1",
-                 "--seed", "1"]) == 0
-    assert main(["gen", "--endpoint", server.url, "-m", "tiny-mdm", "-p", "1 2 3", "--raw", "--temperature", "0",
-                 "-n", "8"]) == 0
+    assert (
+        main(["gen", "--endpoint", server.url, "-m", "tiny", "-p", "hi", "--temperature", "0.9:0.1", "--seed", "1"])
+        == 0
+    )
+    assert (
+        main(
+            ["gen", "--endpoint", server.url, "-m", "tiny-mdm", "-p", "1 2 3", "--raw", "--temperature", "0", "-n", "8"]
+        )
+        == 0
+    )
     assert "error" not in capsys.readouterr().err
 
 
 def test_ollama_reports_the_load_of_the_model_a_request_named():
     s = Running(model="tiny")
     try:
-        r = _post(s, "/api/generate", {"model": "tiny-bd", "prompt": "1 2 3", "raw": True, "stream": False,
-                                       "options": {"num_predict": 8}}).json()
-        again = _post(s, "/api/generate", {"model": "tiny-bd", "prompt": "1 2 3", "raw": True, "stream": False,
-                                           "options": {"num_predict": 8}}).json()
+        r = _post(
+            s,
+            "/api/generate",
+            {"model": "tiny-bd", "prompt": "1 2 3", "raw": True, "stream": False, "options": {"num_predict": 8}},
+        ).json()
+        again = _post(
+            s,
+            "/api/generate",
+            {"model": "tiny-bd", "prompt": "1 2 3", "raw": True, "stream": False, "options": {"num_predict": 8}},
+        ).json()
     finally:
         s.stop()
-    assert r["load_duration"] > 1_000_000 > again["load_duration"]          # > 1 ms loading; resident: ~µs
+    assert r["load_duration"] > 1_000_000 > again["load_duration"]  # > 1 ms loading; resident: ~µs
     assert r["total_duration"] >= r["load_duration"] + r["eval_duration"]
 
 
 def test_endpoint_refuses_dtype_and_reports_stats_with_v(server, capsys, tmp_path, monkeypatch):
     from localdiff.cli import main
 
-    (tmp_path / "c.toml").touch()   # LOCALDIFF_CONFIG names it: a missing named file is an error
+    (tmp_path / "c.toml").touch()  # LOCALDIFF_CONFIG names it: a missing named file is an error
     monkeypatch.setenv("LOCALDIFF_CONFIG", str(tmp_path / "c.toml"))
     assert main(["gen", "--endpoint", server.url, "--dtype", "float32", "-p", "hi"]) == 2
     assert capsys.readouterr().err.strip() == "error: --dtype applies to local models, not to --endpoint"
@@ -204,14 +264,17 @@ def test_endpoint_refuses_dtype_and_reports_stats_with_v(server, capsys, tmp_pat
     assert "stats: " in err and " forwards" in err and "seed 4" in err and "model tiny" in err
 
 
-@pytest.mark.parametrize("model,ext,status,said", [
-    ("tiny", {"steps": 0}, 400, "localdiff.steps: must be an integer in [1, 100000] (got 0)"),
-    ("tiny", {"steps": 500000}, 400, "localdiff.steps: must be an integer in [1, 100000] (got 500000)"),
-    ("tiny", {"steps": "8"}, 400, "'localdiff.steps' must be an integer (got \"8\")"),
-    ("tiny-bd", {"remasking": "low_confidence_dynamic"}, 200, None),    # SDAR's choices (LLaDA's were checked)
-    ("tiny-mdm", {"remasking": "random"}, 200, None),
-    ("tiny-bd", {"remasking": "random"}, 400, "localdiff.remasking: must be one of low_confidence_dynamic"),
-])
+@pytest.mark.parametrize(
+    "model,ext,status,said",
+    [
+        ("tiny", {"steps": 0}, 400, "localdiff.steps: must be an integer in [1, 100000] (got 0)"),
+        ("tiny", {"steps": 500000}, 400, "localdiff.steps: must be an integer in [1, 100000] (got 500000)"),
+        ("tiny", {"steps": "8"}, 400, "'localdiff.steps' must be an integer (got \"8\")"),
+        ("tiny-bd", {"remasking": "low_confidence_dynamic"}, 200, None),  # SDAR's choices (LLaDA's were checked)
+        ("tiny-mdm", {"remasking": "random"}, 200, None),
+        ("tiny-bd", {"remasking": "random"}, 400, "localdiff.remasking: must be one of low_confidence_dynamic"),
+    ],
+)
 def test_an_option_whose_range_depends_on_the_model_is_checked_against_its_decoder(server, model, ext, status, said):
     r = _post(server, "/v1/completions", {"model": model, "prompt": "1 2 3", "max_tokens": 4, "localdiff": ext})
     assert r.status_code == status, r.text
@@ -222,7 +285,7 @@ def test_an_option_whose_range_depends_on_the_model_is_checked_against_its_decod
 def test_worker_accounting_counts_only_the_first_step_as_prefill_where_canvases_are_not_fused():
     from localdiff.serve.worker import Spent
 
-    for fused, want in ((True, 6.0), (False, 1.0)):   # steps 0→1, 1→3, 3→6, a canvas ending after each: all of
+    for fused, want in ((True, 6.0), (False, 1.0)):  # steps 0→1, 1→3, 3→6, a canvas ending after each: all of
         # them prefill where the next step is fused with it; else only the first (the prompt)
         s = Spent(0.0)
         for t in (0.0, 1.0, 3.0):

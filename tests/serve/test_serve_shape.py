@@ -1,6 +1,7 @@
 """``localdiff serve``'s response shape is made while the job waits (``localdiff/serve/asgi.py``: ``_shape``, from the
 resident model) and remade when the job ran on another model: the answer names the model that made it. No socket:
 the ASGI app is driven with a stand-in worker."""
+
 from __future__ import annotations
 
 import asyncio
@@ -48,8 +49,15 @@ def _call(app, path: str, body: dict) -> tuple[int, bytes]:
     async def send(msg):
         sent.append(msg)
 
-    scope = {"type": "http", "method": "POST", "path": path, "headers": [(b"content-length", str(len(raw)).encode())],
-             "query_string": b"", "client": ("127.0.0.1", 1), "http_version": "1.1"}
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": path,
+        "headers": [(b"content-length", str(len(raw)).encode())],
+        "query_string": b"",
+        "client": ("127.0.0.1", 1),
+        "http_version": "1.1",
+    }
 
     async def main():
         await app(scope, receive, send)
@@ -59,13 +67,18 @@ def _call(app, path: str, body: dict) -> tuple[int, bytes]:
 
 
 @pytest.mark.parametrize("resident", [None, "old", "new"])
-@pytest.mark.parametrize("path,stream", [("/v1/chat/completions", False), ("/v1/chat/completions", True),
-                                         ("/api/chat", False), ("/api/chat", True)])
+@pytest.mark.parametrize(
+    "path,stream",
+    [("/v1/chat/completions", False), ("/v1/chat/completions", True), ("/api/chat", False), ("/api/chat", True)],
+)
 def test_the_answer_names_the_model_that_ran_it(resident, path, stream):
-    app = GenerationRoutes(_Worker(resident, "new"), ServerSettings(), fallback=None,
-                           names=ModelNames(["new", "old"], installed=lambda: []))
-    status, body = _call(app, path, {"model": "new", "messages": [{"role": "user", "content": "hi"}],
-                                     "stream": stream})
+    app = GenerationRoutes(
+        _Worker(resident, "new"),
+        ServerSettings(),
+        fallback=None,
+        names=ModelNames(["new", "old"], installed=lambda: []),
+    )
+    status, body = _call(app, path, {"model": "new", "messages": [{"role": "user", "content": "hi"}], "stream": stream})
     assert status == 200
     text = body.decode()
     lines = [ln.removeprefix("data: ") for ln in text.splitlines() if ln.strip() and ln != "data: [DONE]"]

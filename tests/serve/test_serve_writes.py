@@ -1,6 +1,7 @@
 """``localdiff serve``'s writes and hand-offs (``localdiff/serve/transport.py``, ``worker.Inbox``): the writes of one
 loop callback reach the socket as one write, in order, before a close; a streamed answer is one write on the wire;
 a finished stream schedules no extra wake-up of the loop; the job inbox keeps order and wakes its reader."""
+
 from __future__ import annotations
 
 import asyncio
@@ -46,17 +47,17 @@ def test_writes_of_one_callback_go_out_as_one_in_order():
         t = CorkedTransport(raw, asyncio.get_running_loop())
         t.write(b"HTTP/1.1 200 OK\r\n\r\n")
         t.writelines([b"5\r\nhello\r\n", bytearray(b"0\r\n\r\n")])
-        assert raw.writes == [] and t.get_write_buffer_size() == 19 + 10 + 5   # held during the callback
-        await asyncio.sleep(0)                                # the callback queued behind it sends them
+        assert raw.writes == [] and t.get_write_buffer_size() == 19 + 10 + 5  # held during the callback
+        await asyncio.sleep(0)  # the callback queued behind it sends them
         assert raw.writes == [b"HTTP/1.1 200 OK\r\n\r\n5\r\nhello\r\n0\r\n\r\n"]
         t.write(b"a")
         t.write(b"b")
-        t.close()                                             # close sends what is held first
+        t.close()  # close sends what is held first
         assert raw.writes[1:] == [b"ab"] and raw.closed
-        t.write(b"late")                                      # after close: dropped, as asyncio's transports do
+        t.write(b"late")  # after close: dropped, as asyncio's transports do
         await asyncio.sleep(0)
         assert raw.writes[1:] == [b"ab"]
-        assert t.get_extra_info("peername") == ("127.0.0.1", 1)   # the rest is the real transport's
+        assert t.get_extra_info("peername") == ("127.0.0.1", 1)  # the rest is the real transport's
 
     asyncio.run(main())
 
@@ -66,7 +67,7 @@ def test_flush_now_sends_at_once_and_ignores_other_senders():
         raw = _Transport()
         t = CorkedTransport(raw, asyncio.get_running_loop())
 
-        class Cycle:                                          # uvicorn's send is a method of its cycle
+        class Cycle:  # uvicorn's send is a method of its cycle
             transport = t
 
             async def send(self, msg):
@@ -75,9 +76,9 @@ def test_flush_now_sends_at_once_and_ignores_other_senders():
         t.write(b"x")
         flush_now(Cycle().send)
         assert raw.writes == [b"x"]
-        flush_now(lambda msg: None)                           # not uvicorn's: nothing to do, no error
+        flush_now(lambda msg: None)  # not uvicorn's: nothing to do, no error
         await asyncio.sleep(0)
-        assert raw.writes == [b"x"]                           # the queued flush finds nothing held
+        assert raw.writes == [b"x"]  # the queued flush finds nothing held
 
     asyncio.run(main())
 
@@ -86,13 +87,14 @@ def test_protocol_class_wraps_uvicorns_parsers():
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     cls = protocol_class("h11")
-    assert issubclass(cls, H11Protocol) and protocol_class("h11") is cls     # made once
+    assert issubclass(cls, H11Protocol) and protocol_class("h11") is cls  # made once
     auto = protocol_class("auto")
     try:
         import httptools  # noqa: F401
 
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-        assert issubclass(auto, HttpToolsProtocol)            # uvicorn's own "auto" choice
+
+        assert issubclass(auto, HttpToolsProtocol)  # uvicorn's own "auto" choice
     except ImportError:
         assert auto is cls
     with pytest.raises(ValueError, match="unknown HTTP implementation"):
@@ -107,13 +109,13 @@ def test_inbox_order_and_wake_up():
             box.get_nowait()
         reader = asyncio.ensure_future(box.get())
         await asyncio.sleep(0)
-        assert not reader.done()                              # waits for an item
+        assert not reader.done()  # waits for an item
         box.put_nowait(1)
         box.put_nowait(2)
         assert await reader == 1 and box.get_nowait() == 2 and box.empty()
         reader = asyncio.ensure_future(box.get())
         await asyncio.sleep(0)
-        reader.cancel()                                       # a cancelled reader leaves no waiter behind
+        reader.cancel()  # a cancelled reader leaves no waiter behind
         with pytest.raises(asyncio.CancelledError):
             await reader
         box.put_nowait(3)
@@ -149,9 +151,11 @@ def test_a_streamed_short_answer_is_one_write(server, monkeypatch):
     monkeypatch.setattr(worker, "START_WAIT", 60.0)
     body = dumps({"messages": ASK, "seed": 0, "stream": True, "max_tokens": 8}).encode()
     with socket.create_connection(("127.0.0.1", server.port), timeout=60) as s:
-        for _ in range(3):                                    # kept alive: each response is one write
-            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                      b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        for _ in range(3):  # kept alive: each response is one write
+            s.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n" % len(body) + body
+            )
             got = _read_response(s)
             assert len(got) == 1, [g[:40] for g in got]
             assert got[0].startswith(b"HTTP/1.1 200") and b"data: [DONE]" in got[0]
@@ -170,6 +174,7 @@ def test_a_finished_stream_schedules_no_wake_up_of_the_loop(server):
     def set_hooks(wrap):
         hooks = sys.get_asyncgen_hooks()
         if wrap:
+
             def finalizer(agen):
                 finalized.append(repr(agen))
                 return hooks.finalizer(agen)
@@ -182,13 +187,15 @@ def test_a_finished_stream_schedules_no_wake_up_of_the_loop(server):
 
     saved, done = [], threading.Event()
     loop = _server_loop(server)
-    loop.call_soon_threadsafe(set_hooks, True)                # (asyncgen hooks are per thread: the loop's)
+    loop.call_soon_threadsafe(set_hooks, True)  # (asyncgen hooks are per thread: the loop's)
     assert done.wait(10)
     try:
         with socket.create_connection(("127.0.0.1", server.port), timeout=60) as s:
             for path, body in (("/api/chat", ollama), ("/api/generate", ollama_gen), ("/v1/chat/completions", body)):
-                s.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                          b"Content-Length: %d\r\n\r\n" % (path.encode(), len(body)) + body)
+                s.sendall(
+                    b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\n\r\n" % (path.encode(), len(body)) + body
+                )
                 assert _read_response(s)[0].startswith(b"HTTP/1.1 200")
     finally:
         done.clear()
@@ -205,8 +212,7 @@ def _server_loop(server):
     real = server.worker.submit
     server.worker.submit = lambda job: (seen.append(job.loop), real(job))[1]
     try:
-        httpx.post(server.url + "/v1/chat/completions", json={"messages": ASK, "seed": 0, "max_tokens": 4},
-                   timeout=60)
+        httpx.post(server.url + "/v1/chat/completions", json={"messages": ASK, "seed": 0, "max_tokens": 4}, timeout=60)
     finally:
         del server.worker.submit
     return seen[0]
@@ -232,7 +238,7 @@ def test_on_disconnect_hooks_the_corked_connection_else_falls_back():
         cycle = Cycle()
         assert on_disconnect(cycle.send, lambda: calls.append(1)) and calls == [] and t.on_lost is not None
         assert on_disconnect(cycle.send, None) and t.on_lost is None
-        cycle.disconnected = True                             # gone before the hook was set: called now
+        cycle.disconnected = True  # gone before the hook was set: called now
         assert on_disconnect(cycle.send, lambda: calls.append(2)) and calls == [2] and t.on_lost is None
         assert on_disconnect(lambda msg: None, lambda: calls.append(3)) is False and calls == [2]
 
@@ -260,7 +266,7 @@ def test_disconnect_without_a_server_hook_cancels_through_receive(force_quit):
 
     stopped = []
 
-    def slow(*a, **k):                                        # a generation that runs until it is cancelled
+    def slow(*a, **k):  # a generation that runs until it is cancelled
         cancel = k["cancel"]
         started.set()
         t0 = time.monotonic()
@@ -276,7 +282,7 @@ def test_disconnect_without_a_server_hook_cancels_through_receive(force_quit):
         app = build_app(worker, ServerSettings(api_key=None, max_body=1 << 20))
         body = dumps({"model": model.name, "messages": ASK, "stream": True}).encode()
         sent = []
-        if force_quit:                                        # the task cancelled (a second Ctrl-C): still a 503
+        if force_quit:  # the task cancelled (a second Ctrl-C): still a 503
             return _cancelled_task_sends_503(app, body, started, worker, stopped)
 
         async def main():
@@ -292,17 +298,24 @@ def test_disconnect_without_a_server_hook_cancels_through_receive(force_quit):
             async def send(msg):
                 sent.append(msg.get("status", msg["type"]))
 
-            scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": [],
-                     "query_string": b"", "http_version": "1.1", "client": ("127.0.0.1", 1)}
+            scope = {
+                "type": "http",
+                "method": "POST",
+                "path": "/v1/chat/completions",
+                "headers": [],
+                "query_string": b"",
+                "http_version": "1.1",
+                "client": ("127.0.0.1", 1),
+            }
             task = asyncio.ensure_future(app(scope, receive, send))
             await asyncio.get_running_loop().run_in_executor(None, started.wait, 30)
             gone.set()
             await asyncio.wait_for(task, 30)
 
         asyncio.run(main())
-        assert worker.call(lambda: True)                      # the worker came back: the generation ended
-        assert len(stopped) == 1 and stopped[0] < 25          # ... because it was cancelled, not timed out
-        assert sent[1] == 499                                 # nothing streamed: "client closed the request"
+        assert worker.call(lambda: True)  # the worker came back: the generation ended
+        assert len(stopped) == 1 and stopped[0] < 25  # ... because it was cancelled, not timed out
+        assert sent[1] == 499  # nothing streamed: "client closed the request"
     finally:
         model.stream = real
         worker.stop()
@@ -323,12 +336,19 @@ def _cancelled_task_sends_503(app, body, started, worker, stopped):
         async def send(msg):
             msgs.append(msg)
 
-        scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": [],
-                 "query_string": b"", "http_version": "1.1", "client": ("127.0.0.1", 1)}
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/v1/chat/completions",
+            "headers": [],
+            "query_string": b"",
+            "http_version": "1.1",
+            "client": ("127.0.0.1", 1),
+        }
         task = asyncio.ensure_future(app(scope, receive, send))
         await asyncio.get_running_loop().run_in_executor(None, started.wait, 30)
         task.cancel()
-        await asyncio.wait_for(task, 30)                      # the handler ends (no CancelledError out of it)
+        await asyncio.wait_for(task, 30)  # the handler ends (no CancelledError out of it)
 
     asyncio.run(main())
     assert worker.call(lambda: True) and len(stopped) == 1 and stopped[0] < 25
@@ -347,8 +367,12 @@ def test_shutdown_mid_stream_ends_the_answer_cleanly():
     import httpx
 
     srv = Running(max_batch=1)  # one running, one queued (DiffusionGemma batches by default)
-    long = {"messages": ASK, "stream": True, "max_tokens": 900,
-            "localdiff": {"max_denoising_steps": 48, "confidence_threshold": 1e-12}}
+    long = {
+        "messages": ASK,
+        "stream": True,
+        "max_tokens": 900,
+        "localdiff": {"max_denoising_steps": 48, "confidence_threshold": 1e-12},
+    }
     out = {}
 
     def stream():
@@ -363,7 +387,7 @@ def test_shutdown_mid_stream_ends_the_answer_cleanly():
         a = threading.Thread(target=stream)
         a.start()
         t0 = time.monotonic()
-        while srv.worker.current is None or srv.worker.current.steps < 2:     # the answer is being denoised
+        while srv.worker.current is None or srv.worker.current.steps < 2:  # the answer is being denoised
             assert time.monotonic() - t0 < 60
             time.sleep(0.01)
         b = threading.Thread(target=queued)
@@ -382,7 +406,7 @@ def test_shutdown_mid_stream_ends_the_answer_cleanly():
     finally:
         srv.stop()
     assert out["status"] == 200 and out["lines"][-1] == "data: [DONE]", out
-    last = json.loads(out["lines"][-2][len("data: "):])
+    last = json.loads(out["lines"][-2][len("data: ") :])
     assert last["error"]["code"] == "shutting_down", last
     assert out["queued"].status_code == 503 and out["queued"].json()["error"]["code"] == "shutting_down"
     text = srv.logs.text()

@@ -1,4 +1,5 @@
 """Chat (TUI) Pilot tests driving the real engine on the embedded model."""
+
 from __future__ import annotations
 
 import asyncio
@@ -37,7 +38,10 @@ def test_two_turns_are_answered_saved_and_reuse_the_cache(tiny, tmp_path):
             shown = app.transcript.messages
             assert [m.role for m in shown] == ["user", "assistant"] and shown[1].text == first.text
             conv = app.store.load(app.conversation_id)
-            assert conv.messages() == [{"role": "user", "content": PROMPT}, {"role": "assistant", "content": first.text}]
+            assert conv.messages() == [
+                {"role": "user", "content": PROMPT},
+                {"role": "assistant", "content": first.text},
+            ]
             assert conv.turns[1].stats["forwards"] == first.stats.forwards > 0
             cache = app.cache
             second = await send(pilot, app, "What is 5 + 7?")
@@ -46,6 +50,7 @@ def test_two_turns_are_answered_saved_and_reuse_the_cache(tiny, tmp_path):
             assert len(app.store.load(app.conversation_id).turns) == 4
             assert "TPF" in app.status.line() and app.status.tpf == pytest.approx(second.stats.tokens_per_forward)
             assert app.canvas.frames_drawn >= 1
+
     asyncio.run(go())
 
 
@@ -95,6 +100,7 @@ def test_escape_stops_within_one_step_and_the_next_prompt_works(tiny, tmp_path, 
             nxt = await send(pilot, app, "What is 3 + 4?")
             assert nxt.finish_reason in ("eos", "length") and nxt.text
             assert app.store.load(app.conversation_id).messages()[-1] == {"role": "assistant", "content": nxt.text}
+
     asyncio.run(go())
 
 
@@ -117,7 +123,10 @@ def test_history_survives_a_restart(tiny, tmp_path):
         async with app.run_test(size=(80, 24)) as pilot:
             await wait_for(pilot, lambda: app.model is not None)
             assert [(m.role, m.text) for m in app.transcript.messages] == [
-                ("user", PROMPT), ("assistant", answer), ("user", "What is 5 + 7?")]
+                ("user", PROMPT),
+                ("assistant", answer),
+                ("user", "What is 5 + 7?"),
+            ]
             assert app.messages[1] == {"role": "assistant", "content": answer}
             assert any("no saved answer" in str(n.render()) for n in app.transcript.query(".note"))
             fin = await send(pilot, app, "/regen")
@@ -125,6 +134,7 @@ def test_history_survives_a_restart(tiny, tmp_path):
             turns = app.store.load(cid).turns
             assert [t.role for t in turns] == ["user", "assistant", "user", "assistant"]
             assert turns[-1].content == fin.text == app.transcript.messages[-1].text
+
     asyncio.run(second_run())
 
 
@@ -141,10 +151,11 @@ def test_set_in_the_prompt_changes_the_next_generation(tiny, tmp_path):
             notes = [str(w.render()) for w in app.transcript.query(".note")][1:]  # after the start-up line
             assert notes[0] == "max_denoising_steps = 2"
             assert notes[1] == "/set threshold: must be a number in (0, 1] (got '5')"
-            assert notes[2] == "/set t_min: must be ≤ t_max (0.8) (got 0.9)"   # names the key the user typed
+            assert notes[2] == "/set t_min: must be ≤ t_max (0.8) (got 0.9)"  # names the key the user typed
             assert app.store.list_conversations() == []  # settings are not turns
             fin = await send(pilot, app, PROMPT)
             assert fin.stats.forwards <= 2 * fin.stats.canvases
+
     asyncio.run(go())
 
 
@@ -157,8 +168,15 @@ def test_palette_new_chat_regenerate_and_theme(tiny, tmp_path):
             await pilot.press("ctrl+p")
             await pilot.press(*"Regenerate last")
             await pilot.press("enter")
-            await wait_for(pilot, lambda: not app.generating and app.last_finish is not None
-                           and len(app.transcript.messages) == 2 and app.transcript.messages[1].text)
+            await wait_for(
+                pilot,
+                lambda: (
+                    not app.generating
+                    and app.last_finish is not None
+                    and len(app.transcript.messages) == 2
+                    and app.transcript.messages[1].text
+                ),
+            )
             conv = app.store.load(cid)
             assert [t.role for t in conv.turns] == ["user", "assistant"]
             assert conv.turns[1].content == app.transcript.messages[1].text
@@ -171,6 +189,7 @@ def test_palette_new_chat_regenerate_and_theme(tiny, tmp_path):
             dark = app.current_theme.dark
             await pilot.press("ctrl+t")
             assert app.current_theme.dark is (not dark)
+
     asyncio.run(go())
 
 
@@ -191,6 +210,7 @@ def test_a_model_that_fails_to_load_shows_the_error_and_exits_non_zero(tmp_path)
             assert "no model" in str(app.transcript.query(".note").last().render())
             await pilot.press("ctrl+q")
         assert app.return_code == 1
+
     asyncio.run(go())
 
 
@@ -233,16 +253,18 @@ def test_palette_switch_model_keeps_the_conversation_and_reports_failures(tiny, 
             await send(pilot, app, PROMPT)
             cache = app.cache
             await pick(pilot, app, "Switch model: broken")
-            await wait_for(pilot, lambda: any("could not load broken" in str(w.render())
-                                              for w in app.transcript.query(".error")))
+            await wait_for(
+                pilot, lambda: any("could not load broken" in str(w.render()) for w in app.transcript.query(".error"))
+            )
             assert app.model is tiny and app.cache is cache and len(app.messages) == 2
-            assert app.load_error is None     # tiny still answers: quitting now is not a failure
+            assert app.load_error is None  # tiny still answers: quitting now is not a failure
             await pick(pilot, app, "Switch model: tiny")
             await wait_for(pilot, lambda: app.load_error is None and app.cache is not cache)
             assert loads == ["tiny", "broken", "tiny"] and len(app.messages) == 2
             assert app.status.line().startswith("ready │ tiny")
             await pilot.press("ctrl+q")
         assert app.return_code == 0
+
     asyncio.run(go())
 
 
@@ -261,8 +283,10 @@ def test_a_history_write_failure_is_reported_and_the_chat_goes_on(tiny, tmp_path
             fin = await send(pilot, app, PROMPT)
             assert fin.error is None and app.messages[-1] == {"role": "assistant", "content": fin.text}
             assert "answer not saved: chat history h.sqlite3: database or disk is full" in str(
-                app.transcript.query(".error").last().render())
+                app.transcript.query(".error").last().render()
+            )
             app.store.add_turn = real_add
             await send(pilot, app, "/regen")  # the unsaved answer is replaced; nothing to delete on disk
             assert [t.role for t in app.store.load(app.conversation_id).turns] == ["user", "assistant"]
+
     asyncio.run(go())

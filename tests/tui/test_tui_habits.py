@@ -1,5 +1,6 @@
 """Pilot tests for issue #23: the habits of `ollama run`, oterm and elia users, on the embedded model (real engine).
 Each test names the issue's item number it covers."""
+
 from __future__ import annotations
 
 import asyncio
@@ -16,8 +17,11 @@ from localdiff.tui.settings import ChatSettings
 from localdiff.tui.store import ChatStore, format_listing
 from localdiff.tui.widgets.transcript import UserMessage
 
-THREE = [("What is 41 + 93?", "134"), ("Reverse the letters: d r a g o n", "n o g a r d"),
-         ("Sort these words: elk cat gnu", "cat elk gnu")]
+THREE = [
+    ("What is 41 + 93?", "134"),
+    ("Reverse the letters: d r a g o n", "n o g a r d"),
+    ("Sort these words: elk cat gnu", "cat elk gnu"),
+]
 
 
 async def command(pilot, app, text):
@@ -49,10 +53,12 @@ def test_cli_resume_keeps_the_conversation_model_and_seed_reaches_the_chat(tmp_p
     monkeypatch.setattr("sys.stdout.isatty", lambda: True)
     monkeypatch.setattr("sys.stdin.isatty", lambda: True)
     monkeypatch.setattr(ChatApp, "run", fake_run)
-    assert main(["chat", "--resume", "--seed", "5"]) == 1   # the first model loads before the UI: not pulled
-    assert capsys.readouterr().err == (f"error: cannot load 'org/other-model' (conversation #{cid}'s model; -m MODEL "
-                                       "resumes it on another): org/other-model@main is not pulled: run `localdiff "
-                                       "pull org/other-model`\n")
+    assert main(["chat", "--resume", "--seed", "5"]) == 1  # the first model loads before the UI: not pulled
+    assert capsys.readouterr().err == (
+        f"error: cannot load 'org/other-model' (conversation #{cid}'s model; -m MODEL "
+        "resumes it on another): org/other-model@main is not pulled: run `localdiff "
+        "pull org/other-model`\n"
+    )
     assert started == []
     loads = []
     monkeypatch.setattr("localdiff.tui.app._default_loader", lambda name, **kw: loads.append(name) or object())
@@ -77,17 +83,18 @@ def test_escape_sequences_inside_a_bracketed_paste_stay_text():
     def run(cls, step):
         parser, out = cls(), []
         for i in range(0, len(data), step):
-            out += list(parser.feed(data[i:i + step]))
+            out += list(parser.feed(data[i : i + step]))
         return [(type(e).__name__, getattr(e, "key", None) or getattr(e, "text", None)) for e in out]
 
     assert ("Key", "enter") in run(XTermParser, len(data))  # the bug this guards against
     for step in (1, 2, 3, 7, len(data)):
         assert run(guarded_parser_class(), step) == [("Key", "x"), ("Paste", "a␛[31mred␛\rsent?"), ("Key", "y")]
-    assert visible_controls("a␛\x07b\r\nc\x7f\x9b") == "a␛␇b\nc␡<U+009B>"   # the one sanitizer (localdiff.safetext)
+    assert visible_controls("a␛\x07b\r\nc\x7f\x9b") == "a␛␇b\nc␡<U+009B>"  # the one sanitizer (localdiff.safetext)
 
 
 def test_a_paste_is_inserted_as_visible_text_and_never_sends(tiny, tmp_path):
     """#23 item 2, the prompt box."""
+
     async def go():
         app = make_app(tiny, tmp_path)
         async with app.run_test(size=(80, 24)) as pilot:
@@ -96,6 +103,7 @@ def test_a_paste_is_inserted_as_visible_text_and_never_sends(tiny, tmp_path):
             await pilot.pause()
             assert app.prompt.text == "What is␛[2J 1 + 2?␇\nsecond line\n"
             assert app.transcript.messages == [] and not app.generating and app.store.list_conversations() == []
+
     asyncio.run(go())
 
 
@@ -103,6 +111,7 @@ def test_a_paste_is_inserted_as_visible_text_and_never_sends(tiny, tmp_path):
 @pytest.mark.parametrize("size", [(40, 10), (40, 12), (80, 24), (120, 40)])
 def test_the_prompt_stays_visible_at_every_size(tiny, tmp_path, size):
     """#23 item 3: after an answer (canvas panel pinned) and while answering."""
+
     async def go():
         app = make_app(tiny, tmp_path)
         async with app.run_test(size=size) as pilot:
@@ -121,12 +130,14 @@ def test_the_prompt_stays_visible_at_every_size(tiny, tmp_path, size):
             assert app.prompt.region.bottom <= size[1] and app.prompt.region.height >= 3
             release.set()
             await wait_for(pilot, lambda: not app.generating)
+
     asyncio.run(go())
 
 
 # ------------------------------------------------------------------------------------------------ 4: verbatim
 def test_the_users_message_is_shown_verbatim(tiny, tmp_path):
     """#23 item 4: `# …` is not a heading, `*x*` not emphasis; line breaks are kept."""
+
     async def go():
         app = make_app(tiny, tmp_path)
         async with app.run_test(size=(80, 24)) as pilot:
@@ -136,12 +147,14 @@ def test_the_users_message_is_shown_verbatim(tiny, tmp_path):
             user = app.transcript.messages[0]
             assert isinstance(user, UserMessage)
             assert str(user.render()) == "# What is 1 + 2? *now*\n[b]x[/b]"
+
     asyncio.run(go())
 
 
 # ------------------------------------------------------------------------------------------------ 5, 15
 def test_single_turn_model_answers_every_turn_and_says_so_once(tiny, tmp_path):
     """#23 items 5 and 15: three turns of different task families, every answer non-empty and right."""
+
     async def go():
         app = make_app(tiny, tmp_path, seed=1)
         async with app.run_test(size=(80, 24)) as pilot:
@@ -156,12 +169,14 @@ def test_single_turn_model_answers_every_turn_and_says_so_once(tiny, tmp_path):
             assert [m["role"] for m in app.messages] == ["user", "assistant"] * 3  # the conversation keeps them all
             assert len(app.store.load(app.conversation_id).turns) == 6
             assert sum("Single-turn" in n for n in notes(app)) == 1
+
     asyncio.run(go())
 
 
 # ------------------------------------------------------------------------------------------------ 8: quitting
 def test_ctrl_c_stops_the_answer_then_quits(tiny, tmp_path):
     """#23 item 8: ctrl+c stops a running answer, the next prompt works, ctrl+c when idle quits."""
+
     async def go():
         app = make_app(tiny, tmp_path)
         async with app.run_test(size=(80, 24)) as pilot:
@@ -180,17 +195,20 @@ def test_ctrl_c_stops_the_answer_then_quits(tiny, tmp_path):
             await pilot.press("ctrl+c")
             await pilot.pause()
         assert app.return_code == 0
+
     asyncio.run(go())
 
 
 def test_a_second_ctrl_c_while_stopping_quits(tiny, tmp_path):
     """#23 item 8."""
+
     async def go():
         app = make_app(tiny, tmp_path)
         release = threading.Event()
 
         def hook(ev):  # ignores the cancel: the answer is still "stopping" when the second ctrl+c comes
             release.wait(10)
+
         async with app.run_test(size=(80, 24)) as pilot:
             await wait_for(pilot, lambda: app.model is not None)
             app.step_hook = hook
@@ -202,12 +220,14 @@ def test_a_second_ctrl_c_while_stopping_quits(tiny, tmp_path):
             release.set()
             await pilot.pause()
         assert app.return_code == 0
+
     asyncio.run(go())
 
 
 @pytest.mark.parametrize("how", ["ctrl+d", "/bye", "/exit", "/quit"])
 def test_ctrl_d_on_an_empty_prompt_and_bye_exit_quit(tiny, tmp_path, how):
     """#23 item 8: ctrl+d quits only on an empty prompt (else it deletes, as in a shell)."""
+
     async def go():
         app = make_app(tiny, tmp_path)
         async with app.run_test(size=(80, 24)) as pilot:
@@ -220,6 +240,7 @@ def test_ctrl_d_on_an_empty_prompt_and_bye_exit_quit(tiny, tmp_path, how):
                 await pilot.press(*how, "enter")
             await pilot.pause()
         assert app.return_code == 0 and not app.is_running
+
     asyncio.run(go())
 
 
@@ -250,12 +271,14 @@ def test_up_and_down_recall_earlier_prompts_across_restarts(tiny, tmp_path):
             await send(pilot, app, "What is 2 + 2?")
             await pilot.press("up")
             assert app.prompt.text == "What is 2 + 2?"
+
     asyncio.run(go())
 
 
 # ------------------------------------------------------------------------------------------------ 10: scrolling
 def test_page_keys_scroll_the_transcript_while_the_prompt_has_focus(tiny, tmp_path):
     """#23 item 10."""
+
     async def go():
         app = make_app(tiny, tmp_path)
         async with app.run_test(size=(80, 24)) as pilot:
@@ -280,12 +303,14 @@ def test_page_keys_scroll_the_transcript_while_the_prompt_has_focus(tiny, tmp_pa
             await pilot.press("a", "b", "home")  # with text, Home moves the cursor as in any editor
             await pilot.pause()
             assert app.prompt.cursor_location == (0, 0) and app.transcript.scroll_y == bottom
+
     asyncio.run(go())
 
 
 # ------------------------------------------------------------------------------------------------ 11: figures
 def test_live_figures_while_answering_and_stats_on_demand(tiny, tmp_path):
     """#23 item 11: elapsed, tokens so far, tok/s and TPF in the status line; /stats and /verbose."""
+
     async def go():
         app = make_app(tiny, tmp_path)
         async with app.run_test(size=(120, 40)) as pilot:
@@ -311,12 +336,14 @@ def test_live_figures_while_answering_and_stats_on_demand(tiny, tmp_path):
             fin = await send(pilot, app, "What is 1 + 2?")
             await pilot.pause()
             assert f"{fin.stats.forwards} forwards" in notes(app)[-1]
+
     asyncio.run(go())
 
 
 # ------------------------------------------------------------------------------------------------ 12: copy
 def test_copy_the_last_answer_with_a_key_and_slash_copy(tiny, tmp_path, monkeypatch):
     """#23 item 12."""
+
     async def go():
         app = make_app(tiny, tmp_path)
         copied = []
@@ -338,6 +365,7 @@ def test_copy_the_last_answer_with_a_key_and_slash_copy(tiny, tmp_path, monkeypa
             monkeypatch.setenv("TERM_PROGRAM", "Apple_Terminal")
             await command(pilot, app, "/copy")
             assert "does not support OSC 52" in notes(app)[-1]
+
     asyncio.run(go())
 
 
@@ -354,8 +382,12 @@ def test_model_system_show_and_clear(tiny, tmp_path, monkeypatch):
     monkeypatch.setattr(tiny, "stream", stream)
 
     async def go():
-        app = ChatApp("tiny", store=ChatStore(tmp_path / "h.sqlite3"), settings=ChatSettings(seed=0),
-                      loader=lambda name, **_: loads.append(name) or tiny)
+        app = ChatApp(
+            "tiny",
+            store=ChatStore(tmp_path / "h.sqlite3"),
+            settings=ChatSettings(seed=0),
+            loader=lambda name, **_: loads.append(name) or tiny,
+        )
         app.model_choices = lambda: ["tiny", "org/big"]
         async with app.run_test(size=(80, 24)) as pilot:
             await wait_for(pilot, lambda: app.model is not None)
@@ -387,6 +419,7 @@ def test_model_system_show_and_clear(tiny, tmp_path, monkeypatch):
             assert len(app.transcript.messages) == 4
             await command(pilot, app, "/clear")
             assert app.store.load(cid).turns == [] and app.transcript.messages == [] and app.messages == []
+
     asyncio.run(go())
 
 
@@ -394,7 +427,7 @@ def test_model_system_show_and_clear(tiny, tmp_path, monkeypatch):
 def test_set_values_and_the_theme_persist_in_the_config_file(tiny, tmp_path):
     """#23 item 14: saved to the config file (comments kept), read back at the next start."""
     cfg = tmp_path / "config.toml"
-    cfg.write_text("# my settings\ndefault_model = \"tiny\"  # keep me\n")
+    cfg.write_text('# my settings\ndefault_model = "tiny"  # keep me\n')
 
     async def first():
         app = make_app(tiny, tmp_path, config_file=cfg)
@@ -417,13 +450,19 @@ def test_set_values_and_the_theme_persist_in_the_config_file(tiny, tmp_path):
     assert (loaded.seed, loaded.max_new_tokens, loaded.theme) == (3, 64, theme)
 
     async def second():
-        app = make_app(tiny, tmp_path, config_file=cfg, theme=loaded.theme,
-                       settings=ChatSettings(seed=loaded.seed, sampler=dict(loaded.sampler)))
+        app = make_app(
+            tiny,
+            tmp_path,
+            config_file=cfg,
+            theme=loaded.theme,
+            settings=ChatSettings(seed=loaded.seed, sampler=dict(loaded.sampler)),
+        )
         async with app.run_test(size=(80, 24)) as pilot:
             await wait_for(pilot, lambda: app.model is not None)
             assert app.theme == theme
             await command(pilot, app, "/set steps default")
             await command(pilot, app, "/set seed none")
+
     asyncio.run(second())
     again = load_user_config(env={}, path=cfg)
     assert dict(again.sampler) == {} and again.seed is None and again.theme == theme

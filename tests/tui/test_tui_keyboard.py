@@ -5,6 +5,7 @@ chat closed with exit code 0 and the message being typed was lost. The experimen
 pseudo-terminal with the embedded model; one message, then ``\\xff`` and a second message, then ctrl+c; both turns
 must be saved in the history and the terminal must show no traceback.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -28,11 +29,11 @@ def test_the_drivers_decoder_replaces_invalid_bytes():
     """The name the Linux drivers decode through is rebound (a Textual release that drops it fails here)."""
     from textual.drivers import linux_driver, linux_inline_driver
 
-    assert install_lenient_decoder() and install_lenient_decoder()   # idempotent
+    assert install_lenient_decoder() and install_lenient_decoder()  # idempotent
     for mod in (linux_driver, linux_inline_driver):
         decode = mod.getincrementaldecoder("utf-8")().decode
         assert decode(b"a\xffb") == f"a{REPLACEMENT}b"
-        assert decode(b"\xc3") == "" and decode(b"\xa9") == "é"   # a character split across reads still joins
+        assert decode(b"\xc3") == "" and decode(b"\xa9") == "é"  # a character split across reads still joins
 
 
 class Terminal:
@@ -40,14 +41,26 @@ class Terminal:
 
     def __init__(self, tmp_path: Path) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("LOCALDIFF_", "HF_"))}
-        (tmp_path / "c.toml").touch()   # LOCALDIFF_CONFIG names it: a missing named file is an error
-        env.update(LOCALDIFF_DATA_DIR=str(tmp_path), LOCALDIFF_CONFIG=str(tmp_path / "c.toml"),
-                   HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1", TERM="xterm-256color",
-                   PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
+        (tmp_path / "c.toml").touch()  # LOCALDIFF_CONFIG names it: a missing named file is an error
+        env.update(
+            LOCALDIFF_DATA_DIR=str(tmp_path),
+            LOCALDIFF_CONFIG=str(tmp_path / "c.toml"),
+            HF_HOME=str(tmp_path / "hf"),
+            HF_HUB_OFFLINE="1",
+            TERM="xterm-256color",
+            PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+        )
         self.master, slave = pty.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
-        self.proc = subprocess.Popen([sys.executable, "-m", "localdiff", "chat", "--seed", "1"], stdin=slave,
-                                     stdout=slave, stderr=slave, env=env, cwd=ROOT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "localdiff", "chat", "--seed", "1"],
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            env=env,
+            cwd=ROOT,
+            start_new_session=True,
+        )
         os.close(slave)
         self.out = b""
 
@@ -57,7 +70,7 @@ class Terminal:
             if select.select([self.master], [], [], 0.1)[0]:
                 try:
                     self.out += os.read(self.master, 65536)
-                except OSError:   # the child closed the terminal
+                except OSError:  # the child closed the terminal
                     return
 
     def wait_for(self, text: bytes, timeout: float = 60.0) -> None:
@@ -87,7 +100,7 @@ def test_a_non_utf8_key_keeps_the_chat_and_its_history(tmp_path):
         term.type(b"What is 27 + 58?\r")
         term.wait_for(b"85.")
         term.read(0.5)
-        term.type(b"\x03")   # ctrl+c when idle quits
+        term.type(b"\x03")  # ctrl+c when idle quits
         rc = term.proc.wait(30)
         term.read(0.5)
     finally:

@@ -2,6 +2,7 @@
 `tiny` model with a fixed seed. Two values are pinned because they depend on the machine, not on the app:
 process memory (RSS) and tokens/second. Update the SVGs with `pytest tests/tui/test_tui_snapshots.py --snapshot-update`
 after an intended change (e.g. a retrained tiny model) and look at them."""
+
 from __future__ import annotations
 
 import threading
@@ -12,8 +13,6 @@ from tuihelpers import hold_first_step, make_app, send, wait_for
 from localdiff.tui.settings import ChatSettings
 
 SIZE = (80, 24)
-
-
 
 
 async def steady(pilot, app):

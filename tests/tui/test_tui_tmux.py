@@ -2,6 +2,7 @@
 embedded model where every answer is non-empty and right for its task family; ctrl+c stops an answer and the next
 prompt works; a bracketed paste holding escape sequences stays text; ctrl+c when idle quits with exit code 0.
 Skipped when tmux is not installed."""
+
 from __future__ import annotations
 
 import os
@@ -49,19 +50,24 @@ class Tmux:
 
 def test_three_turns_ctrl_c_and_paste_in_tmux(tmp_path):
     script = tmp_path / "run.sh"
-    (tmp_path / "c.toml").touch()   # LOCALDIFF_CONFIG names it: a missing named file is an error
+    (tmp_path / "c.toml").touch()  # LOCALDIFF_CONFIG names it: a missing named file is an error
     env = {"PYTHONPATH": str(ROOT), "LOCALDIFF_DATA_DIR": str(tmp_path), "LOCALDIFF_CONFIG": str(tmp_path / "c.toml")}
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-    script.write_text(f"#!/bin/sh\ncd {shlex.quote(str(ROOT))}\nexport {exports}\n"
-                      f"{shlex.quote(sys.executable)} -m localdiff chat --seed 1\n"
-                      f"echo $? > {shlex.quote(str(tmp_path / 'exit'))}\nsleep 60\n")
+    script.write_text(
+        f"#!/bin/sh\ncd {shlex.quote(str(ROOT))}\nexport {exports}\n"
+        f"{shlex.quote(sys.executable)} -m localdiff chat --seed 1\n"
+        f"echo $? > {shlex.quote(str(tmp_path / 'exit'))}\nsleep 60\n"
+    )
     script.chmod(0o755)
     tmux = Tmux(f"localdiff-test-{os.getpid()}")
     tmux("new-session", "-d", "-s", "chat", "-x", "80", "-y", "24", str(script))
     try:
         tmux.wait(lambda s: "ready │ tiny" in s and "lists the commands." in s)
-        for prompt, answer in [("What is 41 + 93?", "41 + 93 = 134."), ("Reverse the letters: d r a g o n",
-                               "n o g a r d"), ("Sort these words: elk cat gnu", "cat elk gnu")]:
+        for prompt, answer in [
+            ("What is 41 + 93?", "41 + 93 = 134."),
+            ("Reverse the letters: d r a g o n", "n o g a r d"),
+            ("Sort these words: elk cat gnu", "cat elk gnu"),
+        ]:
             tmux.type(prompt)
             screen = tmux.wait(lambda s, a=answer: f"█ {a}" in s and s.lstrip().startswith("ready"))
             assert "(empty answer)" not in screen

@@ -1,4 +1,5 @@
 """Chat (TUI) unit tests: history store, /set, run_chat guards, canvas frames."""
+
 from __future__ import annotations
 
 import asyncio
@@ -34,8 +35,10 @@ def test_store_round_trip_and_listing(tmp_path):
     assert [c.id for c in convs] == [b, a] and empty not in [c.id for c in convs]
     conv = other.load(a)
     assert conv.title == "first question with two lines"
-    assert conv.messages() == [{"role": "user", "content": "first  question\nwith two lines"},
-                               {"role": "assistant", "content": "answer"}]
+    assert conv.messages() == [
+        {"role": "user", "content": "first  question\nwith two lines"},
+        {"role": "assistant", "content": "answer"},
+    ]
     assert conv.turns[1].stats == {"forwards": 3} and conv.turns[1].finish_reason == "eos"
     assert other.resolve(True) == b and other.resolve("last") == b and other.resolve(str(a)) == a
     assert other.resolve(None) is None
@@ -74,18 +77,27 @@ def test_set_commands_change_settings_and_reject_bad_values():
     assert apply_set(s, "entropy_bound 0.3") == "entropy_bound = 0.3"
     assert apply_set(s, "seed 1") == "seed = 1"
     assert apply_set(s, "max_tokens 64") == "max_new_tokens = 64"
-    assert s.stream_kwargs() == {"max_new_tokens": 64, "seed": 1, "max_denoising_steps": 8, "threshold": 0.9,
-                                 "entropy_bound": 0.3}
+    assert s.stream_kwargs() == {
+        "max_new_tokens": 64,
+        "seed": 1,
+        "max_denoising_steps": 8,
+        "threshold": 0.9,
+        "entropy_bound": 0.3,
+    }
     assert "max_denoising_steps=8*" in apply_set(s, "", {"max_denoising_steps": 48, "t_min": 0.4})
     assert apply_set(s, "seed none") == "seed = none" and s.seed is None
     assert apply_set(s, "steps default") == "max_denoising_steps = model default"
     assert "max_denoising_steps" not in s.sampler
-    for args, msg in [("steps 0", r"^/set steps: must be an integer in \[1, "),
-                      ("steps 2.5", r"^/set steps: must be an integer"),
-                      ("threshold 1.5", r"^/set threshold: must be a number in \(0, 1\]"),
-                      ("threshold abc", r"^/set threshold: must be a number"), ("bogus 1", "unknown setting"),
-                      ("steps", "usage"), ("correction maybe", r"^/set correction: must be on or off"),
-                      ("entropy_bound nan", r"^/set entropy_bound: must be a number > 0")]:
+    for args, msg in [
+        ("steps 0", r"^/set steps: must be an integer in \[1, "),
+        ("steps 2.5", r"^/set steps: must be an integer"),
+        ("threshold 1.5", r"^/set threshold: must be a number in \(0, 1\]"),
+        ("threshold abc", r"^/set threshold: must be a number"),
+        ("bogus 1", "unknown setting"),
+        ("steps", "usage"),
+        ("correction maybe", r"^/set correction: must be on or off"),
+        ("entropy_bound nan", r"^/set entropy_bound: must be a number > 0"),
+    ]:
         with pytest.raises(UsageError, match=msg):
             apply_set(s, args)
     assert s.sampler == {"threshold": 0.9, "entropy_bound": 0.3}
@@ -126,13 +138,21 @@ def test_run_chat_resumes_the_latest_conversation_on_its_model(tmp_path, monkeyp
     monkeypatch.setattr("sys.stdout.isatty", lambda: True)
     monkeypatch.setattr("sys.stdin.isatty", lambda: True)
     monkeypatch.setattr(ChatApp, "run", fake_run)
-    loads = []   # the first model loads before the UI starts: the resumed conversation's model
+    loads = []  # the first model loads before the UI starts: the resumed conversation's model
 
     def loader(name, device=None, quant=None):
         loads.append(name)
         return object()
-    assert run_chat(resume="last", db_path=str(db), sampler_options={"max_new_tokens": 64, "seed": 5,
-                                                                      "entropy_bound": 0.2}, loader=loader) == 0
+
+    assert (
+        run_chat(
+            resume="last",
+            db_path=str(db),
+            sampler_options={"max_new_tokens": 64, "seed": 5, "entropy_bound": 0.2},
+            loader=loader,
+        )
+        == 0
+    )
     app = started[-1]
     assert app.conversation_id == cid and app.model_name == "some-model"
     assert (app.settings.max_new_tokens, app.settings.seed, app.settings.sampler) == (64, 5, {"entropy_bound": 0.2})
@@ -148,19 +168,33 @@ def test_run_chat_resumes_the_latest_conversation_on_its_model(tmp_path, monkeyp
 def _step(step, accepted, reopened=None, conf=None):
     c = len(accepted)
     acc = torch.tensor([accepted])
-    return StepEvent(0, step, 4, torch.arange(c)[None], torch.arange(c)[None], acc, ~acc,
-                     torch.tensor([reopened or [False] * c]), torch.tensor([conf or [0.5] * c]), torch.zeros(1, c))
+    return StepEvent(
+        0,
+        step,
+        4,
+        torch.arange(c)[None],
+        torch.arange(c)[None],
+        acc,
+        ~acc,
+        torch.tensor([reopened or [False] * c]),
+        torch.tensor([conf or [0.5] * c]),
+        torch.zeros(1, c),
+    )
 
 
 def test_frame_states_tell_locked_new_noisy_and_reopened_apart():
     names = TokenText(None)
     f1 = frame_from_step(_step(1, [True, False, False, True]), names, None)
     assert f1.states == [NEW, NOISY, NOISY, NEW] and f1.tokens == ["<0>", "<1>", "<2>", "<3>"]
-    f2 = frame_from_step(_step(2, [True, True, False, False], [False, False, False, False], [0.9, 0.8, 0.1, 0.2]),
-                         names, [True, False, False, True])
+    f2 = frame_from_step(
+        _step(2, [True, True, False, False], [False, False, False, False], [0.9, 0.8, 0.1, 0.2]),
+        names,
+        [True, False, False, True],
+    )
     assert f2.states == [LOCKED, NEW, NOISY, REOPENED] and f2.confidence == pytest.approx([0.9, 0.8, 0.1, 0.2])
-    f3 = frame_from_step(_step(3, [True, True, False, False], [True, False, False, False]), names,
-                         [True, True, False, False])
+    f3 = frame_from_step(
+        _step(3, [True, True, False, False], [True, False, False, False]), names, [True, True, False, False]
+    )
     assert f3.states[0] == REOPENED and f3.count(LOCKED) == 1
 
 
@@ -186,14 +220,15 @@ def test_canvas_view_tells_states_apart_by_style_and_fits_long_canvases():
         app = Host()
         async with app.run_test(size=(80, 24)) as pilot:
             view = app.query_one(CanvasView)
-            view.show(CanvasFrame(0, 5, 16, ["He", "llo", " x", "q"], [LOCKED, NEW, NOISY, REOPENED],
-                                  [0.9, 0.8, 0.1, 0.3]))
+            view.show(
+                CanvasFrame(0, 5, 16, ["He", "llo", " x", "q"], [LOCKED, NEW, NOISY, REOPENED], [0.9, 0.8, 0.1, 0.3])
+            )
             await pilot.pause()
             assert view.border_title == "canvas 1 · step 5/16"
             assert view.border_subtitle == "locked 2/4 · new 1 · noisy 1 · reopened 1"
             text = view.render()
             assert text.plain.splitlines() == ["Hello xq", "█▇▁▃"]
-            styles = {text.plain[sp.start:sp.end]: sp.style for sp in text.spans}
+            styles = {text.plain[sp.start : sp.end]: sp.style for sp in text.spans}
             assert styles["He"].bold and not styles["He"].underline  # locked
             assert styles["llo"].bold and styles["llo"].underline  # just locked
             assert styles[" x"].dim and styles[" x"].italic  # still noise

@@ -7,6 +7,7 @@ strike-through. Confidence (top-1 probability) shades each cell's background and
 Cells hold whole tokens while the canvas fits the panel; a long canvas (e.g. 256 positions at 80 columns) switches to
 one character per position (the token's first visible character) so the whole canvas stays on screen.
 """
+
 from __future__ import annotations
 
 from rich.cells import cell_len
@@ -68,21 +69,21 @@ class CanvasView(Widget):
         """Draw ``frame`` (call on the UI thread)."""
         self.frame = frame
         self.frames_drawn += 1
-        if frame.drafted:   # DFlash: the drafted block; the last token and the accepted drafts are NEW
+        if frame.drafted:  # DFlash: the drafted block; the last token and the accepted drafts are NEW
             n, acc = len(frame.states) - 1, frame.count(NEW) - 1
             self.border_title = f"drafted block {frame.canvas_index} · accepted {acc}/{n}"
             self.border_subtitle = "underline accepted · dim rejected"
             self.refresh(layout=True)
             return
         state = "done" if frame.final else f"step {frame.step}/{frame.max_steps}"
-        if frame.slots and not frame.final:     # ReFusion: a step is a plan-and-fill round over slots
+        if frame.slots and not frame.final:  # ReFusion: a step is a plan-and-fill round over slots
             state = f"round {frame.step} · {frame.slots}"
         self.border_title = f"canvas {frame.canvas_index + 1} · {state}"
         n = len(frame.states)
-        self.border_subtitle = (
-            f"locked {frame.count(LOCKED) + frame.count(NEW)}/{n} · new {frame.count(NEW)}"
-            + (f" · masked {frame.count(MASK)}" if MASK in frame.states else
-               f" · noisy {frame.count(NOISY)} · reopened {frame.count(REOPENED)}")
+        self.border_subtitle = f"locked {frame.count(LOCKED) + frame.count(NEW)}/{n} · new {frame.count(NEW)}" + (
+            f" · masked {frame.count(MASK)}"
+            if MASK in frame.states
+            else f" · noisy {frame.count(NOISY)} · reopened {frame.count(REOPENED)}"
         )
         self.refresh(layout=True)
 
@@ -99,8 +100,9 @@ class CanvasView(Widget):
         self.refresh(layout=True)
 
     def _state_styles(self) -> dict:
-        return {s: self.get_component_rich_style(f"canvas--{s}", partial=True)
-                for s in (LOCKED, NEW, NOISY, REOPENED, MASK)}
+        return {
+            s: self.get_component_rich_style(f"canvas--{s}", partial=True) for s in (LOCKED, NEW, NOISY, REOPENED, MASK)
+        }
 
     def render(self) -> Text:
         frame = self.frame
@@ -141,4 +143,3 @@ class CanvasView(Widget):
             style = spark_style if state in (LOCKED, NEW) else styles[state]
             line.append(spark(sum(vals) / len(vals)), style)
         return line
-

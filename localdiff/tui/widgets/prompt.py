@@ -1,5 +1,6 @@
 """The prompt box: Enter sends; ctrl+j or alt+enter inserts a newline; Up/Down recall earlier prompts; Tab completes
 slash commands; a paste is inserted as text (control characters made visible) and never sends."""
+
 from __future__ import annotations
 
 from typing import Callable

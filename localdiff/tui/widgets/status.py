@@ -1,5 +1,6 @@
 """The status line: model, device, quantization, tokens per forward, tokens/s, ARness (how left to right the decoding
 order was: Global ARness@1, masked family), process memory (RSS), state."""
+
 from __future__ import annotations
 
 import os
@@ -53,8 +54,8 @@ class StatusLine(Static):
         self.quant = "—"
         self.tpf: float | None = None
         self.tps: float | None = None
-        self.arness: float | None = None     # Global ARness@1 of the last answer (masked family)
-        self.tau: float | None = None        # DFlash acceptance length τ of the last answer (with a draft)
+        self.arness: float | None = None  # Global ARness@1 of the last answer (masked family)
+        self.tau: float | None = None  # DFlash acceptance length τ of the last answer (with a draft)
         self.state = "starting"
         self.memory_fn = rss_bytes
         self.live: tuple[float, int, int] | None = None  # (elapsed seconds, tokens so far, forwards so far)
@@ -98,8 +99,7 @@ class StatusLine(Static):
             secs, tokens, forwards = self.live
             tps = tokens / secs if secs > 0 else 0.0
             tpf = f"TPF {tokens / forwards:.2f}" if forwards else "TPF —"
-            return (f"{self.state} {secs:.1f} s · {tokens} tok · {tps:.1f} tok/s · {tpf} │ {self.model}"
-                    f" · {self.device}")
+            return f"{self.state} {secs:.1f} s · {tokens} tok · {tps:.1f} tok/s · {tpf} │ {self.model} · {self.device}"
         tpf = "TPF —" if self.tpf is None else f"TPF {self.tpf:.2f}"
         tps = "— tok/s" if self.tps is None else f"{self.tps:.1f} tok/s"
         if self.arness is not None:

@@ -1,5 +1,6 @@
 """The transcript: the user's turns verbatim, answers as Markdown; the answer in flight grows one finished canvas at a
 time. Control characters are shown as visible symbols, never sent to the terminal."""
+
 from __future__ import annotations
 
 from textual.containers import VerticalScroll
@@ -7,7 +8,6 @@ from textual.widgets import Markdown, Static
 
 from localdiff.safetext import visible
 from localdiff.tui import blocks
-
 
 
 class UserMessage(Static):
@@ -35,7 +35,7 @@ class ChatMessage(Markdown):
 
     async def set_text(self, text: str) -> None:
         """Replace the whole text (once per turn, when the answer is final); an empty answer says so."""
-        shown = blocks.render(visible(text), self.size.width or 80)       # NAP's think blocks side by side
+        shown = blocks.render(visible(text), self.size.width or 80)  # NAP's think blocks side by side
         if text != self.text or not text or shown != visible(text):
             self.text = text
             await self.update(shown or "*(empty answer)*")

@@ -10,6 +10,7 @@ editing at threshold 0.7 would replace).
 
     python eval_editing.py --ckpt models/tiny-bd [--per-family 40] [--quick] [--diagnostic] [--out results.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,20 +25,29 @@ from localdiff.decoding.options import POLICIES
 from eval_bd import run_settings  # noqa: E402  (this folder: the shared evaluation loop)
 
 HERE = Path(__file__).resolve().parent
-ONE = {"threshold": 1.0}                 # nothing exceeds 1: the step's quota of one token (steps = block size)
-SETTINGS = [("one token per step", ONE),
-            ("one token per step + editing 0.9", {**ONE, "editing_threshold": 0.9}),
-            ("one token per step + editing 0.7", {**ONE, "editing_threshold": 0.7}),
-            ("threshold 0.9", {"threshold": 0.9}),
-            ("threshold 0.7", {"threshold": 0.7}),
-            ("threshold 0.5", {"threshold": 0.5}),
-            ("threshold 0.7 + editing 0.9", {"threshold": 0.7, "editing_threshold": 0.9}),
-            ("threshold 0.7 + editing 0.7", {"threshold": 0.7, "editing_threshold": 0.7}),
-            ("threshold 0.7 + editing 0.5", {"threshold": 0.7, "editing_threshold": 0.5}),
-            ("threshold 0.5 + editing 0.9", {"threshold": 0.5, "editing_threshold": 0.9}),
-            ("threshold 0.5 + editing 0.7", {"threshold": 0.5, "editing_threshold": 0.7})]
-QUICK = ("one token per step", "one token per step + editing 0.9", "threshold 0.7", "threshold 0.7 + editing 0.9",
-         "threshold 0.7 + editing 0.7", "threshold 0.5", "threshold 0.5 + editing 0.7")
+ONE = {"threshold": 1.0}  # nothing exceeds 1: the step's quota of one token (steps = block size)
+SETTINGS = [
+    ("one token per step", ONE),
+    ("one token per step + editing 0.9", {**ONE, "editing_threshold": 0.9}),
+    ("one token per step + editing 0.7", {**ONE, "editing_threshold": 0.7}),
+    ("threshold 0.9", {"threshold": 0.9}),
+    ("threshold 0.7", {"threshold": 0.7}),
+    ("threshold 0.5", {"threshold": 0.5}),
+    ("threshold 0.7 + editing 0.9", {"threshold": 0.7, "editing_threshold": 0.9}),
+    ("threshold 0.7 + editing 0.7", {"threshold": 0.7, "editing_threshold": 0.7}),
+    ("threshold 0.7 + editing 0.5", {"threshold": 0.7, "editing_threshold": 0.5}),
+    ("threshold 0.5 + editing 0.9", {"threshold": 0.5, "editing_threshold": 0.9}),
+    ("threshold 0.5 + editing 0.7", {"threshold": 0.5, "editing_threshold": 0.7}),
+]
+QUICK = (
+    "one token per step",
+    "one token per step + editing 0.9",
+    "threshold 0.7",
+    "threshold 0.7 + editing 0.9",
+    "threshold 0.7 + editing 0.7",
+    "threshold 0.5",
+    "threshold 0.5 + editing 0.7",
+)
 
 
 def visible_positions(m, items: list[dict], threshold: float = 0.7) -> dict:
@@ -49,9 +59,9 @@ def visible_positions(m, items: list[dict], threshold: float = 0.7) -> dict:
         p = m.encode_prompt(it["prompt"])[0]
         a = m.tokenizer.encode(it["answer"]) + [m.eos_token_ids[-1]]
         ids = torch.tensor([p + a])
-        probs = torch.softmax(m.net.logits_full(ids)[0, len(p):], -1)
+        probs = torch.softmax(m.net.logits_full(ids)[0, len(p) :], -1)
         top_p, top = probs.max(-1)
-        gold = ids[0, len(p):]
+        gold = ids[0, len(p) :]
         keeps += int((top == gold).sum())
         edits += int(((top != gold) & (top_p > threshold)).sum())
         total += len(a)
@@ -70,7 +80,7 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     m = localdiff.load(a.ckpt, dtype=torch.float32)
-    m.options_cls = POLICIES["llada2"]   # LLaDA2's decoder on this block model (its own default is SDAR's)
+    m.options_cls = POLICIES["llada2"]  # LLaDA2's decoder on this block model (its own default is SDAR's)
     items = load_items(HERE.parents[1] / "tiny" / "eval.jsonl", a.per_family)
     if a.diagnostic:
         print(visible_positions(m, items))

@@ -24,6 +24,7 @@ Reuses tiny-mdm's data encoding and writer, and the shared command line and loop
     python train_bd.py --minutes 49 --threads 1 --out /tmp/tiny_bd        # the shipped model
     python train_bd.py --steps 3 --micro --out /tmp/x                     # smoke test
 """
+
 from __future__ import annotations
 
 import json
@@ -53,13 +54,30 @@ TINY = MODELS / "tiny"
 def build_config(vocab_size: int, micro: bool = False) -> dict:
     """The checkpoint's config.json in SDAR's keys (model_type "sdar", ``SDARForCausalLM``)."""
     d, layers, heads = (64, 2, 2) if micro else (160, 4, 5)
-    return {"model_type": "sdar", "architectures": ["SDARForCausalLM"], "hidden_size": d,
-            "intermediate_size": 8 * d // 3 // 8 * 8, "num_hidden_layers": layers, "num_attention_heads": heads,
-            "num_key_value_heads": heads, "head_dim": d // heads, "block_size": BLOCK, "vocab_size": vocab_size,
-            "mask_token_id": MASK, "eos_token_id": EOS, "pad_token_id": PAD, "bos_token_id": BOS,
-            "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 512,
-            "tie_word_embeddings": False, "attention_bias": False, "use_sliding_window": False,
-            "hidden_act": "silu", "torch_dtype": "float32"}
+    return {
+        "model_type": "sdar",
+        "architectures": ["SDARForCausalLM"],
+        "hidden_size": d,
+        "intermediate_size": 8 * d // 3 // 8 * 8,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": heads,
+        "head_dim": d // heads,
+        "block_size": BLOCK,
+        "vocab_size": vocab_size,
+        "mask_token_id": MASK,
+        "eos_token_id": EOS,
+        "pad_token_id": PAD,
+        "bos_token_id": BOS,
+        "rope_theta": 10000.0,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 512,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "use_sliding_window": False,
+        "hidden_act": "silu",
+        "torch_dtype": "float32",
+    }
 
 
 def batches(data: Data, n: int, rng: random.Random, fill: int | None = 1, pool: int = 4):
@@ -67,7 +85,7 @@ def batches(data: Data, n: int, rng: random.Random, fill: int | None = 1, pool: 
     batches served in random order (less padding; the same rows, so the same data distribution)."""
     while True:
         rows = sorted(sample_rows(data, n * pool, rng, fill), key=lambda r: len(r[0]) + len(r[1]))
-        chunks = [rows[i * n:(i + 1) * n] for i in range(pool)]
+        chunks = [rows[i * n : (i + 1) * n] for i in range(pool)]
         rng.shuffle(chunks)
         yield from (batch(c) for c in chunks)
 
@@ -95,10 +113,10 @@ def batch(rows: list[tuple[list[int], list[int]]]):
     keys = torch.zeros(n, width, dtype=torch.bool)
     ans = torch.zeros_like(keys)
     for i, (p, a) in enumerate(rows):
-        ids[i, :len(p) + len(a)] = torch.tensor(p + a)
+        ids[i, : len(p) + len(a)] = torch.tensor(p + a)
         start = next(j for j, t in enumerate(p) if t != PAD)
-        keys[i, start:len(p) + len(a)] = True
-        ans[i, len(p):len(p) + len(a)] = True
+        keys[i, start : len(p) + len(a)] = True
+        ans[i, len(p) : len(p) + len(a)] = True
     return ids, keys, ans
 
 
@@ -132,16 +150,18 @@ def corrupt(ids, ans, masked, edit_blocks: float, edit_max: float, gen: torch.Ge
     return torch.where(swap, repl, ids), edit
 
 
-def bd_loss(net, ids, keys, ans, gen: torch.Generator, eps: float = 1e-3, edit_blocks: float = 0.0,
-            edit_max: float = 0.4) -> torch.Tensor:
+def bd_loss(
+    net, ids, keys, ans, gen: torch.Generator, eps: float = 1e-3, edit_blocks: float = 0.0, edit_max: float = 0.4
+) -> torch.Tensor:
     """The block-diffusion loss (module docstring) plus, with ``edit_blocks`` > 0, the token-to-token term: CE
     (weight 1) at the visible answer positions of edit blocks (:func:`corrupt`); fp32 scalar."""
     b, n = ids.shape
     nb = (n + BLOCK - 1) // BLOCK
     t = ((1 - eps) * torch.rand(b, nb, generator=gen) + eps).repeat_interleave(BLOCK, 1)[:, :n]
     masked = (torch.rand(ids.shape, generator=gen) < t) & ans
-    noisy, edit = (corrupt(ids, ans, masked, edit_blocks, edit_max, gen) if edit_blocks > 0
-                   else (ids, torch.zeros_like(masked)))
+    noisy, edit = (
+        corrupt(ids, ans, masked, edit_blocks, edit_max, gen) if edit_blocks > 0 else (ids, torch.zeros_like(masked))
+    )
     noisy = torch.where(masked, torch.full_like(ids, MASK), noisy)
     x = net.embed_tokens(torch.cat([noisy, ids], 1))
     cos, sin = rope_cos_sin(net._inv_freq, 0, n, x.device)
@@ -163,9 +183,17 @@ def save(net, config: dict, out: Path, mod) -> None:
     generation_config.json."""
     train_mdm.save(net, config, out, mod)
     eot = Tokenizer.from_file(str(TINY / "tokenizer.json")).token_to_id("<end_of_turn>")
-    gc = {"eos_token_id": [EOS, eot], "pad_token_id": PAD, "bos_token_id": BOS, "mask_token_id": MASK,
-          "max_new_tokens": 32, "steps": BLOCK, "temperature": 0.0, "remasking_strategy": "low_confidence_dynamic",
-          "confidence_threshold": 0.9}
+    gc = {
+        "eos_token_id": [EOS, eot],
+        "pad_token_id": PAD,
+        "bos_token_id": BOS,
+        "mask_token_id": MASK,
+        "max_new_tokens": 32,
+        "steps": BLOCK,
+        "temperature": 0.0,
+        "remasking_strategy": "low_confidence_dynamic",
+        "confidence_threshold": 0.9,
+    }
     (out / "generation_config.json").write_text(json.dumps(gc, indent=2) + "\n")
 
 
@@ -182,9 +210,13 @@ def main() -> None:
     data = Data(tok, (TINY / "chat_template.jinja").read_text(), a.gen, a.seed)
     stream = batches(data, a.batch, random.Random(a.seed), None if a.fill < 0 else a.fill)
     gen = torch.Generator().manual_seed(a.seed)
-    recipe_main.train(a, net, lambda: next(stream),
-                      lambda b: bd_loss(net, *b, gen, edit_blocks=a.edit_blocks, edit_max=a.edit_max),
-                      lambda n: save(n, config, a.out, mod))
+    recipe_main.train(
+        a,
+        net,
+        lambda: next(stream),
+        lambda b: bd_loss(net, *b, gen, edit_blocks=a.edit_blocks, edit_max=a.edit_max),
+        lambda n: save(n, config, a.out, mod),
+    )
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ measured side by side in this run (``localdiff bench --only dflash`` is the benc
 
     python eval_dflash.py --model /work/train/out/dflash --per-family 20 --out eval.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,8 +51,13 @@ def main() -> None:
         by_fam[it["family"]][1] += 1
         want.append(g.token_ids)
         t_alone.append((g.stats.new_tokens, g.stats.seconds))
-    res = {"items": len(items), "target_exact_match": right / len(items),
-           "by_family": {f: r / n for f, (r, n) in by_fam.items()}, "eot_id": eot, "blocks": {}}
+    res = {
+        "items": len(items),
+        "target_exact_match": right / len(items),
+        "by_family": {f: r / n for f, (r, n) in by_fam.items()},
+        "eot_id": eot,
+        "blocks": {},
+    }
     print(f"target exact match {right}/{len(items)} = {right / len(items):.3f}", flush=True)
     for bs in [int(b) for b in a.blocks.split(",")]:
         lengths, equal, rates = [], 0, []
@@ -66,11 +72,18 @@ def main() -> None:
             lengths += g.stats.acceptance_lengths
             rates.append(ta / td)
         tau = sum(lengths) / max(len(lengths), 1)
-        res["blocks"][str(bs)] = {"tau": tau, "equal_output": equal, "speedup_median": statistics.median(rates),
-                                  "speedup_range": [min(rates), max(rates)],
-                                  "acceptance_histogram": {str(k): lengths.count(k) for k in sorted(set(lengths))}}
-        print(f"block {bs}: τ {tau:.2f}, equal output {equal}/{len(items)}, wall-time speed-up per item median "
-              f"{statistics.median(rates):.2f}× (range {min(rates):.2f}–{max(rates):.2f})", flush=True)
+        res["blocks"][str(bs)] = {
+            "tau": tau,
+            "equal_output": equal,
+            "speedup_median": statistics.median(rates),
+            "speedup_range": [min(rates), max(rates)],
+            "acceptance_histogram": {str(k): lengths.count(k) for k in sorted(set(lengths))},
+        }
+        print(
+            f"block {bs}: τ {tau:.2f}, equal output {equal}/{len(items)}, wall-time speed-up per item median "
+            f"{statistics.median(rates):.2f}× (range {min(rates):.2f}–{max(rates):.2f})",
+            flush=True,
+        )
     if a.out:
         a.out.write_text(json.dumps(res, indent=2) + "\n")
 

@@ -16,6 +16,7 @@ distils on target outputs; a well-fitted target makes the two close).
     python train_dflash.py --minutes 8 --target-minutes 5 --threads 1 --out /tmp/tiny_dflash    # the shipped pair
     python train_dflash.py --steps 3 --draft-steps 3 --micro --out /tmp/x                       # smoke test
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,18 +41,33 @@ from train import Run  # noqa: E402  (the recipe's bookkeeping: stop rule, lr, A
 
 from localdiff.arch import get_arch, get_spec  # noqa: E402
 
-PAD, EOS, BOS, MASK = 0, 1, 2, 6        # the shared tokenizer's specials (<mask> is id 6)
+PAD, EOS, BOS, MASK = 0, 1, 2, 6  # the shared tokenizer's specials (<mask> is id 6)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 
 
 def target_config(vocab: int, eot: int, micro: bool = False) -> dict:
     """The target's config.json (Qwen3 keys, tied embeddings)."""
     h, layers, heads, kv = (48, 2, 2, 1) if micro else (128, 4, 4, 2)
-    return {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "vocab_size": vocab, "hidden_size": h,
-            "intermediate_size": 3 * h, "num_hidden_layers": layers, "num_attention_heads": heads,
-            "num_key_value_heads": kv, "head_dim": h // heads, "rope_theta": 10000.0, "rms_norm_eps": 1e-6,
-            "max_position_embeddings": 512, "tie_word_embeddings": True, "attention_bias": False,
-            "eos_token_id": [EOS, eot], "pad_token_id": PAD, "bos_token_id": BOS, "torch_dtype": "float32"}
+    return {
+        "model_type": "qwen3",
+        "architectures": ["Qwen3ForCausalLM"],
+        "vocab_size": vocab,
+        "hidden_size": h,
+        "intermediate_size": 3 * h,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "head_dim": h // heads,
+        "rope_theta": 10000.0,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 512,
+        "tie_word_embeddings": True,
+        "attention_bias": False,
+        "eos_token_id": [EOS, eot],
+        "pad_token_id": PAD,
+        "bos_token_id": BOS,
+        "torch_dtype": "float32",
+    }
 
 
 def draft_config(target: dict, block: int) -> dict:
@@ -59,12 +75,24 @@ def draft_config(target: dict, block: int) -> dict:
     n = target["num_hidden_layers"]
     ids = [1, n - 1] if n > 2 else [0, 1]
     h = target["hidden_size"]
-    return {"model_type": "qwen3", "architectures": ["DFlashDraftModel"], "vocab_size": target["vocab_size"],
-            "hidden_size": h, "intermediate_size": 3 * h, "num_hidden_layers": 2,
-            "num_attention_heads": target["num_attention_heads"], "num_key_value_heads": target["num_key_value_heads"],
-            "head_dim": target["head_dim"], "rope_theta": 10000.0, "rms_norm_eps": 1e-6,
-            "max_position_embeddings": 512, "block_size": block, "num_target_layers": n,
-            "dflash_config": {"mask_token_id": MASK, "target_layer_ids": ids}, "torch_dtype": "float32"}
+    return {
+        "model_type": "qwen3",
+        "architectures": ["DFlashDraftModel"],
+        "vocab_size": target["vocab_size"],
+        "hidden_size": h,
+        "intermediate_size": 3 * h,
+        "num_hidden_layers": 2,
+        "num_attention_heads": target["num_attention_heads"],
+        "num_key_value_heads": target["num_key_value_heads"],
+        "head_dim": target["head_dim"],
+        "rope_theta": 10000.0,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 512,
+        "block_size": block,
+        "num_target_layers": n,
+        "dflash_config": {"mask_token_id": MASK, "target_layer_ids": ids},
+        "torch_dtype": "float32",
+    }
 
 
 class Data:
@@ -76,10 +104,13 @@ class Data:
         self.eot = tok.token_to_id("<end_of_turn>")
 
     def encode(self, item: dict) -> tuple[list[int], list[int]]:
-        prompt = self.tpl.render(messages=[{"role": "user", "content": item["prompt"]}], add_generation_prompt=True,
-                                 bos_token="<bos>")
-        return (self.tok.encode(prompt, add_special_tokens=False).ids,
-                self.tok.encode(item["answer"], add_special_tokens=False).ids + [self.eot])
+        prompt = self.tpl.render(
+            messages=[{"role": "user", "content": item["prompt"]}], add_generation_prompt=True, bos_token="<bos>"
+        )
+        return (
+            self.tok.encode(prompt, add_special_tokens=False).ids,
+            self.tok.encode(item["answer"], add_special_tokens=False).ids + [self.eot],
+        )
 
     def batch(self, n: int):
         rows = [self.encode(tasks.sample(self.rng)) for _ in range(n)]
@@ -87,8 +118,8 @@ class Data:
         ids = torch.full((n, width), PAD, dtype=torch.long)
         ans = torch.zeros(n, width, dtype=torch.bool)
         for r, (p, a) in enumerate(rows):
-            ids[r, :len(p) + len(a)] = torch.tensor(p + a)
-            ans[r, len(p):len(p) + len(a)] = True
+            ids[r, : len(p) + len(a)] = torch.tensor(p + a)
+            ans[r, len(p) : len(p) + len(a)] = True
         return ids, ans
 
 
@@ -111,17 +142,17 @@ def draft_batch(ids, ans, block: int, anchors: int, gen: torch.Generator):
     mask = torch.zeros(b, 1, kn, t + kn, dtype=torch.bool)
     for r in range(b):
         cand = ans[r].nonzero().flatten()
-        first, last = int(cand[0]), int(cand[-1])     # blocks open at answer tokens, as at decoding time
+        first, last = int(cand[0]), int(cand[-1])  # blocks open at answer tokens, as at decoding time
         choices = torch.randint(first, last, (anchors,), generator=gen)
         for j, s in enumerate(choices.tolist()):
             lo = j * block
             blk[r, lo] = ids[r, s]
-            pos[r, lo:lo + block] = torch.arange(s, s + block)
+            pos[r, lo : lo + block] = torch.arange(s, s + block)
             for k in range(1, block):
                 if s + k <= last:
                     lab[r, lo + k] = ids[r, s + k]
-            mask[r, 0, lo:lo + block, :s] = True                  # context strictly before the anchor
-            mask[r, 0, lo:lo + block, t + lo:t + lo + block] = True   # its own block
+            mask[r, 0, lo : lo + block, :s] = True  # context strictly before the anchor
+            mask[r, 0, lo : lo + block, t + lo : t + lo + block] = True  # its own block
     return blk, pos, lab, mask
 
 
@@ -185,8 +216,13 @@ def main() -> None:
     tok = Tokenizer.from_file(str(TINY / "tokenizer.json"))
     data = Data(tok, a.seed)
     tcfg = target_config(tok.get_vocab_size(), data.eot, a.micro)
-    gc = {"eos_token_id": [EOS, data.eot], "pad_token_id": PAD, "bos_token_id": BOS, "max_new_tokens": 64,
-          "temperature": 0.0}
+    gc = {
+        "eos_token_id": [EOS, data.eot],
+        "pad_token_id": PAD,
+        "bos_token_id": BOS,
+        "max_new_tokens": 64,
+        "temperature": 0.0,
+    }
     target, tmod = build(tcfg)
     a.minutes, total = a.target_minutes, a.minutes
     run = Run(a, target, "seqs/s")

@@ -3,6 +3,7 @@ one token per step vs Fast-dLLM threshold decoding, each with kv_cache none / pr
 
     python eval_mdm.py --ckpt /tmp/tiny_mdm [--per-family 50] [--out results.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,7 +29,7 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     m = localdiff.load(a.ckpt)
     items = load_items(HERE.parents[1] / "tiny" / "eval.jsonl", a.per_family)
-    rows = accuracy(m, items, log=lambda s: print(s, flush=True))   # the bench's settings and table
+    rows = accuracy(m, items, log=lambda s: print(s, flush=True))  # the bench's settings and table
     if a.out:
         a.out.write_text(json.dumps(rows, indent=1))
 

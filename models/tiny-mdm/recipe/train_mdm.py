@@ -11,6 +11,7 @@ left-padded).
     python train_mdm.py --minutes 40 --out /tmp/tiny_mdm        # the shipped model
     python train_mdm.py --steps 3 --micro --out /tmp/x          # smoke test
 """
+
 from __future__ import annotations
 
 import json
@@ -32,20 +33,43 @@ import tasks  # noqa: E402
 import recipe_main  # noqa: E402  (the shared command line and training loop)
 
 
-PAD, EOS, BOS, MASK = 0, 1, 2, 6        # the shared tokenizer's specials (<mask> is id 6)
+PAD, EOS, BOS, MASK = 0, 1, 2, 6  # the shared tokenizer's specials (<mask> is id 6)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 
 
 def build_config(vocab_size: int, micro: bool = False) -> dict:
     """The checkpoint's config.json (LLaDA's own keys: model_type "llada", OLMo-style names)."""
     d, layers, heads = (64, 2, 2) if micro else (160, 4, 5)
-    return {"model_type": "llada", "architectures": ["LLaDAModelLM"], "d_model": d, "n_heads": heads,
-            "n_kv_heads": heads, "n_layers": layers, "mlp_hidden_size": 8 * d // 3 // 8 * 8,
-            "mlp_ratio": 4, "max_sequence_length": 512, "vocab_size": vocab_size, "embedding_size": vocab_size,
-            "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "include_bias": False, "include_qkv_bias": False,
-            "weight_tying": False, "mask_token_id": MASK, "eos_token_id": EOS, "pad_token_id": PAD,
-            "bos_token_id": BOS, "activation_type": "silu", "block_type": "llama", "layer_norm_type": "rms",
-            "rope": True, "alibi": False, "attention_layer_norm": False, "init_std": 0.02, "torch_dtype": "float32"}
+    return {
+        "model_type": "llada",
+        "architectures": ["LLaDAModelLM"],
+        "d_model": d,
+        "n_heads": heads,
+        "n_kv_heads": heads,
+        "n_layers": layers,
+        "mlp_hidden_size": 8 * d // 3 // 8 * 8,
+        "mlp_ratio": 4,
+        "max_sequence_length": 512,
+        "vocab_size": vocab_size,
+        "embedding_size": vocab_size,
+        "rope_theta": 10000.0,
+        "rms_norm_eps": 1e-5,
+        "include_bias": False,
+        "include_qkv_bias": False,
+        "weight_tying": False,
+        "mask_token_id": MASK,
+        "eos_token_id": EOS,
+        "pad_token_id": PAD,
+        "bos_token_id": BOS,
+        "activation_type": "silu",
+        "block_type": "llama",
+        "layer_norm_type": "rms",
+        "rope": True,
+        "alibi": False,
+        "attention_layer_norm": False,
+        "init_std": 0.02,
+        "torch_dtype": "float32",
+    }
 
 
 class Data:
@@ -57,8 +81,9 @@ class Data:
         self.eot = tok.token_to_id("<end_of_turn>")
 
     def encode(self, item: dict) -> tuple[list[int], list[int]]:
-        prompt = self.tpl.render(messages=[{"role": "user", "content": item["prompt"]}], add_generation_prompt=True,
-                                 bos_token="<bos>")
+        prompt = self.tpl.render(
+            messages=[{"role": "user", "content": item["prompt"]}], add_generation_prompt=True, bos_token="<bos>"
+        )
         p = self.tok.encode(prompt, add_special_tokens=False).ids
         a = self.tok.encode(item["answer"], add_special_tokens=False).ids + [self.eot]
         return p, a
@@ -67,7 +92,7 @@ class Data:
         rows = []
         while len(rows) < n:
             p, a = self.encode(tasks.sample(self.rng))
-            if len(a) <= self.gen:                               # longer answers do not fit the answer region
+            if len(a) <= self.gen:  # longer answers do not fit the answer region
                 rows.append((p, a + [self.eot] * (self.gen - len(a))))
         lp = max(len(p) for p, _ in rows)
         ids = torch.tensor([[PAD] * (lp - len(p)) + p + a for p, a in rows])
@@ -103,8 +128,17 @@ def save(net, config: dict, out: Path, mod) -> None:
     for f in TOKENIZER_FILES:
         shutil.copy(TINY / f, out / f)
     eot = Tokenizer.from_file(str(TINY / "tokenizer.json")).token_to_id("<end_of_turn>")
-    gc = {"eos_token_id": [EOS, eot], "pad_token_id": PAD, "bos_token_id": BOS, "mask_token_id": MASK,
-          "max_new_tokens": 32, "steps": 32, "block_length": 32, "temperature": 0.0, "remasking": "low_confidence"}
+    gc = {
+        "eos_token_id": [EOS, eot],
+        "pad_token_id": PAD,
+        "bos_token_id": BOS,
+        "mask_token_id": MASK,
+        "max_new_tokens": 32,
+        "steps": 32,
+        "block_length": 32,
+        "temperature": 0.0,
+        "remasking": "low_confidence",
+    }
     (out / "generation_config.json").write_text(json.dumps(gc, indent=2) + "\n")
 
 
@@ -113,8 +147,9 @@ def main() -> None:
     tok, config, mod, net = recipe_main.setup(a, build_config)
     data = Data(tok, (TINY / "chat_template.jinja").read_text(), a.gen, a.seed)
     gen = torch.Generator().manual_seed(a.seed)
-    recipe_main.train(a, net, lambda: data.batch(a.batch), lambda b: mdm_loss(net, *b, gen),
-                      lambda n: save(n, config, a.out, mod))
+    recipe_main.train(
+        a, net, lambda: data.batch(a.batch), lambda b: mdm_loss(net, *b, gen), lambda n: save(n, config, a.out, mod)
+    )
 
 
 if __name__ == "__main__":

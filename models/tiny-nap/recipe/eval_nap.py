@@ -4,6 +4,7 @@ parallel-forced decoding with m = 1, 2, 3 think blocks and under LLaDA's decoder
 
     python eval_nap.py --ckpt /tmp/tiny_nap [--per-family 10] [--out results.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,11 @@ def main() -> None:
     for label, pol, opts in bench_nap.DECODERS:
         r = bench_nap.run_decoder(m, items, pol, opts)
         rows.append({"decoder": label, "options": opts, **{k: v for k, v in r.items() if k != "sampler"}})
-        print(f"{label:36s} accuracy {r['accuracy']:.3f} ({r['correct']}/{r['n']})  TPF {r['tpf']:.2f}  "
-              f"Global ARness@1 {r['global_arness']:.3f}  {r['seconds']:.0f} s", flush=True)
+        print(
+            f"{label:36s} accuracy {r['accuracy']:.3f} ({r['correct']}/{r['n']})  TPF {r['tpf']:.2f}  "
+            f"Global ARness@1 {r['global_arness']:.3f}  {r['seconds']:.0f} s",
+            flush=True,
+        )
     if a.out:
         a.out.write_text(json.dumps(rows, indent=1) + "\n")
 

@@ -15,6 +15,7 @@ positions = the think and summary contents).
     python train_nap.py --init /work/train/tiny_mdm --minutes 12 --threads 1 --out /tmp/tiny_nap
     python train_nap.py --init /tmp/some_mdm --steps 3 --out /tmp/x                            # smoke test
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,7 +36,7 @@ from train_mdm import PAD, Data, Run, mdm_loss, save, tasks  # noqa: E402
 from localdiff.arch import get_arch, get_spec  # noqa: E402
 from localdiff.decoding.nap import layout  # noqa: E402
 
-THINK, SUMMARY = 32, 32          # think_length / summary_length the model is trained (and decodes) with
+THINK, SUMMARY = 32, 32  # think_length / summary_length the model is trained (and decodes) with
 
 
 def attempts(item: dict) -> list[str]:
@@ -91,9 +92,9 @@ class NapData(Data):
         lay = layout(self.enc, m, THINK, SUMMARY)
         canvas, maskable = [t if t is not None else PAD for t in lay.ids], [t is None for t in lay.ids]
         for (s, _), r in zip(lay.think, picks):
-            canvas[s:s + len(r)] = r
+            canvas[s : s + len(r)] = r
         s = lay.summary[0]
-        canvas[s:s + SUMMARY] = a + [self.eot] * (SUMMARY - len(a))
+        canvas[s : s + SUMMARY] = a + [self.eot] * (SUMMARY - len(a))
         return p, canvas, maskable
 
     def batch(self, n: int, m: int):
@@ -121,8 +122,16 @@ def write_generation_config(out: Path, enc) -> None:
     gc = json.loads((out / "generation_config.json").read_text())
     for k in ("steps", "block_length", "remasking"):
         gc.pop(k, None)
-    gc.update({"decoder": "nap", "trajectories": 2, "think_length": THINK, "summary_length": SUMMARY, "budget": "even",
-               "max_new_tokens": len(layout(enc, 2, THINK, SUMMARY))})
+    gc.update(
+        {
+            "decoder": "nap",
+            "trajectories": 2,
+            "think_length": THINK,
+            "summary_length": SUMMARY,
+            "budget": "even",
+            "max_new_tokens": len(layout(enc, 2, THINK, SUMMARY)),
+        }
+    )
     (out / "generation_config.json").write_text(json.dumps(gc, indent=2) + "\n")
 
 

@@ -3,6 +3,7 @@ the same weights' greedy autoregressive decoding (#19 target: TPF ≥ 2 within 2
 
     python eval_refusion.py --ckpt /work/train/out/refusion [--per-family 20] [--out results.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,8 +17,11 @@ from localdiff.bench.eval_tasks import load_items
 from localdiff.bench.slots import compare
 
 HERE = Path(__file__).resolve().parent
-GRID = {f"k{k} slot {s} token {t}": {"slot_size": k, "serial_num_blocks": 1, "slot_threshold": s, "token_threshold": t}
-        for k in (4, 8, 16, 32) for s, t in ((0.9, 0.9), (0.7, 0.7), (0.5, 0.5), (0.3, 0.3), (0.9, 0.3))}
+GRID = {
+    f"k{k} slot {s} token {t}": {"slot_size": k, "serial_num_blocks": 1, "slot_threshold": s, "token_threshold": t}
+    for k in (4, 8, 16, 32)
+    for s, t in ((0.9, 0.9), (0.7, 0.7), (0.5, 0.5), (0.3, 0.3), (0.9, 0.3))
+}
 
 
 def main() -> None:
@@ -36,8 +40,10 @@ def main() -> None:
     ar = res["autoregressive"]["accuracy"]
     for name, r in res.items():
         ok = r["tokens_per_forward"] >= 2 and r["accuracy"] >= ar - 0.02
-        print(f"{name:28s} accuracy {r['accuracy']:.3f}  TPF {r['tokens_per_forward']:.2f}  "
-              f"{r['tokens_per_second']:.0f} tok/s  {'target met' if ok and name != 'autoregressive' else ''}")
+        print(
+            f"{name:28s} accuracy {r['accuracy']:.3f}  TPF {r['tokens_per_forward']:.2f}  "
+            f"{r['tokens_per_second']:.0f} tok/s  {'target met' if ok and name != 'autoregressive' else ''}"
+        )
     if a.out:
         a.out.write_text(json.dumps({"items": len(items), "decoders": res}, indent=1))
 

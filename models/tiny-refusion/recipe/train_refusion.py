@@ -17,6 +17,7 @@ on the exact answer + EOS only — the fill tells a fixed-length decoder where t
     python train_refusion.py --minutes 20 --threads 1 --out /tmp/tiny_refusion     # the shipped model
     python train_refusion.py --steps 3 --micro --out /tmp/x                        # smoke test
 """
+
 from __future__ import annotations
 
 import json
@@ -39,19 +40,35 @@ import train_mdm  # noqa: E402
 from train_mdm import Data  # noqa: E402  (the chat-template encoding of one task item)
 
 
-PAD, EOS, BOS, MASK = 0, 1, 2, 6        # the shared tokenizer's specials (<mask> is id 6)
+PAD, EOS, BOS, MASK = 0, 1, 2, 6  # the shared tokenizer's specials (<mask> is id 6)
 SLOT_SIZES = (4, 8, 16, 32)
 
 
 def build_config(vocab_size: int, micro: bool = False) -> dict:
     """The checkpoint's config.json: Qwen3's keys + ReFusion's mask id (as GSAI-ML/ReFusion's)."""
     h, layers, heads = (64, 2, 2) if micro else (128, 4, 4)
-    return {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hidden_size": h,
-            "num_attention_heads": heads, "num_key_value_heads": heads // 2, "head_dim": h // heads,
-            "num_hidden_layers": layers, "intermediate_size": 8 * h // 3 // 8 * 8, "vocab_size": vocab_size,
-            "max_position_embeddings": 512, "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "attention_bias": False,
-            "tie_word_embeddings": False, "mask_token_id": MASK, "eos_token_id": EOS, "pad_token_id": PAD,
-            "bos_token_id": BOS, "hidden_act": "silu", "torch_dtype": "float32"}
+    return {
+        "model_type": "qwen3",
+        "architectures": ["Qwen3ForCausalLM"],
+        "hidden_size": h,
+        "num_attention_heads": heads,
+        "num_key_value_heads": heads // 2,
+        "head_dim": h // heads,
+        "num_hidden_layers": layers,
+        "intermediate_size": 8 * h // 3 // 8 * 8,
+        "vocab_size": vocab_size,
+        "max_position_embeddings": 512,
+        "rope_theta": 10000.0,
+        "rms_norm_eps": 1e-6,
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "mask_token_id": MASK,
+        "eos_token_id": EOS,
+        "pad_token_id": PAD,
+        "bos_token_id": BOS,
+        "hidden_act": "silu",
+        "torch_dtype": "float32",
+    }
 
 
 def refusion_batch(data: Data, n: int, rng: random.Random, eps: float = 1e-3):
@@ -113,9 +130,18 @@ def save(net, config: dict, out: Path, mod) -> None:
     generation_config.json."""
     train_mdm.save(net, config, out, mod)
     eot = Tokenizer.from_file(str(TINY / "tokenizer.json")).token_to_id("<end_of_turn>")
-    gc = {"eos_token_id": [EOS, eot], "pad_token_id": PAD, "bos_token_id": BOS, "mask_token_id": MASK,
-          "max_new_tokens": 32, "slot_size": 8, "serial_num_blocks": 1, "slot_threshold": 0.3,
-          "token_threshold": 0.3, "temperature": 0.0}   # eval_refusion.py's best held-out point (README)
+    gc = {
+        "eos_token_id": [EOS, eot],
+        "pad_token_id": PAD,
+        "bos_token_id": BOS,
+        "mask_token_id": MASK,
+        "max_new_tokens": 32,
+        "slot_size": 8,
+        "serial_num_blocks": 1,
+        "slot_threshold": 0.3,
+        "token_threshold": 0.3,
+        "temperature": 0.0,
+    }  # eval_refusion.py's best held-out point (README)
     (out / "generation_config.json").write_text(json.dumps(gc, indent=2) + "\n")
 
 
@@ -124,8 +150,13 @@ def main() -> None:
     tok, config, mod, net = recipe_main.setup(a, build_config)
     data = Data(tok, (TINY / "chat_template.jinja").read_text(), a.gen, a.seed)
     rng = random.Random(a.seed + 1)
-    recipe_main.train(a, net, lambda: refusion_batch(data, a.batch, rng), lambda b: refusion_loss(net, b),
-                      lambda n: save(n, config, a.out, mod))
+    recipe_main.train(
+        a,
+        net,
+        lambda: refusion_batch(data, a.batch, rng),
+        lambda b: refusion_loss(net, b),
+        lambda n: save(n, config, a.out, mod),
+    )
 
 
 if __name__ == "__main__":

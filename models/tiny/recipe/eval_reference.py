@@ -6,6 +6,7 @@ forward (reference definition: non-pad new tokens / decoder forwards).
 
     python eval_reference.py --ckpt ../ --per-family 10 [--set max_denoising_steps=16 ...]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,6 +44,7 @@ def main() -> None:
         overrides[k] = float(v) if "." in v else int(v)
     if "entropy_bound" in overrides:
         from transformers.models.diffusion_gemma.generation_diffusion_gemma import EntropyBoundSamplerConfig
+
         overrides["sampler_config"] = EntropyBoundSamplerConfig(entropy_bound=overrides.pop("entropy_bound"))
     items = [json.loads(x) for x in args.eval.read_text().splitlines()]
     fams = [f for f in args.families.split(",") if f]
@@ -56,13 +58,14 @@ def main() -> None:
     shown: dict[str, int] = collections.Counter()
     t0 = time.time()
     for i, it in enumerate(picked):
-        prompt = tpl.render(messages=[{"role": "user", "content": it["prompt"]}], add_generation_prompt=True,
-                            bos_token="<bos>")
+        prompt = tpl.render(
+            messages=[{"role": "user", "content": it["prompt"]}], add_generation_prompt=True, bos_token="<bos>"
+        )
         ids = torch.tensor([tok.encode(prompt, add_special_tokens=False).ids])
         torch.manual_seed(args.seed + i)
         with torch.no_grad():
             out = model.generate(input_ids=ids, max_new_tokens=128, **overrides)
-        new = out.sequences[0, ids.shape[1]:].tolist()
+        new = out.sequences[0, ids.shape[1] :].tolist()
         cut = next((j for j, t in enumerate(new) if t in eos), None)
         ended = cut is not None
         text = tok.decode(new[:cut] if ended else new).strip()
@@ -79,8 +82,9 @@ def main() -> None:
         tpf = sum(t for _, t in r) / len(r)
         allok += [o for o, _ in r]
         print(f"{fam:14s} exact {acc * 100:5.1f}% ({sum(o for o, _ in r)}/{len(r)})  TPF {tpf:.2f}")
-    print(f"overall exact {100 * sum(allok) / max(1, len(allok)):.1f}% on {len(allok)} items "
-          f"in {time.time() - t0:.0f}s")
+    print(
+        f"overall exact {100 * sum(allok) / max(1, len(allok)):.1f}% on {len(allok)} items in {time.time() - t0:.0f}s"
+    )
 
 
 if __name__ == "__main__":

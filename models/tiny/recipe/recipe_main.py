@@ -8,6 +8,7 @@ Flags: ``--minutes`` (wall-clock budget), ``--steps`` (a fixed number of steps i
 width-64 model: smoke tests), ``--log-every``, ``--ckpt-every`` (minutes), ``--out`` (the checkpoint folder), and
 what a recipe adds through ``extra``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,8 +25,9 @@ from localdiff.arch import get_arch, get_spec
 TINY = Path(__file__).resolve().parents[1]
 
 
-def parse_args(doc: str, minutes: float, ckpt_every: float,
-               extra: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
+def parse_args(
+    doc: str, minutes: float, ckpt_every: float, extra: Callable[[argparse.ArgumentParser], None] | None = None
+) -> argparse.Namespace:
     """The recipe's command line (module docstring); ``minutes`` / ``ckpt_every`` are the recipe's defaults."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--minutes", type=float, default=minutes)
@@ -63,8 +65,13 @@ def setup(a: argparse.Namespace, build_config: Callable[[int, bool], dict]):
     return tok, config, mod, net
 
 
-def train(a: argparse.Namespace, net: torch.nn.Module, next_batch: Callable[[], object],
-          loss: Callable[[object], torch.Tensor], save: Callable[[torch.nn.Module], None]) -> None:
+def train(
+    a: argparse.Namespace,
+    net: torch.nn.Module,
+    next_batch: Callable[[], object],
+    loss: Callable[[object], torch.Tensor],
+    save: Callable[[torch.nn.Module], None],
+) -> None:
     """Run's loop: ``loss(next_batch())`` (an fp32 scalar with autograd) per optimizer step of ``a.batch``
     sequences, ``save(net)`` every ``--ckpt-every`` minutes and once at the end (in eval mode)."""
     run = Run(a, net, "seqs/s")

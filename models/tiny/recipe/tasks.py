@@ -11,6 +11,7 @@ Train/held-out split: an item is held out iff a hash of its prompt falls in the 
 
 Usage: ``python tasks.py --eval-out ../eval.jsonl`` writes the held-out eval set (fixed seed).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,8 +76,9 @@ def gen_word_problem(rng: random.Random) -> dict:
     s1 = a + b
     c = rng.randint(1, s1)
     s2 = s1 - c
-    prompt = (f"{name} has {a} {item}. {name} gets {b} more and then gives away {c}. "
-              f"How many {item} does {name} have now?")
+    prompt = (
+        f"{name} has {a} {item}. {name} gets {b} more and then gives away {c}. How many {item} does {name} have now?"
+    )
     return {"family": "word_problem", "prompt": prompt, "answer": f"{a} + {b} = {s1}. {s1} - {c} = {s2}."}
 
 
@@ -103,8 +105,11 @@ def gen_count_letter(rng: random.Random) -> dict:
     """Count how often a letter occurs in a word (the letter is present 1+ times, or absent)."""
     w = pick_word(rng)
     ch = rng.choice(w) if rng.random() < 0.8 else rng.choice("abcdefghijklmnopqrstuvwxyz")
-    return {"family": "count_letter", "prompt": f"How many times does {ch} appear in {spaced(w)}?",
-            "answer": str(w.count(ch))}
+    return {
+        "family": "count_letter",
+        "prompt": f"How many times does {ch} appear in {spaced(w)}?",
+        "answer": str(w.count(ch)),
+    }
 
 
 def gen_sort_words(rng: random.Random) -> dict:
@@ -145,8 +150,17 @@ GENERATORS = {
     "list": gen_list,
 }
 # Sampling weights for training (harder families get more).
-WEIGHTS = {"add": 3.0, "arith": 1.5, "word_problem": 1.0, "reverse": 2.5, "sort_letters": 1.0,
-           "count_letter": 1.0, "sort_words": 1.0, "convert": 1.0, "list": 1.0}
+WEIGHTS = {
+    "add": 3.0,
+    "arith": 1.5,
+    "word_problem": 1.0,
+    "reverse": 2.5,
+    "sort_letters": 1.0,
+    "count_letter": 1.0,
+    "sort_words": 1.0,
+    "convert": 1.0,
+    "list": 1.0,
+}
 HELDOUT_PERCENT = 5
 
 

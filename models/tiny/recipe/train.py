@@ -15,6 +15,7 @@ Batches are left-padded; padding is masked in both the encoder and the decoder (
     python train.py --minutes 45 --out /tmp/tiny_ckpt          # the shipped model
     python train.py --steps 5 --micro --out /tmp/x             # smoke test
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,9 +40,15 @@ PAD, EOS, BOS = 0, 1, 2
 GEN_CONFIG = {  # sampler defaults shipped with the model (reference keys only: transformers rejects others):
     # the `localdiff bench` sweep's best accuracy-per-TPF point for the shipped weights (2026-11-29, 180 items):
     # 4 steps (42.2 % at TPF 4.59 vs 43.3 % at 2.35 with 16), then entropy bound 1.0 (41.1 % at TPF 4.85)
-    "max_denoising_steps": 4, "t_min": 0.4, "t_max": 0.8, "sampler_config": {"entropy_bound": 1.0,
-    "_cls_name": "EntropyBoundSamplerConfig"}, "stability_threshold": 1, "confidence_threshold": 0.005,
-    "max_new_tokens": 256, "bos_token_id": BOS, "pad_token_id": PAD,
+    "max_denoising_steps": 4,
+    "t_min": 0.4,
+    "t_max": 0.8,
+    "sampler_config": {"entropy_bound": 1.0, "_cls_name": "EntropyBoundSamplerConfig"},
+    "stability_threshold": 1,
+    "confidence_threshold": 0.005,
+    "max_new_tokens": 256,
+    "bos_token_id": BOS,
+    "pad_token_id": PAD,
 }
 
 
@@ -52,19 +59,47 @@ def build_config(vocab_size: int, micro: bool = False):
     h = 64 if micro else 192
     layers = 2 if micro else 4
     text = dict(
-        vocab_size=vocab_size, hidden_size=h, intermediate_size=2 * h, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=h // 4, global_head_dim=h // 4,
-        layer_types=(["sliding_attention"] * (layers - 1) + ["full_attention"]) if micro else
-        ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
-        sliding_window=16 if micro else 48, max_position_embeddings=1024,
-        num_experts=8, top_k_experts=2, moe_intermediate_size=h // 2,
-        pad_token_id=PAD, eos_token_id=EOS, bos_token_id=BOS, final_logit_softcapping=30.0,
+        vocab_size=vocab_size,
+        hidden_size=h,
+        intermediate_size=2 * h,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=h // 4,
+        global_head_dim=h // 4,
+        layer_types=(["sliding_attention"] * (layers - 1) + ["full_attention"])
+        if micro
+        else ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        sliding_window=16 if micro else 48,
+        max_position_embeddings=1024,
+        num_experts=8,
+        top_k_experts=2,
+        moe_intermediate_size=h // 2,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+        bos_token_id=BOS,
+        final_logit_softcapping=30.0,
     )
     # transformers always builds a vision tower; give it a minimal config (text-only use; ~0.35M params)
-    vision = dict(model_type="gemma4_vision", hidden_size=16, intermediate_size=16, num_hidden_layers=1,
-                  num_attention_heads=1, num_key_value_heads=1, head_dim=16, global_head_dim=16)
-    return DiffusionGemmaConfig(text_config=text, vision_config=vision, canvas_length=8 if micro else 32,
-                                pad_token_id=PAD, eos_token_id=EOS, bos_token_id=BOS, tie_word_embeddings=True)
+    vision = dict(
+        model_type="gemma4_vision",
+        hidden_size=16,
+        intermediate_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        head_dim=16,
+        global_head_dim=16,
+    )
+    return DiffusionGemmaConfig(
+        text_config=text,
+        vision_config=vision,
+        canvas_length=8 if micro else 32,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+        bos_token_id=BOS,
+        tie_word_embeddings=True,
+    )
 
 
 class Data:
@@ -79,14 +114,18 @@ class Data:
     def encode_item(self, item: dict, history: list[dict] = ()) -> tuple[list[int], list[int]]:
         """-> (prompt ids incl. generation prompt, answer ids ending with <end_of_turn>); ``history`` items become
         earlier (user, model) turns of the same chat."""
-        msgs = [m for h in history for m in ({"role": "user", "content": h["prompt"]},
-                                             {"role": "assistant", "content": h["answer"]})]
-        prompt = self.tpl.render(messages=msgs + [{"role": "user", "content": item["prompt"]}],
-                                 add_generation_prompt=True, bos_token="<bos>")
+        msgs = [
+            m
+            for h in history
+            for m in ({"role": "user", "content": h["prompt"]}, {"role": "assistant", "content": h["answer"]})
+        ]
+        prompt = self.tpl.render(
+            messages=msgs + [{"role": "user", "content": item["prompt"]}], add_generation_prompt=True, bos_token="<bos>"
+        )
         p = self.tok.encode(prompt, add_special_tokens=False).ids
         full = self.tok.encode(prompt + item["answer"] + "<end_of_turn>", add_special_tokens=False).ids
         assert full[: len(p)] == p, "prompt tokens must be a prefix of the full chat tokens"
-        return p, full[len(p):]
+        return p, full[len(p) :]
 
     def batch(self, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """-> prefix [n, L] (left-padded, long), prefix mask [n, L] (bool), target canvas [n, C] (long)."""
@@ -99,7 +138,7 @@ class Data:
             p, a = self.encode_item(tasks.sample(self.rng), hist)
             k = self.rng.randrange(math.ceil(len(a) / C))
             prefixes.append(p + a[: k * C])
-            tgt = a[k * C:(k + 1) * C]
+            tgt = a[k * C : (k + 1) * C]
             targets.append(tgt + [PAD] * (C - len(tgt)))
         L = max(len(x) for x in prefixes)
         ids = torch.tensor([[PAD] * (L - len(x)) + x for x in prefixes])
@@ -119,8 +158,12 @@ def loss_step(model, ids, mask, target, vocab: int, sc: bool, gen: torch.Generat
     if sc:
         with torch.no_grad():
             sc_logits = model(past_key_values=pkv, decoder_input_ids=noisy, decoder_attention_mask=dec_mask).logits
-    logits = model(past_key_values=pkv, decoder_input_ids=noisy, decoder_attention_mask=dec_mask,
-                   self_conditioning_logits=sc_logits).logits
+    logits = model(
+        past_key_values=pkv,
+        decoder_input_ids=noisy,
+        decoder_attention_mask=dec_mask,
+        self_conditioning_logits=sc_logits,
+    ).logits
     return F.cross_entropy(logits.float().reshape(-1, vocab), target.reshape(-1))
 
 
@@ -146,8 +189,11 @@ class Run:
         decay, no_decay = [], []
         for n, p in model.named_parameters():
             (no_decay if p.ndim < 2 or "norm" in n else decay).append(p)
-        self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
-                                      {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.98))
+        self.opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=args.lr,
+            betas=(0.9, 0.98),
+        )
         self.t0 = self.last_ckpt = time.time()
         self.step, self.seen, self.ema, self.lr = 0, 0, None, args.lr
 
@@ -174,8 +220,11 @@ class Run:
         self.ema = value if self.ema is None else 0.98 * self.ema + 0.02 * value
         if self.step % self.args.log_every == 0 or self.step == 1:
             el = time.time() - self.t0
-            print(f"step {self.step} t {el / 60:.1f}m loss {value:.4f} ema {self.ema:.4f} lr {self.lr:.2e} "
-                  f"{self.unit} {self.seen / el:.1f}", flush=True)
+            print(
+                f"step {self.step} t {el / 60:.1f}m loss {value:.4f} ema {self.ema:.4f} lr {self.lr:.2e} "
+                f"{self.unit} {self.seen / el:.1f}",
+                flush=True,
+            )
 
     def checkpoint_due(self) -> bool:
         """True (and the timer restarts) when a time-budgeted run is due a checkpoint."""
@@ -186,8 +235,11 @@ class Run:
 
     def done(self) -> None:
         el = time.time() - self.t0
-        print(f"done: {self.step} steps in {el / 60:.1f} min, {self.seen / el:.1f} {self.unit}, "
-              f"final ema loss {self.ema:.4f}", flush=True)
+        print(
+            f"done: {self.step} steps in {el / 60:.1f} min, {self.seen / el:.1f} {self.unit}, "
+            f"final ema loss {self.ema:.4f}",
+            flush=True,
+        )
 
 
 def main() -> None:
@@ -237,6 +289,7 @@ def main() -> None:
             print(f"checkpoint at step {run.step}", flush=True)
     save(model, args.tokenizer_dir, args.out)
     run.done()
+
 
 if __name__ == "__main__":
     main()

@@ -13,6 +13,7 @@ normal DiffusionGemma checkpoint: it is written in the Hub layout (``model.decod
     python train_stage2.py --steps 5000 --out /tmp/tiny            # from scratch (the shipped recipe)
     python train_stage2.py --init /tmp/tiny_stage1 --minutes 40 --out /tmp/tiny_stage2
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,12 +54,12 @@ class GradCache(BlockCache):
         return None if self.k[i] is None else (self.k[i], self.v[i])
 
     def past_mask(self, i):
-        return None if self.mask is None else self.mask[:, self.seq_len - self.visible_len(i):]
+        return None if self.mask is None else self.mask[:, self.seq_len - self.visible_len(i) :]
 
     def append(self, i, k, v):
         w = self.w[i]
         if w is not None and k.shape[2] > w - 1:
-            k, v = k[:, :, -(w - 1):], v[:, :, -(w - 1):]
+            k, v = k[:, :, -(w - 1) :], v[:, :, -(w - 1) :]
         self.k[i], self.v[i] = k, v
 
     def commit(self, n, mask, b, ids=None):
@@ -91,20 +92,27 @@ def batches(data: stage1.Data, n: int, pool: int):
                 keep = ids[r][mask[r]]
                 items.append((keep, tgt[r]))
         items.sort(key=lambda x: len(x[0]))
-        chunks = [items[i:i + n] for i in range(0, len(items), n)]
+        chunks = [items[i : i + n] for i in range(0, len(items), n)]
         random.Random(len(items) + int(items[0][0].sum())).shuffle(chunks)
         for ch in chunks:
             L = max(len(p) for p, _ in ch)
             ids = torch.zeros(len(ch), L, dtype=torch.long)
             mask = torch.zeros(len(ch), L, dtype=torch.bool)
             for r, (p, _) in enumerate(ch):
-                ids[r, L - len(p):] = p
-                mask[r, L - len(p):] = True
+                ids[r, L - len(p) :] = p
+                mask[r, L - len(p) :] = True
             yield ids, (None if bool(mask.all()) else mask), torch.stack([t for _, t in ch])
 
 
-def canvas_loss(net: DiffusionGemma, ids: torch.Tensor, mask: torch.Tensor | None, target: torch.Tensor, draws: int,
-                gen: torch.Generator, self_condition: bool) -> torch.Tensor:
+def canvas_loss(
+    net: DiffusionGemma,
+    ids: torch.Tensor,
+    mask: torch.Tensor | None,
+    target: torch.Tensor,
+    draws: int,
+    gen: torch.Generator,
+    self_condition: bool,
+) -> torch.Tensor:
     """The model's objective on one batch: mean cross-entropy over every canvas position.
 
     ids: LongTensor[B, T] left-padded prefixes (mask Bool[B, T] or None); target: LongTensor[B, C] clean canvases.
@@ -144,8 +152,12 @@ def save(net: DiffusionGemma, init: Path, out: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--init", type=Path, default=None,
-                    help="continue from this checkpoint (default: a fresh reference-initialised model)")
+    ap.add_argument(
+        "--init",
+        type=Path,
+        default=None,
+        help="continue from this checkpoint (default: a fresh reference-initialised model)",
+    )
     ap.add_argument("--tokenizer-dir", type=Path, default=HERE.parent, help="tokenizer + template (fresh start)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--minutes", type=float, default=40.0)
@@ -158,8 +170,12 @@ def main() -> None:
     ap.add_argument("--sc-prob", type=float, default=0.5)
     ap.add_argument("--weights", default="", help="family weights, e.g. add=6,reverse=5")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--history-prob", type=float, default=0.0,
-                    help="share of items that follow 1-2 earlier chat turns (multi-turn chats)")
+    ap.add_argument(
+        "--history-prob",
+        type=float,
+        default=0.0,
+        help="share of items that follow 1-2 earlier chat turns (multi-turn chats)",
+    )
     ap.add_argument("--micro", action="store_true", help="tiny config for tests (fresh start only)")
     ap.add_argument("--ckpt-every", type=float, default=5.0)
     ap.add_argument("--log-every", type=int, default=20)
@@ -174,15 +190,23 @@ def main() -> None:
 
         vocab_size = Tokenizer.from_file(str(args.tokenizer_dir / "tokenizer.json")).get_vocab_size()
         args.init = args.out / "init"
-        stage1.save(DiffusionGemmaForBlockDiffusion(stage1.build_config(vocab_size, micro=args.micro)),
-                    args.tokenizer_dir, args.init)
+        stage1.save(
+            DiffusionGemmaForBlockDiffusion(stage1.build_config(vocab_size, micro=args.micro)),
+            args.tokenizer_dir,
+            args.init,
+        )
     net, cfg = load_model(args.init, "cpu", torch.float32)
     net.train().requires_grad_(True)
     for name, buf in net.named_buffers():
         buf.requires_grad_(False)
     tok = Tokenizer.from_file(str(args.init / "tokenizer.json"))
-    data = stage1.Data(tok, (args.init / "chat_template.jinja").read_text(), cfg.canvas_length, args.seed,
-                       history_prob=args.history_prob)
+    data = stage1.Data(
+        tok,
+        (args.init / "chat_template.jinja").read_text(),
+        cfg.canvas_length,
+        args.seed,
+        history_prob=args.history_prob,
+    )
     stream = batches(data, args.batch, pool=8)
     gen = torch.Generator().manual_seed(args.seed)
     coin = random.Random(args.seed)
@@ -195,6 +219,7 @@ def main() -> None:
             save(net, args.init, args.out)
     save(net, args.init, args.out)
     run.done()
+
 
 if __name__ == "__main__":
     main()

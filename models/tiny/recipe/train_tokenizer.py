@@ -7,6 +7,7 @@ Design: Gemma-style special tokens at fixed ids (<pad>=0, <eos>=1, <bos>=2, <unk
 (so arithmetic is learnable) and punctuation is split off. A word's letters merge as usual, which is why the
 letter tasks spell words with spaces. Vocabulary: --vocab-size (default 512) learned from generated task text.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,12 +42,14 @@ def build_tokenizer(vocab_size: int, seed: int, n_texts: int = 20000) -> Tokeniz
     """Train and return the BPE tokenizer (deterministic for a given seed)."""
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split("\n", "isolated"),
-        pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first"),
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.Punctuation(),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split("\n", "isolated"),
+            pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first"),
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.Punctuation(),
+        ]
+    )
     tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
     rng = random.Random(seed)
     texts = []
@@ -55,8 +58,9 @@ def build_tokenizer(vocab_size: int, seed: int, n_texts: int = 20000) -> Tokeniz
         texts += [f"<start_of_turn>user\n{it['prompt']}<end_of_turn>\n<start_of_turn>model\n", it["answer"]]
     texts.append("The quick brown fox jumps over the lazy dog. Hello! How are you? I am a tiny model.")
     alphabet = [chr(c) for c in range(32, 127)] + ["\n", "▁"]
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, initial_alphabet=alphabet,
-                                  min_frequency=2, show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIALS, initial_alphabet=alphabet, min_frequency=2, show_progress=False
+    )
     tok.train_from_iterator(texts, trainer=trainer)
     return tok
 
@@ -66,17 +70,45 @@ def write(out: Path, tok: Tokenizer) -> None:
     out.mkdir(parents=True, exist_ok=True)
     tok.save(str(out / "tokenizer.json"))
     (out / "chat_template.jinja").write_text(CHAT_TEMPLATE)
-    added = {str(tok.token_to_id(s)): {"content": s, "special": True, "lstrip": False, "rstrip": False,
-                                        "normalized": False, "single_word": False} for s in SPECIALS}
-    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<bos>", "eos_token": "<eos>",
-           "pad_token": "<pad>", "unk_token": "<unk>", "mask_token": "<mask>", "add_bos_token": False,
-           "add_eos_token": False, "model_max_length": 4096, "padding_side": "left",
-           "added_tokens_decoder": added, "extra_special_tokens": {"start_of_turn_token": "<start_of_turn>",
-                                                                   "end_of_turn_token": "<end_of_turn>"}}
+    added = {
+        str(tok.token_to_id(s)): {
+            "content": s,
+            "special": True,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "single_word": False,
+        }
+        for s in SPECIALS
+    }
+    cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<bos>",
+        "eos_token": "<eos>",
+        "pad_token": "<pad>",
+        "unk_token": "<unk>",
+        "mask_token": "<mask>",
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "model_max_length": 4096,
+        "padding_side": "left",
+        "added_tokens_decoder": added,
+        "extra_special_tokens": {"start_of_turn_token": "<start_of_turn>", "end_of_turn_token": "<end_of_turn>"},
+    }
     (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    (out / "special_tokens_map.json").write_text(json.dumps(
-        {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>",
-         "mask_token": "<mask>"}, indent=2) + "\n")
+    (out / "special_tokens_map.json").write_text(
+        json.dumps(
+            {
+                "bos_token": "<bos>",
+                "eos_token": "<eos>",
+                "pad_token": "<pad>",
+                "unk_token": "<unk>",
+                "mask_token": "<mask>",
+            },
+            indent=2,
+        )
+        + "\n"
+    )
 
 
 def main() -> None:

@@ -20,6 +20,9 @@ _UNITS = {
     "mib": 2**20,
     "gib": 2**30,
     "tib": 2**40,
+    "p": 10**15,
+    "pb": 10**15,
+    "pib": 2**50,
 }
 
 
@@ -35,7 +38,7 @@ def parse_size(text, error=ValueError) -> int:
         return int(text)
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
     if not m or m.group(2).lower() not in _UNITS:
-        raise error(f"not a size: {text!r} (examples: 24GiB, 16GB, 512MiB, 0)")
+        raise error(f"not a size: {text!r} (examples: 24GiB, 16GB, 512MiB)")
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 

@@ -187,7 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="allow a non-local --host without an API key (a usage error with --api-key or $LOCALDIFF_API_KEY)",
     )
     sv.add_argument("--max-queue", type=int, default=32, metavar="N", help="requests waiting at most (then 503)")
-    sv.add_argument("--max-batch", type=int, default=8, metavar="N", help="requests advanced together (default 8)")
+    sv.add_argument(
+        "--max-batch", type=int, default=8, metavar="N", help="requests advanced together, 1 to 256 (default 8)"
+    )
     sv.add_argument("--keep-alive", type=float, default=300.0, metavar="SECONDS", help="unload after SECONDS idle")
     sv.add_argument("--max-body", metavar="SIZE", help="request size limit, e.g. 1MiB (default 1MiB)")
     _add_sampler(sv)

@@ -8,6 +8,9 @@ import sys
 from localdiff.config import load_user_config, sampler_overrides, with_flags
 from localdiff.errors import UsageError
 
+#: the most requests ``serve --max-batch`` advances together (vLLM's ``--max-num-seqs`` default is 256 too)
+MAX_BATCH = 256
+
 
 def _api_key(args) -> str | None:
     """``--api-key`` else ``$LOCALDIFF_API_KEY`` else None.
@@ -113,8 +116,8 @@ def run_serve(args) -> int:
         raise UsageError(f"--max-queue must be ≥ 1 (got {args.max_queue})")
     if not (args.keep_alive >= 0 and args.keep_alive != float("inf")):  # NaN fails both (it was accepted)
         raise UsageError(f"--keep-alive must be a number of seconds ≥ 0; 0 = never unload (got {args.keep_alive:g})")
-    if args.max_batch < 1:
-        raise UsageError(f"--max-batch must be ≥ 1 (got {args.max_batch})")
+    if not 1 <= args.max_batch <= MAX_BATCH:
+        raise UsageError(f"--max-batch must be between 1 and {MAX_BATCH} (got {args.max_batch})")
     kv_budget = _size(args.kv_budget, "--kv-budget")  # what the batch's requests' caches hold together at most
     models = list(args.model or ())  # -m, repeatable: the first is the default and loads at start
     cfg = with_flags(

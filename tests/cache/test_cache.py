@@ -141,6 +141,7 @@ def test_parse_size():
     assert parse_size("512 MiB") == 512 * 2**20
     assert parse_size("1.5GB") == 1_500_000_000
     assert parse_size("0") == 0 and parse_size(4096) == 4096
+    assert parse_size("1PiB") == 2**50 and parse_size("2 PB") == 2 * 10**15  # big, but sizes
     assert parse_size("unlimited") is None and parse_size(None) is None
     for bad in ("2 parsecs", "-1", "GiB", "1e9"):
         with pytest.raises(UsageError):

@@ -531,7 +531,22 @@ CASES = [
         2,
         "--kv-budget: expected a size like 2GiB or 512MB, got 'lots'",
     ),
-    ("serve --max-batch 0", ["serve", "--max-batch", "0"], None, {}, 2, "--max-batch must be ≥ 1 (got 0)"),
+    (
+        "serve --max-batch 0",
+        ["serve", "--max-batch", "0"],
+        None,
+        {},
+        2,
+        "--max-batch must be between 1 and 256 (got 0)",
+    ),
+    (
+        "serve --max-batch huge",
+        ["serve", "--max-batch", "999999999999"],
+        None,
+        {},
+        2,
+        "--max-batch must be between 1 and 256 (got 999999999999)",
+    ),
     (
         "--threads with --endpoint",
         ["gen", "--endpoint", "http://127.0.0.1:1", "--threads", "2", "-p", "x"],

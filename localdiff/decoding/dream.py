@@ -54,7 +54,7 @@ class Dream:
         self.window_at_block = self.fastdllm
         self.length = None  # the sequence's length P + max_new_tokens (the runner sets it)
 
-    def begin_block(self, masked: torch.Tensor, steps: int, offset: int = 0) -> None:
+    def begin_window(self, masked: torch.Tensor, steps: int, offset: int = 0) -> None:
         """A new block (``masked`` BoolTensor[B, L]) with a budget of ``steps``: its timesteps. ``offset``: the
         block's position in the sequence (the ``alg_temp`` draw runs over the sequence as upstream's does, so the
         same generator state picks the same positions)."""

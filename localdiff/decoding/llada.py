@@ -148,7 +148,7 @@ class LLaDA:
         #: blocks at multiples of block_length from the sequence start (dInfer's BlockIterator, start_block_align)
         self.block_align = getattr(options, "start_block_align", False)
 
-    def begin_block(self, masked: torch.Tensor, steps: int, offset: int = 0) -> None:
+    def begin_window(self, masked: torch.Tensor, steps: int, offset: int = 0) -> None:
         """A new block: ``masked`` BoolTensor[B, L] (its masked positions), ``steps`` its step budget, ``offset`` its
         position in the sequence."""
         if self.idle and self.o.noise == "upstream":

@@ -13,7 +13,7 @@ neighbours on dInfer's refresh schedule; blocks may start at multiples of ``bloc
 guidance, stopping (a finished block holding EOS ends the row; nothing after it is decoded or counted: Fast-dLLM issue
 #10), events (a block is a "canvas" in :mod:`localdiff.events`) and stats, including the decoding order
 (``stats.commit_step``). A decoder policy (:class:`localdiff.decoding.llada.LLaDA`,
-:class:`localdiff.decoding.dream.Dream`) decides per step which masked positions to commit (``begin_block`` / ``step``).
+:class:`localdiff.decoding.dream.Dream`) decides per step which masked positions to commit (``begin_window`` / ``step``).
 
 The mask token's own logit is set to −inf before the policy sees the logits: upstream can "commit" a predicted mask
 (the position stays masked and later blocks may fill it); trained models give it ~0 probability, random ones do not.
@@ -114,7 +114,7 @@ def run(net, policy, req: Request, store=None):
         xv = x[:, start:end]  # a view: commits write x through it
         cv = commit[:, off : off + length]  # the block's commit steps (a view)
         masked = xv == mask_id if all_active else (xv == mask_id) & active[:, None]
-        policy.begin_block(masked, n_steps, start)
+        policy.begin_window(masked, n_steps, start)
         kv, logits, used = None, None, 0
         i = 0
         cap = n_steps + length if policy.parallel else n_steps  # parallel rules commit ≥ 1 per step

@@ -144,7 +144,7 @@ class NAP:
         self.template = torch.tensor([mask_id if t is None else int(t) for t in self.layout.ids], dtype=torch.long)
         self.eos_ids = [int(e) for e in eos_ids]
 
-    def begin_block(self, masked: torch.Tensor, steps: int, offset: int = 0) -> None:
+    def begin_window(self, masked: torch.Tensor, steps: int, offset: int = 0) -> None:
         """The canvas (one block): ``masked`` BoolTensor[B, C]; ``steps`` the loop's count (unused: the phases come
         from the options); ``offset`` its position in the sequence (unused)."""
         o, lay = self.o, self.layout

@@ -56,13 +56,13 @@ class WindowPolicy(Protocol):
     """A decoder policy of the masked family's loop (approximate caches, the loop owns the sequence).
 
     Attributes: ``parallel`` (bool: the rule commits at least one token per step, so the loop allows more steps than
-    the schedule's). Calls per window (block of the answer): ``begin_block(masked, steps, offset)`` once, then
+    the schedule's). Calls per window (block of the answer): ``begin_window(masked, steps, offset)`` once, then
     ``step(logits, x, masked, i)`` per denoising step until no position is masked.
     """
 
     parallel: bool
 
-    def begin_block(self, masked: torch.Tensor, steps: int, offset: int = 0) -> None:
+    def begin_window(self, masked: torch.Tensor, steps: int, offset: int = 0) -> None:
         """Open a window. ``masked``: BoolTensor[B, L] masked positions; ``steps``: the window's step budget;
         ``offset``: the window's first absolute position."""
 

@@ -37,10 +37,21 @@ def test_a_policy_that_misses_or_misnames_a_call_is_reported():
     class Broken:
         parallel = False
 
-        def begin_block(self, start=None):  # the block loop's signature on a window policy
+        def begin_window(self, start=None):  # the block loop's signature under the window call's name
             pass
 
     problems = conforms(Broken, WindowPolicy)
-    assert any("begin_block" in p and "does not match" in p for p in problems)
+    assert any("begin_window" in p and "does not match" in p for p in problems)
     assert any("step is missing" in p for p in problems)
     assert conforms(Broken, BlockPolicy) and "Broken.assess is missing" in conforms(Broken, BlockPolicy)
+
+
+def test_the_two_loops_open_a_block_through_differently_named_calls():
+    """The block loop's ``begin_block(start)`` and the masked loop's ``begin_window(masked, steps, offset)`` differ
+    in name, so a policy written for one loop cannot be handed to the other and fail only inside it."""
+    assert "begin_block" in vars(BlockPolicy) and "begin_window" not in vars(BlockPolicy)
+    assert "begin_window" in vars(WindowPolicy) and "begin_block" not in vars(WindowPolicy)
+    assert any(
+        "begin_window is missing" in p
+        for p in conforms(type("BlockOnly", (), {"begin_block": lambda s: 0}), WindowPolicy)
+    )

@@ -1,4 +1,4 @@
-"""One layer's K/V in the block KV cache (``localdiff/cache.py``): host blocks followed by a device run.
+"""One layer's K/V in the block KV cache (:mod:`localdiff.cache.kv`): host blocks followed by a device run.
 
 Positions held by a layer are ``[end - held, end)``. The oldest part lives in the host tier as separate blocks
 (each ≤ one canvas length); the newest part is a contiguous *run* at ``buf[:, :, off : off + dev_len]`` of a

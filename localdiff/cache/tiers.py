@@ -1,4 +1,4 @@
-"""Memory tiers of the block KV cache (``localdiff/cache.py``): where K/V bytes live and how they are counted.
+"""Memory tiers of the block KV cache (:mod:`localdiff.cache.kv`): where K/V bytes live and how they are counted.
 
 * :class:`DeviceTier` — the accelerator (or the CPU when that is the device): per-layer run buffers, bounded by the
   cache's byte budget. Every allocation goes through it, so its counters are the real sizes of the live tensors.

@@ -1,4 +1,4 @@
-"""Block KV cache (localdiff/cache.py): offload tiers give bit-identical logits and tokens, the device budget holds
+"""Block KV cache (localdiff/cache/): offload tiers give bit-identical logits and tokens, the device budget holds
 at every step (and the accounting equals the tensors' real sizes), multi-turn prefix reuse, flat sliding memory."""
 
 from pathlib import Path

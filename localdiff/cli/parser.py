@@ -96,12 +96,8 @@ def _add_endpoint(p: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full argument parser (used by :func:`main` and by the docs)."""
-    p = _Parser(prog="localdiff", description="Run diffusion language models on this machine.")
-    p.add_argument("--version", action="store_true", help="print the version and exit")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-
+def _add_gen(sub) -> None:
+    """The ``gen`` subcommand's arguments."""
     g = sub.add_parser(
         "gen",
         help="generate text once (for scripts and pipelines)",
@@ -150,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampler(g)
     _add_common(g)
 
+
+def _add_chat(sub) -> None:
+    """The ``chat`` subcommand's arguments."""
     c = sub.add_parser("chat", help="interactive chat that shows the canvas denoising (terminal UI)")
     c.add_argument("-m", "--model", help="model to start with (default: config's default_model)")
     which = c.add_mutually_exclusive_group()
@@ -159,6 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampler(c)
     _add_common(c)
 
+
+def _add_serve(sub) -> None:
+    """The ``serve`` subcommand's arguments."""
     sv = sub.add_parser(
         "serve",
         help="OpenAI- and Ollama-compatible HTTP API (127.0.0.1 by default)",
@@ -195,6 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampler(sv)
     _add_common(sv)
 
+
+def _add_pull(sub) -> None:
+    """The ``pull`` subcommand's arguments."""
     pl = sub.add_parser("pull", help="download a model from the Hugging Face Hub (resumable)")
     pl.add_argument("name", help="catalog alias (see `localdiff list --all`) or org/repo[@revision]")
     pl.add_argument("-q", "--quiet", action="store_true", help="no progress output")
@@ -217,15 +222,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_common(pl)
 
+
+def _add_list(sub) -> None:
+    """The ``list`` subcommand's arguments."""
     ls = sub.add_parser("list", aliases=["ls"], help="list models ready to run")
     ls.add_argument("--json", action="store_true", help="JSON output")
     ls.add_argument("--all", action="store_true", help="also show catalog models that are not pulled")
     _add_common(ls)
 
+
+def _add_rm(sub) -> None:
+    """The ``rm`` subcommand's arguments."""
     rm = sub.add_parser("rm", help="remove a pulled model from the Hugging Face cache")
     rm.add_argument("name")
     _add_common(rm)
 
+
+def _add_show(sub) -> None:
+    """The ``show`` subcommand's arguments."""
     sh = sub.add_parser("show", help="architecture summary and memory plan (works before a pull)")
     sh.add_argument("name", nargs="?", help="model (default: config's default_model)")
     sh.add_argument("--plan", action="store_true", help="print the memory plan for a device budget")
@@ -259,14 +273,23 @@ def build_parser() -> argparse.ArgumentParser:
     sh.add_argument("--json", action="store_true", help="JSON output")
     _add_common(sh)
 
+
+def _add_config(sub) -> None:
+    """The ``config`` subcommand's arguments."""
     cf = sub.add_parser("config", help="show where the config file is, or the effective settings")
     cf.add_argument("action", nargs="?", choices=["path", "show"], default="show")
     cf.add_argument("--json", action="store_true", help="JSON output (show)")
     _add_common(cf)
 
+
+def _add_bench(sub) -> None:
+    """The ``bench`` subcommand's arguments."""
     b = sub.add_parser("bench", help="benchmarks (speed, memory, accuracy)", add_help=False)
     b.add_argument("bench_args", nargs=argparse.REMAINDER)
 
+
+def _add_quantize(sub) -> None:
+    """The ``quantize`` subcommand's arguments."""
     q = sub.add_parser("quantize", help="write a pre-quantized int8 / int4 checkpoint")
     q.add_argument("name", help="model to quantize")
     q.add_argument("--recipe", help="quantization recipe name (default: the model's)")
@@ -280,6 +303,23 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--device", help="device used while quantizing")
     q.add_argument("--force", action="store_true", help="write into a folder that is not empty")
     _add_common(q)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser (used by :func:`main` and by the docs)."""
+    p = _Parser(prog="localdiff", description="Run diffusion language models on this machine.")
+    p.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    _add_gen(sub)
+    _add_chat(sub)
+    _add_serve(sub)
+    _add_pull(sub)
+    _add_list(sub)
+    _add_rm(sub)
+    _add_show(sub)
+    _add_config(sub)
+    _add_bench(sub)
+    _add_quantize(sub)
 
     from localdiff.cli.convert import add_parser as add_convert
 

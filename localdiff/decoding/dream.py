@@ -45,6 +45,8 @@ class Dream:
 
     Options = DreamOptions
     cfg_scale = 0.0
+    template = None  # (the masked loop's policy attributes: decoding/protocols.WindowPolicy)
+    block_align = False
 
     def __init__(self, options: DreamOptions, generator: torch.Generator, mask_id: int):
         self.o, self.gen, self.mask_id = options, generator, mask_id

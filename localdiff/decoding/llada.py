@@ -135,6 +135,8 @@ class LLaDA:
     """
 
     Options = LLaDAOptions
+    template = None  # (the masked loop's policy attributes: decoding/protocols.WindowPolicy)
+    window_at_block = False
 
     def __init__(self, options: LLaDAOptions, generator: torch.Generator, mask_id: int):
         self.o, self.gen, self.mask_id = options, generator, mask_id

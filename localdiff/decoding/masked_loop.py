@@ -87,7 +87,7 @@ def run(net, policy, req: Request, store=None):
     g = req.max_new_tokens
     answer = Answer(req, b, dev)
     x = torch.cat([prompt_ids, torch.full((b, g), mask_id, dtype=torch.long, device=dev)], dim=1)
-    if getattr(policy, "template", None) is not None:  # a canvas with prefilled tokens (NAP's tags)
+    if policy.template is not None:  # a canvas with prefilled tokens (NAP's tags)
         x[:, p:] = policy.template.to(dev)[:g]
     amask = (
         None
@@ -97,7 +97,7 @@ def run(net, policy, req: Request, store=None):
     shift = 1 if getattr(net, "shift_logits", False) else 0
     commit = torch.zeros(b, g, dtype=torch.long, device=dev)  # global step at which each position was committed
     forwards, gstep = 0, 0
-    align = getattr(policy, "block_align", False) and block_length is not None
+    align = policy.block_align and block_length is not None
     vic = None
     if cache == "vicinity":
         vic = VicinityRefresh(o.prefix_look, o.after_look, o.warmup_steps)
@@ -226,7 +226,7 @@ def _block_logits(net, policy, x, amask, start, end, shift, cache, kv, first, p,
             return call(net.logits_full, (lo, lo + n), x, amask), kv
         raw, fresh = call(net.forward_window, (lo, lo + n), x, 0, None, amask, return_kv=True)
         return raw, store.place(fresh)
-    if shift and getattr(policy, "window_at_block", False):  # Fast-dLLM's Dream block loop (see there)
+    if shift and policy.window_at_block:  # Fast-dLLM's Dream block loop (see there)
         return _shifted_in_window(call, net, x, amask, start, end, cache, kv, sel), kv
     w = lo - d
     if cache == "prefix":

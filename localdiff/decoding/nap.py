@@ -133,6 +133,7 @@ class NAP:
     Options = NAPOptions
     cfg_scale = 0.0
     parallel = True
+    block_align = window_at_block = False  # one window, the whole canvas
 
     def __init__(self, options: NAPOptions, generator: torch.Generator, mask_id: int, encode=None, eos_ids=()):
         if encode is None:

@@ -55,12 +55,18 @@ class BlockPolicy(Protocol):
 class WindowPolicy(Protocol):
     """A decoder policy of the masked family's loop (approximate caches, the loop owns the sequence).
 
-    Attributes: ``parallel`` (bool: the rule commits at least one token per step, so the loop allows more steps than
-    the schedule's). Calls per window (block of the answer): ``begin_window(masked, steps, offset)`` once, then
+    Attributes the loop reads: ``parallel`` (bool: the rule commits at least one token per step, so the loop allows
+    more steps than the schedule's); ``template`` (LongTensor[C] of tokens prefilled in the answer, mask id where
+    masked — NAP's tags — or None); ``block_align`` (bool: windows start at multiples of the block length from the
+    sequence start, dInfer's ``start_block_align``); ``window_at_block`` (bool: a shifted-logits model's cached
+    window starts at the block, Fast-dLLM's Dream loop). Calls per window (block of the answer): ``begin_window(masked, steps, offset)`` once, then
     ``step(logits, x, masked, i)`` per denoising step until no position is masked.
     """
 
     parallel: bool
+    template: torch.Tensor | None
+    block_align: bool
+    window_at_block: bool
 
     def begin_window(self, masked: torch.Tensor, steps: int, offset: int = 0) -> None:
         """Open a window. ``masked``: BoolTensor[B, L] masked positions; ``steps``: the window's step budget;

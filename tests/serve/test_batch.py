@@ -8,10 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from batch_lanes import alone, batched
+
 import localdiff
 from localdiff.arch import packed
-from localdiff.engine.batch import Batcher, RowPolicy, batchable
-from localdiff.events import Done
+from localdiff.engine.batch import RowPolicy, batchable
 
 PROMPTS = [
     "What is 41 + 93?",
@@ -45,43 +46,6 @@ def requests(n: int, masked: bool) -> list[dict]:
             r["steps"] = r["max_new_tokens"] // 2
         out.append(r)
     return out
-
-
-def alone(m, r: dict) -> list[int]:
-    r = dict(r)
-    return m.generate(r.pop("prompt"), **r).token_ids
-
-
-def batched(m, reqs: list[dict], arrive: list[int], cancel_at: dict | None = None) -> tuple[list, Batcher, list]:
-    """Run ``reqs`` as lanes (request i joins at step ``arrive[i]``); ``cancel_at``: {i: poll count that cancels}."""
-    b = Batcher(m)
-    got: list = [None] * len(reqs)
-    widths = []
-
-    def lane(i):
-        def fn(view):
-            r = dict(reqs[i])
-            polls = [0]
-
-            def cancel():
-                polls[0] += 1
-                return cancel_at is not None and polls[0] >= cancel_at.get(i, 1 << 30)
-
-            for ev in view.stream(r.pop("prompt"), cancel=cancel, **r):
-                if isinstance(ev, Done):
-                    got[i] = ev.token_ids
-
-        return fn
-
-    step = 0
-    while step <= max(arrive) or b.lanes:
-        for i, a in enumerate(arrive):
-            if a == step:
-                b.add(lane(i))
-        b.step()
-        widths.append(len(b.lanes))
-        step += 1
-    return got, b, widths
 
 
 @pytest.mark.parametrize(

@@ -14,15 +14,15 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 import torch
+from batch_lanes import alone, batched
 from servehelpers import Running
 
 import localdiff
 from localdiff.arch import packed_canvas
 from localdiff.arch.soft_embedding import Probabilities, RawLogits
 from localdiff.engine import Model
-from localdiff.engine.batch import Batcher, batchable
+from localdiff.engine.batch import batchable
 from localdiff.engine.batch_canvas import CanvasRowPolicy
-from localdiff.events import Done
 
 PROMPTS = [
     "What is 41 + 93?",
@@ -114,43 +114,6 @@ def requests(n: int) -> list[dict]:
             r.update(threshold=0.2, reuse_locked=True)
         out.append(r)
     return out
-
-
-def alone(m, r: dict) -> list[int]:
-    r = dict(r)
-    return m.generate(r.pop("prompt"), **r).token_ids
-
-
-def batched(m, reqs: list[dict], arrive: list[int], cancel_at: dict | None = None):
-    """Run ``reqs`` as lanes (request i joins at step ``arrive[i]``); ``cancel_at``: {i: poll count that cancels}."""
-    b = Batcher(m)
-    got: list = [None] * len(reqs)
-    widths = []
-
-    def lane(i):
-        def fn(view):
-            r = dict(reqs[i])
-            polls = [0]
-
-            def cancel():
-                polls[0] += 1
-                return cancel_at is not None and polls[0] >= cancel_at.get(i, 1 << 30)
-
-            for ev in view.stream(r.pop("prompt"), cancel=cancel, **r):
-                if isinstance(ev, Done):
-                    got[i] = ev.token_ids
-
-        return fn
-
-    step = 0
-    while step <= max(arrive) or b.lanes:
-        for i, a in enumerate(arrive):
-            if a == step:
-                b.add(lane(i))
-        b.step()
-        widths.append(len(b.lanes))
-        step += 1
-    return got, b, widths
 
 
 @pytest.mark.parametrize("dtype,n", [(torch.float32, 2), (torch.float32, 3), (torch.float32, 8), (torch.bfloat16, 3)])

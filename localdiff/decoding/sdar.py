@@ -159,7 +159,8 @@ class SDAR:
         self, a: Assessment, x0: torch.Tensor, conf: torch.Tensor, left: torch.Tensor, reopened: torch.Tensor
     ) -> dict:
         """The StepEvent fields after a step: ``left`` (BoolTensor[B, C]) the masks still open, ``reopened`` the
-        committed positions this step changed (token editing; none here)."""
+        committed positions this step changed (token editing; none here); ``entropy`` is a callable (the loop calls
+        it only for a StepEvent: :attr:`Assessment.entropy`)."""
         return {
             "canvas_ids": self.canvas,
             "argmax_ids": torch.where(a.masked, x0, self.canvas),
@@ -167,7 +168,7 @@ class SDAR:
             "renoised": left,
             "reopened": reopened,
             "confidence": torch.where(a.masked, conf, 1.0),
-            "entropy": a.entropy,
+            "entropy": lambda: a.entropy,  # read (computed) only when the loop builds a StepEvent
             "locked": None,
         }
 

@@ -164,10 +164,12 @@ def test_step_entropy_is_computed_when_read_and_is_the_distributions():
     pol.begin_block()
     a = pol.assess(logits, 1)
     assert a._entropy is None
+    ev = pol.advance(a)
+    assert a._entropy is None  # not even for the step's event fields, unless a StepEvent is built
     p = torch.softmax(logits.double().index_fill(-1, torch.tensor([7]), -math.inf), -1)
     want = -(p * p.clamp_min(1e-300).log()).sum(-1)
     torch.testing.assert_close(a.entropy.double(), want, rtol=1e-5, atol=1e-6)
-    assert a.entropy is a.entropy and torch.equal(pol.advance(a)["entropy"], a.entropy)
+    assert a.entropy is a.entropy and torch.equal(ev["entropy"](), a.entropy)
 
 
 def test_entropy_bounded_last_step_commits_the_rest(sdar):

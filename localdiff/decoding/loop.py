@@ -5,7 +5,8 @@ The loop owns what every such family shares — blocks, the scheduling of prefil
 to prefill ride along with the next block's first denoising step, one forward instead of two), sequence stopping on
 EOS / ``max_new_tokens``, events, stats, cancellation (closing the generator stops it between steps) and the token
 count. A decoder policy (e.g. :class:`localdiff.decoding.canvas_eb.CanvasEB`) owns corruption, acceptance and its
-own state through four calls: ``begin_block``, ``model_inputs``, ``assess`` (no draws) and ``advance`` (draws),
+own state through four calls: ``begin_block``, ``model_inputs``, ``assess`` (no draws) and ``advance`` (draws: the
+StepEvent fields, device tensors or zero-argument callables giving one, called only when a StepEvent is built),
 and optionally ``head_rows`` (BoolTensor[B, C] or None: the positions whose logits the next forward computes; the
 model's ``denoise`` then takes ``head_rows`` and returns FloatTensor[N, V]; never on a block's first step), and
 the attribute ``raw_logits`` (True: ``denoise`` gets ``raw_logits=True`` and returns the LM head's output before
@@ -87,6 +88,7 @@ def run(
                     break
             ev = policy.advance(a)
             if req.emit_steps:
+                ev = {k: v() if callable(v) else v for k, v in ev.items()}  # (fields computed only when read)
                 yield StepEvent(
                     ci, step, policy.max_steps, **{k: None if v is None else v.cpu() for k, v in ev.items()}
                 )

@@ -37,7 +37,7 @@ block together with the next block's first step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -58,14 +58,24 @@ class Assessment:
     """One step's logits before any draw: ``probs`` (FloatTensor[B, C, V] after temperature / top-k / top-p),
     ``argmax`` (LongTensor[B, C]: the canvas with every mask set to its top token — the block if it ended now),
     ``masked`` (BoolTensor[B, C]), ``k`` (this step's quota), ``entropy`` (FloatTensor[B, C], nats, of ``probs``) and
-    ``eb`` (``entropy_bounded`` only: BoolTensor[B, C], the positions it commits; None otherwise)."""
+    ``eb`` (``entropy_bounded`` only: BoolTensor[B, C], the positions it commits; None otherwise).
+
+    ``entropy`` is computed on first read (eight vocabulary-wide passes: only ``entropy_bounded`` and the step
+    events read it, not a temperature-0 ``low_confidence_*`` step without events: about half of this per-request,
+    unshared work in a batched ``serve`` step), from ``probs`` as it was then: the same values as when eager."""
 
     probs: torch.Tensor
     argmax: torch.Tensor
     masked: torch.Tensor
     k: int
-    entropy: torch.Tensor
     eb: torch.Tensor | None = None
+    _entropy: torch.Tensor | None = field(default=None, repr=False)
+
+    @property
+    def entropy(self) -> torch.Tensor:
+        if self._entropy is None:
+            self._entropy = token_entropy(torch.log(self.probs.clamp_min(1e-30)))
+        return self._entropy
 
 
 class SDAR:
@@ -121,11 +131,10 @@ class SDAR:
         probs = torch.softmax(x, dim=-1)
         masked = self.canvas == self.mask_id
         argmax = torch.where(masked, probs.argmax(-1), self.canvas)
-        entropy = token_entropy(torch.log(probs.clamp_min(1e-30)))
-        eb = None
+        a = Assessment(probs, argmax, masked, self.schedule[min(step, self.max_steps) - 1])
         if o.remasking_strategy == "entropy_bounded":
-            eb = masked if step >= self.max_steps else entropy_bounded(entropy, masked, o.eb_threshold)
-        return Assessment(probs, argmax, masked, self.schedule[min(step, self.max_steps) - 1], entropy, eb)
+            a.eb = masked if step >= self.max_steps else entropy_bounded(a.entropy, masked, o.eb_threshold)
+        return a
 
     def ends_block(self, a: Assessment, step: int) -> bool:
         """True when this step completes the block whatever the draws: temperature 0 and every row's masks fit in
@@ -150,7 +159,8 @@ class SDAR:
         self, a: Assessment, x0: torch.Tensor, conf: torch.Tensor, left: torch.Tensor, reopened: torch.Tensor
     ) -> dict:
         """The StepEvent fields after a step: ``left`` (BoolTensor[B, C]) the masks still open, ``reopened`` the
-        committed positions this step changed (token editing; none here)."""
+        committed positions this step changed (token editing; none here); ``entropy`` is a callable (the loop calls
+        it only for a StepEvent: :attr:`Assessment.entropy`)."""
         return {
             "canvas_ids": self.canvas,
             "argmax_ids": torch.where(a.masked, x0, self.canvas),
@@ -158,7 +168,7 @@ class SDAR:
             "renoised": left,
             "reopened": reopened,
             "confidence": torch.where(a.masked, conf, 1.0),
-            "entropy": a.entropy,
+            "entropy": lambda: a.entropy,  # read (computed) only when the loop builds a StepEvent
             "locked": None,
         }
 

@@ -1,8 +1,8 @@
 """Which rows of a packed phase may share one matmul (docs/ARCHITECTURE.md, "Step-level batching"):
 :class:`RowPolicy`, the exactness rule of :mod:`localdiff.engine.batch` — rows share a matmul only where the kernel
-computes them bit-identically alone and packed (the native int8 kernel ≤ 16 rows; float GEMMs at the row counts a
-probe on this machine finds stable; never MoE experts: their row counts change with the batch —
-:mod:`localdiff.engine.batch_canvas` probes those for the canvas family)."""
+computes them bit-identically alone and packed (the native int8 kernel ≤ 16 rows, the int8 LM head included; float
+GEMMs at the row counts a probe on this machine finds stable; never MoE experts: their row counts change with the
+batch — :mod:`localdiff.engine.batch_canvas` probes those for the canvas family)."""
 
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ class RowPolicy:
             return "float" if ok else None
         weight = getattr(w, "weight", None)
         if (
-            type(w).__name__ not in ("Int8Linear", "FusedInt8")
+            type(w).__name__ not in ("Int8Linear", "FusedInt8", "Int8Head")
             or weight is None
             or weight.dtype != torch.int8
             or weight.device.type != "cpu"

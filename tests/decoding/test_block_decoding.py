@@ -155,6 +155,23 @@ def test_entropy_bounded_choice():
         SDAROptions.build({"eb_threshold": -1})
 
 
+def test_step_entropy_is_computed_when_read_and_is_the_distributions():
+    """``Assessment.entropy`` is lazy (a temperature-0 ``low_confidence_static`` step without events never computes
+    its vocabulary-wide passes) and, read, is −Σ p log p of the step's distribution, the mask token excluded."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, B, 50, generator=g) * 3
+    pol = SDAR(SDAROptions.build({"temperature": 0.0}), 2, B, 7, "cpu", None)
+    pol.begin_block()
+    a = pol.assess(logits, 1)
+    assert a._entropy is None
+    ev = pol.advance(a)
+    assert a._entropy is None  # not even for the step's event fields, unless a StepEvent is built
+    p = torch.softmax(logits.double().index_fill(-1, torch.tensor([7]), -math.inf), -1)
+    want = -(p * p.clamp_min(1e-300).log()).sum(-1)
+    torch.testing.assert_close(a.entropy.double(), want, rtol=1e-5, atol=1e-6)
+    assert a.entropy is a.entropy and torch.equal(ev["entropy"](), a.entropy)
+
+
 def test_entropy_bounded_last_step_commits_the_rest(sdar):
     """steps 2 < B with a tiny bound (one mask per step): the second step commits every mask left, so each block
     takes 2 forwards and no mask reaches the answer (upstream would stop after steps + 1 forwards, masks left)."""

@@ -118,6 +118,36 @@ def test_packed_block_denoise_equals_each_calls_own_forward_bit_for_bit(quant):
     assert max(shared) > 1
 
 
+def test_an_int8_lm_head_is_shared_by_the_lanes_bit_for_bit(monkeypatch):
+    """The int8 LM head (a recipe's head = "int8": ``Int8Head``) runs the row-exact native kernel: the lanes share
+    one head matmul (it ran once per lane, the largest matmul of an SDAR-1.7B step) and keep their own logits."""
+    from localdiff.kernels import int8 as native
+    from localdiff.quantize.int8 import quantize_head
+
+    if native.library() is None:
+        pytest.skip("the native int8 kernel does not build here")
+    monkeypatch.setenv("LOCALDIFF_INT8_KERNEL", "native")
+    m = localdiff.load("tiny-bd", quant="int8")
+    assert quantize_head(m.net)
+    calls, own = _calls_block(m)
+    policy = RowPolicy(m.net)
+    heads = []
+
+    def pack(kind, sizes, layer=None, dtype=torch.float32):
+        groups = policy.pack(kind, sizes, layer, dtype)
+        if kind == "head":
+            heads.append(groups)
+        return groups
+
+    got = packed.block_denoise(m.net, calls, pack)
+    for (canvas, twin, pre), out in zip(own, got):
+        assert torch.equal(out, m.net.denoise(canvas, twin, None, prefill_ids=pre))
+    assert heads == [[[0, 1, 2]]]  # one head matmul for the three requests' 12 rows
+    reqs = requests(3, masked=False)
+    want = [alone(m, r) for r in reqs]
+    assert batched(m, reqs, [0, 0, 1])[0] == want
+
+
 def test_packed_masked_window_equals_forward_window_in_every_cache_mode():
     m = model("tiny-mdm")
     net = m.net

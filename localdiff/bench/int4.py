@@ -10,6 +10,11 @@
   (parameters + buffers + the head copy) ≤ 0.3× bf16's.
 * **llama.cpp**: when llama-cpp-python imports, a Q4_K_M GGUF of the same shape and weights' distribution
   (:mod:`localdiff.bench.gguf_qwen3`), its 1-token step at 512 history in the same rounds.
+* **int4 + int8 act** (CPUs with AVX512-VNNI): the same int4 model with the recipe opt-in ``int4_activations =
+  "int8"`` switched on (:func:`localdiff.quantize.apply.set_activations`: linears and the int4 head quantize each
+  activation row to int8 per group of 64, as llama.cpp quantizes its activations to q8_K for Q4_K_M), its block and
+  1-token steps in the same rounds, beside — not instead of — the exact int4 figures. Every step's thread CPU time
+  is recorded too (steadier than wall time on a shared core).
 * **Canvas**: DiffusionGemma's denoising step int4 vs bf16 at the flagship's proportions
   (:mod:`localdiff.bench.int4_dg`; target ≤ 0.75× bf16).
 * **Accuracy**: the embedded model's held-out eval (``eval.jsonl``) in exact fp32 and with int4 weights,
@@ -73,8 +78,10 @@ def steps(quick: bool, log=print, history: int = 512, layers: int | None = None,
     """The step timings, resident bytes and targets of the module docstring (one pinned core)."""
     import torch
 
-    from localdiff.kernels import int4 as native4, int8 as native
-    from localdiff.quantize.apply import quantize_model, quantized_modules
+    from dataclasses import replace
+
+    from localdiff.kernels import int4 as native4, int4_vnni, int8 as native
+    from localdiff.quantize.apply import quantize_model, quantized_modules, set_activations
     from localdiff.quantize.int8 import resident_bytes
     from localdiff.quantize.fuse import fuse_model
     from localdiff.quantize.recipe import recipe_for_model
@@ -100,7 +107,7 @@ def steps(quick: bool, log=print, history: int = 512, layers: int | None = None,
             "threads": 1,
             "core": max(os.sched_getaffinity(0)),
             "cpu": cpu_name(),
-            "kernels": {"int4": native4.status(), "int8": native.status()},
+            "kernels": {"int4": native4.status(), "int4+int8act": int4_vnni.status(), "int8": native.status()},
             "resident_bytes": {k: resident(n) for k, n in nets.items()},
             "llama_cpp": llama.info if llama is not None else {"skipped": why or "not asked"},
         }
@@ -111,29 +118,48 @@ def steps(quick: bool, log=print, history: int = 512, layers: int | None = None,
             "bf16": sum(resident_bytes(bf16_mods[n]) for n in qmods),
         }
         caches = {k: _cache(n, history) for k, n in nets.items()}
+        # the int4+int8 act opt-in: the same int4 modules, switched per call (outside the timed region)
+        set_activations(nets["int4"], replace(recipe, int4_activations="int8"))
+        acts = [m for m in nets["int4"].modules() if getattr(m, "act_int8", False)]
+        acts += [m for m in (getattr(nets["int4"], "head_int8", None),) if getattr(m, "act_int8", False)]
+        kinds = list(nets)
+        if acts and int4_vnni.library() is not None:
+            caches["int4+int8act"] = _cache(nets["int4"], history)
+            kinds.insert(1, "int4+int8act")
         g = torch.Generator().manual_seed(1)
         ids = {n: torch.randint(0, nets["bf16"].config.vocab_size - 1, (1, n), generator=g) for n in (4, 1)}
         calls = {
-            f"{k} {name}": (lambda k=k, n=n: nets[k].denoise(ids[n], caches[k]))
-            for k in nets
+            f"{k} {name}": (lambda k=k, n=n: nets[k.split("+")[0]].denoise(ids[n], caches[k]))
+            for k in kinds
             for name, n in (("block", 4), ("1tok", 1))
         }
         if llama is not None:
             calls["llama.cpp Q4_K_M 1tok"] = llama.step
+
+        def opt_in(key: str) -> None:
+            for m in acts:
+                m.act_int8 = key.startswith("int4+int8act")
+
         with torch.inference_mode():
-            for f in calls.values():  # warm-up (and the kernels' first-use builds)
+            for k, f in calls.items():  # warm-up (and the kernels' first-use builds)
+                opt_in(k)
                 f()
             times = {k: [] for k in calls}
+            cpu = {k: [] for k in calls}
             names = list(calls)
             for r in range(3 if quick else 7):
                 for k in names[r % len(names) :] + names[: r % len(names)]:
-                    t0 = time.perf_counter()
+                    opt_in(k)
+                    t0, c0 = time.perf_counter(), time.thread_time()
                     calls[k]()
+                    cpu[k].append((time.thread_time() - c0) * 1e3)
                     times[k].append((time.perf_counter() - t0) * 1e3)
                 log(f"int4: round {r + 1}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in times.items()) + " ms")
+            opt_in("")
         if llama is not None:
             llama.close()
-        res["steps"] = {k: _stats(v) for k, v in times.items()}
+        res["steps"] = {k: _stats(v) | {"cpu_median_ms": statistics.median(cpu[k])} for k, v in times.items()}
+        res["load_average"] = os.getloadavg()
         med = {k: v["median_ms"] for k, v in res["steps"].items()}
         rb = res["resident_bytes"]
         res["ratios"] = {
@@ -145,8 +171,18 @@ def steps(quick: bool, log=print, history: int = 512, layers: int | None = None,
             "int4_over_bf16_quantized_tensors": res["quantized_tensor_bytes"]["int4"]
             / res["quantized_tensor_bytes"]["bf16"],
         }
+        if "int4+int8act 1tok" in med:
+            res["ratios"]["int4_int8act_over_int4_1tok"] = med["int4+int8act 1tok"] / med["int4 1tok"]
+            res["ratios"]["int4_int8act_over_int8_block"] = med["int4+int8act block"] / med["int8 block"]
         if "llama.cpp Q4_K_M 1tok" in med:
-            res["ratios"]["int4_1tok_over_llama_q4km_1tok"] = med["int4 1tok"] / med["llama.cpp Q4_K_M 1tok"]
+            cpu_med = {k: v["cpu_median_ms"] for k, v in res["steps"].items()}
+            for k in ("int4", "int4+int8act"):
+                if f"{k} 1tok" in med:
+                    key = k.replace("+", "_")
+                    res["ratios"][f"{key}_1tok_over_llama_q4km_1tok"] = med[f"{k} 1tok"] / med["llama.cpp Q4_K_M 1tok"]
+                    res["ratios"][f"{key}_1tok_over_llama_q4km_1tok_cpu"] = (
+                        cpu_med[f"{k} 1tok"] / cpu_med["llama.cpp Q4_K_M 1tok"]
+                    )
         res["targets"] = {
             "int4 block step <= 0.6x int8 block step": res["ratios"]["int4_over_int8_block"] <= 0.6,
             "resident bytes <= 0.3x bf16": res["ratios"]["int4_over_bf16_resident"] <= 0.3,
@@ -154,6 +190,10 @@ def steps(quick: bool, log=print, history: int = 512, layers: int | None = None,
         if "int4_1tok_over_llama_q4km_1tok" in res["ratios"]:
             res["targets"]["int4 1-token step <= 0.7x llama.cpp Q4_K_M 1-token step"] = (
                 res["ratios"]["int4_1tok_over_llama_q4km_1tok"] <= 0.7
+            )
+        if "int4_int8act_1tok_over_llama_q4km_1tok" in res["ratios"]:
+            res["targets"]["int4 + int8 act (opt-in) 1-token step <= 0.7x llama.cpp Q4_K_M"] = (
+                res["ratios"]["int4_int8act_1tok_over_llama_q4km_1tok"] <= 0.7
             )
         return res
     finally:
@@ -219,9 +259,10 @@ def render_md(sec: dict) -> list[str]:
         else ["### int4 weights", ""]
     )
     if "steps" in s:
-        lines += ["| step | median ms | range ms |", "|---|---:|---:|"]
+        lines += ["| step | median ms | range ms | CPU ms (median) |", "|---|---:|---:|---:|"]
         lines += [
-            f"| {k} | {v['median_ms']:.1f} | {v['range_ms'][0]:.1f} … {v['range_ms'][1]:.1f} |"
+            f"| {k} | {v['median_ms']:.1f} | {v['range_ms'][0]:.1f} … {v['range_ms'][1]:.1f} | "
+            f"{v.get('cpu_median_ms', float('nan')):.1f} |"
             for k, v in s["steps"].items()
         ]
         rb, r = s["resident_bytes"], s["ratios"]
@@ -232,7 +273,8 @@ def render_md(sec: dict) -> list[str]:
             + f" (int4 / bf16 = {r['int4_over_bf16_resident']:.3f})",
             "ratios: " + ", ".join(f"{k} {v:.2f}" for k, v in r.items()),
             "targets: " + ", ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in s["targets"].items()),
-            f"kernels: int4 — {s['kernels']['int4']}; int8 — {s['kernels']['int8']}.",
+            f"kernels: int4 — {s['kernels']['int4']}; int4 + int8 act (opt-in) — "
+            f"{s['kernels'].get('int4+int8act', '?')}; int8 — {s['kernels']['int8']}.",
         ]
         if "skipped" in s.get("llama_cpp", {}):
             lines.append(f"llama.cpp: skipped ({s['llama_cpp']['skipped']}).")

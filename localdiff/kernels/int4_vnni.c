@@ -44,6 +44,8 @@
 #define MAX_THREADS 256
 #define DMT_MAX 4                              /* dense kernel: activation rows per tile */
 #define PFT 1
+#define TILE_BYTES 4096
+#define PFH 3
 #define DR 4                                   /* dense kernel: weight rows per tile (at most) */
 #define OUT_MAX (MT_MAX * RS > DMT_MAX * DR ? MT_MAX * RS : DMT_MAX * DR)
 
@@ -345,7 +347,7 @@ static inline __attribute__((always_inline)) void dense_tile(const job_t *j, lon
             if (pf) {                      /* the next tile's bytes, in order, spread over this tile's blocks */
                 const uint8_t *nx = q + PFT * R * ldq + b * R * 128;
 #pragma GCC unroll 8
-                for (int i = 0; i < R * 128; i += 64) __builtin_prefetch(nx + i, 0, 3);
+                for (int i = 0; i < R * 128; i += 64) __builtin_prefetch(nx + i, 0, PFH);
             }
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
@@ -401,6 +403,7 @@ static void dense_range(job_t *j) {
     const long M = j->off[1];
     const int mt0 = M < DMT_MAX ? (int)M : DMT_MAX;
     int R = DENSE_R[mt0];
+    while (R > 1 && R * j->G * GBYTES > TILE_BYTES) R /= 2;   /* tiles of at most 4 KiB (one row at least) */
     for (long n = j->n_begin; n < j->n_end; n += R) {
         while (n + R > j->n_end) R /= 2;
         /* rows in tiles of at most DMT_MAX, sizes balanced (6 rows: 3 + 3) */

@@ -162,3 +162,14 @@ def test_recipe_opt_in_on_a_dense_model(lib, monkeypatch):
     assert torch.equal(a, a_off) and torch.equal(b_off, a)  # no key / switch off: the exact kernels, bit for bit
     assert not torch.equal(a, b)
     assert (a.argmax(-1) == b.argmax(-1)).float().mean().item() >= 0.5
+
+
+def test_opt_in_reaches_an_int4_head_copy():
+    """A float table with an int4 head copy (``Int4Head``): the opt-in covers the copy too, and the recipe records
+    the key (pre-quantized checkpoints: the loader re-applies it after making the copy)."""
+    raw = BABY["sdar"]
+    net = build_baby(raw, seed=3)
+    recipe = replace(load_recipe("sdar"), int4_embeddings=None, int4_activations="int8")
+    q = quantize_model(net, recipe, quant="int4")
+    assert isinstance(q.head_int8, int4.Int4Head) and q.head_int8.act_int8
+    assert q.quant_recipe.to_dict()["int4_activations"] == "int8"

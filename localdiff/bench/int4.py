@@ -20,6 +20,9 @@
 * **Accuracy**: the embedded model's held-out eval (``eval.jsonl``) in exact fp32 and with int4 weights,
   paired over seeds as ``--only precision`` does (:func:`localdiff.bench.precision.paired`); target: int4 within
   2 points of fp32 (mean paired difference; its 95 % interval reported).
+* **Accuracy of the int8-activation opt-in on dense layers** (:func:`accuracy_int8_act`): the trained block model
+  ``tiny-bd`` (an SDAR: dense int4 linears at 4-row blocks) on the same held-out items, fp32 vs int4 vs int4 with
+  ``int4_activations = "int8"``, paired seeds at temperature 0.5 (its default, 0, has no randomness to pair).
 """
 
 from __future__ import annotations
@@ -238,6 +241,51 @@ def accuracy(ctx, seeds: int) -> dict:
     return out
 
 
+def accuracy_int8_act(ctx, seeds: int, temperature: float = 0.5) -> dict | None:
+    """tiny-bd's held-out eval: float32, int4 and int4 + int8 activations (fp32 activations quantized per row and
+    group of 64 by the opt-in), paired over seeds; None when tiny-bd is not installed or the CPU has no VNNI path."""
+    from dataclasses import replace
+
+    import torch
+
+    import localdiff
+    from localdiff.bench.eval_tasks import evaluate, load_items
+    from localdiff.bench.precision import paired
+    from localdiff.kernels import int4_vnni
+    from localdiff.paths import models_dir
+    from localdiff.quantize.apply import set_activations
+
+    folder = models_dir() / "tiny-bd"
+    if not (folder / "model.safetensors").exists() or int4_vnni.library() is None:
+        return None
+    a = ctx.args
+    items = load_items(models_dir() / "tiny" / "eval.jsonl", a.per_family or (3 if a.quick else 100))
+    models = {"float32": localdiff.load(str(folder), device="cpu", dtype=torch.float32)}
+    models["int4"] = localdiff.load(str(folder), device="cpu", dtype=torch.float32, quant="int4")
+    models["int4+int8act"] = localdiff.load(str(folder), device="cpu", dtype=torch.float32, quant="int4")
+    net = models["int4+int8act"].net
+    opted = set_activations(net, replace(net.quant_recipe, int4_activations="int8"))
+    rows = []
+    for k in range(seeds):
+        row = {"seed": 1000 * k}
+        for q, m in models.items():
+            row[q] = evaluate(m, items, seed=row["seed"], batch_size=1, temperature=temperature)["correct"]
+        ctx.log(f"int4: tiny-bd eval seed {row['seed']}: " + ", ".join(f"{q} {row[q]}/{len(items)}" for q in models))
+        rows.append(row)
+    n = len(items)
+    diff = lambda q, b: paired([r[q] for r in rows], [r[b] for r in rows], n)  # noqa: E731
+    return {
+        "model": "tiny-bd",
+        "n_items": n,
+        "temperature": temperature,
+        "modules_opted_in": opted,
+        "rows": rows,
+        "mean_accuracy": {q: statistics.mean(r[q] for r in rows) / n for q in models},
+        "int4_int8act_minus_float32": diff("int4+int8act", "float32"),
+        "int4_int8act_minus_int4": diff("int4+int8act", "int4"),
+    }
+
+
 def run(ctx) -> dict:
     a = ctx.args
     from localdiff.bench.int4_dg import canvas_steps
@@ -247,6 +295,7 @@ def run(ctx) -> dict:
         "canvas": canvas_steps(bool(a.quick), ctx.log),
     }
     sec["accuracy"] = accuracy(ctx, a.seeds or (2 if a.quick else 4))
+    sec["accuracy_int8_act"] = accuracy_int8_act(ctx, a.seeds or (2 if a.quick else 8))
     return sec
 
 
@@ -292,5 +341,16 @@ def render_md(sec: dict) -> list[str]:
             + ", ".join(f"{q} {100 * v:.2f} %" for q, v in acc["mean_accuracy"].items())
             + f"; int4 − fp32 {p['mean_pt']:+.2f} pt{ci}: "
             + ("within 2 points" if acc["int4_within_2pt"] else "NOT within 2 points"),
+        ]
+    acc = sec.get("accuracy_int8_act")
+    if acc:
+        p, q = acc["int4_int8act_minus_float32"], acc["int4_int8act_minus_int4"]
+        ci = lambda d: "" if d["ci_pt"] is None else f" (95 % CI {d['ci_pt'][0]:+.2f} … {d['ci_pt'][1]:+.2f})"  # noqa: E731
+        lines += [
+            "",
+            f"int8-activation opt-in, dense layers ({acc['model']}, {acc['n_items']} items, {len(acc['rows'])} paired "
+            f"seeds, temperature {acc['temperature']}): "
+            + ", ".join(f"{k} {100 * v:.2f} %" for k, v in acc["mean_accuracy"].items())
+            + f"; int4+int8act − fp32 {p['mean_pt']:+.2f} pt{ci(p)}, − int4 {q['mean_pt']:+.2f} pt{ci(q)}",
         ]
     return lines + [""]

@@ -258,10 +258,11 @@ def _load_model(ckpt: Path, device, dtype, quant, recipe, host_layers):
                 loaded[local] = loaded[local].to(dtype)
     model.load_state_dict(loaded, strict=True, assign=True)
     if applied is not None:
-        from localdiff.quantize.apply import quantize_head
+        from localdiff.quantize.apply import quantize_head, set_activations
         from localdiff.quantize.fuse import fuse_model
 
         quantize_head(model, applied.head)  # an int8 / int4 copy of the LM head for the logits (recipe's head)
+        set_activations(model, applied)  # int4_activations = "int8": also on that copy
         fuse_model(model)  # q/k/v and gate/up as one quantized matmul each (exact)
         if torch.device(device).type == "cuda":  # int4 layers in a CUDA library's layout (quantize.cuda4)
             from localdiff.quantize.cuda4 import convert_model

@@ -10,11 +10,19 @@
   (parameters + buffers + the head copy) ≤ 0.3× bf16's.
 * **llama.cpp**: when llama-cpp-python imports, a Q4_K_M GGUF of the same shape and weights' distribution
   (:mod:`localdiff.bench.gguf_qwen3`), its 1-token step at 512 history in the same rounds.
+* **int4 + int8 act** (CPUs with AVX512-VNNI): the same int4 model with the recipe opt-in ``int4_activations =
+  "int8"`` switched on (:func:`localdiff.quantize.apply.set_activations`: linears and the int4 head quantize each
+  activation row to int8 per group of 64, as llama.cpp quantizes its activations to q8_K for Q4_K_M), its block and
+  1-token steps in the same rounds, beside — not instead of — the exact int4 figures. Every step's thread CPU time
+  is recorded too (steadier than wall time on a shared core).
 * **Canvas**: DiffusionGemma's denoising step int4 vs bf16 at the flagship's proportions
   (:mod:`localdiff.bench.int4_dg`; target ≤ 0.75× bf16).
 * **Accuracy**: the embedded model's held-out eval (``eval.jsonl``) in exact fp32 and with int4 weights,
   paired over seeds as ``--only precision`` does (:func:`localdiff.bench.precision.paired`); target: int4 within
   2 points of fp32 (mean paired difference; its 95 % interval reported).
+* **Accuracy of the int8-activation opt-in on dense layers** (:func:`accuracy_int8_act`): the trained block model
+  ``tiny-bd`` (an SDAR: dense int4 linears at 4-row blocks) on the same held-out items, fp32 vs int4 vs int4 with
+  ``int4_activations = "int8"``, paired seeds at temperature 0.5 (its default, 0, has no randomness to pair).
 """
 
 from __future__ import annotations
@@ -73,8 +81,10 @@ def steps(quick: bool, log=print, history: int = 512, layers: int | None = None,
     """The step timings, resident bytes and targets of the module docstring (one pinned core)."""
     import torch
 
-    from localdiff.kernels import int4 as native4, int8 as native
-    from localdiff.quantize.apply import quantize_model, quantized_modules
+    from dataclasses import replace
+
+    from localdiff.kernels import int4 as native4, int4_vnni, int8 as native
+    from localdiff.quantize.apply import quantize_model, quantized_modules, set_activations
     from localdiff.quantize.int8 import resident_bytes
     from localdiff.quantize.fuse import fuse_model
     from localdiff.quantize.recipe import recipe_for_model
@@ -100,7 +110,7 @@ def steps(quick: bool, log=print, history: int = 512, layers: int | None = None,
             "threads": 1,
             "core": max(os.sched_getaffinity(0)),
             "cpu": cpu_name(),
-            "kernels": {"int4": native4.status(), "int8": native.status()},
+            "kernels": {"int4": native4.status(), "int4+int8act": int4_vnni.status(), "int8": native.status()},
             "resident_bytes": {k: resident(n) for k, n in nets.items()},
             "llama_cpp": llama.info if llama is not None else {"skipped": why or "not asked"},
         }
@@ -111,29 +121,48 @@ def steps(quick: bool, log=print, history: int = 512, layers: int | None = None,
             "bf16": sum(resident_bytes(bf16_mods[n]) for n in qmods),
         }
         caches = {k: _cache(n, history) for k, n in nets.items()}
+        # the int4+int8 act opt-in: the same int4 modules, switched per call (outside the timed region)
+        set_activations(nets["int4"], replace(recipe, int4_activations="int8"))
+        acts = [m for m in nets["int4"].modules() if getattr(m, "act_int8", False)]
+        acts += [m for m in (getattr(nets["int4"], "head_int8", None),) if getattr(m, "act_int8", False)]
+        kinds = list(nets)
+        if acts and int4_vnni.library() is not None:
+            caches["int4+int8act"] = _cache(nets["int4"], history)
+            kinds.insert(1, "int4+int8act")
         g = torch.Generator().manual_seed(1)
         ids = {n: torch.randint(0, nets["bf16"].config.vocab_size - 1, (1, n), generator=g) for n in (4, 1)}
         calls = {
-            f"{k} {name}": (lambda k=k, n=n: nets[k].denoise(ids[n], caches[k]))
-            for k in nets
+            f"{k} {name}": (lambda k=k, n=n: nets[k.split("+")[0]].denoise(ids[n], caches[k]))
+            for k in kinds
             for name, n in (("block", 4), ("1tok", 1))
         }
         if llama is not None:
             calls["llama.cpp Q4_K_M 1tok"] = llama.step
+
+        def opt_in(key: str) -> None:
+            for m in acts:
+                m.act_int8 = key.startswith("int4+int8act")
+
         with torch.inference_mode():
-            for f in calls.values():  # warm-up (and the kernels' first-use builds)
+            for k, f in calls.items():  # warm-up (and the kernels' first-use builds)
+                opt_in(k)
                 f()
             times = {k: [] for k in calls}
+            cpu = {k: [] for k in calls}
             names = list(calls)
             for r in range(3 if quick else 7):
                 for k in names[r % len(names) :] + names[: r % len(names)]:
-                    t0 = time.perf_counter()
+                    opt_in(k)
+                    t0, c0 = time.perf_counter(), time.thread_time()
                     calls[k]()
+                    cpu[k].append((time.thread_time() - c0) * 1e3)
                     times[k].append((time.perf_counter() - t0) * 1e3)
                 log(f"int4: round {r + 1}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in times.items()) + " ms")
+            opt_in("")
         if llama is not None:
             llama.close()
-        res["steps"] = {k: _stats(v) for k, v in times.items()}
+        res["steps"] = {k: _stats(v) | {"cpu_median_ms": statistics.median(cpu[k])} for k, v in times.items()}
+        res["load_average"] = os.getloadavg()
         med = {k: v["median_ms"] for k, v in res["steps"].items()}
         rb = res["resident_bytes"]
         res["ratios"] = {
@@ -145,8 +174,18 @@ def steps(quick: bool, log=print, history: int = 512, layers: int | None = None,
             "int4_over_bf16_quantized_tensors": res["quantized_tensor_bytes"]["int4"]
             / res["quantized_tensor_bytes"]["bf16"],
         }
+        if "int4+int8act 1tok" in med:
+            res["ratios"]["int4_int8act_over_int4_1tok"] = med["int4+int8act 1tok"] / med["int4 1tok"]
+            res["ratios"]["int4_int8act_over_int8_block"] = med["int4+int8act block"] / med["int8 block"]
         if "llama.cpp Q4_K_M 1tok" in med:
-            res["ratios"]["int4_1tok_over_llama_q4km_1tok"] = med["int4 1tok"] / med["llama.cpp Q4_K_M 1tok"]
+            cpu_med = {k: v["cpu_median_ms"] for k, v in res["steps"].items()}
+            for k in ("int4", "int4+int8act"):
+                if f"{k} 1tok" in med:
+                    key = k.replace("+", "_")
+                    res["ratios"][f"{key}_1tok_over_llama_q4km_1tok"] = med[f"{k} 1tok"] / med["llama.cpp Q4_K_M 1tok"]
+                    res["ratios"][f"{key}_1tok_over_llama_q4km_1tok_cpu"] = (
+                        cpu_med[f"{k} 1tok"] / cpu_med["llama.cpp Q4_K_M 1tok"]
+                    )
         res["targets"] = {
             "int4 block step <= 0.6x int8 block step": res["ratios"]["int4_over_int8_block"] <= 0.6,
             "resident bytes <= 0.3x bf16": res["ratios"]["int4_over_bf16_resident"] <= 0.3,
@@ -154,6 +193,10 @@ def steps(quick: bool, log=print, history: int = 512, layers: int | None = None,
         if "int4_1tok_over_llama_q4km_1tok" in res["ratios"]:
             res["targets"]["int4 1-token step <= 0.7x llama.cpp Q4_K_M 1-token step"] = (
                 res["ratios"]["int4_1tok_over_llama_q4km_1tok"] <= 0.7
+            )
+        if "int4_int8act_1tok_over_llama_q4km_1tok" in res["ratios"]:
+            res["targets"]["int4 + int8 act (opt-in) 1-token step <= 0.7x llama.cpp Q4_K_M"] = (
+                res["ratios"]["int4_int8act_1tok_over_llama_q4km_1tok"] <= 0.7
             )
         return res
     finally:
@@ -198,6 +241,51 @@ def accuracy(ctx, seeds: int) -> dict:
     return out
 
 
+def accuracy_int8_act(ctx, seeds: int, temperature: float = 0.5) -> dict | None:
+    """tiny-bd's held-out eval: float32, int4 and int4 + int8 activations (fp32 activations quantized per row and
+    group of 64 by the opt-in), paired over seeds; None when tiny-bd is not installed or the CPU has no VNNI path."""
+    from dataclasses import replace
+
+    import torch
+
+    import localdiff
+    from localdiff.bench.eval_tasks import evaluate, load_items
+    from localdiff.bench.precision import paired
+    from localdiff.kernels import int4_vnni
+    from localdiff.paths import models_dir
+    from localdiff.quantize.apply import set_activations
+
+    folder = models_dir() / "tiny-bd"
+    if not (folder / "model.safetensors").exists() or int4_vnni.library() is None:
+        return None
+    a = ctx.args
+    items = load_items(models_dir() / "tiny" / "eval.jsonl", a.per_family or (3 if a.quick else 100))
+    models = {"float32": localdiff.load(str(folder), device="cpu", dtype=torch.float32)}
+    models["int4"] = localdiff.load(str(folder), device="cpu", dtype=torch.float32, quant="int4")
+    models["int4+int8act"] = localdiff.load(str(folder), device="cpu", dtype=torch.float32, quant="int4")
+    net = models["int4+int8act"].net
+    opted = set_activations(net, replace(net.quant_recipe, int4_activations="int8"))
+    rows = []
+    for k in range(seeds):
+        row = {"seed": 1000 * k}
+        for q, m in models.items():
+            row[q] = evaluate(m, items, seed=row["seed"], batch_size=1, temperature=temperature)["correct"]
+        ctx.log(f"int4: tiny-bd eval seed {row['seed']}: " + ", ".join(f"{q} {row[q]}/{len(items)}" for q in models))
+        rows.append(row)
+    n = len(items)
+    diff = lambda q, b: paired([r[q] for r in rows], [r[b] for r in rows], n)  # noqa: E731
+    return {
+        "model": "tiny-bd",
+        "n_items": n,
+        "temperature": temperature,
+        "modules_opted_in": opted,
+        "rows": rows,
+        "mean_accuracy": {q: statistics.mean(r[q] for r in rows) / n for q in models},
+        "int4_int8act_minus_float32": diff("int4+int8act", "float32"),
+        "int4_int8act_minus_int4": diff("int4+int8act", "int4"),
+    }
+
+
 def run(ctx) -> dict:
     a = ctx.args
     from localdiff.bench.int4_dg import canvas_steps
@@ -207,6 +295,7 @@ def run(ctx) -> dict:
         "canvas": canvas_steps(bool(a.quick), ctx.log),
     }
     sec["accuracy"] = accuracy(ctx, a.seeds or (2 if a.quick else 4))
+    sec["accuracy_int8_act"] = accuracy_int8_act(ctx, a.seeds or (2 if a.quick else 8))
     return sec
 
 
@@ -219,9 +308,10 @@ def render_md(sec: dict) -> list[str]:
         else ["### int4 weights", ""]
     )
     if "steps" in s:
-        lines += ["| step | median ms | range ms |", "|---|---:|---:|"]
+        lines += ["| step | median ms | range ms | CPU ms (median) |", "|---|---:|---:|---:|"]
         lines += [
-            f"| {k} | {v['median_ms']:.1f} | {v['range_ms'][0]:.1f} … {v['range_ms'][1]:.1f} |"
+            f"| {k} | {v['median_ms']:.1f} | {v['range_ms'][0]:.1f} … {v['range_ms'][1]:.1f} | "
+            f"{v.get('cpu_median_ms', float('nan')):.1f} |"
             for k, v in s["steps"].items()
         ]
         rb, r = s["resident_bytes"], s["ratios"]
@@ -232,7 +322,8 @@ def render_md(sec: dict) -> list[str]:
             + f" (int4 / bf16 = {r['int4_over_bf16_resident']:.3f})",
             "ratios: " + ", ".join(f"{k} {v:.2f}" for k, v in r.items()),
             "targets: " + ", ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in s["targets"].items()),
-            f"kernels: int4 — {s['kernels']['int4']}; int8 — {s['kernels']['int8']}.",
+            f"kernels: int4 — {s['kernels']['int4']}; int4 + int8 act (opt-in) — "
+            f"{s['kernels'].get('int4+int8act', '?')}; int8 — {s['kernels']['int8']}.",
         ]
         if "skipped" in s.get("llama_cpp", {}):
             lines.append(f"llama.cpp: skipped ({s['llama_cpp']['skipped']}).")
@@ -250,5 +341,16 @@ def render_md(sec: dict) -> list[str]:
             + ", ".join(f"{q} {100 * v:.2f} %" for q, v in acc["mean_accuracy"].items())
             + f"; int4 − fp32 {p['mean_pt']:+.2f} pt{ci}: "
             + ("within 2 points" if acc["int4_within_2pt"] else "NOT within 2 points"),
+        ]
+    acc = sec.get("accuracy_int8_act")
+    if acc:
+        p, q = acc["int4_int8act_minus_float32"], acc["int4_int8act_minus_int4"]
+        ci = lambda d: "" if d["ci_pt"] is None else f" (95 % CI {d['ci_pt'][0]:+.2f} … {d['ci_pt'][1]:+.2f})"  # noqa: E731
+        lines += [
+            "",
+            f"int8-activation opt-in, dense layers ({acc['model']}, {acc['n_items']} items, {len(acc['rows'])} paired "
+            f"seeds, temperature {acc['temperature']}): "
+            + ", ".join(f"{k} {100 * v:.2f} %" for k, v in acc["mean_accuracy"].items())
+            + f"; int4+int8act − fp32 {p['mean_pt']:+.2f} pt{ci(p)}, − int4 {q['mean_pt']:+.2f} pt{ci(q)}",
         ]
     return lines + [""]

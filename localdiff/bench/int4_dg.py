@@ -48,7 +48,7 @@ def canvas_steps(quick: bool, log=print, size: str | None = None, reps: int | No
             if recipe.int4_activations == "int8":
                 nets["int4-exact"] = load_model(path, "cpu", torch.bfloat16, quant="int4", recipe=recipe)[0]
                 for m in nets["int4-exact"].modules():
-                    if isinstance(m, Int4Experts):
+                    if isinstance(m, Int4Experts) or getattr(m, "act_int8", False):
                         m.act_int8 = False
         c = nets["bf16"].config
         g = torch.Generator().manual_seed(0)

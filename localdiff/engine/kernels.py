@@ -77,6 +77,14 @@ def describe(net: nn.Module, sampler: str | None = None) -> dict[str, str]:
             if cpu and native4.library() is not None
             else "dequantize to fp32 (fp16 for fp16 activations) + GEMM" + (f" ({native4.status()})" if cpu else "")
         )
+        if cpu and any(getattr(m, "act_int8", False) for m in mods if isinstance(m, Int4Linear)):
+            from localdiff.kernels import int4_vnni
+
+            out["int4"] += (
+                "; linears below 32 rows on int8 activations (recipe opt-in)"
+                if int4_vnni.library() is not None
+                else f"; int8 activations asked ({int4_vnni.status()})"
+            )
     if hasattr(net, "self_conditioning"):
         if (sampler or ("exact" if dtype == "float32" else "fast")) == "exact":
             out["self_conditioning"] = "softmax(fp32) then F.linear(p, Eᵀ) in float32 (the reference's ops)"

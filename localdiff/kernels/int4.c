@@ -304,6 +304,7 @@ static void run_range(const job_t *j) {
 #endif
     int mt_main = j->M < MT_MAX ? (int)j->M : MT_MAX;
     int R = rows_for(mt_main);
+    while (j->M == 1 && R > 1 && R * j->G * GBYTES > 4096) R /= 2;   /* 1 row: tiles of at most 4 KiB of weight */
     for (long n = j->n_begin; n < j->n_end; n += R) {
         int r = R;
         while (n + r > j->n_end) r /= 2;           /* the range's last rows: smaller blocks */

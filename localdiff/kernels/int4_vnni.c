@@ -20,6 +20,8 @@
  * The codes of a strip of R weight rows are unpacked once into an L1 buffer and reused by every tile of MT
  * activation rows.
  * Threads: N is split into `threads` contiguous ranges, each running every expert (pthreads made per call).
+ * Dense weights at a few rows (localdiff_int4_vnni_mm, dense_tile): the same vector layout, the codes decoded in
+ * registers straight from the weight (at 1 row nothing would reuse an L1 copy), the next rows prefetched in order.
  */
 #include <math.h>
 #include <pthread.h>
@@ -40,6 +42,12 @@
 #define RS 2
 #endif
 #define MAX_THREADS 256
+#define DMT_MAX 4                              /* dense kernel: activation rows per tile */
+#define PFT 1
+#define TILE_BYTES 4096
+#define PFH 3
+#define DR 4                                   /* dense kernel: weight rows per tile (at most) */
+#define OUT_MAX (MT_MAX * RS > DMT_MAX * DR ? MT_MAX * RS : DMT_MAX * DR)
 
 /* 1 when this build has the VNNI path (the library loads either way; without it every call returns -3). */
 int localdiff_int4_vnni_available(void) {
@@ -175,6 +183,41 @@ static inline __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
     return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
+/* Horizontal sums of the tile's MT * R accumulators (acc[m * lda + r]), 4 at a time, rounded as a group, into
+ * rows m0 .. m0 + MT - 1, columns n0 .. n0 + R - 1 of y. */
+static inline __attribute__((always_inline)) void store_acc(const job_t *j, const __m512 *acc, const int lda,
+                                                            long m0, long n0, const int MT, const int R) {
+    float out[OUT_MAX + 3];
+#pragma GCC unroll 8
+    for (int i = 0; i < MT * R; i += 4) {
+        __m512 v[4];
+#pragma GCC unroll 4
+        for (int t = 0; t < 4; t++) v[t] = i + t < MT * R ? acc[(i + t) / R * lda + (i + t) % R] : _mm512_setzero_ps();
+        __m128 h = hsum4(v[0], v[1], v[2], v[3]);
+        if (j->y_bf16) {           /* to nearest even, as torch's cast; NaN -> 0x7FC0 */
+            __m128i u = _mm_castps_si128(h);
+            __m128i rnd = _mm_add_epi32(_mm_set1_epi32(0x7FFF), _mm_and_si128(_mm_srli_epi32(u, 16), _mm_set1_epi32(1)));
+            __m128i nan = _mm_cmpgt_epi32(_mm_and_si128(u, _mm_set1_epi32(0x7FFFFFFF)), _mm_set1_epi32(0x7F800000));
+            u = _mm_blendv_epi8(_mm_add_epi32(u, rnd), _mm_set1_epi32(0x7FC00000), nan);
+            h = _mm_castsi128_ps(_mm_srli_epi32(u, 16));
+        }
+        _mm_storeu_ps(out + i, h);
+    }
+#pragma GCC unroll 8
+    for (int m = 0; m < MT; m++) {
+        if (j->y_bf16) {
+            uint16_t *yb = (uint16_t *)j->y + (m0 + m) * j->ldy + n0;
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                uint32_t u;
+                memcpy(&u, out + m * R + r, 4);
+                yb[r] = (uint16_t)u;
+            }
+        } else
+            memcpy((float *)j->y + (m0 + m) * j->ldy + n0, out + m * R, R * sizeof(float));
+    }
+}
+
 /* MT activation rows (from m0) times the R unpacked weight rows of the strip (output rows n0 ..). */
 static inline __attribute__((always_inline)) void tile(const job_t *j, long m0, long n0, const int MT, const int R) {
     const acts_t *a = j->a;
@@ -220,35 +263,7 @@ static inline __attribute__((always_inline)) void tile(const job_t *j, long m0, 
                 acc[m][r] = _mm512_fnmadd_ps(_mm512_load_ps(j->szv + (long)r * a->G16 + g), xs, acc[m][r]);
         }
     /* horizontal sums, 4 accumulators at a time (the tile's MT * R in row-major order), rounded as a group */
-    float out[MT_MAX * RS + 3];
-#pragma GCC unroll 8
-    for (int i = 0; i < MT * R; i += 4) {
-        __m512 v[4];
-#pragma GCC unroll 4
-        for (int t = 0; t < 4; t++) v[t] = i + t < MT * R ? acc[(i + t) / R][(i + t) % R] : _mm512_setzero_ps();
-        __m128 h = hsum4(v[0], v[1], v[2], v[3]);
-        if (j->y_bf16) {           /* to nearest even, as torch's cast; NaN -> 0x7FC0 */
-            __m128i u = _mm_castps_si128(h);
-            __m128i rnd = _mm_add_epi32(_mm_set1_epi32(0x7FFF), _mm_and_si128(_mm_srli_epi32(u, 16), _mm_set1_epi32(1)));
-            __m128i nan = _mm_cmpgt_epi32(_mm_and_si128(u, _mm_set1_epi32(0x7FFFFFFF)), _mm_set1_epi32(0x7F800000));
-            u = _mm_blendv_epi8(_mm_add_epi32(u, rnd), _mm_set1_epi32(0x7FC00000), nan);
-            h = _mm_castsi128_ps(_mm_srli_epi32(u, 16));
-        }
-        _mm_storeu_ps(out + i, h);
-    }
-#pragma GCC unroll 8
-    for (int m = 0; m < MT; m++) {
-        if (j->y_bf16) {
-            uint16_t *yb = (uint16_t *)j->y + (m0 + m) * j->ldy + n0;
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++) {
-                uint32_t u;
-                memcpy(&u, out + m * R + r, 4);
-                yb[r] = (uint16_t)u;
-            }
-        } else
-            memcpy((float *)j->y + (m0 + m) * j->ldy + n0, out + m * R, R * sizeof(float));
-    }
+    store_acc(j, &acc[0][0], RS, m0, n0, MT, R);
 }
 
 /* tile() with MT and R as constants */
@@ -284,6 +299,126 @@ static void run_range(job_t *j) {
 
 static void *thread_main(void *arg) {
     run_range((job_t *)arg);
+    return NULL;
+}
+
+/* Dense (one weight, a few activation rows): MT activation rows times R weight rows read straight from the packed
+ * weight (no L1 staging: at 1 row nothing would reuse it). Per block of 4 groups and weight row: two 64-byte loads,
+ * two vpermt2q and 6 mask / shift ops give the 4 code vectors; one vpermps spreads the 4 groups' scales over their
+ * lanes (the scales of 16 groups are converted once per 16 groups, with the zero-point terms). The next R rows are
+ * prefetched while these run (the hardware prefetchers stop at 4 KiB pages). Every output is summed in the same
+ * order whatever MT, R and the thread split: zero-point terms of 16 groups, then those 4 blocks. */
+static inline __attribute__((always_inline)) void dense_tile(const job_t *j, long m0, long n0, const int MT,
+                                                             const int R) {
+    const acts_t *a = j->a;
+    const long G = j->G, B = a->B, G16 = a->G16, ldq = G * GBYTES;
+    const uint8_t *q = j->q + n0 * ldq;
+    const uint16_t *s = j->s + n0 * G, *z = j->z + n0 * G;
+    const __m512i lo4 = _mm512_set1_epi8(15);
+    const __m512i i0 = _mm512_setr_epi64(0, 1, 4, 5, 8, 9, 12, 13), i1 = _mm512_setr_epi64(2, 3, 6, 7, 10, 11, 14, 15);
+    const __m512i rep[4] = {_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+                            _mm512_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7),
+                            _mm512_setr_epi32(8, 8, 8, 8, 9, 9, 9, 9, 10, 10, 10, 10, 11, 11, 11, 11),
+                            _mm512_setr_epi32(12, 12, 12, 12, 13, 13, 13, 13, 14, 14, 14, 14, 15, 15, 15, 15)};
+    const int pf = m0 == 0;
+    __m512 acc[DMT_MAX][DR];
+#pragma GCC unroll 4
+    for (int m = 0; m < MT; m++)
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) acc[m][r] = _mm512_setzero_ps();
+    for (long c = 0; c < G16; c += 16) {
+        const __mmask16 mk = G - c >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (G - c)) - 1);
+        __m512 sc[DR];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            sc[r] = _mm512_castsi512_ps(
+                _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, s + r * G + c)), 16));
+            const __m512 sz = _mm512_mul_ps(sc[r], _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, z + r * G + c)));
+#pragma GCC unroll 4
+            for (int m = 0; m < MT; m++)
+                acc[m][r] = _mm512_fnmadd_ps(sz, _mm512_load_ps(a->xsf + (m0 + m) * G16 + c), acc[m][r]);
+        }
+        const long b1 = c / 4 + 4 < B ? c / 4 + 4 : B;
+#pragma GCC unroll 4
+        for (long b = c / 4; b < b1; b++) {
+            __m512i cv[DR][4];
+            __m512 sv[DR];
+            const long nb = (G - 4 * b < 4 ? G - 4 * b : 4) * GBYTES;
+            if (pf) {                      /* the next tile's bytes, in order, spread over this tile's blocks */
+                const uint8_t *nx = q + PFT * R * ldq + b * R * 128;
+#pragma GCC unroll 8
+                for (int i = 0; i < R * 128; i += 64) __builtin_prefetch(nx + i, 0, PFH);
+            }
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                const uint8_t *qb = q + r * ldq + b * 128;
+                __m512i A, Bv;
+                if (nb == 128)
+                    A = _mm512_loadu_si512((const void *)qb), Bv = _mm512_loadu_si512((const void *)(qb + 64));
+                else {
+                    const __mmask64 k0 = nb >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << nb) - 1);
+                    const __mmask64 k1 = nb <= 64 ? 0 : (((__mmask64)1 << (nb - 64)) - 1);
+                    A = _mm512_maskz_loadu_epi8(k0, qb), Bv = _mm512_maskz_loadu_epi8(k1, qb + 64);
+                }
+                const __m512i p0 = _mm512_permutex2var_epi64(A, i0, Bv), p1 = _mm512_permutex2var_epi64(A, i1, Bv);
+                cv[r][0] = _mm512_and_si512(p0, lo4);
+                cv[r][1] = _mm512_and_si512(_mm512_srli_epi16(p0, 4), lo4);
+                cv[r][2] = _mm512_and_si512(p1, lo4);
+                cv[r][3] = _mm512_and_si512(_mm512_srli_epi16(p1, 4), lo4);
+                sv[r] = _mm512_permutexvar_ps(rep[b - c / 4], sc[r]);
+            }
+#pragma GCC unroll 4
+            for (int m = 0; m < MT; m++) {
+                const int8_t *xr = a->xr + ((m0 + m) * B + b) * 256;
+                const __m512i x0 = _mm512_load_si512((const void *)xr), x1 = _mm512_load_si512((const void *)(xr + 64));
+                const __m512i x2 = _mm512_load_si512((const void *)(xr + 128));
+                const __m512i x3 = _mm512_load_si512((const void *)(xr + 192));
+                const __m512 sx = _mm512_load_ps(a->sxv + ((m0 + m) * B + b) * 16);
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++) {
+                    __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), cv[r][0], x0);
+                    d = _mm512_dpbusd_epi32(d, cv[r][1], x1);
+                    d = _mm512_dpbusd_epi32(d, cv[r][2], x2);
+                    d = _mm512_dpbusd_epi32(d, cv[r][3], x3);
+                    acc[m][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(sv[r], sx), acc[m][r]);
+                }
+            }
+        }
+    }
+    store_acc(j, &acc[0][0], DR, m0, n0, MT, R);
+}
+
+/* dense_tile() with MT and R as constants; R for MT rows: DENSE_R[MT] (fewer at a range's end) */
+static const int DENSE_R[DMT_MAX + 1] = {0, DR, DR, 2, 2};
+
+static void dense_run_tile(const job_t *j, long m0, long n0, int mt, int r) {
+#define T(MT, R) case MT * 16 + R: dense_tile(j, m0, n0, MT, R); break;
+#define TR(MT) T(MT, 1) T(MT, 2) T(MT, 4)
+    switch (mt * 16 + r) { TR(1) TR(2) TR(3) TR(4) }
+#undef TR
+#undef T
+}
+
+static void dense_range(job_t *j) {
+    const long M = j->off[1];
+    const int mt0 = M < DMT_MAX ? (int)M : DMT_MAX;
+    int R = DENSE_R[mt0];
+    while (R > 1 && R * j->G * GBYTES > TILE_BYTES) R /= 2;   /* tiles of at most 4 KiB (one row at least) */
+    for (long n = j->n_begin; n < j->n_end; n += R) {
+        while (n + R > j->n_end) R /= 2;
+        /* rows in tiles of at most DMT_MAX, sizes balanced (6 rows: 3 + 3) */
+        const long nt = (M + DMT_MAX - 1) / DMT_MAX;
+        for (long t = 0, m = 0; t < nt; t++) {
+            const long mt = (M - m + (nt - t) - 1) / (nt - t);
+            const int rr = R < DENSE_R[mt] ? R : DENSE_R[mt];
+            for (int o = 0; o < R; o += rr) dense_run_tile(j, m, n + o, (int)mt, rr);
+            m += mt;
+        }
+    }
+}
+
+static void *dense_main(void *arg) {
+    dense_range((job_t *)arg);
     return NULL;
 }
 #endif
@@ -354,6 +489,46 @@ int localdiff_int4_vnni_mm_grouped(const void *x, int x_bf16, long ldx, const lo
         }
     }
     for (int i = 0; i < nj; i++) free(jobs[i].cb), free(jobs[i].sv), free(jobs[i].szv);
+    free(a.xr), free(a.sxv), free(a.xsf);
+    return rc;
+#endif
+}
+
+/* One int4 weight (q [N, G * 32], scale / zero [N, G]) times M rows of x (bf16 bits when x_bf16, else fp32; [M, ldx],
+ * 64 G valid columns, zero past the true K) with int8-quantized activations, for few rows (dense_tile: codes decoded
+ * in registers, no staging); y as in localdiff_int4_vnni_mm_grouped. Each output is summed in an order independent
+ * of M and threads. Returns 0; -1 a thread could not be started (the result is still complete); -2 out of memory;
+ * -3 no VNNI path in this build. */
+int localdiff_int4_vnni_mm(const void *x, int x_bf16, long ldx, long M, long G, const uint8_t *q, long N,
+                           const uint16_t *scale, const uint16_t *zero, void *y, long ldy, int threads, int y_bf16) {
+#ifndef HAVE_VNNI
+    (void)x, (void)x_bf16, (void)ldx, (void)M, (void)G, (void)q, (void)N, (void)scale, (void)zero;
+    (void)y, (void)ldy, (void)threads, (void)y_bf16;
+    return -3;
+#else
+    acts_t a = {0};
+    int rc = quantize_acts(x, x_bf16, ldx, M, G, &a);
+    const long off[2] = {0, M};
+    if (threads < 1) threads = 1;
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    long per = (N + threads - 1) / threads;
+    per = (per + 7) / 8 * 8;
+    job_t jobs[MAX_THREADS];
+    pthread_t tid[MAX_THREADS];
+    int started[MAX_THREADS], nj = 0;
+    for (long b = 0; rc == 0 && M > 0 && b < N; b += per) {
+        job_t jb = {&a, off, 1, G, N, q, scale, zero, y, ldy, b, b + per < N ? b + per : N, y_bf16, NULL, NULL, NULL};
+        jobs[nj++] = jb;
+    }
+    for (int i = 1; i < nj; i++) started[i] = pthread_create(&tid[i], NULL, dense_main, &jobs[i]) == 0;
+    if (nj > 0) dense_range(&jobs[0]);
+    for (int i = 1; i < nj; i++) {
+        if (started[i]) pthread_join(tid[i], NULL);
+        else {
+            dense_range(&jobs[i]);
+            rc = -1;
+        }
+    }
     free(a.xr), free(a.sxv), free(a.xsf);
     return rc;
 #endif

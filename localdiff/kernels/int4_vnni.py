@@ -1,4 +1,5 @@
-"""int4 weights × int8 activations by AVX512-VNNI (``int4_vnni.c``), for stacked int4 experts at a few rows each.
+"""int4 weights × int8 activations by AVX512-VNNI (``int4_vnni.c``): stacked int4 experts at a few rows each
+(:func:`grouped_matmul`) and dense int4 weights at a few rows (:func:`dense_matmul`, 1-token and block steps).
 
 ``y = dequantize_int8(x) @ dequantize(packed, scale, zero)ᵀ`` for :mod:`localdiff.quantize.int4`'s format (packed
 uint8 [N, G·32], bf16 scale and fp16 zero [N, G], unchanged: no repacking), where each activation row's group of 64
@@ -59,6 +60,23 @@ def load(path) -> ctypes.CDLL:
         ctypes.c_long,
         ctypes.c_void_p,
         ctypes.c_void_p,
+    ]
+    d = lib.localdiff_int4_vnni_mm
+    d.restype = ctypes.c_int
+    d.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_long,
+        ctypes.c_long,
+        ctypes.c_long,
+        ctypes.c_void_p,
+        ctypes.c_long,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_long,
+        ctypes.c_int,
+        ctypes.c_int,
     ]
     lib.localdiff_int4_vnni_available.restype = ctypes.c_int
     return lib
@@ -188,3 +206,64 @@ def matmul(
     activations: :func:`grouped_matmul` with one expert. Returns Tensor[M, N] in ``out_dtype`` (default x's)."""
     off = torch.tensor([0, x.shape[0]], dtype=torch.int64)
     return grouped_matmul(x, off, packed[None], scale[None], zero[None], threads, out_dtype)
+
+
+def dense_matmul(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    scale: torch.Tensor,
+    zero: torch.Tensor,
+    threads: int | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """One int4 weight × a few int8-quantized activation rows (``localdiff_int4_vnni_mm``: the codes decoded in
+    registers straight from the weight, no staging buffer; the dense int4 linears' path at
+    :data:`localdiff.quantize.int4.VNNI_ROWS` rows or fewer). Same numerics as :func:`matmul` (float64 on the same
+    int8 activations up to fp32 rounding), summed in an order independent of the row count and threads.
+
+    Args:
+        x: bf16 or fp32 Tensor[M, K]; packed: uint8 Tensor[N, G·32]; scale: bf16 / zero: fp16 Tensor[N, G];
+            K ≤ 64·G. threads: threads splitting N (default ``torch.get_num_threads()``).
+        out_dtype: fp32 or bf16 (default x's; bf16 rounded once from the fp32 sums, as a cast).
+    Returns:
+        Tensor[M, N].
+    Raises:
+        ValueError: other dtypes or shapes; MemoryError: out of memory; RuntimeError: no VNNI library loaded.
+    """
+    lib = _KERNEL.lib if _KERNEL.lib is not None else library()
+    if lib is None:
+        raise RuntimeError(status())
+    m = x.shape[0]
+    n, g = scale.shape
+    if (
+        packed.dtype != torch.uint8
+        or tuple(packed.shape) != (n, g * GROUP // 2)
+        or tuple(zero.shape) != (n, g)
+        or scale.dtype != torch.bfloat16
+        or zero.dtype != torch.float16
+    ):
+        raise ValueError("native int4 x int8 matmul: codes [N, G*32], bf16 scale / fp16 zero [N, G]")
+    xx = _prep(x, g)
+    out_dtype = out_dtype or x.dtype
+    y = torch.empty(m, n, dtype=torch.bfloat16 if out_dtype == torch.bfloat16 else torch.float32)
+    packed, scale, zero = packed.contiguous(), scale.contiguous(), zero.contiguous()
+    rc = lib.localdiff_int4_vnni_mm(
+        xx.data_ptr(),
+        int(xx.dtype == torch.bfloat16),
+        xx.stride(0),
+        m,
+        g,
+        packed.data_ptr(),
+        n,
+        scale.data_ptr(),
+        zero.data_ptr(),
+        y.data_ptr(),
+        n,
+        threads or torch.get_num_threads(),
+        int(y.dtype == torch.bfloat16),
+    )
+    if rc == -2:
+        raise MemoryError("native int4 x int8 matmul: out of memory")
+    if rc < -1:
+        raise ValueError(f"native int4 x int8 matmul: no VNNI path (code {rc})")
+    return y if y.dtype == out_dtype else y.to(out_dtype)

@@ -116,7 +116,6 @@ def quantize_model(model: nn.Module, recipe: Recipe | None = None, quant: str | 
             new = (int8.Int8Linear if prec == "int8" else int4.Int4Linear).from_linear(mod)
         else:
             new = (int8.Int8Experts if prec == "int8" else int4.Int4Experts).from_experts(mod)
-            _activations(new, recipe)
         _replace(model, name, new)
         del mod
     for name, mod, prec in _embedding_targets(model, recipe):
@@ -127,14 +126,24 @@ def quantize_model(model: nn.Module, recipe: Recipe | None = None, quant: str | 
         _replace(model, name, new)
         del mod
     quantize_head(model, recipe.head)
+    set_activations(model, recipe)
     model.quant_recipe = recipe
     return model
 
 
-def _activations(mod: nn.Module, recipe: Recipe) -> None:
-    """A recipe's ``int4_activations = "int8"`` on an int4 experts module (int8 activations by AVX512-VNNI)."""
-    if isinstance(mod, int4.Int4Experts) and recipe.int4_activations == "int8":
-        mod.act_int8 = True
+def set_activations(model: nn.Module, recipe: Recipe) -> int:
+    """A recipe's ``int4_activations = "int8"`` on every int4 module of ``model`` (experts, linear layers, an int4
+    table serving as the head, an :class:`~localdiff.quantize.int4.Int4Head` copy): their CPU calls then quantize
+    activations to int8 for the AVX512-VNNI kernels (:mod:`localdiff.quantize.int4`). Returns how many it set;
+    nothing for other recipes."""
+    if recipe.int4_activations != "int8":
+        return 0
+    mods = [m for m in model.modules() if isinstance(m, (int4.Int4Linear, int4.Int4Experts))]
+    mods += [m for m in model.modules() if isinstance(m, QuantEmbedding) and m.precision == "int4"]
+    mods += [h for h in (getattr(model, "head_int8", None),) if isinstance(h, int4.Int4Head)]
+    for m in mods:
+        m.act_int8 = True
+    return len(mods)
 
 
 def convert_modules(model: nn.Module, recipe: Recipe | None = None, device=None) -> dict[str, str]:
@@ -150,7 +159,6 @@ def convert_modules(model: nn.Module, recipe: Recipe | None = None, device=None)
             e, two_i, h = mod.gate_up_proj.shape
             cls = int8.Int8Experts if prec == "int8" else int4.Int4Experts
             new = cls(e, h, two_i // 2, device=device or mod.gate_up_proj.device)
-            _activations(new, recipe)
         _replace(model, name, new)
         names[name] = prec
     for name, mod, prec in _embedding_targets(model, recipe):
@@ -162,6 +170,7 @@ def convert_modules(model: nn.Module, recipe: Recipe | None = None, device=None)
             new = cls(mod.in_features, mod.out_features, bias=mod.bias is not None, device=dev)
         _replace(model, name, new)
         names[name] = prec
+    set_activations(model, recipe)
     model.quant_recipe = recipe
     return names
 

@@ -40,8 +40,12 @@ class QuantEmbedding(nn.Module):
     State (checkpoint names as a quantized linear layer's: ``<module>.weight``, ``.weight_scale``[, ``.weight_zero``]):
     int4 — weight uint8 Tensor[V, G·32], weight_scale bf16 Tensor[V, G], weight_zero fp16 Tensor[V, G];
     int8 — weight int8 Tensor[V, H], weight_scale bf16 Tensor[V].
-    ``dtype``: the float dtype of the rows it returns (the model's); ``precision``: "int4" / "int8".
+    ``dtype``: the float dtype of the rows it returns (the model's); ``precision``: "int4" / "int8". ``act_int8``
+    (int4; a recipe's ``int4_activations = "int8"``): the head's few-row calls on int8 activations
+    (:func:`localdiff.quantize.int4.int4_matmul`).
     """
+
+    act_int8 = False
 
     def __init__(
         self, num_embeddings: int, embedding_dim: int, precision: str, dtype: torch.dtype = torch.bfloat16, device=None
@@ -103,7 +107,9 @@ class QuantEmbedding(nn.Module):
 
     def _matmul(self, h: torch.Tensor, rows: slice) -> torch.Tensor:
         if self.precision == "int4":
-            return int4.int4_matmul(h, self.weight[rows], self.weight_scale[rows], self.weight_zero[rows])
+            return int4.int4_matmul(
+                h, self.weight[rows], self.weight_scale[rows], self.weight_zero[rows], self.act_int8
+            )
         return int8.int8_matmul(h, self.weight[rows], self.weight_scale[rows])
 
     def weighted_sum(self, p: torch.Tensor) -> torch.Tensor:

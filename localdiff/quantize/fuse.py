@@ -74,7 +74,7 @@ class FusedInt8:
         if not self.valid():
             return None
         if self.zero is not None:
-            return int4_matmul(x, self.weight, self.scale, self.zero).split(self.sizes, dim=-1)
+            return int4_matmul(x, self.weight, self.scale, self.zero, self.mods[0].act_int8).split(self.sizes, dim=-1)
         return int8_matmul(x, self.weight, self.scale, self.mods[0].use_bnb).split(self.sizes, dim=-1)
 
 
@@ -92,7 +92,7 @@ def _group(owner: nn.Module, names: tuple[str, ...]) -> list[Int8Linear] | list[
     kind = type(mods[0])
     if kind not in (Int8Linear, Int4Linear) or not all(type(m) is kind and m.bias is None for m in mods):
         return None
-    if len({(m.in_features, m.weight.device, m.weight_scale.dtype) for m in mods}) != 1:
+    if len({(m.in_features, m.weight.device, m.weight_scale.dtype, getattr(m, "act_int8", 0)) for m in mods}) != 1:
         return None
     return mods
 

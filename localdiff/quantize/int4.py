@@ -23,6 +23,10 @@ Which kernel runs (:func:`int4_matmul`):
   more: the weight dequantized to bf16 (the library, a block of rows at a time) and torch's bf16 GEMM.
 * Otherwise (no compiler, CUDA, fp16): dequantize to fp32 (to fp16 for fp16 activations) and one GEMM — the exact
   reference computation, slow on CPU since the weight is expanded on every call.
+* Opt-in (a recipe's ``int4_activations = "int8"``: ``act_int8`` on :class:`Int4Linear`, :class:`Int4Experts`, the
+  int4 table's head and :class:`Int4Head`): on CPUs with AVX512-VNNI, calls of fewer than :data:`VNNI_ROWS` rows
+  quantize each activation row to int8 per group of 64 (llama.cpp's Q8_0 scheme) and run
+  :func:`localdiff.kernels.int4_vnni.dense_matmul` — not exact in the activations (docs/ARCHITECTURE.md).
 """
 
 from __future__ import annotations
@@ -131,6 +135,9 @@ _BLOCK_BYTES = 8 << 20
 #: DEQUANT_ROWS the kernel is a little slower per expert than dequantize + GEMM, but the per-expert Python it saves
 #: costs more (a canvas of 256 tokens, top-8 of 128: ~16 rows each, the largest often 32-60)
 GROUPED_MAX_ROWS = 128
+#: ``act_int8`` calls with fewer rows than this run the int4 × int8 VNNI kernel (:func:`int4_matmul`): measured
+#: faster than the exact native kernel at every row count below :data:`DEQUANT_ROWS` (docs/BENCHMARKS.md)
+VNNI_ROWS = DEQUANT_ROWS
 
 
 def _dequant_gemm(x2: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
@@ -150,13 +157,17 @@ def _dequant_gemm(x2: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, z
     return y
 
 
-def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+def int4_matmul(
+    x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, act_int8: bool = False
+) -> torch.Tensor:
     """``x @ dequantize(packed, scale, zero)ᵀ`` with the kernel of the module docstring.
 
     Args:
         x: Tensor[..., in] (fp32, bf16 or fp16) on packed's device; ``in`` ≤ G·64 (the rest of the last group is
             zero padding).
         packed: uint8 Tensor[out, G·32]; scale: bf16 Tensor[out, G]; zero: fp16 Tensor[out, G].
+        act_int8: the opt-in int8-activation kernel for fewer than :data:`VNNI_ROWS` rows (module docstring; CPU,
+            fp32 / bf16, no autograd, the VNNI library loaded — else the exact kernels).
     Returns:
         Tensor[..., out] in x's dtype.
     Raises:
@@ -170,6 +181,15 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero
     x2 = x.reshape(-1, k)
     if x2.shape[0] == 0:
         return x.new_zeros(*shape[:-1], n)
+    if (
+        act_int8
+        and x2.shape[0] < VNNI_ROWS
+        and x.device.type == "cpu"
+        and x.dtype in (torch.float32, torch.bfloat16)
+        and not (x.requires_grad and torch.is_grad_enabled())
+        and int4_vnni.library() is not None
+    ):
+        return int4_vnni.dense_matmul(x2, packed, scale, zero).reshape(*shape[:-1], n)
     if x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) and native4.library() is not None:
         if x.dtype == torch.bfloat16 and x2.shape[0] >= DEQUANT_ROWS:
             return _dequant_gemm(x2, packed, scale, zero).reshape(*shape[:-1], n)
@@ -184,8 +204,11 @@ class Int4Linear(nn.Module):
 
     State (checkpoint names ``<module>.weight``, ``.weight_scale``, ``.weight_zero``): weight uint8 Tensor[out, G·32],
     weight_scale bf16 Tensor[out, G], weight_zero fp16 Tensor[out, G]; bias float Tensor[out] or None.
-    forward(x: Tensor[..., in]) -> Tensor[..., out] in x's dtype (:func:`int4_matmul`).
+    forward(x: Tensor[..., in]) -> Tensor[..., out] in x's dtype (:func:`int4_matmul`). ``act_int8`` (set from a
+    recipe's ``int4_activations = "int8"``): few-row calls on int8 activations by AVX512-VNNI (module docstring).
     """
+
+    act_int8 = False
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False, device=None):
         super().__init__()
@@ -206,7 +229,7 @@ class Int4Linear(nn.Module):
         return m
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = int4_matmul(x, self.weight, self.weight_scale, self.weight_zero)
+        y = int4_matmul(x, self.weight, self.weight_scale, self.weight_zero, self.act_int8)
         return y + self.bias.to(y.dtype) if self.bias is not None else y
 
     def extra_repr(self) -> str:
@@ -298,14 +321,17 @@ class Int4Head:
     ``head = "int4"``), kept outside the state dict like :class:`localdiff.quantize.int8.Int8Head`: adds
     ``rows · H · 0.5625`` bytes beside the float head / tied embedding.
 
-    ``__call__(h: Tensor[..., H]) -> Tensor[..., rows]`` in h's dtype (:func:`int4_matmul`).
+    ``__call__(h: Tensor[..., H]) -> Tensor[..., rows]`` in h's dtype (:func:`int4_matmul`; ``act_int8`` as
+    :class:`Int4Linear`'s).
     """
+
+    act_int8 = False
 
     def __init__(self, w: torch.Tensor):
         self.weight, self.weight_scale, self.weight_zero = quantize_tensor(w)
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
-        return int4_matmul(h, self.weight, self.weight_scale, self.weight_zero)
+        return int4_matmul(h, self.weight, self.weight_scale, self.weight_zero, self.act_int8)
 
 
 QUANT_TYPES = (Int4Linear, Int4Experts)

@@ -9,7 +9,7 @@ A recipe file::
     head = "float"                      # "int8" / "int4": a quantized copy of the LM head for the logits
     embeddings = "float"                # "int8" / "int4": the token embedding table itself quantized
     int4_embeddings = "int4"            # what ``--quant int4`` sets ``embeddings`` to (default: as ``embeddings``)
-    int4_activations = "int8"           # int4 experts quantize activations to int8 (AVX512-VNNI); default "float"
+    int4_activations = "int8"           # int4 layers: int8 activations (AVX512-VNNI; opt-in); default "float"
     [[rules]]                           # first matching rule wins
     pattern = "*router*"                # fnmatch glob on a module name
     precision = "float"                 # "int8", "int4" or "float"

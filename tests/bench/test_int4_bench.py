@@ -70,6 +70,39 @@ def test_render_reports_targets():
     assert "llama.cpp: skipped (not installed)" in md and "within 2 points" in md
 
 
+def test_render_reports_the_int8_activation_opt_in():
+    """The int4 + int8 act rows (beside the exact int4 ones) with thread CPU time, their llama.cpp target and the
+    tiny-bd eval line."""
+    steps = {
+        "shape": "SDAR-1.7B",
+        "history": 512,
+        "cpu": "Test CPU",
+        "steps": {
+            k: {"median_ms": v, "range_ms": [v, v + 1], "runs": 3, "cpu_median_ms": v - 0.5}
+            for k, v in {"int4 1tok": 60, "int4+int8act 1tok": 48, "llama.cpp Q4_K_M 1tok": 70}.items()
+        },
+        "resident_bytes": {"bf16": 100, "int4": 40, "int8": 60},
+        "ratios": {"int4_over_bf16_resident": 0.4, "int4_int8act_1tok_over_llama_q4km_1tok": 48 / 70},
+        "targets": {"int4 + int8 act (opt-in) 1-token step <= 0.7x llama.cpp Q4_K_M": True},
+        "kernels": {"int4": "k4", "int4+int8act": "kv", "int8": "k8"},
+        "llama_cpp": {},
+    }
+    d = {"mean_pt": -0.25, "ci_pt": [-0.75, 0.25]}
+    acc = {
+        "model": "tiny-bd",
+        "n_items": 436,
+        "temperature": 0.5,
+        "rows": [{"seed": 0}, {"seed": 1000}],
+        "mean_accuracy": {"float32": 0.5, "int4": 0.49, "int4+int8act": 0.495},
+        "int4_int8act_minus_float32": d,
+        "int4_int8act_minus_int4": {"mean_pt": 0.1, "ci_pt": None},
+    }
+    md = "\n".join(bench_int4.render_md({"steps": steps, "accuracy_int8_act": acc}))
+    assert "| int4+int8act 1tok | 48.0 | 48.0 … 49.0 | 47.5 |" in md and "| int4 1tok | 60.0 |" in md
+    assert "int4 + int8 act (opt-in) 1-token step <= 0.7x llama.cpp Q4_K_M: met" in md
+    assert "int4+int8act − fp32 -0.25 pt (95 % CI -0.75 … +0.25), − int4 +0.10 pt" in md
+
+
 def test_stand_in_vocabulary_is_the_byte_alphabet():
     a = gguf_qwen3._byte_alphabet()
     assert len(a) == len(set(a)) == 256 and a[ord("A")] == "A" and a[ord(" ")] == "Ġ" and a[ord("\n")] == "Ċ"

@@ -36,7 +36,9 @@ def test_after_a_load_large_temporaries_do_not_fault_again():
     with heap.for_weights():  # while loading: the freed 40 MiB went back to the kernel,
         f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt  # so a weight copy's first touch faults
         torch.ones(10 << 20)
-        assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0 > 300  # 2 MiB pages where THP is on
+        # a fresh 40 MiB mapping faults at least once per 2 MiB page (19–20 with THP everywhere, 10,240 in 4 KiB pages;
+        # 290 once in CI); the heap's reuse above faults ~0 times
+        assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0 >= 16
     assert _faults_of_reuse() < REUSED  # restored
 
 

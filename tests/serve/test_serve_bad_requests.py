@@ -151,7 +151,7 @@ def test_an_unreadable_body_is_said_in_words(server, path, body, says):
             "threshold",
         ),
         (OGEN, b'{"model": "tiny", "prompt": "x", "options": {"seed": 1, "seed": 2}}', "seed"),
-        (OGEN, b'{"model": "tiny", "prompt": "x", "\ud800": 1, "\ud800": 2}', "\\ud800"),
+        (OGEN, rb'{"model": "tiny", "prompt": "x", "\ud800": 1, "\ud800": 2}', "\\ud800"),
     ],
     ids=["top level", "in a message", "decoder option", "ollama option", "lone surrogate key"],
 )

@@ -34,7 +34,12 @@ def flag_names(flags: dict) -> dict:
     return {k: "--" + k.replace("_", "-") for k in flags}
 
 
-def _size(text, flag):
+def _size(text, flag, minimum: int = 0):
+    """A size flag's value in bytes (``2GiB``, ``512MB``, ``0``), None when not given; every command parses sizes here.
+
+    ``minimum`` is 1 for a memory that must exist (``--gpu-mem``, ``--ram``), 0 where zero means "none on the device"
+    (``--kv-budget``) or "no limit" (``--max-body``). Raises UsageError naming the flag and the text.
+    """
     if text is None:
         return None
     from localdiff.quantize.recipe import parse_bytes
@@ -43,11 +48,10 @@ def _size(text, flag):
         n = parse_bytes(text)
     except Exception:  # noqa: BLE001 — any parse failure is the user's flag value
         n = -1
-    if n < 0:
-        neg = text.strip().startswith("-")
-        raise UsageError(
-            f"{flag}: " + ("a size must be ≥ 0" if neg else "expected a size like 2GiB or 512MB") + f", got {text!r}"
-        )
+    if n < 0 and not str(text).strip().startswith("-"):
+        raise UsageError(f"{flag}: expected a size like 2GiB or 512MB, got {text!r}")
+    if n < minimum:
+        raise UsageError(f"{flag}: a size must be {'> 0' if minimum else '≥ 0'}, got {text!r}")
     return n
 
 
@@ -84,7 +88,7 @@ def run_gen(args) -> int:
     )
     overrides = sampler_overrides(_flags(args), cfg)
     seed = cfg.seed if cfg.seed is not None else random.SystemRandom().randrange(2**31)
-    gpu_mem = _size(getattr(args, "gpu_mem", None), "--gpu-mem")
+    gpu_mem = _size(getattr(args, "gpu_mem", None), "--gpu-mem", 1)
     kv_budget = _size(getattr(args, "kv_budget", None), "--kv-budget")
     quant = cfg.quant
     if quant is None:  # no --quant / LOCALDIFF_QUANT / config: the plan picks bf16, int8 or int4

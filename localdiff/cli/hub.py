@@ -188,7 +188,7 @@ def run_chat_cmd(args) -> int:
 
     if args.kv_budget is not None:  # was accepted and ignored
         raise UsageError("--kv-budget: localdiff chat does not apply a KV-cache budget yet (gen does)")
-    gpu_mem = _size(args.gpu_mem, "--gpu-mem")
+    gpu_mem = _size(args.gpu_mem, "--gpu-mem", 1)
 
     options = sampler_overrides(_flags(args), cfg)
     from localdiff.cli.gen import flag_names

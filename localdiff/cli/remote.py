@@ -148,7 +148,7 @@ def run_serve(args) -> int:
         max_queue=args.max_queue,
         keep_alive=args.keep_alive or None,
         max_body=max_body,
-        gpu_mem=_size(args.gpu_mem, "--gpu-mem"),
+        gpu_mem=_size(args.gpu_mem, "--gpu-mem", 1),
         threads=cfg.threads or "auto",  # auto: by model size
         gpu_layers=getattr(args, "gpu_layers", None),
         draft=getattr(args, "draft", None),

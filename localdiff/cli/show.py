@@ -8,7 +8,7 @@ import sys
 
 from localdiff.cli.output import plain, print_json, print_tree
 from localdiff.config import load_user_config
-from localdiff.errors import LocaldiffError, UsageError
+from localdiff.errors import UsageError
 from localdiff.hub import models as hub
 from localdiff.safetext import visible
 
@@ -43,17 +43,11 @@ def _basic_summary(cfg: dict) -> dict:
     }
 
 
-def _size_flag(text: str, flag: str) -> int:
-    """A memory size flag's value in bytes (> 0). Raises UsageError naming the flag."""
-    from localdiff.quantize.recipe import parse_bytes
+def _size_flag(text: str, flag: str, minimum: int = 1) -> int:
+    """A memory size flag's value in bytes, parsed as every command parses it (``localdiff.cli.gen._size``)."""
+    from localdiff.cli.gen import _size
 
-    try:
-        n = parse_bytes(text)
-    except LocaldiffError as e:
-        raise UsageError(f"{flag}: {e}") from None
-    if n <= 0:
-        raise UsageError(f"{flag} must be > 0")
-    return n
+    return _size(text, flag, minimum)
 
 
 def _gpu_budget(text: str | None) -> int:
@@ -187,7 +181,7 @@ def _plan(args, cfg: dict, recipe):
     if cpu and args.gpu_mem is not None:
         raise UsageError("--gpu-mem plans a GPU; with --device cpu give the RAM with --ram SIZE")
     ram = _size_flag(args.ram, "--ram") if getattr(args, "ram", None) is not None else None
-    kv = _size_flag(args.kv_budget, "--kv-budget") if getattr(args, "kv_budget", None) is not None else None
+    kv = _size_flag(args.kv_budget, "--kv-budget", 0) if getattr(args, "kv_budget", None) is not None else None
     if cpu:
         if ram is None:
             from localdiff.hub.fit import ram_bytes

@@ -32,17 +32,12 @@ HEAD_DIMS = (64, 128, 256)
 
 def load(path: Path) -> ctypes.CDLL:
     """Load a built library and set its ctypes signatures (raises OSError / AttributeError on a bad file)."""
-    lib = ctypes.CDLL(str(path))
-    f = lib.localdiff_attend
-    f.restype = ctypes.c_int
-    f.argtypes = (
-        ([ctypes.c_void_p] + [ctypes.c_long] * 3) * 3
-        + [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p]
-        + [ctypes.c_long] * 6
-        + [ctypes.c_float, ctypes.c_int]
+    return _native.declare(
+        ctypes.CDLL(str(path)),
+        "int localdiff_attend(void*, long, long, long, void*, long, long, long, void*, long, long, long, "
+        "void*, long, void*, long, long, long, long, long, long, float, int)",
+        "int localdiff_attend_available()",
     )
-    lib.localdiff_attend_available.restype = ctypes.c_int
-    return lib
 
 
 def _ready(lib: ctypes.CDLL, cc: str, flags: tuple) -> tuple:

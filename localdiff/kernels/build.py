@@ -30,6 +30,28 @@ PORTABLE_FLAGS = tuple(f for f in FLAGS if f != "-march=native")
 OFF = ("0", "false", "no", "off")
 
 
+#: the C types the kernels' prototypes use, as ctypes declares them
+_C_TYPES = {"void*": ctypes.c_void_p, "long": ctypes.c_long, "int": ctypes.c_int, "float": ctypes.c_float}
+
+
+def declare(lib: ctypes.CDLL, *prototypes: str) -> ctypes.CDLL:
+    """Set the ctypes signature of each exported function from its C prototype without argument names, e.g.
+    ``"int localdiff_int8_mm(void*, long, long, long, void*, long, void*, int, void*, long, int)"`` (types:
+    ``void*``, ``long``, ``int``, ``float``). Returns ``lib``.
+
+    Raises:
+        AttributeError: the library does not export a named function (an outdated build).
+        KeyError: a type outside the four above.
+    """
+    for proto in prototypes:
+        head, _, args = proto.rstrip(")").partition("(")
+        ret, name = head.split()
+        fn = getattr(lib, name)
+        fn.restype = _C_TYPES[ret]
+        fn.argtypes = [_C_TYPES[a.strip()] for a in args.split(",") if a.strip()]
+    return lib
+
+
 def compiler() -> str | None:
     """Path of the C compiler to use: ``$CC`` when it resolves, else cc / gcc / clang on PATH; None when none."""
     cc = os.environ.get("CC")

@@ -42,12 +42,12 @@ _SCRATCH_MAX = 16 << 20  # bytes kept between calls (a canvas step's; longer pre
 
 
 def _load(path: Path) -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(path))
-    f = lib.localdiff_experts_bf16
-    f.restype = ctypes.c_int
-    f.argtypes = [ctypes.c_void_p] + [ctypes.c_long] * 5 + [ctypes.c_void_p] * 7 + [ctypes.c_int, ctypes.c_int]
-    lib.localdiff_experts_has.restype = ctypes.c_int
-    return lib
+    return _native.declare(
+        ctypes.CDLL(str(path)),
+        "int localdiff_experts_bf16(void*, long, long, long, long, long, void*, void*, void*, void*, void*, "
+        "void*, void*, int, int)",
+        "int localdiff_experts_has()",
+    )
 
 
 def _ready(lib: ctypes.CDLL, cc: str, flags: tuple) -> tuple:

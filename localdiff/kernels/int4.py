@@ -38,48 +38,15 @@ GROUP = 64
 
 def load(path: Path) -> ctypes.CDLL:
     """Load a built library and set its ctypes signatures (raises OSError / AttributeError on a bad file)."""
-    lib = ctypes.CDLL(str(path))
-    f = lib.localdiff_int4_mm
-    f.restype = ctypes.c_int
-    f.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_int,
-        ctypes.c_long,
-        ctypes.c_long,
-        ctypes.c_long,
-        ctypes.c_void_p,
-        ctypes.c_long,
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-        ctypes.c_long,
-        ctypes.c_int,
-        ctypes.c_int,
-    ]
-    f = lib.localdiff_int4_mm_grouped
-    f.restype = ctypes.c_int
-    f.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_int,
-        ctypes.c_long,
-        ctypes.c_void_p,
-        ctypes.c_long,
-        ctypes.c_long,
-        ctypes.c_void_p,
-        ctypes.c_long,
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-        ctypes.c_long,
-        ctypes.c_int,
-        ctypes.c_int,
-    ]
-    d = lib.localdiff_int4_dequant_bf16
-    d.restype = ctypes.c_int
-    d.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 3 + [ctypes.c_void_p]
-    lib.localdiff_int4_has_bf16.restype = ctypes.c_int
-    lib.localdiff_int4_vector_width.restype = ctypes.c_int
-    return lib
+    return _native.declare(
+        ctypes.CDLL(str(path)),
+        "int localdiff_int4_mm(void*, int, long, long, long, void*, long, void*, void*, void*, long, int, int)",
+        "int localdiff_int4_mm_grouped(void*, int, long, void*, long, long, void*, long, void*, void*, void*, "
+        "long, int, int)",
+        "int localdiff_int4_dequant_bf16(void*, void*, void*, long, long, long, void*)",
+        "int localdiff_int4_has_bf16()",
+        "int localdiff_int4_vector_width()",
+    )
 
 
 def bf16_dot(lib: ctypes.CDLL | None = None) -> bool:

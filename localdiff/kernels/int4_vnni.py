@@ -31,55 +31,14 @@ GROUP = 64
 
 def load(path) -> ctypes.CDLL:
     """Load a built library and set its ctypes signatures (raises OSError / AttributeError on a bad file)."""
-    lib = ctypes.CDLL(str(path))
-    f = lib.localdiff_int4_vnni_mm_grouped
-    f.restype = ctypes.c_int
-    f.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_int,
-        ctypes.c_long,
-        ctypes.c_void_p,
-        ctypes.c_long,
-        ctypes.c_long,
-        ctypes.c_void_p,
-        ctypes.c_long,
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-        ctypes.c_long,
-        ctypes.c_int,
-        ctypes.c_int,
-    ]
-    q = lib.localdiff_int4_vnni_quantize
-    q.restype = ctypes.c_int
-    q.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_int,
-        ctypes.c_long,
-        ctypes.c_long,
-        ctypes.c_long,
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-    ]
-    d = lib.localdiff_int4_vnni_mm
-    d.restype = ctypes.c_int
-    d.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_int,
-        ctypes.c_long,
-        ctypes.c_long,
-        ctypes.c_long,
-        ctypes.c_void_p,
-        ctypes.c_long,
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-        ctypes.c_long,
-        ctypes.c_int,
-        ctypes.c_int,
-    ]
-    lib.localdiff_int4_vnni_available.restype = ctypes.c_int
-    return lib
+    return _native.declare(
+        ctypes.CDLL(str(path)),
+        "int localdiff_int4_vnni_mm_grouped(void*, int, long, void*, long, long, void*, long, void*, void*, "
+        "void*, long, int, int)",
+        "int localdiff_int4_vnni_quantize(void*, int, long, long, long, void*, void*)",
+        "int localdiff_int4_vnni_mm(void*, int, long, long, long, void*, long, void*, void*, void*, long, int, int)",
+        "int localdiff_int4_vnni_available()",
+    )
 
 
 def _ready(lib: ctypes.CDLL, cc: str, flags: tuple) -> tuple:

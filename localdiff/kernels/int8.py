@@ -42,59 +42,15 @@ _HAS_BF16: dict = {}  # id(library) → bool: the AVX512-BF16 path runs bf16 act
 
 
 def _load(path: Path) -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(path))
-    f = lib.localdiff_int8_mm
-    f.restype = ctypes.c_int
-    f.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_long,
-        ctypes.c_long,
-        ctypes.c_long,
-        ctypes.c_void_p,
-        ctypes.c_long,
-        ctypes.c_void_p,
-        ctypes.c_int,
-        ctypes.c_void_p,
-        ctypes.c_long,
-        ctypes.c_int,
-    ]
-    lib.localdiff_int8_vector_width.restype = ctypes.c_int
-    g = lib.localdiff_int8_mm_amx
-    g.restype = ctypes.c_int
-    g.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_int,
-        ctypes.c_long,
-        ctypes.c_long,
-        ctypes.c_long,
-        ctypes.c_void_p,
-        ctypes.c_long,
-        ctypes.c_void_p,
-        ctypes.c_int,
-        ctypes.c_void_p,
-        ctypes.c_int,
-        ctypes.c_long,
-        ctypes.c_int,
-    ]
-    lib.localdiff_int8_has_amx.restype = ctypes.c_int
-    h = lib.localdiff_int8_mm_bf16
-    h.restype = ctypes.c_int
-    h.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_long,
-        ctypes.c_long,
-        ctypes.c_long,
-        ctypes.c_void_p,
-        ctypes.c_long,
-        ctypes.c_void_p,
-        ctypes.c_int,
-        ctypes.c_void_p,
-        ctypes.c_int,
-        ctypes.c_long,
-        ctypes.c_int,
-    ]
-    lib.localdiff_int8_has_bf16dot.restype = ctypes.c_int
-    return lib
+    return _native.declare(
+        ctypes.CDLL(str(path)),
+        "int localdiff_int8_mm(void*, long, long, long, void*, long, void*, int, void*, long, int)",
+        "int localdiff_int8_vector_width()",
+        "int localdiff_int8_mm_amx(void*, int, long, long, long, void*, long, void*, int, void*, int, long, int)",
+        "int localdiff_int8_has_amx()",
+        "int localdiff_int8_mm_bf16(void*, long, long, long, void*, long, void*, int, void*, int, long, int)",
+        "int localdiff_int8_has_bf16dot()",
+    )
 
 
 def _ready(lib: ctypes.CDLL, cc: str, flags: tuple) -> tuple:

@@ -24,18 +24,12 @@ ENV = "LOCALDIFF_NATIVE_ROWOPS"
 
 def load(path: Path) -> ctypes.CDLL:
     """Load a built library and set its ctypes signatures (raises OSError / AttributeError on a bad file)."""
-    lib = ctypes.CDLL(str(path))
-    f = lib.localdiff_rms_norm_bf16
-    f.restype = ctypes.c_int
-    f.argtypes = (
-        [ctypes.c_void_p] + [ctypes.c_long] * 3 + [ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p, ctypes.c_long]
+    return _native.declare(
+        ctypes.CDLL(str(path)),
+        "int localdiff_rms_norm_bf16(void*, long, long, long, void*, float, void*, long)",
+        "int localdiff_qk_norm_rope_bf16(void*, long, long, long, long, long, void*, void*, float, void*, "
+        "void*, void*)",
     )
-    f = lib.localdiff_qk_norm_rope_bf16
-    f.restype = ctypes.c_int
-    f.argtypes = (
-        [ctypes.c_void_p] + [ctypes.c_long] * 5 + [ctypes.c_void_p] * 2 + [ctypes.c_float] + [ctypes.c_void_p] * 3
-    )
-    return lib
 
 
 _KERNEL = _native.Kernel(

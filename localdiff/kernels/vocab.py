@@ -40,28 +40,12 @@ def choice() -> str:
 
 def load(path: Path) -> ctypes.CDLL:
     """The library at ``path`` with its function signatures set."""
-    lib = ctypes.CDLL(str(path))
-    f = lib.localdiff_vocab_pass
-    f.restype = ctypes.c_int
-    f.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_int,
-        ctypes.c_long,
-        ctypes.c_long,
-        ctypes.c_long,
-        ctypes.c_float,
-        ctypes.c_float,
-        ctypes.c_void_p,
-        ctypes.c_int,
-        ctypes.c_long,
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-        ctypes.c_int,
-    ]
-    lib.localdiff_vocab_vector_width.restype = ctypes.c_int
-    return lib
+    return native.declare(
+        ctypes.CDLL(str(path)),
+        "int localdiff_vocab_pass(void*, int, long, long, long, float, float, void*, int, long, void*, void*, "
+        "void*, void*, int)",
+        "int localdiff_vocab_vector_width()",
+    )
 
 
 def _ready(lib: ctypes.CDLL, cc: str, flags: tuple) -> tuple:

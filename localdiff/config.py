@@ -148,6 +148,8 @@ def data_path() -> Path:
 
 
 def _unknown(key: str, known: list[str], where: str) -> UsageError:
+    if resolve_key(key) in specs_by_key():  # a decoder option written at the top level
+        return UsageError(f"{where}: '{key}' is a decoder option: put it under [sampler] ({key} = ...)")
     near = difflib.get_close_matches(key, known, n=1)
     hint = f" (did you mean '{near[0]}'?)" if near else ""
     return UsageError(f"{where}: unknown setting '{key}'{hint}")

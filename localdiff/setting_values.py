@@ -88,9 +88,14 @@ def _check_range(key: str, v: Any, where: str) -> None:
         bad = "must be a positive integer"
     elif key == "seed" and not 0 <= v < 2**63:
         bad = "must be in [0, 2**63)"
+    elif key == "quant" and v not in QUANTS:
+        bad = f"must be one of {', '.join(QUANTS)}"
     if bad:
         raise UsageError(f"{where}: '{key}' {bad} (got {v!r})")
 
+
+#: weight quantizations a user may name (``--quant``, ``LOCALDIFF_QUANT``, ``quant =``, ``localdiff.load(quant=)``)
+QUANTS = ("int8", "int4", "none")
 
 #: compute dtypes a user may name: ``gen --dtype`` and ``LOCALDIFF_DTYPE`` take the same set (:func:`dtype_name`)
 DTYPES = ("float32", "bfloat16", "float16")

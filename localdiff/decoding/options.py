@@ -103,7 +103,7 @@ def choose(own: str, decoders, name, typed: str = DECODER) -> str:
     name = decoder_spec().coerce(name, typed)
     if name not in decoders:
         raise UsageError(
-            f"{typed}: this model runs the decoders {', '.join(decoders)}; {name} is a "
+            f"{typed}: this model runs the decoder{'s' if len(decoders) > 1 else ''} {', '.join(decoders)}; {name} is a "
             f"{DECODERS[name].family}-family decoder (got {name!r})"
         )
     return name

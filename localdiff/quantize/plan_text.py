@@ -8,6 +8,14 @@ from __future__ import annotations
 from localdiff.quantize.recipe import format_bytes
 
 
+def _count(n: int) -> str:
+    """A parameter count as the field writes it: ``25.25 B``, ``3.36 M``, ``70.08 K``, ``384``."""
+    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= div:
+            return f"{n / div:.2f} {unit}"
+    return str(int(n))
+
+
 def plan_text(plan) -> str:
     """The plan as a small table (see the module docstring); ``plan`` is a :class:`localdiff.quantize.plan.Plan`."""
     cpu = plan.device == "cpu"
@@ -19,8 +27,8 @@ def plan_text(plan) -> str:
     )
     lines = [
         f"{head}: {plan.weights_text}, float parts in {plan.dtype}, batch {plan.batch_size}",
-        f"  parameters: {plan.parameters['total'] / 1e9:.2f} B total, "
-        f"{plan.parameters['active_per_token'] / 1e9:.2f} B active per token",
+        f"  parameters: {_count(plan.parameters['total'])} total, "
+        f"{_count(plan.parameters['active_per_token'])} active per token",
         f"  {'component':<28}{'params':>14}  {'precision':<10}{'bytes':>12}  where",
     ]
     for c in plan.components:

@@ -321,3 +321,30 @@ def test_list_and_config_do_not_import_torch(tmp_path):
         stdin=subprocess.DEVNULL,
     )
     assert r.returncode == 0 and r.stdout.rstrip().splitlines()[-1] == "0 False", (r.stdout, r.stderr)
+
+
+def test_settings_messages_name_the_place_and_the_fix(tmp_path):
+    """A decoder option at the config's top level says where it belongs; LOCALDIFF_QUANT / ``quant =`` outside
+    int8 / int4 / none name the variable or file (they reached ``localdiff.load`` unchecked before)."""
+    import pytest
+
+    from localdiff.config import load_user_config
+    from localdiff.errors import UsageError
+
+    cfg = tmp_path / "config.toml"
+    cfg.write_text('decoder = "sdar"\n')
+    with pytest.raises(UsageError, match=r"'decoder' is a decoder option: put it under \[sampler\]"):
+        load_user_config(env={}, path=cfg)
+    with pytest.raises(UsageError, match=r"^LOCALDIFF_QUANT: 'quant' must be one of int8, int4, none \(got 'int5'\)"):
+        load_user_config(env={"LOCALDIFF_QUANT": "int5"}, path=tmp_path / "none.toml")
+    cfg.write_text('quant = "q4"\n')
+    with pytest.raises(UsageError, match=r"config.toml: 'quant' must be one of"):
+        load_user_config(env={}, path=cfg)
+    cfg.write_text('quant = "int4"\n')
+    assert load_user_config(env={}, path=cfg).quant == "int4"
+
+
+def test_plan_counts_parameters_in_units_of_their_size():
+    from localdiff.quantize.plan_text import _count
+
+    assert [_count(n) for n in (384, 70_080, 3_364_064, 25_250_000_000)] == ["384", "70.08 K", "3.36 M", "25.25 B"]

@@ -125,32 +125,19 @@ def grouped_matmul(
         raise ValueError(
             "native int4 x int8 grouped matmul: codes [E, N, G*32], bf16 scale / fp16 zero [E, N, G], offsets [E+1]"
         )
-    xx = _prep(xs, g)
-    out_dtype = out_dtype or xs.dtype
-    y = torch.empty(r, n, dtype=torch.bfloat16 if out_dtype == torch.bfloat16 else torch.float32)
     off = offsets.to(torch.int64).contiguous()
-    packed, scale, zero = packed.contiguous(), scale.contiguous(), zero.contiguous()
-    rc = lib.localdiff_int4_vnni_mm_grouped(
-        xx.data_ptr(),
-        int(xx.dtype == torch.bfloat16),
-        xx.stride(0),
-        off.data_ptr(),
-        e,
-        g,
-        packed.data_ptr(),
-        n,
-        scale.data_ptr(),
-        zero.data_ptr(),
-        y.data_ptr(),
-        n,
-        threads or torch.get_num_threads(),
-        int(y.dtype == torch.bfloat16),
+    return _run(
+        lib.localdiff_int4_vnni_mm_grouped,
+        xs,
+        (off.data_ptr(), e, g),
+        r,
+        packed,
+        scale,
+        zero,
+        threads,
+        out_dtype,
+        "grouped matmul: bad offsets or no VNNI path",
     )
-    if rc == -2:
-        raise MemoryError("native int4 x int8 matmul: out of memory")
-    if rc < -1:
-        raise ValueError(f"native int4 x int8 grouped matmul: bad offsets or no VNNI path (code {rc})")
-    return y if y.dtype == out_dtype else y.to(out_dtype)
 
 
 def matmul(
@@ -202,16 +189,25 @@ def dense_matmul(
         or zero.dtype != torch.float16
     ):
         raise ValueError("native int4 x int8 matmul: codes [N, G*32], bf16 scale / fp16 zero [N, G]")
+    return _run(
+        lib.localdiff_int4_vnni_mm, x, (m, g), m, packed, scale, zero, threads, out_dtype, "matmul: no VNNI path"
+    )
+
+
+def _run(fn, x, rows_args: tuple, m: int, packed, scale, zero, threads, out_dtype, what: str) -> torch.Tensor:
+    """Call a VNNI kernel ``fn(x, x_bf16, ldx, *rows_args, codes, N, scale, zero, y, ldy, threads, y_bf16)`` with
+    x's activations int8-quantized per group (:func:`_prep`) and return y [m, N] in ``out_dtype`` (default x's).
+    Raises MemoryError (code -2) or ValueError naming ``what`` (codes < -2)."""
+    n, g = scale.shape[-2:]
     xx = _prep(x, g)
     out_dtype = out_dtype or x.dtype
     y = torch.empty(m, n, dtype=torch.bfloat16 if out_dtype == torch.bfloat16 else torch.float32)
     packed, scale, zero = packed.contiguous(), scale.contiguous(), zero.contiguous()
-    rc = lib.localdiff_int4_vnni_mm(
+    rc = fn(
         xx.data_ptr(),
         int(xx.dtype == torch.bfloat16),
         xx.stride(0),
-        m,
-        g,
+        *rows_args,
         packed.data_ptr(),
         n,
         scale.data_ptr(),
@@ -224,5 +220,5 @@ def dense_matmul(
     if rc == -2:
         raise MemoryError("native int4 x int8 matmul: out of memory")
     if rc < -1:
-        raise ValueError(f"native int4 x int8 matmul: no VNNI path (code {rc})")
+        raise ValueError(f"native int4 x int8 {what} (code {rc})")
     return y if y.dtype == out_dtype else y.to(out_dtype)

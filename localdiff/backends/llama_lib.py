@@ -28,6 +28,9 @@ def llama_cpp():
         return _LIB
     try:
         import llama_cpp as lib
+
+        if getattr(lib, "__file__", None) is None:  # a folder named llama_cpp on sys.path, not the package
+            raise ImportError
     except ImportError:
         raise BackendMissingError(EXTRA_HINT) from None
     except OSError as e:  # the package is there, its shared library is not loadable

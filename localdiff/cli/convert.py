@@ -125,7 +125,10 @@ def run_convert(args) -> int:
         raise UsageError(f"{args.src}: no such folder")
     out = _check_output(args.output, args.force)
     try:
-        import gguf  # noqa: F401
+        import gguf
+
+        if getattr(gguf, "__file__", None) is None:  # a folder named gguf in the working directory, not the package
+            raise ImportError
     except ImportError:
         raise LocaldiffError('convert needs the gguf extra: pip install "localdiff[gguf]"') from None
     from localdiff.backends.gguf_convert import convert_checkpoint

@@ -331,3 +331,18 @@ def test_gen_without_a_thread_setting_runs_a_small_model_on_one_thread(isolated,
     assert main(["gen", "-m", "tiny-mdm", "-p", "x", "-n", "2", "-v", "--threads", "2"]) == 0
     line = next(s for s in capsys.readouterr().err.splitlines() if s.startswith("backend: "))
     assert line.endswith(", 2 threads"), line
+
+
+def test_a_folder_named_gguf_is_not_the_gguf_extra(tmp_path, monkeypatch, capsys):
+    """`python -m localdiff convert` from a folder holding a ``gguf/`` folder: Python imports that folder as a
+    namespace package; convert must say the extra is missing, not fail inside it (was ``internal error:
+    AttributeError: module 'gguf' has no attribute 'GGUFWriter'``)."""
+    import types
+
+    fake = types.ModuleType("gguf")
+    fake.__path__ = [str(tmp_path / "gguf")]  # what a namespace package looks like: a path, no __file__
+    monkeypatch.setitem(sys.modules, "gguf", fake)
+    assert main(["convert", "tiny-bd", "-o", str(tmp_path / "x.gguf")]) == 1
+    err = capsys.readouterr().err
+    assert "convert needs the gguf extra" in err and "internal error" not in err
+    assert not (tmp_path / "x.gguf").exists()

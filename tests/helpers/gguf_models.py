@@ -32,7 +32,10 @@ def need(module: str):
     import pytest
 
     try:
-        return __import__(module)
+        mod = __import__(module)
+        if getattr(mod, "__file__", None) is None:  # a folder of that name on sys.path, not the package
+            raise ImportError(f"{module} resolves to a namespace package at {list(mod.__path__)}")
+        return mod
     except ImportError as e:
         if REQUIRED:
             pytest.fail(f"LOCALDIFF_REQUIRE_GGUF=1 but {module} is not importable ({e})")

@@ -204,6 +204,10 @@ def _read_file(path: Path, named: str | None = None) -> dict:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise UsageError(f"config file {path} is not valid TOML: {e}") from None
+    except RecursionError:
+        raise UsageError(f"config file {path} is not valid TOML: nested too deeply") from None
+    except ValueError:  # int() of a number over sys.get_int_max_str_digits() (4300) digits
+        raise UsageError(f"config file {path} has a number too long to read (over 4300 digits)") from None
 
 
 def known_environment() -> set[str]:

@@ -30,16 +30,26 @@ def parse_size(text, error=ValueError) -> int:
     """``"2GiB"`` → 2·2³⁰, ``"1.5GB"`` → 1.5·10⁹, ``"512MiB"``, ``"0"``, or a non-negative number → int bytes.
 
     Raises:
-        ``error`` (default ValueError) with a one-line message naming the text: not a size, or negative.
+        ``error`` (default ValueError) with a one-line message naming the text: not a size, negative, or over
+        :data:`MAX_SIZE`.
     """
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         if text < 0:
             raise error(f"size must not be negative: {text}")
+        if text > MAX_SIZE:
+            raise error(f"size too large: {text} (at most 1 EiB)")
         return int(text)
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
     if not m or m.group(2).lower() not in _UNITS:
         raise error(f"not a size: {text!r} (examples: 24GiB, 16GB, 512MiB)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if n > MAX_SIZE:
+        raise error(f"size too large: {text!r} (at most 1 EiB)")
+    return n
+
+
+#: the largest size any flag, setting or recipe may state (1 EiB; larger ones printed as 10²⁹ TiB plans)
+MAX_SIZE = 2**60
 
 
 def format_size(n: int | float) -> str:

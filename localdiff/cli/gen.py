@@ -46,7 +46,9 @@ def _size(text, flag, minimum: int = 0):
 
     try:
         n = parse_bytes(text)
-    except Exception:  # noqa: BLE001 — any parse failure is the user's flag value
+    except Exception as e:  # noqa: BLE001 — any parse failure is the user's flag value
+        if str(e).startswith("size too large"):
+            raise UsageError(f"{flag}: {e}") from None
         n = -1
     if n < 0 and not str(text).strip().startswith("-"):
         raise UsageError(f"{flag}: expected a size like 2GiB or 512MB, got {text!r}")

@@ -51,7 +51,7 @@ def _size_flag(text: str, flag: str, minimum: int = 1) -> int:
 
 
 def _gpu_budget(text: str | None) -> int:
-    if text:
+    if text is not None:  # "" is a size the user typed wrong, not "measure this GPU"
         return _size_flag(text, "--gpu-mem")
     from localdiff.hub.fit import gpu_mem_bytes
 

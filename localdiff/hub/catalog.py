@@ -148,7 +148,7 @@ def load_catalog(root: Path | None = None) -> dict[str, CatalogEntry]:
     for path in sorted(root.glob("*.toml")):
         try:
             data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        except (ValueError, RecursionError) as e:  # TOMLDecodeError, UnicodeDecodeError, a 4300-digit number, nesting
             raise CheckpointError(f"catalog file {path} is not valid TOML: {e}") from None
         for raw in data.get("models", []):
             entry = _parse_entry(raw, path, root)

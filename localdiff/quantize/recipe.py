@@ -275,7 +275,7 @@ def load_recipe(name: str, root: Path | None = None) -> Recipe:
         raise RecipeError(f"unknown quantization recipe {name!r} (available: {', '.join(available_recipes(root))})")
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+    except (ValueError, RecursionError) as e:  # TOMLDecodeError, UnicodeDecodeError, a 4300-digit number, nesting
         raise RecipeError(f"{path}: not valid TOML ({e})") from None
     return Recipe.from_dict(data, source=path, name=path.stem)
 

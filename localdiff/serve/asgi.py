@@ -110,6 +110,8 @@ def parse_json(raw: bytes) -> dict:
         raise bad_request(f"request body is not valid JSON ({msg} at {where})") from None
     except RecursionError:
         raise bad_request("request body is not valid JSON: nested too deeply") from None
+    except ValueError:  # int(): a number of more than sys.get_int_max_str_digits() (4300) digits
+        raise bad_request("request body has a number too long to read (over 4300 digits)") from None
     if not isinstance(body, dict):
         raise bad_request("request body must be a JSON object")
     if b"\\ud" in raw or b"\\uD" in raw:  # only an escape can carry a lone surrogate (raw is UTF-8)

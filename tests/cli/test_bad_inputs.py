@@ -304,6 +304,15 @@ CASES = [
     ),
     ("negative --gpu-mem", ["gen", "--gpu-mem", "-2GiB", "-p", "x"], None, {}, 2, "--gpu-mem: a size must be > 0"),
     (
+        "--gpu-mem over 1 EiB",
+        ["show", "tiny", "--plan", "--gpu-mem", "99999999999999999999999999999TiB"],
+        None,
+        {},
+        2,
+        "--gpu-mem: size too large: '99999999999999999999999999999TiB' (at most 1 EiB)",
+    ),
+    ("empty --gpu-mem (show)", ["show", "tiny", "--plan", "--gpu-mem", ""], None, {}, 2, "--gpu-mem: expected a size"),
+    (
         "zero --gpu-mem (gen)",
         ["gen", "--gpu-mem", "0", "-p", "x"],
         None,

@@ -348,3 +348,18 @@ def test_plan_counts_parameters_in_units_of_their_size():
     from localdiff.quantize.plan_text import _count
 
     assert [_count(n) for n in (384, 70_080, 3_364_064, 25_250_000_000)] == ["384", "70.08 K", "3.36 M", "25.25 B"]
+
+
+def test_a_config_file_that_breaks_the_toml_reader_is_one_line(tmp_path):
+    """(attacker pass) ``seed = <5000 digits>`` and 100,000 nested arrays ended as ``internal error: ValueError`` /
+    ``RecursionError``: both are the file's fault, said as such."""
+    import pytest
+
+    from localdiff.config import load_user_config
+    from localdiff.errors import UsageError
+
+    cfg = tmp_path / "config.toml"
+    for text, says in (("seed = 1" + "0" * 5000, "a number too long"), ("a = " + "[" * 100_000, "nested too deeply")):
+        cfg.write_text(text + "\n")
+        with pytest.raises(UsageError, match=f"config file {cfg} .*{says}"):
+            load_user_config(env={}, path=cfg)

@@ -122,8 +122,9 @@ def test_bad_request_is_a_json_4xx(server, path, body, status):
         (b'{"model": "tiny", "prompt": "caf\xe9"}', "request body is not UTF-8 (byte 0xe9 at offset 32)"),
         (b"{not json", "request body is not valid JSON (Expecting property name enclosed in double quotes at line 1"),
         (b"[" * 20000 + b"]" * 20000, "request body is not valid JSON: nested too deeply"),
+        (b'{"model": "tiny", "prompt": "x", "max_tokens": 1' + b"0" * 5000 + b"}", "request body has a number too"),
     ],
-    ids=["not UTF-8", "not JSON", "too deep"],
+    ids=["not UTF-8", "not JSON", "too deep", "5001-digit number"],
 )
 @pytest.mark.parametrize("path", [COMP, OGEN])
 def test_an_unreadable_body_is_said_in_words(server, path, body, says):

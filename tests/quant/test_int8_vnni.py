@@ -17,6 +17,7 @@ from batch_lanes import alone, batched
 
 import localdiff
 from arch_baby import BABY, build_baby, forward_roles
+from localdiff.kernels import build as native_build
 from localdiff.kernels import int8_vnni
 from localdiff.quantize import int8
 from localdiff.quantize.apply import quantize_model, set_activations
@@ -244,3 +245,18 @@ def test_batched_requests_equal_alone_with_the_opt_in(lib):
     want = [alone(m, r) for r in reqs]
     got, b, widths = batched(m, reqs, [0, 0, 2, 1])
     assert got == want and max(widths) >= 3 and b.rows_total > 0
+
+
+@pytest.mark.skipif(native_build.compiler() is None, reason="no C compiler")
+def test_a_build_without_vnni_says_so(tmp_path):
+    """The portable build (no -march=native) has no VNNI path: the library loads, says unavailable, and its calls
+    write nothing (-3); the kernel's status line then says why and Int8Linear keeps the exact path."""
+    lib = int8_vnni.load(int8_vnni._KERNEL.build(native_build.compiler(), native_build.PORTABLE_FLAGS, tmp_path))
+    assert lib.localdiff_int8_vnni_available() == 0
+    y = torch.full((2, 3), 7.0)
+    x = torch.ones(2, 64)
+    q, s = int8.quantize_tensor(torch.randn(3, 64))
+    rc = lib.localdiff_int8_vnni_mm(x.data_ptr(), 0, 64, 2, 64, q.data_ptr(), 3, s.data_ptr(), 1, y.data_ptr(), 0, 3, 1)
+    assert rc == -3 and (y == 7).all()
+    line = int8_vnni._ready(lib, "cc", native_build.PORTABLE_FLAGS)
+    assert line[0] is None and "no AVX512-VNNI" in line[1]

@@ -20,6 +20,9 @@
  * sx; after the last block one horizontal sum (fixed order) and one product with scale[n].
  * Every output is summed in that order whatever the number of rows, the tiles and the threads: a row's result is
  * bit-identical alone and in a batch. Threads: N is split into `threads` contiguous ranges (pthreads per call).
+ * Measured on a Zen 4 core (docs/BENCHMARKS.md): 1-4 rows read the weight at ~20-26 GB/s (the next strip
+ * prefetched); 16 rows run at vpdpbusd's issue rate (~1.5 G/s zmm in a register-only loop, twice vdpbf16ps's MACs),
+ * so a 16-row call costs ~2.6x a 4-row call: what remains needs more cores or AMX-INT8, not this loop.
  */
 #include <pthread.h>
 #include <stdint.h>

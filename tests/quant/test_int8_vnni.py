@@ -236,6 +236,7 @@ def test_batched_requests_equal_alone_with_the_opt_in(lib):
     policy = RowPolicy(m.net)
     assert set(policy.token("mlp", 0, torch.float32, 12)) == {"vnni"}
     assert policy.pack("mlp", [4, 4, 4], 0, torch.float32) == [[0, 1, 2]]
+    assert policy.pack("mlp", [40, 40], 0, torch.float32) == [[0], [1]]  # 80 rows: past VNNI_ROWS, another kernel
     reqs = []
     for i, p in enumerate(["What is 41 + 93?", "hi", "Tell me a story about a cat that", "2 * 7 ="]):
         r = {"prompt": p, "max_new_tokens": (9, 12, 16, 20)[i], "seed": 10 + i}

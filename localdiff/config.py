@@ -78,6 +78,7 @@ _ENV_OTHER = (
     "LOCALDIFF_NATIVE_ATTEND",
     "LOCALDIFF_NATIVE_ROWOPS",  # kernels/attend, rowops
     "LOCALDIFF_NATIVE_INT4_VNNI",  # kernels/int4_vnni.py
+    "LOCALDIFF_NATIVE_INT8_VNNI",  # kernels/int8_vnni.py
     "LOCALDIFF_HEAP",
 )  # heap.py
 _ENV_TOP = {
@@ -226,6 +227,7 @@ _ENV_CHOICES = {
     "LOCALDIFF_NATIVE_ATTEND": ("0", "1", "off", "on", "false", "true", "no", "yes"),  # kernels/attend.py
     "LOCALDIFF_NATIVE_ROWOPS": ("0", "1", "off", "on", "false", "true", "no", "yes"),  # kernels/rowops.py
     "LOCALDIFF_NATIVE_INT4_VNNI": ("0", "1", "off", "on", "false", "true", "no", "yes"),  # kernels/int4_vnni.py
+    "LOCALDIFF_NATIVE_INT8_VNNI": ("0", "1", "off", "on", "false", "true", "no", "yes"),  # kernels/int8_vnni.py
     "LOCALDIFF_INT8_KERNEL": ("auto", "native", "int8pack", "dequant"),  # quantize/choose.py
     "LOCALDIFF_DTYPE": DTYPES,  # localdiff.load
     "LOCALDIFF_VOCAB_KERNEL": ("auto", "native", "torch"),  # kernels/vocab.py

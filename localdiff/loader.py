@@ -262,7 +262,7 @@ def _load_model(ckpt: Path, device, dtype, quant, recipe, host_layers):
         from localdiff.quantize.fuse import fuse_model
 
         quantize_head(model, applied.head)  # an int8 / int4 copy of the LM head for the logits (recipe's head)
-        set_activations(model, applied)  # int4_activations = "int8": also on that copy
+        set_activations(model, applied)  # int4 / int8_activations = "int8": also on that copy
         fuse_model(model)  # q/k/v and gate/up as one quantized matmul each (exact)
         if torch.device(device).type == "cuda":  # int4 layers in a CUDA library's layout (quantize.cuda4)
             from localdiff.quantize.cuda4 import convert_model

@@ -241,9 +241,10 @@ def accuracy(ctx, seeds: int) -> dict:
     return out
 
 
-def accuracy_int8_act(ctx, seeds: int, temperature: float = 0.5) -> dict | None:
-    """tiny-bd's held-out eval: float32, int4 and int4 + int8 activations (fp32 activations quantized per row and
-    group of 64 by the opt-in), paired over seeds; None when tiny-bd is not installed or the CPU has no VNNI path."""
+def accuracy_int8_act(ctx, seeds: int, temperature: float = 0.5, weights: str = "int4") -> dict | None:
+    """tiny-bd's held-out eval: float32, ``weights`` ("int4" / "int8") and the same + int8 activations (fp32
+    activations quantized per row and group of 64 by the recipe's ``int4_activations`` / ``int8_activations``
+    opt-in), paired over seeds; None when tiny-bd is not installed or the CPU has no VNNI path."""
     from dataclasses import replace
 
     import torch
@@ -251,26 +252,28 @@ def accuracy_int8_act(ctx, seeds: int, temperature: float = 0.5) -> dict | None:
     import localdiff
     from localdiff.bench.eval_tasks import evaluate, load_items
     from localdiff.bench.precision import paired
-    from localdiff.kernels import int4_vnni
+    from localdiff.kernels import int4_vnni, int8_vnni
     from localdiff.paths import models_dir
     from localdiff.quantize.apply import set_activations
 
     folder = models_dir() / "tiny-bd"
-    if not (folder / "model.safetensors").exists() or int4_vnni.library() is None:
+    if not (folder / "model.safetensors").exists() or (int4_vnni if weights == "int4" else int8_vnni).library() is None:
         return None
     a = ctx.args
     items = load_items(models_dir() / "tiny" / "eval.jsonl", a.per_family or (3 if a.quick else 100))
     models = {"float32": localdiff.load(str(folder), device="cpu", dtype=torch.float32)}
-    models["int4"] = localdiff.load(str(folder), device="cpu", dtype=torch.float32, quant="int4")
-    models["int4+int8act"] = localdiff.load(str(folder), device="cpu", dtype=torch.float32, quant="int4")
-    net = models["int4+int8act"].net
-    opted = set_activations(net, replace(net.quant_recipe, int4_activations="int8"))
+    models[weights] = localdiff.load(str(folder), device="cpu", dtype=torch.float32, quant=weights)
+    models[weights + "+int8act"] = localdiff.load(str(folder), device="cpu", dtype=torch.float32, quant=weights)
+    net = models[weights + "+int8act"].net
+    opted = set_activations(net, replace(net.quant_recipe, **{weights + "_activations": "int8"}))
     rows = []
     for k in range(seeds):
         row = {"seed": 1000 * k}
         for q, m in models.items():
             row[q] = evaluate(m, items, seed=row["seed"], batch_size=1, temperature=temperature)["correct"]
-        ctx.log(f"int4: tiny-bd eval seed {row['seed']}: " + ", ".join(f"{q} {row[q]}/{len(items)}" for q in models))
+        ctx.log(
+            f"{weights}: tiny-bd eval seed {row['seed']}: " + ", ".join(f"{q} {row[q]}/{len(items)}" for q in models)
+        )
         rows.append(row)
     n = len(items)
     diff = lambda q, b: paired([r[q] for r in rows], [r[b] for r in rows], n)  # noqa: E731
@@ -281,8 +284,9 @@ def accuracy_int8_act(ctx, seeds: int, temperature: float = 0.5) -> dict | None:
         "modules_opted_in": opted,
         "rows": rows,
         "mean_accuracy": {q: statistics.mean(r[q] for r in rows) / n for q in models},
-        "int4_int8act_minus_float32": diff("int4+int8act", "float32"),
-        "int4_int8act_minus_int4": diff("int4+int8act", "int4"),
+        "weights": weights,
+        f"{weights}_int8act_minus_float32": diff(weights + "+int8act", "float32"),
+        f"{weights}_int8act_minus_{weights}": diff(weights + "+int8act", weights),
     }
 
 
@@ -296,6 +300,7 @@ def run(ctx) -> dict:
     }
     sec["accuracy"] = accuracy(ctx, a.seeds or (2 if a.quick else 4))
     sec["accuracy_int8_act"] = accuracy_int8_act(ctx, a.seeds or (2 if a.quick else 8))
+    sec["accuracy_int8_act_int8"] = accuracy_int8_act(ctx, a.seeds or (2 if a.quick else 8), weights="int8")
     return sec
 
 
@@ -342,15 +347,17 @@ def render_md(sec: dict) -> list[str]:
             + f"; int4 − fp32 {p['mean_pt']:+.2f} pt{ci}: "
             + ("within 2 points" if acc["int4_within_2pt"] else "NOT within 2 points"),
         ]
-    acc = sec.get("accuracy_int8_act")
-    if acc:
-        p, q = acc["int4_int8act_minus_float32"], acc["int4_int8act_minus_int4"]
+    for acc in (sec.get("accuracy_int8_act"), sec.get("accuracy_int8_act_int8")):
+        if not acc:
+            continue
+        w = acc.get("weights", "int4")
+        p, q = acc[f"{w}_int8act_minus_float32"], acc[f"{w}_int8act_minus_{w}"]
         ci = lambda d: "" if d["ci_pt"] is None else f" (95 % CI {d['ci_pt'][0]:+.2f} … {d['ci_pt'][1]:+.2f})"  # noqa: E731
         lines += [
             "",
-            f"int8-activation opt-in, dense layers ({acc['model']}, {acc['n_items']} items, {len(acc['rows'])} paired "
-            f"seeds, temperature {acc['temperature']}): "
+            f"int8-activation opt-in, {w} dense layers ({acc['model']}, {acc['n_items']} items, {len(acc['rows'])} "
+            f"paired seeds, temperature {acc['temperature']}): "
             + ", ".join(f"{k} {100 * v:.2f} %" for k, v in acc["mean_accuracy"].items())
-            + f"; int4+int8act − fp32 {p['mean_pt']:+.2f} pt{ci(p)}, − int4 {q['mean_pt']:+.2f} pt{ci(q)}",
+            + f"; {w}+int8act − fp32 {p['mean_pt']:+.2f} pt{ci(p)}, − {w} {q['mean_pt']:+.2f} pt{ci(q)}",
         ]
     return lines + [""]

@@ -44,8 +44,9 @@ PROMPTS = [
     "Write a haiku about rain.",
 ]
 #: (family, precision) runs: int8 is the CPU default; bf16 is where a step is weight-bandwidth-bound on a CPU
-#: whose native int8 kernel has no AMX (its FMA path's time grows with the rows: nothing to share)
-RUNS = (("block", "bfloat16"), ("masked", "bfloat16"), ("block", "int8"))
+#: whose native int8 kernel has no AMX (its FMA path's time grows with the rows: nothing to share); int8+int8act:
+#: the recipe opt-in ``int8_activations = "int8"`` (int8 × int8 VNNI kernel, :mod:`localdiff.kernels.int8_vnni`)
+RUNS = (("block", "bfloat16"), ("masked", "bfloat16"), ("block", "int8"), ("block", "int8+int8act"))
 FAMILIES = {
     "block": {"remasking_strategy": "low_confidence_static", "steps": 4, "temperature": 0.0},
     "masked": {"kv_cache": "dual", "block_length": 8, "temperature": 0.0},
@@ -71,7 +72,8 @@ class _WideVocab:
 
 def build(family: str, layers: int, precision: str = "int8", log=print):
     """The random model (module docstring) as an engine Model: ``precision`` "int8" (weights int8, activations in
-    the faster of fp32 / bf16 here) or "bfloat16"."""
+    the faster of fp32 / bf16 here), "int8+int8act" (the same with the recipe's ``int8_activations = "int8"``) or
+    "bfloat16"."""
     import torch
 
     import localdiff
@@ -86,7 +88,8 @@ def build(family: str, layers: int, precision: str = "int8", log=print):
     if family == "masked":
         cfg = {k: v for k, v in cfg.items() if k != "block_size"}
         cfg.update(model_type="a2d-qwen3", architectures=["A2DQwen3LMHeadModel"])
-    dtype = fastest_dtype(log)[0] if precision == "int8" else torch.bfloat16
+    int8 = precision.startswith("int8")
+    dtype = fastest_dtype(log)[0] if int8 else torch.bfloat16
     with torch.device("meta"):
         net = get_arch(cfg).MODEL_CLASS(get_spec(cfg).parse_config(cfg))
     net = net.to_empty(device="cpu").to(dtype)
@@ -95,8 +98,15 @@ def build(family: str, layers: int, precision: str = "int8", log=print):
         for p in net.parameters():
             p.fill_(1.0) if p.dim() == 1 else p.copy_(torch.randn(p.shape, generator=g).mul_(0.02))
     net.eval()
-    if precision == "int8":
-        quantize_model(net, recipe_for_model("sdar:1.7b"))
+    if int8:
+        recipe = recipe_for_model("sdar:1.7b")
+        quantize_model(net, recipe)
+        if precision == "int8+int8act":
+            from dataclasses import replace
+
+            from localdiff.quantize.apply import set_activations
+
+            set_activations(net, replace(recipe, int8_activations="int8"))
         fuse_model(net)
     tok = localdiff.load("tiny").tokenizer
     return Model(
@@ -107,7 +117,7 @@ def build(family: str, layers: int, precision: str = "int8", log=print):
         f"random-{family}-{layers}L-{precision}",
         "cpu",
         dtype,
-        precision if precision == "int8" else None,
+        "int8" if int8 else None,
         {"eos_token_id": [], "max_new_tokens": 16},
     )
 
@@ -234,7 +244,11 @@ def measure(quick: bool, log=print) -> dict:
         rows = run_family(model, family, precision, max_tokens, 1, log)
         from localdiff.quantize.choose import kernel_summary
 
-        rows["kernels"] = kernel_summary() if precision == "int8" else "torch bf16 GEMMs"
+        rows["kernels"] = kernel_summary() if precision.startswith("int8") else "torch bf16 GEMMs"
+        if precision == "int8+int8act":
+            from localdiff.kernels import int8_vnni
+
+            rows["kernels"] += f"; linears ≤ 64 rows: {int8_vnni.status()}"
         res["families"][f"{family}, {precision}"] = rows
     return res
 

@@ -69,6 +69,14 @@ def describe(net: nn.Module, sampler: str | None = None) -> dict[str, str]:
             if dtype == "bfloat16"
             else "≤ 16 rows: the native kernel where it measures faster; more rows: dequantized fp32 GEMM (exact)"
         ) + (f" ({kernel_summary()})" if cpu else "")
+        if cpu and any(getattr(m, "act_int8", False) for m in mods if isinstance(m, Int8Linear)):
+            from localdiff.kernels import int8_vnni
+
+            out["int8"] += (
+                f"; ≤ 64 rows on int8 activations (recipe opt-in; {int8_vnni.status()})"
+                if int8_vnni.library() is not None
+                else f"; int8 activations asked ({int8_vnni.status()})"
+            )
     if any(isinstance(m, (Int4Linear, Int4Experts)) for m in mods):
         from localdiff.kernels import int4 as native4
 

@@ -1,6 +1,7 @@
 """Which rows of a packed phase may share one matmul (docs/ARCHITECTURE.md, "Step-level batching"):
 :class:`RowPolicy`, the exactness rule of :mod:`localdiff.engine.batch` — rows share a matmul only where the kernel
-computes them bit-identically alone and packed (the native int8 kernel ≤ 16 rows, the int8 LM head included; float
+computes them bit-identically alone and packed (the native int8 kernel ≤ 16 rows, the int8 LM head included, or the
+int8 × int8 VNNI kernel ≤ 64 rows where a recipe opts in with ``int8_activations = "int8"``; float
 GEMMs at the row counts a probe on this machine finds stable; never MoE experts: their row counts change with the
 batch — :mod:`localdiff.engine.batch_canvas` probes those for the canvas family)."""
 
@@ -49,7 +50,7 @@ class RowPolicy:
     def token(self, kind: str, layer, dtype, m: int):
         """The kernel classes the phase's matmuls run ``m`` rows with, when each computes them like the same rows
         of any larger matmul of that class ("native": the native int8 kernel; "float": a float GEMM at a stable
-        row count); None when some matmul does not (those rows run alone)."""
+        row count; "vnni": the int8 × int8 VNNI kernel); None when some matmul does not (those rows run alone)."""
         key = (kind, layer, dtype, m)
         if key not in self._ok:
             mods = self._modules(kind, layer)
@@ -96,7 +97,10 @@ class RowPolicy:
         ):
             return None
         from localdiff.quantize.choose import cpu_kernel
+        from localdiff.quantize.int8 import vnni_runs
 
+        if vnni_runs(weight.new_empty(0, dtype=dtype), m, getattr(getattr(w, "mods", [w])[0], "act_int8", False)):
+            return "vnni"  # localdiff.kernels.int8_vnni: each row by the same instructions whatever the row count
         kind = cpu_kernel(m, weight.shape[1], weight.shape[0], dtype)
         if kind == "dequant":  # a float GEMM on the dequantized weight (localdiff.quantize.int8)
             return "float" if self._float_ok(dtype, weight.shape[1], weight.device, m) else None

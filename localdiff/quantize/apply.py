@@ -133,14 +133,20 @@ def quantize_model(model: nn.Module, recipe: Recipe | None = None, quant: str | 
 
 def set_activations(model: nn.Module, recipe: Recipe) -> int:
     """A recipe's ``int4_activations = "int8"`` on every int4 module of ``model`` (experts, linear layers, an int4
-    table serving as the head, an :class:`~localdiff.quantize.int4.Int4Head` copy): their CPU calls then quantize
-    activations to int8 for the AVX512-VNNI kernels (:mod:`localdiff.quantize.int4`). Returns how many it set;
-    nothing for other recipes."""
-    if recipe.int4_activations != "int8":
-        return 0
-    mods = [m for m in model.modules() if isinstance(m, (int4.Int4Linear, int4.Int4Experts))]
-    mods += [m for m in model.modules() if isinstance(m, QuantEmbedding) and m.precision == "int4"]
-    mods += [h for h in (getattr(model, "head_int8", None),) if isinstance(h, int4.Int4Head)]
+    table serving as the head, an :class:`~localdiff.quantize.int4.Int4Head` copy) and its ``int8_activations =
+    "int8"`` on every int8 linear layer, int8 table and :class:`~localdiff.quantize.int8.Int8Head` copy (not the
+    int8 experts: their exact kernels stay): their CPU calls of a few rows then quantize activations to int8 for
+    the AVX512-VNNI kernels (:mod:`localdiff.quantize.int4`, :mod:`localdiff.quantize.int8`). Returns how many it
+    set; nothing for other recipes."""
+    mods = []
+    if recipe.int4_activations == "int8":
+        mods += [m for m in model.modules() if isinstance(m, (int4.Int4Linear, int4.Int4Experts))]
+        mods += [m for m in model.modules() if isinstance(m, QuantEmbedding) and m.precision == "int4"]
+        mods += [h for h in (getattr(model, "head_int8", None),) if isinstance(h, int4.Int4Head)]
+    if recipe.int8_activations == "int8":
+        mods += [m for m in model.modules() if isinstance(m, int8.Int8Linear)]
+        mods += [m for m in model.modules() if isinstance(m, QuantEmbedding) and m.precision == "int8"]
+        mods += [h for h in (getattr(model, "head_int8", None),) if isinstance(h, int8.Int8Head)]
     for m in mods:
         m.act_int8 = True
     return len(mods)

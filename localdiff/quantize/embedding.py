@@ -41,8 +41,8 @@ class QuantEmbedding(nn.Module):
     int4 — weight uint8 Tensor[V, G·32], weight_scale bf16 Tensor[V, G], weight_zero fp16 Tensor[V, G];
     int8 — weight int8 Tensor[V, H], weight_scale bf16 Tensor[V].
     ``dtype``: the float dtype of the rows it returns (the model's); ``precision``: "int4" / "int8". ``act_int8``
-    (int4; a recipe's ``int4_activations = "int8"``): the head's few-row calls on int8 activations
-    (:func:`localdiff.quantize.int4.int4_matmul`).
+    (a recipe's ``int4_activations`` / ``int8_activations = "int8"`` for its precision): the head's few-row calls on
+    int8 activations (:func:`localdiff.quantize.int4.int4_matmul`, :func:`localdiff.quantize.int8.int8_matmul`).
     """
 
     act_int8 = False
@@ -110,7 +110,7 @@ class QuantEmbedding(nn.Module):
             return int4.int4_matmul(
                 h, self.weight[rows], self.weight_scale[rows], self.weight_zero[rows], self.act_int8
             )
-        return int8.int8_matmul(h, self.weight[rows], self.weight_scale[rows])
+        return int8.int8_matmul(h, self.weight[rows], self.weight_scale[rows], act_int8=self.act_int8)
 
     def weighted_sum(self, p: torch.Tensor) -> torch.Tensor:
         """``p @ dequantize(table)``: p Tensor[..., V] (any float dtype) → Tensor[..., H] in :attr:`dtype`.

@@ -75,7 +75,8 @@ class FusedInt8:
             return None
         if self.zero is not None:
             return int4_matmul(x, self.weight, self.scale, self.zero, self.mods[0].act_int8).split(self.sizes, dim=-1)
-        return int8_matmul(x, self.weight, self.scale, self.mods[0].use_bnb).split(self.sizes, dim=-1)
+        mod = self.mods[0]
+        return int8_matmul(x, self.weight, self.scale, mod.use_bnb, mod.act_int8).split(self.sizes, dim=-1)
 
 
 def _cat(ts: list[torch.Tensor]) -> torch.Tensor:

@@ -17,6 +17,11 @@ Which kernel runs (measured on this project's 2-core AVX-512 CPU, torch 2.13; nu
 * CPU, fp32 activations: ``x @ q.float()ᵀ · s`` (exact fp32 compute, ≈ 100–180 GFLOP/s at 64–256 rows).
   ``torch._weight_int8pack_mm`` with fp32 activations runs at ≈ 6 GFLOP/s and bitsandbytes' CPU int8 path at
   ≈ 105–180 (fp32) / 120–445 (bf16) GFLOP/s, so neither is used on CPU.
+* Opt-in (a recipe's ``int8_activations = "int8"``: ``act_int8`` on :class:`Int8Linear`, the fused q/k/v and
+  gate/up, :class:`Int8Head` and an int8 table's head): on CPUs with AVX512-VNNI, calls of at most
+  :data:`VNNI_ROWS` rows quantize each activation row to int8 per group of 64 and run
+  :func:`localdiff.kernels.int8_vnni.matmul` (``vpdpbusd``, twice ``vdpbf16ps``'s multiply rate; block steps of
+  several requests are compute-bound) — not exact in the activations (docs/ARCHITECTURE.md).
 * CUDA: bitsandbytes' int8 kernels (``int8_vectorwise_quant`` + ``int8_scaled_mm``: activations quantized per row
   to int8, int8 GEMM, fp16 output scaling) when bitsandbytes is installed; otherwise dequantize and GEMM.
 
@@ -37,6 +42,8 @@ from localdiff.quantize.choose import cpu_kernel
 from localdiff.quantize.recipe import DEFAULT_RECIPE, Recipe, RecipeError
 
 _BNB: object | None = None  # False = not available, module = available
+#: ``act_int8`` calls of at most this many rows run the int8 × int8 VNNI kernel (:func:`vnni_runs`)
+VNNI_ROWS = 64
 
 
 def bitsandbytes_available() -> bool:
@@ -96,7 +103,25 @@ def _bnb_matmul(x2: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch
     return torch.ops.bitsandbytes.int8_scaled_mm.default(ca, q, sca, scale.float() * 127.0, bias=None, dtype=x2.dtype)
 
 
-def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, use_bnb: bool | None = None) -> torch.Tensor:
+def vnni_runs(x: torch.Tensor, m: int, act_int8: bool) -> bool:
+    """Whether :func:`int8_matmul` runs ``m`` rows of x on the int8-activation VNNI kernel: ``act_int8`` (the
+    recipe opt-in), m ≤ :data:`VNNI_ROWS`, CPU, fp32 / bf16, no autograd, the library loaded (else the status line of
+    :func:`localdiff.kernels.int8_vnni.status` says why)."""
+    if (
+        not act_int8
+        or not 0 < m <= VNNI_ROWS
+        or x.device.type != "cpu"
+        or x.dtype not in (torch.float32, torch.bfloat16)
+    ):
+        return False
+    from localdiff.kernels import int8_vnni
+
+    return not (x.requires_grad and torch.is_grad_enabled()) and int8_vnni.library() is not None
+
+
+def int8_matmul(
+    x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, use_bnb: bool | None = None, act_int8: bool = False
+) -> torch.Tensor:
     """``x @ (q · scale)ᵀ`` with the fastest measured kernel for x's device and dtype (see the module docstring).
 
     Args:
@@ -104,6 +129,7 @@ def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, use_bnb: 
         q: int8 Tensor[out, in]; scale: bf16 (or fp32) Tensor[out].
         use_bnb: force (True) / forbid (False) bitsandbytes; None = on CUDA when available. bitsandbytes also runs
             on CPU (used by tests to check the CUDA code path's numerics without a GPU).
+        act_int8: the opt-in int8-activation kernel for at most :data:`VNNI_ROWS` rows (:func:`vnni_runs`).
     Returns:
         Tensor[..., out] in x's dtype.
 
@@ -116,7 +142,11 @@ def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, use_bnb: 
     m, k = x2.shape
     if m == 0:
         return x.new_zeros(*shape[:-1], q.shape[0])
-    if use_bnb or (use_bnb is None and x.is_cuda and bitsandbytes_available()):
+    if not use_bnb and vnni_runs(x, m, act_int8):
+        from localdiff.kernels import int8_vnni
+
+        y = int8_vnni.matmul(x2 if x2.stride(-1) == 1 else x2.contiguous(), q, scale)
+    elif use_bnb or (use_bnb is None and x.is_cuda and bitsandbytes_available()):
         if not bitsandbytes_available():
             raise RecipeError("bitsandbytes is not installed (pip install bitsandbytes)")
         y = _bnb_matmul(x2, q, scale)
@@ -146,8 +176,11 @@ class Int8Linear(nn.Module):
 
     State (names match checkpoints: ``<module>.weight``, ``<module>.weight_scale``):
         weight: int8 Tensor[out, in]; weight_scale: bf16 Tensor[out]; bias: Tensor[out] or None (float).
-    forward(x: Tensor[..., in]) -> Tensor[..., out] in x's dtype (kernel per :func:`int8_matmul`).
+    forward(x: Tensor[..., in]) -> Tensor[..., out] in x's dtype (kernel per :func:`int8_matmul`). ``act_int8``
+    (set from a recipe's ``int8_activations = "int8"``): few-row calls on int8 activations by AVX512-VNNI.
     """
+
+    act_int8 = False
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False, device=None):
         super().__init__()
@@ -168,7 +201,7 @@ class Int8Linear(nn.Module):
         return m
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = int8_matmul(x, self.weight, self.weight_scale, self.use_bnb)
+        y = int8_matmul(x, self.weight, self.weight_scale, self.use_bnb, self.act_int8)
         return y + self.bias.to(y.dtype) if self.bias is not None else y
 
     def extra_repr(self) -> str:
@@ -217,14 +250,17 @@ class Int8Head:
     (SDAR-1.7B: 311 MB beside the 622 MB bf16 embedding) and halves the bytes the logits read per step.
 
     Attributes: weight int8 Tensor[rows, H], weight_scale bf16 Tensor[rows].
-    ``__call__(h: Tensor[..., H]) -> Tensor[..., rows]`` in h's dtype (:func:`int8_matmul`).
+    ``__call__(h: Tensor[..., H]) -> Tensor[..., rows]`` in h's dtype (:func:`int8_matmul`; ``act_int8`` as
+    :class:`Int8Linear`'s).
     """
+
+    act_int8 = False
 
     def __init__(self, w: torch.Tensor):
         self.weight, self.weight_scale = quantize_tensor(w)
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
-        return int8_matmul(h, self.weight, self.weight_scale)
+        return int8_matmul(h, self.weight, self.weight_scale, act_int8=self.act_int8)
 
 
 def quantize_head(model: nn.Module) -> bool:

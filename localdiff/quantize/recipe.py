@@ -10,6 +10,7 @@ A recipe file::
     embeddings = "float"                # "int8" / "int4": the token embedding table itself quantized
     int4_embeddings = "int4"            # what ``--quant int4`` sets ``embeddings`` to (default: as ``embeddings``)
     int4_activations = "int8"           # int4 layers: int8 activations (AVX512-VNNI; opt-in); default "float"
+    int8_activations = "int8"           # int8 linears / head: int8 activations (AVX512-VNNI; opt-in); "float"
     [[rules]]                           # first matching rule wins
     pattern = "*router*"                # fnmatch glob on a module name
     precision = "float"                 # "int8", "int4" or "float"
@@ -92,6 +93,7 @@ class Recipe:
     embeddings: str = "float"
     int4_embeddings: str | None = None
     int4_activations: str = "float"
+    int8_activations: str = "float"
 
     def precision_for(self, module_name: str) -> str:
         """ "int8", "int4" or "float" for a module name (first matching rule, else ``default``)."""
@@ -132,6 +134,7 @@ class Recipe:
             embeddings=emb,
             int4_embeddings=self.int4_embeddings,
             int4_activations=self.int4_activations,
+            int8_activations=self.int8_activations,
         )
 
     def quant(self) -> str | None:
@@ -154,6 +157,7 @@ class Recipe:
             | ({"embeddings": self.embeddings} if self.embeddings != "float" else {})
             | ({"int4_embeddings": self.int4_embeddings} if self.int4_embeddings else {})
             | ({"int4_activations": self.int4_activations} if self.int4_activations != "float" else {})
+            | ({"int8_activations": self.int8_activations} if self.int8_activations != "float" else {})
         )
 
     @classmethod
@@ -186,9 +190,10 @@ class Recipe:
             if v is not None and v not in PRECISIONS:
                 raise RecipeError(f"{where}: {key} precision {v!r} (use one of {', '.join(PRECISIONS)})")
             emb[key] = v
-        acts = data.get("int4_activations", "float")
-        if acts not in ("float", "int8"):
-            raise RecipeError(f"{where}: int4_activations {acts!r} (use float or int8)")
+        acts = {k: data.get(k, "float") for k in ("int4_activations", "int8_activations")}
+        for key, v in acts.items():
+            if v not in ("float", "int8"):
+                raise RecipeError(f"{where}: {key} {v!r} (use float or int8)")
         plans = []
         for p in data.get("plans", []):
             if not isinstance(p, dict) or "gpu_mem" not in p:
@@ -215,7 +220,8 @@ class Recipe:
             head=head,
             embeddings=emb["embeddings"] or "float",
             int4_embeddings=emb["int4_embeddings"],
-            int4_activations=acts,
+            int4_activations=acts["int4_activations"],
+            int8_activations=acts["int8_activations"],
         )
 
 

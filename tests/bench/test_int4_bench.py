@@ -101,6 +101,11 @@ def test_render_reports_the_int8_activation_opt_in():
     assert "| int4+int8act 1tok | 48.0 | 48.0 … 49.0 | 47.5 |" in md and "| int4 1tok | 60.0 |" in md
     assert "int4 + int8 act (opt-in) 1-token step <= 0.7x llama.cpp Q4_K_M: met" in md
     assert "int4+int8act − fp32 -0.25 pt (95 % CI -0.75 … +0.25), − int4 +0.10 pt" in md
+    acc8 = dict(acc, weights="int8", mean_accuracy={"float32": 0.5, "int8": 0.5, "int8+int8act": 0.49})
+    acc8 |= {"int8_int8act_minus_float32": d, "int8_int8act_minus_int8": {"mean_pt": -0.5, "ci_pt": None}}
+    md = "\n".join(bench_int4.render_md({"accuracy_int8_act_int8": acc8}))
+    assert "int8-activation opt-in, int8 dense layers (tiny-bd, 436 items, 2 paired seeds" in md
+    assert "int8+int8act − fp32 -0.25 pt (95 % CI -0.75 … +0.25), − int8 -0.50 pt" in md
 
 
 def test_stand_in_vocabulary_is_the_byte_alphabet():

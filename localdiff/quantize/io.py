@@ -14,6 +14,7 @@ skips the work.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -108,6 +109,7 @@ class _ShardWriter:
             return
         fname = f"model-{len(self.files) + 1:05d}.safetensors"
         save_file(self.buf, str(self.out / fname), metadata=self.meta)
+        _as_umask_allows(self.out / fname)  # safetensors writes its file 0600; the folder's other files follow umask
         self.files.append((fname, list(self.buf)))
         self.buf, self.size = {}, 0
 
@@ -119,6 +121,13 @@ class _ShardWriter:
         wm = {n: f for f, names in self.files for n in names}
         index = {"metadata": {"total_size": self.total}, "weight_map": wm}
         (self.out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True))
+
+
+def _as_umask_allows(path: Path) -> None:
+    """Give ``path`` the mode a newly created file gets under the process umask (0644 under umask 022)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, 0o666 & ~mask)
 
 
 def _prepare_out(out_dir: Path, src: Path | None) -> Path:

@@ -196,6 +196,8 @@ def test_quantize_checkpoint_streams_to_the_same_int8_model(small_fp32, ref_smal
     assert torch.equal(a, b)
     with pytest.raises(Exception, match="already an int8"):
         quantize_checkpoint(tmp_path / "q", tmp_path / "q2")
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "q").iterdir() if p.is_file()}
+    assert len(set(modes.values())) == 1, modes  # the weights as readable as config.json (safetensors wrote 0600)
 
 
 def test_through_localdiff_load(ref_small, tmp_path):

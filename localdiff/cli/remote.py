@@ -132,9 +132,7 @@ def run_serve(args) -> int:
     from localdiff.decoding.options import check_overrides
 
     check_overrides(sampler, flag_names(_flags(args)))  # bad values were accepted and failed on every request
-    max_body = _size(args.max_body, "--max-body")
-    if max_body == 0:  # was silently the 1 MiB default
-        raise UsageError(f"--max-body must be > 0 (got {args.max_body!r}; the default is 1MiB)")
+    max_body = _size(args.max_body, "--max-body", 1)  # 0 was silently the 1 MiB default
     return serve(
         models,
         cfg.default_model,

@@ -449,7 +449,7 @@ CASES = [
         2,
         "--keep-alive must be a number of seconds ≥ 0; 0 = never unload (got nan)",
     ),
-    ("serve --max-body 0", ["serve", "--max-body", "0"], None, {}, 2, "--max-body must be > 0 (got '0'"),
+    ("serve --max-body 0", ["serve", "--max-body", "0"], None, {}, 2, "--max-body: a size must be > 0, got '0'"),
     ("show empty name", ["show", ""], None, {}, 2, "empty model name"),
     ("quantize -o empty", ["quantize", "{ckpt}", "-o", ""], None, {}, 2, "-o: empty folder name"),
     (

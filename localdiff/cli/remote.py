@@ -6,7 +6,7 @@ import os
 import sys
 
 from localdiff.config import load_user_config, sampler_overrides, with_flags
-from localdiff.errors import UsageError
+from localdiff.errors import LocaldiffError, UsageError
 
 #: the most requests ``serve --max-batch`` advances together (vLLM's ``--max-num-seqs`` default is 256 too)
 MAX_BATCH = 256
@@ -215,6 +215,11 @@ def run_gen_remote(args) -> int:
             stream.close()
             sys.stderr.write("interrupted\n")
             return 130
+        except LocaldiffError:  # cut short: the text shown stays, ended by a newline before the error line
+            if parts and not args.json and not parts[-1].endswith("\n"):
+                out.write("\n")
+                out.flush()
+            raise
         text = "".join(parts)
         if args.json:
             ext = info.get("localdiff") if isinstance(info.get("localdiff"), dict) else {}

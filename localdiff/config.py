@@ -225,6 +225,8 @@ _ENV_CHOICES = {
     "LOCALDIFF_INT8_KERNEL": ("auto", "native", "int8pack", "dequant"),  # quantize/choose.py
     "LOCALDIFF_DTYPE": DTYPES,  # localdiff.load
     "LOCALDIFF_VOCAB_KERNEL": ("auto", "native", "torch"),  # kernels/vocab.py
+    "LOCALDIFF_CUDA_INT4": ("auto", "tinygemm", "bnb", "dequant"),  # quantize/cuda4.py (BACKENDS + auto)
+    "LOCALDIFF_NO_BNB": ("0", "1", "off", "on", "false", "true", "no", "yes"),  # quantize/int8.py
 }
 
 

@@ -41,3 +41,32 @@ def test_a_bad_temperature_from_env_is_still_refused_naming_the_variable(value, 
     monkeypatch.setenv("LOCALDIFF_TEMPERATURE", value)
     with pytest.raises(UsageError, match="^LOCALDIFF_TEMPERATURE: "):
         load_user_config()
+
+
+@pytest.mark.parametrize(
+    "var, value",
+    [("LOCALDIFF_CUDA_INT4", "foo"), ("LOCALDIFF_NO_BNB", "2"), ("LOCALDIFF_NO_BNB", "maybe")],
+)
+def test_cuda_int4_and_no_bnb_values_are_checked_on_every_machine(var, value, tmp_path, monkeypatch):
+    """As LOCALDIFF_NATIVE_INT8=maybe is: refused at start, even on a CPU that never reads them."""
+    from localdiff.config import check_environment
+
+    with pytest.raises(UsageError, match=f"^{var}='{value}': use one of "):
+        check_environment({var: value})
+
+
+@pytest.mark.parametrize(
+    "var, value",
+    [
+        ("LOCALDIFF_CUDA_INT4", "bnb"),
+        ("LOCALDIFF_CUDA_INT4", "Auto"),
+        ("LOCALDIFF_NO_BNB", "1"),
+        ("LOCALDIFF_NO_BNB", "0"),
+    ],
+)
+def test_the_values_the_code_reads_are_accepted(var, value):
+    from localdiff.config import check_environment
+    from localdiff.quantize.cuda4 import BACKENDS
+
+    check_environment({var: value})
+    assert set(BACKENDS) | {"auto"} == {"auto", "tinygemm", "bnb", "dequant"}  # the list in config._ENV_CHOICES

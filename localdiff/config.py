@@ -284,6 +284,8 @@ def load_user_config(env: Mapping[str, str] | None = None, path: Path | None = N
                 origins[sk] = "file"
         elif key in _TOP_KEYS:
             top[key] = coerce(key, value, _TOP_KEYS[key], where)
+            if key == "default_model" and not top[key].strip():  # named here: gen said only "empty model name"
+                raise UsageError(f"{where}: default_model: empty model name (remove the line for the default, tiny)")
             origins[key] = "file"
         else:
             raise _unknown(key, [*_TOP_KEYS, "sampler"], where)
@@ -291,6 +293,8 @@ def load_user_config(env: Mapping[str, str] | None = None, path: Path | None = N
     for var, key in _ENV_TOP.items():
         if env.get(var, "") != "":
             top[key] = coerce(key, env[var], _TOP_KEYS[key], var)
+            if key == "default_model" and not top[key].strip():
+                raise UsageError(f"{var}: empty model name (unset it for the config's model or tiny)")
             origins[key] = f"env:{var}"
     for spec in all_specs():
         if env.get(spec.env, "") != "":

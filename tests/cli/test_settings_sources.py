@@ -70,3 +70,19 @@ def test_the_values_the_code_reads_are_accepted(var, value):
 
     check_environment({var: value})
     assert set(BACKENDS) | {"auto"} == {"auto", "tinygemm", "bnb", "dequant"}  # the list in config._ENV_CHOICES
+
+
+@pytest.mark.parametrize("value", ['""', '"  "'])
+def test_an_empty_default_model_in_the_config_names_the_file(value, tmp_path, monkeypatch, capsys):
+    cfg = clear_user_settings(tmp_path, monkeypatch) / "config.toml"
+    cfg.write_text(f"default_model = {value}\n")
+    assert main(["gen", "-p", "hi"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {cfg}: default_model: empty model name") and "\n" not in err, err
+
+
+def test_a_blank_localdiff_model_names_the_variable(tmp_path, monkeypatch):
+    clear_user_settings(tmp_path, monkeypatch)
+    monkeypatch.setenv("LOCALDIFF_MODEL", "  ")
+    with pytest.raises(UsageError, match="^LOCALDIFF_MODEL: empty model name"):
+        load_user_config()

@@ -154,7 +154,17 @@ def run_serve(args) -> int:
         draft=getattr(args, "draft", None),
         max_batch=args.max_batch,
         kv_budget=kv_budget,
+        decoder_from=_decoder_from(flag_names(_flags(args)), cfg),
     )
+
+
+def _decoder_from(typed: dict, cfg) -> str | None:
+    """Where a decoder given for this run came from ("--decoder", "LOCALDIFF_DECODER"); None for the config file's
+    (saved for the models that can run it) or none."""
+    if "decoder" in typed:
+        return typed["decoder"]
+    origin = cfg.origins.get("decoder", "")
+    return origin[len("env:") :] if origin.startswith("env:") else None
 
 
 # flags a server ignores

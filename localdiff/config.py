@@ -35,7 +35,7 @@ from typing import Any, Mapping
 
 import platformdirs
 
-from localdiff.decoding.options import all_specs, resolve_key, specs_by_key, unknown_option
+from localdiff.decoding.options import all_specs, coerce_setting, resolve_key, specs_by_key, unknown_option
 from localdiff.errors import UsageError
 from localdiff.setting_values import DTYPES, check_threads, coerce, dtype_name  # noqa: F401  (re-exported)
 
@@ -231,6 +231,8 @@ _ENV_CHOICES = {
     "LOCALDIFF_INT8_KERNEL": ("auto", "native", "int8pack", "dequant"),  # quantize/choose.py
     "LOCALDIFF_DTYPE": DTYPES,  # localdiff.load
     "LOCALDIFF_VOCAB_KERNEL": ("auto", "native", "torch"),  # kernels/vocab.py
+    "LOCALDIFF_CUDA_INT4": ("auto", "tinygemm", "bnb", "dequant"),  # quantize/cuda4.py (BACKENDS + auto)
+    "LOCALDIFF_NO_BNB": ("0", "1", "off", "on", "false", "true", "no", "yes"),  # quantize/int8.py
 }
 
 
@@ -284,10 +286,12 @@ def load_user_config(env: Mapping[str, str] | None = None, path: Path | None = N
                 sk, specs = resolve_key(word), specs_by_key()  # decoder options by name (the option schema)
                 if sk not in specs:
                     raise unknown_option(word, f"{where}: [sampler] {word}")
-                sampler[sk] = specs[sk].coerce(sv, f"{where}: [sampler] {word}")
+                sampler[sk] = coerce_setting(sk, sv, f"{where}: [sampler] {word}")
                 origins[sk] = "file"
         elif key in _TOP_KEYS:
             top[key] = coerce(key, value, _TOP_KEYS[key], where)
+            if key == "default_model" and not top[key].strip():  # named here: gen said only "empty model name"
+                raise UsageError(f"{where}: default_model: empty model name (remove the line for the default, tiny)")
             origins[key] = "file"
         else:
             raise _unknown(key, [*_TOP_KEYS, "sampler"], where)
@@ -295,10 +299,12 @@ def load_user_config(env: Mapping[str, str] | None = None, path: Path | None = N
     for var, key in _ENV_TOP.items():
         if env.get(var, "") != "":
             top[key] = coerce(key, env[var], _TOP_KEYS[key], var)
+            if key == "default_model" and not top[key].strip():
+                raise UsageError(f"{var}: empty model name (unset it for the config's model or tiny)")
             origins[key] = f"env:{var}"
     for spec in all_specs():
         if env.get(spec.env, "") != "":
-            sampler[spec.name] = spec.coerce(env[spec.env], spec.env)
+            sampler[spec.name] = coerce_setting(spec.name, env[spec.env], spec.env)
             origins[spec.name] = f"env:{spec.env}"
     _check_pair(sampler, where, origins)
     return Config(**top, sampler=MappingProxyType(sampler), path=path, origins=MappingProxyType(origins))
@@ -306,7 +312,8 @@ def load_user_config(env: Mapping[str, str] | None = None, path: Path | None = N
 
 def _check_pair(sampler: Mapping[str, Any], where: str, origins: Mapping[str, str] | None = None) -> None:
     """t_min ≤ t_max; the message names where t_max came from (the file, or ``LOCALDIFF_T_MAX``)."""
-    if "t_min" in sampler and "t_max" in sampler and sampler["t_max"] < sampler["t_min"]:
+    lo, hi = sampler.get("t_min"), sampler.get("t_max")  # a "MAX:MIN" string: its decoder checks the pair
+    if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and hi < lo:
         got = (origins or {}).get("t_max", "")
         where = got[len("env:") :] if got.startswith("env:") else where
         raise UsageError(f"{where}: t_max: must be ≥ t_min ({sampler['t_min']}) (got {sampler['t_max']})")

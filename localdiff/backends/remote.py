@@ -193,13 +193,14 @@ class RemoteClient:
             prompt: chat messages (chat=True) or a string (raw, ``/completions``).
             fields: extra request fields (see :func:`request_fields`).
         Raises:
-            RemoteError: unreachable, refused, or an error sent mid-stream.
+            RemoteError: unreachable, refused, an error sent mid-stream, or a stream that ends without
+                ``data: [DONE]`` (after the pieces it did send).
         """
         body = {"model": model, "stream": True, "stream_options": {"include_usage": True}, **(fields or {})}
         body["messages" if chat else "prompt"] = prompt
         path = "/chat/completions" if chat else "/completions"
         info: dict = {"finish_reason": None, "usage": None, "localdiff": None}
-        timer, answered, events = self._waiting(), False, 0
+        timer, answered, events, done = self._waiting(), False, 0, False
         try:
             with self._http.stream("POST", path, json=body) as r:
                 answered = True
@@ -212,6 +213,7 @@ class RemoteClient:
                     events += 1
                     data = line[5:].strip()
                     if data == "[DONE]":
+                        done = True
                         break
                     try:
                         chunk = json.loads(data)
@@ -237,6 +239,11 @@ class RemoteClient:
                     raise RemoteError(
                         f"{self.url}{path} answered without server-sent events (content-type "
                         f"{r.headers.get('content-type') or 'none'}): not an OpenAI-compatible API?"
+                    )
+                if not done:  # a dropped connection, a killed server: the answer is cut short, not finished
+                    raise RemoteError(
+                        f"{self.url}: the server closed the stream before it finished (no [DONE]); "
+                        "the text above is incomplete"
                     )
         except self._httpx.HTTPError as e:
             raise self._fail(e, "text" if answered and events else answered) from None

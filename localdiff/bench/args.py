@@ -110,6 +110,42 @@ def _sections(args) -> list[str]:
     return ["eval"] if args.eval else list(SECTIONS)
 
 
+# Count flags and their meaning, for the one-line message (every one must be a positive integer).
+_COUNTS = {
+    "per_family": ("--per-family", "eval items per family"),
+    "max_new_tokens": ("--max-new-tokens", "new tokens per eval item"),
+    "random_steps": ("--random-steps", "denoising steps per canvas"),
+    "seeds": ("--seeds", "seeds per model"),
+    "reps": ("--reps", "repetitions per seed"),
+    "batch_size": ("--batch-size", "eval items per batch"),
+}
+
+
+def check_counts(args) -> None:
+    """Before anything runs or loads: every count flag is a positive integer and ``--history`` is a comma-separated
+    list of positive token counts. Unchecked, ``--reps -1`` ended in an IndexError in a section, ``--history -5`` in
+    "negative dimension", ``--max-new-tokens 0`` ran the full eval as if unset and ``--random-steps 0`` skipped its
+    section with exit 0.
+
+    Raises:
+        UsageError: naming the flag and the range, e.g. ``--reps: must be a positive integer (repetitions per seed;
+            got -1)``.
+    """
+    for attr, (flag, what) in _COUNTS.items():
+        v = getattr(args, attr)
+        if v is not None and v < 1:
+            raise UsageError(f"{flag}: must be a positive integer ({what}; got {v})")
+    if args.history is not None:
+        parts = [s.strip() for s in args.history.split(",")]
+        for s in parts:
+            if not s.isdigit() or int(s) < 1:
+                raise UsageError(
+                    f"--history: must be comma-separated positive integers (history lengths in tokens, "
+                    f"e.g. 256,1024; got {args.history!r})"
+                )
+        args.history = ",".join(parts)
+
+
 def check_inputs(args) -> None:
     """Before any section runs: the files and the model named on the command line are there. A section that cannot
     run is otherwise "skipped" in the report with exit 0 (``--eval --eval-file /dev/zero`` ended 0, ``--model

@@ -39,7 +39,7 @@ import sys
 import time
 from pathlib import Path
 
-from localdiff.bench.args import SECTIONS, _sections, build_parser, check_inputs  # noqa: F401  (re-exported)
+from localdiff.bench.args import SECTIONS, _sections, build_parser, check_counts, check_inputs  # noqa: F401  (re-exported)
 from localdiff.bench.sections import SECTION_FUNCTIONS, Ctx
 from localdiff.errors import LocaldiffError, UsageError
 
@@ -153,8 +153,7 @@ def _check_outputs(out: Path, md: Path | None, readme: Path | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``localdiff bench``. Returns the exit code (1 when a section failed with an error)."""
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    if args.batch_size < 1:
-        raise UsageError(f"--batch-size must be ≥ 1 (got {args.batch_size})")
+    check_counts(args)  # before the outputs are created, the model read or any section run
     import torch
 
     from localdiff.bench.report import render, replace_readme_section

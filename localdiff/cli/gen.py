@@ -34,6 +34,29 @@ def flag_names(flags: dict) -> dict:
     return {k: "--" + k.replace("_", "-") for k in flags}
 
 
+def this_run(model, overrides: dict, typed: dict, cfg) -> dict:
+    """What the user gave for this run — the flags (``typed``: key → flag) and a ``LOCALDIFF_DECODER`` — as key →
+    its name for messages: :meth:`Model.applicable` keeps these, so a decoder the model cannot run is an error
+    naming its source, as ``--decoder`` is (``LOCALDIFF_DECODER=llada gen`` silently ran tiny's canvas_eb). A
+    decoder saved in the config file is for the models that can run it: skipped for the others, with one note on
+    stderr (``note: config decoder 'llada' does not apply to tiny (it runs canvas_eb); ignored``)."""
+    from localdiff.decoding.options import DECODER
+
+    typed = dict(typed)
+    name = overrides.get(DECODER)
+    if name is None or DECODER in typed:
+        return typed
+    origin = cfg.origins.get(DECODER, "")
+    if origin.startswith("env:"):
+        typed[DECODER] = origin[len("env:") :]
+    elif name not in model.decoders:
+        sys.stderr.write(
+            f"note: config decoder {name!r} does not apply to {model.name} (it runs {model.options_cls.POLICY}); "
+            "ignored\n"
+        )
+    return typed
+
+
 def _size(text, flag, minimum: int = 0):
     """A size flag's value in bytes (``2GiB``, ``512MB``, ``0``), None when not given; every command parses sizes here.
 
@@ -108,8 +131,9 @@ def run_gen(args) -> int:
         getattr(args, "gpu_layers", None),
     )
     cache = model.new_cache(device_budget_bytes=kv_budget) if kv_budget is not None else None
-    overrides = model.applicable(overrides, keep=flag_names(_flags(args)))  # saved settings: this decoder's only
-    used = model.sampler_options(_typed=flag_names(_flags(args)), **overrides)
+    typed = this_run(model, overrides, flag_names(_flags(args)), cfg)
+    overrides = model.applicable(overrides, keep=typed)  # saved settings: this decoder's only
+    used = model.sampler_options(_typed=typed, **overrides)
     out = sys.stdout
     show = _text_filter(args, out)
     written: list[str] = []

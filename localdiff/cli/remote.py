@@ -6,7 +6,7 @@ import os
 import sys
 
 from localdiff.config import load_user_config, sampler_overrides, with_flags
-from localdiff.errors import UsageError
+from localdiff.errors import LocaldiffError, UsageError
 
 #: the most requests ``serve --max-batch`` advances together (vLLM's ``--max-num-seqs`` default is 256 too)
 MAX_BATCH = 256
@@ -152,7 +152,17 @@ def run_serve(args) -> int:
         draft=getattr(args, "draft", None),
         max_batch=args.max_batch,
         kv_budget=kv_budget,
+        decoder_from=_decoder_from(flag_names(_flags(args)), cfg),
     )
+
+
+def _decoder_from(typed: dict, cfg) -> str | None:
+    """Where a decoder given for this run came from ("--decoder", "LOCALDIFF_DECODER"); None for the config file's
+    (saved for the models that can run it) or none."""
+    if "decoder" in typed:
+        return typed["decoder"]
+    origin = cfg.origins.get("decoder", "")
+    return origin[len("env:") :] if origin.startswith("env:") else None
 
 
 # flags a server ignores
@@ -213,6 +223,11 @@ def run_gen_remote(args) -> int:
             stream.close()
             sys.stderr.write("interrupted\n")
             return 130
+        except LocaldiffError:  # cut short: the text shown stays, ended by a newline before the error line
+            if parts and not args.json and not parts[-1].endswith("\n"):
+                out.write("\n")
+                out.flush()
+            raise
         text = "".join(parts)
         if args.json:
             ext = info.get("localdiff") if isinstance(info.get("localdiff"), dict) else {}

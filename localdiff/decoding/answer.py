@@ -101,9 +101,12 @@ class Answer:
         ]
 
     def reason(self, rows: list[list[int]]) -> str:
-        """ "eos" when every row has ended and every returned row ends with its EOS, else "length" (an EOS past
-        ``max_new_tokens``, in a block that ran on, leaves the answer cut by the length)."""
-        if self.all_finished and all(r and r[-1] in self.eos_ids for r in rows):
+        """ "length" only when the token limit cut an answer: a row that never ended, or one returned with
+        ``max_new_tokens`` ids and no EOS (an EOS past the limit, in a block that ran on); else "eos" — every row
+        ended by its EOS or by a canvas of nothing but pad before the limit (0 new tokens under a limit of 256 said
+        "length")."""
+        limit = self.req.max_new_tokens
+        if self.all_finished and all((r and r[-1] in self.eos_ids) or len(r) < limit for r in rows):
             return "eos"
         return "length"
 

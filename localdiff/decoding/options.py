@@ -18,6 +18,8 @@ Validation messages have one shape from every source: ``"<what the user typed>: 
 
 from __future__ import annotations
 
+from typing import Any
+
 # the option modules, in the order their decoders are declared (the first declaration of a shared option name,
 # e.g. ``steps``, gives its flag's help and the config file's range check)
 from localdiff.decoding.options_canvas import CanvasEBOptions
@@ -183,6 +185,34 @@ def resolve_for(word: str, names) -> str:
                 if s.name in names and w in s.aliases:
                     return s.name
     return ALIASES.get(w, w)
+
+
+def coerce_setting(key: str, value: Any, where: str) -> Any:
+    """One decoder option's value from the config file or the environment, accepted exactly as its flag is: typed by
+    the option's spec, else — a string some decoder's reading of the same word accepts, as ``--temperature 1:0.5``
+    (DiffusionGemma's ``t_max:t_min`` pair behind the word ``temperature``) — kept as given, for each model's
+    decoder to read as it reads the flag's value.
+
+    Args:
+        key: an option name (:func:`resolve_key`'s answer). where: the variable or ``<file>: [sampler] <word>``.
+    Raises:
+        UsageError: no decoder accepts the value (the option's own message, naming ``where``).
+    """
+    spec = specs_by_key()[key]
+    try:
+        return spec.coerce(value, where)
+    except UsageError:
+        if not isinstance(value, str) or key == DECODER:
+            raise
+        text = value.strip()
+        for cls in POLICIES.values():
+            if key in cls.names() or key in cls.aliases():
+                try:
+                    cls.build({key: text}, {key: where})
+                    return text
+                except UsageError:
+                    pass
+        raise
 
 
 def check_overrides(options: dict, typed: dict | None = None) -> None:

@@ -366,12 +366,15 @@ def _result(
 def fetch_config(t: Target) -> Path:
     """Download only ``config.json`` of a repo into the HF cache (for ``show`` before a pull); returns its path."""
     import httpx2
-    from huggingface_hub import hf_hub_download
+    from huggingface_hub import HfApi, hf_hub_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
 
     if offline():
         raise HubError(f"offline mode (HF_HUB_OFFLINE=1) and {t.label} is not pulled: no config.json to show")
     try:
+        # one request without retries first, as pull's: hf_hub_download retries an unreachable Hub 5 times with
+        # backoff (23 s and 12 lines of retry messages on stderr before the one-line error)
+        HfApi(endpoint=endpoint()).model_info(t.repo, revision=t.revision)
         return Path(hf_hub_download(t.repo, "config.json", revision=t.revision, endpoint=endpoint()))
     except (HfHubHTTPError, httpx2.TransportError, OfflineModeIsEnabled) as e:
         raise translate(e, t, "config.json") from None

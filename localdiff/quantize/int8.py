@@ -50,7 +50,7 @@ def bitsandbytes_available() -> bool:
     """True when bitsandbytes imports and registers its int8 ops (its import-time log noise is silenced)."""
     global _BNB
     if _BNB is None:
-        if os.environ.get("LOCALDIFF_NO_BNB"):
+        if os.environ.get("LOCALDIFF_NO_BNB", "").strip().lower() in ("1", "on", "true", "yes"):  # "0": bnb
             _BNB = False
             return False
         root = logging.getLogger()

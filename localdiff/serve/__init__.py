@@ -100,6 +100,7 @@ def serve(
     draft: str | None = None,
     max_batch: int = 8,
     kv_budget: int | None = None,
+    decoder_from: str | None = None,
 ) -> int:
     """Run the server in the foreground until Ctrl-C or SIGTERM; returns 0 once it has drained (a normal stop).
 
@@ -117,6 +118,8 @@ def serve(
         max_batch: requests advanced together, one packed forward per step (1 = one at a time);
             kv_budget: KV-cache bytes the batch's requests hold together at most (None = no limit)
             (:mod:`localdiff.serve.batching`).
+        decoder_from: where ``sampler["decoder"]`` came from when given for this run ("--decoder",
+            "LOCALDIFF_DECODER"): refused now if no offered model can run it (:mod:`localdiff.serve.decoder_check`).
     Raises:
         UsageError: bad binding, a bad ``draft``; LocaldiffError: the ASGI stack is missing or the port is taken.
     """
@@ -133,6 +136,10 @@ def serve(
             except CheckpointError as e:
                 raise CheckpointError(f"-m {model}: {e}") from None
             _check_not_draft(model, folder)
+    if decoder_from and (sampler or {}).get("decoder"):
+        from localdiff.serve.decoder_check import check_decoder
+
+        check_decoder(sampler["decoder"], models or [default_model], decoder_from)
     from localdiff.serve.drafts import Drafts
 
     drafts = Drafts(draft)

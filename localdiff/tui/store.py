@@ -258,6 +258,15 @@ class ChatStore:
         return cid
 
 
+def _stamp(updated) -> str:
+    """``updated`` (seconds since the epoch, as stored) as local ``YYYY-MM-DD HH:MM``; "unknown" for a value no
+    clock can show (an edited database: 1e300 overflowed time_t with an internal error, NaN, text), left as stored."""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M", time.localtime(updated))
+    except (TypeError, ValueError, OverflowError, OSError):
+        return "unknown"
+
+
 def format_listing(convs: list[Conversation]) -> str:
     """The ``localdiff chat --list`` table: id, last update (local time), turns, model, title."""
     if not convs:
@@ -265,7 +274,7 @@ def format_listing(convs: list[Conversation]) -> str:
     width = max(5, *(len(c.model) for c in convs))  # full model names: the column is as wide as the longest
     lines = [f"{'ID':>4}  {'UPDATED':16}  {'TURNS':>8}  {'MODEL':{width}}  TITLE"]
     for c in convs:
-        stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime(c.updated))
+        stamp = _stamp(c.updated)
         turns = f"{c.n_turns} turn" + ("" if c.n_turns == 1 else "s")
         lines.append(f"{c.id:>4}  {stamp:16}  {turns:>8}  {visible(c.model):{width}}  {visible(c.title[:60])}".rstrip())
     return "\n".join(lines)

@@ -34,21 +34,23 @@ def parse_size(text, error=ValueError) -> int:
         :data:`MAX_SIZE`.
     """
     if isinstance(text, (int, float)) and not isinstance(text, bool):
+        if text != text:  # NaN passes both range checks below
+            raise error(f"not a size: {text!r} (examples: 24GiB, 16GB, 512MiB)")
         if text < 0:
             raise error(f"size must not be negative: {text}")
         if text > MAX_SIZE:
-            raise error(f"size too large: {text} (at most 1 EiB)")
+            raise error(f"size too large: {text} (at most 1024 PiB)")
         return int(text)
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
     if not m or m.group(2).lower() not in _UNITS:
         raise error(f"not a size: {text!r} (examples: 24GiB, 16GB, 512MiB)")
     n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
     if n > MAX_SIZE:
-        raise error(f"size too large: {text!r} (at most 1 EiB)")
+        raise error(f"size too large: {text!r} (at most 1024 PiB)")
     return n
 
 
-#: the largest size any flag, setting or recipe may state (1 EiB; larger ones printed as 10²⁹ TiB plans)
+#: the largest size any flag, setting or recipe may state (1024 PiB = 2⁶⁰ bytes; larger ones printed as 10²⁹ TiB plans)
 MAX_SIZE = 2**60
 
 

@@ -216,25 +216,12 @@ class RemoteClient:
                         done = True
                         break
                     try:
-                        chunk = json.loads(data)
-                    except json.JSONDecodeError:
+                        out = _event_parts(json.loads(data), chat, info)
+                    except (json.JSONDecodeError, AttributeError, TypeError):  # not JSON, or not a chunk's shape
                         raise RemoteError(f"{self.url} sent a malformed event: {data[:80]}") from None
-                    if "error" in chunk:
-                        err = chunk["error"]
-                        raise RemoteError(f"{self.url}: {err.get('message') if isinstance(err, dict) else err}")
-                    for ch in chunk.get("choices") or []:
-                        text = (ch.get("delta") or {}).get("content") if chat else ch.get("text")
-                        if text:
-                            yield ("text", text)
-                        if ch.get("finish_reason"):
-                            info["finish_reason"] = ch["finish_reason"]
-                    if chunk.get("usage"):
-                        info["usage"] = chunk["usage"]
-                    ext = chunk.get("localdiff")
-                    if isinstance(ext, dict) and "event" in ext:
-                        yield ("event", ext)
-                    elif ext:
-                        info["localdiff"] = ext
+                    if isinstance(out, str):
+                        raise RemoteError(f"{self.url}: {out}")
+                    yield from out
                 if not events:  # a 200 that is no event stream (a web page): not an empty answer
                     raise RemoteError(
                         f"{self.url}{path} answered without server-sent events (content-type "
@@ -352,3 +339,28 @@ class RemoteModel:
                 )
                 reason = "length" if value.get("finish_reason") == "length" else "eos"
                 yield Done("".join(parts), [], stats, reason)
+
+
+def _event_parts(chunk: dict, chat: bool, info: dict) -> list | str:
+    """One streamed chunk (OpenAI ``chat.completion.chunk`` / ``text_completion``) → the ``("text", str)`` /
+    ``("event", dict)`` items it carries, with its finish_reason / usage / localdiff fields noted in ``info``; or the
+    server's error message (a str) for an ``{"error": ...}`` event. Raises AttributeError / TypeError on another
+    shape (``{"choices": "x"}``)."""
+    if "error" in chunk:
+        err = chunk["error"]
+        return str(err.get("message") if isinstance(err, dict) else err)
+    out = []
+    for ch in chunk.get("choices") or []:
+        text = (ch.get("delta") or {}).get("content") if chat else ch.get("text")
+        if text:
+            out.append(("text", str(text)))
+        if ch.get("finish_reason"):
+            info["finish_reason"] = ch["finish_reason"]
+    if chunk.get("usage"):
+        info["usage"] = chunk["usage"]
+    ext = chunk.get("localdiff")
+    if isinstance(ext, dict) and "event" in ext:
+        out.append(("event", ext))
+    elif ext:
+        info["localdiff"] = ext
+    return out

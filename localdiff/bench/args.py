@@ -121,6 +121,10 @@ _COUNTS = {
 }
 
 
+#: the longest ``--history`` (tokens): the catalog's longest context; 10⁸ asked for a 77 GB cache, 2⁶³ overflowed
+MAX_HISTORY = 131_072
+
+
 def check_counts(args) -> None:
     """Before anything runs or loads: every count flag is a positive integer and ``--history`` is a comma-separated
     list of positive token counts. Unchecked, ``--reps -1`` ended in an IndexError in a section, ``--history -5`` in
@@ -138,10 +142,10 @@ def check_counts(args) -> None:
     if args.history is not None:
         parts = [s.strip() for s in args.history.split(",")]
         for s in parts:
-            if not s.isdigit() or int(s) < 1:
+            if not (s.isascii() and s.isdigit()) or not 1 <= int(s) <= MAX_HISTORY:
                 raise UsageError(
-                    f"--history: must be comma-separated positive integers (history lengths in tokens, "
-                    f"e.g. 256,1024; got {args.history!r})"
+                    f"--history: must be comma-separated integers from 1 to {MAX_HISTORY:,} (history lengths in "
+                    f"tokens, e.g. 256,1024; got {args.history!r})"
                 )
         args.history = ",".join(parts)
 

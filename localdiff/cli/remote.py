@@ -52,7 +52,13 @@ def endpoint_timeout(args) -> float:
         value = math.nan
     if not (math.isfinite(value) and value > 0):
         raise UsageError(f"{where}: expected a number of seconds > 0, e.g. 60 (got {text!r})")
+    if value > MAX_TIMEOUT_S:  # a socket deadline past the clock's range: OverflowError deep in the HTTP client
+        raise UsageError(f"{where}: at most {MAX_TIMEOUT_S:,} seconds (one year) (got {text!r})")
     return value
+
+
+#: the longest ``--timeout`` / ``LOCALDIFF_TIMEOUT`` (one year; 1e10 s overflowed the socket's deadline)
+MAX_TIMEOUT_S = 365 * 24 * 3600
 
 
 def check_endpoint_flags(args) -> None:

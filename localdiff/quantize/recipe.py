@@ -32,6 +32,7 @@ reads a quantized head, the tied LM head then reads that table and no head copy 
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import sys
 from dataclasses import dataclass, field
@@ -53,6 +54,22 @@ QUANTS = ("int8", "int4")
 
 class RecipeError(LocaldiffError):
     """A quantization recipe is unknown, malformed, or asks for something unsupported."""
+
+
+#: the keys a recipe table may hold (TOML files and the copy recorded in a pre-quantized checkpoint)
+RECIPE_KEYS = (
+    "name",
+    "description",
+    "models",
+    "default",
+    "rules",
+    "head",
+    "embeddings",
+    "int4_embeddings",
+    "int4_activations",
+    "int8_activations",
+    "plans",
+)
 
 
 def parse_bytes(text: str | int | float) -> int:
@@ -162,10 +179,26 @@ class Recipe:
 
     @classmethod
     def from_dict(cls, data: dict, source: Path | None = None, name: str | None = None) -> "Recipe":
-        """Validate a recipe dict (TOML or metadata JSON). Raises RecipeError naming the source."""
+        """Validate a recipe dict (TOML or metadata JSON). Raises RecipeError naming the source: an unknown key
+        (:data:`RECIPE_KEYS`), or a value of the wrong kind or range (``rules = 5``, ``host_expert_layers = "abc"``)."""
         where = str(source) if source else "recipe"
         if not isinstance(data, dict):
             raise RecipeError(f"{where}: expected a table")
+        unknown = sorted(set(data) - set(RECIPE_KEYS))
+        if unknown:
+            near = difflib.get_close_matches(unknown[0], RECIPE_KEYS, n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            raise RecipeError(f"{where}: unknown recipe key {unknown[0]!r}{hint}")
+        try:
+            return cls._checked(data, where, source, name)
+        except (TypeError, ValueError, OverflowError) as e:  # a value of the wrong kind the checks above let through
+            raise RecipeError(f"{where}: malformed recipe ({type(e).__name__}: {e})") from None
+
+    @classmethod
+    def _checked(cls, data: dict, where: str, source: Path | None, name: str | None) -> "Recipe":
+        for key in ("rules", "plans", "models"):
+            if not isinstance(data.get(key, []), (list, tuple)):
+                raise RecipeError(f"{where}: {key} must be a list (got {data[key]!r})")
         rules = []
         for r in data.get("rules", []):
             if isinstance(r, (list, tuple)) and len(r) == 2:

@@ -23,6 +23,9 @@ from localdiff.errors import UsageError
         ("--history", "abc"),
         ("--history", "256,,1024"),
         ("--history", "0"),
+        ("--history", "100000000"),
+        ("--history", "9223372036854775808"),
+        ("--history", "١٢"),
     ],
 )
 def test_count_flags_refused_before_anything_runs(flag, value, tmp_path):
@@ -32,7 +35,7 @@ def test_count_flags_refused_before_anything_runs(flag, value, tmp_path):
     with pytest.raises(UsageError) as e:
         bench.main(argv)
     msg = str(e.value)
-    assert msg.startswith(f"{flag}: must be") and "\n" not in msg and "positive integer" in msg
+    assert msg.startswith(f"{flag}: must be") and "\n" not in msg and ("positive integer" in msg or "from 1 to" in msg)
     assert not out.parent.exists()
 
 

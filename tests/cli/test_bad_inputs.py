@@ -304,12 +304,12 @@ CASES = [
     ),
     ("negative --gpu-mem", ["gen", "--gpu-mem", "-2GiB", "-p", "x"], None, {}, 2, "--gpu-mem: a size must be > 0"),
     (
-        "--gpu-mem over 1 EiB",
+        "--gpu-mem over 1024 PiB",
         ["show", "tiny", "--plan", "--gpu-mem", "99999999999999999999999999999TiB"],
         None,
         {},
         2,
-        "--gpu-mem: size too large: '99999999999999999999999999999TiB' (at most 1 EiB)",
+        "--gpu-mem: size too large: '99999999999999999999999999999TiB' (at most 1024 PiB)",
     ),
     ("empty --gpu-mem (show)", ["show", "tiny", "--plan", "--gpu-mem", ""], None, {}, 2, "--gpu-mem: expected a size"),
     (

@@ -156,7 +156,8 @@ def check_inputs(args) -> None:
     nonexistent --quick`` ran every other section for minutes first).
 
     Raises:
-        UsageError: ``--eval-file`` not a regular file, ``--random-model`` not a checkpoint folder.
+        UsageError: ``--eval-file`` not a regular file, ``--readme`` missing or with one bench marker of the two,
+            ``--random-model`` not a checkpoint folder.
         ModelNotFoundError / UsageError / CheckpointError: ``--model`` names no model or a folder that is no
             checkpoint (as ``localdiff gen -m``), or a model of another family than DiffusionGemma.
     """
@@ -169,6 +170,15 @@ def check_inputs(args) -> None:
             else "is not a regular file"
         )
         raise UsageError(f"--eval-file {args.eval_file}: {what}; give a JSONL file of eval items")
+    if args.readme is not None:  # the markers checked now, not after the sections ran
+        from localdiff.bench.report import END, START
+
+        if not args.readme.is_file():
+            raise UsageError(f"--readme: {args.readme} does not exist")
+        text = args.readme.read_text(encoding="utf-8", errors="replace")
+        if (START in text) != (END in text):
+            have, lack = (START, END) if START in text else (END, START)
+            raise UsageError(f"--readme: {args.readme} has {have} but no {lack}; add it where the section ends")
     if args.random_model is not None and not (args.random_model / "config.json").is_file():
         raise UsageError(f"--random-model {args.random_model}: not a checkpoint folder (no config.json)")
     import localdiff

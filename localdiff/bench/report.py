@@ -271,12 +271,15 @@ def replace_readme_section(readme: Path, md: str) -> bool:
     missing and the section was appended at the end instead.
 
     Raises:
-        UsageError: the file does not exist, or the markers are out of order.
+        UsageError: the file does not exist, has only one of the two markers, or has them out of order.
     """
     if not readme.is_file():
         raise UsageError(f"--readme: {readme} does not exist")
     text = readme.read_text(encoding="utf-8")
     block = f"{START}\n{md.rstrip()}\n{END}"
+    if (START in text) != (END in text):  # half a pair: appending would leave a third marker
+        have, lack = (START, END) if START in text else (END, START)
+        raise UsageError(f"--readme: {readme} has {have} but no {lack}; add it where the section ends")
     if START in text and END in text:
         a, b = text.index(START), text.index(END)
         if b < a:

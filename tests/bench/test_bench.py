@@ -143,6 +143,10 @@ def test_readme_section_replaced(tmp_path):
     r.write_text("# no markers\n")
     assert not replace_readme_section(r, "t")
     assert r.read_text().count(START) == 1
+    r.write_text(f"# half a pair\n{START}\nold\n")
+    with pytest.raises(UsageError, match="has .* but no "):
+        replace_readme_section(r, "t")
+    assert r.read_text() == f"# half a pair\n{START}\nold\n"
 
 
 def test_bad_section_is_a_usage_error(tmp_path):
@@ -216,3 +220,12 @@ def test_profile_section_keeps_the_profilers_lines_off_stderr(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert b"USDT" not in r.stderr and b"profiler_start" not in r.stderr, r.stderr
     assert json.loads((tmp_path / "b.json").read_text())["sections"]["profile"]["forwards"] > 0
+
+
+def test_a_readme_with_half_the_markers_is_refused_before_any_section(tmp_path):
+    r = tmp_path / "README.md"
+    r.write_text(f"# x\n{END}\n")
+    out = tmp_path / "new" / "x.json"
+    with pytest.raises(UsageError, match=f"has {END} but no {START}"):
+        bench.main(["--quick", "--readme", str(r), "--out", str(out)])
+    assert not out.parent.exists() and r.read_text() == f"# x\n{END}\n"

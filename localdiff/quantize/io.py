@@ -23,7 +23,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from localdiff.errors import CheckpointError
-from localdiff.quantize.recipe import DEFAULT_RECIPE, Recipe, load_recipe, recipe_for_model
+from localdiff.quantize.recipe import DEFAULT_RECIPE, Recipe, RecipeError, load_recipe, recipe_for_model
 
 QUANT_METHOD = "localdiff-int8"
 QUANT_METHODS = {"int8": QUANT_METHOD, "int4": "localdiff-int4"}
@@ -230,7 +230,8 @@ def quantize_checkpoint(
     Returns:
         dict with ``recipe``, ``quantized_tensors``, ``float_tensors``, ``bytes_in``, ``bytes_out``.
     Raises:
-        CheckpointError: missing / unreadable files, already-quantized input; RecipeError: bad recipe.
+        CheckpointError: missing / unreadable files, already-quantized input; RecipeError: bad recipe, or one that
+            quantizes none of the checkpoint's tensors (no folder written).
     """
     from localdiff.paths import read_json
     from localdiff.quantize.apply import quant_tensor
@@ -250,16 +251,23 @@ def quantize_checkpoint(
     from localdiff.arch import get_arch
 
     tables = bool(getattr(get_arch(config).MODEL_CLASS, "supports_int8_head", False))  # as apply's targets
-    out_dir = _prepare_out(out_dir, src)
     modules: set[str] = set()
     bytes_in = 0
     # First pass over headers only: which tensors are quantized (recorded in every shard's metadata).
+    names = []
     for f in files:
         with safe_open(str(f), framework="pt") as h:
             for name in h.keys():
+                names.append(name)
                 shape = h.get_slice(name).get_shape()
                 if _precision(name, len(shape), recipe, tables):
                     modules.add(name.rsplit(".", 1)[0])
+    if recipe.quant() and not modules:  # a checkpoint marked int8 with nothing in int8 would load as if it were
+        raise RecipeError(
+            f"recipe {recipe.name!r} matches none of the tensor names in {src} (e.g. {names[len(names) // 2]!r}): "
+            "nothing to quantize, no folder written; quantize at load instead (gen -m MODEL --quant int8|int4)"
+        )
+    out_dir = _prepare_out(out_dir, src)
     info = quant_info(recipe, list(modules))
     w = _ShardWriter(out_dir, {"format": "pt", META_KEY: json.dumps(info)}, max_shard_bytes)
     n_q = n_f = 0

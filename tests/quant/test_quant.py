@@ -279,3 +279,14 @@ def test_bitsandbytes_int8_embedded_model_on_cpu():
 def test_cuda_bitsandbytes_int8_accuracy(small_fp32):
     assert bitsandbytes_available(), "bitsandbytes is a test dependency: pip install '.[test]'"
     _check_bitsandbytes_model(small_fp32, "cuda", None)  # automatic: bitsandbytes on CUDA
+
+
+def test_a_recipe_that_matches_no_tensor_writes_nothing(tmp_path):
+    """(attacker pass) ``quantize tiny-mdm --quant int8`` wrote a folder marked int8 with 0 int8 tensors: the default
+    recipe's names match none of LLaDA's checkpoint names. Now refused, nothing written."""
+    from localdiff.quantize.recipe import RecipeError
+
+    src = models_dir() / "tiny-mdm"
+    with pytest.raises(RecipeError, match="matches none of the tensor names"):
+        quantize_checkpoint(src, tmp_path / "q", quant="int8")
+    assert not (tmp_path / "q").exists()

@@ -204,6 +204,14 @@ class Kernel:
         self.lib, self.line = self.ready(lib, cc, flags)
         return self.lib
 
+    def require(self) -> ctypes.CDLL:
+        """The loaded library (the loaded one at once: a step calls this per matmul). Raises RuntimeError with
+        :meth:`status`'s line when the kernel is off or unavailable."""
+        lib = self.lib if self.lib is not None else self.library()
+        if lib is None:
+            raise RuntimeError(self.status())
+        return lib
+
     def status(self) -> str:
         """One line: what runs, or why the kernel does not (builds it first if not tried yet)."""
         self.library()

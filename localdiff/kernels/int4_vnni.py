@@ -109,9 +109,7 @@ def grouped_matmul(
     Raises:
         ValueError: other dtypes or shapes; MemoryError: out of memory; RuntimeError: no VNNI library loaded.
     """
-    lib = _KERNEL.lib if _KERNEL.lib is not None else library()
-    if lib is None:
-        raise RuntimeError(status())
+    lib = _KERNEL.require()
     r = xs.shape[0]
     e, n, g = scale.shape
     if (
@@ -176,9 +174,7 @@ def dense_matmul(
     Raises:
         ValueError: other dtypes or shapes; MemoryError: out of memory; RuntimeError: no VNNI library loaded.
     """
-    lib = _KERNEL.lib if _KERNEL.lib is not None else library()
-    if lib is None:
-        raise RuntimeError(status())
+    lib = _KERNEL.require()
     m = x.shape[0]
     n, g = scale.shape
     if (

@@ -110,9 +110,7 @@ def matmul(
     Raises:
         ValueError: other dtypes or shapes; MemoryError: out of memory; RuntimeError: no VNNI library loaded.
     """
-    lib = _KERNEL.lib if _KERNEL.lib is not None else library()
-    if lib is None:
-        raise RuntimeError(status())
+    lib = _KERNEL.require()
     _check_x(x)
     m, k = x.shape
     n = q.shape[0]
